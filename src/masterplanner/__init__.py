@@ -1,0 +1,91 @@
+"""masterplanner: turn a high-level task into a reviewed, executed plan of cooperating LLM agents.
+
+The public API is what `__all__` lists; everything else is private and may change. Names are
+imported on first use, so `import masterplanner` (and the CLI's start-up) stays fast.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+
+if TYPE_CHECKING:
+    from .chat import ChatResult, achat, chat
+    from .errors import (
+        ConfigError,
+        MasterplannerError,
+        MissingCredentialError,
+        ModelError,
+        ModelFileError,
+        ModelSpecError,
+        ScriptError,
+        ScriptExhaustedError,
+        SettingsError,
+    )
+    from .models import MODEL_FORMS, LabelledModel, labelled, resolve_model
+    from .purpose import FIXED_PURPOSES, current_purpose, step_purpose, using_purpose, validate_purpose
+    from .settings import Settings
+    from .usage import PurposeUsage, UsageLedger
+
+_HOMES = {
+    ".chat": ("ChatResult", "achat", "chat"),
+    ".errors": (
+        "ConfigError",
+        "MasterplannerError",
+        "MissingCredentialError",
+        "ModelError",
+        "ModelFileError",
+        "ModelSpecError",
+        "ScriptError",
+        "ScriptExhaustedError",
+        "SettingsError",
+    ),
+    ".models": ("MODEL_FORMS", "LabelledModel", "labelled", "resolve_model"),
+    ".purpose": ("FIXED_PURPOSES", "current_purpose", "step_purpose", "using_purpose", "validate_purpose"),
+    ".settings": ("Settings",),
+    ".usage": ("PurposeUsage", "UsageLedger"),
+}
+_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = [
+    "FIXED_PURPOSES",
+    "MODEL_FORMS",
+    "ChatResult",
+    "ConfigError",
+    "LabelledModel",
+    "MasterplannerError",
+    "MissingCredentialError",
+    "ModelError",
+    "ModelFileError",
+    "ModelSpecError",
+    "PurposeUsage",
+    "ScriptError",
+    "ScriptExhaustedError",
+    "Settings",
+    "SettingsError",
+    "UsageLedger",
+    "__version__",
+    "achat",
+    "chat",
+    "current_purpose",
+    "labelled",
+    "resolve_model",
+    "step_purpose",
+    "using_purpose",
+    "validate_purpose",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'masterplanner' has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

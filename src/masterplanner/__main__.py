@@ -1,0 +1,5 @@
+"""`python -m masterplanner` runs the CLI."""
+
+from .cli import main
+
+main()

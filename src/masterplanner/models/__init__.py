@@ -1,0 +1,108 @@
+"""The model seam: turn a model spec string into a pydantic-ai `Model`.
+
+| spec | model |
+| --- | --- |
+| `local` | the embedded SmolLM2-135M-Instruct GGUF, in-process through llama.cpp |
+| `local:/path/model.gguf` | any GGUF file, same behaviour |
+| `openai:NAME` | OpenAI, or an OpenAI-compatible server at `OPENAI_BASE_URL` (vLLM, llama.cpp, Ollama) |
+| `anthropic:NAME` | Anthropic (`ANTHROPIC_API_KEY`) |
+| `ollama:NAME` | Ollama's OpenAI endpoint at `OLLAMA_BASE_URL` (default `http://127.0.0.1:11434/v1`) |
+| `scripted:FILE` | the deterministic scripted model (tests, demos, benchmarks) |
+
+Provider SDKs are imported only when their spec is resolved, so `masterplanner --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import MissingCredentialError, ModelSpecError
+from .labelled import LabelledModel, labelled
+
+if TYPE_CHECKING:
+    from pydantic_ai.models import Model
+
+    from ..settings import Settings
+
+__all__ = ["MODEL_FORMS", "LabelledModel", "labelled", "resolve_model"]
+
+MODEL_FORMS = (
+    "local",
+    "local:/path/model.gguf",
+    "openai:NAME",
+    "anthropic:NAME",
+    "ollama:NAME",
+    "scripted:FILE",
+)
+
+DEFAULT_OLLAMA_BASE_URL = "http://127.0.0.1:11434/v1"
+
+
+def _unknown(spec: str, why: str) -> ModelSpecError:
+    return ModelSpecError(f"unknown model {spec!r} ({why}); valid forms: {', '.join(MODEL_FORMS)}")
+
+
+def resolve_model(spec: str, settings: Settings | None = None) -> Model:
+    """Return the pydantic-ai model that `spec` names (see the module docstring for the forms)."""
+    spec = spec.strip()
+    if spec == "local":
+        return _local(None, settings)
+    provider, sep, name = spec.partition(":")
+    if not sep or not name.strip():
+        raise _unknown(spec, "expected PROVIDER:NAME" if sep else "no provider prefix")
+    name = name.strip()
+    match provider:
+        case "local":
+            return _local(Path(name).expanduser(), settings)
+        case "scripted":
+            from .scripted import ScriptedModel
+
+            return ScriptedModel(Path(name).expanduser())
+        case "openai":
+            return _openai(spec, name)
+        case "anthropic":
+            return _anthropic(spec, name)
+        case "ollama":
+            return _ollama(name)
+    raise _unknown(spec, f"no provider {provider!r}")
+
+
+def _local(path: Path | None, settings: Settings | None) -> Model:
+    from ..settings import Settings
+    from .local import LocalModel
+
+    settings = settings or Settings.load()
+    return LocalModel(
+        path,
+        context_tokens=settings.local_context_tokens,
+        threads=settings.local_threads,
+        max_output_tokens=settings.local_max_output_tokens,
+    )
+
+
+def _openai(spec: str, name: str) -> Model:
+    if not os.environ.get("OPENAI_API_KEY") and not os.environ.get("OPENAI_BASE_URL"):
+        raise MissingCredentialError("OPENAI_API_KEY", spec)
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    return OpenAIChatModel(name, provider=OpenAIProvider())
+
+
+def _anthropic(spec: str, name: str) -> Model:
+    if not os.environ.get("ANTHROPIC_API_KEY"):
+        raise MissingCredentialError("ANTHROPIC_API_KEY", spec)
+    from pydantic_ai.models.anthropic import AnthropicModel
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+
+    return AnthropicModel(name, provider=AnthropicProvider())
+
+
+def _ollama(name: str) -> Model:
+    from pydantic_ai.models.ollama import OllamaModel
+    from pydantic_ai.providers.ollama import OllamaProvider
+
+    base_url = os.environ.get("OLLAMA_BASE_URL") or DEFAULT_OLLAMA_BASE_URL
+    return OllamaModel(name, provider=OllamaProvider(base_url=base_url))

