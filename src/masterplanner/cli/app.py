@@ -106,9 +106,9 @@ def chat(
         return
     with stderr.status(f"asking {model or 'the configured model'}…"):
         result = run_chat(prompt, model=model)
-    stdout.print(result.output, markup=False, highlight=False)
+    typer.echo(result.output)
     usage = result.usage["by_purpose"].get("chat", {})
     stderr.print(
-        f"[dim]model {result.model} · {usage.get('calls', 0)} call · {usage.get('input_tokens', 0)} in / "
+        f"[dim]model {result.model} · {usage.get('calls', 0)} call(s) · {usage.get('input_tokens', 0)} in / "
         f"{usage.get('output_tokens', 0)} out tokens · {usage.get('seconds', 0)} s[/]"
     )

@@ -85,10 +85,19 @@ def _local(path: Path | None, settings: Settings | None) -> Model:
 def _openai(spec: str, name: str) -> Model:
     if not os.environ.get("OPENAI_API_KEY") and not os.environ.get("OPENAI_BASE_URL"):
         raise MissingCredentialError("OPENAI_API_KEY", spec)
-    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.profiles import ModelProfile
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    return OpenAIChatModel(name, provider=OpenAIProvider())
+    from .openai_compat import OpenAICompatibleModel
+
+    # Compatible servers (llama.cpp, vLLM, Ollama, LM Studio) enforce a response_format schema with a
+    # grammar, while many of them lack tool_choice="required": prefer native structured output there.
+    profile = (
+        ModelProfile(supports_json_schema_output=True, default_structured_output_mode="native")
+        if os.environ.get("OPENAI_BASE_URL")
+        else None
+    )
+    return OpenAICompatibleModel(name, provider=OpenAIProvider(), profile=profile)
 
 
 def _anthropic(spec: str, name: str) -> Model:

@@ -9,6 +9,7 @@ next token.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 import threading
@@ -54,10 +55,6 @@ def check_gguf(path: Path) -> Path:
     return path
 
 
-class _Cancelled(Exception):
-    """Raised inside llama.cpp's sampling loop to abandon a generation nobody waits for."""
-
-
 @dataclass(frozen=True)
 class Generation:
     """What one generation produced."""
@@ -81,6 +78,7 @@ class LlamaRuntime:
     def __init__(self, llama: Any, path: Path) -> None:
         self.path = path
         self._llama = llama
+        self._formatter = _chat_formatter(llama, path)
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama-{path.stem}")
 
@@ -105,22 +103,27 @@ class LlamaRuntime:
         cancelled: threading.Event | None = None,
     ) -> Generation:
         """Generate a chat completion; with `schema`, the output is constrained to match it."""
-        from llama_cpp import LogitsProcessorList
+        from llama_cpp import StoppingCriteriaList
 
-        if cancelled is not None and cancelled.is_set():
+        flag = cancelled or threading.Event()
+        if flag.is_set():
             raise ModelError("generation cancelled before it started")
         # Key order is kept: it is the order the model writes the properties in.
         grammar = _grammar(json.dumps(schema)) if schema is not None else None
-
-        def stop_when_cancelled(_ids: Any, scores: Any) -> Any:
-            if cancelled is not None and cancelled.is_set():
-                raise _Cancelled
-            return scores
-
+        # The chat template is applied here rather than through create_chat_completion, which
+        # cannot take stopping criteria: those are how a cancelled caller stops the generation.
+        formatted = self._formatter(messages=messages)
+        template_stop = formatted.stop if isinstance(formatted.stop, list) else [formatted.stop]
+        criteria = StoppingCriteriaList([lambda _ids, _logits: flag.is_set()])
+        if formatted.stopping_criteria is not None:
+            criteria.extend(formatted.stopping_criteria)
         with self._lock:
+            prompt = self._llama.tokenize(
+                formatted.prompt.encode("utf-8"), add_bos=not formatted.added_special, special=True
+            )
             try:
-                result = self._llama.create_chat_completion(
-                    messages=messages,
+                result = self._llama.create_completion(
+                    prompt=prompt,
                     grammar=grammar,
                     max_tokens=max_tokens,
                     temperature=temperature,
@@ -129,21 +132,27 @@ class LlamaRuntime:
                     presence_penalty=presence_penalty,
                     frequency_penalty=frequency_penalty,
                     seed=seed,
-                    stop=stop or [],
-                    logits_processor=LogitsProcessorList([stop_when_cancelled]),
+                    stop=[*(stop or []), *(item for item in template_stop if item)],
+                    stopping_criteria=criteria,
                 )
-            except _Cancelled:
-                raise ModelError("generation cancelled") from None
             except ValueError as exc:  # llama-cpp-python reports context overflow this way
                 raise ModelError(f"local model {self.path.name}: {exc}") from exc
+        if flag.is_set():
+            raise ModelError("generation cancelled")
         choice = result["choices"][0]
         usage = result.get("usage") or {}
         return Generation(
-            text=choice["message"].get("content") or "",
+            text=choice.get("text") or "",
             finish_reason=choice.get("finish_reason") or "stop",
-            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            prompt_tokens=int(usage.get("prompt_tokens", len(prompt))),
             completion_tokens=int(usage.get("completion_tokens", 0)),
         )
+
+    def close(self) -> None:
+        """Free the model's memory; the runtime cannot generate afterwards."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            self._llama.close()
 
     async def generate(self, messages: list[dict[str, str]], **options: Any) -> Generation:
         """`generate_sync` on this model's thread; cancelling the caller stops the generation."""
@@ -163,6 +172,14 @@ _loaded: dict[tuple[str, int, int], LlamaRuntime] = {}
 _loading = threading.Lock()
 
 
+@atexit.register
+def _close_all() -> None:
+    # Free llama.cpp models before interpreter shutdown tears down the bindings they need.
+    with _loading:
+        while _loaded:
+            _loaded.popitem()[1].close()
+
+
 def load_llama(path: Path | None, *, context_tokens: int, threads: int | None) -> LlamaRuntime:
     """The process-wide runtime for `path` (default: the embedded model), loading it on first use."""
     path = check_gguf((path or embedded_model_path()).resolve())
@@ -174,6 +191,22 @@ def load_llama(path: Path | None, *, context_tokens: int, threads: int | None) -
             runtime = LlamaRuntime(_open(path, context_tokens, thread_count), path)
             _loaded[key] = runtime
         return runtime
+
+
+def _chat_formatter(llama: Any, path: Path) -> Any:
+    """The model's own chat template (from its GGUF metadata), as llama-cpp-python builds it."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    template = llama.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise ModelFileError(str(path), "has no chat template (tokenizer.chat_template) in its metadata")
+    eos_id, bos_id = llama.token_eos(), llama.token_bos()
+    return Jinja2ChatFormatter(
+        template=template,
+        eos_token=llama._model.token_get_text(eos_id) if eos_id != -1 else "",
+        bos_token=llama._model.token_get_text(bos_id) if bos_id != -1 else "",
+        stop_token_ids=[eos_id],
+    )
 
 
 def _open(path: Path, context_tokens: int, threads: int) -> Any:

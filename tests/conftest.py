@@ -1,0 +1,55 @@
+"""Every test runs with its own home directory, an empty working directory and no API keys.
+
+Requests to hosted model APIs are refused (pydantic-ai's ALLOW_MODEL_REQUESTS); a test that
+talks to a real server on 127.0.0.1 turns them on for itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_PROVIDER_VARIABLES = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "ANTHROPIC_API_KEY",
+    "OLLAMA_BASE_URL",
+    "OLLAMA_API_KEY",
+)
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    import os
+
+    from pydantic_ai import models
+
+    home = tmp_path / "home"
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("MASTERPLANNER_HOME", str(home))
+    for name in list(os.environ):
+        if name.startswith("MASTERPLANNER_") and name != "MASTERPLANNER_HOME":
+            monkeypatch.delenv(name)
+    for name in _PROVIDER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(models, "ALLOW_MODEL_REQUESTS", False)
+    yield home
+
+
+@pytest.fixture
+def write_script(tmp_path: Path) -> Callable[..., Path]:
+    """Write a scripted-model file from a list of call entries and return its path."""
+    counter = iter(range(1000))
+
+    def write(calls: list[dict[str, Any]] | Any, raw: str | None = None) -> Path:
+        path = tmp_path / f"script{next(counter)}.json"
+        path.write_text(raw if raw is not None else json.dumps({"calls": calls}))
+        return path
+
+    return write

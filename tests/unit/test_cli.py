@@ -1,0 +1,118 @@
+"""The CLI as a person runs it: a real process, its exit code, stdout and stderr."""
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from masterplanner import MODEL_FORMS, __version__
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "masterplanner", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        timeout=120,
+    )
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"masterplanner {__version__}"
+
+
+def test_help_lists_commands() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    assert "doctor" in result.stdout
+    assert "chat" in result.stdout
+
+
+def test_unknown_model_form_exits_2_with_one_line() -> None:
+    result = run("chat", "hi", "--model", "nope:x")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: unknown model 'nope:x'")
+    for form in MODEL_FORMS:
+        assert form in lines[0]
+    assert result.stdout == ""
+
+
+def test_missing_api_key_names_the_variable() -> None:
+    result = run("chat", "hi", "--model", "anthropic:claude-sonnet-4-5")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: model 'anthropic:claude-sonnet-4-5' needs the environment variable ANTHROPIC_API_KEY, "
+        "which is not set"
+    )
+
+
+def test_corrupt_gguf_names_the_path(tmp_path: Path) -> None:
+    corrupt = tmp_path / "bad.gguf"
+    corrupt.write_text("garbage")
+    result = run("chat", "hi", "--model", f"local:{corrupt}")
+    assert result.returncode == 2
+    assert str(corrupt) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_adds_the_traceback() -> None:
+    result = run("--debug", "chat", "hi", "--model", "nope:x")
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr
+    assert "error: unknown model 'nope:x'" in result.stderr
+
+
+def test_invalid_setting_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = run("chat", "hi", env={"MASTERPLANNER_LOCAL_CONTEXT_TOKENS": "tiny"})
+    assert result.returncode == 2
+    assert "MASTERPLANNER_LOCAL_CONTEXT_TOKENS" in result.stderr
+
+
+def test_chat_scripted_json(write_script: Callable[..., Path]) -> None:
+    script = write_script([{"purpose": "chat", "output": "red green blue"}])
+    result = run("chat", "Name three colors", "--model", f"scripted:{script}", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["output"] == "red green blue"
+    assert payload["model"] == f"scripted:{script}"
+    assert payload["usage"]["llm_calls"] == 1
+    assert payload["usage"]["by_purpose"]["chat"]["calls"] == 1
+    assert payload["usage"]["by_purpose"]["chat"]["input_tokens"] == 3
+    assert payload["usage"]["by_purpose"]["chat"]["output_tokens"] == 3
+    assert set(payload["usage"]["by_purpose"]["chat"]) == {
+        "calls",
+        "input_tokens",
+        "output_tokens",
+        "seconds",
+    }
+
+
+def test_chat_scripted_text(write_script: Callable[..., Path]) -> None:
+    script = write_script([{"purpose": "chat", "output": "hello there"}])
+    result = run("chat", "hi", "--model", f"scripted:{script}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "hello there"
+    assert "1 call(s)" in result.stderr
+    assert "2 out tokens" in result.stderr
+
+
+def test_exhausted_script_is_a_failure_exit_1(write_script: Callable[..., Path]) -> None:
+    script = write_script([{"purpose": "planner", "output": "x"}])
+    result = run("chat", "hi", "--model", f"scripted:{script}")
+    assert result.returncode == 1
+    assert "no entry left for purpose 'chat'" in result.stderr
+
+
+def test_empty_prompt_is_a_usage_error() -> None:
+    result = run("chat", "  ")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: the prompt is empty"

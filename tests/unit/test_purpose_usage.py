@@ -1,0 +1,50 @@
+import threading
+
+import pytest
+
+from masterplanner import UsageLedger, current_purpose, step_purpose, using_purpose, validate_purpose
+
+
+@pytest.mark.parametrize(
+    "label",
+    ["planner", "replanner", "prompt_creator", "critic", "aggregator", "chat", "step:load-data", "step:a1"],
+)
+def test_valid_purposes(label: str) -> None:
+    assert validate_purpose(label) == label
+
+
+@pytest.mark.parametrize("label", ["", "Planner", "step:", "step:Bad Id", "tool:x", "step:-x"])
+def test_invalid_purposes(label: str) -> None:
+    with pytest.raises(ValueError, match="invalid purpose label"):
+        validate_purpose(label)
+
+
+def test_step_purpose_and_context() -> None:
+    assert step_purpose("fetch") == "step:fetch"
+    assert current_purpose() is None
+    with using_purpose("critic"):
+        assert current_purpose() == "critic"
+        with using_purpose("step:inner"):
+            assert current_purpose() == "step:inner"
+        assert current_purpose() == "critic"
+    assert current_purpose() is None
+
+
+def test_ledger_adds_up_across_threads() -> None:
+    ledger = UsageLedger()
+
+    def work() -> None:
+        for _ in range(1000):
+            ledger.record("step:a", input_tokens=2, output_tokens=1, seconds=0.001)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ledger.record("planner", input_tokens=10, output_tokens=5, seconds=1.23456)
+    assert ledger.by_purpose() == {
+        "planner": {"calls": 1, "input_tokens": 10, "output_tokens": 5, "seconds": 1.235},
+        "step:a": {"calls": 4000, "input_tokens": 8000, "output_tokens": 4000, "seconds": 4.0},
+    }
+    assert ledger.summary()["llm_calls"] == 4001

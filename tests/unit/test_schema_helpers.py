@@ -1,0 +1,83 @@
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, Field, TypeAdapter
+
+from masterplanner.models._schema import bound_arrays, hoist_definitions, minimal_instance
+
+
+class Leaf(BaseModel):
+    name: str = Field(min_length=3)
+    size: float = Field(gt=0.5, lt=2)
+    tags: list[str] = Field(min_length=2)
+    level: Literal["low", "high"] = "high"
+
+
+class Tree(BaseModel):
+    root: Leaf
+    leaves: list[Leaf]
+    count: int = Field(ge=-5, le=-2)
+    maybe: int | None
+    flag: bool
+
+
+def test_minimal_instance_validates() -> None:
+    schema = Tree.model_json_schema()
+    value = minimal_instance(schema)
+    assert value == {
+        "root": {"name": "aaa", "size": 1.5, "tags": ["", ""]},
+        "leaves": [],
+        "count": -5,
+        "maybe": 0,
+        "flag": False,
+    }
+    Tree.model_validate(value)
+
+
+@pytest.mark.parametrize(
+    ("schema", "expected"),
+    [
+        ({"const": 7}, 7),
+        ({"enum": ["b", "a"]}, "b"),
+        ({"type": "string", "format": "date"}, "2000-01-01"),
+        ({"type": "integer", "exclusiveMinimum": 3}, 4),
+        ({"type": "number", "minimum": 2.5}, 2.5),
+        ({"type": ["null", "integer"]}, 0),
+        (
+            {"allOf": [{"type": "object", "required": ["a"], "properties": {"a": {"type": "boolean"}}}]},
+            {"a": False},
+        ),
+        ({"type": "array", "minItems": 2, "items": {"type": "integer"}}, [0, 0]),
+    ],
+)
+def test_minimal_instance_cases(schema: dict[str, object], expected: object) -> None:
+    assert minimal_instance(schema) == expected
+
+
+def test_hoist_definitions_renames_and_rewrites_refs() -> None:
+    body, definitions = hoist_definitions(Tree.model_json_schema(), "t0_")
+    assert "$defs" not in body
+    assert set(definitions) == {"t0_Leaf"}
+    assert body["properties"]["root"] == {"$ref": "#/$defs/t0_Leaf"}
+    combined = {"anyOf": [body], "$defs": definitions}
+    value = minimal_instance(combined)
+    TypeAdapter(Tree).validate_python(value)
+
+
+def test_bound_arrays_adds_max_items_only_where_missing() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+            "b": {"type": "array", "maxItems": 3},
+            "c": {"type": "array", "minItems": 40},
+            "d": {"enum": [{"type": "array"}]},
+        },
+    }
+    bounded = bound_arrays(schema, max_items=24)
+    assert bounded["properties"]["a"]["maxItems"] == 24
+    assert bounded["properties"]["a"]["items"]["maxItems"] == 24
+    assert bounded["properties"]["b"]["maxItems"] == 3
+    assert bounded["properties"]["c"]["maxItems"] == 40
+    assert bounded["properties"]["d"] == {"enum": [{"type": "array"}]}
+    assert "maxItems" not in schema["properties"]["a"]  # the input is not changed

@@ -1,0 +1,94 @@
+from pathlib import Path
+
+import pytest
+
+from masterplanner import Settings, SettingsError
+
+
+def write_toml(directory: Path, text: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "masterplanner.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults(isolated: Path) -> None:
+    settings = Settings.load()
+    assert settings.home == isolated
+    assert settings.model == "local"
+    assert settings.database_url == f"sqlite:///{isolated / 'masterplanner.sqlite'}"
+    assert settings.local_context_tokens == 8192
+
+
+def test_default_home_is_the_platform_data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    import platformdirs
+
+    monkeypatch.delenv("MASTERPLANNER_HOME")
+    assert Settings.load().home == Path(platformdirs.user_data_dir("masterplanner", appauthor=False))
+
+
+def test_precedence_flag_env_cwd_file_home_file(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_toml(isolated, 'model = "scripted:home.json"\nlocal_context_tokens = 1024\nlocal_threads = 3\n')
+    assert Settings.load().model == "scripted:home.json"
+    write_toml(Path.cwd(), 'model = "scripted:cwd.json"\nlocal_context_tokens = 2048\n')
+    settings = Settings.load()
+    assert (settings.model, settings.local_context_tokens, settings.local_threads) == (
+        "scripted:cwd.json",
+        2048,
+        3,
+    )
+    monkeypatch.setenv("MASTERPLANNER_MODEL", "scripted:env.json")
+    assert Settings.load().model == "scripted:env.json"
+    assert Settings.load(model="scripted:flag.json").model == "scripted:flag.json"
+    assert Settings.load(model=None).model == "scripted:env.json"
+
+
+def test_home_can_come_from_the_cwd_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MASTERPLANNER_HOME")
+    other_home = tmp_path / "elsewhere"
+    write_toml(Path.cwd(), f'home = "{other_home}"\n')
+    write_toml(other_home, 'model = "scripted:from-home.json"\n')
+    settings = Settings.load()
+    assert settings.home == other_home
+    assert settings.model == "scripted:from-home.json"
+
+
+def test_unknown_key_names_file_and_known_keys(isolated: Path) -> None:
+    path = write_toml(isolated, 'modle = "local"\n')
+    with pytest.raises(SettingsError) as caught:
+        Settings.load()
+    message = str(caught.value)
+    assert f"unknown setting 'modle' in {path}" in message
+    assert "known: database_url, home, local_context_tokens" in message
+
+
+def test_invalid_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASTERPLANNER_LOCAL_CONTEXT_TOKENS", "lots")
+    with pytest.raises(
+        SettingsError, match=r"'local_context_tokens' \(from MASTERPLANNER_LOCAL_CONTEXT_TOKENS\)"
+    ):
+        Settings.load()
+
+
+def test_invalid_flag_value() -> None:
+    with pytest.raises(
+        SettingsError, match=r"'local_context_tokens' \(given on the command line\).*greater than"
+    ):
+        Settings.load(local_context_tokens=3)
+
+
+def test_bad_toml_names_the_file() -> None:
+    path = write_toml(Path.cwd(), "model = \n")
+    with pytest.raises(SettingsError, match=rf"{path}: not valid TOML"):
+        Settings.load()
+
+
+def test_ensure_home_creates_it(isolated: Path) -> None:
+    assert not isolated.exists()
+    assert Settings.load().ensure_home() == isolated
+    assert isolated.is_dir()
+
+
+def test_database_url_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", "postgresql://127.0.0.1:5432/test")
+    assert Settings.load().database_url == "postgresql://127.0.0.1:5432/test"
