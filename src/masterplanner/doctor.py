@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .errors import MasterplannerError
+from .errors import MasterplannerError, MissingCredentialError
 from .settings import Settings
 
 __all__ = ["Check", "run_checks", "sqlite_path"]
@@ -86,6 +86,20 @@ def _check_model_runs(settings: Settings) -> Iterator[Check]:
     )
 
 
+def _check_configured_model(settings: Settings) -> Check:
+    from .models import resolve_model
+
+    try:
+        model = resolve_model(settings.model, settings)
+    except MissingCredentialError as exc:
+        return Check("configured model", False, True, str(exc), f"export {exc.variable}=<your key>")
+    except MasterplannerError as exc:
+        return Check(
+            "configured model", False, True, str(exc), "set MASTERPLANNER_MODEL to a valid model spec"
+        )
+    return Check("configured model", True, True, f"{settings.model} ({type(model).__name__})")
+
+
 def _check_database(settings: Settings) -> Check:
     url = settings.database_url
     path = sqlite_path(url)
@@ -145,7 +159,7 @@ def _check_sandbox() -> Iterator[Check]:
         "sandbox: bubblewrap",
         bwrap is not None,
         False,
-        bwrap or "bwrap not found (code execution will be refused)",
+        bwrap or "bwrap not found (the code sandbox needs it)",
         "" if bwrap else install,
     )
     setpriv = shutil.which("setpriv")
@@ -191,6 +205,9 @@ def run_checks(settings: Settings, on_start: Callable[[str], None] | None = None
     if checks[-1].ok:
         note("llama.cpp")
         checks.extend(_check_model_runs(settings))
+    if settings.model != "local":
+        note("configured model")
+        checks.append(_check_configured_model(settings))
     note("database")
     checks.append(_check_database(settings))
     note("sandbox")

@@ -13,17 +13,18 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `masterplanner` console script."""
     from ..errors import MasterplannerError
-    from .app import app, stderr
+    from .app import app, console
 
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     try:
         app(args=args, prog_name="masterplanner")
     except MasterplannerError as exc:
+        stderr = console(stderr=True)
         if debug:
             stderr.print_exception()
         stderr.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        stderr.print("[bold red]interrupted[/]")
+        console(stderr=True).print("[bold red]interrupted[/]")
         sys.exit(130)

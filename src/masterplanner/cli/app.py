@@ -7,14 +7,16 @@ level, so `masterplanner --help` starts fast.
 from __future__ import annotations
 
 import json
+from functools import cache
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from .._version import __version__
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from ..doctor import Check
     from ..settings import Settings
 
@@ -24,11 +26,16 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    rich_markup_mode=None,
 )
 
-stdout = Console()
-stderr = Console(stderr=True)
+
+@cache
+def console(*, stderr: bool = False) -> Console:
+    """The rich console for stdout or stderr (rich is imported on first use, not at start-up)."""
+    from rich.console import Console
+
+    return Console(stderr=stderr)
 
 
 def _version(value: bool) -> None:
@@ -49,11 +56,15 @@ def main_options(
     """masterplanner: plan, review and run teams of LLM agents. Works offline with the embedded model."""
 
 
-@app.command()
+@app.command(short_help="Check the model, database and sandbox prerequisites.")
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
 ) -> None:
-    """Check the embedded model, llama.cpp, the database and the sandbox prerequisites."""
+    """Check that everything masterplanner needs is installed and working.
+
+    Covers the embedded model file, llama.cpp, the database and the sandbox prerequisites; each
+    problem comes with the command that fixes it. Exit code 0 when every required check passes.
+    """
     from ..doctor import run_checks
     from ..settings import Settings
 
@@ -62,7 +73,7 @@ def doctor(
         checks = run_checks(settings)
         typer.echo(json.dumps({"checks": [check.to_dict() for check in checks]}, indent=2))
     else:
-        with stderr.status("checking…") as status:
+        with console(stderr=True).status("checking…") as status:
             checks = run_checks(settings, on_start=lambda name: status.update(f"checking {name}…"))
         _print_checks(checks, settings)
     if not all(check.ok for check in checks if check.required):
@@ -70,23 +81,19 @@ def doctor(
 
 
 def _print_checks(checks: list[Check], settings: Settings) -> None:
-    from rich.table import Table
-
-    table = Table(show_header=True, header_style="bold", box=None, padding=(0, 2, 0, 0))
-    table.add_column("check")
-    table.add_column("status")
-    table.add_column("found")
-    table.add_column("fix")
+    out = console()
+    width = max(len(check.name) for check in checks)
     for check in checks:
         if check.ok:
-            status = "[green]ok[/]"
+            status = "[green]ok      [/]"
         elif check.required:
-            status = "[red]missing[/]"
+            status = "[red]missing [/]"
         else:
-            status = "[yellow]missing (optional)[/]"
-        table.add_row(check.name, status, check.detail, check.fix)
-    stdout.print(table)
-    stdout.print(f"home: {settings.home}   model: {settings.model}")
+            status = "[yellow]optional[/]"
+        out.print(f"{status} {check.name:<{width}}  {check.detail}", highlight=False, soft_wrap=True)
+        if check.fix and not check.ok:
+            out.print(f"         {'':<{width}}  fix: [bold]{check.fix}[/]", highlight=False, soft_wrap=True)
+    out.print(f"home {settings.home} · model {settings.model}", style="dim", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -97,18 +104,22 @@ def chat(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer and usage as JSON.")] = False,
 ) -> None:
-    """Send one prompt through the model layer and print the answer and its usage."""
+    """Send one prompt to a model and print the answer.
+
+    The answer goes to stdout and its usage (calls, tokens, seconds) to stderr, or both as JSON
+    with --json. Works offline with the embedded model (--model local).
+    """
     from ..chat import chat as run_chat
 
     if as_json:
         result = run_chat(prompt, model=model)
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return
-    with stderr.status(f"asking {model or 'the configured model'}…"):
+    with console(stderr=True).status(f"asking {model or 'the configured model'}…"):
         result = run_chat(prompt, model=model)
     typer.echo(result.output)
     usage = result.usage["by_purpose"].get("chat", {})
-    stderr.print(
+    console(stderr=True).print(
         f"[dim]model {result.model} · {usage.get('calls', 0)} call(s) · {usage.get('input_tokens', 0)} in / "
         f"{usage.get('output_tokens', 0)} out tokens · {usage.get('seconds', 0)} s[/]"
     )
