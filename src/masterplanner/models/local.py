@@ -40,7 +40,7 @@ from pydantic_ai.usage import RequestUsage
 
 from ..errors import ModelError
 from ._llama import LlamaRuntime, check_gguf, embedded_model_path, load_llama
-from ._schema import JsonSchema, bound_arrays, hoist_definitions
+from ._schema import JsonSchema, bound_arrays, compact_schema, hoist_definitions
 
 __all__ = ["LocalModel", "embedded_model_path", "load_llama"]
 
@@ -83,7 +83,7 @@ def _tool_option(tool: ToolDefinition, index: int, definitions: JsonSchema) -> J
 def _describe_tools(tools: list[ToolDefinition]) -> str:
     lines = ["You can call these tools:"]
     for tool in tools:
-        schema = json.dumps(tool.parameters_json_schema, separators=(",", ":"))
+        schema = compact_schema(tool.parameters_json_schema)
         lines.append(f"- {tool.name}: {tool.description or '(no description)'} Arguments: {schema}")
     return "\n".join(lines)
 
@@ -114,7 +114,9 @@ def reply_format(params: ModelRequestParameters, settings: ModelSettings | None 
     if not tools:
         if output_schema is None:
             return _ReplyFormat(None, envelope=False)
-        hint = f"Reply with only a JSON object that matches this JSON schema:\n{json.dumps(output_schema)}"
+        hint = (
+            f"Reply with only a JSON object that matches this JSON schema:\n{compact_schema(output_schema)}"
+        )
         return _ReplyFormat(
             output_schema, envelope=False, instructions=[hint] if params.output_mode == "native" else []
         )
@@ -138,7 +140,7 @@ def reply_format(params: ModelRequestParameters, settings: ModelSettings | None 
         'To call a tool, reply {"tool": "<tool name>", "arguments": {<arguments>}}.' + answer_help,
     ]
     if may_answer and output_schema is not None:
-        instructions.append(f"Output schema: {json.dumps(output_schema)}")
+        instructions.append(f"Output schema: {compact_schema(output_schema)}")
     return _ReplyFormat(schema, envelope=True, instructions=instructions)
 
 
