@@ -113,6 +113,11 @@ def test_output_tools_are_callable() -> None:
     assert part.tool_name == "final_result"
 
 
-def test_truncated_envelope_is_returned_as_text() -> None:
+def test_truncated_envelope_is_a_clear_error() -> None:
+    import pytest
+
+    from masterplanner import ModelError
+
     reply = reply_format(ModelRequestParameters(function_tools=[ADD]))
-    assert reply.decode('{"tool": "ad') == [TextPart('{"tool": "ad')]
+    with pytest.raises(ModelError, match="cut off at the output token cap"):
+        reply.decode('{"tool": "ad')

@@ -61,8 +61,12 @@ class _ReplyFormat:
         try:
             reply = json.loads(text)
         except json.JSONDecodeError:
-            # Only when generation stopped early (token cap); pydantic-ai asks the model again.
-            return [TextPart(text)]
+            # The grammar only allows complete JSON, so the token cap cut the reply short. Greedy
+            # decoding would repeat the same reply, so asking again cannot help.
+            raise ModelError(
+                "the local model's reply was cut off at the output token cap before its JSON was complete; "
+                "raise local_max_output_tokens or ask for less"
+            ) from None
         if "tool" in reply:
             return [ToolCallPart(reply["tool"], reply.get("arguments", {}))]
         answer = reply["answer"]
