@@ -1,7 +1,8 @@
 """masterplanner: turn a high-level task into a reviewed, executed plan of cooperating LLM agents.
 
-The public API is what `__all__` lists; everything else is private and may change. Names are
-imported on first use, so `import masterplanner` (and the CLI's start-up) stays fast.
+The public API is what `__all__` lists, plus the planner's functions in `masterplanner.planner`
+(`plan`, `expand`, `replan`); everything else is private and may change. Names are imported on
+first use, so `import masterplanner` (and the CLI's start-up) stays fast.
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ if TYPE_CHECKING:
         ModelError,
         ModelFileError,
         ModelSpecError,
+        PlanError,
         ScriptError,
         ScriptExhaustedError,
         SettingsError,
     )
     from .models import MODEL_FORMS, LabelledModel, labelled, resolve_model
+    from .plan import Plan, Step, validate_plan
+    from .planner import PlanExample
+    from .tools import Catalog, ToolSpec, builtin_catalog
     from .purpose import FIXED_PURPOSES, current_purpose, step_purpose, using_purpose, validate_purpose
     from .settings import Settings
     from .usage import PurposeUsage, UsageLedger
@@ -38,11 +43,15 @@ _HOMES = {
         "ModelError",
         "ModelFileError",
         "ModelSpecError",
+        "PlanError",
         "ScriptError",
         "ScriptExhaustedError",
         "SettingsError",
     ),
     ".models": ("MODEL_FORMS", "LabelledModel", "labelled", "resolve_model"),
+    ".plan": ("Plan", "Step", "validate_plan"),
+    ".planner": ("PlanExample",),
+    ".tools": ("Catalog", "ToolSpec", "builtin_catalog"),
     ".purpose": ("FIXED_PURPOSES", "current_purpose", "step_purpose", "using_purpose", "validate_purpose"),
     ".settings": ("Settings",),
     ".usage": ("PurposeUsage", "UsageLedger"),
@@ -52,6 +61,7 @@ _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names
 __all__ = [
     "FIXED_PURPOSES",
     "MODEL_FORMS",
+    "Catalog",
     "ChatResult",
     "ConfigError",
     "LabelledModel",
@@ -60,20 +70,27 @@ __all__ = [
     "ModelError",
     "ModelFileError",
     "ModelSpecError",
+    "Plan",
+    "PlanError",
+    "PlanExample",
     "PurposeUsage",
     "ScriptError",
     "ScriptExhaustedError",
     "Settings",
     "SettingsError",
+    "Step",
+    "ToolSpec",
     "UsageLedger",
     "__version__",
     "achat",
+    "builtin_catalog",
     "chat",
     "current_purpose",
     "labelled",
     "resolve_model",
     "step_purpose",
     "using_purpose",
+    "validate_plan",
     "validate_purpose",
 ]
 

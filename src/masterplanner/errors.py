@@ -8,6 +8,7 @@ MasterplannerError                 anything masterplanner raises on purpose
 │   ├── MissingCredentialError     a provider needs an environment variable that is not set
 │   ├── ModelFileError             a GGUF model file is missing or cannot be loaded
 │   └── ScriptError                a scripted-model file is missing or malformed
+├── PlanError                      a plan (from a model, a file or an edit) is invalid (exit code 2)
 └── ModelError                     a model call failed at run time (CLI exit code 1)
     └── ScriptExhaustedError       the scripted model has no entry left for a call's purpose
 ```
@@ -28,6 +29,7 @@ __all__ = [
     "ModelError",
     "ModelFileError",
     "ModelSpecError",
+    "PlanError",
     "ScriptError",
     "ScriptExhaustedError",
     "SettingsError",
@@ -75,6 +77,16 @@ class ModelFileError(ConfigError):
 
 class ScriptError(ConfigError):
     """A scripted-model file is missing or does not follow the script format."""
+
+
+class PlanError(MasterplannerError):
+    """A plan is invalid; `problems` lists each problem, naming the step it concerns."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str], *, context: str = "invalid plan") -> None:
+        self.problems = list(problems)
+        super().__init__(f"{context}: " + "; ".join(self.problems))
 
 
 class ModelError(MasterplannerError):

@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     database_url: str = Field("", description="SQLite or Postgres URL; empty means a SQLite file under home")
     local_context_tokens: int = Field(8192, ge=512, le=131072, description="llama.cpp context size")
     local_threads: int | None = Field(None, ge=1, le=256, description="llama.cpp threads; empty = all cores")
-    local_max_output_tokens: int = Field(1024, ge=16, le=32768, description="cap on one local generation")
+    local_max_output_tokens: int = Field(2048, ge=16, le=32768, description="cap on one local generation")
 
     @model_validator(mode="after")
     def _resolve_paths(self) -> Settings:

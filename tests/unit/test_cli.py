@@ -116,3 +116,44 @@ def test_empty_prompt_is_a_usage_error() -> None:
     result = run("chat", "  ")
     assert result.returncode == 2
     assert result.stderr.strip() == "error: the prompt is empty"
+
+
+def _step(step_id: str, *deps: str) -> dict[str, object]:
+    return {
+        "id": step_id,
+        "title": step_id,
+        "instruction": f"Do {step_id}.",
+        "agent_role": "worker",
+        "tools": ["read_file"],
+        "depends_on": list(deps),
+        "expected_output": "",
+    }
+
+
+def test_plan_json_with_scripted_planner(write_script: Callable[..., Path]) -> None:
+    cyclic = {"steps": [_step("a", "b"), _step("b", "a")]}
+    valid = {"steps": [_step("a"), _step("b", "a")]}
+    script = write_script([{"purpose": "planner", "output": cyclic}, {"purpose": "planner", "output": valid}])
+    result = run("plan", "Do a then b", "--model", f"scripted:{script}", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"task": "Do a then b", **valid}
+
+
+def test_plan_that_stays_cyclic_exits_2_naming_the_cycle(write_script: Callable[..., Path]) -> None:
+    cyclic = {"steps": [_step("a", "b"), _step("b", "a")]}
+    script = write_script([{"purpose": "planner", "output": cyclic, "repeat": True}])
+    result = run("plan", "Do a then b", "--model", f"scripted:{script}")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: no valid plan after 2 repairs: steps form a cycle: a -> b -> a (each depends on the next)"
+    )
+
+
+def test_plan_tree_output(write_script: Callable[..., Path]) -> None:
+    valid = {"steps": [_step("load"), _step("left", "load"), _step("right", "load")]}
+    script = write_script([{"purpose": "planner", "output": valid}])
+    result = run("plan", "Fan out", "--model", f"scripted:{script}")
+    assert result.returncode == 0, result.stderr
+    assert "load load (starts at once)" in result.stdout
+    assert "left left after load" in result.stdout
+    assert "1 planner call(s)" in result.stderr

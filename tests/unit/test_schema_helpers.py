@@ -3,7 +3,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, Field, TypeAdapter
 
-from masterplanner.models._schema import bound_arrays, hoist_definitions, minimal_instance
+from masterplanner.models._schema import grammar_schema, hoist_definitions, minimal_instance
 
 
 class Leaf(BaseModel):
@@ -64,7 +64,7 @@ def test_hoist_definitions_renames_and_rewrites_refs() -> None:
     TypeAdapter(Tree).validate_python(value)
 
 
-def test_bound_arrays_adds_max_items_only_where_missing() -> None:
+def test_grammar_schema_bounds_arrays_and_drops_long_string_bounds() -> None:
     schema = {
         "type": "object",
         "properties": {
@@ -72,9 +72,13 @@ def test_bound_arrays_adds_max_items_only_where_missing() -> None:
             "b": {"type": "array", "maxItems": 3},
             "c": {"type": "array", "minItems": 40},
             "d": {"enum": [{"type": "array"}]},
+            "e": {"type": "string", "maxLength": 5000, "minLength": 1},
+            "f": {"type": "string", "maxLength": 300},
         },
     }
-    bounded = bound_arrays(schema, max_items=24)
+    bounded = grammar_schema(schema, max_items=24)
+    assert bounded["properties"]["e"] == {"type": "string", "minLength": 1}
+    assert bounded["properties"]["f"] == {"type": "string", "maxLength": 300}
     assert bounded["properties"]["a"]["maxItems"] == 24
     assert bounded["properties"]["a"]["items"]["maxItems"] == 24
     assert bounded["properties"]["b"]["maxItems"] == 3

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ..doctor import Check
+    from ..plan import Plan
     from ..settings import Settings
 
 app = typer.Typer(
@@ -123,3 +124,71 @@ def chat(
         f"[dim]model {result.model} · {usage.get('calls', 0)} call(s) · {usage.get('input_tokens', 0)} in / "
         f"{usage.get('output_tokens', 0)} out tokens · {usage.get('seconds', 0)} s[/]"
     )
+
+
+@app.command(short_help="Plan a task: steps, tools and dependencies.")
+def plan(
+    task: Annotated[str, typer.Argument(help="The task to plan.")],
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model spec (default: the model setting).")
+    ] = None,
+    tools: Annotated[
+        str | None, typer.Option("--tools", help="Comma-separated tools the plan may use (default: all).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Break TASK into a dependency graph of steps, each with an agent role and tools.
+
+    The plan is validated (unique ids, known dependencies and tools, no cycles, size limits);
+    an invalid proposal goes back to the model for repair, at most twice.
+    """
+    import asyncio
+
+    from ..errors import ConfigError
+    from ..models import resolve_model
+    from ..planner import plan as make_plan
+    from ..settings import Settings
+    from ..tools import builtin_catalog
+    from ..usage import UsageLedger
+
+    settings = Settings.load(model=model)
+    catalog = builtin_catalog()
+    if tools:
+        try:
+            catalog = catalog.subset(name.strip() for name in tools.split(",") if name.strip())
+        except KeyError as exc:
+            raise ConfigError(f"--tools: {exc.args[0]}; available: {', '.join(catalog.names)}") from None
+    chosen = resolve_model(settings.model, settings)
+    ledger = UsageLedger()
+    if as_json:
+        result = asyncio.run(make_plan(task, catalog, model=chosen, ledger=ledger))
+        typer.echo(json.dumps(result.to_json_dict(), indent=2))
+        return
+    with console(stderr=True).status(f"planning with {settings.model}…"):
+        result = asyncio.run(make_plan(task, catalog, model=chosen, ledger=ledger))
+    _print_plan(result)
+    usage = ledger.by_purpose().get("planner", {})
+    console(stderr=True).print(
+        f"[dim]{usage.get('calls', 0)} planner call(s) · {usage.get('input_tokens', 0)} in / "
+        f"{usage.get('output_tokens', 0)} out tokens · {usage.get('seconds', 0)} s[/]"
+    )
+
+
+def _print_plan(result: Plan) -> None:
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    from ..plan import topological_order
+
+    tree = Tree(f"[bold]{escape(result.task)}[/]")
+    for step_id in topological_order(result):
+        step = result.step(step_id)
+        after = (
+            f" [dim]after {', '.join(step.depends_on)}[/]" if step.depends_on else " [dim](starts at once)[/]"
+        )
+        branch = tree.add(f"[bold cyan]{step.id}[/] {escape(step.title)}{after}")
+        branch.add(f"[dim]role[/] {escape(step.agent_role)}   [dim]tools[/] {', '.join(step.tools) or '—'}")
+        branch.add(escape(step.instruction))
+        if step.expected_output:
+            branch.add(f"[dim]→ {escape(step.expected_output)}[/]")
+    console().print(tree)

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -69,13 +70,6 @@ class Generation:
     completion_tokens: int
 
 
-@lru_cache(maxsize=128)
-def _grammar(schema_json: str) -> Any:
-    from llama_cpp.llama_grammar import LlamaGrammar
-
-    return LlamaGrammar.from_json_schema(schema_json, verbose=False)
-
-
 class LlamaRuntime:
     """One loaded GGUF model and the single thread that runs it."""
 
@@ -83,6 +77,7 @@ class LlamaRuntime:
         self.path = path
         self._llama = llama
         self._formatter = _chat_formatter(llama, path)
+        self._grammars: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama-{path.stem}")
 
@@ -112,8 +107,7 @@ class LlamaRuntime:
         flag = cancelled or threading.Event()
         if flag.is_set():
             raise ModelError("generation cancelled before it started")
-        # Key order is kept: it is the order the model writes the properties in.
-        grammar = _grammar(json.dumps(schema)) if schema is not None else None
+        grammar = self._grammar(schema) if schema is not None else None
         # The chat template is applied here rather than through create_chat_completion, which
         # cannot take stopping criteria: those are how a cancelled caller stops the generation.
         formatted = self._formatter(messages=messages)
@@ -151,6 +145,35 @@ class LlamaRuntime:
             prompt_tokens=int(usage.get("prompt_tokens", len(prompt))),
             completion_tokens=int(usage.get("completion_tokens", 0)),
         )
+
+    def _grammar(self, schema: dict[str, Any]) -> Any:
+        """The compiled grammar for `schema`, checked by llama.cpp itself (cached, most recent 64)."""
+        from llama_cpp import llama_cpp
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        key = json.dumps(schema)  # key order kept: it is the order the model writes properties in
+        grammar = self._grammars.get(key)
+        if grammar is None:
+            try:
+                grammar = LlamaGrammar.from_json_schema(key, verbose=False)
+            except (ValueError, KeyError, NotImplementedError, RuntimeError) as exc:
+                raise ModelError(f"cannot turn the JSON schema into a grammar: {exc}") from None
+            # llama.cpp refuses some grammars (too large, unsupported repetition); a refused grammar
+            # handed to the sampler crashes the process, so try it here first.
+            probe = llama_cpp.llama_sampler_init_grammar(
+                self._llama._model.vocab, grammar._grammar.encode(), grammar._root.encode()
+            )
+            if not probe:
+                raise ModelError(
+                    "llama.cpp refused the grammar built from the JSON schema (too large or complex)"
+                )
+            llama_cpp.llama_sampler_free(probe)
+            self._grammars[key] = grammar
+            if len(self._grammars) > 64:
+                self._grammars.popitem(last=False)
+        else:
+            self._grammars.move_to_end(key)
+        return grammar
 
     def close(self) -> None:
         """Free the model's memory; the runtime cannot generate afterwards."""

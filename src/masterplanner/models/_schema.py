@@ -7,7 +7,13 @@ import json
 import math
 from typing import Any
 
-__all__ = ["bound_arrays", "compact_schema", "hoist_definitions", "minimal_instance"]
+__all__ = [
+    "GRAMMAR_MAX_STRING_LENGTH",
+    "compact_schema",
+    "grammar_schema",
+    "hoist_definitions",
+    "minimal_instance",
+]
 
 JsonSchema = dict[str, Any]
 
@@ -144,30 +150,38 @@ def hoist_definitions(schema: JsonSchema, prefix: str) -> tuple[JsonSchema, Json
     return rewrite(body), {name: rewrite(definition) for name, definition in definitions.items()}
 
 
-def bound_arrays(schema: JsonSchema, *, max_items: int) -> JsonSchema:
-    """A copy of `schema` whose arrays without `maxItems` get `max_items`.
+GRAMMAR_MAX_STRING_LENGTH = 800
+"""Longest `maxLength` kept in a grammar: llama.cpp expands it into one nested rule per
+character and refuses grammars past about 1,000 ("exceeds sane defaults")."""
 
-    Grammar-constrained generation only ends when the grammar lets it: a small model that keeps
-    choosing "one more item" would otherwise run into the token cap and leave broken JSON.
-    (Strings are not bounded this way: llama.cpp expands `maxLength` into one grammar rule per
-    character and refuses long ones; the repetition penalty keeps strings from looping.)
+
+def grammar_schema(schema: JsonSchema, *, max_items: int) -> JsonSchema:
+    """A copy of `schema` fit for grammar-constrained generation.
+
+    - Arrays without `maxItems` get `max_items`: generation only ends when the grammar lets it,
+      and a small model that keeps choosing "one more item" would otherwise run into the token
+      cap and leave broken JSON.
+    - String bounds above `GRAMMAR_MAX_STRING_LENGTH` are dropped from the grammar (they stay in
+      the schema the answer is validated against).
     """
 
-    def bound(node: Any) -> Any:
+    def adapt(node: Any) -> Any:
         if isinstance(node, list):
-            return [bound(item) for item in node]
+            return [adapt(item) for item in node]
         if not isinstance(node, dict):
             return node
         result = {
-            key: value if key in ("enum", "const", "default") else bound(value) for key, value in node.items()
+            key: value if key in ("enum", "const", "default") else adapt(value) for key, value in node.items()
         }
         kinds = result.get("type")
         if (kinds == "array" or (isinstance(kinds, list) and "array" in kinds)) and "maxItems" not in result:
             result["maxItems"] = max(max_items, int(result.get("minItems", 0)))
+        if isinstance(result.get("maxLength"), int) and result["maxLength"] > GRAMMAR_MAX_STRING_LENGTH:
+            del result["maxLength"]
         return result
 
-    bounded: JsonSchema = bound(schema)
-    return bounded
+    adapted: JsonSchema = adapt(schema)
+    return adapted
 
 
 def compact_schema(schema: JsonSchema) -> str:

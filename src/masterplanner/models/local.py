@@ -40,7 +40,7 @@ from pydantic_ai.usage import RequestUsage
 
 from ..errors import ModelError
 from ._llama import LlamaRuntime, check_gguf, embedded_model_path, load_llama
-from ._schema import JsonSchema, bound_arrays, compact_schema, hoist_definitions
+from ._schema import JsonSchema, compact_schema, grammar_schema, hoist_definitions
 
 __all__ = ["LocalModel", "embedded_model_path", "load_llama"]
 
@@ -118,12 +118,8 @@ def reply_format(params: ModelRequestParameters, settings: ModelSettings | None 
     if not tools:
         if output_schema is None:
             return _ReplyFormat(None, envelope=False)
-        hint = (
-            f"Reply with only a JSON object that matches this JSON schema:\n{compact_schema(output_schema)}"
-        )
-        return _ReplyFormat(
-            output_schema, envelope=False, instructions=[hint] if params.output_mode == "native" else []
-        )
+        hints = [_schema_hint(output_schema)] if params.output_mode == "native" else []
+        return _ReplyFormat(output_schema, envelope=False, instructions=hints)
 
     definitions: JsonSchema = {}
     options = [_tool_option(tool, index, definitions) for index, tool in enumerate(tools)]
@@ -144,8 +140,20 @@ def reply_format(params: ModelRequestParameters, settings: ModelSettings | None 
         'To call a tool, reply {"tool": "<tool name>", "arguments": {<arguments>}}.' + answer_help,
     ]
     if may_answer and output_schema is not None:
-        instructions.append(f"Output schema: {compact_schema(output_schema)}")
+        instructions.append(_schema_hint(output_schema))
     return _ReplyFormat(schema, envelope=True, instructions=instructions)
+
+
+SCHEMA_HINT_LIMIT = 3000
+"""Schemas longer than this (compact JSON characters) are not shown to the model: they would cost
+more prompt tokens than they help a small model, and the grammar enforces them anyway."""
+
+
+def _schema_hint(schema: JsonSchema) -> str:
+    text = compact_schema(schema)
+    if len(text) > SCHEMA_HINT_LIMIT:
+        return "Reply with only a JSON object in the format described above."
+    return f"Reply with only a JSON object that matches this JSON schema:\n{text}"
 
 
 def _answer_option(answer: JsonSchema) -> JsonSchema:
@@ -231,7 +239,7 @@ class LocalModel(Model):
         *,
         context_tokens: int = 8192,
         threads: int | None = None,
-        max_output_tokens: int = 1024,
+        max_output_tokens: int = 2048,
         settings: ModelSettings | None = None,
     ) -> None:
         self.path = check_gguf((path or embedded_model_path()).resolve())
@@ -279,7 +287,7 @@ class LocalModel(Model):
         runtime = await asyncio.to_thread(self.runtime)
         schema = reply.schema
         if schema is not None:
-            schema = bound_arrays(schema, max_items=self.max_items)
+            schema = grammar_schema(schema, max_items=self.max_items)
         generation = await runtime.generate(
             chat,
             schema=schema,

@@ -1,0 +1,317 @@
+"""The Master Planner: a task becomes a validated plan; a step can be expanded or replanned.
+
+Every proposal is checked with `validate_plan`. An invalid one is sent back to the model with its
+problems, at most `repairs` times (default 2); after that the planner raises `PlanError` with the
+last problems. It never falls back to a plan nobody validated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic_ai import RunContext
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.settings import ModelSettings
+
+from .errors import ModelError, PlanError
+from .plan import (
+    DEFAULT_MAX_STEPS,
+    Plan,
+    Step,
+    dependents_of,
+    plan_output_schema,
+    sinks,
+    steps_from_output,
+    steps_to_output,
+    validate_plan,
+    validate_task,
+)
+from .prompts import load_examples, render
+from .tools.catalog import Catalog
+from .usage import UsageLedger
+
+if TYPE_CHECKING:
+    from pydantic_ai.models import Model
+
+__all__ = ["DEFAULT_REPAIRS", "MAX_EXPANSION_DEPTH", "PlanExample", "expand", "plan", "replan"]
+
+DEFAULT_REPAIRS = 2
+MAX_EXPANSION_DEPTH = 2
+
+
+@dataclass(frozen=True)
+class PlanExample:
+    """A task with a plan that worked for it: shown to the planner as an example."""
+
+    task: str
+    steps: list[dict[str, Any]]
+
+
+def _examples(catalog: Catalog, hints: Sequence[PlanExample] | None) -> list[PlanExample]:
+    if hints:
+        return list(hints)
+    shipped = [PlanExample(item["task"], item["steps"]) for item in load_examples("planner_examples.json")]
+    return [
+        example
+        for example in shipped
+        if all(tool in catalog for step in example.steps for tool in step["tools"])
+    ]
+
+
+@dataclass
+class _VaryOnRepair(AbstractCapability[None]):
+    """Greedy on the first try; each repair samples, seeded so runs stay reproducible.
+
+    A greedy model given its own invalid plan and the problems tends to repeat it word for word
+    (seen with the embedded model), so a repair must be allowed to come out differently.
+    """
+
+    def get_model_settings(self) -> Callable[[RunContext[None]], ModelSettings]:
+        return lambda ctx: {} if ctx.run_step <= 1 else {"temperature": 0.7, "seed": ctx.run_step}
+
+
+def _system(catalog: Catalog, max_steps: int, hints: Sequence[PlanExample] | None) -> str:
+    return render(
+        "planner_system.j2",
+        max_steps=max_steps,
+        tools=list(catalog),
+        examples=_examples(catalog, hints),
+        to_output=steps_to_output,
+    )
+
+
+async def _propose(
+    *,
+    purpose: str,
+    model: Model,
+    ledger: UsageLedger,
+    system: str,
+    prompt: str,
+    catalog: Catalog,
+    max_steps: int,
+    repairs: int,
+    accept: Any,
+) -> Plan:
+    """Ask for steps until `accept(steps)` returns a valid plan, sending problems back for repair."""
+    from pydantic_ai import Agent, ModelRetry, NativeOutput, StructuredDict
+    from pydantic_ai.exceptions import UnexpectedModelBehavior
+
+    from .chat import run_agent
+    from .models import labelled
+
+    schema = plan_output_schema(catalog, max_steps=max_steps)
+    output: Any = StructuredDict(schema, name="plan", description="the steps of the plan")
+    if model.profile.get("supports_json_schema_output", False):
+        output = NativeOutput(output)  # grammar-enforced on local models and compatible servers
+    agent: Agent[None, dict[str, Any]] = Agent(
+        labelled(model, purpose, ledger),
+        output_type=output,
+        instructions=system,
+        retries=repairs,
+        capabilities=[_VaryOnRepair()],
+    )
+    accepted: list[Plan] = []
+    last_problems: list[str] = []
+
+    @agent.output_validator
+    def check(output: dict[str, Any]) -> dict[str, Any]:
+        try:
+            accepted.append(accept(steps_from_output(output.get("steps"))))
+        except PlanError as error:
+            last_problems[:] = error.problems
+            raise ModelRetry(render("planner_repair.j2", problems=error.problems)) from None
+        return output
+
+    try:
+        await run_agent(agent, prompt)
+    except ModelError as error:
+        if last_problems and isinstance(error.__cause__, UnexpectedModelBehavior):
+            raise PlanError(last_problems, context=f"no valid plan after {repairs} repairs") from None
+        raise
+    return accepted[-1]
+
+
+async def plan(
+    task: str,
+    catalog: Catalog,
+    *,
+    model: Model,
+    ledger: UsageLedger | None = None,
+    hints: Sequence[PlanExample] | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    repairs: int = DEFAULT_REPAIRS,
+) -> Plan:
+    """Plan `task` with the tools of `catalog`; `hints` are example plans of similar tasks."""
+    task = validate_task(task)
+    system = _system(catalog, max_steps, hints)
+
+    def accept(steps: object) -> Plan:
+        return validate_plan({"task": task, "steps": steps}, catalog, max_steps=max_steps)
+
+    return await _propose(
+        purpose="planner",
+        model=model,
+        ledger=ledger or UsageLedger(),
+        system=system,
+        prompt=render("planner_user.j2", task=task),
+        catalog=catalog,
+        max_steps=max_steps,
+        repairs=repairs,
+        accept=accept,
+    )
+
+
+def _depth(step_id: str) -> int:
+    return step_id.count("--")
+
+
+def _splice(
+    original: Plan, removed: Sequence[str], new_steps: list[Step], entry_deps: list[str]
+) -> list[Step]:
+    """Replace the `removed` steps with `new_steps`.
+
+    New steps with no dependencies inherit `entry_deps`; steps that depended on a removed step
+    depend on the new steps' sinks instead.
+    """
+    gone = set(removed)
+    exits = sinks(new_steps)
+    rewired = [step.model_copy(update={"depends_on": step.depends_on or entry_deps}) for step in new_steps]
+    kept: list[Step] = []
+    for step in original.steps:
+        if step.id in gone:
+            continue
+        if gone & set(step.depends_on):
+            deps = [d for d in step.depends_on if d not in gone] + [
+                e for e in exits if e not in step.depends_on
+            ]
+            step = step.model_copy(update={"depends_on": deps})
+        kept.append(step)
+    position = min(original.ids.index(step_id) for step_id in removed)
+    before = [step for step in kept if original.ids.index(step.id) < position]
+    after = [step for step in kept if original.ids.index(step.id) > position]
+    return [*before, *rewired, *after]
+
+
+async def expand(
+    original: Plan,
+    step_id: str,
+    catalog: Catalog,
+    *,
+    model: Model,
+    ledger: UsageLedger | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    repairs: int = DEFAULT_REPAIRS,
+) -> Plan:
+    """Hierarchical planning: replace one step by a sub-plan spliced into the graph.
+
+    Sub-step ids are `<step-id>--<sub-id>`; expansion nests at most `MAX_EXPANSION_DEPTH` levels.
+    """
+    target = original.step(step_id)
+    if _depth(step_id) >= MAX_EXPANSION_DEPTH:
+        raise PlanError([f"step {step_id!r}: already expanded {MAX_EXPANSION_DEPTH} levels deep"])
+    system = _system(catalog, max_steps, None)
+    prompt = render("planner_expand.j2", task=original.task, step=target)
+
+    def accept(steps: object) -> Plan:
+        sub = validate_plan({"task": target.instruction, "steps": steps}, catalog, max_steps=max_steps)
+        prefixed = [
+            sub_step.model_copy(
+                update={
+                    "id": f"{step_id}--{sub_step.id}"[:40],
+                    "depends_on": [f"{step_id}--{d}"[:40] for d in sub_step.depends_on],
+                }
+            )
+            for sub_step in sub.steps
+        ]
+        spliced = _splice(original, [step_id], prefixed, list(target.depends_on))
+        final = original.final_step
+        if final == step_id:
+            final = sinks(prefixed)[-1]
+        total = len(original.steps) - 1 + len(prefixed)
+        return validate_plan(
+            {"task": original.task, "steps": [s.model_dump() for s in spliced], "final_step": final},
+            catalog,
+            max_steps=max(max_steps, total),
+        )
+
+    return await _propose(
+        purpose="planner",
+        model=model,
+        ledger=ledger or UsageLedger(),
+        system=system,
+        prompt=prompt,
+        catalog=catalog,
+        max_steps=max_steps,
+        repairs=repairs,
+        accept=accept,
+    )
+
+
+async def replan(
+    original: Plan,
+    failed_step_id: str,
+    error: str,
+    completed_outputs: Mapping[str, str],
+    catalog: Catalog,
+    *,
+    model: Model,
+    ledger: UsageLedger | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    repairs: int = DEFAULT_REPAIRS,
+) -> Plan:
+    """A new sub-graph for the failed step and its dependents; completed steps stay exactly as they were."""
+    failed = original.step(failed_step_id)
+    replaced = [failed_step_id, *dependents_of(original, failed_step_id)]
+    completed = [step_id for step_id in original.ids if step_id in completed_outputs]
+    if set(completed) & set(replaced):
+        clash = ", ".join(sorted(set(completed) & set(replaced)))
+        raise PlanError([f"step(s) {clash}: completed, so they cannot be replanned"])
+    system = _system(catalog, max_steps, None)
+    prompt = render(
+        "replanner.j2",
+        task=original.task,
+        failed=failed,
+        error=error,
+        replaced=[original.step(step_id) for step_id in replaced],
+        completed=[(original.step(step_id), completed_outputs[step_id]) for step_id in completed],
+    )
+    kept_ids = set(original.ids) - set(replaced)
+
+    def accept(steps: object) -> Plan:
+        if not isinstance(steps, list):
+            raise PlanError(["plan: 'steps' must be a list"])
+        clashes = [s.get("id") for s in steps if isinstance(s, dict) and s.get("id") in kept_ids]
+        if clashes:
+            raise PlanError(
+                [f"step {c!r}: that id belongs to a step that is kept; choose a new id" for c in clashes]
+            )
+        # New steps may depend on kept steps, so validate them together with those.
+        kept_steps = [s.model_dump() for s in original.steps if s.id in kept_ids]
+        candidate = validate_plan(
+            {"task": original.task, "steps": [*kept_steps, *steps]},
+            catalog,
+            max_steps=max_steps + len(kept_ids),
+        )
+        new_steps = [s for s in candidate.steps if s.id not in kept_ids]
+        entry = list(failed.depends_on)
+        spliced = _splice(original, replaced, new_steps, entry)
+        final = original.final_step if original.final_step in kept_ids else None
+        return validate_plan(
+            {"task": original.task, "steps": [s.model_dump() for s in spliced], "final_step": final},
+            catalog,
+            max_steps=max(max_steps, len(spliced)),
+        )
+
+    return await _propose(
+        purpose="replanner",
+        model=model,
+        ledger=ledger or UsageLedger(),
+        system=system,
+        prompt=prompt,
+        catalog=catalog,
+        max_steps=max_steps,
+        repairs=repairs,
+        accept=accept,
+    )

@@ -1,0 +1,160 @@
+import copy
+from typing import Any
+
+import pytest
+
+from masterplanner.errors import PlanError
+from masterplanner.plan import (
+    Plan,
+    dependents_of,
+    find_cycle,
+    plan_output_schema,
+    sinks,
+    steps_from_output,
+    steps_to_output,
+    topological_order,
+    validate_plan,
+    validate_task,
+)
+from masterplanner.tools import BUILTIN_TOOL_NAMES, builtin_catalog
+
+CATALOG = builtin_catalog()
+
+
+def step(step_id: str, *deps: str, tools: list[str] | None = None) -> dict[str, Any]:
+    return {
+        "id": step_id,
+        "title": f"do {step_id}",
+        "instruction": f"Do {step_id}.",
+        "agent_role": "worker",
+        "tools": tools if tools is not None else ["read_file"],
+        "depends_on": list(deps),
+        "expected_output": f"{step_id} done",
+    }
+
+
+def plan_dict(*steps: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"task": "a task", "steps": list(steps), **extra}
+
+
+def problems(raw: dict[str, Any], **kwargs: Any) -> list[str]:
+    with pytest.raises(PlanError) as caught:
+        validate_plan(raw, CATALOG, **kwargs)
+    return caught.value.problems
+
+
+def test_valid_plan_round_trips_through_json() -> None:
+    raw = plan_dict(step("load"), step("sum", "load"), step("plot", "sum"), final_step="plot")
+    plan = validate_plan(raw, CATALOG)
+    assert plan.ids == ["load", "sum", "plot"]
+    assert plan.to_json_dict() == raw
+    assert Plan.model_validate_json(plan.model_dump_json()) == plan
+
+
+def test_builtin_tool_names_are_fixed() -> None:
+    assert BUILTIN_TOOL_NAMES == (
+        "code_execution",
+        "read_file",
+        "write_file",
+        "list_files",
+        "delete_file",
+        "http_request",
+        "web_search",
+        "generate_image",
+        "ask_user",
+    )
+
+
+def test_cycle_is_named() -> None:
+    found = problems(plan_dict(step("a", "c"), step("b", "a"), step("c", "b")))
+    assert found == ["steps form a cycle: a -> c -> b -> a (each depends on the next)"]
+
+
+def test_every_problem_names_its_step() -> None:
+    raw = plan_dict(
+        step("load", "missing"),
+        step("load"),
+        step("self", "self"),
+        step("tooly", tools=["read_file", "teleport"]),
+        final_step="nowhere",
+    )
+    assert problems(raw) == [
+        "step 'load': the id is used by more than one step",
+        "step 'load': depends on unknown step 'missing'",
+        "step 'self': depends on itself",
+        "step 'tooly': unknown tool 'teleport'; available: " + ", ".join(BUILTIN_TOOL_NAMES),
+        "plan: final_step 'nowhere' is not a step",
+    ]
+
+
+def test_shape_problems_name_step_and_field() -> None:
+    bad = step("ok")
+    bad["instruction"] = "   "
+    unnamed = step("x")
+    del unnamed["id"]
+    raw = plan_dict(bad, unnamed, {**step("Bad Id")}, {**step("extra"), "colour": "red"})
+    assert problems(raw) == [
+        "step 'ok': instruction: Value error, must not be empty",
+        "step #2: id: Field required",
+        "step 'Bad Id': id: Value error, must be a short slug of lowercase letters, digits and hyphens, "
+        "e.g. load-data",
+        "step 'extra': colour: unknown field",
+    ]
+
+
+def test_limits() -> None:
+    many = [step(f"s{i}") for i in range(13)]
+    assert problems(plan_dict(*many)) == ["plan: 13 steps; at most 12 are allowed"]
+    validate_plan(plan_dict(*many), CATALOG, max_steps=13)
+    long_instruction = step("a")
+    long_instruction["instruction"] = "x" * 4001
+    assert problems(plan_dict(long_instruction)) == [
+        "step 'a': instruction: String should have at most 4000 characters"
+    ]
+    assert problems({"task": "t", "steps": []}) == [
+        "plan: steps: List should have at least 1 item after validation, not 0"
+    ]
+
+
+def test_not_an_object() -> None:
+    with pytest.raises(PlanError, match="expected a JSON object, got list"):
+        validate_plan([], CATALOG)  # type: ignore[arg-type]
+
+
+def test_validate_task() -> None:
+    assert validate_task("  plan a trip ") == "plan a trip"
+    with pytest.raises(PlanError, match="the task is empty"):
+        validate_task(" \n ")
+    with pytest.raises(PlanError, match="the task is 102,400 characters; the limit is 20,000"):
+        validate_task("x" * 102_400)
+
+
+def test_graph_helpers() -> None:
+    plan = validate_plan(
+        plan_dict(step("a"), step("b", "a"), step("c"), step("d", "b", "c"), step("e", "d")), CATALOG
+    )
+    assert topological_order(plan) == ["a", "c", "b", "d", "e"]
+    assert dependents_of(plan, "b") == ["d", "e"]
+    assert dependents_of(plan, "e") == []
+    assert sinks(plan.steps) == ["e"]
+    assert find_cycle({"a": ["b"], "b": []}) is None
+
+
+def test_model_facing_form_round_trips() -> None:
+    public = [step("a"), step("b", "a"), step("c", "a", "b")]
+    model_form = steps_to_output(copy.deepcopy(public))
+    assert [s["after"] for s in model_form] == [[], [1], [1, 2]]
+    assert steps_from_output(model_form) == public
+    # Numbers naming later steps still become ids, so a cycle is reported as one.
+    cyclic = steps_from_output([step("x") | {"after": [2]}, step("y") | {"after": [1]}])
+    assert isinstance(cyclic, list)
+    assert problems(plan_dict(*cyclic)) == ["steps form a cycle: x -> y -> x (each depends on the next)"]
+
+
+def test_output_schema_only_allows_earlier_steps_and_catalog_tools() -> None:
+    schema = plan_output_schema(CATALOG, max_steps=3)
+    assert schema["required"] == ["actions", "steps"]
+    assert [len(option["prefixItems"]) for option in schema["properties"]["steps"]["anyOf"]] == [1, 2, 3]
+    third = schema["$defs"]["step3"]["properties"]
+    assert third["after"]["items"] == {"enum": [1, 2]}
+    assert third["tools"]["items"] == {"enum": list(BUILTIN_TOOL_NAMES)}
