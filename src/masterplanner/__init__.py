@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from .models import MODEL_FORMS, LabelledModel, labelled, resolve_model
     from .plan import Plan, Step, validate_plan
     from .planner import PlanExample
-    from .tools import Catalog, ToolSpec, builtin_catalog
     from .purpose import FIXED_PURPOSES, current_purpose, step_purpose, using_purpose, validate_purpose
     from .settings import Settings
+    from .tools import Catalog, ToolSpec, builtin_catalog
     from .usage import PurposeUsage, UsageLedger
 
 _HOMES = {

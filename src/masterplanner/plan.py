@@ -249,12 +249,14 @@ def sinks(steps: Iterable[Step]) -> list[str]:
     return [step.id for step in listed if step.id not in depended]
 
 
-def plan_output_schema(catalog: Catalog, *, max_steps: int = DEFAULT_MAX_STEPS) -> dict[str, Any]:
+def plan_output_schema(
+    catalog: Catalog, *, max_steps: int = DEFAULT_MAX_STEPS, step_count: int | None = None
+) -> dict[str, Any]:
     """The JSON schema a model fills in to propose a plan.
 
-    This is the model-facing form, not the public one. It starts with `actions`, the separate
-    actions the task asks for: listing them first made the embedded model write one step per
-    action instead of one step for the whole task. Instead of `depends_on` ids, step k lists
+    This is the model-facing form, not the public one. Without `step_count` it starts with
+    `actions`, the separate actions the task asks for; with `step_count` it asks for exactly that
+    many steps (one per action listed before). Instead of `depends_on` ids, step k lists
     in `after` the numbers (1-based) of earlier steps whose output it needs. The schema allows
     only smaller numbers, so a grammar-constrained model cannot name a missing step or make a
     cycle (the embedded model did both, and repeated them when asked to repair).
@@ -286,8 +288,17 @@ def plan_output_schema(catalog: Catalog, *, max_steps: int = DEFAULT_MAX_STEPS) 
             "minItems": count,
             "maxItems": count,
         }
-        for count in range(1, max_steps + 1)
+        for count in ([step_count] if step_count else range(1, max_steps + 1))
     ]
+    if step_count:
+        return {
+            "type": "object",
+            "title": "Plan",
+            "properties": {"steps": lengths[0]},
+            "required": ["steps"],
+            "additionalProperties": False,
+            "$defs": {name: value for name, value in definitions.items() if int(name[4:]) <= step_count},
+        }
     actions = {
         "type": "array",
         "items": {"type": "string", "minLength": 1, "maxLength": 80},

@@ -93,15 +93,19 @@ async def _propose(
     max_steps: int,
     repairs: int,
     accept: Any,
-) -> Plan:
-    """Ask for steps until `accept(steps)` returns a valid plan, sending problems back for repair."""
+    step_count: int | None = None,
+) -> tuple[Plan, list[str]]:
+    """Ask for steps until `accept(steps)` returns a valid plan, sending problems back for repair.
+
+    Returns the plan and the actions the model listed before its steps (if it did).
+    """
     from pydantic_ai import Agent, ModelRetry, NativeOutput, StructuredDict
     from pydantic_ai.exceptions import UnexpectedModelBehavior
 
     from .chat import run_agent
     from .models import labelled
 
-    schema = plan_output_schema(catalog, max_steps=max_steps)
+    schema = plan_output_schema(catalog, max_steps=max_steps, step_count=step_count)
     output: Any = StructuredDict(schema, name="plan", description="the steps of the plan")
     if model.profile.get("supports_json_schema_output", False):
         output = NativeOutput(output)  # grammar-enforced on local models and compatible servers
@@ -113,10 +117,13 @@ async def _propose(
         capabilities=[_VaryOnRepair()],
     )
     accepted: list[Plan] = []
+    actions: list[str] = []
     last_problems: list[str] = []
 
     @agent.output_validator
     def check(output: dict[str, Any]) -> dict[str, Any]:
+        listed = output.get("actions")
+        actions[:] = [item for item in listed if isinstance(item, str)] if isinstance(listed, list) else []
         try:
             accepted.append(accept(steps_from_output(output.get("steps"))))
         except PlanError as error:
@@ -130,7 +137,7 @@ async def _propose(
         if last_problems and isinstance(error.__cause__, UnexpectedModelBehavior):
             raise PlanError(last_problems, context=f"no valid plan after {repairs} repairs") from None
         raise
-    return accepted[-1]
+    return accepted[-1], actions
 
 
 async def plan(
@@ -150,17 +157,25 @@ async def plan(
     def accept(steps: object) -> Plan:
         return validate_plan({"task": task, "steps": steps}, catalog, max_steps=max_steps)
 
-    return await _propose(
-        purpose="planner",
-        model=model,
-        ledger=ledger or UsageLedger(),
-        system=system,
-        prompt=render("planner_user.j2", task=task),
-        catalog=catalog,
-        max_steps=max_steps,
-        repairs=repairs,
-        accept=accept,
-    )
+    ledger = ledger or UsageLedger()
+    common: dict[str, Any] = {
+        "purpose": "planner",
+        "model": model,
+        "ledger": ledger,
+        "system": system,
+        "catalog": catalog,
+        "max_steps": max_steps,
+        "repairs": repairs,
+        "accept": accept,
+    }
+    proposal, actions = await _propose(prompt=render("planner_user.j2", task=task), **common)
+    if len(proposal.steps) < len(actions) <= max_steps:
+        # The model listed more actions than it wrote steps (the embedded model closes the list
+        # after one step): ask once more for exactly one step per action, now that their number
+        # is known and the grammar can hold the model to it.
+        prompt = render("planner_steps.j2", task=task, actions=actions)
+        proposal, _ = await _propose(prompt=prompt, step_count=len(actions), **common)
+    return proposal
 
 
 def _depth(step_id: str) -> int:
@@ -236,7 +251,7 @@ async def expand(
             max_steps=max(max_steps, total),
         )
 
-    return await _propose(
+    expanded, _ = await _propose(
         purpose="planner",
         model=model,
         ledger=ledger or UsageLedger(),
@@ -247,6 +262,7 @@ async def expand(
         repairs=repairs,
         accept=accept,
     )
+    return expanded
 
 
 async def replan(
@@ -304,7 +320,7 @@ async def replan(
             max_steps=max(max_steps, len(spliced)),
         )
 
-    return await _propose(
+    replanned, _ = await _propose(
         purpose="replanner",
         model=model,
         ledger=ledger or UsageLedger(),
@@ -315,3 +331,4 @@ async def replan(
         repairs=repairs,
         accept=accept,
     )
+    return replanned

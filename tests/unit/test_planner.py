@@ -189,3 +189,24 @@ async def test_replan_refuses_completed_steps(write_script: WriteScript) -> None
 async def _plan(write_script: WriteScript, output: dict[str, Any]):  # type: ignore[no-untyped-def]
     script = write_script([{"purpose": "planner", "output": output}])
     return await plan("sum the sales", CATALOG, model=resolve_model(f"scripted:{script}"))
+
+
+async def test_more_actions_than_steps_asks_for_one_step_per_action(write_script: WriteScript) -> None:
+    first = {"actions": ["load", "total", "report"], "steps": [step("everything")]}
+    ledger = UsageLedger()
+    script = write_script([{"purpose": "planner", "output": first}, {"purpose": "planner", "output": VALID}])
+    model = resolve_model(f"scripted:{script}")
+    schemas: list[dict[str, Any]] = []
+    original = model.request
+
+    async def spy(messages, settings, params):  # type: ignore[no-untyped-def]
+        schemas.append(params.output_object.json_schema)
+        return await original(messages, settings, params)
+
+    model.request = spy  # type: ignore[method-assign]
+    result = await plan("load, total and report", CATALOG, model=model, ledger=ledger)
+    assert result.ids == ["load", "total", "report"]
+    assert ledger.by_purpose()["planner"]["calls"] == 2
+    assert "actions" in schemas[0]["properties"]
+    assert schemas[1]["properties"]["steps"]["minItems"] == 3
+    assert schemas[1]["properties"]["steps"]["maxItems"] == 3

@@ -144,7 +144,7 @@ def reply_format(params: ModelRequestParameters, settings: ModelSettings | None 
     return _ReplyFormat(schema, envelope=True, instructions=instructions)
 
 
-SCHEMA_HINT_LIMIT = 3000
+SCHEMA_HINT_LIMIT = 2000
 """Schemas longer than this (compact JSON characters) are not shown to the model: they would cost
 more prompt tokens than they help a small model, and the grammar enforces them anyway."""
 
