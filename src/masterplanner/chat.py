@@ -48,12 +48,15 @@ def chat(prompt: str, *, model: str | None = None, settings: Settings | None = N
     return asyncio.run(achat(prompt, model=model, settings=settings))
 
 
-async def run_agent(agent: Any, prompt: str) -> Any:
-    """Run a pydantic-ai agent, turning provider and protocol failures into masterplanner errors."""
+async def run_agent(agent: Any, prompt: str, **options: Any) -> Any:
+    """Run a pydantic-ai agent (`options` go to `agent.run`) and return its output.
+
+    Provider and protocol failures become masterplanner errors.
+    """
     from pydantic_ai.exceptions import AgentRunError, ModelAuthenticationError, UserError
 
     try:
-        result = await agent.run(prompt)
+        result = await agent.run(prompt, **options)
     except MasterplannerError:
         raise
     except UserError as exc:

@@ -74,11 +74,17 @@ def test_grammar_schema_bounds_arrays_and_drops_long_string_bounds() -> None:
             "d": {"enum": [{"type": "array"}]},
             "e": {"type": "string", "maxLength": 5000, "minLength": 1},
             "f": {"type": "string", "maxLength": 300},
+            "g": {"type": "integer", "minimum": 1, "maximum": 5},
+            "h": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 3.5},
+            "i": {"type": "integer", "minimum": 0},
         },
     }
     bounded = grammar_schema(schema, max_items=24)
     assert bounded["properties"]["e"] == {"type": "string", "minLength": 1}
     assert bounded["properties"]["f"] == {"type": "string", "maxLength": 300}
+    assert bounded["properties"]["g"]["enum"] == [1, 2, 3, 4, 5]
+    assert bounded["properties"]["h"]["enum"] == [1, 2, 3]
+    assert "enum" not in bounded["properties"]["i"]
     assert bounded["properties"]["a"]["maxItems"] == 24
     assert bounded["properties"]["a"]["items"]["maxItems"] == 24
     assert bounded["properties"]["b"]["maxItems"] == 3

@@ -163,6 +163,8 @@ def grammar_schema(schema: JsonSchema, *, max_items: int) -> JsonSchema:
       cap and leave broken JSON.
     - String bounds above `GRAMMAR_MAX_STRING_LENGTH` are dropped from the grammar (they stay in
       the schema the answer is validated against).
+    - Integers with a small closed range become an enum: llama-cpp-python's grammar converter
+      ignores `minimum`/`maximum` (a 1-5 score came back as 10).
     """
 
     def adapt(node: Any) -> Any:
@@ -178,10 +180,29 @@ def grammar_schema(schema: JsonSchema, *, max_items: int) -> JsonSchema:
             result["maxItems"] = max(max_items, int(result.get("minItems", 0)))
         if isinstance(result.get("maxLength"), int) and result["maxLength"] > GRAMMAR_MAX_STRING_LENGTH:
             del result["maxLength"]
+        if result.get("type") == "integer" and "enum" not in result:
+            allowed = _small_integer_range(result)
+            if allowed is not None:
+                result["enum"] = allowed
         return result
 
     adapted: JsonSchema = adapt(schema)
     return adapted
+
+
+def _small_integer_range(schema: JsonSchema, limit: int = 256) -> list[int] | None:
+    low = schema.get("minimum")
+    if isinstance(schema.get("exclusiveMinimum"), int | float):
+        low = math.floor(schema["exclusiveMinimum"]) + 1
+    high = schema.get("maximum")
+    if isinstance(schema.get("exclusiveMaximum"), int | float):
+        high = math.ceil(schema["exclusiveMaximum"]) - 1
+    if not isinstance(low, int | float) or not isinstance(high, int | float):
+        return None
+    low, high = math.ceil(low), math.floor(high)
+    if high < low or high - low >= limit:
+        return None
+    return list(range(low, high + 1))
 
 
 def compact_schema(schema: JsonSchema) -> str:

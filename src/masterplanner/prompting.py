@@ -1,0 +1,172 @@
+"""The Prompt Creator: for each step, draft an agent system prompt, critique it, revise it.
+
+A draft (purpose `prompt_creator`) gives the agent its role, goal, inputs from the steps it
+depends on, how to use its tools and what to hand on. A critic call (purpose `critic`) scores it
+against a rubric — clarity, completeness, tool fit, output format, 1 to 5 — and lists defects;
+a revision (purpose `prompt_creator`) fixes them. `rounds` critique-and-revise rounds run per
+step (default 1; 0 keeps the draft). Steps are processed concurrently. Draft, every critique and
+the final prompt are kept so the review screen can show them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from .errors import ConfigError, ModelError
+from .plan import Plan, Step
+from .prompts import render
+from .tools.catalog import Catalog
+from .usage import UsageLedger
+
+if TYPE_CHECKING:
+    from pydantic_ai.models import Model
+
+__all__ = ["DEFAULT_ROUNDS", "MAX_ROUNDS", "AgentPrompt", "Critique", "create_prompts", "prompts_to_json"]
+
+DEFAULT_ROUNDS = 1
+MAX_ROUNDS = 5
+_PROMPT_TOKENS = 700  # cap on one drafted or revised prompt
+
+
+class Critique(BaseModel):
+    """The critic's verdict on one prompt."""
+
+    clarity: int = Field(ge=1, le=5, description="is it unambiguous?")
+    completeness: int = Field(ge=1, le=5, description="role, goal, inputs, tools and output all covered?")
+    tool_fit: int = Field(ge=1, le=5, description="does it say how to use exactly the step's tools?")
+    output_format: int = Field(ge=1, le=5, description="does it say exactly what to hand on?")
+    defects: list[str] = Field(
+        default_factory=list, max_length=6, description="what to fix, most important first"
+    )
+
+    @property
+    def score(self) -> float:
+        """Mean of the four rubric scores."""
+        return (self.clarity + self.completeness + self.tool_fit + self.output_format) / 4
+
+
+@dataclass(frozen=True)
+class AgentPrompt:
+    """How one step's prompt came to be: the draft, each round's critique and revision, the final text."""
+
+    step_id: str
+    draft: str
+    critiques: list[Critique] = field(default_factory=list)
+    revisions: list[str] = field(default_factory=list)
+
+    @property
+    def final(self) -> str:
+        """The prompt the step agent will get: the last revision, or the draft."""
+        return self.revisions[-1] if self.revisions else self.draft
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """JSON form: `prompt`, `critique` (the last one, or null), `draft`, and every round."""
+        return {
+            "prompt": self.final,
+            "critique": self.critiques[-1].model_dump() if self.critiques else None,
+            "draft": self.draft,
+            "rounds": [
+                {"critique": critique.model_dump(), "revision": revision}
+                for critique, revision in zip(self.critiques, self.revisions, strict=True)
+            ],
+        }
+
+
+@dataclass
+class _Context:
+    plan: Plan
+    catalog: Catalog
+    model: Model
+    ledger: UsageLedger
+
+    def step_view(self, step: Step) -> dict[str, Any]:
+        return {
+            "step": step,
+            "task": self.plan.task,
+            "tools": [self.catalog[name] for name in step.tools if name in self.catalog],
+            "inputs": [self.plan.step(dep) for dep in step.depends_on],
+        }
+
+
+async def _text(context: _Context, purpose: str, system: str, prompt: str) -> str:
+    from pydantic_ai import Agent
+
+    from .chat import run_agent
+    from .models import labelled
+
+    agent: Agent[None, str] = Agent(labelled(context.model, purpose, context.ledger), instructions=system)
+    agent_output = await run_agent(agent, prompt, model_settings={"max_tokens": _PROMPT_TOKENS})
+    text = str(agent_output).strip()
+    if not text:
+        raise ModelError(f"the {purpose} call returned an empty prompt")
+    return text
+
+
+async def _critique(context: _Context, view: dict[str, Any], prompt: str) -> Critique:
+    from pydantic_ai import Agent, NativeOutput
+
+    from .chat import run_agent
+    from .models import labelled
+
+    output: Any = (
+        NativeOutput(Critique) if context.model.profile.get("supports_json_schema_output") else Critique
+    )
+    agent: Agent[None, Critique] = Agent(
+        labelled(context.model, "critic", context.ledger),
+        instructions=render("critic_system.j2"),
+        output_type=output,
+    )
+    result: Critique = await run_agent(agent, render("critic_user.j2", prompt=prompt, **view))
+    return result
+
+
+async def _create_one(context: _Context, step: Step, rounds: int) -> AgentPrompt:
+    view = context.step_view(step)
+    system = render("prompt_creator_system.j2")
+    draft = await _text(context, "prompt_creator", system, render("prompt_creator_draft.j2", **view))
+    critiques: list[Critique] = []
+    revisions: list[str] = []
+    current = draft
+    for _ in range(rounds):
+        critique = await _critique(context, view, current)
+        current = await _text(
+            context,
+            "prompt_creator",
+            system,
+            render("prompt_creator_revise.j2", prompt=current, critique=critique, **view),
+        )
+        critiques.append(critique)
+        revisions.append(current)
+    return AgentPrompt(step.id, draft, critiques, revisions)
+
+
+async def create_prompts(
+    plan: Plan,
+    catalog: Catalog,
+    *,
+    model: Model,
+    ledger: UsageLedger | None = None,
+    rounds: int = DEFAULT_ROUNDS,
+    concurrency: int = 4,
+) -> dict[str, AgentPrompt]:
+    """Write, critique and revise a system prompt for every step of `plan`, steps concurrently."""
+    if not 0 <= rounds <= MAX_ROUNDS:
+        raise ConfigError(f"prompt rounds must be between 0 and {MAX_ROUNDS}, got {rounds}")
+    context = _Context(plan, catalog, model, ledger or UsageLedger())
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(step: Step) -> AgentPrompt:
+        async with gate:
+            return await _create_one(context, step, rounds)
+
+    created = await asyncio.gather(*(one(step) for step in plan.steps))
+    return {prompt.step_id: prompt for prompt in created}
+
+
+def prompts_to_json(prompts: dict[str, AgentPrompt]) -> dict[str, Any]:
+    """The `agents` map of `masterplanner plan --prompts --json`."""
+    return {step_id: prompt.to_json_dict() for step_id, prompt in prompts.items()}
