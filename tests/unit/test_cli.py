@@ -157,3 +157,29 @@ def test_plan_tree_output(write_script: Callable[..., Path]) -> None:
     assert "load load (starts at once)" in result.stdout
     assert "left left after load" in result.stdout
     assert "1 planner call(s)" in result.stderr
+
+
+def test_plan_with_prompts_json(write_script: Callable[..., Path]) -> None:
+    valid = {"steps": [_step("a"), _step("b", "a")]}
+    critique = {"clarity": 4, "completeness": 4, "tool_fit": 5, "output_format": 3, "defects": []}
+    script = write_script(
+        [
+            {"purpose": "planner", "output": valid},
+            {"purpose": "prompt_creator", "output": "You are a worker.", "repeat": True},
+            {"purpose": "critic", "output": critique, "repeat": True},
+        ]
+    )
+    result = run("plan", "Do a then b", "--model", f"scripted:{script}", "--prompts", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["steps"] == valid["steps"]
+    assert set(payload["agents"]) == {"a", "b"}
+    assert payload["agents"]["a"]["prompt"] == "You are a worker."
+    assert payload["agents"]["a"]["critique"] == critique
+
+
+def test_plan_rounds_out_of_range_is_a_usage_error(write_script: Callable[..., Path]) -> None:
+    script = write_script([])
+    result = run("plan", "x", "--model", f"scripted:{script}", "--prompts", "--rounds", "9")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --rounds must be between 0 and 5, got 9"

@@ -15,11 +15,15 @@ import typer
 from .._version import __version__
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from ..doctor import Check
     from ..plan import Plan
+    from ..prompting import AgentPrompt
     from ..settings import Settings
+    from ..usage import UsageLedger
 
 app = typer.Typer(
     name="masterplanner",
@@ -135,6 +139,10 @@ def plan(
     tools: Annotated[
         str | None, typer.Option("--tools", help="Comma-separated tools the plan may use (default: all).")
     ] = None,
+    prompts: Annotated[
+        bool, typer.Option("--prompts", help="Also write, critique and revise each step agent's prompt.")
+    ] = False,
+    rounds: Annotated[int, typer.Option("--rounds", help="Critique-and-revise rounds per prompt (0-5).")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Break TASK into a dependency graph of steps, each with an agent role and tools.
@@ -158,23 +166,44 @@ def plan(
             catalog = catalog.subset(name.strip() for name in tools.split(",") if name.strip())
         except KeyError as exc:
             raise ConfigError(f"--tools: {exc.args[0]}; available: {', '.join(catalog.names)}") from None
+    if not 0 <= rounds <= 5:
+        raise ConfigError(f"--rounds must be between 0 and 5, got {rounds}")
     chosen = resolve_model(settings.model, settings)
     ledger = UsageLedger()
+
+    async def work(note: Callable[[str], None]) -> tuple[Plan, dict[str, AgentPrompt]]:
+        from ..prompting import create_prompts
+
+        note(f"planning with {settings.model}…")
+        result = await make_plan(task, catalog, model=chosen, ledger=ledger)
+        if not prompts:
+            return result, {}
+        note(f"writing {len(result.steps)} agent prompts ({rounds} critique round(s) each)…")
+        return result, await create_prompts(result, catalog, model=chosen, ledger=ledger, rounds=rounds)
+
     if as_json:
-        result = asyncio.run(make_plan(task, catalog, model=chosen, ledger=ledger))
-        typer.echo(json.dumps(result.to_json_dict(), indent=2))
+        from ..prompting import prompts_to_json
+
+        result, agents = asyncio.run(work(lambda _message: None))
+        payload = result.to_json_dict() | ({"agents": prompts_to_json(agents)} if prompts else {})
+        typer.echo(json.dumps(payload, indent=2))
         return
-    with console(stderr=True).status(f"planning with {settings.model}…"):
-        result = asyncio.run(make_plan(task, catalog, model=chosen, ledger=ledger))
-    _print_plan(result)
-    usage = ledger.by_purpose().get("planner", {})
+    with console(stderr=True).status("planning…") as status:
+        result, agents = asyncio.run(work(status.update))
+    _print_plan(result, agents)
+    _print_usage(ledger)
+
+
+def _print_usage(ledger: UsageLedger) -> None:
+    parts = [f"{usage['calls']} {purpose} call(s)" for purpose, usage in ledger.by_purpose().items()]
+    total = ledger.totals()
     console(stderr=True).print(
-        f"[dim]{usage.get('calls', 0)} planner call(s) · {usage.get('input_tokens', 0)} in / "
-        f"{usage.get('output_tokens', 0)} out tokens · {usage.get('seconds', 0)} s[/]"
+        f"[dim]{' · '.join(parts)} · {total.input_tokens} in / {total.output_tokens} out tokens · "
+        f"{total.seconds:.1f} s[/]"
     )
 
 
-def _print_plan(result: Plan) -> None:
+def _print_plan(result: Plan, agents: dict[str, AgentPrompt]) -> None:
     from rich.markup import escape
     from rich.tree import Tree
 
@@ -191,4 +220,14 @@ def _print_plan(result: Plan) -> None:
         branch.add(escape(step.instruction))
         if step.expected_output:
             branch.add(f"[dim]→ {escape(step.expected_output)}[/]")
+        agent = agents.get(step.id)
+        if agent is not None:
+            scores = ""
+            if agent.critiques:
+                last = agent.critiques[-1]
+                scores = (
+                    f" [dim](critic: clarity {last.clarity}, completeness {last.completeness}, "
+                    f"tool fit {last.tool_fit}, output {last.output_format})[/]"
+                )
+            branch.add(f"[bold]prompt[/]{scores}").add(escape(agent.final))
     console().print(tree)

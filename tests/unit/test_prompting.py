@@ -1,0 +1,149 @@
+"""The Prompt Creator with the scripted model: drafts, critique rounds, concurrency, errors."""
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from masterplanner import ConfigError, UsageLedger, resolve_model, validate_plan
+from masterplanner.prompting import AgentPrompt, Critique, create_prompts, prompts_to_json
+from masterplanner.tools import builtin_catalog
+
+CATALOG = builtin_catalog()
+WriteScript = Callable[..., Path]
+PLAN = validate_plan(
+    {
+        "task": "Report on sales",
+        "steps": [
+            {
+                "id": "load",
+                "title": "Load",
+                "instruction": "Read sales.csv.",
+                "agent_role": "analyst",
+                "tools": ["read_file"],
+                "depends_on": [],
+                "expected_output": "rows",
+            },
+            {
+                "id": "report",
+                "title": "Report",
+                "instruction": "Write report.md.",
+                "agent_role": "writer",
+                "tools": ["write_file"],
+                "depends_on": ["load"],
+                "expected_output": "report.md",
+            },
+        ],
+    },
+    CATALOG,
+)
+CRITIQUE = {
+    "clarity": 3,
+    "completeness": 2,
+    "tool_fit": 4,
+    "output_format": 2,
+    "defects": ["say what to hand on"],
+}
+
+
+async def test_one_round_per_step(write_script: WriteScript) -> None:
+    script = write_script(
+        [
+            {"purpose": "prompt_creator", "output": "draft A"},
+            {"purpose": "prompt_creator", "output": "draft B"},
+            {"purpose": "critic", "output": CRITIQUE, "repeat": True},
+            {"purpose": "prompt_creator", "output": "final", "repeat": True},
+        ]
+    )
+    ledger = UsageLedger()
+    prompts = await create_prompts(PLAN, CATALOG, model=resolve_model(f"scripted:{script}"), ledger=ledger)
+    assert list(prompts) == ["load", "report"]
+    for prompt in prompts.values():
+        assert prompt.draft in ("draft A", "draft B")
+        assert prompt.critiques == [Critique.model_validate(CRITIQUE)]
+        assert prompt.final == "final"
+    assert prompts["load"].critiques[0].score == 2.75
+    usage = ledger.by_purpose()
+    assert usage["prompt_creator"]["calls"] == 4
+    assert usage["critic"]["calls"] == 2
+    assert prompts_to_json(prompts)["report"] == {
+        "prompt": "final",
+        "critique": CRITIQUE,
+        "draft": prompts["report"].draft,
+        "rounds": [{"critique": CRITIQUE, "revision": "final"}],
+    }
+
+
+async def test_zero_rounds_keeps_the_draft(write_script: WriteScript) -> None:
+    script = write_script([{"purpose": "prompt_creator", "output": "just a draft", "repeat": True}])
+    ledger = UsageLedger()
+    prompts = await create_prompts(
+        PLAN, CATALOG, model=resolve_model(f"scripted:{script}"), ledger=ledger, rounds=0
+    )
+    assert {p.final for p in prompts.values()} == {"just a draft"}
+    assert prompts["load"].to_json_dict()["critique"] is None
+    assert "critic" not in ledger.by_purpose()
+
+
+async def test_two_rounds_keep_every_critique(write_script: WriteScript) -> None:
+    second = CRITIQUE | {"clarity": 5, "defects": []}
+    script = write_script(
+        [
+            {"purpose": "prompt_creator", "output": "v0"},
+            {"purpose": "critic", "output": CRITIQUE},
+            {"purpose": "prompt_creator", "output": "v1"},
+            {"purpose": "critic", "output": second},
+            {"purpose": "prompt_creator", "output": "v2"},
+        ]
+    )
+    one_step = validate_plan({"task": "t", "steps": [PLAN.steps[0].model_dump()]}, CATALOG)
+    prompts = await create_prompts(one_step, CATALOG, model=resolve_model(f"scripted:{script}"), rounds=2)
+    prompt = prompts["load"]
+    assert (prompt.draft, prompt.revisions, prompt.final) == ("v0", ["v1", "v2"], "v2")
+    assert [c.clarity for c in prompt.critiques] == [3, 5]
+
+
+async def test_steps_are_processed_concurrently(write_script: WriteScript) -> None:
+    script = write_script(
+        [{"purpose": "prompt_creator", "output": "slow draft", "delay_s": 0.5, "repeat": True}]
+    )
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await create_prompts(PLAN, CATALOG, model=resolve_model(f"scripted:{script}"), rounds=0)
+    # Two steps of 0.5 s each: one after the other would take 1.0 s.
+    assert loop.time() - started < 0.9
+
+
+async def test_prompt_sees_role_inputs_and_tools(write_script: WriteScript) -> None:
+    script = write_script([{"purpose": "prompt_creator", "output": "x", "repeat": True}])
+    model = resolve_model(f"scripted:{script}")
+    seen: list[str] = []
+    original = model.request
+
+    async def spy(messages: Any, settings: Any, params: Any) -> Any:
+        seen.append(str(messages))
+        return await original(messages, settings, params)
+
+    model.request = spy  # type: ignore[method-assign]
+    one_step = validate_plan(
+        {"task": "Report on sales", "steps": [s.model_dump() for s in PLAN.steps]}, CATALOG
+    )
+    await create_prompts(one_step, CATALOG, model=model, rounds=0, concurrency=1)
+    report = next(text for text in seen if "Step report" in text)
+    assert "Role: writer" in report
+    assert "- load (Load): rows" in report
+    assert "- write_file:" in report
+
+
+@pytest.mark.parametrize("rounds", [-1, 6])
+async def test_round_bounds(write_script: WriteScript, rounds: int) -> None:
+    with pytest.raises(ConfigError, match="between 0 and 5"):
+        await create_prompts(
+            PLAN, CATALOG, model=resolve_model(f"scripted:{write_script([])}"), rounds=rounds
+        )
+
+
+def test_agent_prompt_final_without_revisions() -> None:
+    assert AgentPrompt("x", "draft").final == "draft"
