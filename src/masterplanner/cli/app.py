@@ -231,3 +231,71 @@ def _print_plan(result: Plan, agents: dict[str, AgentPrompt]) -> None:
                 )
             branch.add(f"[bold]prompt[/]{scores}").add(escape(agent.final))
     console().print(tree)
+
+
+eval_app = typer.Typer(help="Evaluate masterplanner against benchmark data.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
+
+
+@eval_app.command("planning", short_help="Score the Master Planner and a baseline on UltraTool or TMDB.")
+def eval_planning(
+    dataset: Annotated[str, typer.Option("--dataset", help="ultratool or tmdb.")],
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Only the first N test requests.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model spec (default: the model setting).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    per_request: Annotated[
+        bool, typer.Option("--per-request", help="Include every request's scores.")
+    ] = False,
+) -> None:
+    """Plan each test request of a benchmark and score node F1, link F1, accuracy, valid rate, latency.
+
+    The benchmark data is read from MASTERPLANNER_BENCHMARKS (default ../shared/benchmarks). A
+    baseline planner (one plain prompt, no grammar, no repair) runs on the same model beside it.
+    """
+    import asyncio
+
+    from rich.progress import Progress
+
+    from ..evaluation import evaluate_planning
+    from ..models import resolve_model
+    from ..settings import Settings
+
+    settings = Settings.load(model=model)
+    chosen = resolve_model(settings.model, settings)
+    with Progress(console=console(stderr=True), transient=True) as progress:
+        bar = progress.add_task(f"{dataset} with {settings.model}", total=None)
+        report = asyncio.run(
+            evaluate_planning(
+                dataset,
+                model=chosen,
+                model_spec=settings.model,
+                limit=limit,
+                progress=lambda done, total: progress.update(bar, completed=done, total=total),
+            )
+        )
+    if as_json:
+        typer.echo(json.dumps(report.to_json_dict(per_request=per_request), indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{report.dataset}: {report.requests} requests, model {report.model}")
+    table.add_column("planner")
+    for column in ("node F1", "link F1", "accuracy", "valid", "p50 latency (s)"):
+        table.add_column(column, justify="right")
+    for name, scores in (("masterplanner", report.planner), ("baseline", report.baseline)):
+        table.add_row(
+            name,
+            f"{scores.node_f1:.3f}",
+            f"{scores.link_f1:.3f}",
+            f"{scores.accuracy:.3f}",
+            f"{scores.valid_rate:.3f}",
+            f"{scores.p50_latency_s:.2f}",
+        )
+    console().print(table)
+    console().print(
+        f"gold tools kept by pre-selection (top {report.preselect_limit}): {report.gold_tools_kept_rate:.1%}"
+    )

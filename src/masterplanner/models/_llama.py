@@ -26,6 +26,8 @@ from ..errors import ModelError, ModelFileError
 __all__ = ["Generation", "LlamaRuntime", "embedded_model_path", "load_llama"]
 
 _GGUF_MAGIC = b"GGUF"
+_LOOSE_JSON_CHAR = 'char ::= [^"\\\\] |'
+_STRICT_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
 
 @lru_cache(maxsize=1)
@@ -149,15 +151,20 @@ class LlamaRuntime:
     def _grammar(self, schema: dict[str, Any]) -> Any:
         """The compiled grammar for `schema`, checked by llama.cpp itself (cached, most recent 64)."""
         from llama_cpp import llama_cpp
-        from llama_cpp.llama_grammar import LlamaGrammar
+        from llama_cpp.llama_grammar import LlamaGrammar, json_schema_to_gbnf
 
         key = json.dumps(schema)  # key order kept: it is the order the model writes properties in
         grammar = self._grammars.get(key)
         if grammar is None:
             try:
-                grammar = LlamaGrammar.from_json_schema(key, verbose=False)
+                text = json_schema_to_gbnf(key)
             except (ValueError, KeyError, NotImplementedError, RuntimeError) as exc:
                 raise ModelError(f"cannot turn the JSON schema into a grammar: {exc}") from None
+            # This converter lets strings hold raw control characters (a newline, say), which JSON
+            # forbids: the embedded model wrote them and its replies failed to parse.
+            grammar = LlamaGrammar.from_string(
+                text.replace(_LOOSE_JSON_CHAR, _STRICT_JSON_CHAR), verbose=False
+            )
             # llama.cpp refuses some grammars (too large, unsupported repetition); a refused grammar
             # handed to the sampler crashes the process, so try it here first.
             probe = llama_cpp.llama_sampler_init_grammar(

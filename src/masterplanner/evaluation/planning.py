@@ -1,0 +1,257 @@
+"""`masterplanner eval planning`: the Master Planner against UltraTool / TMDB, beside a baseline.
+
+Scoring follows `../shared/benchmarks/README.md`: per request, node F1 over predicted vs gold tool
+names, link F1 over (source, target) tool pairs, and accuracy (the node set exactly right);
+macro-averaged over requests. A request whose planner raised `PlanError` counts as invalid and
+scores 0. When a request has no gold links and the plan predicts none, its link F1 is 1.
+
+The baseline is the design notes' planner (`prompts/baseline_planner.j2`): one plain prompt asking for
+`{"plan": [{"agent", "prompt"}]}` with the dataset's tools as the agents, no grammar, no repair;
+its steps form a chain in their order, as that design runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
+
+from ..errors import MasterplannerError, ModelError, PlanError
+from ..plan import Plan
+from ..planner import PlanExample
+from ..planner import plan as make_plan
+from ..prompts import render
+from ..tools.catalog import Catalog
+from ..tools.selection import DEFAULT_PRESELECT, preselect, rank, words
+from ..usage import UsageLedger
+from .datasets import Request, load_dataset
+
+if TYPE_CHECKING:
+    from pydantic_ai.models import Model
+
+__all__ = ["PlanningReport", "Scores", "evaluate_planning", "f1"]
+
+
+def f1(predicted: set[Any], gold: set[Any]) -> float:
+    """F1 of two sets; 1.0 when both are empty."""
+    if not predicted and not gold:
+        return 1.0
+    overlap = len(predicted & gold)
+    if not overlap:
+        return 0.0
+    precision, recall = overlap / len(predicted), overlap / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+@dataclass
+class Scores:
+    """Macro-averaged scores of one planner over the requests."""
+
+    node_f1: float = 0.0
+    link_f1: float = 0.0
+    accuracy: float = 0.0
+    valid_rate: float = 0.0
+    p50_latency_s: float = 0.0
+    per_request: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(
+        self, request: Request, nodes: set[str] | None, links: set[tuple[str, str]], seconds: float
+    ) -> None:
+        """Record one request (`nodes` None when the planner gave no valid plan)."""
+        valid = nodes is not None
+        gold_nodes, gold_links = set(request.nodes), set(request.links)
+        node_score = f1(nodes, gold_nodes) if nodes is not None else 0.0
+        link_score = f1(links, gold_links) if nodes is not None else 0.0
+        self.per_request.append(
+            {
+                "id": request.id,
+                "valid": valid,
+                "node_f1": node_score,
+                "link_f1": link_score,
+                "exact": valid and nodes == gold_nodes,
+                "seconds": seconds,
+            }
+        )
+
+    def finish(self) -> Scores:
+        """Compute the averages from `per_request`."""
+        rows = self.per_request
+        if rows:
+            self.node_f1 = round(statistics.fmean(row["node_f1"] for row in rows), 4)
+            self.link_f1 = round(statistics.fmean(row["link_f1"] for row in rows), 4)
+            self.accuracy = round(statistics.fmean(1.0 if row["exact"] else 0.0 for row in rows), 4)
+            self.valid_rate = round(statistics.fmean(1.0 if row["valid"] else 0.0 for row in rows), 4)
+            self.p50_latency_s = round(statistics.median(row["seconds"] for row in rows), 3)
+        return self
+
+    def summary(self) -> dict[str, float]:
+        """The averages only."""
+        return {key: value for key, value in asdict(self).items() if key != "per_request"}
+
+
+@dataclass
+class PlanningReport:
+    """What `eval planning` prints."""
+
+    dataset: str
+    model: str
+    requests: int
+    planner: Scores
+    baseline: Scores
+    preselect_limit: int
+    gold_tools_kept_rate: float
+    usage: dict[str, Any]
+    baseline_usage: dict[str, Any]
+
+    def to_json_dict(self, *, per_request: bool = False) -> dict[str, Any]:
+        """Top-level planner scores, `baseline`, pre-selection survival and usage."""
+        payload: dict[str, Any] = {
+            "dataset": self.dataset,
+            "model": self.model,
+            "requests": self.requests,
+            **self.planner.summary(),
+            "baseline": self.baseline.summary(),
+            "preselect_limit": self.preselect_limit,
+            "gold_tools_kept_rate": self.gold_tools_kept_rate,
+            "usage": self.usage,
+            "baseline_usage": self.baseline_usage,
+        }
+        if per_request:
+            payload["per_request"] = {
+                "planner": self.planner.per_request,
+                "baseline": self.baseline.per_request,
+            }
+        return payload
+
+
+def _rounded(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: round(value, 4) if isinstance(value, float) else value for key, value in row.items()}
+
+
+def plan_graph(result: Plan) -> tuple[set[str], set[tuple[str, str]]]:
+    """Predicted tool nodes and tool links of a plan: each dependency links the steps' tools."""
+    nodes = {tool for step in result.steps for tool in step.tools}
+    links = {
+        (source, target)
+        for step in result.steps
+        for dependency in step.depends_on
+        for source in result.step(dependency).tools
+        for target in step.tools
+        if source != target
+    }
+    return nodes, links
+
+
+def _slug(name: str, taken: set[str]) -> str:
+    base = re.sub(r"[^a-z0-9]+", "-", "-".join(words(name)) or name.lower()).strip("-")[:36] or "step"
+    slug, number = base, 2
+    while slug in taken:
+        slug, number = f"{base}-{number}", number + 1
+    taken.add(slug)
+    return slug
+
+
+def as_example(request: Request) -> PlanExample:
+    """A gold request shown to the planner as an example plan."""
+    taken: set[str] = set()
+    ids = {node: _slug(node, taken) for node in dict.fromkeys(request.nodes)}
+    steps = []
+    for index, node in enumerate(dict.fromkeys(request.nodes)):
+        instruction = request.steps[index] if index < len(request.steps) else f"Use {node}."
+        steps.append(
+            {
+                "id": ids[node],
+                "title": node,
+                "instruction": instruction[:400],
+                "agent_role": "assistant",
+                "tools": [node],
+                "depends_on": [
+                    ids[source] for source, target in request.links if target == node and source in ids
+                ],
+                "expected_output": "",
+            }
+        )
+    return PlanExample(request.text, steps)
+
+
+def _parse_baseline(text: str) -> list[str]:
+    """Agent names of the baseline's plan, as the original design read it: JSON or nothing."""
+    body = text.strip()
+    if body.startswith("```"):
+        body = body.strip("`").removeprefix("json").strip()
+    data = json.loads(body)
+    steps = data["plan"]
+    if not isinstance(steps, list) or not steps:
+        raise ValueError("empty plan")
+    return [str(step["agent"]) for step in steps]
+
+
+async def _baseline(task: str, catalog: Catalog, model: Model, ledger: UsageLedger) -> list[str] | None:
+    from pydantic_ai import Agent
+
+    from ..chat import run_agent
+    from ..models import labelled
+
+    agent: Agent[None, str] = Agent(labelled(model, "planner", ledger))
+    try:
+        text = await run_agent(agent, render("baseline_planner.j2", task=task, tools=list(catalog)))
+        return _parse_baseline(str(text))
+    except (MasterplannerError, ValueError, KeyError, TypeError):
+        return None
+
+
+async def evaluate_planning(
+    dataset: str,
+    *,
+    model: Model,
+    model_spec: str,
+    limit: int | None = None,
+    preselect_limit: int = DEFAULT_PRESELECT,
+    examples: int = 2,
+    progress: Callable[[int, int], None] | None = None,
+) -> PlanningReport:
+    """Plan every test request of `dataset` with the Master Planner and the baseline, and score both."""
+    catalog, test, train = load_dataset(dataset)
+    requests = test[:limit] if limit else test
+    planner_scores, baseline_scores = Scores(), Scores()
+    ledger, baseline_ledger = UsageLedger(), UsageLedger()
+    kept = 0
+    train_index = {str(request.id): words(request.text) for request in train}
+    by_id = {str(request.id): request for request in train}
+    for done, request in enumerate(requests):
+        if progress:
+            progress(done, len(requests))
+        tools = preselect(request.text, catalog, preselect_limit)
+        kept += set(request.nodes) <= set(tools.names)
+        hints = (
+            [as_example(by_id[key]) for key in rank(request.text, train_index)[:examples]] if train else None
+        )
+        started = time.perf_counter()
+        try:
+            result = await make_plan(request.text, tools, model=model, ledger=ledger, hints=hints)
+            nodes, links = plan_graph(result)
+            planner_scores.add(request, nodes, links, time.perf_counter() - started)
+        except (PlanError, ModelError):
+            planner_scores.add(request, None, set(), time.perf_counter() - started)
+        started = time.perf_counter()
+        agents = await _baseline(request.text, tools, model, baseline_ledger)
+        chain = set(pairwise(agents)) if agents else set()
+        baseline_scores.add(request, set(agents) if agents else None, chain, time.perf_counter() - started)
+    if progress:
+        progress(len(requests), len(requests))
+    return PlanningReport(
+        dataset=dataset,
+        model=model_spec,
+        requests=len(requests),
+        planner=planner_scores.finish(),
+        baseline=baseline_scores.finish(),
+        preselect_limit=preselect_limit,
+        gold_tools_kept_rate=round(kept / len(requests), 4) if requests else 0.0,
+        usage=ledger.summary(),
+        baseline_usage=baseline_ledger.summary(),
+    )

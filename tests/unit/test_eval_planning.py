@@ -1,0 +1,181 @@
+"""`eval planning` on a small dataset written by the test, with the scripted model: exact scores."""
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from masterplanner import ConfigError, resolve_model
+from masterplanner.evaluation import evaluate_planning
+from masterplanner.evaluation.datasets import benchmarks_folder, load_dataset
+from masterplanner.evaluation.planning import as_example, f1
+from masterplanner.tools import Catalog, ToolSpec
+from masterplanner.tools.selection import preselect
+
+TOOLS = {
+    "SearchPeople": "Search for people by name.",
+    "GetPersonMovieCredit": "Get the movie credits of a person by ID.",
+    "SearchMovie": "Search for a movie by title.",
+    "GetMovieCredit": "Get the cast and crew of a movie by ID.",
+}
+ROWS = [
+    {
+        "id": 0,
+        "user_request": "movies directed by Sofia Coppola",
+        "task_steps": ["find her", "list movies"],
+        "task_nodes": [{"task": "SearchPeople"}, {"task": "GetPersonMovieCredit"}],
+        "task_links": [{"source": "SearchPeople", "target": "GetPersonMovieCredit"}],
+    },
+    {
+        "id": 1,
+        "user_request": "who starred in The Dark Knight",
+        "task_steps": ["find movie", "get cast"],
+        "task_nodes": [{"task": "SearchMovie"}, {"task": "GetMovieCredit"}],
+        "task_links": [{"source": "SearchMovie", "target": "GetMovieCredit"}],
+    },
+]
+
+
+@pytest.fixture
+def benchmarks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "benchmarks" / "tmdb"
+    root.mkdir(parents=True)
+    (root / "tool_desc.json").write_text(
+        json.dumps({"nodes": [{"id": k, "desc": v} for k, v in TOOLS.items()]})
+    )
+    (root / "split_ids.json").write_text(json.dumps({"test_ids": {"chain": [0], "single": [1]}}))
+    (root / "data.json").write_text("\n".join(json.dumps(row) for row in ROWS) + "\n")
+    monkeypatch.setenv("MASTERPLANNER_BENCHMARKS", str(root.parent))
+    return root.parent
+
+
+def step(step_id: str, tool: str, *deps: str) -> dict[str, Any]:
+    return {
+        "id": step_id,
+        "title": tool,
+        "instruction": f"Use {tool}.",
+        "agent_role": "assistant",
+        "tools": [tool],
+        "depends_on": list(deps),
+        "expected_output": "",
+    }
+
+
+PERFECT = {"steps": [step("find", "SearchPeople"), step("credits", "GetPersonMovieCredit", "find")]}
+CYCLIC = {"steps": [step("a", "SearchMovie", "b"), step("b", "GetMovieCredit", "a")]}
+BASELINE_0 = json.dumps(
+    {"plan": [{"agent": "SearchPeople", "prompt": "x"}, {"agent": "GetPersonMovieCredit", "prompt": "y"}]}
+)
+BASELINE_1 = json.dumps({"plan": [{"agent": "SearchMovie", "prompt": "x"}]})
+SCRIPT = [
+    {"purpose": "planner", "output": PERFECT},
+    {"purpose": "planner", "output": BASELINE_0},
+    {"purpose": "planner", "output": CYCLIC},
+    {"purpose": "planner", "output": CYCLIC},
+    {"purpose": "planner", "output": CYCLIC},
+    {"purpose": "planner", "output": BASELINE_1},
+]
+
+
+def test_f1() -> None:
+    assert f1(set(), set()) == 1.0
+    assert f1({"a"}, set()) == 0.0
+    assert f1({"a", "b"}, {"a"}) == pytest.approx(2 / 3)
+
+
+async def test_exact_scores(benchmarks: Path, write_script: Callable[..., Path]) -> None:
+    script = write_script(SCRIPT)
+    report = await evaluate_planning("tmdb", model=resolve_model(f"scripted:{script}"), model_spec="scripted")
+    payload = report.to_json_dict(per_request=True)
+    assert payload["requests"] == 2
+    assert (payload["node_f1"], payload["link_f1"], payload["accuracy"], payload["valid_rate"]) == (
+        0.5,
+        0.5,
+        0.5,
+        0.5,
+    )
+    assert payload["baseline"] | {"p50_latency_s": 0} == {
+        "node_f1": 0.8333,
+        "link_f1": 0.5,
+        "accuracy": 0.5,
+        "valid_rate": 1.0,
+        "p50_latency_s": 0,
+    }
+    assert payload["gold_tools_kept_rate"] == 1.0
+    assert payload["usage"]["by_purpose"]["planner"]["calls"] == 4
+    assert payload["baseline_usage"]["by_purpose"]["planner"]["calls"] == 2
+    assert [row["valid"] for row in payload["per_request"]["planner"]] == [True, False]
+
+
+def test_cli_json_has_the_figures(benchmarks: Path, write_script: Callable[..., Path]) -> None:
+    script = write_script(SCRIPT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "masterplanner",
+            "eval",
+            "planning",
+            "--dataset",
+            "tmdb",
+            "--model",
+            f"scripted:{script}",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    for key in ("node_f1", "link_f1", "accuracy", "valid_rate", "p50_latency_s"):
+        assert key in payload
+    assert set(payload["baseline"]) >= {"node_f1", "link_f1"}
+
+
+def test_unknown_dataset(benchmarks: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown dataset 'imdb'; known: ultratool, tmdb"):
+        load_dataset("imdb")
+
+
+def test_missing_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MASTERPLANNER_BENCHMARKS", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match="no such folder"):
+        benchmarks_folder()
+
+
+def test_corrupt_row_names_the_line(benchmarks: Path) -> None:
+    data = benchmarks / "tmdb" / "data.json"
+    data.write_text(data.read_text() + "{not json\n")
+    with pytest.raises(ConfigError, match=r"data.json: line 3"):
+        load_dataset("tmdb")
+
+
+def test_example_from_a_gold_request(benchmarks: Path) -> None:
+    _, test, _ = load_dataset("tmdb")
+    example = as_example(test[0])
+    assert [s["id"] for s in example.steps] == ["search-people", "get-person-movie-credit"]
+    assert example.steps[1]["depends_on"] == ["search-people"]
+    assert example.steps[0]["instruction"] == "find her"
+
+
+def test_preselect_ranks_by_the_task() -> None:
+    catalog = Catalog(ToolSpec(name, desc) for name, desc in TOOLS.items())
+    assert preselect("cast of a movie", catalog, limit=2).names == ["SearchMovie", "GetMovieCredit"]
+    assert len(preselect("anything", catalog, limit=10)) == 4
+
+
+def test_shared_benchmarks_load() -> None:
+    folder = Path(__file__).resolve().parents[3] / "shared" / "benchmarks"
+    if not folder.is_dir():
+        pytest.skip("../shared/benchmarks is not beside this checkout")
+    catalog, test, _ = load_dataset("tmdb", folder)
+    assert (len(catalog), len(test)) == (46, 100)
+    catalog, test, train = load_dataset("ultratool", folder)
+    assert (len(catalog), len(test), len(train)) == (260, 500, 3027)
