@@ -63,7 +63,9 @@ def test_grammar_strings_exclude_raw_control_characters() -> None:
     from masterplanner.models.local import load_llama
 
     runtime = load_llama(None, context_tokens=2048, threads=None)
-    grammar = runtime._grammar({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
+    grammar = runtime._grammar(
+        {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    )
     assert 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |' in grammar._grammar
     generation = runtime.generate_sync(
         [{"role": "user", "content": "Write a poem of four lines as JSON."}],

@@ -2,6 +2,7 @@ import copy
 from typing import Any
 
 import pytest
+from _plans import step
 
 from masterplanner.errors import PlanError
 from masterplanner.plan import (
@@ -19,18 +20,6 @@ from masterplanner.plan import (
 from masterplanner.tools import BUILTIN_TOOL_NAMES, builtin_catalog
 
 CATALOG = builtin_catalog()
-
-
-def step(step_id: str, *deps: str, tools: list[str] | None = None) -> dict[str, Any]:
-    return {
-        "id": step_id,
-        "title": f"do {step_id}",
-        "instruction": f"Do {step_id}.",
-        "agent_role": "worker",
-        "tools": tools if tools is not None else ["read_file"],
-        "depends_on": list(deps),
-        "expected_output": f"{step_id} done",
-    }
 
 
 def plan_dict(*steps: dict[str, Any], **extra: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _plans import step
 
 from masterplanner import UsageLedger, resolve_model
 from masterplanner.errors import PlanError
@@ -13,18 +14,6 @@ from masterplanner.tools import builtin_catalog
 
 CATALOG = builtin_catalog()
 WriteScript = Callable[..., Path]
-
-
-def step(step_id: str, *deps: str, tools: list[str] | None = None) -> dict[str, Any]:
-    return {
-        "id": step_id,
-        "title": f"do {step_id}",
-        "instruction": f"Do {step_id}.",
-        "agent_role": "worker",
-        "tools": tools if tools is not None else ["read_file"],
-        "depends_on": list(deps),
-        "expected_output": f"{step_id} done",
-    }
 
 
 VALID = {"steps": [step("load"), step("total", "load", tools=["code_execution"]), step("report", "total")]}
