@@ -6,7 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError, MasterplannerError, ModelError
+from .agents import run_agent
+from .errors import ConfigError
 from .settings import Settings
 from .usage import UsageLedger
 
@@ -46,25 +47,3 @@ async def achat(prompt: str, *, model: str | None = None, settings: Settings | N
 def chat(prompt: str, *, model: str | None = None, settings: Settings | None = None) -> ChatResult:
     """Blocking form of `achat`."""
     return asyncio.run(achat(prompt, model=model, settings=settings))
-
-
-async def run_agent(agent: Any, prompt: str, **options: Any) -> Any:
-    """Run a pydantic-ai agent (`options` go to `agent.run`) and return its output.
-
-    Provider and protocol failures become masterplanner errors.
-    """
-    from pydantic_ai.exceptions import AgentRunError, ModelAuthenticationError, UserError
-
-    try:
-        result = await agent.run(prompt, **options)
-    except MasterplannerError:
-        raise
-    except UserError as exc:
-        raise ConfigError(str(exc)) from exc
-    except ModelAuthenticationError as exc:
-        raise ConfigError(f"the model provider rejected the credentials: {exc}") from exc
-    except AgentRunError as exc:
-        raise ModelError(f"model call failed: {exc}") from exc
-    except OSError as exc:
-        raise ModelError(f"model call failed: {exc}") from exc
-    return result.output

@@ -102,7 +102,7 @@ async def _propose(
     from pydantic_ai import Agent, ModelRetry, NativeOutput, StructuredDict
     from pydantic_ai.exceptions import UnexpectedModelBehavior
 
-    from .chat import run_agent
+    from .agents import run_agent
     from .models import labelled
 
     schema = plan_output_schema(catalog, max_steps=max_steps, step_count=step_count)

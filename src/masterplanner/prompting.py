@@ -95,7 +95,7 @@ class _Context:
 async def _text(context: _Context, purpose: str, system: str, prompt: str) -> str:
     from pydantic_ai import Agent
 
-    from .chat import run_agent
+    from .agents import run_agent
     from .models import labelled
 
     agent: Agent[None, str] = Agent(labelled(context.model, purpose, context.ledger), instructions=system)
@@ -109,7 +109,7 @@ async def _text(context: _Context, purpose: str, system: str, prompt: str) -> st
 async def _critique(context: _Context, view: dict[str, Any], prompt: str) -> Critique:
     from pydantic_ai import Agent, NativeOutput
 
-    from .chat import run_agent
+    from .agents import run_agent
     from .models import labelled
 
     output: Any = (

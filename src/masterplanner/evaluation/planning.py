@@ -194,7 +194,7 @@ def _parse_baseline(text: str) -> list[str]:
 async def _baseline(task: str, catalog: Catalog, model: Model, ledger: UsageLedger) -> list[str] | None:
     from pydantic_ai import Agent
 
-    from ..chat import run_agent
+    from ..agents import run_agent
     from ..models import labelled
 
     agent: Agent[None, str] = Agent(labelled(model, "planner", ledger))
