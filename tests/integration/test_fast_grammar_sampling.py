@@ -73,3 +73,17 @@ def test_grammar_strings_exclude_raw_control_characters() -> None:
         max_tokens=300,
     )
     json.loads(generation.text)
+
+
+def test_a_grammar_llama_cpp_refuses_is_an_error_not_a_crash() -> None:
+    from masterplanner import ModelError
+    from masterplanner.models.local import load_llama
+
+    runtime = load_llama(None, context_tokens=2048, threads=None)
+    too_long = {
+        "type": "object",
+        "properties": {"text": {"type": "string", "maxLength": 5000}},
+        "required": ["text"],
+    }
+    with pytest.raises(ModelError, match=r"llama\.cpp refused the grammar"):
+        runtime._grammar(too_long)
