@@ -82,62 +82,67 @@ def _system(catalog: Catalog, max_steps: int, hints: Sequence[PlanExample] | Non
     )
 
 
-async def _propose(
-    *,
-    purpose: str,
-    model: Model,
-    ledger: UsageLedger,
-    system: str,
-    prompt: str,
-    catalog: Catalog,
-    max_steps: int,
-    repairs: int,
-    accept: Any,
-    step_count: int | None = None,
-) -> tuple[Plan, list[str]]:
-    """Ask for steps until `accept(steps)` returns a valid plan, sending problems back for repair.
+@dataclass(frozen=True)
+class _Proposer:
+    """What stays the same across the model calls of one planning operation."""
 
-    Returns the plan and the actions the model listed before its steps (if it did).
-    """
-    from pydantic_ai import Agent, ModelRetry, NativeOutput, StructuredDict
-    from pydantic_ai.exceptions import UnexpectedModelBehavior
+    purpose: str
+    model: Model
+    ledger: UsageLedger
+    system: str
+    catalog: Catalog
+    max_steps: int
+    repairs: int
+    accept: Callable[[object], Plan]
 
-    from .agents import run_agent
-    from .models import labelled
+    async def ask(self, prompt: str, step_count: int | None = None) -> tuple[Plan, list[str]]:
+        """Ask for steps until `accept(steps)` returns a valid plan, sending problems back for repair.
 
-    schema = plan_output_schema(catalog, max_steps=max_steps, step_count=step_count)
-    output: Any = StructuredDict(schema, name="plan", description="the steps of the plan")
-    if model.profile.get("supports_json_schema_output", False):
-        output = NativeOutput(output)  # grammar-enforced on local models and compatible servers
-    agent: Agent[None, dict[str, Any]] = Agent(
-        labelled(model, purpose, ledger),
-        output_type=output,
-        instructions=system,
-        retries=repairs,
-        capabilities=[_VaryOnRepair()],
-    )
-    accepted: list[Plan] = []
-    actions: list[str] = []
-    last_problems: list[str] = []
+        Returns the plan and the actions the model listed before its steps (if it did).
+        """
+        from pydantic_ai import Agent, ModelRetry, NativeOutput, StructuredDict
+        from pydantic_ai.exceptions import UnexpectedModelBehavior
 
-    @agent.output_validator
-    def check(output: dict[str, Any]) -> dict[str, Any]:
-        listed = output.get("actions")
-        actions[:] = [item for item in listed if isinstance(item, str)] if isinstance(listed, list) else []
+        from .agents import run_agent
+        from .models import labelled
+
+        schema = plan_output_schema(self.catalog, max_steps=self.max_steps, step_count=step_count)
+        output: Any = StructuredDict(schema, name="plan", description="the steps of the plan")
+        if self.model.profile.get("supports_json_schema_output", False):
+            output = NativeOutput(output)  # grammar-enforced on local models and compatible servers
+        agent: Agent[None, dict[str, Any]] = Agent(
+            labelled(self.model, self.purpose, self.ledger),
+            output_type=output,
+            instructions=self.system,
+            retries=self.repairs,
+            capabilities=[_VaryOnRepair()],
+        )
+        accepted: list[Plan] = []
+        actions: list[str] = []
+        last_problems: list[str] = []
+
+        @agent.output_validator
+        def check(output: dict[str, Any]) -> dict[str, Any]:
+            listed = output.get("actions")
+            actions[:] = (
+                [item for item in listed if isinstance(item, str)] if isinstance(listed, list) else []
+            )
+            try:
+                accepted.append(self.accept(steps_from_output(output.get("steps"))))
+            except PlanError as error:
+                last_problems[:] = error.problems
+                raise ModelRetry(render("planner_repair.j2", problems=error.problems)) from None
+            return output
+
         try:
-            accepted.append(accept(steps_from_output(output.get("steps"))))
-        except PlanError as error:
-            last_problems[:] = error.problems
-            raise ModelRetry(render("planner_repair.j2", problems=error.problems)) from None
-        return output
-
-    try:
-        await run_agent(agent, prompt)
-    except ModelError as error:
-        if last_problems and isinstance(error.__cause__, UnexpectedModelBehavior):
-            raise PlanError(last_problems, context=f"no valid plan after {repairs} repairs") from None
-        raise
-    return accepted[-1], actions
+            await run_agent(agent, prompt)
+        except ModelError as error:
+            if last_problems and isinstance(error.__cause__, UnexpectedModelBehavior):
+                raise PlanError(
+                    last_problems, context=f"no valid plan after {self.repairs} repairs"
+                ) from None
+            raise
+        return accepted[-1], actions
 
 
 async def plan(
@@ -157,24 +162,16 @@ async def plan(
     def accept(steps: object) -> Plan:
         return validate_plan({"task": task, "steps": steps}, catalog, max_steps=max_steps)
 
-    ledger = ledger or UsageLedger()
-    common: dict[str, Any] = {
-        "purpose": "planner",
-        "model": model,
-        "ledger": ledger,
-        "system": system,
-        "catalog": catalog,
-        "max_steps": max_steps,
-        "repairs": repairs,
-        "accept": accept,
-    }
-    proposal, actions = await _propose(prompt=render("planner_user.j2", task=task), **common)
+    proposer = _Proposer(
+        "planner", model, ledger or UsageLedger(), system, catalog, max_steps, repairs, accept
+    )
+    proposal, actions = await proposer.ask(render("planner_user.j2", task=task))
     if len(proposal.steps) < len(actions) <= max_steps:
         # The model listed more actions than it wrote steps (the embedded model closes the list
         # after one step): ask once more for exactly one step per action, now that their number
         # is known and the grammar can hold the model to it.
         prompt = render("planner_steps.j2", task=task, actions=actions)
-        proposal, _ = await _propose(prompt=prompt, step_count=len(actions), **common)
+        proposal, _ = await proposer.ask(prompt, step_count=len(actions))
     return proposal
 
 
@@ -251,17 +248,10 @@ async def expand(
             max_steps=max(max_steps, total),
         )
 
-    expanded, _ = await _propose(
-        purpose="planner",
-        model=model,
-        ledger=ledger or UsageLedger(),
-        system=system,
-        prompt=prompt,
-        catalog=catalog,
-        max_steps=max_steps,
-        repairs=repairs,
-        accept=accept,
+    proposer = _Proposer(
+        "planner", model, ledger or UsageLedger(), system, catalog, max_steps, repairs, accept
     )
+    expanded, _ = await proposer.ask(prompt)
     return expanded
 
 
@@ -320,15 +310,8 @@ async def replan(
             max_steps=max(max_steps, len(spliced)),
         )
 
-    replanned, _ = await _propose(
-        purpose="replanner",
-        model=model,
-        ledger=ledger or UsageLedger(),
-        system=system,
-        prompt=prompt,
-        catalog=catalog,
-        max_steps=max_steps,
-        repairs=repairs,
-        accept=accept,
+    proposer = _Proposer(
+        "replanner", model, ledger or UsageLedger(), system, catalog, max_steps, repairs, accept
     )
+    replanned, _ = await proposer.ask(prompt)
     return replanned
