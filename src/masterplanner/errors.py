@@ -9,6 +9,9 @@ MasterplannerError                 anything masterplanner raises on purpose
 │   ├── ModelFileError             a GGUF model file is missing or cannot be loaded
 │   └── ScriptError                a scripted-model file is missing or malformed
 ├── PlanError                      a plan (from a model, a file or an edit) is invalid (exit code 2)
+├── ToolError                      a tool refused or failed a call (the agent is told; exit code 1)
+├── RunError                       a run cannot be found, resumed, cancelled or stored (exit code 1)
+│   └── BudgetExceededError        a run went over its model-call, token or wall-time budget
 └── ModelError                     a model call failed at run time (CLI exit code 1)
     └── ScriptExhaustedError       the scripted model has no entry left for a call's purpose
 ```
@@ -23,6 +26,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "BudgetExceededError",
     "ConfigError",
     "MasterplannerError",
     "MissingCredentialError",
@@ -30,9 +34,11 @@ __all__ = [
     "ModelFileError",
     "ModelSpecError",
     "PlanError",
+    "RunError",
     "ScriptError",
     "ScriptExhaustedError",
     "SettingsError",
+    "ToolError",
 ]
 
 
@@ -87,6 +93,18 @@ class PlanError(MasterplannerError):
     def __init__(self, problems: list[str], *, context: str = "invalid plan") -> None:
         self.problems = list(problems)
         super().__init__(f"{context}: " + "; ".join(self.problems))
+
+
+class ToolError(MasterplannerError):
+    """A tool refused a call (bad argument, path outside the workspace) or failed while running it."""
+
+
+class RunError(MasterplannerError):
+    """A run cannot be found, resumed, cancelled or stored."""
+
+
+class BudgetExceededError(RunError):
+    """A run used more model calls, tokens or wall time than its budget allows."""
 
 
 class ModelError(MasterplannerError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -204,6 +204,13 @@ def _print_usage(ledger: UsageLedger) -> None:
 
 
 def _print_plan(result: Plan, agents: dict[str, AgentPrompt]) -> None:
+    from ..prompting import prompts_to_json
+
+    _print_plan_dict(result, prompts_to_json(agents))
+
+
+def _print_plan_dict(result: Plan, agents: dict[str, Any]) -> None:
+    """Print the plan as a tree, with each step's prompt from an `agents` JSON map."""
     from rich.markup import escape
     from rich.tree import Tree
 
@@ -220,16 +227,17 @@ def _print_plan(result: Plan, agents: dict[str, AgentPrompt]) -> None:
         branch.add(escape(step.instruction))
         if step.expected_output:
             branch.add(f"[dim]→ {escape(step.expected_output)}[/]")
-        agent = agents.get(step.id)
-        if agent is not None:
+        agent = agents.get(step.id) or {}
+        if agent.get("prompt"):
             scores = ""
-            if agent.critiques:
-                last = agent.critiques[-1]
+            critique = agent.get("critique")
+            if critique:
                 scores = (
-                    f" [dim](critic: clarity {last.clarity}, completeness {last.completeness}, "
-                    f"tool fit {last.tool_fit}, output {last.output_format})[/]"
+                    f" [dim](critic: clarity {critique['clarity']}, completeness {critique['completeness']}, "
+                    f"tool fit {critique['tool_fit']}, output {critique['output_format']})[/]"
                 )
-            branch.add(f"[bold]prompt[/]{scores}").add(escape(agent.final))
+            edited = " [yellow](edited)[/]" if agent.get("edited") else ""
+            branch.add(f"[bold]prompt[/]{scores}{edited}").add(escape(agent["prompt"]))
     console().print(tree)
 
 
@@ -299,3 +307,6 @@ def eval_planning(
     console().print(
         f"gold tools kept by pre-selection (top {report.preselect_limit}): {report.gold_tools_kept_rate:.1%}"
     )
+
+
+from . import runs as _runs  # noqa: E402, F401  (registers `run` and `runs`; it imports `app` from here)

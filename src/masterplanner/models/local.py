@@ -42,7 +42,7 @@ from ..errors import ModelError
 from ._llama import LlamaRuntime, check_gguf, embedded_model_path, load_llama
 from ._schema import JsonSchema, compact_schema, grammar_schema, hoist_definitions
 
-__all__ = ["LocalModel", "embedded_model_path", "load_llama"]
+__all__ = ["LocalModel", "ToolAids", "embedded_model_path", "load_llama"]
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_call"}
 
@@ -73,8 +73,44 @@ class _ReplyFormat:
         return [TextPart(answer if isinstance(answer, str) else json.dumps(answer))]
 
 
-def _tool_option(tool: ToolDefinition, index: int, definitions: JsonSchema) -> JsonSchema:
+@dataclass(frozen=True)
+class ToolAids:
+    """Help for a small model to use tools, set per step by the engine (never used for hosted models).
+
+    Measured with the embedded SmolLM2 on "Write a haiku about the sea to haiku.txt": left free to
+    answer or call a tool it never wrote the file; with a tool call required on its first turn and
+    the `path` argument narrowed to the file names the instruction mentions, it did every time.
+    """
+
+    first_call_required: bool = False
+    """Until a tool has returned, the model must call one of its tools (it may not answer yet)."""
+    argument_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """String arguments (by name, in any tool) limited to these values, e.g. `{"path": ("haiku.txt",)}`."""
+
+
+def _narrow(arguments: JsonSchema, values: dict[str, tuple[str, ...]]) -> JsonSchema:
+    properties = arguments.get("properties")
+    if not values or not isinstance(properties, dict):
+        return arguments
+    narrowed = {
+        name: (
+            {**schema, "enum": list(values[name])}
+            if name in values and schema.get("type") == "string"
+            else schema
+        )
+        for name, schema in properties.items()
+    }
+    return {**arguments, "properties": narrowed}
+
+
+def _tool_option(
+    tool: ToolDefinition,
+    index: int,
+    definitions: JsonSchema,
+    values: dict[str, tuple[str, ...]] | None = None,
+) -> JsonSchema:
     arguments, defs = hoist_definitions(tool.parameters_json_schema or {"type": "object"}, f"t{index}_")
+    arguments = _narrow(arguments, values or {})
     definitions.update(defs)
     return {
         "type": "object",
@@ -110,9 +146,12 @@ def _allowed_tools(
     return [tool for tool in tools if tool.name in names], mode == "auto"
 
 
-def reply_format(params: ModelRequestParameters, settings: ModelSettings | None = None) -> _ReplyFormat:
+def reply_format(
+    params: ModelRequestParameters, settings: ModelSettings | None = None, aids: ToolAids | None = None
+) -> _ReplyFormat:
     """Work out the grammar schema and reply instructions for one request."""
     tools, may_answer = _allowed_tools(params, settings or {})
+    values = aids.argument_values if aids is not None else {}
     output = params.output_object
     output_schema = output.json_schema if output is not None else None
     if not tools:
@@ -122,7 +161,7 @@ def reply_format(params: ModelRequestParameters, settings: ModelSettings | None 
         return _ReplyFormat(output_schema, envelope=False, instructions=hints)
 
     definitions: JsonSchema = {}
-    options = [_tool_option(tool, index, definitions) for index, tool in enumerate(tools)]
+    options = [_tool_option(tool, index, definitions, values) for index, tool in enumerate(tools)]
     answer_help = ""
     if may_answer and output_schema is not None:
         answer, defs = hoist_definitions(output_schema, "out_")
@@ -241,8 +280,10 @@ class LocalModel(Model):
         threads: int | None = None,
         max_output_tokens: int = 2048,
         settings: ModelSettings | None = None,
+        aids: ToolAids | None = None,
     ) -> None:
         self.path = check_gguf((path or embedded_model_path()).resolve())
+        self.aids = aids
         self.context_tokens = context_tokens
         self.threads = threads
         self.max_output_tokens = max_output_tokens
@@ -254,6 +295,17 @@ class LocalModel(Model):
                 supports_json_object_output=True,
                 default_structured_output_mode="native",
             ),
+        )
+
+    def aided(self, aids: ToolAids) -> LocalModel:
+        """The same model (sharing its loaded weights) with tool-use `aids` applied to every request."""
+        return LocalModel(
+            self.path,
+            context_tokens=self.context_tokens,
+            threads=self.threads,
+            max_output_tokens=self.max_output_tokens,
+            settings=self.settings,
+            aids=aids,
         )
 
     @property
@@ -280,7 +332,12 @@ class LocalModel(Model):
         model_settings, params = self.prepare_request(model_settings, model_request_parameters)
         messages = self.prepare_messages(messages, params)
         settings = model_settings or {}
-        reply = reply_format(params, settings)
+        if self.aids is not None and self.aids.first_call_required and params.function_tools:
+            if not any(
+                isinstance(part, ToolReturnPart) for m in messages for part in getattr(m, "parts", [])
+            ):
+                settings = {**settings, "tool_choice": "required"}
+        reply = reply_format(params, settings, self.aids)
         chat = self._chat(messages, params, reply)
         import asyncio
 

@@ -1,0 +1,335 @@
+"""`masterplanner run` and `masterplanner runs list|show|resume|cancel`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from .app import app, console
+
+if TYPE_CHECKING:
+    from ..engine import Decision, Engine, Event, RunRecord
+    from ..settings import Settings
+
+runs_app = typer.Typer(help="List, inspect, resume and cancel runs.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+
+_EXIT = {"succeeded": 0, "failed": 1, "cancelled": 1}
+
+
+def _debug() -> bool:
+    return "--debug" in sys.argv
+
+
+def _engine(settings: Settings) -> Engine:
+    from ..engine import Engine
+
+    return Engine(settings, debug=_debug())
+
+
+@app.command(short_help="Plan a task, review the plan, then run it.")
+def run(
+    task: Annotated[str, typer.Argument(help="The task to do.")],
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model spec (default: the model setting).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Approve the plan without asking.")] = False,
+    workspace: Annotated[
+        Path | None,
+        typer.Option("--workspace", help="Folder the step agents read and write (default: a new one)."),
+    ] = None,
+    max_parallel: Annotated[int, typer.Option("--max-parallel", help="Steps running at once (1-64).")] = 4,
+    rounds: Annotated[int, typer.Option("--rounds", help="Critique-and-revise rounds per prompt (0-5).")] = 1,
+    step_timeout: Annotated[
+        float, typer.Option("--step-timeout", help="Seconds one step attempt may take.")
+    ] = 600.0,
+    max_calls: Annotated[
+        int, typer.Option("--max-calls", help="Budget: model calls for the whole run.")
+    ] = 200,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="Budget: tokens for the whole run.")
+    ] = 2_000_000,
+    max_seconds: Annotated[
+        float, typer.Option("--max-seconds", help="Budget: seconds of execution.")
+    ] = 3600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run report as JSON.")] = False,
+) -> None:
+    """Plan TASK, show the plan for review (approve, reject or edit), then execute it.
+
+    Steps run as soon as their dependencies finish, up to --max-parallel at once. Every model
+    response and tool result is checkpointed: after a crash, `masterplanner runs resume RUN_ID`
+    continues where it stopped. Exit code 0 when the run succeeded, 1 when it failed, was
+    rejected or cancelled, 2 for a usage or configuration error.
+    """
+    from ..engine import RunOptions
+    from ..errors import ConfigError
+    from ..settings import Settings
+
+    if not 1 <= max_parallel <= 64:
+        raise ConfigError(f"--max-parallel must be between 1 and 64, got {max_parallel}")
+    if not 0 <= rounds <= 5:
+        raise ConfigError(f"--rounds must be between 0 and 5, got {rounds}")
+    for name, value in (("--step-timeout", step_timeout), ("--max-seconds", max_seconds)):
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value:g}")
+    for name, count in (("--max-calls", max_calls), ("--max-tokens", max_tokens)):
+        if count < 1:
+            raise ConfigError(f"{name} must be at least 1, got {count}")
+    settings = Settings.load(model=model)
+    engine = _engine(settings)
+    options = RunOptions(
+        max_parallel=max_parallel,
+        auto_approve=yes,
+        step_timeout_s=step_timeout,
+        prompt_rounds=rounds,
+        max_model_calls=max_calls,
+        max_tokens=max_tokens,
+        max_wall_s=max_seconds,
+    )
+    record = engine.create_run(task, model=settings.model, options=options, workspace=workspace)
+    console(stderr=True).print(f"[bold]run {record.id}[/] · workspace {record.workspace}", highlight=False)
+    _execute(engine, record.id, as_json=as_json)
+
+
+def _execute(engine: Engine, run_id: str, *, as_json: bool) -> None:
+    final = asyncio.run(_execute_with_progress(engine, run_id))
+    report = engine.report(final.id)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        _print_outcome(report)
+    raise typer.Exit(_EXIT.get(final.status, 0))
+
+
+async def _execute_with_progress(engine: Engine, run_id: str) -> RunRecord:
+    """Execute the run, printing its events to stderr as they are appended."""
+    from rich.markup import escape
+
+    out = console(stderr=True)
+    seen = max((event.seq for event in engine.store.events(run_id)), default=0)
+    paused = asyncio.Event()
+    paused.set()
+
+    def show(events: list[Event]) -> None:
+        for event in events:
+            out.print(_event_line(event), highlight=False)
+
+    async def follow() -> None:
+        nonlocal seen
+        while True:
+            await paused.wait()
+            fresh = engine.store.events(run_id, after=seen)
+            if fresh:
+                seen = fresh[-1].seq
+                show(fresh)
+            await asyncio.sleep(0.2)
+
+    async def review(run: RunRecord) -> Decision:
+        nonlocal seen
+        paused.clear()
+        fresh = engine.store.events(run_id, after=seen)
+        if fresh:
+            seen = fresh[-1].seq
+            show(fresh)
+        try:
+            return await asyncio.to_thread(_review_in_terminal, run)
+        finally:
+            paused.set()
+
+    follower = asyncio.ensure_future(follow())
+    try:
+        final = await engine.execute(run_id, review=review)
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+    show(engine.store.events(run_id, after=seen))
+    if final.error:
+        out.print(f"[red]{escape(final.error)}[/]", highlight=False)
+    return final
+
+
+def _event_line(event: Event) -> str:
+    from rich.markup import escape
+
+    time = event.at[11:19]
+    step = f" [cyan]{escape(event.step)}[/]" if event.step else ""
+    detail = ""
+    data = event.data
+    if event.kind in ("tool_called", "tool_result"):
+        detail = f" {data.get('tool')}" + (
+            f" [red]{escape(str(data['error']))}[/]" if "error" in data else ""
+        )
+    elif event.kind in ("step_failed", "step_retried"):
+        detail = f" [red]{escape(str(data.get('error', '')))}[/]"
+    elif event.kind in ("run_failed", "run_cancelled", "rejected"):
+        detail = f" {escape(str(data.get('reason', '')))}"
+    colour = {"run_succeeded": "green", "step_succeeded": "green", "run_failed": "red", "step_failed": "red"}
+    kind = f"[{colour[event.kind]}]{event.kind}[/]" if event.kind in colour else event.kind
+    return f"[dim]{time}[/] {kind}{step}{detail}"
+
+
+def _review_in_terminal(run: RunRecord) -> Decision:
+    """Show the plan and prompts; ask to approve, reject or edit (edits reopen until they validate)."""
+    import click
+
+    from ..engine import run_catalog
+    from ..errors import ConfigError, PlanError
+    from ..plan import Plan
+    from ..review import parse_review_yaml, render_review_yaml, with_errors_on_top
+    from .app import _print_plan_dict
+
+    plan = Plan.model_validate(run.plan)
+    agents = run.agents or {}
+    catalog = run_catalog()
+    decision: Decision = {"action": "approve", "by": "person"}
+    while True:
+        _print_plan_dict(plan, agents)
+        try:
+            answer = typer.prompt("approve, reject or edit? [a/r/e]", default="a", err=True).strip().lower()
+        except (typer.Abort, EOFError):
+            raise ConfigError(
+                f"no review decision for run {run.id} (input closed); answer in a terminal, pass --yes, "
+                f"or resume later with `masterplanner runs resume {run.id}`"
+            ) from None
+        if answer in ("a", "approve", "y", "yes"):
+            return decision
+        if answer in ("r", "reject", "n", "no"):
+            return {"action": "reject", "reason": "rejected at review"}
+        if answer not in ("e", "edit"):
+            console(stderr=True).print("answer a, r or e")
+            continue
+        text = render_review_yaml(plan, agents)
+        while True:
+            edited = click.edit(text, extension=".yaml", require_save=False)
+            if edited is None:
+                break
+            try:
+                plan, agents = parse_review_yaml(edited, catalog, agents)
+            except PlanError as exc:
+                console(stderr=True).print(
+                    f"[red]the edit is invalid:[/] {'; '.join(exc.problems)}", highlight=False
+                )
+                text = with_errors_on_top(edited, exc)
+                continue
+            decision = {"action": "approve", "by": "person", "plan": plan.to_json_dict(), "agents": agents}
+            break
+
+
+def _print_outcome(report: dict[str, Any]) -> None:
+    from rich.markup import escape
+
+    out = console()
+    status = report["status"]
+    colour = "green" if status == "succeeded" else "red"
+    console(stderr=True).print(f"[{colour}]run {report['run_id']} {status}[/]", highlight=False)
+    if report.get("output"):
+        out.print(escape(report["output"]), highlight=False)
+    usage = report["usage"]
+    console(stderr=True).print(
+        f"[dim]{usage['llm_calls']} model call(s) · {usage['input_tokens']} in / "
+        f"{usage['output_tokens']} out tokens[/]"
+    )
+
+
+@runs_app.command("list", short_help="List runs, newest first.")
+def runs_list(
+    limit: Annotated[int, typer.Option("--limit", help="How many runs to list.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List runs with their status (reads only; never resumes or executes anything)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..settings import Settings
+
+    engine = _engine(Settings.load())
+    records = engine.store.list_runs(limit)
+    if as_json:
+        rows = [
+            {"run_id": r.id, "status": r.status, "task": r.task, "created_at": r.created_at, "model": r.model}
+            for r in records
+        ]
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("run", "status", "created", "task")
+    for record in records:
+        task = record.task if len(record.task) <= 60 else record.task[:59] + "…"
+        table.add_row(record.id, record.status, record.created_at[:19].replace("T", " "), escape(task))
+    console().print(table)
+
+
+@runs_app.command("show", short_help="Show a run: plan, steps, events and usage.")
+def runs_show(
+    run_id: Annotated[str, typer.Argument(help="The run's id (a unique prefix is enough).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show a run (reads only; never resumes or executes anything)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..settings import Settings
+
+    engine = _engine(Settings.load())
+    report = engine.report(run_id)
+    events = engine.store.events(report["run_id"])
+    if as_json:
+        typer.echo(json.dumps(report | {"events": [event.to_json_dict() for event in events]}, indent=2))
+        return
+    out = console()
+    out.print(
+        f"[bold]run {report['run_id']}[/] · {report['status']} · {escape(report['task'])}", highlight=False
+    )
+    table = Table("step", "status", "attempts", "started", "finished", "error")
+    for step in report["steps"]:
+        table.add_row(
+            step["id"],
+            step["status"],
+            str(step["attempts"]),
+            (step["started_at"] or "")[11:23],
+            (step["finished_at"] or "")[11:23],
+            escape(step["error"] or ""),
+        )
+    out.print(table)
+    for event in events:
+        out.print(_event_line(event), highlight=False)
+    if report["output"]:
+        out.print(escape(report["output"]), highlight=False)
+
+
+@runs_app.command("resume", short_help="Continue an interrupted run from its last checkpoint.")
+def runs_resume(
+    run_id: Annotated[str, typer.Argument(help="The run's id (a unique prefix is enough).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run report as JSON.")] = False,
+) -> None:
+    """Continue a run that stopped (crash, kill, Ctrl-C): finished steps are not run again."""
+    from ..settings import Settings
+
+    engine = _engine(Settings.load())
+    record = engine.store.get_run(run_id)
+    console(stderr=True).print(f"[bold]resuming run {record.id}[/] ({record.status})", highlight=False)
+    _execute(engine, record.id, as_json=as_json)
+
+
+@runs_app.command("cancel", short_help="Stop a run.")
+def runs_cancel(
+    run_id: Annotated[str, typer.Argument(help="The run's id (a unique prefix is enough).")],
+    wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for running steps to stop.")] = 15.0,
+) -> None:
+    """Cancel a run: running steps stop promptly and no new step starts."""
+    import time
+
+    from ..settings import Settings
+
+    engine = _engine(Settings.load())
+    record = engine.request_cancel(run_id)
+    deadline = time.monotonic() + wait
+    while record.status != "cancelled" and not record.finished and time.monotonic() < deadline:
+        time.sleep(0.2)
+        record = engine.store.get_run(record.id)
+    console(stderr=True).print(f"run {record.id} {record.status}", highlight=False)
+    raise typer.Exit(0 if record.status == "cancelled" else 1)

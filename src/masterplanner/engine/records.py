@@ -1,0 +1,131 @@
+"""What the engine stores about a run, as plain serializable data: statuses, events, run and step records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, get_args
+
+__all__ = [
+    "EVENT_KINDS",
+    "FINISHED_RUN_STATUSES",
+    "Event",
+    "EventKind",
+    "RunOptions",
+    "RunRecord",
+    "RunStatus",
+    "StepRecord",
+    "StepStatus",
+    "utc_now",
+]
+
+RunStatus = Literal["planning", "awaiting_approval", "running", "succeeded", "failed", "cancelled"]
+FINISHED_RUN_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "cancelled"]
+
+EventKind = Literal[
+    "run_created",
+    "plan_ready",
+    "approval_requested",
+    "approved",
+    "rejected",
+    "plan_edited",
+    "step_started",
+    "step_succeeded",
+    "step_failed",
+    "step_retried",
+    "tool_called",
+    "tool_result",
+    "run_succeeded",
+    "run_failed",
+    "run_cancelled",
+]
+EVENT_KINDS: frozenset[str] = frozenset(get_args(EventKind))
+
+
+def utc_now() -> str:
+    """The current time as ISO 8601 UTC with milliseconds, e.g. `2026-11-22T03:04:05.678Z`."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a run's append-only event log."""
+
+    seq: int
+    at: str
+    kind: EventKind
+    step: str | None
+    data: dict[str, Any]
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """`{"seq", "at", "kind", "step", "data"}`."""
+        return {"seq": self.seq, "at": self.at, "kind": self.kind, "step": self.step, "data": self.data}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run executes; fixed when the run is created and stored with it."""
+
+    max_parallel: int = 4
+    auto_approve: bool = False
+    step_timeout_s: float = 600.0
+    step_attempts: int = 3
+    retry_backoff_s: float = 0.5
+    """Wait before a step's second attempt; doubles for each later one."""
+    prompt_rounds: int = 1
+    max_model_calls: int | None = 200
+    max_tokens: int | None = 2_000_000
+    max_wall_s: float | None = 3600.0
+    context_chars: int = 6000
+    """Most characters of one dependency's output a step sees (the cut is marked)."""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Plain JSON form."""
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> RunOptions:
+        """Read the JSON form back (unknown keys are ignored, so old runs stay readable)."""
+        known = {key: value for key, value in data.items() if key in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """The state of one plan step within a run."""
+
+    id: str
+    status: StepStatus = "pending"
+    output: str | None = None
+    error: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    attempts: int = 0
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """`{"id", "status", "output", "error", "started_at", "finished_at", "attempts"}`."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run as stored: task, status, plan, prompts, outcome, and its options."""
+
+    id: str
+    task: str
+    status: RunStatus
+    model: str
+    workspace: str
+    created_at: str
+    updated_at: str
+    options: RunOptions = field(default_factory=RunOptions)
+    plan: dict[str, Any] | None = None
+    agents: dict[str, Any] | None = None
+    output: str | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run reached succeeded, failed or cancelled."""
+        return self.status in FINISHED_RUN_STATUSES

@@ -1,0 +1,58 @@
+"""Starting and stopping DBOS, the durable-execution library, for one database.
+
+DBOS recovers, at launch, every pending workflow recorded under its executor id. Several
+masterplanner processes share one database (a `run` in one terminal, `runs list` in another),
+so each process launches DBOS under an executor id of its own: DBOS's launch recovery then
+finds nothing, and a run is resumed only by the process holding its lease (see `store.py`).
+Read-only commands never launch DBOS at all.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dbos import DBOS, DBOSConfig
+
+from .._version import __version__
+from .store import engine_url
+
+__all__ = ["dbos_launched", "launch_dbos", "shutdown_dbos"]
+
+_launched_url: str | None = None
+
+
+def launch_dbos(database_url: str, *, executor_id: str, debug: bool = False) -> None:
+    """Launch DBOS on `database_url` in this process (once; relaunches if the URL changes)."""
+    global _launched_url
+    if _launched_url == database_url:
+        return
+    if _launched_url is not None:
+        shutdown_dbos()
+    level = "DEBUG" if debug else "ERROR"
+    config: DBOSConfig = {
+        "name": "masterplanner",
+        "system_database_url": engine_url(database_url),
+        "executor_id": executor_id,
+        "application_version": f"masterplanner-{__version__}",
+        "log_level": level,
+        "console_log_level": level,
+        "notification_listener_polling_interval_sec": 0.05,
+    }
+    if not debug:
+        logging.getLogger("dbos").setLevel(logging.ERROR)
+    DBOS(config=config)
+    DBOS.launch()
+    _launched_url = database_url
+
+
+def dbos_launched() -> bool:
+    """Whether DBOS runs in this process."""
+    return _launched_url is not None
+
+
+def shutdown_dbos() -> None:
+    """Stop DBOS in this process (workflows not finished stay pending in the database)."""
+    global _launched_url
+    if _launched_url is not None:
+        DBOS.destroy()
+        _launched_url = None

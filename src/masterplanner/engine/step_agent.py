@@ -1,0 +1,147 @@
+"""What a step agent is given: its prompt, a brief with its dependencies' outputs, its tools, its model."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.settings import ModelSettings
+
+from ..plan import Plan, Step
+from ..tools.workspace import Workspace
+
+__all__ = [
+    "RUNNABLE_TOOLS",
+    "BudgetedModel",
+    "dependency_context",
+    "mentioned_file_names",
+    "step_brief",
+    "step_instructions",
+    "workspace_tools",
+]
+
+RUNNABLE_TOOLS = ("read_file", "write_file", "list_files")
+"""The catalog tools step agents can run in this version (the tools issue adds the rest)."""
+
+_FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{0,7})(?![\w/-])")
+_TRUNCATED = "\n[… truncated: {cut:,} more characters not shown]"
+
+
+def mentioned_file_names(*texts: str) -> tuple[str, ...]:
+    """File names like `haiku.txt` or `out/report.md` that the texts mention, in order, without repeats."""
+    names: dict[str, None] = {}
+    for text in texts:
+        for match in _FILE_NAME.finditer(text):
+            name = match.group(1)
+            if not re.fullmatch(r"\d+\.\d+", name):
+                names.setdefault(name, None)
+    return tuple(names)
+
+
+def dependency_context(step: Step, outputs: Mapping[str, str], limit: int) -> str:
+    """The outputs of `step`'s dependencies, each cut to `limit` characters with the cut marked."""
+    sections = []
+    for dependency in step.depends_on:
+        text = outputs.get(dependency, "")
+        if len(text) > limit:
+            text = text[:limit] + _TRUNCATED.format(cut=len(text) - limit)
+        sections.append(f"### Output of step {dependency}\n{text}")
+    return "\n\n".join(sections)
+
+
+def step_instructions(step: Step, prompt: str | None) -> str:
+    """The agent's system prompt: the reviewed prompt, or one built from the step when there is none."""
+    if prompt:
+        return prompt
+    return f"You are a {step.agent_role}. Do exactly the step you are given and report its result."
+
+
+def step_brief(
+    plan: Plan, step: Step, outputs: Mapping[str, str], *, tools: list[str], context_chars: int
+) -> str:
+    """The user message of a step agent: the task, its step, what it must produce, and its inputs."""
+    lines = [
+        f"Overall task: {plan.task}",
+        f"Your step ({step.id}): {step.title}",
+        f"Instruction: {step.instruction}",
+    ]
+    if step.expected_output:
+        lines.append(f"Expected output: {step.expected_output}")
+    if tools:
+        lines.append(f"Tools you can use: {', '.join(tools)}. Files live in the run's workspace.")
+    context = dependency_context(step, outputs, context_chars)
+    if context:
+        lines.append("Inputs from the steps before yours:\n\n" + context)
+    lines.append("When you are done, reply with your step's result.")
+    return "\n".join(lines)
+
+
+ToolRunner = Callable[[str, dict[str, Any], Callable[[], str]], Awaitable[str]]
+"""Runs one tool call (checkpointed, logged) and returns its result text."""
+
+
+def workspace_tools(workspace: Workspace, names: list[str], run_tool: ToolRunner) -> list[Callable[..., Any]]:
+    """The step's file tools, each going through `run_tool`."""
+
+    async def read_file(path: str) -> str:
+        """Read a text file from the workspace.
+
+        Args:
+            path: the file's path relative to the workspace, e.g. data/sales.csv
+        """
+        return await run_tool("read_file", {"path": path}, lambda: workspace.read_file(path))
+
+    async def write_file(path: str, content: str) -> str:
+        """Create or replace a text file in the workspace.
+
+        Args:
+            path: the file's path relative to the workspace, e.g. report.md
+            content: the complete text to write
+        """
+        return await run_tool(
+            "write_file", {"path": path, "content": content}, lambda: workspace.write_file(path, content)
+        )
+
+    async def list_files(path: str = ".") -> str:
+        """List the files and directories of a workspace directory.
+
+        Args:
+            path: the directory relative to the workspace; "." is the workspace itself
+        """
+
+        def listing() -> str:
+            entries = workspace.list_files(path)
+            if not entries:
+                return "(empty)"
+            return "\n".join(f"{entry.name}\t{entry.kind}\t{entry.size}" for entry in entries)
+
+        return await run_tool("list_files", {"path": path}, listing)
+
+    available: dict[str, Callable[..., Any]] = {
+        "read_file": read_file,
+        "write_file": write_file,
+        "list_files": list_files,
+    }
+    return [available[name] for name in names if name in available]
+
+
+class BudgetedModel(WrapperModel):
+    """Checks the run's budget before every request (`check` raises when it is used up)."""
+
+    def __init__(self, wrapped: Model, check: Callable[[], None]) -> None:
+        super().__init__(wrapped)
+        self._check = check
+
+    async def request(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> ModelResponse:
+        """Refuse the request if the budget is spent, else make it."""
+        self._check()
+        return await self.wrapped.request(messages, model_settings, model_request_parameters)

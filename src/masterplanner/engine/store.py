@@ -1,0 +1,484 @@
+"""The run store: runs, their steps, events, usage and review decisions, in SQLite or Postgres.
+
+It lives in the same database as DBOS's system tables (its tables are prefixed `mp_`). Schema
+changes go through the named migrations below, applied once each and recorded in
+`mp_migrations`. Every write is one transaction, so a failed write leaves earlier data intact.
+
+Ownership: a run is executed by at most one process. The executing process holds a lease
+(`owner`, `heartbeat_at`) that it renews every few seconds; another process may take the run
+over only when the lease has expired or its owner process is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from ..errors import RunError
+from .records import EVENT_KINDS, Event, EventKind, RunOptions, RunRecord, RunStatus, StepRecord, utc_now
+
+__all__ = ["LEASE_SECONDS", "MIGRATIONS", "RunStore", "engine_url", "process_identity"]
+
+LEASE_SECONDS = 15.0
+"""A run whose owner has not renewed its lease for this long may be taken over."""
+
+metadata = sa.MetaData()
+
+runs_table = sa.Table(
+    "mp_runs",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("task", sa.Text, nullable=False),
+    sa.Column("status", sa.String(24), nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("workspace", sa.Text, nullable=False),
+    sa.Column("options", sa.Text, nullable=False),
+    sa.Column("plan", sa.Text),
+    sa.Column("agents", sa.Text),
+    sa.Column("decision", sa.Text),
+    sa.Column("output", sa.Text),
+    sa.Column("error", sa.Text),
+    sa.Column("created_at", sa.String(32), nullable=False),
+    sa.Column("updated_at", sa.String(32), nullable=False),
+    sa.Column("owner", sa.String(200)),
+    sa.Column("heartbeat_at", sa.Float),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
+)
+steps_table = sa.Table(
+    "mp_steps",
+    metadata,
+    sa.Column("run_id", sa.String(64), primary_key=True),
+    sa.Column("step_id", sa.String(100), primary_key=True),
+    sa.Column("position", sa.Integer, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("output", sa.Text),
+    sa.Column("error", sa.Text),
+    sa.Column("started_at", sa.String(32)),
+    sa.Column("finished_at", sa.String(32)),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+)
+events_table = sa.Table(
+    "mp_events",
+    metadata,
+    sa.Column("run_id", sa.String(64), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("at", sa.String(32), nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("step", sa.String(100)),
+    sa.Column("data", sa.Text, nullable=False),
+)
+usage_table = sa.Table(
+    "mp_usage",
+    metadata,
+    sa.Column("run_id", sa.String(64), primary_key=True),
+    sa.Column("purpose", sa.String(120), primary_key=True),
+    sa.Column("calls", sa.Integer, nullable=False),
+    sa.Column("input_tokens", sa.Integer, nullable=False),
+    sa.Column("output_tokens", sa.Integer, nullable=False),
+    sa.Column("seconds", sa.Float, nullable=False),
+)
+migrations_table = sa.Table(
+    "mp_migrations",
+    metadata,
+    sa.Column("name", sa.String(100), primary_key=True),
+    sa.Column("applied_at", sa.String(32), nullable=False),
+)
+
+
+def _create_run_tables(connection: Connection) -> None:
+    for table in (runs_table, steps_table, events_table, usage_table):
+        table.create(connection, checkfirst=True)
+
+
+MIGRATIONS: list[tuple[str, Callable[[Connection], None]]] = [
+    ("0001_runs_steps_events_usage", _create_run_tables),
+]
+"""Named schema migrations, applied in order, each exactly once per database."""
+
+
+def engine_url(url: str) -> str:
+    """The SQLAlchemy URL for a settings database URL (Postgres goes through psycopg 3)."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def process_identity() -> str:
+    """`host:pid:token`, unique to this process, used as the lease owner."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _owner_is_gone(owner: str) -> bool:
+    """Whether `owner` is a process on this host that no longer exists."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class RunStore:
+    """Reads and writes runs; safe to share between tasks and threads of one process."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        try:
+            self.engine: Engine = sa.create_engine(engine_url(url))
+        except (sa.exc.ArgumentError, ImportError) as exc:
+            raise RunError(f"database URL {url!r} is not usable: {exc}") from None
+        if self.engine.dialect.name == "sqlite":
+            sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._append_lock = threading.Lock()
+        self._migrate()
+
+    @contextmanager
+    def _begin(self, action: str) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as connection:
+                yield connection
+        except sa.exc.IntegrityError:
+            raise
+        except sa.exc.OperationalError as exc:
+            raise RunError(f"database {self.url}: cannot {action}: {exc.orig}") from None
+
+    def _migrate(self) -> None:
+        with self._begin("create its tables") as connection:
+            migrations_table.create(connection, checkfirst=True)
+            applied = set(connection.scalars(sa.select(migrations_table.c.name)))
+            for name, migrate in MIGRATIONS:
+                if name not in applied:
+                    migrate(connection)
+                    connection.execute(migrations_table.insert().values(name=name, applied_at=utc_now()))
+
+    def close(self) -> None:
+        """Release the database connections."""
+        self.engine.dispose()
+
+    # ---- runs
+
+    def create_run(self, run_id: str, task: str, *, model: str, workspace: str, options: RunOptions) -> None:
+        """Record a new run in status `planning`."""
+        now = utc_now()
+        with self._begin("create a run") as connection:
+            connection.execute(
+                runs_table.insert().values(
+                    id=run_id,
+                    task=task,
+                    status="planning",
+                    model=model,
+                    workspace=workspace,
+                    options=json.dumps(options.to_json_dict()),
+                    created_at=now,
+                    updated_at=now,
+                    cancel_requested=False,
+                )
+            )
+
+    def update_run(self, run_id: str, **values: Any) -> None:
+        """Set columns of a run (`plan`, `agents` and `decision` are given as JSON-able values)."""
+        for key in ("plan", "agents", "decision"):
+            if key in values and values[key] is not None:
+                values[key] = json.dumps(values[key])
+        with self._begin("update a run") as connection:
+            connection.execute(
+                runs_table.update().where(runs_table.c.id == run_id).values(updated_at=utc_now(), **values)
+            )
+
+    def set_status(self, run_id: str, status: RunStatus, **values: Any) -> None:
+        """Move a run to `status`, setting other columns in the same write."""
+        self.update_run(run_id, status=status, **values)
+
+    def get_run(self, run_id: str) -> RunRecord:
+        """The stored run; `RunError` if there is none with this id (a unique prefix also works)."""
+        with self._begin("read a run") as connection:
+            row = (
+                connection.execute(sa.select(runs_table).where(runs_table.c.id == run_id)).mappings().first()
+            )
+            if row is None and len(run_id) >= 4:
+                rows = (
+                    connection.execute(
+                        sa.select(runs_table).where(runs_table.c.id.startswith(run_id)).limit(2)
+                    )
+                    .mappings()
+                    .all()
+                )
+                row = rows[0] if len(rows) == 1 else None
+        if row is None:
+            raise RunError(f"no run {run_id!r} in {self.url} (see `masterplanner runs list`)")
+        return _run_record(row)
+
+    def list_runs(self, limit: int = 50) -> list[RunRecord]:
+        """The newest runs first."""
+        with self._begin("list runs") as connection:
+            rows = (
+                connection.execute(
+                    sa.select(runs_table).order_by(runs_table.c.created_at.desc()).limit(limit)
+                )
+                .mappings()
+                .all()
+            )
+        return [_run_record(row) for row in rows]
+
+    def decision(self, run_id: str) -> dict[str, Any] | None:
+        """The review decision submitted for a run, if any."""
+        with self._begin("read a decision") as connection:
+            text = connection.scalar(sa.select(runs_table.c.decision).where(runs_table.c.id == run_id))
+        return json.loads(text) if text else None
+
+    def cancel_requested(self, run_id: str) -> bool:
+        """Whether someone asked to cancel the run."""
+        with self._begin("read a run") as connection:
+            return bool(
+                connection.scalar(sa.select(runs_table.c.cancel_requested).where(runs_table.c.id == run_id))
+            )
+
+    # ---- ownership
+
+    def claim(self, run_id: str, owner: str) -> bool:
+        """Take the run's lease for `owner`; False if a live process holds it."""
+        now = time.time()
+        with self._begin("claim a run") as connection:
+            row = connection.execute(
+                sa.select(runs_table.c.owner, runs_table.c.heartbeat_at).where(runs_table.c.id == run_id)
+            ).first()
+            if row is None:
+                raise RunError(f"no run {run_id!r}")
+            current, beat = row
+            free = current in (None, owner) or (beat or 0) < now - LEASE_SECONDS or _owner_is_gone(current)
+            if not free:
+                return False
+            updated = connection.execute(
+                runs_table.update()
+                .where(runs_table.c.id == run_id)
+                .where(runs_table.c.owner.is_(None) if current is None else runs_table.c.owner == current)
+                .values(owner=owner, heartbeat_at=now)
+            )
+            return updated.rowcount == 1
+
+    def heartbeat(self, run_id: str, owner: str) -> bool:
+        """Renew the lease; False if `owner` no longer holds it."""
+        with self._begin("renew a lease") as connection:
+            updated = connection.execute(
+                runs_table.update()
+                .where(runs_table.c.id == run_id, runs_table.c.owner == owner)
+                .values(heartbeat_at=time.time())
+            )
+            return updated.rowcount == 1
+
+    def release(self, run_id: str, owner: str) -> None:
+        """Give the lease up."""
+        with self._begin("release a lease") as connection:
+            connection.execute(
+                runs_table.update()
+                .where(runs_table.c.id == run_id, runs_table.c.owner == owner)
+                .values(owner=None, heartbeat_at=None)
+            )
+
+    def owner_alive(self, run_id: str) -> bool:
+        """Whether a live process currently holds the run's lease."""
+        with self._begin("read a lease") as connection:
+            row = connection.execute(
+                sa.select(runs_table.c.owner, runs_table.c.heartbeat_at).where(runs_table.c.id == run_id)
+            ).first()
+        if row is None or row[0] is None:
+            return False
+        return (row[1] or 0) >= time.time() - LEASE_SECONDS and not _owner_is_gone(row[0])
+
+    # ---- steps
+
+    def init_steps(self, run_id: str, step_ids: list[str]) -> None:
+        """Record every step of the approved plan as pending (replacing an earlier plan's steps)."""
+        with self._begin("record steps") as connection:
+            connection.execute(steps_table.delete().where(steps_table.c.run_id == run_id))
+            if step_ids:
+                connection.execute(
+                    steps_table.insert(),
+                    [
+                        {
+                            "run_id": run_id,
+                            "step_id": step_id,
+                            "position": index,
+                            "status": "pending",
+                            "attempts": 0,
+                        }
+                        for index, step_id in enumerate(step_ids)
+                    ],
+                )
+
+    def update_step(self, run_id: str, step_id: str, **values: Any) -> None:
+        """Set columns of one step."""
+        with self._begin("update a step") as connection:
+            connection.execute(
+                steps_table.update()
+                .where(steps_table.c.run_id == run_id, steps_table.c.step_id == step_id)
+                .values(**values)
+            )
+
+    def steps(self, run_id: str) -> list[StepRecord]:
+        """The run's steps in plan order."""
+        with self._begin("read steps") as connection:
+            rows = (
+                connection.execute(
+                    sa.select(steps_table)
+                    .where(steps_table.c.run_id == run_id)
+                    .order_by(steps_table.c.position)
+                )
+                .mappings()
+                .all()
+            )
+        return [
+            StepRecord(
+                id=row["step_id"],
+                status=row["status"],
+                output=row["output"],
+                error=row["error"],
+                started_at=row["started_at"],
+                finished_at=row["finished_at"],
+                attempts=row["attempts"],
+            )
+            for row in rows
+        ]
+
+    # ---- events
+
+    def append_event(
+        self, run_id: str, kind: EventKind, step: str | None = None, data: dict[str, Any] | None = None
+    ) -> Event:
+        """Append one event to the run's log and return it with its sequence number."""
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {kind!r}")
+        payload = json.dumps(data or {}, default=str)
+        for _ in range(20):
+            at = utc_now()
+            with self._append_lock:
+                try:
+                    with self._begin("append an event") as connection:
+                        seq = 1 + (
+                            connection.scalar(
+                                sa.select(sa.func.coalesce(sa.func.max(events_table.c.seq), 0)).where(
+                                    events_table.c.run_id == run_id
+                                )
+                            )
+                            or 0
+                        )
+                        connection.execute(
+                            events_table.insert().values(
+                                run_id=run_id, seq=seq, at=at, kind=kind, step=step, data=payload
+                            )
+                        )
+                except sa.exc.IntegrityError:
+                    continue  # another process took this seq; take the next one
+            return Event(seq, at, kind, step, json.loads(payload))
+        raise RunError(f"could not append an event to run {run_id}: the event log is too contended")
+
+    def events(self, run_id: str, after: int = 0) -> list[Event]:
+        """The run's events with `seq > after`, in order."""
+        with self._begin("read events") as connection:
+            rows = connection.execute(
+                sa.select(events_table)
+                .where(events_table.c.run_id == run_id, events_table.c.seq > after)
+                .order_by(events_table.c.seq)
+            ).mappings()
+            return [
+                Event(row["seq"], row["at"], row["kind"], row["step"], json.loads(row["data"]))
+                for row in rows
+            ]
+
+    # ---- usage
+
+    def add_usage(
+        self, run_id: str, purpose: str, *, input_tokens: int, output_tokens: int, seconds: float
+    ) -> None:
+        """Count one model call of `purpose` against the run."""
+        with self._append_lock, self._begin("record usage") as connection:
+            updated = connection.execute(
+                usage_table.update()
+                .where(usage_table.c.run_id == run_id, usage_table.c.purpose == purpose)
+                .values(
+                    calls=usage_table.c.calls + 1,
+                    input_tokens=usage_table.c.input_tokens + input_tokens,
+                    output_tokens=usage_table.c.output_tokens + output_tokens,
+                    seconds=usage_table.c.seconds + seconds,
+                )
+            )
+            if updated.rowcount == 0:
+                connection.execute(
+                    usage_table.insert().values(
+                        run_id=run_id,
+                        purpose=purpose,
+                        calls=1,
+                        input_tokens=input_tokens,
+                        output_tokens=output_tokens,
+                        seconds=seconds,
+                    )
+                )
+
+    def usage(self, run_id: str) -> dict[str, Any]:
+        """`{"llm_calls", "input_tokens", "output_tokens", "by_purpose": {purpose: {...}}}`."""
+        with self._begin("read usage") as connection:
+            rows = (
+                connection.execute(
+                    sa.select(usage_table)
+                    .where(usage_table.c.run_id == run_id)
+                    .order_by(usage_table.c.purpose)
+                )
+                .mappings()
+                .all()
+            )
+        by_purpose = {
+            row["purpose"]: {
+                "calls": row["calls"],
+                "input_tokens": row["input_tokens"],
+                "output_tokens": row["output_tokens"],
+                "seconds": round(row["seconds"], 3),
+            }
+            for row in rows
+        }
+        return {
+            "llm_calls": sum(entry["calls"] for entry in by_purpose.values()),
+            "input_tokens": sum(entry["input_tokens"] for entry in by_purpose.values()),
+            "output_tokens": sum(entry["output_tokens"] for entry in by_purpose.values()),
+            "by_purpose": by_purpose,
+        }
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def _run_record(row: Any) -> RunRecord:
+    return RunRecord(
+        id=row["id"],
+        task=row["task"],
+        status=row["status"],
+        model=row["model"],
+        workspace=row["workspace"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        options=RunOptions.from_json_dict(json.loads(row["options"])),
+        plan=json.loads(row["plan"]) if row["plan"] else None,
+        agents=json.loads(row["agents"]) if row["agents"] else None,
+        output=row["output"],
+        error=row["error"],
+    )
