@@ -7,6 +7,7 @@ last problems. It never falls back to a plan nobody validated.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -145,6 +146,40 @@ class _Proposer:
         return accepted[-1], actions
 
 
+_FILE = r"[\w./-]*\w\.[A-Za-z][A-Za-z0-9]{0,7}\b"
+_IMPLIED_TOOLS = (
+    (
+        "write_file",
+        re.compile(rf"\b(write|save|store|create|export|produce)\b[^.\n]*?{_FILE}", re.IGNORECASE),
+    ),
+    ("read_file", re.compile(rf"\b(read|load|open|parse)\b[^.\n]*?{_FILE}", re.IGNORECASE)),
+)
+
+
+def with_implied_tools(steps: object, catalog: Catalog) -> object:
+    """Add the file tool a step's instruction plainly needs ("write … to haiku.txt") but does not list.
+
+    The embedded model often names the right file and the wrong tools; a step that must write a
+    file cannot do it without `write_file`. The addition is part of the plan the person reviews.
+    """
+    if not isinstance(steps, list):
+        return steps
+    grounded = []
+    for step in steps:
+        if (
+            isinstance(step, dict)
+            and isinstance(step.get("instruction"), str)
+            and isinstance(step.get("tools"), list)
+        ):
+            tools = list(step["tools"])
+            for tool, pattern in _IMPLIED_TOOLS:
+                if tool in catalog and tool not in tools and pattern.search(step["instruction"]):
+                    tools.append(tool)
+            step = {**step, "tools": tools}
+        grounded.append(step)
+    return grounded
+
+
 async def plan(
     task: str,
     catalog: Catalog,
@@ -160,7 +195,9 @@ async def plan(
     system = _system(catalog, max_steps, hints)
 
     def accept(steps: object) -> Plan:
-        return validate_plan({"task": task, "steps": steps}, catalog, max_steps=max_steps)
+        return validate_plan(
+            {"task": task, "steps": with_implied_tools(steps, catalog)}, catalog, max_steps=max_steps
+        )
 
     proposer = _Proposer(
         "planner", model, ledger or UsageLedger(), system, catalog, max_steps, repairs, accept

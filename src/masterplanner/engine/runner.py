@@ -38,7 +38,7 @@ from ..errors import (
 )
 from ..models import resolve_model
 from ..models.labelled import labelled
-from ..models.local import LocalModel, ToolAids
+from ..models.local import LocalModel
 from ..plan import Plan, Step, sinks, validate_plan, validate_task
 from ..planner import plan as make_plan
 from ..prompting import create_prompts, prompts_to_json
@@ -54,9 +54,9 @@ from .scheduler import StepOutcome, run_dag
 from .step_agent import (
     RUNNABLE_TOOLS,
     BudgetedModel,
-    mentioned_file_names,
     step_brief,
     step_instructions,
+    tool_aids,
     workspace_tools,
 )
 from .store import RunStore, process_identity
@@ -488,9 +488,9 @@ class _Execution:
         inner = self.model.wrapped
         if not (isinstance(inner, LocalModel) and tools):
             return self.model
-        names = mentioned_file_names(step.instruction, step.expected_output, step.title)
-        aids = ToolAids(first_call_required=True, argument_values={"path": names} if names else {})
-        return BudgetedModel(inner.aided(aids), self.ledger.check)
+        assert self.plan is not None
+        aids = tool_aids(self.plan, step, tools, self.workspace)
+        return BudgetedModel(inner.aided(aids), self.ledger.check) if aids is not None else self.model
 
     def _tool_runner(self, step: Step) -> Callable[[str, dict[str, Any], Callable[[], str]], Awaitable[str]]:
         run_id = self.run.id

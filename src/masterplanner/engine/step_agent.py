@@ -11,7 +11,8 @@ from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 
-from ..plan import Plan, Step
+from ..models.local import ToolAids
+from ..plan import Plan, Step, sinks
 from ..tools.workspace import Workspace
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "mentioned_file_names",
     "step_brief",
     "step_instructions",
+    "tool_aids",
     "workspace_tools",
 ]
 
@@ -40,6 +42,29 @@ def mentioned_file_names(*texts: str) -> tuple[str, ...]:
             if not re.fullmatch(r"\d+\.\d+", name):
                 names.setdefault(name, None)
     return tuple(names)
+
+
+def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) -> ToolAids | None:
+    """Tool-use aids for a small local model, grounded in the step's text and the workspace's files.
+
+    The file names the step mentions (and, for a step nothing depends on, the task) split in two:
+    those that exist may be read, those that do not may be written. The first call must be one
+    of those reads or writes; with nothing grounded there is no aid.
+    """
+    texts = [step.title, step.instruction, step.expected_output]
+    if step.id in sinks(plan.steps):
+        texts.append(plan.task)
+    names = mentioned_file_names(*texts)
+    existing = tuple(name for name in names if workspace.is_file(name))
+    fresh = tuple(name for name in names if name not in existing)
+    values: dict[str, dict[str, tuple[str, ...]]] = {}
+    if existing and "read_file" in tools:
+        values["read_file"] = {"path": existing}
+    if fresh and "write_file" in tools:
+        values["write_file"] = {"path": fresh}
+    if not values:
+        return None
+    return ToolAids(first_call_tools=tuple(values), argument_values=values, max_tool_calls=len(values))
 
 
 def dependency_context(step: Step, outputs: Mapping[str, str], limit: int) -> str:
@@ -100,7 +125,7 @@ def workspace_tools(workspace: Workspace, names: list[str], run_tool: ToolRunner
 
         Args:
             path: the file's path relative to the workspace, e.g. report.md
-            content: the complete text to write
+            content: what the file will contain
         """
         return await run_tool(
             "write_file", {"path": path, "content": content}, lambda: workspace.write_file(path, content)

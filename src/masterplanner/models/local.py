@@ -82,10 +82,29 @@ class ToolAids:
     the `path` argument narrowed to the file names the instruction mentions, it did every time.
     """
 
-    first_call_required: bool = False
-    """Until a tool has returned, the model must call one of its tools (it may not answer yet)."""
-    argument_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """String arguments (by name, in any tool) limited to these values, e.g. `{"path": ("haiku.txt",)}`."""
+    first_call_tools: tuple[str, ...] = ()
+    """Until one tool call has succeeded, the model must call one of these tools (it may not answer)."""
+    argument_values: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    """Per tool, string arguments limited to these values, e.g. `{"write_file": {"path": ("haiku.txt",)}}`."""
+    max_tool_calls: int | None = None
+    """After this many successful tool calls the model must answer (the embedded model otherwise
+    repeated the same `write_file` call until the step's request cap, 12 times out of 12)."""
+
+
+def _aided_choice(
+    aids: ToolAids, messages: list[ModelMessage], params: ModelRequestParameters, settings: ModelSettings
+) -> ModelSettings:
+    """The tool choice the aids impose at this point of the conversation."""
+    calls = sum(
+        isinstance(part, ToolReturnPart) for message in messages for part in getattr(message, "parts", [])
+    )
+    if aids.max_tool_calls is not None and calls >= aids.max_tool_calls:
+        return {**settings, "tool_choice": "none"}
+    if calls:
+        return settings
+    offered = {tool.name for tool in params.function_tools}
+    required = [name for name in aids.first_call_tools if name in offered]
+    return {**settings, "tool_choice": required} if required else settings
 
 
 def _narrow(arguments: JsonSchema, values: dict[str, tuple[str, ...]]) -> JsonSchema:
@@ -107,10 +126,10 @@ def _tool_option(
     tool: ToolDefinition,
     index: int,
     definitions: JsonSchema,
-    values: dict[str, tuple[str, ...]] | None = None,
+    values: dict[str, dict[str, tuple[str, ...]]] | None = None,
 ) -> JsonSchema:
     arguments, defs = hoist_definitions(tool.parameters_json_schema or {"type": "object"}, f"t{index}_")
-    arguments = _narrow(arguments, values or {})
+    arguments = _narrow(arguments, (values or {}).get(tool.name, {}))
     definitions.update(defs)
     return {
         "type": "object",
@@ -120,10 +139,21 @@ def _tool_option(
     }
 
 
+def _without_descriptions(schema: JsonSchema) -> JsonSchema:
+    """The argument schema without per-argument descriptions: the embedded model copied them verbatim
+    into the arguments (a haiku file that read "the complete text to write").
+    """
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        return schema
+    bare = {name: {k: v for k, v in spec.items() if k != "description"} for name, spec in properties.items()}
+    return {**schema, "properties": bare}
+
+
 def _describe_tools(tools: list[ToolDefinition]) -> str:
     lines = ["You can call these tools:"]
     for tool in tools:
-        schema = compact_schema(tool.parameters_json_schema)
+        schema = compact_schema(_without_descriptions(tool.parameters_json_schema))
         lines.append(f"- {tool.name}: {tool.description or '(no description)'} Arguments: {schema}")
     return "\n".join(lines)
 
@@ -332,11 +362,8 @@ class LocalModel(Model):
         model_settings, params = self.prepare_request(model_settings, model_request_parameters)
         messages = self.prepare_messages(messages, params)
         settings = model_settings or {}
-        if self.aids is not None and self.aids.first_call_required and params.function_tools:
-            if not any(
-                isinstance(part, ToolReturnPart) for m in messages for part in getattr(m, "parts", [])
-            ):
-                settings = {**settings, "tool_choice": "required"}
+        if self.aids is not None and params.function_tools:
+            settings = _aided_choice(self.aids, messages, params, settings)
         reply = reply_format(params, settings, self.aids)
         chat = self._chat(messages, params, reply)
         import asyncio

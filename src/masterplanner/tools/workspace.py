@@ -162,6 +162,16 @@ class Workspace:
             kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
             raise ToolError(f"{path!r} is {kind}; write_file only creates or replaces regular files")
 
+    def is_file(self, path: str) -> bool:
+        """Whether `path` is a regular file in the workspace (reached without following symlinks)."""
+        try:
+            parts = _parts(path)
+            with self._directory(parts[:-1]) as directory:
+                info = os.stat(parts[-1], dir_fd=directory, follow_symlinks=False)
+        except (ToolError, OSError):
+            return False
+        return stat.S_ISREG(info.st_mode)
+
     def list_files(self, path: str = ".") -> list[FileEntry]:
         """The entries of a workspace directory, sorted by name (at most `MAX_LIST_ENTRIES`)."""
         parts = [] if path.strip() in ("", ".") else _parts(path)
