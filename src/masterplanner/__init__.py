@@ -14,7 +14,9 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from .chat import ChatResult, achat, chat
+    from .engine import Engine, Event, RunOptions, RunRecord, StepRecord
     from .errors import (
+        BudgetExceededError,
         ConfigError,
         MasterplannerError,
         MissingCredentialError,
@@ -22,9 +24,11 @@ if TYPE_CHECKING:
         ModelFileError,
         ModelSpecError,
         PlanError,
+        RunError,
         ScriptError,
         ScriptExhaustedError,
         SettingsError,
+        ToolError,
     )
     from .models import MODEL_FORMS, LabelledModel, labelled, resolve_model
     from .plan import Plan, Step, validate_plan
@@ -36,7 +40,9 @@ if TYPE_CHECKING:
 
 _HOMES = {
     ".chat": ("ChatResult", "achat", "chat"),
+    ".engine": ("Engine", "Event", "RunOptions", "RunRecord", "StepRecord"),
     ".errors": (
+        "BudgetExceededError",
         "ConfigError",
         "MasterplannerError",
         "MissingCredentialError",
@@ -44,9 +50,11 @@ _HOMES = {
         "ModelFileError",
         "ModelSpecError",
         "PlanError",
+        "RunError",
         "ScriptError",
         "ScriptExhaustedError",
         "SettingsError",
+        "ToolError",
     ),
     ".models": ("MODEL_FORMS", "LabelledModel", "labelled", "resolve_model"),
     ".plan": ("Plan", "Step", "validate_plan"),
@@ -61,9 +69,12 @@ _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names
 __all__ = [
     "FIXED_PURPOSES",
     "MODEL_FORMS",
+    "BudgetExceededError",
     "Catalog",
     "ChatResult",
     "ConfigError",
+    "Engine",
+    "Event",
     "LabelledModel",
     "MasterplannerError",
     "MissingCredentialError",
@@ -74,11 +85,16 @@ __all__ = [
     "PlanError",
     "PlanExample",
     "PurposeUsage",
+    "RunError",
+    "RunOptions",
+    "RunRecord",
     "ScriptError",
     "ScriptExhaustedError",
     "Settings",
     "SettingsError",
     "Step",
+    "StepRecord",
+    "ToolError",
     "ToolSpec",
     "UsageLedger",
     "__version__",

@@ -209,7 +209,7 @@ def _print_plan(result: Plan, agents: dict[str, AgentPrompt]) -> None:
     _print_plan_dict(result, prompts_to_json(agents))
 
 
-def _print_plan_dict(result: Plan, agents: dict[str, Any]) -> None:
+def _print_plan_dict(result: Plan, agents: dict[str, Any], *, stderr: bool = False) -> None:
     """Print the plan as a tree, with each step's prompt from an `agents` JSON map."""
     from rich.markup import escape
     from rich.tree import Tree
@@ -238,7 +238,7 @@ def _print_plan_dict(result: Plan, agents: dict[str, Any]) -> None:
                 )
             edited = " [yellow](edited)[/]" if agent.get("edited") else ""
             branch.add(f"[bold]prompt[/]{scores}{edited}").add(escape(agent["prompt"]))
-    console().print(tree)
+    console(stderr=stderr).print(tree)
 
 
 eval_app = typer.Typer(help="Evaluate masterplanner against benchmark data.", no_args_is_help=True)

@@ -188,7 +188,7 @@ def _review_in_terminal(run: RunRecord) -> Decision:
     catalog = run_catalog()
     decision: Decision = {"action": "approve", "by": "person"}
     while True:
-        _print_plan_dict(plan, agents)
+        _print_plan_dict(plan, agents, stderr=True)
         try:
             answer = typer.prompt("approve, reject or edit? [a/r/e]", default="a", err=True).strip().lower()
         except (typer.Abort, EOFError):

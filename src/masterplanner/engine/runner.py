@@ -32,7 +32,6 @@ from ..errors import (
     ConfigError,
     MasterplannerError,
     ModelError,
-    PlanError,
     RunError,
     ToolError,
 )
@@ -49,7 +48,7 @@ from ..tools.workspace import Workspace
 from .budget import RunLedger
 from .checkpoints import CheckpointedModel
 from .records import RunOptions, RunRecord, utc_now
-from .runtime import launch_dbos
+from .runtime import launch_dbos, shutdown_dbos
 from .scheduler import StepOutcome, run_dag
 from .step_agent import (
     RUNNABLE_TOOLS,
@@ -114,6 +113,14 @@ class Engine:
             Path(settings.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.store = RunStore(settings.database_url)
         self.owner = process_identity()
+        self._launched = False
+
+    def close(self) -> None:
+        """Stop DBOS in this process (if this engine started it) and release database connections."""
+        if self._launched:
+            shutdown_dbos()
+            self._launched = False
+        self.store.close()
 
     def create_run(
         self,
@@ -148,6 +155,7 @@ class Engine:
             raise RunError(f"run {run.id} is being executed by another process; it cannot run twice at once")
         try:
             launch_dbos(self.settings.database_url, executor_id=self.owner, debug=self.debug)
+            self._launched = True
             execution = _Execution(self, run)
             _EXECUTIONS[run.id] = execution
             work = asyncio.ensure_future(execution.drive(review))
@@ -269,8 +277,8 @@ class _Execution:
         except BudgetExceededError as exc:
             self._fail(str(exc))
         except MasterplannerError as exc:
-            if self.run.status == "awaiting_approval" and isinstance(exc, PlanError):
-                raise
+            if self.run.status == "awaiting_approval":
+                raise  # a front end's review failed: the run keeps waiting for a decision
             self._fail(str(exc))
 
     async def _cancel_step_workflows(self) -> None:

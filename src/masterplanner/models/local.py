@@ -140,8 +140,10 @@ def _tool_option(
 
 
 def _without_descriptions(schema: JsonSchema) -> JsonSchema:
-    """The argument schema without per-argument descriptions: the embedded model copied them verbatim
-    into the arguments (a haiku file that read "the complete text to write").
+    """The argument schema without per-argument descriptions.
+
+    The embedded model copied them verbatim into its arguments (a haiku file that read "the
+    complete text to write").
     """
     properties = schema.get("properties")
     if not isinstance(properties, dict):

@@ -1,0 +1,197 @@
+"""`masterplanner run` and `runs` as a person uses them: real processes, scripted model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from _plans import step
+
+from masterplanner import Settings
+from masterplanner.engine import Engine
+
+DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
+
+
+def mp(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "masterplanner", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        timeout=120,
+    )
+
+
+def _planner(*steps: dict[str, Any]) -> dict[str, Any]:
+    return {"purpose": "planner", "output": {"steps": list(steps)}}
+
+
+def test_three_independent_steps_of_one_second_span_under_1_2_s(write_script: Callable[..., Path]) -> None:
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", tools=[]), step("c", tools=[])),
+            *({"purpose": f"step:{name}", "output": name, "delay_s": 1.0} for name in "abc"),
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    result = mp("run", "three independent things", "--model", f"scripted:{script}", "--yes", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["status"] == "succeeded"
+    assert set(report) >= {"run_id", "status", "output", "plan", "steps", "usage"}
+    assert set(report["usage"]) == {"llm_calls", "input_tokens", "output_tokens", "by_purpose"}
+    starts = [datetime.fromisoformat(s["started_at"]) for s in report["steps"]]
+    ends = [datetime.fromisoformat(s["finished_at"]) for s in report["steps"]]
+    assert all(s["started_at"].endswith("Z") and s["attempts"] == 1 for s in report["steps"])
+    span = (max(ends) - min(starts)).total_seconds()
+    assert 1.0 <= span < 1.2, span
+
+
+def _events(run_id: str) -> list[dict[str, Any]]:
+    engine = Engine(Settings.load())
+    try:
+        return [event.to_json_dict() for event in engine.store.events(run_id)]
+    finally:
+        engine.close()
+
+
+def test_kill_9_then_resume_never_repeats_finished_steps(write_script: Callable[..., Path]) -> None:
+    chain = [step("s1", tools=[])] + [step(f"s{n}", f"s{n - 1}", tools=[]) for n in range(2, 6)]
+    script = write_script(
+        [
+            _planner(*chain),
+            *({"purpose": f"step:s{n}", "output": f"out{n}", "delay_s": 0.5} for n in range(1, 6)),
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "masterplanner",
+            "run",
+            "a chain of five",
+            "--model",
+            f"scripted:{script}",
+            "--yes",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    run_id = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        runs = Engine(Settings.load()).store.list_runs()
+        if runs:
+            run_id = runs[0].id
+            if any(e["kind"] == "step_succeeded" and e["step"] == "s2" for e in _events(run_id)):
+                break
+        time.sleep(0.05)
+    assert run_id is not None
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    before = _events(run_id)
+    assert not any(e["kind"] == "run_succeeded" for e in before)
+
+    resumed = mp("runs", "resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["output"] == "out5"
+
+    shown = json.loads(mp("runs", "show", run_id, "--json").stdout)
+    started = [e["step"] for e in shown["events"] if e["kind"] == "step_started"]
+    assert started.count("s1") == 1
+    assert started.count("s2") == 1
+    assert [s["status"] for s in shown["steps"]] == ["succeeded"] * 5
+    assert [s["output"] for s in shown["steps"]] == [f"out{n}" for n in range(1, 6)]
+    assert shown["events"][-1]["kind"] == "run_succeeded"
+    assert [e["seq"] for e in shown["events"]] == list(range(1, len(shown["events"]) + 1))
+
+
+EDITOR = """
+import pathlib, sys
+path = pathlib.Path(sys.argv[-1])
+text = path.read_text()
+log = pathlib.Path(__file__).with_suffix(".log")
+log.write_text(log.read_text() + "\\n=====\\n" + text if log.exists() else text)
+if "# ERROR:" not in text:  # first opening: make a and b depend on each other
+    text = text.replace("depends_on: []", "depends_on: [b]", 1)
+    text = text.replace("depends_on: []", "depends_on: [a]", 1)
+else:  # reopened with the error on top: fix the cycle and retitle a
+    kept = [line for line in text.splitlines() if not line.startswith("# ERROR:")]
+    text = "\\n".join(kept).replace("depends_on: [b]", "depends_on: []")
+    text = text.replace("title: do a", "title: edited a")
+path.write_text(text)
+"""
+
+
+def test_an_invalid_edit_is_reopened_with_the_error_on_top(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    script = write_script(
+        [_planner(step("a", tools=[]), step("b", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}]
+    )
+    editor = tmp_path / "editor.py"
+    editor.write_text(EDITOR)
+    result = mp(
+        "run",
+        "two things",
+        "--model",
+        f"scripted:{script}",
+        "--json",
+        stdin="e\na\n",
+        env={"EDITOR": f"{sys.executable} {editor}", "VISUAL": ""},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "the edit is invalid: steps form a cycle" in result.stderr
+    opened = (tmp_path / "editor.log").read_text().split("\n=====\n")
+    assert len(opened) == 2
+    assert not opened[0].startswith("# ERROR:")
+    assert opened[1].startswith("# ERROR: steps form a cycle")
+    report = json.loads(result.stdout)
+    assert report["status"] == "succeeded"
+    assert report["plan"]["steps"][0]["title"] == "edited a"
+    kinds = [e["kind"] for e in _events(report["run_id"])]
+    assert kinds.index("plan_edited") < kinds.index("approved") < kinds.index("step_started")
+
+
+def test_reject_exits_1_and_read_only_commands_never_execute(write_script: Callable[..., Path]) -> None:
+    script = write_script([_planner(step("a", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}])
+    rejected = mp("run", "one thing", "--model", f"scripted:{script}", "--json", stdin="r\n")
+    assert rejected.returncode == 1, rejected.stderr
+    assert json.loads(rejected.stdout)["status"] == "cancelled"
+
+    waiting = mp("run", "another thing", "--model", f"scripted:{script}")  # no answer: input closed
+    assert waiting.returncode == 2
+    assert "no review decision" in waiting.stderr
+    listed = json.loads(mp("runs", "list", "--json").stdout)
+    assert [r["status"] for r in listed] == ["awaiting_approval", "cancelled"]
+    run_id = listed[0]["run_id"]
+    assert json.loads(mp("runs", "show", run_id, "--json").stdout)["status"] == "awaiting_approval"
+    assert json.loads(mp("runs", "list", "--json").stdout)[0]["status"] == "awaiting_approval"
+
+    cancelled = mp("runs", "cancel", run_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(mp("runs", "show", run_id, "--json").stdout)["status"] == "cancelled"
+    again = mp("runs", "cancel", run_id)
+    assert again.returncode == 1
+    assert again.stderr.strip() == f"error: run {run_id} already cancelled"
+
+
+def test_unknown_run_and_bad_options_are_clear_errors() -> None:
+    missing = mp("runs", "show", "nope-nope")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("error: no run 'nope-nope'")
+    bad = mp("run", "x", "--model", "scripted:/nonexistent.json", "--max-parallel", "0")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "error: --max-parallel must be between 1 and 64, got 0"

@@ -1,0 +1,239 @@
+"""The engine through its public API, with the scripted model: lifecycle, scheduling, faults, budgets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _plans import step
+
+from masterplanner import PlanError, RunError, Settings
+from masterplanner.engine import Engine, RunOptions
+
+FAST = RunOptions(auto_approve=True, prompt_rounds=0, retry_backoff_s=0.01)
+
+
+@pytest.fixture
+def engine(isolated: Path) -> Iterator[Engine]:
+    created = Engine(Settings.load())
+    yield created
+    created.close()
+
+
+def _planner(*steps: dict[str, Any]) -> dict[str, Any]:
+    return {"purpose": "planner", "output": {"steps": list(steps)}}
+
+
+DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
+
+
+def _kinds(engine: Engine, run_id: str) -> list[tuple[str, str | None]]:
+    return [(event.kind, event.step) for event in engine.store.events(run_id)]
+
+
+async def test_independent_steps_overlap(engine: Engine, write_script: Callable[..., Path]) -> None:
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", tools=[]), step("c", tools=[])),
+            *({"purpose": f"step:{name}", "output": f"{name} out", "delay_s": 1.0} for name in "abc"),
+            {"purpose": "aggregator", "output": "all three"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("three at once", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert final.output == "all three"
+    report = engine.report(run.id)
+    starts = [step["started_at"] for step in report["steps"]]
+    ends = [step["finished_at"] for step in report["steps"]]
+    assert [step["status"] for step in report["steps"]] == ["succeeded"] * 3
+    assert [step["output"] for step in report["steps"]] == ["a out", "b out", "c out"]
+    from datetime import datetime
+
+    span = (datetime.fromisoformat(max(ends)) - datetime.fromisoformat(min(starts))).total_seconds()
+    assert 1.0 <= span < 1.2
+    assert report["usage"]["by_purpose"]["step:a"]["calls"] == 1
+
+
+async def test_chain_passes_outputs_and_the_final_step_answers(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    plan = {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("b", "a", tools=[])]}}
+    script = write_script(
+        [
+            plan,
+            {"purpose": "step:a", "output": "A-RESULT"},
+            {"purpose": "step:b", "output": "B-RESULT"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("a then b", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert final.output == "B-RESULT"  # the only sink's output, no aggregator call
+    assert _kinds(engine, run.id) == [
+        ("run_created", None),
+        ("plan_ready", None),
+        ("approval_requested", None),
+        ("approved", None),
+        ("step_started", "a"),
+        ("step_succeeded", "a"),
+        ("step_started", "b"),
+        ("step_succeeded", "b"),
+        ("run_succeeded", None),
+    ]
+    assert "aggregator" not in engine.report(run.id)["usage"]["by_purpose"]
+
+
+async def test_garbage_output_is_retried_then_fails_and_skips_dependents(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    garbage = {"purpose": "step:a", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True}
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=[]), step("c", tools=[])),
+            garbage,
+            {"purpose": "step:c", "output": "c fine"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("fails", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "failed"
+    steps = {s["id"]: s for s in engine.report(run.id)["steps"]}
+    assert steps["a"]["status"] == "failed"
+    assert steps["a"]["attempts"] == 3
+    assert "unusable" in steps["a"]["error"]
+    assert steps["b"]["status"] == "skipped"
+    assert steps["b"]["error"] == "dependency 'a' failed"
+    assert steps["c"] == steps["c"] | {"status": "succeeded", "output": "c fine"}
+    assert final.error is not None and final.error.startswith(
+        "step a failed: the model's output was unusable"
+    )
+    assert "step b skipped: dependency 'a' failed" in final.error
+    kinds = [kind for kind, step_id in _kinds(engine, run.id) if step_id == "a"]
+    assert kinds == ["step_started", "step_retried", "step_retried", "step_failed"]
+
+
+async def test_tool_calls_write_the_workspace_and_refused_paths_reach_the_agent(
+    engine: Engine, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "link.txt").symlink_to(outside)
+    script = write_script(
+        [
+            _planner(step("w", tools=["read_file", "write_file"])),
+            {"purpose": "step:w", "tool_calls": [{"name": "read_file", "args": {"path": "link.txt"}}]},
+            {
+                "purpose": "step:w",
+                "tool_calls": [{"name": "write_file", "args": {"path": "out/a.txt", "content": "hi"}}],
+            },
+            {"purpose": "step:w", "output": "written"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("write", model=f"scripted:{script}", options=FAST, workspace=workspace)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert (workspace / "out" / "a.txt").read_text() == "hi"
+    results = [event.data for event in engine.store.events(run.id) if event.kind == "tool_result"]
+    assert results[0] == {"tool": "read_file", "error": "'link.txt' is a symlink; symlinks are not followed"}
+    assert results[1] == {"tool": "write_file", "result": "wrote 2 bytes to out/a.txt"}
+
+
+async def test_call_budget_fails_the_run_and_keeps_finished_outputs(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=[])),
+            {"purpose": "step:a", "output": "kept"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    options = RunOptions(auto_approve=True, prompt_rounds=0, max_model_calls=4)
+    run = engine.create_run("budget", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id)
+    assert final.status == "failed"
+    assert final.error == "the run used its budget of 4 model calls"
+    steps = {s["id"]: s for s in engine.report(run.id)["steps"]}
+    assert steps["a"]["output"] == "kept"
+    assert steps["b"]["status"] == "cancelled"
+    assert engine.report(run.id)["usage"]["llm_calls"] == 4
+
+
+async def test_cancel_stops_running_steps_promptly(engine: Engine, write_script: Callable[..., Path]) -> None:
+    script = write_script(
+        [_planner(step("slow", tools=[])), {"purpose": "step:slow", "output": "never", "delay_s": 30}, DRAFTS]
+    )
+    run = engine.create_run("slow", model=f"scripted:{script}", options=FAST)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    while engine.store.steps(run.id) == [] or engine.store.steps(run.id)[0].status != "running":  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    started = time.monotonic()
+    Engine(Settings.load()).request_cancel(run.id)
+    final = await asyncio.wait_for(execution, 5)
+    assert time.monotonic() - started < 2
+    assert final.status == "cancelled"
+    assert engine.store.steps(run.id)[0].status == "cancelled"
+    assert _kinds(engine, run.id)[-1] == ("run_cancelled", None)
+
+
+async def test_review_decisions(engine: Engine, write_script: Callable[..., Path]) -> None:
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
+    options = RunOptions(prompt_rounds=0)
+
+    async def reject(_run: Any) -> dict[str, Any]:
+        return {"action": "reject", "reason": "not today"}
+
+    run = engine.create_run("x", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id, review=reject)
+    assert (final.status, final.error) == ("cancelled", "rejected: not today")
+
+    edited = {"task": "x", "steps": [step("b", tools=[]), step("c", "b", tools=[])]}
+
+    async def edit(_run: Any) -> dict[str, Any]:
+        return {"action": "approve", "plan": edited}
+
+    run = engine.create_run("x", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id, review=edit)
+    assert final.status == "succeeded", final.error
+    assert [s.id for s in engine.store.steps(run.id)] == ["b", "c"]
+    assert ("plan_edited", None) in _kinds(engine, run.id)
+
+    async def cyclic(_run: Any) -> dict[str, Any]:
+        return {"action": "approve", "plan": {"task": "x", "steps": [step("a", "b"), step("b", "a")]}}
+
+    run = engine.create_run("x", model=f"scripted:{script}", options=options)
+    with pytest.raises(PlanError, match="cycle"):
+        await engine.execute(run.id, review=cyclic)
+    assert engine.store.get_run(run.id).status == "awaiting_approval"  # nothing applied
+
+
+async def test_a_run_held_by_a_live_process_is_not_executed_twice(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
+    run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
+    assert engine.store.claim(run.id, "other-host:1:abcd")
+    with pytest.raises(RunError, match="being executed by another process"):
+        await engine.execute(run.id)
+    assert engine.store.get_run(run.id).status == "planning"
+
+
+def test_bad_inputs_are_refused_before_anything_is_stored(engine: Engine) -> None:
+    with pytest.raises(PlanError, match="empty"):
+        engine.create_run("   ", model="local")
+    with pytest.raises(Exception, match="unknown model"):
+        engine.create_run("x", model="nope:x")
+    with pytest.raises(RunError, match="no run 'missing'"):
+        engine.store.get_run("missing")
+    assert engine.store.list_runs() == []
