@@ -258,6 +258,7 @@ class _Execution:
         self.model = BudgetedModel(resolve_model(run.model, self.settings), self.ledger.check)
         self.plan: Plan | None = None
         self.outputs: dict[str, str] = {}
+        self.interrupted: set[str] = set()
         self.stop_reason: str | None = None
 
     async def drive(self, review: ReviewHandler | None) -> None:
@@ -355,6 +356,7 @@ class _Execution:
             if step.status in ("succeeded", "failed", "skipped")
         }
         self.outputs = {step_id: outcome.output or "" for step_id, outcome in finished.items()}
+        self.interrupted = {step.id for step in stored if step.status == "running"}
         try:
             async with asyncio.timeout(self._wall_time_left()):
                 outcomes = await run_dag(
@@ -394,7 +396,7 @@ class _Execution:
 
     async def _run_step(self, step: Step) -> StepOutcome:
         workflow_id = f"{self.run.id}.{step.id}"
-        status = await DBOS.get_workflow_status_async(workflow_id)
+        status = await DBOS.get_workflow_status_async(workflow_id) if step.id in self.interrupted else None
         if status is None or status.status == "SUCCESS":
             # A new step runs here; a finished one returns its recorded outcome without running.
             with SetWorkflowID(workflow_id):
@@ -420,11 +422,17 @@ class _Execution:
         run_id = self.run.id
         attempts = self.options.step_attempts
 
-        def started() -> None:
-            self.store.update_step(run_id, step_id, status="running", started_at=utc_now(), attempts=1)
-            self.store.append_event(run_id, "step_started", step_id, {"tools": tools})
-
-        await self._record(started, "step_started")
+        # Plain writes, not DBOS steps: a workflow that runs again after a crash really starts
+        # again, and a finished one is never run again (its outcome is stored before it returns).
+        self.store.step_event(
+            run_id,
+            step_id,
+            "step_started",
+            {"tools": tools},
+            status="running",
+            started_at=utc_now(),
+            attempts=1,
+        )
         error = ""
         for attempt in range(1, attempts + 1):
             try:
@@ -442,13 +450,8 @@ class _Execution:
                 delay = min(self.options.retry_backoff_s * 2 ** (attempt - 1), 30.0)
 
                 def retried(attempt: int = attempt, error: str = error, delay: float = delay) -> None:
-                    self.store.update_step(run_id, step_id, attempts=attempt + 1)
-                    self.store.append_event(
-                        run_id,
-                        "step_retried",
-                        step_id,
-                        {"attempt": attempt + 1, "error": error, "delay_s": delay},
-                    )
+                    data = {"attempt": attempt + 1, "error": error, "delay_s": delay}
+                    self.store.step_event(run_id, step_id, "step_retried", data, attempts=attempt + 1)
 
                 await self._record(retried, "step_retried")
                 await DBOS.sleep_async(delay)
@@ -460,20 +463,26 @@ class _Execution:
                 error = f"{type(exc).__name__}: {exc}"
                 break
 
-            def succeeded(output: str = output) -> None:
-                self.store.update_step(
-                    run_id, step_id, status="succeeded", output=output, finished_at=utc_now()
-                )
-                self.store.append_event(run_id, "step_succeeded", step_id, {"output_chars": len(output)})
-
-            await self._record(succeeded, "step_succeeded")
+            self.store.step_event(
+                run_id,
+                step_id,
+                "step_succeeded",
+                {"output_chars": len(output)},
+                status="succeeded",
+                output=output,
+                finished_at=utc_now(),
+            )
             return {"status": "succeeded", "output": output}
 
-        def failed(error: str = error) -> None:
-            self.store.update_step(run_id, step_id, status="failed", error=error, finished_at=utc_now())
-            self.store.append_event(run_id, "step_failed", step_id, {"error": error})
-
-        await self._record(failed, "step_failed")
+        self.store.step_event(
+            run_id,
+            step_id,
+            "step_failed",
+            {"error": error},
+            status="failed",
+            error=error,
+            finished_at=utc_now(),
+        )
         return {"status": "failed", "error": error}
 
     async def _agent_attempt(self, step: Step, tools: list[str]) -> str:

@@ -362,6 +362,17 @@ class RunStore:
         self, run_id: str, kind: EventKind, step: str | None = None, data: dict[str, Any] | None = None
     ) -> Event:
         """Append one event to the run's log and return it with its sequence number."""
+        return self.step_event(run_id, step, kind, data)
+
+    def step_event(
+        self,
+        run_id: str,
+        step: str | None,
+        kind: EventKind,
+        data: dict[str, Any] | None = None,
+        **step_values: Any,
+    ) -> Event:
+        """Append an event and, in the same transaction, set columns of its step (if any are given)."""
         if kind not in EVENT_KINDS:
             raise ValueError(f"unknown event kind {kind!r}")
         payload = json.dumps(data or {}, default=str)
@@ -370,6 +381,12 @@ class RunStore:
             with self._append_lock:
                 try:
                     with self._begin("append an event") as connection:
+                        if step_values:
+                            connection.execute(
+                                steps_table.update()
+                                .where(steps_table.c.run_id == run_id, steps_table.c.step_id == step)
+                                .values(**step_values)
+                            )
                         seq = 1 + (
                             connection.scalar(
                                 sa.select(sa.func.coalesce(sa.func.max(events_table.c.seq), 0)).where(
@@ -406,29 +423,31 @@ class RunStore:
     def add_usage(
         self, run_id: str, purpose: str, *, input_tokens: int, output_tokens: int, seconds: float
     ) -> None:
-        """Count one model call of `purpose` against the run."""
-        with self._append_lock, self._begin("record usage") as connection:
-            updated = connection.execute(
-                usage_table.update()
-                .where(usage_table.c.run_id == run_id, usage_table.c.purpose == purpose)
-                .values(
-                    calls=usage_table.c.calls + 1,
-                    input_tokens=usage_table.c.input_tokens + input_tokens,
-                    output_tokens=usage_table.c.output_tokens + output_tokens,
-                    seconds=usage_table.c.seconds + seconds,
-                )
-            )
-            if updated.rowcount == 0:
-                connection.execute(
-                    usage_table.insert().values(
-                        run_id=run_id,
-                        purpose=purpose,
-                        calls=1,
-                        input_tokens=input_tokens,
-                        output_tokens=output_tokens,
-                        seconds=seconds,
-                    )
-                )
+        """Count one model call of `purpose` against the run (one upsert)."""
+        values = {
+            "run_id": run_id,
+            "purpose": purpose,
+            "calls": 1,
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "seconds": seconds,
+        }
+        if self.engine.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+        statement = insert(usage_table).values(**values)
+        statement = statement.on_conflict_do_update(
+            index_elements=[usage_table.c.run_id, usage_table.c.purpose],
+            set_={
+                "calls": usage_table.c.calls + 1,
+                "input_tokens": usage_table.c.input_tokens + input_tokens,
+                "output_tokens": usage_table.c.output_tokens + output_tokens,
+                "seconds": usage_table.c.seconds + seconds,
+            },
+        )
+        with self._begin("record usage") as connection:
+            connection.execute(statement)
 
     def usage(self, run_id: str) -> dict[str, Any]:
         """`{"llm_calls", "input_tokens", "output_tokens", "by_purpose": {purpose: {...}}}`."""
