@@ -65,7 +65,8 @@ def _events(run_id: str) -> list[dict[str, Any]]:
         engine.close()
 
 
-def test_kill_9_then_resume_never_repeats_finished_steps(write_script: Callable[..., Path]) -> None:
+def _chain_killed_after_s2(write_script: Callable[..., Path]) -> str:
+    """Start a 5-step scripted chain, `kill -9` it once step s2 has finished; return the run id."""
     chain = [step("s1", tools=[])] + [step(f"s{n}", f"s{n - 1}", tools=[]) for n in range(2, 6)]
     script = write_script(
         [
@@ -86,13 +87,14 @@ def test_kill_9_then_resume_never_repeats_finished_steps(write_script: Callable[
             "--yes",
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        stderr=subprocess.DEVNULL,
     )
     run_id = None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        runs = Engine(Settings.load()).store.list_runs()
+        engine = Engine(Settings.load())
+        runs = engine.store.list_runs()
+        engine.close()
         if runs:
             run_id = runs[0].id
             if any(e["kind"] == "step_succeeded" and e["step"] == "s2" for e in _events(run_id)):
@@ -101,13 +103,11 @@ def test_kill_9_then_resume_never_repeats_finished_steps(write_script: Callable[
     assert run_id is not None
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    before = _events(run_id)
-    assert not any(e["kind"] == "run_succeeded" for e in before)
+    assert not any(e["kind"] == "run_succeeded" for e in _events(run_id))
+    return run_id
 
-    resumed = mp("runs", "resume", run_id, "--json")
-    assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["output"] == "out5"
 
+def _assert_resumed_without_repeats(run_id: str) -> None:
     shown = json.loads(mp("runs", "show", run_id, "--json").stdout)
     started = [e["step"] for e in shown["events"] if e["kind"] == "step_started"]
     assert started.count("s1") == 1
@@ -116,6 +116,24 @@ def test_kill_9_then_resume_never_repeats_finished_steps(write_script: Callable[
     assert [s["output"] for s in shown["steps"]] == [f"out{n}" for n in range(1, 6)]
     assert shown["events"][-1]["kind"] == "run_succeeded"
     assert [e["seq"] for e in shown["events"]] == list(range(1, len(shown["events"]) + 1))
+
+
+def test_kill_9_then_resume_never_repeats_finished_steps(write_script: Callable[..., Path]) -> None:
+    run_id = _chain_killed_after_s2(write_script)
+    resumed = mp("runs", "resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["output"] == "out5"
+    _assert_resumed_without_repeats(run_id)
+
+
+def test_the_next_run_resumes_a_crashed_run(write_script: Callable[..., Path]) -> None:
+    crashed = _chain_killed_after_s2(write_script)
+    script = write_script([_planner(step("x", tools=[])), {"purpose": "*", "repeat": True}])
+    result = mp("run", "something else", "--model", f"scripted:{script}", "--yes", "--json")
+    assert result.returncode == 0, result.stderr
+    assert f"resuming run {crashed}, interrupted by a crash" in result.stderr
+    assert f"run {crashed}: succeeded" in result.stderr
+    _assert_resumed_without_repeats(crashed)
 
 
 EDITOR = """

@@ -237,3 +237,29 @@ def test_bad_inputs_are_refused_before_anything_is_stored(engine: Engine) -> Non
     with pytest.raises(RunError, match="no run 'missing'"):
         engine.store.get_run("missing")
     assert engine.store.list_runs() == []
+
+
+async def test_step_timeout_and_wall_time_budget(engine: Engine, write_script: Callable[..., Path]) -> None:
+    slow = [_planner(step("a", tools=[])), {"purpose": "step:a", "output": "late", "delay_s": 5}, DRAFTS]
+    options = RunOptions(auto_approve=True, prompt_rounds=0, step_timeout_s=0.3)
+    run = engine.create_run("slow step", model=f"scripted:{write_script(slow)}", options=options)
+    final = await engine.execute(run.id)
+    assert (final.status, final.error) == ("failed", "step a failed: timed out after 0.3 s")
+
+    options = RunOptions(auto_approve=True, prompt_rounds=0, max_wall_s=0.3)
+    run = engine.create_run("slow run", model=f"scripted:{write_script(slow)}", options=options)
+    final = await engine.execute(run.id)
+    assert (final.status, final.error) == ("failed", "the run used its wall-time budget of 0.3 s")
+    assert engine.store.steps(run.id)[0].status == "cancelled"
+
+
+def test_an_unusable_database_is_a_clear_error(isolated: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(RunError, match="cannot create"):
+        Engine(Settings.load(database_url=f"sqlite:///{blocker}/runs.sqlite"))
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(RunError, match=r"garbage\.sqlite: cannot create its tables: file is not a database"):
+        Engine(Settings.load(database_url=f"sqlite:///{garbage}"))
+    assert garbage.read_bytes() == b"this is not a database" * 100

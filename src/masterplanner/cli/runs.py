@@ -142,11 +142,24 @@ async def _execute_with_progress(engine: Engine, run_id: str) -> RunRecord:
             paused.set()
 
     follower = asyncio.ensure_future(follow())
+    crashed = [other for other in engine.store.crashed_runs() if other != run_id]
+    for other in crashed:
+        out.print(f"resuming run {other}, interrupted by a crash, beside this one", highlight=False)
     try:
-        final = await engine.execute(run_id, review=review)
+        results = await asyncio.gather(
+            engine.execute(run_id, review=review),
+            *(engine.execute(other) for other in crashed),
+            return_exceptions=True,
+        )
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
+    for other, result in zip(crashed, results[1:], strict=True):
+        status = result.status if not isinstance(result, BaseException) else f"not resumed: {result}"
+        out.print(f"run {other}: {status}", highlight=False)
+    if isinstance(results[0], BaseException):
+        raise results[0]
+    final = results[0]
     show(engine.store.events(run_id, after=seen))
     if final.error:
         out.print(f"[red]{escape(final.error)}[/]", highlight=False)

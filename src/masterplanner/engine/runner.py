@@ -109,8 +109,11 @@ class Engine:
         self.settings = settings
         self.debug = debug
         if settings.database_url.startswith("sqlite:///"):
-            settings.ensure_home()
-            Path(settings.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            folder = Path(settings.database_url.removeprefix("sqlite:///")).parent
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RunError(f"database folder {folder}: cannot create: {exc.strerror}") from None
         self.store = RunStore(settings.database_url)
         self.owner = process_identity()
         self._launched = False

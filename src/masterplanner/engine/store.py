@@ -155,7 +155,7 @@ class RunStore:
                 yield connection
         except sa.exc.IntegrityError:
             raise
-        except sa.exc.OperationalError as exc:
+        except sa.exc.DBAPIError as exc:  # unreachable, unwritable, full, locked or not a database
             raise RunError(f"database {self.url}: cannot {action}: {exc.orig}") from None
 
     def _migrate(self) -> None:
@@ -300,6 +300,16 @@ class RunStore:
         if row is None or row[0] is None:
             return False
         return (row[1] or 0) >= time.time() - LEASE_SECONDS and not _owner_is_gone(row[0])
+
+    def crashed_runs(self) -> list[str]:
+        """Runs left `running` by a process of this host that died without releasing them."""
+        with self._begin("list runs") as connection:
+            rows = connection.execute(
+                sa.select(runs_table.c.id, runs_table.c.owner).where(
+                    runs_table.c.status == "running", runs_table.c.owner.is_not(None)
+                )
+            ).all()
+        return [run_id for run_id, owner in rows if _owner_is_gone(owner)]
 
     # ---- steps
 
