@@ -173,6 +173,31 @@ def _check_sandbox() -> Iterator[Check]:
     yield _check_user_namespaces()
 
 
+def _check_sandbox_runs(settings: Settings) -> Check:
+    """Run a trivial program in the real jail, in a scratch workspace under the home directory."""
+    import asyncio
+    import tempfile
+
+    from .sandbox import run_in_sandbox, sandbox_problems
+
+    name = "sandbox: ready"
+    problems = sandbox_problems()
+    if problems:
+        return Check(name, False, False, "; ".join(problems), "apt-get install -y bubblewrap")
+    try:
+        scratch_root = settings.ensure_home() / "workspaces"
+        scratch_root.mkdir(exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=scratch_root, prefix="doctor-") as scratch:
+            result = asyncio.run(run_in_sandbox(["/usr/bin/true"], Path(scratch)))
+    except (MasterplannerError, OSError) as exc:
+        return Check(name, False, False, str(exc), "masterplanner doctor --debug")
+    if result.exit_code != 0:
+        return Check(name, False, False, f"a trivial program failed: {result.stderr.strip()}", "")
+    return Check(
+        name, True, False, f"code runs jailed (bubblewrap, seccomp, rlimits) in {result.seconds:.3f} s"
+    )
+
+
 def _check_user_namespaces() -> Check:
     # (file, smallest value that allows unprivileged user namespaces)
     limits = (("/proc/sys/user/max_user_namespaces", 1), ("/proc/sys/kernel/unprivileged_userns_clone", 1))
@@ -212,4 +237,5 @@ def run_checks(settings: Settings, on_start: Callable[[str], None] | None = None
     checks.append(_check_database(settings))
     note("sandbox")
     checks.extend(_check_sandbox())
+    checks.append(_check_sandbox_runs(settings))
     return checks

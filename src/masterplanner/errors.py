@@ -7,7 +7,8 @@ MasterplannerError                 anything masterplanner raises on purpose
 │   ├── ModelSpecError             a model spec string has no known form
 │   ├── MissingCredentialError     a provider needs an environment variable that is not set
 │   ├── ModelFileError             a GGUF model file is missing or cannot be loaded
-│   └── ScriptError                a scripted-model file is missing or malformed
+│   ├── ScriptError                a scripted-model file is missing or malformed
+│   └── SandboxError               the code sandbox cannot start here (it never runs code unconfined)
 ├── PlanError                      a plan (from a model, a file or an edit) is invalid (exit code 2)
 ├── ToolError                      a tool refused or failed a call (the agent is told; exit code 1)
 ├── RunError                       a run cannot be found, resumed, cancelled or stored (exit code 1)
@@ -35,6 +36,7 @@ __all__ = [
     "ModelSpecError",
     "PlanError",
     "RunError",
+    "SandboxError",
     "ScriptError",
     "ScriptExhaustedError",
     "SettingsError",
@@ -83,6 +85,10 @@ class ModelFileError(ConfigError):
 
 class ScriptError(ConfigError):
     """A scripted-model file is missing or does not follow the script format."""
+
+
+class SandboxError(ConfigError):
+    """The code sandbox cannot start on this machine; the message says why and how to fix it."""
 
 
 class PlanError(MasterplannerError):

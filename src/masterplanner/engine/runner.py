@@ -15,6 +15,7 @@ stored step states on resume (see docs/architecture.md, "Engine").
 from __future__ import annotations
 
 import asyncio
+import inspect
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -354,7 +355,7 @@ class _Execution:
             self.store.init_steps(self.run.id, plan.ids)
             stored = self.store.steps(self.run.id)
         finished = {
-            step.id: StepOutcome(step.status, step.output, step.error)  # type: ignore[arg-type]
+            step.id: StepOutcome(step.status, step.output, step.error)
             for step in stored
             if step.status in ("succeeded", "failed", "skipped")
         }
@@ -512,21 +513,32 @@ class _Execution:
         aids = tool_aids(self.plan, step, tools, self.workspace)
         return BudgetedModel(inner.aided(aids), self.ledger.check) if aids is not None else self.model
 
-    def _tool_runner(self, step: Step) -> Callable[[str, dict[str, Any], Callable[[], str]], Awaitable[str]]:
+    def _tool_runner(
+        self, step: Step
+    ) -> Callable[[str, dict[str, Any], Callable[[], str | Awaitable[str]]], Awaitable[str]]:
         run_id = self.run.id
 
-        async def run_tool(name: str, arguments: dict[str, Any], call: Callable[[], str]) -> str:
-            def checkpointed() -> tuple[bool, str]:
-                shown = {
-                    key: (value if len(str(value)) <= 200 else f"{str(value)[:200]}…")
-                    for key, value in arguments.items()
-                }
+        async def run_tool(
+            name: str, arguments: dict[str, Any], call: Callable[[], str | Awaitable[str]]
+        ) -> str:
+            async def checkpointed() -> tuple[bool, str]:
+                shown = {key: _shorten(value) for key, value in arguments.items()}
                 self.store.append_event(run_id, "tool_called", step.id, {"tool": name, "arguments": shown})
                 try:
                     result = call()
+                    if inspect.isawaitable(result):
+                        result = await result
                 except ToolError as exc:
                     self.store.append_event(run_id, "tool_result", step.id, {"tool": name, "error": str(exc)})
                     return False, str(exc)
+                except Exception as exc:
+                    self.store.append_event(
+                        run_id,
+                        "tool_result",
+                        step.id,
+                        {"tool": name, "error": f"{type(exc).__name__}: {exc}"},
+                    )
+                    raise
                 self.store.append_event(
                     run_id, "tool_result", step.id, {"tool": name, "result": result[:500]}
                 )
@@ -555,6 +567,11 @@ class _Execution:
         )
         result = await agent.run(f"Task: {plan.task}\n\nResults of the steps:\n\n{sections}")
         return result.output
+
+
+def _shorten(value: Any, limit: int = 200) -> Any:
+    text = str(value)
+    return value if len(text) <= limit else f"{text[:limit]}…"
 
 
 def _describe(exc: BaseException) -> str:

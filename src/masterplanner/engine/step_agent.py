@@ -13,6 +13,7 @@ from pydantic_ai.settings import ModelSettings
 
 from ..models.local import ToolAids
 from ..plan import Plan, Step, sinks
+from ..tools.code_execution import execute_code, format_result
 from ..tools.workspace import Workspace
 
 __all__ = [
@@ -26,7 +27,7 @@ __all__ = [
     "workspace_tools",
 ]
 
-RUNNABLE_TOOLS = ("read_file", "write_file", "list_files")
+RUNNABLE_TOOLS = ("code_execution", "read_file", "write_file", "list_files")
 """The catalog tools step agents can run in this version (the tools issue adds the rest)."""
 
 _FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{0,7})(?![\w/-])")
@@ -105,7 +106,7 @@ def step_brief(
     return "\n".join(lines)
 
 
-ToolRunner = Callable[[str, dict[str, Any], Callable[[], str]], Awaitable[str]]
+ToolRunner = Callable[[str, dict[str, Any], Callable[[], str | Awaitable[str]]], Awaitable[str]]
 """Runs one tool call (checkpointed, logged) and returns its result text."""
 
 
@@ -146,7 +147,33 @@ def workspace_tools(workspace: Workspace, names: list[str], run_tool: ToolRunner
 
         return await run_tool("list_files", {"path": path}, listing)
 
+    async def code_execution(
+        code: str, language: str = "python", stdin: str = "", timeout_s: float = 30
+    ) -> str:
+        """Run a program in an isolated sandbox whose working directory is the workspace.
+
+        Files the program writes land in the workspace. No network. Returns the exit code,
+        stdout and stderr.
+
+        Args:
+            code: the program's source
+            language: python, bash or javascript
+            stdin: text given to the program on standard input
+            timeout_s: seconds before the program is killed (at most 120)
+        """
+
+        async def run() -> str:
+            result = await execute_code(workspace, language, code, stdin=stdin, timeout_s=timeout_s)
+            return format_result(result)
+
+        return await run_tool(
+            "code_execution",
+            {"language": language, "code": code, "stdin": stdin, "timeout_s": timeout_s},
+            run,
+        )
+
     available: dict[str, Callable[..., Any]] = {
+        "code_execution": code_execution,
         "read_file": read_file,
         "write_file": write_file,
         "list_files": list_files,

@@ -1,0 +1,92 @@
+"""A run whose step computes with `code_execution` and writes the result with `write_file`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from masterplanner.sandbox import sandbox_problems
+
+pytestmark = pytest.mark.security
+
+PRIMES_CODE = (
+    "import os\n"
+    "primes = [n for n in range(2, 30) if all(n % d for d in range(2, n))][:10]\n"
+    "print(' '.join(map(str, primes)))\n"
+    "print('uid', os.getuid())\n"
+)
+
+
+def test_primes_computed_in_the_sandbox_land_in_the_workspace(write_script: Callable[..., Path]) -> None:
+    if sandbox_problems():
+        if os.environ.get("CI"):
+            pytest.fail("; ".join(sandbox_problems()))
+        pytest.skip("; ".join(sandbox_problems()))
+    step = {
+        "id": "primes",
+        "title": "first ten primes",
+        "instruction": "Compute the first 10 primes with Python and write them to primes.txt",
+        "agent_role": "programmer",
+        "tools": ["code_execution", "write_file"],
+        "depends_on": [],
+        "expected_output": "primes.txt",
+    }
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step]}},
+            {
+                "purpose": "step:primes",
+                "tool_calls": [{"name": "code_execution", "args": {"code": PRIMES_CODE}}],
+            },
+            {
+                "purpose": "step:primes",
+                "tool_calls": [
+                    {
+                        "name": "write_file",
+                        "args": {"path": "primes.txt", "content": "2 3 5 7 11 13 17 19 23 29\n"},
+                    }
+                ],
+            },
+            {"purpose": "step:primes", "output": "wrote primes.txt"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "masterplanner",
+            "run",
+            "primes",
+            "--model",
+            f"scripted:{script}",
+            "--yes",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    workspace = Path(report["workspace"])
+    assert (workspace / "primes.txt").read_text() == "2 3 5 7 11 13 17 19 23 29\n"
+    shown = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "masterplanner", "runs", "show", report["run_id"], "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    executed = next(e["data"] for e in shown["events"] if e["kind"] == "tool_result")
+    assert executed["tool"] == "code_execution"
+    stdout = executed["result"].split("--- stdout ---\n")[1].splitlines()
+    assert stdout[0] == "2 3 5 7 11 13 17 19 23 29"
+    assert stdout[1].startswith("uid ") and stdout[1] != "uid 0"  # it ran as an unprivileged sandbox uid
