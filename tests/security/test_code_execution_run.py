@@ -90,3 +90,16 @@ def test_primes_computed_in_the_sandbox_land_in_the_workspace(write_script: Call
     stdout = executed["result"].split("--- stdout ---\n")[1].splitlines()
     assert stdout[0] == "2 3 5 7 11 13 17 19 23 29"
     assert stdout[1].startswith("uid ") and stdout[1] != "uid 0"  # it ran as an unprivileged sandbox uid
+
+
+def test_doctor_reports_the_sandbox_ready() -> None:
+    if sandbox_problems():
+        if os.environ.get("CI"):
+            pytest.fail("; ".join(sandbox_problems()))
+        pytest.skip("; ".join(sandbox_problems()))
+    result = subprocess.run(
+        [sys.executable, "-m", "masterplanner", "doctor", "--json"], capture_output=True, text=True, timeout=120
+    )
+    checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    assert checks["sandbox: ready"]["ok"] is True
+    assert checks["sandbox: ready"]["detail"].startswith("code runs jailed")
