@@ -98,7 +98,10 @@ def test_doctor_reports_the_sandbox_ready() -> None:
             pytest.fail("; ".join(sandbox_problems()))
         pytest.skip("; ".join(sandbox_problems()))
     result = subprocess.run(
-        [sys.executable, "-m", "masterplanner", "doctor", "--json"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "masterplanner", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
     assert checks["sandbox: ready"]["ok"] is True
