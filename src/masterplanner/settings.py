@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     local_context_tokens: int = Field(8192, ge=512, le=131072, description="llama.cpp context size")
     local_threads: int | None = Field(None, ge=1, le=256, description="llama.cpp threads; empty = all cores")
     local_max_output_tokens: int = Field(2048, ge=16, le=32768, description="cap on one local generation")
+    http_allowed_domains: list[str] = Field(
+        default_factory=list, description="domains (and subdomains) http_request may reach; '*' for any"
+    )
+    http_allow_loopback: bool = Field(
+        False, description="let http_request reach 127.0.0.1 / ::1 (tests only)"
+    )
 
     @model_validator(mode="after")
     def _resolve_paths(self) -> Settings:

@@ -74,3 +74,22 @@ def test_special_and_oversized_files(workspace: Workspace) -> None:
         workspace.read_file("big.txt")
     with pytest.raises(ToolError, match="does not exist"):
         workspace.read_file("missing.txt")
+
+
+def test_delete_file_removes_files_and_links_but_never_targets_or_folders(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    target = tmp_path / "keep.txt"
+    target.write_text("keep")
+    (workspace.root / "link.txt").symlink_to(target)
+    workspace.write_file("sub/a.txt", "a")
+    assert workspace.delete_file("link.txt") == "deleted link.txt"
+    assert target.read_text() == "keep"
+    assert workspace.delete_file("sub/a.txt") == "deleted sub/a.txt"
+    with pytest.raises(ToolError, match="is a directory"):
+        workspace.delete_file("sub")
+    with pytest.raises(ToolError, match="does not exist"):
+        workspace.delete_file("sub/a.txt")
+    with pytest.raises(ToolError, match=r"contains '\.\.'"):
+        workspace.delete_file("../keep.txt")
+    assert target.exists()

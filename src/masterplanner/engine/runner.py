@@ -45,6 +45,7 @@ from ..prompting import create_prompts, prompts_to_json
 from ..purpose import step_purpose
 from ..settings import Settings
 from ..tools import Catalog, builtin_catalog
+from ..tools.http import HttpPolicy
 from ..tools.workspace import Workspace
 from .budget import RunLedger
 from .checkpoints import CheckpointedModel
@@ -56,8 +57,8 @@ from .step_agent import (
     BudgetedModel,
     step_brief,
     step_instructions,
+    step_tools,
     tool_aids,
-    workspace_tools,
 )
 from .store import RunStore, process_identity
 
@@ -258,6 +259,10 @@ class _Execution:
         self.options = run.options
         self.catalog = run_catalog()
         self.workspace = Workspace(run.workspace).create()
+        self.http = HttpPolicy(
+            allowed_domains=tuple(self.settings.http_allowed_domains),
+            allow_loopback=self.settings.http_allow_loopback,
+        )
         self.ledger = RunLedger(self.store, run.id, run.options)
         self.model = BudgetedModel(resolve_model(run.model, self.settings), self.ledger.check)
         self.plan: Plan | None = None
@@ -495,7 +500,7 @@ class _Execution:
         agent: Agent[None, str] = Agent(
             CheckpointedModel(labelled(self._step_model(step, tools), step_purpose(step.id), self.ledger)),
             instructions=step_instructions(step, prompt),
-            tools=workspace_tools(self.workspace, tools, self._tool_runner(step)),
+            tools=step_tools(self.workspace, self.http, tools, self._tool_runner(step)),
             retries=2,
         )
         brief = step_brief(

@@ -14,6 +14,8 @@ from pydantic_ai.settings import ModelSettings
 from ..models.local import ToolAids
 from ..plan import Plan, Step, sinks
 from ..tools.code_execution import execute_code, format_result
+from ..tools.http import HttpPolicy
+from ..tools.http import http_request as fetch
 from ..tools.workspace import Workspace
 
 __all__ = [
@@ -23,11 +25,11 @@ __all__ = [
     "mentioned_file_names",
     "step_brief",
     "step_instructions",
+    "step_tools",
     "tool_aids",
-    "workspace_tools",
 ]
 
-RUNNABLE_TOOLS = ("code_execution", "read_file", "write_file", "list_files")
+RUNNABLE_TOOLS = ("code_execution", "read_file", "write_file", "list_files", "delete_file", "http_request")
 """The catalog tools step agents can run in this version (the tools issue adds the rest)."""
 
 _FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{0,7})(?![\w/-])")
@@ -110,8 +112,10 @@ ToolRunner = Callable[[str, dict[str, Any], Callable[[], str | Awaitable[str]]],
 """Runs one tool call (checkpointed, logged) and returns its result text."""
 
 
-def workspace_tools(workspace: Workspace, names: list[str], run_tool: ToolRunner) -> list[Callable[..., Any]]:
-    """The step's file tools, each going through `run_tool`."""
+def step_tools(
+    workspace: Workspace, http: HttpPolicy, names: list[str], run_tool: ToolRunner
+) -> list[Callable[..., Any]]:
+    """The step's tools, each call going through `run_tool`."""
 
     async def read_file(path: str) -> str:
         """Read a text file from the workspace.
@@ -131,6 +135,14 @@ def workspace_tools(workspace: Workspace, names: list[str], run_tool: ToolRunner
         return await run_tool(
             "write_file", {"path": path, "content": content}, lambda: workspace.write_file(path, content)
         )
+
+    async def delete_file(path: str) -> str:
+        """Delete a file from the workspace (folders are not deleted).
+
+        Args:
+            path: the file's path relative to the workspace
+        """
+        return await run_tool("delete_file", {"path": path}, lambda: workspace.delete_file(path))
 
     async def list_files(path: str = ".") -> str:
         """List the files and directories of a workspace directory.
@@ -172,9 +184,28 @@ def workspace_tools(workspace: Workspace, names: list[str], run_tool: ToolRunner
             run,
         )
 
+    async def http_request(
+        url: str, method: str = "GET", headers: dict[str, str] | None = None, body: str | None = None
+    ) -> str:
+        """Make an HTTP(S) request to an allowed domain and return the status, headers and body.
+
+        Args:
+            url: the full URL, e.g. https://example.com/data.json
+            method: GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS
+            headers: request headers
+            body: request body text
+        """
+
+        async def call() -> str:
+            return (await fetch(http, method, url, headers, body)).describe()
+
+        return await run_tool("http_request", {"method": method, "url": url, "headers": headers or {}}, call)
+
     available: dict[str, Callable[..., Any]] = {
+        "http_request": http_request,
         "code_execution": code_execution,
         "read_file": read_file,
+        "delete_file": delete_file,
         "write_file": write_file,
         "list_files": list_files,
     }

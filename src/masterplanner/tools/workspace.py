@@ -162,6 +162,19 @@ class Workspace:
             kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
             raise ToolError(f"{path!r} is {kind}; write_file only creates or replaces regular files")
 
+    def delete_file(self, path: str) -> str:
+        """Remove a file (or a symlink itself, never its target) from the workspace; not folders."""
+        parts = _parts(path)
+        with self._directory(parts[:-1]) as directory:
+            try:
+                info = os.stat(parts[-1], dir_fd=directory, follow_symlinks=False)
+            except FileNotFoundError:
+                raise ToolError(f"file {path!r} does not exist in the workspace") from None
+            if stat.S_ISDIR(info.st_mode):
+                raise ToolError(f"{path!r} is a directory; delete_file removes files only")
+            os.unlink(parts[-1], dir_fd=directory)
+        return f"deleted {'/'.join(parts)}"
+
     def is_file(self, path: str) -> bool:
         """Whether `path` is a regular file in the workspace (reached without following symlinks)."""
         try:
