@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     )
     http_allow_loopback: bool = Field(
         False, description="let http_request reach 127.0.0.1 / ::1 (tests only)"
+    )
+    tool_policies: dict[str, Literal["auto", "ask", "deny"]] = Field(
+        default_factory=dict, description="approval policy per tool, overriding the catalog's"
     )
 
     @model_validator(mode="after")

@@ -263,3 +263,64 @@ def test_an_unusable_database_is_a_clear_error(isolated: Path, tmp_path: Path) -
     with pytest.raises(RunError, match=r"garbage\.sqlite: cannot create its tables: file is not a database"):
         Engine(Settings.load(database_url=f"sqlite:///{garbage}"))
     assert garbage.read_bytes() == b"this is not a database" * 100
+
+
+async def test_tool_approval_policies(
+    engine: Engine, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    calls = [
+        {
+            "purpose": "step:w",
+            "tool_calls": [{"name": "write_file", "args": {"path": "a.txt", "content": "A"}}],
+        },
+        {"purpose": "step:w", "output": "done"},
+    ]
+    plan = _planner(step("w", tools=["write_file"]))
+    asked: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def say(answer: bool) -> Any:
+        async def approve(step_id: str, tool: str, arguments: dict[str, Any]) -> bool:
+            asked.append((step_id, tool, arguments))
+            return answer
+
+        return approve
+
+    cases = [
+        (
+            {"write_file": "ask"},
+            False,
+            True,
+            ["tool_approval_requested", "tool_approved", "tool_called", "tool_result"],
+        ),
+        ({"write_file": "ask"}, False, False, ["tool_approval_requested", "tool_denied"]),
+        ({"write_file": "deny"}, False, True, ["tool_denied"]),
+        ({"write_file": "ask"}, True, False, ["tool_called", "tool_result"]),  # --yes: ask becomes auto
+    ]
+    for number, (policies, auto, answer, expected) in enumerate(cases):
+        asked.clear()
+        workspace = tmp_path / f"ws-{number}"
+        options = RunOptions(auto_approve=auto, prompt_rounds=0, tool_policies=policies)
+        run = engine.create_run(
+            "w",
+            model=f"scripted:{write_script([plan, *calls, DRAFTS])}",
+            options=options,
+            workspace=workspace,
+        )
+
+        async def approve_plan(_run: Any) -> dict[str, Any]:
+            return {"action": "approve"}
+
+        final = await engine.execute(run.id, review=approve_plan, approve_tool=await say(answer))
+        assert final.status == "succeeded", final.error
+        tool_events = [
+            kind for kind, step_id in _kinds(engine, run.id) if step_id == "w" and kind.startswith("tool")
+        ]
+        assert tool_events == expected, policies
+        assert (workspace / "a.txt").exists() == ("tool_result" in expected)
+        if "tool_approval_requested" in expected:
+            assert asked == [("w", "write_file", {"path": "a.txt", "content": "A"})]
+        else:
+            assert asked == []
+        denied = [e.data for e in engine.store.events(run.id) if e.kind == "tool_denied"]
+        if denied:
+            assert denied[0]["by"] == ("policy" if policies["write_file"] == "deny" else "person")

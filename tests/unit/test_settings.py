@@ -59,7 +59,10 @@ def test_unknown_key_names_file_and_known_keys(isolated: Path) -> None:
         Settings.load()
     message = str(caught.value)
     assert f"unknown setting 'modle' in {path}" in message
-    assert "known: database_url, home, local_context_tokens" in message
+    assert message.endswith(
+        "known: database_url, home, http_allow_loopback, http_allowed_domains, local_context_tokens, "
+        "local_max_output_tokens, local_threads, model, tool_policies"
+    )
 
 
 def test_invalid_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,3 +95,13 @@ def test_ensure_home_creates_it(isolated: Path) -> None:
 def test_database_url_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", "postgresql://127.0.0.1:5432/test")
     assert Settings.load().database_url == "postgresql://127.0.0.1:5432/test"
+
+
+def test_tool_policies_and_http_allowlist_from_toml(isolated: Path) -> None:
+    write_toml(isolated, 'http_allowed_domains = ["example.com"]\n[tool_policies]\ncode_execution = "deny"\n')
+    settings = Settings.load()
+    assert settings.http_allowed_domains == ["example.com"]
+    assert settings.tool_policies == {"code_execution": "deny"}
+    write_toml(isolated, '[tool_policies]\ncode_execution = "maybe"\n')
+    with pytest.raises(SettingsError, match=r"setting 'tool_policies\.code_execution'"):
+        Settings.load()

@@ -90,6 +90,7 @@ def run(
         max_model_calls=max_calls,
         max_tokens=max_tokens,
         max_wall_s=max_seconds,
+        tool_policies=dict(settings.tool_policies),
     )
     record = engine.create_run(task, model=settings.model, options=options, workspace=workspace)
     console(stderr=True).print(f"[bold]run {record.id}[/] · workspace {record.workspace}", highlight=False)
@@ -141,13 +142,25 @@ async def _execute_with_progress(engine: Engine, run_id: str) -> RunRecord:
         finally:
             paused.set()
 
+    async def approve(step_id: str, tool: str, arguments: dict[str, Any]) -> bool:
+        nonlocal seen
+        paused.clear()
+        fresh = engine.store.events(run_id, after=seen)
+        if fresh:
+            seen = fresh[-1].seq
+            show(fresh)
+        try:
+            return await asyncio.to_thread(_approve_in_terminal, step_id, tool, arguments)
+        finally:
+            paused.set()
+
     follower = asyncio.ensure_future(follow())
     crashed = [other for other in engine.store.crashed_runs() if other != run_id]
     for other in crashed:
         out.print(f"resuming run {other}, interrupted by a crash, beside this one", highlight=False)
     try:
         results = await asyncio.gather(
-            engine.execute(run_id, review=review),
+            engine.execute(run_id, review=review, approve_tool=approve),
             *(engine.execute(other) for other in crashed),
             return_exceptions=True,
         )
@@ -166,6 +179,21 @@ async def _execute_with_progress(engine: Engine, run_id: str) -> RunRecord:
     return final
 
 
+def _approve_in_terminal(step_id: str, tool: str, arguments: dict[str, Any]) -> bool:
+    """Ask whether a tool call under policy `ask` may run; closed input means no."""
+    from rich.markup import escape
+
+    out = console(stderr=True)
+    out.print(f"[bold]step {escape(step_id)} wants to call {escape(tool)}[/]", highlight=False)
+    for key, value in arguments.items():
+        out.print(f"[dim]{escape(key)}:[/] {escape(str(value))}", highlight=False)
+    try:
+        answer = typer.prompt("allow this call? [y/n]", default="n", err=True)
+    except (typer.Abort, EOFError):
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
 def _event_line(event: Event) -> str:
     from rich.markup import escape
 
@@ -177,6 +205,8 @@ def _event_line(event: Event) -> str:
         detail = f" {data.get('tool')}" + (
             f" [red]{escape(str(data['error']))}[/]" if "error" in data else ""
         )
+    elif event.kind in ("tool_approval_requested", "tool_approved", "tool_denied"):
+        detail = f" {data.get('tool')}" + (f" (by {data['by']})" if "by" in data else "")
     elif event.kind in ("step_failed", "step_retried"):
         detail = f" [red]{escape(str(data.get('error', '')))}[/]"
     elif event.kind in ("run_failed", "run_cancelled", "rejected"):

@@ -5,7 +5,7 @@ runs as a DBOS workflow whose model requests and tool calls are checkpointed.
 """
 
 from .records import EVENT_KINDS, Event, RunOptions, RunRecord, StepRecord
-from .runner import Decision, Engine, ReviewHandler, run_catalog
+from .runner import Decision, Engine, ReviewHandler, ToolApprover, run_catalog
 from .scheduler import StepOutcome, run_dag
 from .store import RunStore
 
@@ -20,6 +20,7 @@ __all__ = [
     "RunStore",
     "StepOutcome",
     "StepRecord",
+    "ToolApprover",
     "run_catalog",
     "run_dag",
 ]

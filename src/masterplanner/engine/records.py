@@ -36,6 +36,9 @@ EventKind = Literal[
     "step_retried",
     "tool_called",
     "tool_result",
+    "tool_approval_requested",
+    "tool_approved",
+    "tool_denied",
     "run_succeeded",
     "run_failed",
     "run_cancelled",
@@ -79,10 +82,17 @@ class RunOptions:
     max_wall_s: float | None = 3600.0
     context_chars: int = 6000
     """Most characters of one dependency's output a step sees (the cut is marked)."""
+    tool_policies: dict[str, str] = field(default_factory=dict)
+    """Approval policy overrides by tool name (`auto`, `ask`, `deny`); the catalog gives the rest."""
 
     def to_json_dict(self) -> dict[str, Any]:
         """Plain JSON form."""
-        return dict(self.__dict__)
+        return {**self.__dict__, "tool_policies": dict(self.tool_policies)}
+
+    def policy(self, tool: str, default: str) -> str:
+        """The effective approval policy of `tool`: the override or `default`; `ask` is `auto` with --yes."""
+        policy = self.tool_policies.get(tool, default)
+        return "auto" if policy == "ask" and self.auto_approve else policy
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> RunOptions:

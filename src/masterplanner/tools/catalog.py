@@ -6,9 +6,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["BUILTIN_TOOL_NAMES", "Catalog", "SideEffect", "ToolSpec", "builtin_catalog"]
+__all__ = ["BUILTIN_TOOL_NAMES", "Approval", "Catalog", "SideEffect", "ToolSpec", "builtin_catalog"]
 
 SideEffect = Literal["read", "write", "network", "execute"]
+Approval = Literal["auto", "ask", "deny"]
+"""A tool call's approval policy: run it, ask the person first, or refuse it."""
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,7 @@ class ToolSpec:
     description: str
     args_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     side_effect: SideEffect = "read"
+    approval: Approval = "auto"
 
 
 class Catalog:
@@ -73,11 +76,12 @@ _BUILTIN = (
                 "language": {"enum": ["python", "bash", "javascript"]},
                 "code": _STRING,
                 "stdin": _STRING,
-                "timeout_s": {"type": "integer", "minimum": 1, "maximum": 600},
+                "timeout_s": {"type": "integer", "minimum": 1, "maximum": 120},
             },
             ["language", "code"],
         ),
         "execute",
+        "ask",
     ),
     ToolSpec(
         "read_file", "Read a text file from the run's workspace.", _args({"path": _STRING}, ["path"]), "read"
@@ -95,7 +99,11 @@ _BUILTIN = (
         "read",
     ),
     ToolSpec(
-        "delete_file", "Delete a file from the run's workspace.", _args({"path": _STRING}, ["path"]), "write"
+        "delete_file",
+        "Delete a file from the run's workspace.",
+        _args({"path": _STRING}, ["path"]),
+        "write",
+        "ask",
     ),
     ToolSpec(
         "http_request",
@@ -110,6 +118,7 @@ _BUILTIN = (
             ["method", "url"],
         ),
         "network",
+        "ask",
     ),
     ToolSpec(
         "web_search",
@@ -122,6 +131,7 @@ _BUILTIN = (
         "Generate an image from a text prompt and save it as a PNG in the workspace.",
         _args({"prompt": _STRING, "path": _STRING, "size": _STRING}, ["prompt", "path"]),
         "network",
+        "ask",
     ),
     ToolSpec(
         "ask_user",
