@@ -90,6 +90,11 @@ class Settings(BaseSettings):
     http_allow_loopback: bool = Field(
         False, description="let http_request reach 127.0.0.1 / ::1 (tests only)"
     )
+    web_search_backend: Literal["none", "local", "searxng", "brave", "tavily"] = Field(
+        "none", description="who answers web_search: a folder of text files, SearXNG, Brave or Tavily"
+    )
+    web_search_folder: Path | None = Field(None, description="the folder web_search_backend=local searches")
+    searxng_url: str | None = Field(None, description="base URL of a SearXNG instance (its JSON API)")
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] = Field(
         default_factory=dict, description="approval policy per tool, overriding the catalog's"
     )

@@ -46,6 +46,7 @@ from ..purpose import step_purpose
 from ..settings import Settings
 from ..tools import Catalog, builtin_catalog
 from ..tools.http import HttpPolicy
+from ..tools.web_search import SearchConfig
 from ..tools.workspace import Workspace
 from .budget import RunLedger
 from .checkpoints import CheckpointedModel
@@ -267,6 +268,11 @@ class _Execution:
         self.http = HttpPolicy(
             allowed_domains=tuple(self.settings.http_allowed_domains),
             allow_loopback=self.settings.http_allow_loopback,
+        )
+        self.search = SearchConfig(
+            backend=self.settings.web_search_backend,
+            folder=self.settings.web_search_folder,
+            searxng_url=self.settings.searxng_url,
         )
         self.ledger = RunLedger(self.store, run.id, run.options)
         self.model = BudgetedModel(resolve_model(run.model, self.settings), self.ledger.check)
@@ -505,7 +511,7 @@ class _Execution:
         agent: Agent[None, str] = Agent(
             CheckpointedModel(labelled(self._step_model(step, tools), step_purpose(step.id), self.ledger)),
             instructions=step_instructions(step, prompt),
-            tools=step_tools(self.workspace, self.http, tools, self._tool_runner(step)),
+            tools=step_tools(self.workspace, self.http, self.search, tools, self._tool_runner(step)),
             retries=2,
         )
         brief = step_brief(

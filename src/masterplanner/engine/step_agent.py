@@ -16,6 +16,8 @@ from ..plan import Plan, Step, sinks
 from ..tools.code_execution import execute_code, format_result
 from ..tools.http import HttpPolicy
 from ..tools.http import http_request as fetch
+from ..tools.web_search import SearchConfig
+from ..tools.web_search import web_search as search_web
 from ..tools.workspace import Workspace
 
 __all__ = [
@@ -29,7 +31,15 @@ __all__ = [
     "tool_aids",
 ]
 
-RUNNABLE_TOOLS = ("code_execution", "read_file", "write_file", "list_files", "delete_file", "http_request")
+RUNNABLE_TOOLS = (
+    "code_execution",
+    "read_file",
+    "write_file",
+    "list_files",
+    "delete_file",
+    "http_request",
+    "web_search",
+)
 """The catalog tools step agents can run in this version (the tools issue adds the rest)."""
 
 _FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{0,7})(?![\w/-])")
@@ -113,7 +123,7 @@ ToolRunner = Callable[[str, dict[str, Any], Callable[[], str | Awaitable[str]]],
 
 
 def step_tools(
-    workspace: Workspace, http: HttpPolicy, names: list[str], run_tool: ToolRunner
+    workspace: Workspace, http: HttpPolicy, search: SearchConfig, names: list[str], run_tool: ToolRunner
 ) -> list[Callable[..., Any]]:
     """The step's tools, each call going through `run_tool`."""
 
@@ -201,7 +211,24 @@ def step_tools(
 
         return await run_tool("http_request", {"method": method, "url": url, "headers": headers or {}}, call)
 
+    async def web_search(query: str, num_results: int = 5) -> str:
+        """Search the web (or the configured folder) and return titles, URLs and snippets.
+
+        Args:
+            query: what to search for
+            num_results: how many results (1 to 20)
+        """
+
+        async def call() -> str:
+            hits = await search_web(search, query, num_results)
+            if not hits:
+                return "no results"
+            return "\n\n".join(f"{n}. {hit.title}\n{hit.url}\n{hit.snippet}" for n, hit in enumerate(hits, 1))
+
+        return await run_tool("web_search", {"query": query, "num_results": num_results}, call)
+
     available: dict[str, Callable[..., Any]] = {
+        "web_search": web_search,
         "http_request": http_request,
         "code_execution": code_execution,
         "read_file": read_file,

@@ -1,0 +1,67 @@
+"""web_search: the offline folder backend, SearXNG's JSON API (a real local server), and clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from masterplanner import ToolError
+from masterplanner.tools.web_search import SearchConfig, SearchResult, web_search
+
+
+def test_local_folder_search_ranks_files_and_quotes_the_best_line(tmp_path: Path) -> None:
+    (tmp_path / "tides.md").write_text("# Tides\nThe moon pulls the sea.\nTides rise twice a day.\n")
+    (tmp_path / "deserts.txt").write_text("Deserts are dry.\nSand everywhere.\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "moon.md").write_text("# The Moon\nThe moon orbits the earth.\n")
+    (tmp_path / "image.png").write_bytes(b"\x89PNG moon moon moon")
+    (tmp_path / "link.md").symlink_to(tmp_path / "tides.md")
+    config = SearchConfig(backend="local", folder=tmp_path)
+    hits = asyncio.run(web_search(config, "why do tides rise", 5))
+    assert hits == [SearchResult("Tides", "tides.md", "Tides rise twice a day.")]
+    moon = asyncio.run(web_search(config, "moon", 5))
+    assert [hit.url for hit in moon] == ["sub/moon.md", "tides.md"]
+    assert asyncio.run(web_search(config, "volcano", 5)) == []
+
+
+def test_no_backend_says_how_to_configure_one() -> None:
+    with pytest.raises(ToolError, match="no web search backend is configured: set web_search_backend to local"):
+        asyncio.run(web_search(SearchConfig(), "x"))
+    with pytest.raises(ToolError, match="BRAVE_API_KEY, which is not set"):
+        asyncio.run(web_search(SearchConfig(backend="brave"), "x"))
+    with pytest.raises(ToolError, match="num_results must be between 1 and 20"):
+        asyncio.run(web_search(SearchConfig(backend="local", folder=Path(".")), "x", 50))
+
+
+@pytest.fixture
+def searxng() -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            assert self.path.startswith("/search?q=sea+tides&format=json")
+            body = json.dumps(
+                {"results": [{"title": "Tide", "url": "https://example.org/tide", "content": "Tides are..."}] * 3}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_searxng_json_api(searxng: str) -> None:
+    hits = asyncio.run(web_search(SearchConfig(backend="searxng", searxng_url=searxng), "sea tides", 2))
+    assert hits == [SearchResult("Tide", "https://example.org/tide", "Tides are...")] * 2
