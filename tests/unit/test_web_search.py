@@ -31,7 +31,9 @@ def test_local_folder_search_ranks_files_and_quotes_the_best_line(tmp_path: Path
 
 
 def test_no_backend_says_how_to_configure_one() -> None:
-    with pytest.raises(ToolError, match="no web search backend is configured: set web_search_backend to local"):
+    with pytest.raises(
+        ToolError, match="no web search backend is configured: set web_search_backend to local"
+    ):
         asyncio.run(web_search(SearchConfig(), "x"))
     with pytest.raises(ToolError, match="BRAVE_API_KEY, which is not set"):
         asyncio.run(web_search(SearchConfig(backend="brave"), "x"))
@@ -45,7 +47,12 @@ def searxng() -> Iterator[str]:
         def do_GET(self) -> None:
             assert self.path.startswith("/search?q=sea+tides&format=json")
             body = json.dumps(
-                {"results": [{"title": "Tide", "url": "https://example.org/tide", "content": "Tides are..."}] * 3}
+                {
+                    "results": [
+                        {"title": "Tide", "url": "https://example.org/tide", "content": "Tides are..."}
+                    ]
+                    * 3
+                }
             ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
