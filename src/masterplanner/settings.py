@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     )
     web_search_folder: Path | None = Field(None, description="the folder web_search_backend=local searches")
     searxng_url: str | None = Field(None, description="base URL of a SearXNG instance (its JSON API)")
+    image_model: str = Field("gpt-image-1", description="model generate_image asks for")
+    image_base_url: str | None = Field(
+        None, description="OpenAI-compatible images API base URL; empty = OpenAI"
+    )
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] = Field(
         default_factory=dict, description="approval policy per tool, overriding the catalog's"
     )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -20,6 +21,7 @@ runs_app = typer.Typer(help="List, inspect, resume and cancel runs.", no_args_is
 app.add_typer(runs_app, name="runs")
 
 _EXIT = {"succeeded": 0, "failed": 1, "cancelled": 1}
+T = TypeVar("T")
 
 
 def _debug() -> bool:
@@ -107,60 +109,67 @@ def _execute(engine: Engine, run_id: str, *, as_json: bool) -> None:
     raise typer.Exit(_EXIT.get(final.status, 0))
 
 
-async def _execute_with_progress(engine: Engine, run_id: str) -> RunRecord:
-    """Execute the run, printing its events to stderr as they are appended."""
-    from rich.markup import escape
+class _Terminal:
+    """The CLI as a run's front end.
 
-    out = console(stderr=True)
-    seen = max((event.seq for event in engine.store.events(run_id)), default=0)
-    paused = asyncio.Event()
-    paused.set()
+    It prints the run's events as they are appended, and asks the person (plan review, tool
+    approvals, agents' questions) with the event stream paused meanwhile.
+    """
 
-    def show(events: list[Event]) -> None:
-        for event in events:
-            out.print(_event_line(event), highlight=False)
+    def __init__(self, engine: Engine, run_id: str) -> None:
+        self.engine = engine
+        self.run_id = run_id
+        self.out = console(stderr=True)
+        self.seen = max((event.seq for event in engine.store.events(run_id)), default=0)
+        self.running = asyncio.Event()
+        self.running.set()
 
-    async def follow() -> None:
-        nonlocal seen
+    def flush(self) -> None:
+        """Print the events appended since the last flush."""
+        fresh = self.engine.store.events(self.run_id, after=self.seen)
+        if fresh:
+            self.seen = fresh[-1].seq
+        for event in fresh:
+            self.out.print(_event_line(event), highlight=False)
+
+    async def follow(self) -> None:
         while True:
-            await paused.wait()
-            fresh = engine.store.events(run_id, after=seen)
-            if fresh:
-                seen = fresh[-1].seq
-                show(fresh)
+            await self.running.wait()
+            self.flush()
             await asyncio.sleep(0.2)
 
-    async def review(run: RunRecord) -> Decision:
-        nonlocal seen
-        paused.clear()
-        fresh = engine.store.events(run_id, after=seen)
-        if fresh:
-            seen = fresh[-1].seq
-            show(fresh)
+    async def _ask(self, question: Callable[..., T], *args: Any) -> T:
+        self.running.clear()
+        self.flush()
         try:
-            return await asyncio.to_thread(_review_in_terminal, run)
+            return await asyncio.to_thread(question, *args)
         finally:
-            paused.set()
+            self.running.set()
 
-    async def approve(step_id: str, tool: str, arguments: dict[str, Any]) -> bool:
-        nonlocal seen
-        paused.clear()
-        fresh = engine.store.events(run_id, after=seen)
-        if fresh:
-            seen = fresh[-1].seq
-            show(fresh)
-        try:
-            return await asyncio.to_thread(_approve_in_terminal, step_id, tool, arguments)
-        finally:
-            paused.set()
+    async def review(self, run: RunRecord) -> Decision:
+        return await self._ask(_review_in_terminal, run)
 
-    follower = asyncio.ensure_future(follow())
+    async def approve(self, step_id: str, tool: str, arguments: dict[str, Any]) -> bool:
+        return await self._ask(_approve_in_terminal, step_id, tool, arguments)
+
+    async def answer(self, question: str) -> str:
+        return await self._ask(_answer_in_terminal, question)
+
+
+async def _execute_with_progress(engine: Engine, run_id: str) -> RunRecord:
+    """Execute the run in this terminal; also resume, beside it, runs left behind by a crash."""
+    from rich.markup import escape
+
+    terminal = _Terminal(engine, run_id)
+    follower = asyncio.ensure_future(terminal.follow())
     crashed = [other for other in engine.store.crashed_runs() if other != run_id]
     for other in crashed:
-        out.print(f"resuming run {other}, interrupted by a crash, beside this one", highlight=False)
+        terminal.out.print(f"resuming run {other}, interrupted by a crash, beside this one", highlight=False)
     try:
         results = await asyncio.gather(
-            engine.execute(run_id, review=review, approve_tool=approve),
+            engine.execute(
+                run_id, review=terminal.review, approve_tool=terminal.approve, ask_person=terminal.answer
+            ),
             *(engine.execute(other) for other in crashed),
             return_exceptions=True,
         )
@@ -169,13 +178,13 @@ async def _execute_with_progress(engine: Engine, run_id: str) -> RunRecord:
         await asyncio.gather(follower, return_exceptions=True)
     for other, result in zip(crashed, results[1:], strict=True):
         status = result.status if not isinstance(result, BaseException) else f"not resumed: {result}"
-        out.print(f"run {other}: {status}", highlight=False)
+        terminal.out.print(f"run {other}: {status}", highlight=False)
     if isinstance(results[0], BaseException):
         raise results[0]
     final = results[0]
-    show(engine.store.events(run_id, after=seen))
+    terminal.flush()
     if final.error:
-        out.print(f"[red]{escape(final.error)}[/]", highlight=False)
+        terminal.out.print(f"[red]{escape(final.error)}[/]", highlight=False)
     return final
 
 
@@ -192,6 +201,17 @@ def _approve_in_terminal(step_id: str, tool: str, arguments: dict[str, Any]) -> 
     except (typer.Abort, EOFError):
         return False
     return answer.strip().lower() in ("y", "yes")
+
+
+def _answer_in_terminal(question: str) -> str:
+    """Put an agent's question to the person; closed input gives an empty answer."""
+    from rich.markup import escape
+
+    console(stderr=True).print(f"[bold]an agent asks:[/] {escape(question)}", highlight=False)
+    try:
+        return str(typer.prompt("your answer", default="", err=True, show_default=False))
+    except (typer.Abort, EOFError):
+        return ""
 
 
 def _event_line(event: Event) -> str:

@@ -46,6 +46,7 @@ from ..purpose import step_purpose
 from ..settings import Settings
 from ..tools import Catalog, builtin_catalog
 from ..tools.http import HttpPolicy
+from ..tools.images import ImageConfig
 from ..tools.web_search import SearchConfig
 from ..tools.workspace import Workspace
 from .budget import RunLedger
@@ -58,9 +59,9 @@ from .step_agent import (
     BudgetedModel,
     step_brief,
     step_instructions,
-    step_tools,
     tool_aids,
 )
+from .step_tools import ToolContext, step_tools
 from .store import RunStore, process_identity
 
 __all__ = ["Decision", "Engine", "ReviewHandler", "ToolApprover", "run_catalog"]
@@ -152,7 +153,12 @@ class Engine:
         return self.store.get_run(run_id)
 
     async def execute(
-        self, run_id: str, *, review: ReviewHandler | None = None, approve_tool: ToolApprover | None = None
+        self,
+        run_id: str,
+        *,
+        review: ReviewHandler | None = None,
+        approve_tool: ToolApprover | None = None,
+        ask_person: Callable[[str], Awaitable[str]] | None = None,
     ) -> RunRecord:
         """Drive a run to its end (or to the end of what it can do now) in this process.
 
@@ -166,7 +172,7 @@ class Engine:
         try:
             launch_dbos(self.settings.database_url, executor_id=self.owner, debug=self.debug)
             self._launched = True
-            execution = _Execution(self, run, approve_tool)
+            execution = _Execution(self, run, approve_tool, ask_person)
             _EXECUTIONS[run.id] = execution
             work = asyncio.ensure_future(execution.drive(review))
             guard = asyncio.ensure_future(self._guard(run.id, work, execution))
@@ -256,7 +262,13 @@ def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on re
 class _Execution:
     """One process's execution of one run."""
 
-    def __init__(self, engine: Engine, run: RunRecord, approve_tool: ToolApprover | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        run: RunRecord,
+        approve_tool: ToolApprover | None = None,
+        ask_person: Callable[[str], Awaitable[str]] | None = None,
+    ) -> None:
         self.engine = engine
         self.approve_tool = approve_tool
         self.store = engine.store
@@ -265,14 +277,18 @@ class _Execution:
         self.options = run.options
         self.catalog = run_catalog()
         self.workspace = Workspace(run.workspace).create()
-        self.http = HttpPolicy(
-            allowed_domains=tuple(self.settings.http_allowed_domains),
-            allow_loopback=self.settings.http_allow_loopback,
-        )
-        self.search = SearchConfig(
-            backend=self.settings.web_search_backend,
-            folder=self.settings.web_search_folder,
-            searxng_url=self.settings.searxng_url,
+        self.tool_context = ToolContext(
+            http=HttpPolicy(
+                allowed_domains=tuple(self.settings.http_allowed_domains),
+                allow_loopback=self.settings.http_allow_loopback,
+            ),
+            search=SearchConfig(
+                backend=self.settings.web_search_backend,
+                folder=self.settings.web_search_folder,
+                searxng_url=self.settings.searxng_url,
+            ),
+            images=ImageConfig(model=self.settings.image_model, base_url=self.settings.image_base_url),
+            ask_person=ask_person,
         )
         self.ledger = RunLedger(self.store, run.id, run.options)
         self.model = BudgetedModel(resolve_model(run.model, self.settings), self.ledger.check)
@@ -511,7 +527,7 @@ class _Execution:
         agent: Agent[None, str] = Agent(
             CheckpointedModel(labelled(self._step_model(step, tools), step_purpose(step.id), self.ledger)),
             instructions=step_instructions(step, prompt),
-            tools=step_tools(self.workspace, self.http, self.search, tools, self._tool_runner(step)),
+            tools=step_tools(self.workspace, self.tool_context, tools, self._tool_runner(step)),
             retries=2,
         )
         brief = step_brief(

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from pydantic_ai.messages import ModelMessage, ModelResponse
 from pydantic_ai.models import Model, ModelRequestParameters
@@ -13,11 +12,6 @@ from pydantic_ai.settings import ModelSettings
 
 from ..models.local import ToolAids
 from ..plan import Plan, Step, sinks
-from ..tools.code_execution import execute_code, format_result
-from ..tools.http import HttpPolicy
-from ..tools.http import http_request as fetch
-from ..tools.web_search import SearchConfig
-from ..tools.web_search import web_search as search_web
 from ..tools.workspace import Workspace
 
 __all__ = [
@@ -27,7 +21,6 @@ __all__ = [
     "mentioned_file_names",
     "step_brief",
     "step_instructions",
-    "step_tools",
     "tool_aids",
 ]
 
@@ -39,6 +32,8 @@ RUNNABLE_TOOLS = (
     "delete_file",
     "http_request",
     "web_search",
+    "generate_image",
+    "ask_user",
 )
 """The catalog tools step agents can run in this version (the tools issue adds the rest)."""
 
@@ -116,127 +111,6 @@ def step_brief(
         lines.append("Inputs from the steps before yours:\n\n" + context)
     lines.append("When you are done, reply with your step's result.")
     return "\n".join(lines)
-
-
-ToolRunner = Callable[[str, dict[str, Any], Callable[[], str | Awaitable[str]]], Awaitable[str]]
-"""Runs one tool call (checkpointed, logged) and returns its result text."""
-
-
-def step_tools(
-    workspace: Workspace, http: HttpPolicy, search: SearchConfig, names: list[str], run_tool: ToolRunner
-) -> list[Callable[..., Any]]:
-    """The step's tools, each call going through `run_tool`."""
-
-    async def read_file(path: str) -> str:
-        """Read a text file from the workspace.
-
-        Args:
-            path: the file's path relative to the workspace, e.g. data/sales.csv
-        """
-        return await run_tool("read_file", {"path": path}, lambda: workspace.read_file(path))
-
-    async def write_file(path: str, content: str) -> str:
-        """Create or replace a text file in the workspace.
-
-        Args:
-            path: the file's path relative to the workspace, e.g. report.md
-            content: what the file will contain
-        """
-        return await run_tool(
-            "write_file", {"path": path, "content": content}, lambda: workspace.write_file(path, content)
-        )
-
-    async def delete_file(path: str) -> str:
-        """Delete a file from the workspace (folders are not deleted).
-
-        Args:
-            path: the file's path relative to the workspace
-        """
-        return await run_tool("delete_file", {"path": path}, lambda: workspace.delete_file(path))
-
-    async def list_files(path: str = ".") -> str:
-        """List the files and directories of a workspace directory.
-
-        Args:
-            path: the directory relative to the workspace; "." is the workspace itself
-        """
-
-        def listing() -> str:
-            entries = workspace.list_files(path)
-            if not entries:
-                return "(empty)"
-            return "\n".join(f"{entry.name}\t{entry.kind}\t{entry.size}" for entry in entries)
-
-        return await run_tool("list_files", {"path": path}, listing)
-
-    async def code_execution(
-        code: str, language: str = "python", stdin: str = "", timeout_s: float = 30
-    ) -> str:
-        """Run a program in an isolated sandbox whose working directory is the workspace.
-
-        Files the program writes land in the workspace. No network. Returns the exit code,
-        stdout and stderr.
-
-        Args:
-            code: the program's source
-            language: python, bash or javascript
-            stdin: text given to the program on standard input
-            timeout_s: seconds before the program is killed (at most 120)
-        """
-
-        async def run() -> str:
-            result = await execute_code(workspace, language, code, stdin=stdin, timeout_s=timeout_s)
-            return format_result(result)
-
-        return await run_tool(
-            "code_execution",
-            {"language": language, "code": code, "stdin": stdin, "timeout_s": timeout_s},
-            run,
-        )
-
-    async def http_request(
-        url: str, method: str = "GET", headers: dict[str, str] | None = None, body: str | None = None
-    ) -> str:
-        """Make an HTTP(S) request to an allowed domain and return the status, headers and body.
-
-        Args:
-            url: the full URL, e.g. https://example.com/data.json
-            method: GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS
-            headers: request headers
-            body: request body text
-        """
-
-        async def call() -> str:
-            return (await fetch(http, method, url, headers, body)).describe()
-
-        return await run_tool("http_request", {"method": method, "url": url, "headers": headers or {}}, call)
-
-    async def web_search(query: str, num_results: int = 5) -> str:
-        """Search the web (or the configured folder) and return titles, URLs and snippets.
-
-        Args:
-            query: what to search for
-            num_results: how many results (1 to 20)
-        """
-
-        async def call() -> str:
-            hits = await search_web(search, query, num_results)
-            if not hits:
-                return "no results"
-            return "\n\n".join(f"{n}. {hit.title}\n{hit.url}\n{hit.snippet}" for n, hit in enumerate(hits, 1))
-
-        return await run_tool("web_search", {"query": query, "num_results": num_results}, call)
-
-    available: dict[str, Callable[..., Any]] = {
-        "web_search": web_search,
-        "http_request": http_request,
-        "code_execution": code_execution,
-        "read_file": read_file,
-        "delete_file": delete_file,
-        "write_file": write_file,
-        "list_files": list_files,
-    }
-    return [available[name] for name in names if name in available]
 
 
 class BudgetedModel(WrapperModel):

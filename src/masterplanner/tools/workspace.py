@@ -126,8 +126,11 @@ class Workspace:
 
     def write_file(self, path: str, content: str) -> str:
         """Create or replace a regular file atomically; creates missing directories. Returns a summary."""
+        return self.write_bytes(path, content.encode("utf-8"))
+
+    def write_bytes(self, path: str, data: bytes) -> str:
+        """Like `write_file`, for bytes (an image, say)."""
         parts = _parts(path)
-        data = content.encode("utf-8")
         if len(data) > MAX_WRITE_BYTES:
             raise ToolError(f"content is {len(data):,} bytes; write_file takes at most {MAX_WRITE_BYTES:,}")
         name = parts[-1]

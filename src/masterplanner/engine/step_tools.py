@@ -1,0 +1,208 @@
+"""The tools a step agent calls: thin async wrappers that route every call through `run_tool`.
+
+`run_tool` (the engine's) applies the approval policy, checkpoints the call as a DBOS step and
+writes its `tool_called` / `tool_result` events; these wrappers only bind arguments to the tool
+implementations in `masterplanner.tools`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ToolError
+from ..tools.code_execution import execute_code, format_result
+from ..tools.http import HttpPolicy
+from ..tools.http import http_request as fetch
+from ..tools.images import ImageConfig
+from ..tools.images import generate_image as make_image
+from ..tools.web_search import SearchConfig
+from ..tools.web_search import web_search as search_web
+from ..tools.workspace import Workspace
+
+__all__ = ["ToolContext", "ToolRunner", "step_tools"]
+
+
+ToolRunner = Callable[[str, dict[str, Any], Callable[[], str | Awaitable[str]]], Awaitable[str]]
+"""Runs one tool call (checkpointed, logged) and returns its result text."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What the step tools work with besides the workspace: configurations and the front end."""
+
+    http: HttpPolicy
+    search: SearchConfig
+    images: ImageConfig
+    ask_person: Callable[[str], Awaitable[str]] | None = None
+    """The front end's way to put a question to the person (None: no one to ask)."""
+
+
+def step_tools(
+    workspace: Workspace, context: ToolContext, names: list[str], run_tool: ToolRunner
+) -> list[Callable[..., Any]]:
+    """The step's tools (those of `names` this version can run), each call going through `run_tool`."""
+    available = {
+        **_file_tools(workspace, run_tool),
+        **_code_tools(workspace, run_tool),
+        **_network_tools(context, run_tool),
+        **_other_tools(workspace, context, run_tool),
+    }
+    return [available[name] for name in names if name in available]
+
+
+def _file_tools(workspace: Workspace, run_tool: ToolRunner) -> dict[str, Callable[..., Any]]:
+    async def read_file(path: str) -> str:
+        """Read a text file from the workspace.
+
+        Args:
+            path: the file's path relative to the workspace, e.g. data/sales.csv
+        """
+        return await run_tool("read_file", {"path": path}, lambda: workspace.read_file(path))
+
+    async def write_file(path: str, content: str) -> str:
+        """Create or replace a text file in the workspace.
+
+        Args:
+            path: the file's path relative to the workspace, e.g. report.md
+            content: what the file will contain
+        """
+        return await run_tool(
+            "write_file", {"path": path, "content": content}, lambda: workspace.write_file(path, content)
+        )
+
+    async def delete_file(path: str) -> str:
+        """Delete a file from the workspace (folders are not deleted).
+
+        Args:
+            path: the file's path relative to the workspace
+        """
+        return await run_tool("delete_file", {"path": path}, lambda: workspace.delete_file(path))
+
+    async def list_files(path: str = ".") -> str:
+        """List the files and directories of a workspace directory.
+
+        Args:
+            path: the directory relative to the workspace; "." is the workspace itself
+        """
+
+        def listing() -> str:
+            entries = workspace.list_files(path)
+            if not entries:
+                return "(empty)"
+            return "\n".join(f"{entry.name}\t{entry.kind}\t{entry.size}" for entry in entries)
+
+        return await run_tool("list_files", {"path": path}, listing)
+
+    return {
+        "read_file": read_file,
+        "write_file": write_file,
+        "delete_file": delete_file,
+        "list_files": list_files,
+    }
+
+
+def _code_tools(workspace: Workspace, run_tool: ToolRunner) -> dict[str, Callable[..., Any]]:
+    async def code_execution(
+        code: str, language: str = "python", stdin: str = "", timeout_s: float = 30
+    ) -> str:
+        """Run a program in an isolated sandbox whose working directory is the workspace.
+
+        Files the program writes land in the workspace. No network. Returns the exit code,
+        stdout and stderr.
+
+        Args:
+            code: the program's source
+            language: python, bash or javascript
+            stdin: text given to the program on standard input
+            timeout_s: seconds before the program is killed (at most 120)
+        """
+
+        async def run() -> str:
+            result = await execute_code(workspace, language, code, stdin=stdin, timeout_s=timeout_s)
+            return format_result(result)
+
+        return await run_tool(
+            "code_execution",
+            {"language": language, "code": code, "stdin": stdin, "timeout_s": timeout_s},
+            run,
+        )
+
+    return {"code_execution": code_execution}
+
+
+def _network_tools(context: ToolContext, run_tool: ToolRunner) -> dict[str, Callable[..., Any]]:
+    http, search = context.http, context.search
+
+    async def http_request(
+        url: str, method: str = "GET", headers: dict[str, str] | None = None, body: str | None = None
+    ) -> str:
+        """Make an HTTP(S) request to an allowed domain and return the status, headers and body.
+
+        Args:
+            url: the full URL, e.g. https://example.com/data.json
+            method: GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS
+            headers: request headers
+            body: request body text
+        """
+
+        async def call() -> str:
+            return (await fetch(http, method, url, headers, body)).describe()
+
+        return await run_tool("http_request", {"method": method, "url": url, "headers": headers or {}}, call)
+
+    async def web_search(query: str, num_results: int = 5) -> str:
+        """Search the web (or the configured folder) and return titles, URLs and snippets.
+
+        Args:
+            query: what to search for
+            num_results: how many results (1 to 20)
+        """
+
+        async def call() -> str:
+            hits = await search_web(search, query, num_results)
+            if not hits:
+                return "no results"
+            return "\n\n".join(f"{n}. {hit.title}\n{hit.url}\n{hit.snippet}" for n, hit in enumerate(hits, 1))
+
+        return await run_tool("web_search", {"query": query, "num_results": num_results}, call)
+
+    return {"http_request": http_request, "web_search": web_search}
+
+
+def _other_tools(
+    workspace: Workspace, context: ToolContext, run_tool: ToolRunner
+) -> dict[str, Callable[..., Any]]:
+    async def generate_image(prompt: str, path: str, size: str = "1024x1024") -> str:
+        """Generate an image from a text description and save it as a PNG in the workspace.
+
+        Args:
+            prompt: what the image shows
+            path: where to save it in the workspace, ending in .png
+            size: 1024x1024, 1024x1536, 1536x1024, 512x512 or 256x256
+        """
+        return await run_tool(
+            "generate_image",
+            {"prompt": prompt, "path": path, "size": size},
+            lambda: make_image(context.images, workspace, prompt, path, size),
+        )
+
+    async def ask_user(question: str) -> str:
+        """Ask the person running the plan a question and wait for the answer.
+
+        Args:
+            question: the question, complete and self-contained
+        """
+
+        async def call() -> str:
+            if context.ask_person is None:
+                raise ToolError("no one can be asked in this run (it is not attached to a front end)")
+            if not question.strip():
+                raise ToolError("the question is empty")
+            answer = await context.ask_person(question)
+            return answer if answer.strip() else "(the person gave no answer)"
+
+        return await run_tool("ask_user", {"question": question}, call)
+
+    return {"generate_image": generate_image, "ask_user": ask_user}

@@ -1,0 +1,72 @@
+"""`generate_image`: an OpenAI-compatible images API; the PNG is saved into the workspace.
+
+Offline, charts and diagrams come from `code_execution` (matplotlib and the like) instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from dataclasses import dataclass
+
+from ..errors import ToolError
+from .workspace import Workspace
+
+__all__ = ["SIZES", "ImageConfig", "generate_image"]
+
+SIZES = ("256x256", "512x512", "1024x1024", "1024x1536", "1536x1024", "1792x1024", "1024x1792")
+_PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """Which images API to call; the key comes from `api_key_variable` in the environment."""
+
+    model: str = "gpt-image-1"
+    base_url: str | None = None
+    api_key_variable: str = "OPENAI_API_KEY"
+    timeout_s: float = 120.0
+
+
+async def generate_image(
+    config: ImageConfig, workspace: Workspace, prompt: str, path: str, size: str = "1024x1024"
+) -> str:
+    """Generate one image for `prompt` and save it at `path` (a .png) in the workspace."""
+    if not prompt.strip():
+        raise ToolError("the image prompt is empty")
+    if not path.lower().endswith(".png"):
+        raise ToolError(f"path must end in .png, got {path!r}")
+    if size not in SIZES:
+        raise ToolError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    key = os.environ.get(config.api_key_variable)
+    if not key:
+        raise ToolError(
+            f"generate_image needs the environment variable {config.api_key_variable}, which is not set "
+            "(offline, draw charts and diagrams with code_execution instead)"
+        )
+    from openai import AsyncOpenAI, OpenAIError
+
+    client = AsyncOpenAI(api_key=key, base_url=config.base_url, timeout=config.timeout_s, max_retries=1)
+    try:
+        response = await client.images.generate(
+            model=config.model,
+            prompt=prompt,
+            size=size,
+            n=1,
+            response_format="b64_json",
+        )
+    except OpenAIError as exc:
+        raise ToolError(f"the images API failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        await client.close()
+    encoded = response.data[0].b64_json if response.data else None
+    if not encoded:
+        raise ToolError("the images API returned no image data")
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise ToolError("the images API returned data that is not base64") from None
+    if not data.startswith(_PNG):
+        raise ToolError("the images API returned something that is not a PNG")
+    return workspace.write_bytes(path, data)

@@ -1,0 +1,127 @@
+"""ask_user through the front end, and generate_image against a real local images API (openai client)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _plans import step
+
+from masterplanner import Settings, ToolError
+from masterplanner.engine import Engine, RunOptions
+from masterplanner.tools.images import ImageConfig, generate_image
+from masterplanner.tools.workspace import Workspace
+
+
+def _png() -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00"))
+        + chunk(b"IEND", b"")
+    )
+
+
+@pytest.fixture
+def images_api() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    received: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append({"path": self.path, "auth": self.headers["Authorization"], **body})
+            reply = json.dumps(
+                {"created": 0, "data": [{"b64_json": base64.b64encode(_png()).decode()}]}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1", received
+    server.shutdown()
+
+
+def test_generate_image_saves_the_png(
+    images_api: tuple[str, list[dict[str, Any]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, received = images_api
+    workspace = Workspace(tmp_path / "ws").create()
+    config = ImageConfig(model="test-image", base_url=url)
+    with pytest.raises(ToolError, match="OPENAI_API_KEY, which is not set"):
+        asyncio.run(generate_image(config, workspace, "a lighthouse", "art/light.png"))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+    assert asyncio.run(generate_image(config, workspace, "a lighthouse", "art/light.png", "512x512")) == (
+        f"wrote {len(_png())} bytes to art/light.png"
+    )
+    assert (workspace.root / "art" / "light.png").read_bytes() == _png()
+    assert received == [
+        {
+            "path": "/v1/images/generations",
+            "auth": "Bearer sk-local-test",
+            "model": "test-image",
+            "prompt": "a lighthouse",
+            "size": "512x512",
+            "n": 1,
+            "response_format": "b64_json",
+        }
+    ]
+    with pytest.raises(ToolError, match=r"path must end in \.png"):
+        asyncio.run(generate_image(config, workspace, "x", "x.jpg"))
+    with pytest.raises(ToolError, match="size must be one of"):
+        asyncio.run(generate_image(config, workspace, "x", "x.png", "3x3"))
+
+
+async def test_ask_user_goes_to_the_front_end(isolated: Path, write_script: Callable[..., Path]) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("q", tools=["ask_user"])]}},
+            {"purpose": "step:q", "tool_calls": [{"name": "ask_user", "args": {"question": "Which city?"}}]},
+            {"purpose": "step:q", "output": "noted"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    asked: list[str] = []
+
+    async def person(question: str) -> str:
+        asked.append(question)
+        return "Lisbon"
+
+    engine = Engine(Settings.load())
+    try:
+        options = RunOptions(auto_approve=True, prompt_rounds=0)
+        run = engine.create_run("ask", model=f"scripted:{script}", options=options)
+        final = await engine.execute(run.id, ask_person=person)
+        assert final.status == "succeeded", final.error
+        assert asked == ["Which city?"]
+        result = next(e.data for e in engine.store.events(run.id) if e.kind == "tool_result")
+        assert result == {"tool": "ask_user", "result": "Lisbon"}
+
+        run = engine.create_run("ask", model=f"scripted:{script}", options=options)
+        final = await engine.execute(run.id)  # no front end: the agent is told
+        result = next(e.data for e in engine.store.events(run.id) if e.kind == "tool_result")
+        assert result == {
+            "tool": "ask_user",
+            "error": "no one can be asked in this run (it is not attached to a front end)",
+        }
+    finally:
+        engine.close()
