@@ -29,6 +29,7 @@ from pydantic_settings import (
 )
 
 from .errors import SettingsError
+from .tools.mcp import McpServer
 
 __all__ = ["CONFIG_FILE_NAME", "ENV_PREFIX", "Settings", "default_home"]
 
@@ -98,6 +99,9 @@ class Settings(BaseSettings):
     image_model: str = Field("gpt-image-1", description="model generate_image asks for")
     image_base_url: str | None = Field(
         None, description="OpenAI-compatible images API base URL; empty = OpenAI"
+    )
+    mcp_servers: dict[str, McpServer] = Field(
+        default_factory=dict, description="MCP servers whose tools steps may use, by name (see README)"
     )
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] = Field(
         default_factory=dict, description="approval policy per tool, overriding the catalog's"

@@ -71,7 +71,11 @@ def _chain_killed_after_s2(write_script: Callable[..., Path]) -> str:
     script = write_script(
         [
             _planner(*chain),
-            *({"purpose": f"step:s{n}", "output": f"out{n}", "delay_s": 0.5} for n in range(1, 6)),
+            # s3 takes long enough that the kill lands while it runs, even on a loaded machine
+            *(
+                {"purpose": f"step:s{n}", "output": f"out{n}", "delay_s": 3.0 if n == 3 else 0.3}
+                for n in range(1, 6)
+            ),
             {"purpose": "*", "repeat": True},
         ]
     )
@@ -91,15 +95,18 @@ def _chain_killed_after_s2(write_script: Callable[..., Path]) -> str:
     )
     run_id = None
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        engine = Engine(Settings.load())
-        runs = engine.store.list_runs()
+    engine = Engine(Settings.load())
+    try:
+        while time.monotonic() < deadline:
+            runs = engine.store.list_runs()
+            if runs:
+                run_id = runs[0].id
+                events = engine.store.events(run_id)
+                if any(e.kind == "step_succeeded" and e.step == "s2" for e in events):
+                    break
+            time.sleep(0.02)
+    finally:
         engine.close()
-        if runs:
-            run_id = runs[0].id
-            if any(e["kind"] == "step_succeeded" and e["step"] == "s2" for e in _events(run_id)):
-                break
-        time.sleep(0.05)
     assert run_id is not None
     os.kill(process.pid, signal.SIGKILL)
     process.wait()

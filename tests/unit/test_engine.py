@@ -191,7 +191,7 @@ async def test_review_decisions(engine: Engine, write_script: Callable[..., Path
     script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
     options = RunOptions(prompt_rounds=0)
 
-    async def reject(_run: Any) -> dict[str, Any]:
+    async def reject(_run: Any, _catalog: Any) -> dict[str, Any]:
         return {"action": "reject", "reason": "not today"}
 
     run = engine.create_run("x", model=f"scripted:{script}", options=options)
@@ -200,7 +200,7 @@ async def test_review_decisions(engine: Engine, write_script: Callable[..., Path
 
     edited = {"task": "x", "steps": [step("b", tools=[]), step("c", "b", tools=[])]}
 
-    async def edit(_run: Any) -> dict[str, Any]:
+    async def edit(_run: Any, _catalog: Any) -> dict[str, Any]:
         return {"action": "approve", "plan": edited}
 
     run = engine.create_run("x", model=f"scripted:{script}", options=options)
@@ -209,7 +209,7 @@ async def test_review_decisions(engine: Engine, write_script: Callable[..., Path
     assert [s.id for s in engine.store.steps(run.id)] == ["b", "c"]
     assert ("plan_edited", None) in _kinds(engine, run.id)
 
-    async def cyclic(_run: Any) -> dict[str, Any]:
+    async def cyclic(_run: Any, _catalog: Any) -> dict[str, Any]:
         return {"action": "approve", "plan": {"task": "x", "steps": [step("a", "b"), step("b", "a")]}}
 
     run = engine.create_run("x", model=f"scripted:{script}", options=options)
@@ -307,7 +307,7 @@ async def test_tool_approval_policies(
             workspace=workspace,
         )
 
-        async def approve_plan(_run: Any) -> dict[str, Any]:
+        async def approve_plan(_run: Any, _catalog: Any) -> dict[str, Any]:
             return {"action": "approve"}
 
         final = await engine.execute(run.id, review=approve_plan, approve_tool=await say(answer))

@@ -16,6 +16,7 @@ from .app import app, console
 if TYPE_CHECKING:
     from ..engine import Decision, Engine, Event, RunRecord
     from ..settings import Settings
+    from ..tools import Catalog
 
 runs_app = typer.Typer(help="List, inspect, resume and cancel runs.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
@@ -146,8 +147,8 @@ class _Terminal:
         finally:
             self.running.set()
 
-    async def review(self, run: RunRecord) -> Decision:
-        return await self._ask(_review_in_terminal, run)
+    async def review(self, run: RunRecord, catalog: Catalog) -> Decision:
+        return await self._ask(_review_in_terminal, run, catalog)
 
     async def approve(self, step_id: str, tool: str, arguments: dict[str, Any]) -> bool:
         return await self._ask(_approve_in_terminal, step_id, tool, arguments)
@@ -236,11 +237,10 @@ def _event_line(event: Event) -> str:
     return f"[dim]{time}[/] {kind}{step}{detail}"
 
 
-def _review_in_terminal(run: RunRecord) -> Decision:
+def _review_in_terminal(run: RunRecord, catalog: Catalog) -> Decision:
     """Show the plan and prompts; ask to approve, reject or edit (edits reopen until they validate)."""
     import click
 
-    from ..engine import run_catalog
     from ..errors import ConfigError, PlanError
     from ..plan import Plan
     from ..review import parse_review_yaml, render_review_yaml, with_errors_on_top
@@ -248,7 +248,6 @@ def _review_in_terminal(run: RunRecord) -> Decision:
 
     plan = Plan.model_validate(run.plan)
     agents = run.agents or {}
-    catalog = run_catalog()
     decision: Decision = {"action": "approve", "by": "person"}
     while True:
         _print_plan_dict(plan, agents, stderr=True)

@@ -19,6 +19,7 @@ import inspect
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from ..settings import Settings
 from ..tools import Catalog, builtin_catalog
 from ..tools.http import HttpPolicy
 from ..tools.images import ImageConfig
+from ..tools.mcp import discover_tools
 from ..tools.web_search import SearchConfig
 from ..tools.workspace import Workspace
 from .budget import RunLedger
@@ -68,8 +70,8 @@ __all__ = ["Decision", "Engine", "ReviewHandler", "ToolApprover", "run_catalog"]
 
 Decision = dict[str, Any]
 """A review decision: `{"action": "approve" | "reject", "plan"?: {...}, "agents"?: {...}, "reason"?: str}`."""
-ReviewHandler = Callable[[RunRecord], Awaitable[Decision]]
-"""A front end's review: shown the run awaiting approval, returns the person's decision."""
+ReviewHandler = Callable[[RunRecord, Catalog], Awaitable[Decision]]
+"""A front end's review: shown the run awaiting approval (and the tools it may use), returns the decision."""
 ToolApprover = Callable[[str, str, dict[str, Any]], Awaitable[bool]]
 """A front end's question for a tool call under policy `ask`: (step id, tool, arguments) → approved?"""
 
@@ -220,7 +222,8 @@ class Engine:
         run = self.store.get_run(run_id)
         if run.status != "awaiting_approval":
             raise RunError(f"run {run.id} is {run.status}, not awaiting approval")
-        self.store.update_run(run.id, decision=_checked_decision(decision))
+        # tool names are checked against the run's full catalog (MCP tools included) when applied
+        self.store.update_run(run.id, decision=_checked_decision(decision, None))
 
     def report(self, run_id: str) -> dict[str, Any]:
         """The JSON report of a run: id, status, output, error, plan, steps, usage (and its workspace)."""
@@ -239,12 +242,12 @@ class Engine:
         }
 
 
-def _checked_decision(decision: Decision) -> Decision:
+def _checked_decision(decision: Decision, catalog: Catalog | None) -> Decision:
     action = decision.get("action")
     if action not in ("approve", "reject"):
         raise ConfigError(f"a review decision's action must be 'approve' or 'reject', got {action!r}")
     if "plan" in decision:
-        validate_plan(decision["plan"], run_catalog())
+        validate_plan(decision["plan"], catalog)
     return decision
 
 
@@ -297,8 +300,20 @@ class _Execution:
         self.interrupted: set[str] = set()
         self.stop_reason: str | None = None
 
+    async def _load_mcp_tools(self) -> None:
+        """Add the configured MCP servers' tools to this run's catalog and step tools."""
+        servers = self.settings.mcp_servers
+        if not servers:
+            return
+        specs = await discover_tools(servers)
+        self.catalog = Catalog([*run_catalog(), *specs])
+        self.tool_context = replace(
+            self.tool_context, mcp_servers=dict(servers), mcp_specs={spec.name: spec for spec in specs}
+        )
+
     async def drive(self, review: ReviewHandler | None) -> None:
         try:
+            await self._load_mcp_tools()
             if self.run.status == "planning":
                 await self._plan_phase()
             if self.run.status == "awaiting_approval":
@@ -357,7 +372,7 @@ class _Execution:
         else:
             decision = self.store.decision(self.run.id)
             if decision is None and review is not None:
-                decision = _checked_decision(await review(self.run))
+                decision = _checked_decision(await review(self.run, self.catalog), self.catalog)
                 self.store.update_run(self.run.id, decision=decision)
             while decision is None:
                 await asyncio.sleep(0.5)
@@ -454,7 +469,7 @@ class _Execution:
         """The body of one step's workflow: attempts of the step agent, with retries and events."""
         assert self.plan is not None
         step = self.plan.step(step_id)
-        tools = [name for name in step.tools if name in RUNNABLE_TOOLS]
+        tools = [name for name in step.tools if name in RUNNABLE_TOOLS or name in self.tool_context.mcp_specs]
         run_id = self.run.id
         attempts = self.options.step_attempts
 

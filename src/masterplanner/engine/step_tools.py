@@ -7,16 +7,18 @@ implementations in `masterplanner.tools`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ToolError
+from ..tools.catalog import ToolSpec
 from ..tools.code_execution import execute_code, format_result
 from ..tools.http import HttpPolicy
 from ..tools.http import http_request as fetch
 from ..tools.images import ImageConfig
 from ..tools.images import generate_image as make_image
+from ..tools.mcp import McpServer, call_mcp_tool, split_tool_name
 from ..tools.web_search import SearchConfig
 from ..tools.web_search import web_search as search_web
 from ..tools.workspace import Workspace
@@ -37,19 +39,47 @@ class ToolContext:
     images: ImageConfig
     ask_person: Callable[[str], Awaitable[str]] | None = None
     """The front end's way to put a question to the person (None: no one to ask)."""
+    mcp_servers: Mapping[str, McpServer] = field(default_factory=dict)
+    mcp_specs: Mapping[str, ToolSpec] = field(default_factory=dict)
+    """The MCP servers' tools by catalog name (discovered for this run)."""
 
 
 def step_tools(
     workspace: Workspace, context: ToolContext, names: list[str], run_tool: ToolRunner
-) -> list[Callable[..., Any]]:
+) -> list[Any]:
     """The step's tools (those of `names` this version can run), each call going through `run_tool`."""
-    available = {
+    available: dict[str, Any] = {
         **_file_tools(workspace, run_tool),
         **_code_tools(workspace, run_tool),
         **_network_tools(context, run_tool),
         **_other_tools(workspace, context, run_tool),
+        **_mcp_tools(context, names, run_tool),
     }
     return [available[name] for name in names if name in available]
+
+
+def _mcp_tools(context: ToolContext, names: list[str], run_tool: ToolRunner) -> dict[str, Any]:
+    """Tools of MCP servers, with the schema the server declared."""
+    from pydantic_ai import Tool
+
+    tools: dict[str, Any] = {}
+    for name in names:
+        found = split_tool_name(name, context.mcp_servers)
+        spec = context.mcp_specs.get(name)
+        if found is None or spec is None:
+            continue
+        server, tool = found
+
+        def bind(name: str = name, server: str = server, tool: str = tool) -> Callable[..., Awaitable[str]]:
+            async def call(**arguments: Any) -> str:
+                return await run_tool(
+                    name, arguments, lambda: call_mcp_tool(context.mcp_servers[server], tool, arguments)
+                )
+
+            return call
+
+        tools[name] = Tool.from_schema(bind(), name, spec.description, spec.args_schema)
+    return tools
 
 
 def _file_tools(workspace: Workspace, run_tool: ToolRunner) -> dict[str, Callable[..., Any]]:

@@ -1,0 +1,101 @@
+"""MCP servers declared in `masterplanner.toml`: their tools join the catalog as `<server>_<tool>`.
+
+```toml
+[mcp_servers.notes]            # stdio: a command the server runs as
+command = "python"
+args = ["notes_server.py"]
+
+[mcp_servers.remote]           # streamable HTTP
+url = "http://localhost:8000/mcp"
+```
+
+Their tools default to the `ask` approval policy: what a third-party server does is unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..errors import ConfigError
+from .catalog import ToolSpec
+
+__all__ = ["McpServer", "discover_tools", "mcp_client", "mcp_tool_name", "split_tool_name"]
+
+
+class McpServer(BaseModel):
+    """How to reach one MCP server: a `command` (stdio) or a `url` (streamable HTTP)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    url: str | None = None
+    timeout_s: float = Field(30.0, gt=0, le=600)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give either 'command' (stdio) or 'url' (streamable HTTP)")
+        return self
+
+
+def mcp_tool_name(server: str, tool: str) -> str:
+    """The catalog name of a server's tool."""
+    return f"{server}_{tool}"
+
+
+def split_tool_name(name: str, servers: Mapping[str, McpServer]) -> tuple[str, str] | None:
+    """(server, tool) for a catalog name of an MCP tool, else None."""
+    for server in sorted(servers, key=len, reverse=True):
+        if name.startswith(server + "_"):
+            return server, name[len(server) + 1 :]
+    return None
+
+
+def mcp_client(server: McpServer) -> Any:
+    """A FastMCP client for the server (not connected yet)."""
+    from fastmcp import Client
+    from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
+
+    if server.command is not None:
+        transport: Any = StdioTransport(server.command, list(server.args), env=dict(server.env) or None)
+    else:
+        transport = StreamableHttpTransport(str(server.url))
+    return Client(transport, timeout=server.timeout_s)
+
+
+async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
+    """List every server's tools as catalog entries; `ConfigError` names a server that fails."""
+    specs: list[ToolSpec] = []
+    for name, server in servers.items():
+        try:
+            async with mcp_client(server) as client:
+                tools = await client.list_tools()
+        except Exception as exc:  # any transport or protocol failure: the configuration is at fault
+            raise ConfigError(
+                f"MCP server {name!r}: cannot list its tools: {type(exc).__name__}: {exc}"
+            ) from None
+        for tool in tools:
+            specs.append(
+                ToolSpec(
+                    mcp_tool_name(name, tool.name),
+                    (tool.description or f"{tool.name} from the MCP server {name}").strip(),
+                    dict(tool.input_schema or {"type": "object", "properties": {}}),
+                    "execute",
+                    "ask",
+                )
+            )
+    return specs
+
+
+async def call_mcp_tool(server: McpServer, tool: str, arguments: dict[str, Any]) -> str:
+    """Call one tool and return its text content; a tool-level error is returned as text, marked."""
+    async with mcp_client(server) as client:
+        result = await client.call_tool(tool, arguments, raise_on_error=False)
+    texts = [getattr(block, "text", "") for block in result.content]
+    text = "\n".join(part for part in texts if part) or str(result.structured_content or "")
+    return f"[the tool reported an error] {text}" if result.is_error else text

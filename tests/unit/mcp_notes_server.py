@@ -1,0 +1,15 @@
+"""A tiny MCP server (stdio) for the tests: one tool, `shout`."""
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("notes")
+
+
+@server.tool()
+def shout(text: str) -> str:
+    """Return the text in capital letters."""
+    return text.upper()
+
+
+if __name__ == "__main__":
+    server.run()

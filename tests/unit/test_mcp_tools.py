@@ -1,0 +1,77 @@
+"""MCP servers from the settings: their tools join the catalog as <server>_<tool> and steps call them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from _plans import step
+
+from masterplanner import ConfigError, Settings
+from masterplanner.tools.mcp import McpServer, discover_tools
+
+SERVER = str(Path(__file__).with_name("mcp_notes_server.py"))
+
+
+async def test_discovery_names_tools_after_their_server() -> None:
+    specs = await discover_tools({"notes": McpServer(command=sys.executable, args=[SERVER])})
+    assert [(spec.name, spec.description, spec.approval) for spec in specs] == [
+        ("notes_shout", "Return the text in capital letters.", "ask")
+    ]
+    assert specs[0].args_schema["required"] == ["text"]
+    with pytest.raises(ConfigError, match="MCP server 'broken': cannot list its tools"):
+        await discover_tools(
+            {"broken": McpServer(command=sys.executable, args=["-c", "raise SystemExit(3)"])}
+        )
+
+
+def test_server_settings_need_exactly_one_transport(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps({"x": {"command": "a", "url": "http://b"}}))
+    with pytest.raises(ConfigError, match="give either 'command' \\(stdio\\) or 'url'"):
+        Settings.load()
+
+
+def test_a_run_calls_an_mcp_tool(write_script: Callable[..., Path]) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_shout"])]}},
+            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": "hello"}}]},
+            {"purpose": "step:loud", "output": "shouted"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    servers = json.dumps({"notes": {"command": sys.executable, "args": [SERVER]}})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "masterplanner",
+            "run",
+            "shout it",
+            "--model",
+            f"scripted:{script}",
+            "--yes",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MASTERPLANNER_MCP_SERVERS": servers},
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    shown = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "masterplanner", "runs", "show", report["run_id"], "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    results = [e["data"] for e in shown["events"] if e["kind"] == "tool_result"]
+    assert results == [{"tool": "notes_shout", "result": "HELLO"}]
