@@ -53,6 +53,8 @@ def _parts(path: str) -> list[str]:
     parts = [part for part in pure.parts if part != "."]
     if ".." in parts:
         raise ToolError(f"{path!r} contains '..'; paths must stay inside the workspace")
+    if not parts:
+        raise ToolError(f"{path!r} names the workspace itself; give a file's path, e.g. notes/summary.md")
     return parts
 
 
@@ -113,10 +115,11 @@ class Workspace:
                 if exc.errno == errno.ELOOP:
                     raise ToolError(f"{path!r} is a symlink; symlinks are not followed") from None
                 raise ToolError(f"{path!r}: {exc.strerror}") from None
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                os.close(fd)
+                raise ToolError(f"{path!r} is not a regular file")
             with os.fdopen(fd, "rb") as handle:
-                info = os.fstat(handle.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    raise ToolError(f"{path!r} is not a regular file")
                 if info.st_size > MAX_READ_BYTES:
                     raise ToolError(
                         f"{path!r} is {info.st_size:,} bytes; read_file returns at most {MAX_READ_BYTES:,}"
