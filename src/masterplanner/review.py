@@ -7,6 +7,7 @@ problem is reported with what and where (YAML line, step and field), and nothing
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -15,7 +16,16 @@ from .errors import PlanError
 from .plan import Plan, validate_plan
 from .tools import Catalog
 
-__all__ = ["ERROR_MARK", "parse_review_yaml", "render_review_yaml", "with_errors_on_top"]
+__all__ = [
+    "ERROR_MARK",
+    "POLICIES",
+    "ReviewEdit",
+    "parse_review_yaml",
+    "render_review_yaml",
+    "with_errors_on_top",
+]
+
+POLICIES = ("auto", "ask", "deny")
 
 ERROR_MARK = "# ERROR: "
 """How validation errors are written at the top of a reopened edit (YAML comments, so ignored)."""
@@ -23,7 +33,19 @@ ERROR_MARK = "# ERROR: "
 _HEADER = (
     "# Edit the plan and each step's prompt, then save and close the editor.\n"
     "# Remove a step by deleting it; dependencies name step ids. Lines starting with # are ignored.\n"
+    "# tool_policies (for the whole run, or in a step for its agent) map a tool to auto, ask or deny.\n"
 )
+
+
+@dataclass(frozen=True)
+class ReviewEdit:
+    """What an edit says: the plan, the agents map (prompts, per-agent tool policies), run-wide policies."""
+
+    plan: Plan
+    agents: dict[str, Any]
+    tool_policies: dict[str, str] = field(default_factory=dict)
+
+
 _STEP_KEYS = ("id", "title", "agent_role", "tools", "depends_on", "instruction", "expected_output")
 
 
@@ -39,19 +61,25 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _Dumper.add_representer(str, _str)
 
 
-def render_review_yaml(plan: Plan, agents: dict[str, Any] | None = None) -> str:
-    """The YAML a person edits: the task, the final step, and every step with its prompt."""
+def render_review_yaml(
+    plan: Plan, agents: dict[str, Any] | None = None, tool_policies: dict[str, str] | None = None
+) -> str:
+    """The YAML a person edits: the task, run-wide tool policies, and every step with its prompt."""
     steps = []
     for step in plan.steps:
         data = step.model_dump(mode="json")
         entry = {key: data[key] for key in _STEP_KEYS}
-        prompt = ((agents or {}).get(step.id) or {}).get("prompt")
+        agent = (agents or {}).get(step.id) or {}
+        prompt = agent.get("prompt")
         if prompt:
             entry["prompt"] = prompt.rstrip() + "\n" if "\n" in prompt else prompt
+        if agent.get("tool_policies"):
+            entry["tool_policies"] = dict(agent["tool_policies"])
         steps.append(entry)
     document: dict[str, Any] = {"task": plan.task}
     if plan.final_step:
         document["final_step"] = plan.final_step
+    document["tool_policies"] = dict(tool_policies or {})
     document["steps"] = steps
     body = yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
     return _HEADER + body
@@ -64,10 +92,27 @@ def with_errors_on_top(text: str, error: PlanError) -> str:
     return "\n".join([*marks, *kept]) + "\n"
 
 
-def parse_review_yaml(
-    text: str, catalog: Catalog, agents: dict[str, Any] | None = None
-) -> tuple[Plan, dict[str, Any]]:
-    """Read an edited review back: the validated plan and the agents map with edited prompts.
+def _policies(raw: object, catalog: Catalog, where: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise PlanError(
+            [f"{where}: tool_policies must map tool names to auto, ask or deny"], context="invalid edit"
+        )
+    problems = [
+        f"{where}: tool_policies: {tool!r} is not a tool of this run" for tool in raw if tool not in catalog
+    ] + [
+        f"{where}: tool_policies: {tool} must be auto, ask or deny, got {value!r}"
+        for tool, value in raw.items()
+        if value not in POLICIES
+    ]
+    if problems:
+        raise PlanError(problems, context="invalid edit")
+    return {str(tool): str(value) for tool, value in raw.items()}
+
+
+def parse_review_yaml(text: str, catalog: Catalog, agents: dict[str, Any] | None = None) -> ReviewEdit:
+    """Read an edited review back: the validated plan, the agents map, the run-wide tool policies.
 
     Raises `PlanError` naming each problem; the plan and prompts given are never changed.
     """
@@ -84,10 +129,16 @@ def parse_review_yaml(
     if not isinstance(document, dict):
         raise PlanError(["the edit must be a mapping with 'task' and 'steps'"], context="invalid edit")
     raw_steps = document.get("steps")
+    run_policies = _policies(document.pop("tool_policies", None), catalog, "the run")
+    step_policies: dict[str, dict[str, str]] = {}
     prompts: dict[str, str] = {}
     if isinstance(raw_steps, list):
         cleaned = []
         for step in raw_steps:
+            if isinstance(step, dict) and "tool_policies" in step:
+                step = dict(step)
+                where = f"step {step.get('id')}"
+                step_policies[str(step.get("id"))] = _policies(step.pop("tool_policies"), catalog, where)
             if isinstance(step, dict) and "prompt" in step:
                 step = dict(step)
                 prompt = step.pop("prompt")
@@ -105,6 +156,10 @@ def parse_review_yaml(
         before = dict((agents or {}).get(step.id) or {})
         if step.id in prompts and prompts[step.id].strip() != str(before.get("prompt", "")).strip():
             before = {**before, "prompt": prompts[step.id], "edited": True}
+        if step_policies.get(step.id):
+            before = {**before, "tool_policies": step_policies[step.id]}
+        else:
+            before.pop("tool_policies", None)
         if before:
             new_agents[step.id] = before
-    return plan, new_agents
+    return ReviewEdit(plan, new_agents, run_policies)

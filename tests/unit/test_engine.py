@@ -324,3 +324,45 @@ async def test_tool_approval_policies(
         denied = [e.data for e in engine.store.events(run.id) if e.kind == "tool_denied"]
         if denied:
             assert denied[0]["by"] == ("policy" if policies["write_file"] == "deny" else "person")
+
+
+async def test_policies_edited_at_review_apply_per_run_and_per_agent(
+    engine: Engine, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    both = [step("w", tools=["write_file"]), step("v", tools=["write_file"])]
+    script = write_script(
+        [
+            _planner(*both),
+            *(
+                {
+                    "purpose": f"step:{name}",
+                    "tool_calls": [{"name": "write_file", "args": {"path": f"{name}.txt", "content": name}}],
+                }
+                for name in "wv"
+            ),
+            {"purpose": "step:w", "output": "done"},
+            {"purpose": "step:v", "output": "done"},
+            {"purpose": "aggregator", "output": "both done"},
+            DRAFTS,
+        ]
+    )
+
+    async def review(run: Any, _catalog: Any) -> dict[str, Any]:
+        return {
+            "action": "approve",
+            "plan": run.plan,
+            "agents": {**run.agents, "v": {**run.agents["v"], "tool_policies": {"write_file": "deny"}}},
+            "tool_policies": {"write_file": "auto"},
+        }
+
+    workspace = tmp_path / "ws"
+    run = engine.create_run(
+        "w", model=f"scripted:{script}", options=RunOptions(prompt_rounds=0), workspace=workspace
+    )
+    final = await engine.execute(run.id, review=review)
+    assert final.status == "succeeded", final.error
+    assert (workspace / "w.txt").read_text() == "w"  # run-wide auto
+    assert not (workspace / "v.txt").exists()  # its agent denies write_file
+    assert engine.store.get_run(run.id).options.tool_policies == {"write_file": "auto"}
+    denied = [(e.step, e.data) for e in engine.store.events(run.id) if e.kind == "tool_denied"]
+    assert denied == [("v", {"tool": "write_file", "by": "policy"})]

@@ -16,9 +16,10 @@ AGENTS = {"a": {"prompt": "You are a worker.\nDo a.", "draft": "d"}, "b": {"prom
 def test_unchanged_edit_round_trips() -> None:
     text = render_review_yaml(PLAN, AGENTS)
     assert "prompt: |-" in text or "prompt: |" in text
-    plan, agents = parse_review_yaml(text, run_catalog(), AGENTS)
-    assert plan == PLAN
-    assert agents == AGENTS
+    edit = parse_review_yaml(text, run_catalog(), AGENTS)
+    assert edit.plan == PLAN
+    assert edit.agents == AGENTS
+    assert edit.tool_policies == {}
 
 
 def test_edited_prompt_and_step_are_applied() -> None:
@@ -27,7 +28,8 @@ def test_edited_prompt_and_step_are_applied() -> None:
         .replace("Do b.", "Write b.md carefully.")
         .replace("title: do a", "title: A!")
     )
-    plan, agents = parse_review_yaml(text, run_catalog(), AGENTS)
+    edit = parse_review_yaml(text, run_catalog(), AGENTS)
+    plan, agents = edit.plan, edit.agents
     assert plan.step("a").title == "A!"
     assert agents["b"] == {"prompt": "Write b.md carefully.", "edited": True}
     assert agents["a"] == AGENTS["a"]
@@ -49,3 +51,24 @@ def test_invalid_edits_name_the_problem(change: tuple[str, str], problem: str) -
     reopened = with_errors_on_top(text, raised.value)
     assert reopened.startswith("# ERROR: ")
     assert with_errors_on_top(reopened, raised.value).count("# ERROR: ") == len(raised.value.problems)
+
+
+def test_tool_policies_for_the_run_and_for_one_agent() -> None:
+    text = render_review_yaml(PLAN, AGENTS).replace(
+        "tool_policies: {}", "tool_policies: {code_execution: deny}"
+    )
+    text = text.replace("- id: b\n", "- id: b\n  tool_policies: {write_file: ask}\n")
+    edit = parse_review_yaml(text, run_catalog(), AGENTS)
+    assert edit.tool_policies == {"code_execution": "deny"}
+    assert edit.agents["b"] == {"prompt": "Do b.", "tool_policies": {"write_file": "ask"}}
+    assert render_review_yaml(edit.plan, edit.agents, edit.tool_policies).count("tool_policies") == 3
+    bad = text.replace("code_execution: deny", "code_execution: sometimes").replace(
+        "write_file: ask", "nope: ask"
+    )
+    with pytest.raises(PlanError) as raised:
+        parse_review_yaml(bad, run_catalog(), AGENTS)
+    assert raised.value.problems == [
+        "the run: tool_policies: code_execution must be auto, ask or deny, got 'sometimes'"
+    ]
+    with pytest.raises(PlanError, match="step b: tool_policies: 'nope' is not a tool of this run"):
+        parse_review_yaml(text.replace("write_file: ask", "nope: ask"), run_catalog(), AGENTS)

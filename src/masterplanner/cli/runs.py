@@ -248,6 +248,7 @@ def _review_in_terminal(run: RunRecord, catalog: Catalog) -> Decision:
 
     plan = Plan.model_validate(run.plan)
     agents = run.agents or {}
+    policies = dict(run.options.tool_policies)
     decision: Decision = {"action": "approve", "by": "person"}
     while True:
         _print_plan_dict(plan, agents, stderr=True)
@@ -265,20 +266,27 @@ def _review_in_terminal(run: RunRecord, catalog: Catalog) -> Decision:
         if answer not in ("e", "edit"):
             console(stderr=True).print("answer a, r or e")
             continue
-        text = render_review_yaml(plan, agents)
+        text = render_review_yaml(plan, agents, policies)
         while True:
             edited = click.edit(text, extension=".yaml", require_save=False)
             if edited is None:
                 break
             try:
-                plan, agents = parse_review_yaml(edited, catalog, agents)
+                edit = parse_review_yaml(edited, catalog, agents)
             except PlanError as exc:
                 console(stderr=True).print(
                     f"[red]the edit is invalid:[/] {'; '.join(exc.problems)}", highlight=False
                 )
                 text = with_errors_on_top(edited, exc)
                 continue
-            decision = {"action": "approve", "by": "person", "plan": plan.to_json_dict(), "agents": agents}
+            plan, agents, policies = edit.plan, edit.agents, edit.tool_policies
+            decision = {
+                "action": "approve",
+                "by": "person",
+                "plan": plan.to_json_dict(),
+                "agents": agents,
+                "tool_policies": policies,
+            }
             break
 
 

@@ -89,9 +89,12 @@ class RunOptions:
         """Plain JSON form."""
         return {**self.__dict__, "tool_policies": dict(self.tool_policies)}
 
-    def policy(self, tool: str, default: str) -> str:
-        """The effective approval policy of `tool`: the override or `default`; `ask` is `auto` with --yes."""
-        policy = self.tool_policies.get(tool, default)
+    def policy(self, tool: str, default: str, agent: dict[str, str] | None = None) -> str:
+        """The effective approval policy of `tool`: the agent's override, the run's, or `default`.
+
+        With `--yes` (`auto_approve`), `ask` becomes `auto`.
+        """
+        policy = (agent or {}).get(tool) or self.tool_policies.get(tool, default)
         return "auto" if policy == "ask" and self.auto_approve else policy
 
     @classmethod

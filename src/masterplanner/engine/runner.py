@@ -15,6 +15,7 @@ stored step states on resume (see docs/architecture.md, "Engine").
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -380,11 +381,20 @@ class _Execution:
             self.store.set_status(self.run.id, "cancelled", error=f"rejected: {reason}")
             self._refresh()
             return
-        if "plan" in decision or "agents" in decision:
+        if "plan" in decision or "agents" in decision or "tool_policies" in decision:
             plan = validate_plan(decision.get("plan", self.run.plan or {}), self.catalog)
             agents = decision.get("agents", self.run.agents)
-            self.store.update_run(self.run.id, plan=plan.to_json_dict(), agents=agents)
-            self.store.append_event(self.run.id, "plan_edited", data={"steps": plan.ids})
+            options = replace(self.options, tool_policies=dict(decision.get("tool_policies", {})))
+            self.store.update_run(
+                self.run.id,
+                plan=plan.to_json_dict(),
+                agents=agents,
+                options=json.dumps(options.to_json_dict()),
+            )
+            self.options = options
+            self.store.append_event(
+                self.run.id, "plan_edited", data={"steps": plan.ids, "tool_policies": options.tool_policies}
+            )
         self.store.append_event(self.run.id, "approved", data={"by": decision.get("by", "person")})
         self.store.set_status(self.run.id, "running")
         self._refresh()
@@ -563,7 +573,9 @@ class _Execution:
             run_id=self.run.id,
             step_id=step.id,
             policy=lambda name: self.options.policy(
-                name, self.catalog[name].approval if name in self.catalog else "ask"
+                name,
+                self.catalog[name].approval if name in self.catalog else "ask",
+                ((self.run.agents or {}).get(step.id) or {}).get("tool_policies"),
             ),
             approve_tool=self.approve_tool,
         ).run
