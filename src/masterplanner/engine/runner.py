@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -43,6 +44,7 @@ from ..plan import Plan, Step, sinks, validate_plan, validate_task
 from ..planner import plan as make_plan
 from ..prompting import create_prompts, prompts_to_json
 from ..purpose import step_purpose
+from ..sandbox import sandbox_problems
 from ..settings import Settings
 from ..tools import Catalog, builtin_catalog
 from ..tools.http import HttpPolicy
@@ -82,9 +84,24 @@ _GUARD_INTERVAL_S = 0.2
 _HEARTBEAT_S = 3.0
 
 
-def run_catalog() -> Catalog:
-    """The tools a run's planner may assign: those step agents can run in this version."""
-    return builtin_catalog().subset(RUNNABLE_TOOLS)
+def run_catalog(settings: Settings | None = None) -> Catalog:
+    """The tools a run's planner may assign: those step agents can run here.
+
+    With `settings`, tools that could only fail are left out, so the planner does not pick them:
+    `web_search` without a backend, `http_request` without allowed domains, `generate_image`
+    without an API key, `code_execution` where the sandbox cannot start. (The embedded model
+    otherwise planned a haiku in twelve steps and called `web_search` until its request cap.)
+    """
+    names = list(RUNNABLE_TOOLS)
+    if settings is not None:
+        unusable = {
+            "web_search": settings.web_search_backend == "none",
+            "http_request": not settings.http_allowed_domains,
+            "generate_image": not os.environ.get(ImageConfig().api_key_variable),
+            "code_execution": bool(sandbox_problems()),
+        }
+        names = [name for name in names if not unusable.get(name, False)]
+    return builtin_catalog().subset(names)
 
 
 @DBOS.workflow(name="masterplanner.step")
@@ -276,7 +293,7 @@ class _Execution:
         self.settings = engine.settings
         self.run = run
         self.options = run.options
-        self.catalog = run_catalog()
+        self.catalog = run_catalog(self.settings)
         self.workspace = Workspace(run.workspace).create()
         self.tool_context = ToolContext(
             http=HttpPolicy(
@@ -304,7 +321,7 @@ class _Execution:
         if not servers:
             return
         specs = await discover_tools(servers)
-        self.catalog = Catalog([*run_catalog(), *specs])
+        self.catalog = Catalog([*run_catalog(self.settings), *specs])
         self.tool_context = replace(
             self.tool_context, mcp_servers=dict(servers), mcp_specs={spec.name: spec for spec in specs}
         )

@@ -24,6 +24,9 @@ __all__ = [
     "tool_aids",
 ]
 
+_UNGROUNDED_CALLS = 2
+"""Tool calls (failed ones included) after which an ungrounded small model must answer."""
+
 RUNNABLE_TOOLS = (
     "code_execution",
     "read_file",
@@ -57,7 +60,8 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
 
     The file names the step mentions (and, for a step nothing depends on, the task) split in two:
     those that exist may be read, those that do not may be written. The first call must be one
-    of those reads or writes; with nothing grounded there is no aid.
+    of those reads or writes; with nothing grounded, the model only has to answer after a few
+    tool calls (failed ones count).
     """
     texts = [step.title, step.instruction, step.expected_output]
     if step.id in sinks(plan.steps):
@@ -71,7 +75,8 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
     if fresh and "write_file" in tools:
         values["write_file"] = {"path": fresh}
     if not values:
-        return None
+        # nothing to ground: at least stop the model from calling tools until the request cap
+        return ToolAids(max_tool_calls=_UNGROUNDED_CALLS)
     return ToolAids(first_call_tools=tuple(values), argument_values=values, max_tool_calls=len(values))
 
 

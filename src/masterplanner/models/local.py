@@ -25,6 +25,7 @@ from pydantic_ai.messages import (
     ModelRequest,
     ModelResponse,
     ModelResponsePart,
+    RetryPromptPart,
     SystemPromptPart,
     TextPart,
     ThinkingPart,
@@ -87,20 +88,20 @@ class ToolAids:
     argument_values: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
     """Per tool, string arguments limited to these values, e.g. `{"write_file": {"path": ("haiku.txt",)}}`."""
     max_tool_calls: int | None = None
-    """After this many successful tool calls the model must answer (the embedded model otherwise
-    repeated the same `write_file` call until the step's request cap, 12 times out of 12)."""
+    """After this many tool calls (failed ones included) the model must answer (the embedded model
+    otherwise repeated the same `write_file` call until the step's request cap, 12 times out of 12)."""
 
 
 def _aided_choice(
     aids: ToolAids, messages: list[ModelMessage], params: ModelRequestParameters, settings: ModelSettings
 ) -> ModelSettings:
     """The tool choice the aids impose at this point of the conversation."""
-    calls = sum(
-        isinstance(part, ToolReturnPart) for message in messages for part in getattr(message, "parts", [])
-    )
-    if aids.max_tool_calls is not None and calls >= aids.max_tool_calls:
+    parts = [part for message in messages for part in getattr(message, "parts", [])]
+    succeeded = sum(isinstance(part, ToolReturnPart) for part in parts)
+    failed = sum(isinstance(part, RetryPromptPart) and part.tool_name is not None for part in parts)
+    if aids.max_tool_calls is not None and succeeded + failed >= aids.max_tool_calls:
         return {**settings, "tool_choice": "none"}
-    if calls:
+    if succeeded:
         return settings
     offered = {tool.name for tool in params.function_tools}
     required = [name for name in aids.first_call_tools if name in offered]
