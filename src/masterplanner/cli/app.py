@@ -309,4 +309,5 @@ def eval_planning(
     )
 
 
+from . import registry as _registry  # noqa: E402, F401  (registers `agents` and `cohorts`)
 from . import runs as _runs  # noqa: E402, F401  (registers `run` and `runs`; it imports `app` from here)

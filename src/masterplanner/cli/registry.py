@@ -1,0 +1,198 @@
+"""`masterplanner agents …` and `masterplanner cohorts …`: the agent registry from the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from .app import app, console
+
+if TYPE_CHECKING:
+    from ..registry import AgentSpec, RegistryStore
+
+agents_app = typer.Typer(
+    help="List, inspect, search, edit, remove, export and import agents.", no_args_is_help=True
+)
+cohorts_app = typer.Typer(
+    help="List, inspect and remove cohorts (teams that ran a task).", no_args_is_help=True
+)
+app.add_typer(agents_app, name="agents")
+app.add_typer(cohorts_app, name="cohorts")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _store() -> RegistryStore:
+    from ..registry import RegistryStore
+    from ..settings import Settings
+
+    settings = Settings.load()
+    settings.ensure_home()
+    return RegistryStore(settings.database_url)
+
+
+def _row(agent: AgentSpec) -> dict[str, object]:
+    return agent.model_dump(mode="json") | {
+        "success_rate": agent.stats.success_rate,
+        "mean_rating": agent.stats.mean_rating,
+    }
+
+
+@agents_app.command("list")
+def agents_list(as_json: JsonFlag = False) -> None:
+    """Every agent, most recently updated first."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    agents = _store().list_agents()
+    if as_json:
+        typer.echo(json.dumps([_row(agent) for agent in agents], indent=2))
+        return
+    table = Table("id", "name", "role", "version", "uses", "success", "rating")
+    for agent in agents:
+        rate, rating = agent.stats.success_rate, agent.stats.mean_rating
+        table.add_row(
+            agent.id,
+            escape(agent.name),
+            escape(agent.role),
+            str(agent.version),
+            str(agent.stats.uses),
+            "—" if rate is None else f"{rate:.0%}",
+            "—" if rating is None else f"{rating:.1f}",
+        )
+    console().print(table)
+
+
+@agents_app.command("show")
+def agents_show(
+    agent_id: Annotated[str, typer.Argument(help="The agent's id.")],
+    version: Annotated[int | None, typer.Option("--version", help="An older version.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """One agent: prompt, tools, origin, stats, lessons, versions."""
+    from rich.markup import escape
+
+    store = _store()
+    agent = store.get_agent(agent_id, version)
+    versions = store.versions(agent_id)
+    if as_json:
+        typer.echo(json.dumps(_row(agent) | {"versions": versions}, indent=2))
+        return
+    out = console()
+    out.print(
+        f"[bold]{escape(agent.name)}[/] ({agent.id}, version {agent.version} of {versions})", highlight=False
+    )
+    out.print(
+        f"[dim]role[/] {escape(agent.role)}   [dim]tools[/] {', '.join(agent.tools) or '—'}", highlight=False
+    )
+    if agent.description:
+        out.print(escape(agent.description), highlight=False)
+    out.print("[bold]prompt[/]")
+    out.print(escape(agent.system_prompt), highlight=False)
+    for lesson in agent.lessons:
+        out.print(f"[yellow]lesson[/] {escape(lesson)}", highlight=False)
+
+
+@agents_app.command("search")
+def agents_search(
+    query: Annotated[str, typer.Argument(help="What the agent should do.")],
+    limit: Annotated[int, typer.Option("--limit", help="How many results.")] = 5,
+    as_json: JsonFlag = False,
+) -> None:
+    """Agents whose role, description, keywords or prompt match QUERY (BM25 with a track-record prior)."""
+    from rich.markup import escape
+
+    results = _store().search_agents(query, limit)
+    if as_json:
+        typer.echo(
+            json.dumps([_row(agent) | {"score": round(score, 4)} for agent, score in results], indent=2)
+        )
+        return
+    for agent, score in results:
+        console().print(
+            f"{score:7.3f}  {agent.id}  {escape(agent.name)} — {escape(agent.role)}", highlight=False
+        )
+
+
+@agents_app.command("edit")
+def agents_edit(agent_id: Annotated[str, typer.Argument(help="The agent's id.")]) -> None:
+    """Edit an agent in $EDITOR (JSON); saving makes a new version, older ones stay readable."""
+    import click
+    from pydantic import ValidationError
+
+    from ..errors import ConfigError
+    from ..registry import AgentSpec
+
+    store = _store()
+    agent = store.get_agent(agent_id)
+    editable = agent.model_dump(mode="json", exclude={"stats", "version"})
+    edited = click.edit(json.dumps(editable, indent=2), extension=".json", require_save=True)
+    if edited is None:
+        console(stderr=True).print("no change")
+        return
+    try:
+        data = json.loads(edited)
+        spec = AgentSpec.model_validate({**data, "id": agent.id, "stats": agent.stats.model_dump()})
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise ConfigError(f"the edit is not a valid agent, nothing changed: {exc}") from None
+    stored = store.put_agent(spec)
+    console(stderr=True).print(f"agent {stored.id} is now version {stored.version}")
+
+
+@agents_app.command("rm")
+def agents_rm(agent_id: Annotated[str, typer.Argument(help="The agent's id.")]) -> None:
+    """Remove an agent and every version of it."""
+    _store().delete_agent(agent_id)
+    console(stderr=True).print(f"removed agent {agent_id}")
+
+
+@agents_app.command("export")
+def agents_export(path: Annotated[Path, typer.Argument(help="The JSON-lines file to write.")]) -> None:
+    """Write every agent to a JSON-lines file (import reads it back exactly)."""
+    count = _store().export_agents(path)
+    console(stderr=True).print(f"exported {count} agent(s) to {path}")
+
+
+@agents_app.command("import")
+def agents_import(
+    path: Annotated[Path, typer.Argument(help="A JSON-lines file from `agents export`.")],
+) -> None:
+    """Read agents from a JSON-lines file: all of them, or none if any line is invalid."""
+    from ..errors import ConfigError
+
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a file")
+    count = _store().import_agents(path)
+    console(stderr=True).print(f"imported {count} agent(s) from {path}")
+
+
+@cohorts_app.command("list")
+def cohorts_list(as_json: JsonFlag = False) -> None:
+    """Every cohort, newest first."""
+    from rich.markup import escape
+
+    cohorts = _store().list_cohorts()
+    if as_json:
+        typer.echo(json.dumps([cohort.model_dump(mode="json") for cohort in cohorts], indent=2))
+        return
+    for cohort in cohorts:
+        console().print(f"{cohort.id}  {cohort.outcome}  {escape(cohort.task[:80])}", highlight=False)
+
+
+@cohorts_app.command("show")
+def cohorts_show(
+    cohort_id: Annotated[str, typer.Argument(help="The cohort's id.")], as_json: JsonFlag = False
+) -> None:
+    """One cohort: task, plan shape, agents, outcome, rating."""
+    cohort = _store().get_cohort(cohort_id)
+    typer.echo(json.dumps(cohort.model_dump(mode="json"), indent=2 if as_json else 1))
+
+
+@cohorts_app.command("rm")
+def cohorts_rm(cohort_id: Annotated[str, typer.Argument(help="The cohort's id.")]) -> None:
+    """Remove a cohort (its agents stay)."""
+    _store().delete_cohort(cohort_id)
+    console(stderr=True).print(f"removed cohort {cohort_id}")

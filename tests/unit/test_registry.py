@@ -1,0 +1,137 @@
+"""The agent registry store and its CLI: versions, search, stats under concurrency, export/import."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from masterplanner import Settings
+from masterplanner.errors import ConfigError, RunError
+from masterplanner.registry import AgentSpec, Cohort, RegistryStore
+
+
+def _agent(agent_id: str, role: str, prompt: str, **extra: object) -> AgentSpec:
+    return AgentSpec.model_validate(
+        {"id": agent_id, "name": agent_id, "role": role, "system_prompt": prompt, **extra}
+    )
+
+
+@pytest.fixture
+def store(isolated: Path) -> RegistryStore:
+    settings = Settings.load()
+    settings.ensure_home()
+    return RegistryStore(settings.database_url)
+
+
+def test_versions_search_and_delete(store: RegistryStore) -> None:
+    store.put_agent(_agent("csv", "data analyst", "You read CSV files and compute monthly totals."))
+    store.put_agent(_agent("poet", "poet", "You write haiku about the sea.", keywords=["poetry", "haiku"]))
+    edited = store.put_agent(_agent("csv", "data analyst", "You read CSV files and compute weekly totals."))
+    assert edited.version == 2
+    assert store.versions("csv") == [1, 2]
+    assert store.get_agent("csv").system_prompt.endswith("weekly totals.")
+    assert store.get_agent("csv", version=1).system_prompt.endswith("monthly totals.")
+    assert [agent.id for agent, _ in store.search_agents("write a haiku about waves")] == ["poet"]
+    assert [agent.id for agent, _ in store.search_agents("totals from a csv")] == ["csv"]
+    assert store.search_agents("monthly") == []  # only the current version is indexed
+    store.delete_agent("poet")
+    with pytest.raises(RunError, match="no agent 'poet'"):
+        store.get_agent("poet")
+    assert store.search_agents("haiku") == []
+
+
+def test_track_record_breaks_ties(store: RegistryStore) -> None:
+    store.put_agent(_agent("a", "summarizer", "You summarize reports."))
+    store.put_agent(_agent("b", "summarizer", "You summarize reports."))
+    for _ in range(4):
+        store.record_outcome("b", succeeded=True, rating=5)
+        store.record_outcome("a", succeeded=False, rating=1)
+    assert [agent.id for agent, _ in store.search_agents("summarize reports")] == ["b", "a"]
+    assert store.get_agent("b").stats.success_rate == 1.0
+    assert store.get_agent("a").stats.mean_rating == 1.0
+
+
+def _bump(url: str, times: int) -> None:
+    store = RegistryStore(url)
+    for _ in range(times):
+        store.record_outcome("shared", succeeded=True, rating=4)
+
+
+def test_concurrent_writers_lose_no_update(store: RegistryStore) -> None:
+    store.put_agent(_agent("shared", "worker", "You work."))
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_bump, args=(store.url, 50)) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    stats = store.get_agent("shared").stats
+    assert (stats.uses, stats.successes, stats.ratings, stats.rating_sum) == (200, 200, 200, 800.0)
+
+
+def test_export_import_round_trips_and_a_corrupt_file_imports_nothing(
+    store: RegistryStore, tmp_path: Path
+) -> None:
+    store.put_agent(
+        _agent("one", "planner", "You plan.", lessons=["Name the output file."], tools=["write_file"])
+    )
+    store.put_agent(_agent("two", "critic", "You critique."))
+    store.record_outcome("one", succeeded=True, rating=4)
+    exported = tmp_path / "agents.jsonl"
+    assert store.export_agents(exported) == 2
+    before = {agent.id: agent for agent in store.list_agents()}
+    store.delete_agent("one")
+    store.delete_agent("two")
+    assert store.import_agents(exported) == 2
+    after = {agent.id: agent for agent in store.list_agents()}
+    assert after == before
+
+    lines = exported.read_text().splitlines()
+    broken = json.loads(lines[1])
+    broken["role"] = ""
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_text(lines[0].replace('"one"', '"three"', 1) + "\n" + json.dumps(broken) + "\n")
+    with pytest.raises(
+        ConfigError, match=r"corrupt\.jsonl: line 2: role: String should have at least 1 character"
+    ):
+        store.import_agents(corrupt)
+    assert sorted(agent.id for agent in store.list_agents()) == ["one", "two"]
+
+
+def test_cohorts_and_the_cli(store: RegistryStore) -> None:
+    store.put_agent(_agent("poet", "poet", "You write haiku."))
+    store.put_cohort(
+        Cohort(
+            id="c1", task="Write a haiku", plan={"steps": [{"id": "w"}]}, agents={"w": "poet"}, run_id="r1"
+        )
+    )
+
+    def mp(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "masterplanner", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ),
+        )
+
+    listed = json.loads(mp("agents", "list", "--json").stdout)
+    assert [agent["id"] for agent in listed] == ["poet"]
+    shown = json.loads(mp("agents", "show", "poet", "--json").stdout)
+    assert (shown["system_prompt"], shown["versions"]) == ("You write haiku.", [1])
+    found = json.loads(mp("agents", "search", "haiku", "--json").stdout)
+    assert [agent["id"] for agent in found] == ["poet"]
+    assert [c["id"] for c in json.loads(mp("cohorts", "list", "--json").stdout)] == ["c1"]
+    missing = mp("agents", "show", "nobody")
+    assert (missing.returncode, missing.stderr.strip()) == (
+        1,
+        "error: no agent 'nobody' in the registry (see `masterplanner agents list`)",
+    )
+    assert mp("cohorts", "rm", "c1").returncode == 0
+    assert store.list_cohorts() == []
