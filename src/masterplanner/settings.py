@@ -100,6 +100,12 @@ class Settings(BaseSettings):
     image_base_url: str | None = Field(
         None, description="OpenAI-compatible images API base URL; empty = OpenAI"
     )
+    reuse_threshold: float = Field(
+        0.6, ge=0, le=1.01, description="task similarity above which a run reuses a stored team (1.01: never)"
+    )
+    remember_runs: Literal["always", "never"] = Field(
+        "always", description="store the agents and team of every approved run that succeeds"
+    )
     mcp_servers: dict[str, McpServer] = Field(
         default_factory=dict, description="MCP servers whose tools steps may use, by name (see README)"
     )

@@ -237,6 +237,9 @@ def _print_plan_dict(result: Plan, agents: dict[str, Any], *, stderr: bool = Fal
                     f"tool fit {critique['tool_fit']}, output {critique['output_format']})[/]"
                 )
             edited = " [yellow](edited)[/]" if agent.get("edited") else ""
+            if agent.get("reused_from"):
+                reused = f"reused agent {agent.get('agent_id', '')} from run {agent['reused_from']}"
+                edited += f" [green]({escape(reused)})[/]"
             branch.add(f"[bold]prompt[/]{scores}{edited}").add(escape(agent["prompt"]))
     console(stderr=stderr).print(tree)
 

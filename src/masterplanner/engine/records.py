@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal, get_args
+
+from ..database import utc_now
 
 __all__ = [
     "EVENT_KINDS",
@@ -44,11 +45,6 @@ EventKind = Literal[
     "run_cancelled",
 ]
 EVENT_KINDS: frozenset[str] = frozenset(get_args(EventKind))
-
-
-def utc_now() -> str:
-    """The current time as ISO 8601 UTC with milliseconds, e.g. `2026-11-22T03:04:05.678Z`."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -44,17 +43,15 @@ from ..plan import Plan, Step, sinks, validate_plan, validate_task
 from ..planner import plan as make_plan
 from ..prompting import create_prompts, prompts_to_json
 from ..purpose import step_purpose
-from ..sandbox import sandbox_problems
+from ..registry import RegistryStore
 from ..settings import Settings
-from ..tools import Catalog, builtin_catalog
-from ..tools.http import HttpPolicy
-from ..tools.images import ImageConfig
-from ..tools.mcp import discover_tools
-from ..tools.web_search import SearchConfig
+from ..tools import Catalog
 from ..tools.workspace import Workspace
 from .budget import RunLedger
+from .catalogs import run_catalog, tool_context, with_mcp_tools
 from .checkpoints import CheckpointedModel
 from .records import RunOptions, RunRecord, utc_now
+from .reuse import remember_run, reusable_cohort
 from .runtime import launch_dbos, shutdown_dbos
 from .scheduler import StepOutcome, run_dag
 from .step_agent import (
@@ -64,7 +61,7 @@ from .step_agent import (
     step_instructions,
     tool_aids,
 )
-from .step_tools import ToolContext, ToolRunner, step_tools
+from .step_tools import ToolRunner, step_tools
 from .store import RunStore, process_identity
 from .tool_calls import ToolApprover, ToolCalls
 
@@ -84,26 +81,6 @@ _GUARD_INTERVAL_S = 0.2
 _HEARTBEAT_S = 3.0
 
 
-def run_catalog(settings: Settings | None = None) -> Catalog:
-    """The tools a run's planner may assign: those step agents can run here.
-
-    With `settings`, tools that could only fail are left out, so the planner does not pick them:
-    `web_search` without a backend, `http_request` without allowed domains, `generate_image`
-    without an API key, `code_execution` where the sandbox cannot start. (The embedded model
-    otherwise planned a haiku in twelve steps and called `web_search` until its request cap.)
-    """
-    names = list(RUNNABLE_TOOLS)
-    if settings is not None:
-        unusable = {
-            "web_search": settings.web_search_backend == "none",
-            "http_request": not settings.http_allowed_domains,
-            "generate_image": not os.environ.get(ImageConfig().api_key_variable),
-            "code_execution": bool(sandbox_problems()),
-        }
-        names = [name for name in names if not unusable.get(name, False)]
-    return builtin_catalog().subset(names)
-
-
 @DBOS.workflow(name="masterplanner.step")
 async def _step_workflow(run_id: str, step_id: str) -> dict[str, Any]:
     return await _execution(run_id).step_body(step_id)
@@ -119,6 +96,11 @@ def _execution(run_id: str) -> _Execution:
     if execution is None:
         raise RunError(f"run {run_id} is not being executed by this process")
     return execution
+
+
+def run_uses_sqlite(settings: Settings) -> bool:
+    """Whether the database is SQLite (the registry has no Postgres implementation yet)."""
+    return settings.database_url.startswith("sqlite")
 
 
 def _parse_time(text: str) -> float:
@@ -295,36 +277,19 @@ class _Execution:
         self.options = run.options
         self.catalog = run_catalog(self.settings)
         self.workspace = Workspace(run.workspace).create()
-        self.tool_context = ToolContext(
-            http=HttpPolicy(
-                allowed_domains=tuple(self.settings.http_allowed_domains),
-                allow_loopback=self.settings.http_allow_loopback,
-            ),
-            search=SearchConfig(
-                backend=self.settings.web_search_backend,
-                folder=self.settings.web_search_folder,
-                searxng_url=self.settings.searxng_url,
-            ),
-            images=ImageConfig(model=self.settings.image_model, base_url=self.settings.image_base_url),
-            ask_person=ask_person,
-        )
+        self.tool_context = tool_context(self.settings, ask_person)
         self.ledger = RunLedger(self.store, run.id, run.options)
         self.model = BudgetedModel(resolve_model(run.model, self.settings), self.ledger.check)
         self.plan: Plan | None = None
+        self.registry = RegistryStore(self.settings.database_url) if run_uses_sqlite(self.settings) else None
         self.outputs: dict[str, str] = {}
         self.interrupted: set[str] = set()
         self.stop_reason: str | None = None
 
     async def _load_mcp_tools(self) -> None:
         """Add the configured MCP servers' tools to this run's catalog and step tools."""
-        servers = self.settings.mcp_servers
-        if not servers:
-            return
-        specs = await discover_tools(servers)
-        self.catalog = Catalog([*run_catalog(self.settings), *specs])
-        self.tool_context = replace(
-            self.tool_context, mcp_servers=dict(servers), mcp_specs={spec.name: spec for spec in specs}
-        )
+        if self.settings.mcp_servers:
+            self.catalog, self.tool_context = await with_mcp_tools(self.settings, self.tool_context)
 
     async def drive(self, review: ReviewHandler | None) -> None:
         try:
@@ -369,14 +334,22 @@ class _Execution:
     # ---- planning and review
 
     async def _plan_phase(self) -> None:
-        plan = await make_plan(self.run.task, self.catalog, model=self.model, ledger=self.ledger)
-        prompts = await create_prompts(
-            plan, self.catalog, model=self.model, ledger=self.ledger, rounds=self.options.prompt_rounds
-        )
-        self.store.set_status(
-            self.run.id, "awaiting_approval", plan=plan.to_json_dict(), agents=prompts_to_json(prompts)
-        )
-        self.store.append_event(self.run.id, "plan_ready", data={"steps": plan.ids})
+        registry = self.registry
+        found = None
+        if registry is not None:
+            found = reusable_cohort(registry, self.run.task, self.catalog, self.settings.reuse_threshold)
+        if found is not None:
+            # a team that solved a task like this one before: its plan and agents, no planning calls
+            plan, agents, cohort, similarity = found
+            ready = {"steps": plan.ids, "reused_cohort": cohort.id, "similarity": round(similarity, 3)}
+        else:
+            plan = await make_plan(self.run.task, self.catalog, model=self.model, ledger=self.ledger)
+            prompts = await create_prompts(
+                plan, self.catalog, model=self.model, ledger=self.ledger, rounds=self.options.prompt_rounds
+            )
+            agents, ready = prompts_to_json(prompts), {"steps": plan.ids}
+        self.store.set_status(self.run.id, "awaiting_approval", plan=plan.to_json_dict(), agents=agents)
+        self.store.append_event(self.run.id, "plan_ready", data=ready)
         self.store.append_event(self.run.id, "approval_requested")
         self._refresh()
 
@@ -448,6 +421,7 @@ class _Execution:
                 ]
                 if problems:
                     self._fail("; ".join(problems))
+                    self._remember(succeeded=False)
                     return
                 with SetWorkflowID(f"{self.run.id}.aggregate"):
                     output = await _aggregate_workflow(self.run.id)
@@ -458,6 +432,20 @@ class _Execution:
         self.store.set_status(self.run.id, "succeeded", output=output)
         self.store.append_event(self.run.id, "run_succeeded", data={"output_chars": len(output)})
         self._refresh()
+        self._remember(succeeded=True)
+
+    def _remember(self, *, succeeded: bool) -> None:
+        """Tell the registry how the run went (a failed run only counts against reused agents)."""
+        if self.registry is None or self.plan is None or self.settings.remember_runs == "never":
+            return
+        remember_run(
+            self.registry,
+            run_id=self.run.id,
+            model=self.run.model,
+            plan=self.plan,
+            agents=self.run.agents or {},
+            succeeded=succeeded,
+        )
 
     def _wall_time_left(self) -> float | None:
         if self.options.max_wall_s is None:

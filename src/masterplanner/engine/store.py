@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from ..database import engine_url
 from ..errors import RunError
 from .records import EVENT_KINDS, Event, EventKind, RunOptions, RunRecord, RunStatus, StepRecord, utc_now
 
@@ -104,14 +105,6 @@ MIGRATIONS: list[tuple[str, Callable[[Connection], None]]] = [
     ("0001_runs_steps_events_usage", _create_run_tables),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
-
-
-def engine_url(url: str) -> str:
-    """The SQLAlchemy URL for a settings database URL (Postgres goes through psycopg 3)."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
 
 
 def process_identity() -> str:

@@ -19,8 +19,7 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 
-from ..engine.records import utc_now
-from ..engine.store import engine_url
+from ..database import engine_url, utc_now
 from ..errors import ConfigError, RunError
 from .specs import AgentSpec, AgentStats, Cohort
 
@@ -270,6 +269,25 @@ class RegistryStore:
                 "SELECT cohort FROM mp_cohorts ORDER BY created_at DESC, id"
             ).all()
         return [Cohort.model_validate_json(row[0]) for row in rows]
+
+    def similar_cohorts(self, task: str, limit: int = 3) -> list[tuple[Cohort, float]]:
+        """Cohorts whose task is like `task`, most similar first, with a similarity in [0, 1].
+
+        Lexical for now: the Ochiai coefficient of the two tasks' word stems (the embedder-based
+        hybrid ranking comes later).
+        """
+        from ..tools.selection import words
+
+        wanted = set(words(task))
+        if not wanted:
+            return []
+        scored = []
+        for cohort in self.list_cohorts():
+            have = set(words(cohort.task))
+            if have:
+                scored.append((cohort, len(wanted & have) / math.sqrt(len(wanted) * len(have))))
+        scored.sort(key=lambda item: -item[1])
+        return scored[:limit]
 
     def delete_cohort(self, cohort_id: str) -> None:
         """Remove a cohort (its agents stay)."""
