@@ -1,7 +1,8 @@
 """Purpose labels: every LLM call says what it is for.
 
 Usage accounting, traces and the scripted test model all key on the label. The fixed labels are
-`planner`, `replanner`, `prompt_creator`, `critic`, `aggregator` and `chat`; a step agent's calls
+`planner`, `replanner`, `prompt_creator`, `critic`, `aggregator`, `chat` and `feedback` (the
+failure analysis after a low rating); a step agent's calls
 are labelled `step:<step-id>`.
 """
 
@@ -14,7 +15,9 @@ from contextvars import ContextVar
 
 __all__ = ["FIXED_PURPOSES", "current_purpose", "step_purpose", "using_purpose", "validate_purpose"]
 
-FIXED_PURPOSES = frozenset({"planner", "replanner", "prompt_creator", "critic", "aggregator", "chat"})
+FIXED_PURPOSES = frozenset(
+    {"planner", "replanner", "prompt_creator", "critic", "aggregator", "chat", "feedback"}
+)
 _STEP_PURPOSE = re.compile(r"step:[a-z0-9][a-z0-9_-]{0,63}")
 
 _current: ContextVar[str | None] = ContextVar("masterplanner_purpose", default=None)

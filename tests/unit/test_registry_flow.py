@@ -58,3 +58,59 @@ async def test_a_paraphrase_reuses_the_stored_team(isolated: Path, write_script:
         ) == 2
     finally:
         engine.close()
+
+
+def test_a_low_rating_teaches_lessons_that_reach_the_next_prompt(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("report", tools=[])]}},
+            {"purpose": "prompt_creator", "output": "You write reports.", "repeat": True},
+            {"purpose": "step:report", "output": "a report without numbers", "repeat": True},
+            {
+                "purpose": "feedback",
+                "output": {"lessons": [{"step": "report", "lesson": "Always include the totals."}]},
+            },
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+
+    def mp(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "masterplanner", *args], capture_output=True, text=True, timeout=120
+        )
+
+    first = json.loads(mp("run", T1, "--model", f"scripted:{script}", "--yes", "--json").stdout)
+    rated = mp(
+        "feedback",
+        first["run_id"],
+        "--rating",
+        "1",
+        "--comment",
+        "no numbers",
+        "--model",
+        f"scripted:{script}",
+        "--json",
+    )
+    assert rated.returncode == 0, rated.stderr
+    agent_id = f"{first['run_id']}.report"
+    assert json.loads(rated.stdout) == {
+        "rated_agents": [agent_id],
+        "cohort_rated": True,
+        "lessons": {agent_id: ["Always include the totals."]},
+    }
+    shown = json.loads(mp("agents", "show", agent_id, "--json").stdout)
+    assert shown["lessons"] == ["Always include the totals."]
+    assert shown["mean_rating"] == 1.0
+    second = json.loads(mp("run", T2, "--model", f"scripted:{script}", "--yes", "--json").stdout)
+    engine = Engine(Settings.load())
+    try:
+        prompt = engine.store.get_run(second["run_id"]).agents["report"]["prompt"]
+    finally:
+        engine.close()
+    assert prompt.endswith("Lessons from earlier runs:\n- Always include the totals.")

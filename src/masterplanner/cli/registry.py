@@ -196,3 +196,66 @@ def cohorts_rm(cohort_id: Annotated[str, typer.Argument(help="The cohort's id.")
     """Remove a cohort (its agents stay)."""
     _store().delete_cohort(cohort_id)
     console(stderr=True).print(f"removed cohort {cohort_id}")
+
+
+@app.command(short_help="Rate a finished run; a rating of 2 or less teaches its agents lessons.")
+def feedback(
+    run_id: Annotated[str, typer.Argument(help="The run's id (a unique prefix is enough).")],
+    rating: Annotated[int, typer.Option("--rating", help="1 (bad) to 5 (excellent).")],
+    comment: Annotated[str, typer.Option("--comment", help="What went wrong or right.")] = "",
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model for the failure analysis.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Rate RUN_ID: its agents' and its team's ratings change.
+
+    At 2 or less a failure analysis writes lessons onto the agents involved, which their prompts
+    carry from the next run on (see `agents show`).
+    """
+    import asyncio
+
+    from ..engine import Engine
+    from ..feedback import give_feedback
+    from ..models import resolve_model
+    from ..plan import Plan
+    from ..settings import Settings
+
+    settings = Settings.load()
+    engine = Engine(settings)
+    run = engine.store.get_run(run_id)
+    if run.plan is None:
+        from ..errors import RunError
+
+        raise RunError(f"run {run.id} has no plan yet")
+    outputs = {step.id: step.output or "" for step in engine.store.steps(run.id)}
+    chosen = resolve_model(model or run.model, settings)
+    result = asyncio.run(
+        give_feedback(
+            _store(),
+            run_id=run.id,
+            plan=Plan.model_validate(run.plan),
+            agents=run.agents or {},
+            outputs=outputs,
+            rating=rating,
+            comment=comment,
+            model=chosen,
+        )
+    )
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "rated_agents": result.rated_agents,
+                    "cohort_rated": result.cohort_rated,
+                    "lessons": result.lessons,
+                },
+                indent=2,
+            )
+        )
+        return
+    out = console(stderr=True)
+    out.print(f"rated {len(result.rated_agents)} agent(s){' and the team' if result.cohort_rated else ''}")
+    for agent_id, lessons in result.lessons.items():
+        for lesson in lessons:
+            out.print(f"lesson for {agent_id}: {lesson}", highlight=False)

@@ -191,6 +191,20 @@ class RegistryStore:
                 (int(succeeded), int(not succeeded), int(rating is not None), rating or 0.0, agent_id),
             )
 
+    def rate(self, agent_id: str, rating: float) -> None:
+        """Add one rating (1 to 5) to an agent's stats (atomic)."""
+        with self._begin("rate an agent") as connection:
+            connection.exec_driver_sql(
+                "UPDATE mp_agents SET ratings = ratings + 1, rating_sum = rating_sum + ? WHERE id = ?",
+                (rating, agent_id),
+            )
+
+    def add_lesson(self, agent_id: str, lesson: str) -> AgentSpec:
+        """Append a lesson to an agent (a new version; at most the 50 newest lessons are kept)."""
+        agent = self.get_agent(agent_id)
+        lessons = [*agent.lessons, lesson.strip()][-50:]
+        return self.put_agent(agent.model_copy(update={"lessons": lessons}))
+
     def search_agents(self, query: str, limit: int = 5) -> list[tuple[AgentSpec, float]]:
         """Agents matching `query` by BM25, nudged by their success rate and rating; best first."""
         terms = [term for term in "".join(c if c.isalnum() else " " for c in query).split() if len(term) > 1]
@@ -288,6 +302,15 @@ class RegistryStore:
                 scored.append((cohort, len(wanted & have) / math.sqrt(len(wanted) * len(have))))
         scored.sort(key=lambda item: -item[1])
         return scored[:limit]
+
+    def rate_cohort(self, cohort_id: str, rating: float) -> Cohort:
+        """Set a cohort's rating."""
+        cohort = self.get_cohort(cohort_id).model_copy(update={"rating": rating})
+        with self._begin("rate a cohort") as connection:
+            connection.exec_driver_sql(
+                "UPDATE mp_cohorts SET cohort = ? WHERE id = ?", (cohort.model_dump_json(), cohort_id)
+            )
+        return cohort
 
     def delete_cohort(self, cohort_id: str) -> None:
         """Remove a cohort (its agents stay)."""
