@@ -136,6 +136,13 @@ class RegistryStore:
         )
         return stored
 
+    def put_agents(self, specs: list[AgentSpec]) -> int:
+        """Store many agents in one transaction (all or none); returns how many."""
+        with self._begin("store agents") as connection:
+            for spec in specs:
+                self.put_agent(spec, connection)
+        return len(specs)
+
     def get_agent(self, agent_id: str, version: int | None = None) -> AgentSpec:
         """The agent (its current version, or `version`), with its current stats."""
         with self._begin("read an agent") as connection:
