@@ -46,6 +46,11 @@ def test_versions_search_and_delete(store: RegistryStore) -> None:
     assert store.search_agents("haiku") == []
 
 
+def test_bulk_put_is_one_transaction(store: RegistryStore) -> None:
+    assert store.put_agents([_agent("x", "role", "You x."), _agent("y", "role", "You y.")]) == 2
+    assert sorted(agent.id for agent in store.list_agents()) == ["x", "y"]
+
+
 def test_track_record_breaks_ties(store: RegistryStore) -> None:
     store.put_agent(_agent("a", "summarizer", "You summarize reports."))
     store.put_agent(_agent("b", "summarizer", "You summarize reports."))
