@@ -374,7 +374,9 @@ class _Execution:
         if "plan" in decision or "agents" in decision or "tool_policies" in decision:
             plan = validate_plan(decision.get("plan", self.run.plan or {}), self.catalog)
             agents = decision.get("agents", self.run.agents)
-            options = replace(self.options, tool_policies=dict(decision.get("tool_policies", {})))
+            options = replace(
+                self.options, tool_policies=dict(decision.get("tool_policies", self.options.tool_policies))
+            )
             self.store.update_run(
                 self.run.id,
                 plan=plan.to_json_dict(),
