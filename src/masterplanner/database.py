@@ -1,10 +1,24 @@
-"""Helpers shared by the stores that live in the one database (runs, registry): URLs and timestamps."""
+"""What the stores sharing the one database (runs, registry) have in common.
+
+URLs, timestamps, SQLite settings, transactions with readable errors, and named migrations.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import Any
 
-__all__ = ["engine_url", "utc_now"]
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from .errors import RunError
+
+__all__ = ["Migration", "apply_migrations", "create_engine", "engine_url", "transaction", "utc_now"]
+
+Migration = tuple[str, Callable[[Connection], None]]
+"""A named schema change, applied once per database and recorded in `mp_migrations`."""
 
 
 def utc_now() -> str:
@@ -18,3 +32,55 @@ def engine_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def create_engine(url: str) -> Engine:
+    """An engine for a settings database URL; SQLite connections in WAL with `synchronous=NORMAL`."""
+    try:
+        engine = sa.create_engine(engine_url(url))
+    except (sa.exc.ArgumentError, ImportError) as exc:
+        raise RunError(f"database URL {url!r} is not usable: {exc}") from None
+    if engine.dialect.name == "sqlite":
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+@contextmanager
+def transaction(engine: Engine, url: str, action: str) -> Iterator[Connection]:
+    """One transaction; database failures become a `RunError` naming the database and the action.
+
+    `IntegrityError` passes through: callers that race on a key handle it.
+    """
+    try:
+        with engine.begin() as connection:
+            yield connection
+    except sa.exc.IntegrityError:
+        raise
+    except sa.exc.DBAPIError as exc:  # unreachable, unwritable, full, locked or not a database
+        raise RunError(f"database {url}: cannot {action}: {exc.orig}") from None
+
+
+def apply_migrations(connection: Connection, migrations: list[Migration]) -> None:
+    """Apply the migrations not yet recorded in `mp_migrations`, in order, recording each."""
+    connection.execute(
+        sa.text(
+            "CREATE TABLE IF NOT EXISTS mp_migrations "
+            "(name VARCHAR(100) PRIMARY KEY, applied_at VARCHAR(32) NOT NULL)"
+        )
+    )
+    applied = set(connection.scalars(sa.text("SELECT name FROM mp_migrations")))
+    for name, migrate in migrations:
+        if name not in applied:
+            migrate(connection)
+            connection.execute(
+                sa.text("INSERT INTO mp_migrations (name, applied_at) VALUES (:name, :at)"),
+                {"name": name, "at": utc_now()},
+            )

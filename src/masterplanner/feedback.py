@@ -47,13 +47,11 @@ def involved_agents(
     registry: RegistryStore, run_id: str, plan: Plan, agents: dict[str, Any]
 ) -> dict[str, str]:
     """Step id -> registry agent id, for the steps of the run whose agent is in the registry."""
-    found = {}
-    known = {agent.id for agent in registry.list_agents()}
-    for step in plan.steps:
-        agent_id = (agents.get(step.id) or {}).get("agent_id") or f"{run_id}.{step.id}"
-        if agent_id in known:
-            found[step.id] = agent_id
-    return found
+    candidates = {
+        step.id: (agents.get(step.id) or {}).get("agent_id") or f"{run_id}.{step.id}" for step in plan.steps
+    }
+    known = registry.known_agents(list(candidates.values()))
+    return {step_id: agent_id for step_id, agent_id in candidates.items() if agent_id in known}
 
 
 async def give_feedback(
@@ -78,11 +76,7 @@ async def give_feedback(
     for agent_id in involved.values():
         registry.rate(agent_id, rating)
         result.rated_agents.append(agent_id)
-    try:
-        registry.rate_cohort(run_id, rating)
-        result.cohort_rated = True
-    except RunError:
-        pass  # a failed run has no cohort
+    result.cohort_rated = registry.rate_cohort(run_id, rating)
     if rating > LOW_RATING or model is None:
         return result
     analysis = await _analyse(plan, outputs, comment, model, ledger or UsageLedger())

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .app import app, console
+from .runs import RunId
 
 if TYPE_CHECKING:
     from ..registry import AgentSpec, RegistryStore
@@ -200,7 +201,7 @@ def cohorts_rm(cohort_id: Annotated[str, typer.Argument(help="The cohort's id.")
 
 @app.command(short_help="Rate a finished run; a rating of 2 or less teaches its agents lessons.")
 def feedback(
-    run_id: Annotated[str, typer.Argument(help="The run's id (a unique prefix is enough).")],
+    run_id: RunId,
     rating: Annotated[int, typer.Option("--rating", help="1 (bad) to 5 (excellent).")],
     comment: Annotated[str, typer.Option("--comment", help="What went wrong or right.")] = "",
     model: Annotated[

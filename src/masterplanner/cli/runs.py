@@ -22,6 +22,7 @@ runs_app = typer.Typer(help="List, inspect, resume and cancel runs.", no_args_is
 app.add_typer(runs_app, name="runs")
 
 _EXIT = {"succeeded": 0, "failed": 1, "cancelled": 1}
+RunId = Annotated[str, typer.Argument(help="The run's id (a unique prefix is enough).")]
 T = TypeVar("T")
 
 
@@ -335,7 +336,7 @@ def runs_list(
 
 @runs_app.command("show", short_help="Show a run: plan, steps, events and usage.")
 def runs_show(
-    run_id: Annotated[str, typer.Argument(help="The run's id (a unique prefix is enough).")],
+    run_id: RunId,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show a run (reads only; never resumes or executes anything)."""
@@ -373,7 +374,7 @@ def runs_show(
 
 @runs_app.command("resume", short_help="Continue an interrupted run from its last checkpoint.")
 def runs_resume(
-    run_id: Annotated[str, typer.Argument(help="The run's id (a unique prefix is enough).")],
+    run_id: RunId,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run report as JSON.")] = False,
 ) -> None:
     """Continue a run that stopped (crash, kill, Ctrl-C): finished steps are not run again."""
@@ -387,7 +388,7 @@ def runs_resume(
 
 @runs_app.command("cancel", short_help="Stop a run.")
 def runs_cancel(
-    run_id: Annotated[str, typer.Argument(help="The run's id (a unique prefix is enough).")],
+    run_id: RunId,
     wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for running steps to stop.")] = 15.0,
 ) -> None:
     """Cancel a run: running steps stop promptly and no new step starts."""

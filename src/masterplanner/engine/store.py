@@ -17,14 +17,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ..database import engine_url
+from ..database import Migration, apply_migrations, create_engine, engine_url, transaction
 from ..errors import RunError
 from .records import EVENT_KINDS, Event, EventKind, RunOptions, RunRecord, RunStatus, StepRecord, utc_now
 
@@ -88,12 +87,6 @@ usage_table = sa.Table(
     sa.Column("output_tokens", sa.Integer, nullable=False),
     sa.Column("seconds", sa.Float, nullable=False),
 )
-migrations_table = sa.Table(
-    "mp_migrations",
-    metadata,
-    sa.Column("name", sa.String(100), primary_key=True),
-    sa.Column("applied_at", sa.String(32), nullable=False),
-)
 
 
 def _create_run_tables(connection: Connection) -> None:
@@ -101,7 +94,7 @@ def _create_run_tables(connection: Connection) -> None:
         table.create(connection, checkfirst=True)
 
 
-MIGRATIONS: list[tuple[str, Callable[[Connection], None]]] = [
+MIGRATIONS: list[Migration] = [
     ("0001_runs_steps_events_usage", _create_run_tables),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
@@ -132,33 +125,13 @@ class RunStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        try:
-            self.engine: Engine = sa.create_engine(engine_url(url))
-        except (sa.exc.ArgumentError, ImportError) as exc:
-            raise RunError(f"database URL {url!r} is not usable: {exc}") from None
-        if self.engine.dialect.name == "sqlite":
-            sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.engine: Engine = create_engine(url)
         self._append_lock = threading.Lock()
-        self._migrate()
-
-    @contextmanager
-    def _begin(self, action: str) -> Iterator[Connection]:
-        try:
-            with self.engine.begin() as connection:
-                yield connection
-        except sa.exc.IntegrityError:
-            raise
-        except sa.exc.DBAPIError as exc:  # unreachable, unwritable, full, locked or not a database
-            raise RunError(f"database {self.url}: cannot {action}: {exc.orig}") from None
-
-    def _migrate(self) -> None:
         with self._begin("create its tables") as connection:
-            migrations_table.create(connection, checkfirst=True)
-            applied = set(connection.scalars(sa.select(migrations_table.c.name)))
-            for name, migrate in MIGRATIONS:
-                if name not in applied:
-                    migrate(connection)
-                    connection.execute(migrations_table.insert().values(name=name, applied_at=utc_now()))
+            apply_migrations(connection, MIGRATIONS)
+
+    def _begin(self, action: str) -> AbstractContextManager[Connection]:
+        return transaction(self.engine, self.url, action)
 
     def close(self) -> None:
         """Release the database connections."""
@@ -479,14 +452,6 @@ class RunStore:
             "output_tokens": sum(entry["output_tokens"] for entry in by_purpose.values()),
             "by_purpose": by_purpose,
         }
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()
 
 
 def _run_record(row: Any) -> RunRecord:

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 
-from ..database import engine_url, utc_now
+from ..database import Migration, apply_migrations, create_engine, engine_url, transaction, utc_now
 from ..errors import ConfigError, RunError
 from .specs import AgentSpec, AgentStats, Cohort
 
@@ -47,7 +45,7 @@ def _create_registry_tables(connection: Connection) -> None:
     )
 
 
-REGISTRY_MIGRATIONS: list[tuple[str, Callable[[Connection], None]]] = [
+REGISTRY_MIGRATIONS: list[Migration] = [
     ("registry_0001_agents_versions_cohorts_fts", _create_registry_tables),
 ]
 
@@ -61,31 +59,12 @@ class RegistryStore:
             raise ConfigError(
                 f"the agent registry needs SQLite for now; {url!r} is not (Postgres comes later)"
             )
-        self.engine = sa.create_engine(engine_url(url))
-        sa.event.listen(self.engine, "connect", _pragmas)
-        self._migrate()
-
-    @contextmanager
-    def _begin(self, action: str) -> Iterator[Connection]:
-        try:
-            with self.engine.begin() as connection:
-                yield connection
-        except sa.exc.DBAPIError as exc:
-            raise RunError(f"registry {self.url}: cannot {action}: {exc.orig}") from None
-
-    def _migrate(self) -> None:
+        self.engine = create_engine(url)
         with self._begin("create its tables") as connection:
-            connection.exec_driver_sql(
-                "CREATE TABLE IF NOT EXISTS mp_migrations "
-                "(name VARCHAR(100) PRIMARY KEY, applied_at VARCHAR(32) NOT NULL)"
-            )
-            applied = {row[0] for row in connection.exec_driver_sql("SELECT name FROM mp_migrations")}
-            for name, migrate in REGISTRY_MIGRATIONS:
-                if name not in applied:
-                    migrate(connection)
-                    connection.exec_driver_sql(
-                        "INSERT INTO mp_migrations (name, applied_at) VALUES (?, ?)", (name, utc_now())
-                    )
+            apply_migrations(connection, REGISTRY_MIGRATIONS)
+
+    def _begin(self, action: str) -> AbstractContextManager[Connection]:
+        return transaction(self.engine, self.url, action)
 
     def close(self) -> None:
         """Release the database connections."""
@@ -310,14 +289,30 @@ class RegistryStore:
         scored.sort(key=lambda item: -item[1])
         return scored[:limit]
 
-    def rate_cohort(self, cohort_id: str, rating: float) -> Cohort:
-        """Set a cohort's rating."""
-        cohort = self.get_cohort(cohort_id).model_copy(update={"rating": rating})
+    def rate_cohort(self, cohort_id: str, rating: float) -> bool:
+        """Set a cohort's rating; False when there is no such cohort (a failed run has none)."""
         with self._begin("rate a cohort") as connection:
+            row = connection.exec_driver_sql(
+                "SELECT cohort FROM mp_cohorts WHERE id = ?", (cohort_id,)
+            ).first()
+            if row is None:
+                return False
+            cohort = Cohort.model_validate_json(row[0]).model_copy(update={"rating": rating})
             connection.exec_driver_sql(
                 "UPDATE mp_cohorts SET cohort = ? WHERE id = ?", (cohort.model_dump_json(), cohort_id)
             )
-        return cohort
+        return True
+
+    def known_agents(self, agent_ids: list[str]) -> set[str]:
+        """Which of `agent_ids` are in the registry (one query)."""
+        if not agent_ids:
+            return set()
+        marks = ", ".join("?" for _ in agent_ids)
+        with self._begin("read agents") as connection:
+            rows = connection.exec_driver_sql(
+                f"SELECT id FROM mp_agents WHERE id IN ({marks})", tuple(agent_ids)
+            )
+            return {row[0] for row in rows}
 
     def delete_cohort(self, cohort_id: str) -> None:
         """Remove a cohort (its agents stay)."""
@@ -345,11 +340,3 @@ def _prior(stats: AgentStats) -> float:
     if rating is not None:
         boost += 0.1 * (rating - 3) / 2
     return max(0.5, boost)
-
-
-def _pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()
