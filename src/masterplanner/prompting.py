@@ -11,6 +11,7 @@ the final prompt are kept so the review screen can show them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -152,8 +153,9 @@ async def create_prompts(
     ledger: UsageLedger | None = None,
     rounds: int = DEFAULT_ROUNDS,
     concurrency: int = 4,
+    only: Collection[str] | None = None,
 ) -> dict[str, AgentPrompt]:
-    """Write, critique and revise a system prompt for every step of `plan`, steps concurrently."""
+    """Write, critique and revise a system prompt for each step of `plan` (or of `only`), concurrently."""
     if not 0 <= rounds <= MAX_ROUNDS:
         raise ConfigError(f"prompt rounds must be between 0 and {MAX_ROUNDS}, got {rounds}")
     context = _Context(plan, catalog, model, ledger or UsageLedger())
@@ -163,7 +165,8 @@ async def create_prompts(
         async with gate:
             return await _create_one(context, step, rounds)
 
-    created = await asyncio.gather(*(one(step) for step in plan.steps))
+    steps = [step for step in plan.steps if only is None or step.id in only]
+    created = await asyncio.gather(*(one(step) for step in steps))
     return {prompt.step_id: prompt for prompt in created}
 
 

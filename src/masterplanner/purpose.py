@@ -16,7 +16,7 @@ from contextvars import ContextVar
 __all__ = ["FIXED_PURPOSES", "current_purpose", "step_purpose", "using_purpose", "validate_purpose"]
 
 FIXED_PURPOSES = frozenset(
-    {"planner", "replanner", "prompt_creator", "critic", "aggregator", "chat", "feedback"}
+    {"planner", "replanner", "adapter", "prompt_creator", "critic", "aggregator", "chat", "feedback"}
 )
 _STEP_PURPOSE = re.compile(r"step:[a-z0-9][a-z0-9_-]{0,63}")
 

@@ -18,6 +18,7 @@ from .tools import Catalog
 
 __all__ = [
     "ERROR_MARK",
+    "FRESH",
     "POLICIES",
     "ReviewEdit",
     "parse_review_yaml",
@@ -34,7 +35,10 @@ _HEADER = (
     "# Edit the plan and each step's prompt, then save and close the editor.\n"
     "# Remove a step by deleting it; dependencies name step ids. Lines starting with # are ignored.\n"
     "# tool_policies (for the whole run, or in a step for its agent) map a tool to auto, ask or deny.\n"
+    "# A step reusing a stored agent says so in `agent`; set it to `fresh` to have a new prompt written.\n"
 )
+FRESH = "fresh"
+"""What a person writes in a step's `agent` to replace a reused agent with a newly written one."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,9 @@ def render_review_yaml(
         data = step.model_dump(mode="json")
         entry = {key: data[key] for key in _STEP_KEYS}
         agent = (agents or {}).get(step.id) or {}
+        if agent.get("agent_id") and agent.get("reused_from") is not None:
+            origin = f" from run {agent['reused_from']}" if agent["reused_from"] else ""
+            entry["agent"] = f"reused {agent['agent_id']}{origin}"
         prompt = agent.get("prompt")
         if prompt:
             entry["prompt"] = prompt.rstrip() + "\n" if "\n" in prompt else prompt
@@ -111,11 +118,56 @@ def _policies(raw: object, catalog: Catalog, where: str) -> dict[str, str]:
     return {str(tool): str(value) for tool, value in raw.items()}
 
 
-def parse_review_yaml(text: str, catalog: Catalog, agents: dict[str, Any] | None = None) -> ReviewEdit:
-    """Read an edited review back: the validated plan, the agents map, the run-wide tool policies.
+@dataclass
+class _AgentEdits:
+    """What the steps of an edit say about their agents, taken out of the plan's steps."""
 
-    Raises `PlanError` naming each problem; the plan and prompts given are never changed.
-    """
+    policies: dict[str, dict[str, str]] = field(default_factory=dict)
+    prompts: dict[str, str] = field(default_factory=dict)
+    fresh: set[str] = field(default_factory=set)
+
+    def take(self, step: object, catalog: Catalog) -> object:
+        """`step` without its `agent`, `tool_policies` and `prompt` keys, which are recorded here."""
+        if not isinstance(step, dict):
+            return step
+        step = dict(step)
+        where = f"step {step.get('id')}"
+        if "agent" in step:
+            choice = step.pop("agent")
+            if isinstance(choice, str) and choice.strip().lower() == FRESH:
+                self.fresh.add(str(step.get("id")))
+            elif not (isinstance(choice, str) and choice.startswith("reused ")):
+                raise PlanError(
+                    [f"{where}: agent must be left as it is or set to {FRESH!r}"], context="invalid edit"
+                )
+        if "tool_policies" in step:
+            self.policies[str(step.get("id"))] = _policies(step.pop("tool_policies"), catalog, where)
+        if "prompt" in step:
+            prompt = step.pop("prompt")
+            if isinstance(step.get("id"), str):
+                if not isinstance(prompt, str) or not prompt.strip():
+                    raise PlanError([f"{where}: prompt must be non-empty text"], context="invalid edit")
+                self.prompts[step["id"]] = prompt
+        return step
+
+    def agent(self, step_id: str, before: dict[str, Any]) -> dict[str, Any]:
+        """The step's agent entry after the edit."""
+        prompt = self.prompts.get(step_id)
+        edited = prompt is not None and prompt.strip() != str(before.get("prompt", "")).strip()
+        if step_id in self.fresh:
+            # the reused agent goes: the person's own prompt if they wrote one, else a new one
+            after: dict[str, Any] = {"prompt": prompt, "edited": True} if edited else {"fresh": True}
+        elif edited:
+            after = {**before, "prompt": prompt, "edited": True}
+        else:
+            after = dict(before)
+        after.pop("tool_policies", None)
+        if self.policies.get(step_id):
+            after["tool_policies"] = self.policies[step_id]
+        return after
+
+
+def _load_yaml(text: str) -> dict[str, Any]:
     try:
         document = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
@@ -128,38 +180,23 @@ def parse_review_yaml(text: str, catalog: Catalog, agents: dict[str, Any] | None
         raise PlanError([f"the edit is not valid YAML: {exc}"], context="invalid edit") from None
     if not isinstance(document, dict):
         raise PlanError(["the edit must be a mapping with 'task' and 'steps'"], context="invalid edit")
-    raw_steps = document.get("steps")
+    return document
+
+
+def parse_review_yaml(text: str, catalog: Catalog, agents: dict[str, Any] | None = None) -> ReviewEdit:
+    """Read an edited review back: the validated plan, the agents map, the run-wide tool policies.
+
+    Raises `PlanError` naming each problem; the plan and prompts given are never changed.
+    """
+    document = _load_yaml(text)
     run_policies = _policies(document.pop("tool_policies", None), catalog, "the run")
-    step_policies: dict[str, dict[str, str]] = {}
-    prompts: dict[str, str] = {}
-    if isinstance(raw_steps, list):
-        cleaned = []
-        for step in raw_steps:
-            if isinstance(step, dict) and "tool_policies" in step:
-                step = dict(step)
-                where = f"step {step.get('id')}"
-                step_policies[str(step.get("id"))] = _policies(step.pop("tool_policies"), catalog, where)
-            if isinstance(step, dict) and "prompt" in step:
-                step = dict(step)
-                prompt = step.pop("prompt")
-                if isinstance(step.get("id"), str):
-                    if not isinstance(prompt, str) or not prompt.strip():
-                        raise PlanError(
-                            [f"step {step['id']}: prompt must be non-empty text"], context="invalid edit"
-                        )
-                    prompts[step["id"]] = prompt
-            cleaned.append(step)
-        document = {**document, "steps": cleaned}
+    edits = _AgentEdits()
+    if isinstance(document.get("steps"), list):
+        document = {**document, "steps": [edits.take(step, catalog) for step in document["steps"]]}
     plan = validate_plan(document, catalog)
     new_agents: dict[str, Any] = {}
     for step in plan.steps:
-        before = dict((agents or {}).get(step.id) or {})
-        if step.id in prompts and prompts[step.id].strip() != str(before.get("prompt", "")).strip():
-            before = {**before, "prompt": prompts[step.id], "edited": True}
-        if step_policies.get(step.id):
-            before = {**before, "tool_policies": step_policies[step.id]}
-        else:
-            before.pop("tool_policies", None)
-        if before:
-            new_agents[step.id] = before
+        after = edits.agent(step.id, dict((agents or {}).get(step.id) or {}))
+        if after:
+            new_agents[step.id] = after
     return ReviewEdit(plan, new_agents, run_policies)

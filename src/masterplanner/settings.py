@@ -103,8 +103,21 @@ class Settings(BaseSettings):
     reuse_threshold: float = Field(
         0.6, ge=0, le=1.01, description="task similarity above which a run reuses a stored team (1.01: never)"
     )
-    remember_runs: Literal["always", "never"] = Field(
-        "always", description="store the agents and team of every approved run that succeeds"
+    agent_reuse_threshold: float = Field(
+        0.75,
+        ge=0,
+        le=1.01,
+        description="similarity of a step to a stored agent above which the step reuses it (1.01: never)",
+    )
+    embedder: str = Field(
+        "none",
+        min_length=1,
+        description="registry embeddings: none, local (MiniLM, extra embeddings), "
+        "sentence-transformers:NAME or PROVIDER:MODEL",
+    )
+    remember_runs: Literal["always", "ask", "never"] = Field(
+        "always",
+        description="store the agents and team of an approved run that succeeds (ask: the person says)",
     )
     mcp_servers: dict[str, McpServer] = Field(
         default_factory=dict, description="MCP servers whose tools steps may use, by name (see README)"

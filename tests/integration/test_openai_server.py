@@ -2,21 +2,17 @@
 on 127.0.0.1, serving the embedded GGUF, reached through the official `openai` client."""
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Literal
 
-import httpx
 import pytest
+from _llama_server import llama_server
 from pydantic import BaseModel
 from pydantic_ai import Agent
 
 from masterplanner import UsageLedger, labelled, resolve_model
-from masterplanner.models.local import embedded_model_path
 
 pytestmark = [pytest.mark.server, pytest.mark.local_model]
 
@@ -31,54 +27,10 @@ class Palette(BaseModel):
     colors: list[Color]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "llama_cpp.server",
-                "--model",
-                str(embedded_model_path()),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--n_ctx",
-                "4096",
-                "--model_alias",
-                "smollm2",
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    base_url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"llama.cpp server exited early:\n{Path(log).read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{base_url}/models", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("llama.cpp server did not start within 60 s")
-            time.sleep(0.2)
+    with llama_server(tmp_path_factory.mktemp("server"), "--n_ctx", "4096") as base_url:
         yield base_url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 @pytest.fixture

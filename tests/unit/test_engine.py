@@ -86,6 +86,7 @@ async def test_chain_passes_outputs_and_the_final_step_answers(
         ("step_started", "b"),
         ("step_succeeded", "b"),
         ("run_succeeded", None),
+        ("team_stored", None),
     ]
     assert "aggregator" not in engine.report(run.id)["usage"]["by_purpose"]
 

@@ -27,12 +27,12 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 def _store() -> RegistryStore:
-    from ..registry import RegistryStore
+    from ..registry import open_registry
     from ..settings import Settings
 
     settings = Settings.load()
     settings.ensure_home()
-    return RegistryStore(settings.database_url)
+    return open_registry(settings)
 
 
 def _row(agent: AgentSpec) -> dict[str, object]:

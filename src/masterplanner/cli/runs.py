@@ -157,6 +157,9 @@ class _Terminal:
     async def answer(self, question: str) -> str:
         return await self._ask(_answer_in_terminal, question)
 
+    async def remember(self, run: RunRecord) -> bool:
+        return await self._ask(_remember_in_terminal, run)
+
 
 async def _execute_with_progress(engine: Engine, run_id: str) -> RunRecord:
     """Execute the run in this terminal; also resume, beside it, runs left behind by a crash."""
@@ -170,7 +173,11 @@ async def _execute_with_progress(engine: Engine, run_id: str) -> RunRecord:
     try:
         results = await asyncio.gather(
             engine.execute(
-                run_id, review=terminal.review, approve_tool=terminal.approve, ask_person=terminal.answer
+                run_id,
+                review=terminal.review,
+                approve_tool=terminal.approve,
+                ask_person=terminal.answer,
+                confirm_remember=terminal.remember,
             ),
             *(engine.execute(other) for other in crashed),
             return_exceptions=True,
@@ -216,6 +223,21 @@ def _answer_in_terminal(question: str) -> str:
         return ""
 
 
+def _remember_in_terminal(run: RunRecord) -> bool:
+    """Ask whether to store a succeeded run's team in the registry; closed input means no."""
+    steps = len((run.plan or {}).get("steps", []))
+    try:
+        return bool(
+            typer.confirm(
+                f"store this run's team ({steps} agents) in the registry for similar tasks?",
+                default=True,
+                err=True,
+            )
+        )
+    except (typer.Abort, EOFError):
+        return False
+
+
 def _event_line(event: Event) -> str:
     from rich.markup import escape
 
@@ -233,6 +255,13 @@ def _event_line(event: Event) -> str:
         detail = f" [red]{escape(str(data.get('error', '')))}[/]"
     elif event.kind in ("run_failed", "run_cancelled", "rejected"):
         detail = f" {escape(str(data.get('reason', '')))}"
+    elif event.kind == "plan_ready" and "reused_cohort" in data:
+        detail = (
+            f" reusing the team of run {data['reused_cohort']} (similarity {data['similarity']}, "
+            f"adapted: {data.get('adaptation')})"
+        )
+    elif event.kind == "plan_ready" and "reuse_failed" in data:
+        detail = f" [yellow]{escape(str(data['reuse_failed']))}[/]; planned afresh"
     colour = {"run_succeeded": "green", "step_succeeded": "green", "run_failed": "red", "step_failed": "red"}
     kind = f"[{colour[event.kind]}]{event.kind}[/]" if event.kind in colour else event.kind
     return f"[dim]{time}[/] {kind}{step}{detail}"

@@ -5,7 +5,7 @@ runs as a DBOS workflow whose model requests and tool calls are checkpointed.
 """
 
 from .records import EVENT_KINDS, Event, RunOptions, RunRecord, StepRecord
-from .runner import Decision, Engine, ReviewHandler, ToolApprover, run_catalog
+from .runner import Decision, Engine, RememberConfirmer, ReviewHandler, ToolApprover, run_catalog
 from .scheduler import StepOutcome, run_dag
 from .store import RunStore
 
@@ -14,6 +14,7 @@ __all__ = [
     "Decision",
     "Engine",
     "Event",
+    "RememberConfirmer",
     "ReviewHandler",
     "RunOptions",
     "RunRecord",

@@ -43,6 +43,8 @@ EventKind = Literal[
     "run_succeeded",
     "run_failed",
     "run_cancelled",
+    "team_stored",
+    "team_not_stored",
 ]
 EVENT_KINDS: frozenset[str] = frozenset(get_args(EventKind))
 

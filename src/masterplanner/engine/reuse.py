@@ -1,16 +1,38 @@
-"""Reuse before planning, remembering after running: the registry in a run's flow."""
+"""The registry in a run's flow: reuse before planning, remember after running.
+
+Before planning, the stored teams (cohorts) most like the task are looked up. The best one that
+succeeded and clears `reuse_threshold` is adapted to the task (see `adaptation`) and its agents
+are reused: no planner or Prompt Creator calls. Otherwise the planner plans, with the similar
+teams' plans as its examples, and each step whose role and instruction match a stored agent
+above `agent_reuse_threshold` reuses that agent's prompt instead of having one written.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PlanError, RunError
-from ..plan import Plan, validate_plan
+from ..plan import Plan, Step, validate_plan
+from ..planner import PlanExample
 from ..registry import AgentSpec, Cohort, RegistryStore
 from ..tools import Catalog
 from ..tools.selection import words
 
-__all__ = ["lessons_prompt", "remember_run", "reusable_cohort"]
+__all__ = [
+    "HINT_FLOOR",
+    "StoredTeam",
+    "cohort_hints",
+    "lessons_prompt",
+    "remember_run",
+    "reusable_agents",
+    "reusable_cohort",
+]
+
+HINT_FLOOR = 0.3
+"""Similarity below which a stored team is not worth showing the planner as an example."""
+_MAX_HINTS = 2
 
 
 def lessons_prompt(agent: AgentSpec) -> str:
@@ -21,30 +43,65 @@ def lessons_prompt(agent: AgentSpec) -> str:
     return f"{agent.system_prompt}\n\nLessons from earlier runs:\n{lessons}"
 
 
+def _reused(agent: AgentSpec, run_id: str) -> dict[str, Any]:
+    return {"prompt": lessons_prompt(agent), "agent_id": agent.id, "reused_from": run_id}
+
+
+@dataclass(frozen=True)
+class StoredTeam:
+    """A stored team that fits a new task: its cohort, how similar the tasks are, its plan and agents."""
+
+    cohort: Cohort
+    similarity: float
+    plan: Plan
+    """The plan as it was approved, for the cohort's own task."""
+    agents: dict[str, Any]
+
+
 def reusable_cohort(
-    registry: RegistryStore, task: str, catalog: Catalog, threshold: float
-) -> tuple[Plan, dict[str, Any], Cohort, float] | None:
-    """A succeeded cohort similar enough to `task` to run again: its plan for `task` and its agents."""
-    for cohort, similarity in registry.similar_cohorts(task, 3):
+    registry: RegistryStore,
+    found: Sequence[tuple[Cohort, float]],
+    catalog: Catalog,
+    threshold: float,
+) -> StoredTeam | None:
+    """The first of `found` (from `similar_cohorts`) that succeeded, clears `threshold` and can run now."""
+    for cohort, similarity in found:
         if similarity < threshold or cohort.outcome != "succeeded":
             continue
         try:
-            plan = validate_plan({**cohort.plan, "task": task}, catalog)
+            plan = validate_plan(cohort.plan, catalog)
             agents = {step_id: registry.get_agent(agent_id) for step_id, agent_id in cohort.agents.items()}
         except (PlanError, RunError):
             continue  # a tool is not available now, or an agent was removed: plan afresh
         if set(agents) != set(plan.ids):
             continue
-        prompts = {
-            step_id: {
-                "prompt": lessons_prompt(agent),
-                "agent_id": agent.id,
-                "reused_from": cohort.run_id,
-            }
-            for step_id, agent in agents.items()
-        }
-        return plan, prompts, cohort, similarity
+        prompts = {step_id: _reused(agent, cohort.run_id) for step_id, agent in agents.items()}
+        return StoredTeam(cohort, similarity, plan, prompts)
     return None
+
+
+def cohort_hints(found: Sequence[tuple[Cohort, float]]) -> list[PlanExample]:
+    """The plans of similar teams that succeeded, as examples for the planner (best first)."""
+    return [
+        PlanExample(cohort.task, list(cohort.plan.get("steps", [])))
+        for cohort, similarity in found
+        if cohort.outcome == "succeeded" and similarity >= HINT_FLOOR and cohort.plan.get("steps")
+    ][:_MAX_HINTS]
+
+
+def _step_text(step: Step) -> str:
+    return f"{step.agent_role}. {step.title}. {step.instruction}"
+
+
+def reusable_agents(registry: RegistryStore, plan: Plan, threshold: float) -> dict[str, dict[str, Any]]:
+    """Step id -> a stored agent for the steps that match one above `threshold` and whose tools it has."""
+    chosen: dict[str, dict[str, Any]] = {}
+    for step in plan.steps:
+        for agent, similarity in registry.similar_agents(_step_text(step), 3):
+            if similarity >= threshold and set(step.tools) <= set(agent.tools):
+                chosen[step.id] = _reused(agent, agent.origin.get("run_id", ""))
+                break
+    return chosen
 
 
 def remember_run(
@@ -55,14 +112,20 @@ def remember_run(
     plan: Plan,
     agents: dict[str, Any],
     succeeded: bool,
+    store_new: bool = True,
 ) -> None:
-    """After a run: count every agent's outcome; a succeeded run also stores its new agents and its cohort."""
+    """After a run: count every stored agent's outcome.
+
+    A succeeded run (when `store_new`) also stores its new agents and its cohort.
+    """
     agent_ids: dict[str, str] = {}
+    store = succeeded and store_new
     for step in plan.steps:
         agent = agents.get(step.id) or {}
-        agent_id = agent.get("agent_id")
+        # a reused agent whose prompt the person edited at review is a new agent
+        agent_id = None if agent.get("edited") else agent.get("agent_id")
         if agent_id is None:
-            if not succeeded:
+            if not store:
                 continue
             agent_id = f"{run_id}.{step.id}"
             registry.put_agent(
@@ -82,7 +145,7 @@ def remember_run(
             )
         registry.record_outcome(agent_id, succeeded=succeeded)
         agent_ids[step.id] = agent_id
-    if succeeded:
+    if store:
         shape = plan.model_dump(mode="json", exclude_none=True)
         registry.put_cohort(
             Cohort.model_validate(

@@ -29,11 +29,13 @@ from pydantic_ai import Agent
 from pydantic_ai.exceptions import AgentRunError, ModelHTTPError, UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.usage import UsageLimits
 
+from ..adaptation import adapt_plan
 from ..errors import (
     BudgetExceededError,
     ConfigError,
     MasterplannerError,
     ModelError,
+    PlanError,
     RunError,
 )
 from ..models import resolve_model
@@ -43,7 +45,7 @@ from ..plan import Plan, Step, sinks, validate_plan, validate_task
 from ..planner import plan as make_plan
 from ..prompting import create_prompts, prompts_to_json
 from ..purpose import step_purpose
-from ..registry import RegistryStore
+from ..registry import Cohort, open_registry
 from ..settings import Settings
 from ..tools import Catalog
 from ..tools.workspace import Workspace
@@ -51,7 +53,7 @@ from .budget import RunLedger
 from .catalogs import run_catalog, tool_context, with_mcp_tools
 from .checkpoints import CheckpointedModel
 from .records import RunOptions, RunRecord, utc_now
-from .reuse import remember_run, reusable_cohort
+from .reuse import cohort_hints, remember_run, reusable_agents, reusable_cohort
 from .runtime import launch_dbos, shutdown_dbos
 from .scheduler import StepOutcome, run_dag
 from .step_agent import (
@@ -65,12 +67,14 @@ from .step_tools import ToolRunner, step_tools
 from .store import RunStore, process_identity
 from .tool_calls import ToolApprover, ToolCalls
 
-__all__ = ["Decision", "Engine", "ReviewHandler", "ToolApprover", "run_catalog"]
+__all__ = ["Decision", "Engine", "RememberConfirmer", "ReviewHandler", "ToolApprover", "run_catalog"]
 
 Decision = dict[str, Any]
 """A review decision: `{"action": "approve" | "reject", "plan"?: {...}, "agents"?: {...}, "reason"?: str}`."""
 ReviewHandler = Callable[[RunRecord, Catalog], Awaitable[Decision]]
 """A front end's review: shown the run awaiting approval (and the tools it may use), returns the decision."""
+RememberConfirmer = Callable[[RunRecord], Awaitable[bool]]
+"""Asked after a run succeeds, when `remember_runs` is `ask`: store its team in the registry?"""
 
 _EXECUTIONS: dict[str, _Execution] = {}
 """Runs this process is executing, by id (the step workflows find their run here)."""
@@ -158,6 +162,7 @@ class Engine:
         review: ReviewHandler | None = None,
         approve_tool: ToolApprover | None = None,
         ask_person: Callable[[str], Awaitable[str]] | None = None,
+        confirm_remember: RememberConfirmer | None = None,
     ) -> RunRecord:
         """Drive a run to its end (or to the end of what it can do now) in this process.
 
@@ -171,7 +176,7 @@ class Engine:
         try:
             launch_dbos(self.settings.database_url, executor_id=self.owner, debug=self.debug)
             self._launched = True
-            execution = _Execution(self, run, approve_tool, ask_person)
+            execution = _Execution(self, run, approve_tool, ask_person, confirm_remember)
             _EXECUTIONS[run.id] = execution
             work = asyncio.ensure_future(execution.drive(review))
             guard = asyncio.ensure_future(self._guard(run.id, work, execution))
@@ -268,9 +273,11 @@ class _Execution:
         run: RunRecord,
         approve_tool: ToolApprover | None = None,
         ask_person: Callable[[str], Awaitable[str]] | None = None,
+        confirm_remember: RememberConfirmer | None = None,
     ) -> None:
         self.engine = engine
         self.approve_tool = approve_tool
+        self.confirm_remember = confirm_remember
         self.store = engine.store
         self.settings = engine.settings
         self.run = run
@@ -281,7 +288,7 @@ class _Execution:
         self.ledger = RunLedger(self.store, run.id, run.options)
         self.model = BudgetedModel(resolve_model(run.model, self.settings), self.ledger.check)
         self.plan: Plan | None = None
-        self.registry = RegistryStore(self.settings.database_url) if run_uses_sqlite(self.settings) else None
+        self.registry = open_registry(self.settings) if run_uses_sqlite(self.settings) else None
         self.outputs: dict[str, str] = {}
         self.interrupted: set[str] = set()
         self.stop_reason: str | None = None
@@ -334,22 +341,62 @@ class _Execution:
     # ---- planning and review
 
     async def _plan_phase(self) -> None:
-        registry = self.registry
-        found = None
+        registry, task = self.registry, self.run.task
+        found: list[tuple[Cohort, float]] = []
+        team = None
         if registry is not None:
-            found = reusable_cohort(registry, self.run.task, self.catalog, self.settings.reuse_threshold)
-        if found is not None:
-            # a team that solved a task like this one before: its plan and agents, no planning calls
-            plan, agents, cohort, similarity = found
-            ready = {"steps": plan.ids, "reused_cohort": cohort.id, "similarity": round(similarity, 3)}
-        else:
-            plan = await make_plan(self.run.task, self.catalog, model=self.model, ledger=self.ledger)
-            prompts = await create_prompts(
-                plan, self.catalog, model=self.model, ledger=self.ledger, rounds=self.options.prompt_rounds
+            # the registry may embed the task (a model load, an HTTP call): keep the loop free
+            found = await asyncio.to_thread(registry.similar_cohorts, task, 3)
+            team = await asyncio.to_thread(
+                reusable_cohort, registry, found, self.catalog, self.settings.reuse_threshold
             )
-            agents, ready = prompts_to_json(prompts), {"steps": plan.ids}
+        ready: dict[str, Any] = {}
+        plan: Plan | None = None
+        if team is not None:
+            # a team that solved a task like this one before: its plan fitted to this task, its agents
+            try:
+                plan, agents, how = await adapt_plan(
+                    team.plan,
+                    team.agents,
+                    team.cohort.task,
+                    task,
+                    self.catalog,
+                    model=self.model,
+                    ledger=self.ledger,
+                )
+                ready = {
+                    "reused_cohort": team.cohort.id,
+                    "similarity": round(team.similarity, 3),
+                    "adaptation": how,
+                }
+            except (PlanError, ModelError) as error:
+                ready = {"reuse_failed": f"cohort {team.cohort.id} could not be adapted: {error}"}
+        if plan is None:
+            hints = cohort_hints(found)
+            plan = await make_plan(
+                task, self.catalog, model=self.model, ledger=self.ledger, hints=hints or None
+            )
+            reused: dict[str, Any] = {}
+            if registry is not None:
+                reused = await asyncio.to_thread(
+                    reusable_agents, registry, plan, self.settings.agent_reuse_threshold
+                )
+            prompts = await create_prompts(
+                plan,
+                self.catalog,
+                model=self.model,
+                ledger=self.ledger,
+                rounds=self.options.prompt_rounds,
+                only=[step_id for step_id in plan.ids if step_id not in reused],
+            )
+            written = prompts_to_json(prompts)
+            agents = {step_id: reused.get(step_id) or written[step_id] for step_id in plan.ids}
+            if hints:
+                ready["hints"] = [hint.task for hint in hints]
+            if reused:
+                ready["reused_agents"] = {step_id: agent["agent_id"] for step_id, agent in reused.items()}
         self.store.set_status(self.run.id, "awaiting_approval", plan=plan.to_json_dict(), agents=agents)
-        self.store.append_event(self.run.id, "plan_ready", data=ready)
+        self.store.append_event(self.run.id, "plan_ready", data={"steps": plan.ids, **ready})
         self.store.append_event(self.run.id, "approval_requested")
         self._refresh()
 
@@ -373,7 +420,9 @@ class _Execution:
             return
         if "plan" in decision or "agents" in decision or "tool_policies" in decision:
             plan = validate_plan(decision.get("plan", self.run.plan or {}), self.catalog)
-            agents = decision.get("agents", self.run.agents)
+            agents = await self._write_missing_prompts(
+                plan, dict(decision.get("agents", self.run.agents) or {})
+            )
             options = replace(
                 self.options, tool_policies=dict(decision.get("tool_policies", self.options.tool_policies))
             )
@@ -390,6 +439,29 @@ class _Execution:
         self.store.append_event(self.run.id, "approved", data={"by": decision.get("by", "person")})
         self.store.set_status(self.run.id, "running")
         self._refresh()
+
+    async def _write_missing_prompts(self, plan: Plan, agents: dict[str, Any]) -> dict[str, Any]:
+        """Have the Prompt Creator write prompts for the steps an edit left without one.
+
+        Those are steps the person added, and steps whose reused agent they swapped for a fresh one.
+        """
+        missing = [step_id for step_id in plan.ids if not (agents.get(step_id) or {}).get("prompt")]
+        if not missing:
+            return agents
+        written = prompts_to_json(
+            await create_prompts(
+                plan,
+                self.catalog,
+                model=self.model,
+                ledger=self.ledger,
+                rounds=self.options.prompt_rounds,
+                only=missing,
+            )
+        )
+        for step_id in missing:
+            policies = (agents.get(step_id) or {}).get("tool_policies")
+            agents[step_id] = written[step_id] | ({"tool_policies": policies} if policies else {})
+        return agents
 
     # ---- execution
 
@@ -423,7 +495,7 @@ class _Execution:
                 ]
                 if problems:
                     self._fail("; ".join(problems))
-                    self._remember(succeeded=False)
+                    await self._remember(succeeded=False)
                     return
                 with SetWorkflowID(f"{self.run.id}.aggregate"):
                     output = await _aggregate_workflow(self.run.id)
@@ -434,20 +506,40 @@ class _Execution:
         self.store.set_status(self.run.id, "succeeded", output=output)
         self.store.append_event(self.run.id, "run_succeeded", data={"output_chars": len(output)})
         self._refresh()
-        self._remember(succeeded=True)
+        await self._remember(succeeded=True)
 
-    def _remember(self, *, succeeded: bool) -> None:
-        """Tell the registry how the run went (a failed run only counts against reused agents)."""
-        if self.registry is None or self.plan is None or self.settings.remember_runs == "never":
+    async def _remember(self, *, succeeded: bool) -> None:
+        """Tell the registry how the run went; store a succeeded run's team as `remember_runs` says.
+
+        A failed run only counts against the stored agents it used. With `ask`, the front end's
+        `confirm_remember` decides (`--yes` counts as yes); with no front end to ask, nothing new
+        is stored.
+        """
+        policy = self.settings.remember_runs
+        if self.registry is None or self.plan is None or policy == "never":
             return
-        remember_run(
+        store_new = succeeded
+        if succeeded and policy == "ask":
+            if self.options.auto_approve:
+                store_new = True
+            elif self.confirm_remember is not None:
+                store_new = await self.confirm_remember(self.store.get_run(self.run.id))
+            else:
+                store_new = False
+            if not store_new:
+                self.store.append_event(self.run.id, "team_not_stored", data={"remember_runs": policy})
+        await asyncio.to_thread(
+            remember_run,
             self.registry,
             run_id=self.run.id,
             model=self.run.model,
             plan=self.plan,
             agents=self.run.agents or {},
             succeeded=succeeded,
+            store_new=store_new,
         )
+        if succeeded and store_new:
+            self.store.append_event(self.run.id, "team_stored", data={"cohort": self.run.id})
 
     def _wall_time_left(self) -> float | None:
         if self.options.max_wall_s is None:

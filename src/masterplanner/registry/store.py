@@ -1,9 +1,18 @@
-"""The registry store: agents (every version kept), cohorts, and a lexical index, in the run database.
+"""The registry store: agents (every version kept), cohorts, and their search indexes, in the run database.
 
-SQLite: the tables `mp_agents`, `mp_agent_versions`, `mp_cohorts` and an FTS5 index ranked by
-BM25, created by named migrations recorded in `mp_migrations` (shared with the run store).
-Every write is one transaction; stats change by SQL arithmetic, so concurrent writers from
-several processes never lose an update. The Postgres implementation is not built yet.
+SQLite: the tables `mp_agents`, `mp_agent_versions`, `mp_cohorts`, FTS5 indexes over agents and
+cohort tasks ranked by BM25, and `mp_vectors` (one float32 vector per item and embedder), created
+by named migrations recorded in `mp_migrations` (shared with the run store). Every write is one
+transaction; stats change by SQL arithmetic, so concurrent writers from several processes never
+lose an update. The Postgres implementation is not built yet.
+
+Ranking: with no embedder, BM25 alone; with one, the BM25 list and the cosine list are fused by
+reciprocal rank fusion. Either way a prior from the agent's success rate and rating is applied.
+Vectors are compared in memory (numpy, exhaustive) from a cache reloaded when the registry's
+write counter moves; items stored while no (or another) embedder was configured are embedded
+on the next search. sqlite-vec is not used: Python builds without loadable SQLite extensions
+(pyenv's default, this project's CI among them) cannot load it, and its vec0 search is
+exhaustive too.
 """
 
 from __future__ import annotations
@@ -12,16 +21,28 @@ import json
 import math
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 
 from ..database import Migration, apply_migrations, create_engine, engine_url, transaction, utc_now
 from ..errors import ConfigError, RunError
+from .embedders import TextEmbedder
 from .specs import AgentSpec, AgentStats, Cohort
 
-__all__ = ["REGISTRY_MIGRATIONS", "RegistryStore"]
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+__all__ = [
+    "REGISTRY_MIGRATIONS",
+    "RegistryStore",
+    "fuse",
+    "lexical_similarity",
+    "open_registry",
+    "query_terms",
+]
 
 
 def _create_registry_tables(connection: Connection) -> None:
@@ -45,21 +66,97 @@ def _create_registry_tables(connection: Connection) -> None:
     )
 
 
+def _index_cohorts_and_vectors(connection: Connection) -> None:
+    connection.exec_driver_sql(
+        "CREATE VIRTUAL TABLE IF NOT EXISTS mp_cohorts_fts USING fts5(cohort_id UNINDEXED, body, "
+        "tokenize='porter unicode61')"
+    )
+    for cohort_id, text in connection.exec_driver_sql("SELECT id, cohort FROM mp_cohorts").all():
+        connection.exec_driver_sql(
+            "INSERT INTO mp_cohorts_fts (cohort_id, body) VALUES (?, ?)",
+            (cohort_id, json.loads(text)["task"]),
+        )
+    connection.exec_driver_sql(
+        "CREATE TABLE IF NOT EXISTS mp_vectors (embedder TEXT NOT NULL, kind TEXT NOT NULL, "
+        "item_id TEXT NOT NULL, vector BLOB NOT NULL, PRIMARY KEY (embedder, kind, item_id))"
+    )
+    connection.exec_driver_sql(
+        "CREATE TABLE IF NOT EXISTS mp_registry_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)"
+    )
+    connection.exec_driver_sql("INSERT OR IGNORE INTO mp_registry_meta (key, value) VALUES ('writes', 0)")
+
+
 REGISTRY_MIGRATIONS: list[Migration] = [
     ("registry_0001_agents_versions_cohorts_fts", _create_registry_tables),
+    ("registry_0002_cohort_index_vectors", _index_cohorts_and_vectors),
 ]
+
+RRF_K = 60
+"""Reciprocal rank fusion's constant: an item at rank r in a list adds 1 / (RRF_K + r)."""
+_CANDIDATES = 50
+"""How many items each ranking (BM25, cosine) contributes before fusion."""
+_KINDS = ("agent", "cohort")
+
+
+def query_terms(text: str) -> list[str]:
+    """The words of a search, as an FTS5 query matching any of them (stop words dropped)."""
+    from ..tools.selection import words
+
+    return list(dict.fromkeys(words(text)))
+
+
+def _match(terms: list[str]) -> str:
+    return " OR ".join(f'"{term}"' for term in terms)
+
+
+def fuse(rankings: list[list[str]]) -> dict[str, float]:
+    """Reciprocal rank fusion of ranked id lists: id -> sum of 1 / (RRF_K + rank), rank from 1."""
+    fused: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            fused[item] = fused.get(item, 0.0) + 1.0 / (RRF_K + rank)
+    return fused
+
+
+def lexical_similarity(first: str, second: str) -> float:
+    """The Ochiai coefficient of two texts' word stems, in [0, 1]."""
+    from ..tools.selection import words
+
+    a, b = set(words(first)), set(words(second))
+    return len(a & b) / math.sqrt(len(a) * len(b)) if a and b else 0.0
+
+
+class _Vectors:
+    """One kind's vectors for one embedder, in memory: ids and a unit-row matrix."""
+
+    def __init__(self, ids: list[str], matrix: np.ndarray) -> None:
+        self.ids = ids
+        self.matrix = matrix
+        self.position = {item: n for n, item in enumerate(ids)}
+
+    def nearest(self, query: np.ndarray, count: int) -> list[tuple[str, float]]:
+        if not self.ids:
+            return []
+        scores = self.matrix @ query
+        count = min(count, len(self.ids))
+        top = np.argpartition(-scores, count - 1)[:count]
+        top = top[np.argsort(-scores[top])]
+        return [(self.ids[n], float(scores[n])) for n in top]
 
 
 class RegistryStore:
     """Agents and cohorts; safe to share between tasks and threads of one process."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, embedder: TextEmbedder | None = None) -> None:
         self.url = url
+        self.embedder = embedder
         if not engine_url(url).startswith("sqlite"):
             raise ConfigError(
                 f"the agent registry needs SQLite for now; {url!r} is not (Postgres comes later)"
             )
         self.engine = create_engine(url)
+        self._vectors: dict[str, tuple[int, _Vectors]] = {}
+        self._queries: dict[str, np.ndarray] = {}
         with self._begin("create its tables") as connection:
             apply_migrations(connection, REGISTRY_MIGRATIONS)
 
@@ -113,6 +210,7 @@ class RegistryStore:
         connection.exec_driver_sql(
             "INSERT INTO mp_agents_fts (agent_id, body) VALUES (?, ?)", (spec.id, stored.search_text())
         )
+        _forget_vectors(connection, "agent", spec.id)
         return stored
 
     def put_agents(self, specs: list[AgentSpec]) -> int:
@@ -121,6 +219,12 @@ class RegistryStore:
             for spec in specs:
                 self.put_agent(spec, connection)
         return len(specs)
+
+    @staticmethod
+    def _embedding_text(spec: AgentSpec) -> str:
+        return ". ".join(
+            part for part in (spec.name, spec.role, spec.description, " ".join(spec.keywords)) if part
+        )
 
     def get_agent(self, agent_id: str, version: int | None = None) -> AgentSpec:
         """The agent (its current version, or `version`), with its current stats."""
@@ -167,6 +271,7 @@ class RegistryStore:
                 raise RunError(f"no agent {agent_id!r} in the registry")
             connection.exec_driver_sql("DELETE FROM mp_agent_versions WHERE agent_id = ?", (agent_id,))
             connection.exec_driver_sql("DELETE FROM mp_agents_fts WHERE agent_id = ?", (agent_id,))
+            _forget_vectors(connection, "agent", agent_id)
 
     def record_outcome(self, agent_id: str, *, succeeded: bool, rating: float | None = None) -> None:
         """Count one use of an agent (atomic: concurrent writers never lose an update)."""
@@ -192,25 +297,128 @@ class RegistryStore:
         return self.put_agent(agent.model_copy(update={"lessons": lessons}))
 
     def search_agents(self, query: str, limit: int = 5) -> list[tuple[AgentSpec, float]]:
-        """Agents matching `query` by BM25, nudged by their success rate and rating; best first."""
-        terms = [term for term in "".join(c if c.isalnum() else " " for c in query).split() if len(term) > 1]
-        if not terms:
-            return []
-        match = " OR ".join(f'"{term}"' for term in terms)
+        """Agents matching `query`, best first, with their scores.
+
+        BM25 (fused with cosine order when an embedder is set), times a prior from their success
+        rate and rating.
+        """
+        terms = query_terms(query)
+        rankings: list[list[str]] = []
         with self._begin("search agents") as connection:
+            if terms:
+                rankings.append(
+                    [
+                        row[0]
+                        for row in connection.exec_driver_sql(
+                            "SELECT agent_id FROM mp_agents_fts WHERE mp_agents_fts MATCH ? "
+                            "ORDER BY rank LIMIT ?",
+                            (_match(terms), _CANDIDATES),
+                        )
+                    ]
+                )
+            if self.embedder is not None and query.strip():
+                vectors = self._current_vectors(connection, "agent")
+                wanted = self._query_vector(query)
+                rankings.append([item for item, _ in vectors.nearest(wanted, _CANDIDATES)])
+            fused = fuse(rankings)
+            if not fused:
+                return []
+            marks = ", ".join("?" for _ in fused)
             rows = connection.exec_driver_sql(
-                "SELECT a.spec, a.uses, a.successes, a.failures, a.ratings, a.rating_sum, "
-                "bm25(mp_agents_fts) "
-                "FROM mp_agents_fts JOIN mp_agents a ON a.id = mp_agents_fts.agent_id "
-                "WHERE mp_agents_fts MATCH ? ORDER BY bm25(mp_agents_fts) LIMIT ?",
-                (match, max(limit * 4, 20)),
+                "SELECT spec, uses, successes, failures, ratings, rating_sum FROM mp_agents "
+                f"WHERE id IN ({marks})",
+                tuple(fused),
             ).all()
         scored = []
         for row in rows:
             spec = _with_stats(row[0], row[1:6])
-            scored.append((spec, -float(row[6]) * _prior(spec.stats)))
-        scored.sort(key=lambda item: -item[1])
+            scored.append((spec, fused[spec.id] * _prior(spec.stats)))
+        scored.sort(key=lambda item: (-item[1], item[0].id))
         return scored[:limit]
+
+    def similar_agents(self, text: str, limit: int = 3) -> list[tuple[AgentSpec, float]]:
+        """Agents like `text` (a step's role, title and instruction), best first, with a similarity in [0, 1].
+
+        Order as `search_agents`; similarity is the cosine of the embeddings with an embedder,
+        else the Ochiai coefficient of the word stems of `text` and the agent's name, role,
+        description and keywords.
+        """
+        found = self.search_agents(text, limit)
+        if self.embedder is None:
+            return [(spec, lexical_similarity(text, self._embedding_text(spec))) for spec, _ in found]
+        with self._begin("compare agents") as connection:
+            vectors = self._current_vectors(connection, "agent")
+        wanted = self._query_vector(text)
+        return [
+            (spec, max(0.0, min(1.0, float(vectors.matrix[vectors.position[spec.id]] @ wanted))))
+            for spec, _ in found
+            if spec.id in vectors.position
+        ]
+
+    # ---- vectors
+
+    def _query_vector(self, text: str) -> np.ndarray:
+        """The embedding of a search text (the last 64 are kept: one lookup often asks twice)."""
+        assert self.embedder is not None
+        vector = self._queries.get(text)
+        if vector is None:
+            vector = self.embedder.embed_sync([text], "query")[0]
+            if len(self._queries) >= 64:
+                self._queries.pop(next(iter(self._queries)))
+            self._queries[text] = vector
+        return vector
+
+    def _current_vectors(self, connection: Connection, kind: str) -> _Vectors:
+        """This kind's vectors for the configured embedder, embedding items that have none yet."""
+        assert self.embedder is not None
+        writes = connection.exec_driver_sql(
+            "SELECT value FROM mp_registry_meta WHERE key = 'writes'"
+        ).scalar_one()
+        cached = self._vectors.get(kind)
+        if cached is not None and cached[0] == writes:
+            return cached[1]
+        name = self.embedder.spec
+        if kind == "agent":
+            missing = [
+                (item_id, self._embedding_text(_with_stats(text, (0, 0, 0, 0, 0.0))))
+                for item_id, text in connection.exec_driver_sql(
+                    "SELECT a.id, a.spec FROM mp_agents a WHERE NOT EXISTS (SELECT 1 FROM mp_vectors v "
+                    "WHERE v.embedder = ? AND v.kind = 'agent' AND v.item_id = a.id)",
+                    (name,),
+                )
+            ]
+        else:
+            missing = [
+                (item_id, json.loads(text)["task"])
+                for item_id, text in connection.exec_driver_sql(
+                    "SELECT c.id, c.cohort FROM mp_cohorts c WHERE NOT EXISTS (SELECT 1 FROM mp_vectors v "
+                    "WHERE v.embedder = ? AND v.kind = 'cohort' AND v.item_id = c.id)",
+                    (name,),
+                )
+            ]
+        for start in range(0, len(missing), 256):
+            batch = missing[start : start + 256]
+            matrix = self.embedder.embed_sync([text for _, text in batch], "document")
+            connection.exec_driver_sql(
+                "INSERT OR REPLACE INTO mp_vectors (embedder, kind, item_id, vector) VALUES (?, ?, ?, ?)",
+                [
+                    (name, kind, item_id, row.tobytes())
+                    for (item_id, _), row in zip(batch, matrix, strict=True)
+                ],
+            )
+        rows = connection.exec_driver_sql(
+            "SELECT item_id, vector FROM mp_vectors WHERE embedder = ? AND kind = ? ORDER BY item_id",
+            (name, kind),
+        ).all()
+        ids = [row[0] for row in rows]
+        matrix = (
+            np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float32).reshape(len(rows), -1)
+            if rows
+            else np.zeros((0, 1), dtype=np.float32)
+        )
+        vectors = _Vectors(ids, matrix)
+        self._vectors[kind] = (writes, vectors)  # embedding the missing ones did not count as a write
+        return vectors
 
     # ---- export and import
 
@@ -239,6 +447,7 @@ class RegistryStore:
                 connection.exec_driver_sql("DELETE FROM mp_agents WHERE id = ?", (spec.id,))
                 connection.exec_driver_sql("DELETE FROM mp_agent_versions WHERE agent_id = ?", (spec.id,))
                 connection.exec_driver_sql("DELETE FROM mp_agents_fts WHERE agent_id = ?", (spec.id,))
+                _forget_vectors(connection, "agent", spec.id)
                 self.put_agent(spec, connection)
         return len(specs)
 
@@ -251,6 +460,11 @@ class RegistryStore:
                 "INSERT OR REPLACE INTO mp_cohorts (id, cohort, created_at) VALUES (?, ?, ?)",
                 (cohort.id, cohort.model_dump_json(), utc_now()),
             )
+            connection.exec_driver_sql("DELETE FROM mp_cohorts_fts WHERE cohort_id = ?", (cohort.id,))
+            connection.exec_driver_sql(
+                "INSERT INTO mp_cohorts_fts (cohort_id, body) VALUES (?, ?)", (cohort.id, cohort.task)
+            )
+            _forget_vectors(connection, "cohort", cohort.id)
 
     def get_cohort(self, cohort_id: str) -> Cohort:
         """The cohort with this id."""
@@ -271,23 +485,51 @@ class RegistryStore:
         return [Cohort.model_validate_json(row[0]) for row in rows]
 
     def similar_cohorts(self, task: str, limit: int = 3) -> list[tuple[Cohort, float]]:
-        """Cohorts whose task is like `task`, most similar first, with a similarity in [0, 1].
+        """Cohorts whose task is like `task`, best first, each with a similarity in [0, 1].
 
-        Lexical for now: the Ochiai coefficient of the two tasks' word stems (the embedder-based
-        hybrid ranking comes later).
+        Order: BM25 over the cohorts' tasks, fused with cosine order when an embedder is set.
+        Similarity (what `reuse_threshold` is compared with): the cosine of the two tasks'
+        embeddings with an embedder, else the Ochiai coefficient of their word stems.
         """
-        from ..tools.selection import words
-
-        wanted = set(words(task))
-        if not wanted:
-            return []
-        scored = []
-        for cohort in self.list_cohorts():
-            have = set(words(cohort.task))
-            if have:
-                scored.append((cohort, len(wanted & have) / math.sqrt(len(wanted) * len(have))))
-        scored.sort(key=lambda item: -item[1])
-        return scored[:limit]
+        terms = query_terms(task)
+        rankings: list[list[str]] = []
+        cosines: dict[str, float] = {}
+        with self._begin("search cohorts") as connection:
+            if terms:
+                rankings.append(
+                    [
+                        row[0]
+                        for row in connection.exec_driver_sql(
+                            "SELECT cohort_id FROM mp_cohorts_fts WHERE mp_cohorts_fts MATCH ? "
+                            "ORDER BY rank LIMIT ?",
+                            (_match(terms), _CANDIDATES),
+                        )
+                    ]
+                )
+            if self.embedder is not None and task.strip():
+                vectors = self._current_vectors(connection, "cohort")
+                wanted = self._query_vector(task)
+                nearest = vectors.nearest(wanted, _CANDIDATES)
+                rankings.append([item for item, _ in nearest])
+                cosines = {
+                    item: float(vectors.matrix[vectors.position[item]] @ wanted) for item in fuse(rankings)
+                }
+            fused = fuse(rankings)
+            if not fused:
+                return []
+            best = sorted(fused, key=lambda item: (-fused[item], item))[:limit]
+            marks = ", ".join("?" for _ in best)
+            rows: dict[str, str] = dict(
+                connection.exec_driver_sql(
+                    f"SELECT id, cohort FROM mp_cohorts WHERE id IN ({marks})", tuple(best)
+                ).all()
+            )
+        found = []
+        for item in best:
+            cohort = Cohort.model_validate_json(rows[item])
+            similarity = cosines[item] if self.embedder is not None else lexical_similarity(task, cohort.task)
+            found.append((cohort, max(0.0, min(1.0, similarity))))
+        return found
 
     def rate_cohort(self, cohort_id: str, rating: float) -> bool:
         """Set a cohort's rating; False when there is no such cohort (a failed run has none)."""
@@ -319,6 +561,21 @@ class RegistryStore:
         with self._begin("delete a cohort") as connection:
             if not connection.exec_driver_sql("DELETE FROM mp_cohorts WHERE id = ?", (cohort_id,)).rowcount:
                 raise RunError(f"no cohort {cohort_id!r} in the registry")
+            connection.exec_driver_sql("DELETE FROM mp_cohorts_fts WHERE cohort_id = ?", (cohort_id,))
+            _forget_vectors(connection, "cohort", cohort_id)
+
+
+def open_registry(settings: Settings) -> RegistryStore:
+    """The registry in the settings' database, with the configured embedder."""
+    from .embedders import resolve_embedder
+
+    return RegistryStore(settings.database_url, resolve_embedder(settings.embedder))
+
+
+def _forget_vectors(connection: Connection, kind: str, item_id: str) -> None:
+    """Drop an item's vectors (its text changed or it is gone) and count a write; caller's transaction."""
+    connection.exec_driver_sql("DELETE FROM mp_vectors WHERE kind = ? AND item_id = ?", (kind, item_id))
+    connection.exec_driver_sql("UPDATE mp_registry_meta SET value = value + 1 WHERE key = 'writes'")
 
 
 def _with_stats(text: str, counts: Any) -> AgentSpec:
