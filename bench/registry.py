@@ -213,7 +213,10 @@ def _script(folder: Path) -> Path:
     calls = [
         {"purpose": "planner", "output": {"steps": steps}, "repeat": True},
         {"purpose": "prompt_creator", "output": "You are careful. Do your step well.", "repeat": True},
-        *({"purpose": f"step:{name}", "output": f"{name} done", "repeat": True} for name in ("gather", "analyse", "write")),
+        *(
+            {"purpose": f"step:{name}", "output": f"{name} done", "repeat": True}
+            for name in ("gather", "analyse", "write")
+        ),
         {"purpose": "*", "repeat": True},
     ]
     path = folder / "script.json"
@@ -240,7 +243,9 @@ async def _reuse_runs(pairs: list[dict[str, str]], script: Path) -> list[dict[st
                 if final.status != "succeeded":
                     raise SystemExit(f"reuse bench: run {run.id} {final.status}: {final.error}")
                 counts.append(engine.report(run.id)["usage"])
-            reused = any(e.data.get("reused_cohort") for e in engine.store.events(run.id) if e.kind == "plan_ready")
+            reused = any(
+                e.data.get("reused_cohort") for e in engine.store.events(run.id) if e.kind == "plan_ready"
+            )
             rows.append(
                 {
                     "id": pair["id"],
@@ -273,7 +278,9 @@ def measure_reuse(embedder_spec: str, pairs: list[dict[str, str]], folder: Path)
         "reused": len(reused),
         "first_run_calls_mean": round(first / len(rows), 2),
         "repeat_calls_mean": round(sum(row["repeat_calls"] for row in rows) / len(rows), 2),
-        "reused_repeat_calls_mean": round(sum(r["repeat_calls"] for r in reused) / len(reused), 2) if reused else None,
+        "reused_repeat_calls_mean": round(sum(r["repeat_calls"] for r in reused) / len(reused), 2)
+        if reused
+        else None,
         "reused_repeat_planner_calls": sum(r["repeat_planner_calls"] for r in reused),
         "calls_saved_when_reused": round(
             1 - sum(r["repeat_calls"] for r in reused) / sum(r["first_calls"] for r in reused), 3
@@ -300,7 +307,9 @@ def main() -> None:
         if "latency" in sections:
             rng = random.Random(11)
             queries = [" ".join(_draw(rng, rng.randint(3, 7))) for _ in range(args.queries)]
-            figures["latency"] = [measure_latency(int(size), queries, folder) for size in args.sizes.split(",")]
+            figures["latency"] = [
+                measure_latency(int(size), queries, folder) for size in args.sizes.split(",")
+            ]
         pairs = load_pairs()
         if "recall" in sections:
             figures["recall"] = [measure_recall(spec, pairs, folder) for spec in embedders]

@@ -60,9 +60,9 @@ def test_unknown_key_names_file_and_known_keys(isolated: Path) -> None:
     message = str(caught.value)
     assert f"unknown setting 'modle' in {path}" in message
     assert message.endswith(
-        "known: agent_reuse_threshold, database_url, embedder, home, http_allow_loopback, http_allowed_domains, "
-        "image_base_url, image_model, local_context_tokens, local_max_output_tokens, local_threads, mcp_servers, "
-        "model, remember_runs, "
+        "known: agent_reuse_threshold, database_url, embedder, home, http_allow_loopback, "
+        "http_allowed_domains, image_base_url, image_model, local_context_tokens, local_max_output_tokens, "
+        "local_threads, mcp_servers, model, remember_runs, "
         "reuse_threshold, searxng_url, tool_policies, web_search_backend, web_search_folder"
     )
 
