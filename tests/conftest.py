@@ -53,3 +53,24 @@ def write_script(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+POSTGRES_SERVER = "postgresql://postgres@127.0.0.1:5432"
+
+
+@pytest.fixture
+def postgres_database() -> Iterator[str]:
+    """A fresh Postgres database on the local server (dropped afterwards); skips without a server."""
+    import secrets
+
+    psycopg = pytest.importorskip("psycopg")
+    name = f"mp_test_{secrets.token_hex(4)}"
+    try:
+        admin = psycopg.connect(f"{POSTGRES_SERVER}/postgres", autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"no Postgres server at {POSTGRES_SERVER}: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield f"{POSTGRES_SERVER}/{name}"
+    with psycopg.connect(f"{POSTGRES_SERVER}/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

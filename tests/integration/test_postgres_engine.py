@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,6 @@ from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
 
 pytestmark = pytest.mark.postgres
-
-SERVER = "postgresql://postgres@127.0.0.1:5432"
 
 
 def step(step_id: str, *deps: str, tools: list[str]) -> dict[str, object]:
@@ -29,18 +26,8 @@ def step(step_id: str, *deps: str, tools: list[str]) -> dict[str, object]:
 
 
 @pytest.fixture
-def database() -> Iterator[str]:
-    psycopg = pytest.importorskip("psycopg")
-    name = f"mp_test_{secrets.token_hex(4)}"
-    try:
-        admin = psycopg.connect(f"{SERVER}/postgres", autocommit=True)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no Postgres server at {SERVER}: {exc}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield f"{SERVER}/{name}"
-    with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def database(postgres_database: str) -> str:
+    return postgres_database
 
 
 async def test_a_run_on_postgres(database: str, write_script: Callable[..., Path]) -> None:
@@ -58,15 +45,49 @@ async def test_a_run_on_postgres(database: str, write_script: Callable[..., Path
         final = await engine.execute(run.id)
         assert (final.status, final.output) == ("succeeded", "B")
         kinds = [(event.kind, event.step) for event in engine.store.events(run.id)]
-        assert kinds[-5:] == [
+        assert kinds[-6:] == [
             ("step_started", "a"),
             ("step_succeeded", "a"),
             ("step_started", "b"),
             ("step_succeeded", "b"),
             ("run_succeeded", None),
+            ("team_stored", None),
         ]
         assert engine.report(run.id)["usage"]["by_purpose"]["step:b"]["calls"] == 1
         # a second executor cannot take a run whose owner is alive
         assert not engine.store.claim(run.id, "elsewhere:1:x") or engine.store.get_run(run.id).finished
     finally:
         engine.close()
+
+
+async def test_workers_sharing_postgres_share_the_registry(
+    database: str, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("b", "a", tools=[])]}},
+            {"purpose": "*", "output": "done", "repeat": True},
+        ]
+    )
+    first_worker = Engine(Settings.load(database_url=database))
+    second_worker = Engine(Settings.load(database_url=database))
+    try:
+        task = "Read sales.csv and write the monthly totals to report.md"
+        first = first_worker.create_run(
+            task, model=f"scripted:{script}", options=RunOptions(auto_approve=True, prompt_rounds=0)
+        )
+        done = await first_worker.execute(first.id)
+        assert done.status == "succeeded", done.error
+        repeat = "Read orders.csv and write the monthly totals to summary.md"
+        second = second_worker.create_run(
+            repeat, model=f"scripted:{script}", options=RunOptions(auto_approve=True, prompt_rounds=0)
+        )
+        final = await second_worker.execute(second.id)
+        assert final.status == "succeeded", final.error
+        ready = next(e.data for e in second_worker.store.events(second.id) if e.kind == "plan_ready")
+        assert (ready["reused_cohort"], ready["adaptation"]) == (first.id, "parameters")
+        usage = second_worker.report(second.id)["usage"]["by_purpose"]
+        assert set(usage) == {"step:a", "step:b"}
+    finally:
+        first_worker.close()
+        second_worker.close()

@@ -22,8 +22,11 @@ def _agent(agent_id: str, role: str, prompt: str, **extra: object) -> AgentSpec:
     )
 
 
-@pytest.fixture
-def store(isolated: Path) -> RegistryStore:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, isolated: Path, monkeypatch: pytest.MonkeyPatch) -> RegistryStore:
+    """The store on each database; on Postgres the CLI is pointed at the same database."""
+    if request.param == "postgres":
+        monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", request.getfixturevalue("postgres_database"))
     settings = Settings.load()
     settings.ensure_home()
     return RegistryStore(settings.database_url)

@@ -102,11 +102,6 @@ def _execution(run_id: str) -> _Execution:
     return execution
 
 
-def run_uses_sqlite(settings: Settings) -> bool:
-    """Whether the database is SQLite (the registry has no Postgres implementation yet)."""
-    return settings.database_url.startswith("sqlite")
-
-
 def _parse_time(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).timestamp()
 
@@ -288,7 +283,7 @@ class _Execution:
         self.ledger = RunLedger(self.store, run.id, run.options)
         self.model = BudgetedModel(resolve_model(run.model, self.settings), self.ledger.check)
         self.plan: Plan | None = None
-        self.registry = open_registry(self.settings) if run_uses_sqlite(self.settings) else None
+        self.registry = open_registry(self.settings)
         self.outputs: dict[str, str] = {}
         self.interrupted: set[str] = set()
         self.stop_reason: str | None = None

@@ -1,24 +1,28 @@
 """The registry store: agents (every version kept), cohorts, and their search indexes, in the run database.
 
-SQLite: the tables `mp_agents`, `mp_agent_versions`, `mp_cohorts`, FTS5 indexes over agents and
-cohort tasks ranked by BM25, and `mp_vectors` (one float32 vector per item and embedder), created
-by named migrations recorded in `mp_migrations` (shared with the run store). Every write is one
-transaction; stats change by SQL arithmetic, so concurrent writers from several processes never
-lose an update. The Postgres implementation is not built yet.
+Tables `mp_agents`, `mp_agent_versions`, `mp_cohorts`, a text index over agents and one over
+cohort tasks, and `mp_vectors` (one float32 vector per item and embedder), created by named
+migrations recorded in `mp_migrations` (shared with the run store). The same code runs on SQLite
+(text indexes: FTS5 with porter stemming, BM25) and on Postgres (tsvector columns with English
+stemming and GIN indexes, `ts_rank`; vectors as `bytea`), for workers sharing one database.
+Every write is one transaction; stats change by SQL arithmetic, so concurrent writers from
+several processes never lose an update.
 
-Ranking: with no embedder, BM25 alone; with one, the BM25 list and the cosine list are fused by
-reciprocal rank fusion. Either way a prior from the agent's success rate and rating is applied.
-Vectors are compared in memory (numpy, exhaustive) from a cache reloaded when the registry's
-write counter moves; items stored while no (or another) embedder was configured are embedded
-on the next search. sqlite-vec is not used: Python builds without loadable SQLite extensions
-(pyenv's default, this project's CI among them) cannot load it, and its vec0 search is
-exhaustive too.
+Ranking: with no embedder, the text index alone; with one, its list and the cosine list are
+fused by reciprocal rank fusion. Either way a prior from the agent's success rate and rating is
+applied. Vectors are compared in memory (numpy, exhaustive) from a cache reloaded when the
+registry's write counter moves; items stored while no (or another) embedder was configured are
+embedded on the next search. sqlite-vec is not used: Python builds without loadable SQLite
+extensions (pyenv's default, this project's CI among them) cannot load it, and its vec0 search
+is exhaustive too.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +31,7 @@ import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 
-from ..database import Migration, apply_migrations, create_engine, engine_url, transaction, utc_now
+from ..database import Migration, apply_migrations, create_engine, transaction, utc_now
 from ..errors import ConfigError, RunError
 from .embedders import TextEmbedder
 from .specs import AgentSpec, AgentStats, Cohort
@@ -46,44 +50,45 @@ __all__ = [
 
 
 def _create_registry_tables(connection: Connection) -> None:
-    connection.exec_driver_sql(
+    _sql(
+        connection,
         "CREATE TABLE IF NOT EXISTS mp_agents (id TEXT PRIMARY KEY, spec TEXT NOT NULL, "
         "version INTEGER NOT NULL, uses INTEGER NOT NULL DEFAULT 0, successes INTEGER NOT NULL DEFAULT 0, "
         "failures INTEGER NOT NULL DEFAULT 0, ratings INTEGER NOT NULL DEFAULT 0, "
-        "rating_sum REAL NOT NULL DEFAULT 0, created_at TEXT NOT NULL, updated_at TEXT NOT NULL)"
+        "rating_sum REAL NOT NULL DEFAULT 0, created_at TEXT NOT NULL, updated_at TEXT NOT NULL)",
     )
-    connection.exec_driver_sql(
+    _sql(
+        connection,
         "CREATE TABLE IF NOT EXISTS mp_agent_versions (agent_id TEXT NOT NULL, version INTEGER NOT NULL, "
-        "spec TEXT NOT NULL, created_at TEXT NOT NULL, PRIMARY KEY (agent_id, version))"
+        "spec TEXT NOT NULL, created_at TEXT NOT NULL, PRIMARY KEY (agent_id, version))",
     )
-    connection.exec_driver_sql(
+    _sql(
+        connection,
         "CREATE TABLE IF NOT EXISTS mp_cohorts "
-        "(id TEXT PRIMARY KEY, cohort TEXT NOT NULL, created_at TEXT NOT NULL)"
+        "(id TEXT PRIMARY KEY, cohort TEXT NOT NULL, created_at TEXT NOT NULL)",
     )
-    connection.exec_driver_sql(
-        "CREATE VIRTUAL TABLE IF NOT EXISTS mp_agents_fts USING fts5(agent_id UNINDEXED, body, "
-        "tokenize='porter unicode61')"
-    )
+    _text_index(connection, "agent").create(connection)
 
 
 def _index_cohorts_and_vectors(connection: Connection) -> None:
-    connection.exec_driver_sql(
-        "CREATE VIRTUAL TABLE IF NOT EXISTS mp_cohorts_fts USING fts5(cohort_id UNINDEXED, body, "
-        "tokenize='porter unicode61')"
-    )
-    for cohort_id, text in connection.exec_driver_sql("SELECT id, cohort FROM mp_cohorts").all():
-        connection.exec_driver_sql(
-            "INSERT INTO mp_cohorts_fts (cohort_id, body) VALUES (?, ?)",
-            (cohort_id, json.loads(text)["task"]),
-        )
-    connection.exec_driver_sql(
+    cohorts = _text_index(connection, "cohort")
+    cohorts.create(connection)
+    for cohort_id, text in _sql(connection, "SELECT id, cohort FROM mp_cohorts").all():
+        cohorts.insert(connection, cohort_id, json.loads(text)["task"])
+    blob = "BYTEA" if _is_postgres(connection) else "BLOB"
+    _sql(
+        connection,
         "CREATE TABLE IF NOT EXISTS mp_vectors (embedder TEXT NOT NULL, kind TEXT NOT NULL, "
-        "item_id TEXT NOT NULL, vector BLOB NOT NULL, PRIMARY KEY (embedder, kind, item_id))"
+        f"item_id TEXT NOT NULL, vector {blob} NOT NULL, PRIMARY KEY (embedder, kind, item_id))",
     )
-    connection.exec_driver_sql(
-        "CREATE TABLE IF NOT EXISTS mp_registry_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)"
+    _sql(
+        connection,
+        "CREATE TABLE IF NOT EXISTS mp_registry_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
     )
-    connection.exec_driver_sql("INSERT OR IGNORE INTO mp_registry_meta (key, value) VALUES ('writes', 0)")
+    _sql(
+        connection,
+        "INSERT INTO mp_registry_meta (key, value) VALUES ('writes', 0) ON CONFLICT (key) DO NOTHING",
+    )
 
 
 REGISTRY_MIGRATIONS: list[Migration] = [
@@ -99,14 +104,36 @@ _KINDS = ("agent", "cohort")
 
 
 def query_terms(text: str) -> list[str]:
-    """The words of a search, as an FTS5 query matching any of them (stop words dropped)."""
-    from ..tools.selection import words
+    """The words of a search as the text indexes split them (runs of letters and digits).
 
-    return list(dict.fromkeys(words(text)))
+    Lower case, without stop words and repeats.
+    """
+    from ..tools.selection import STOP_WORDS
+
+    found = (
+        term for term in re.findall(r"[^\W_]+", text.lower()) if len(term) > 1 and term not in STOP_WORDS
+    )
+    return list(dict.fromkeys(found))
 
 
-def _match(terms: list[str]) -> str:
-    return " OR ".join(f'"{term}"' for term in terms)
+COMMON_TERM_DOCS = 3000
+"""A query term found in this many indexed texts or more is left out when rarer terms are there."""
+
+
+def _match(terms: list[str], operator: str, quote: str) -> str:
+    return operator.join(f"{quote}{term}{quote}" for term in terms)
+
+
+def _selective_terms(terms: list[str], count: Callable[[str], int]) -> list[str]:
+    """`terms` without the very common ones (while rarer ones remain).
+
+    An OR query costs a walk over every matching text, and a term in thousands of texts has a
+    low weight anyway; `count` reads each term's texts only up to `COMMON_TERM_DOCS`, so this
+    costs little. When every term is common, the first two stand in for all.
+    """
+    counts = {term: count(term) for term in terms}
+    rare = [term for term in terms if 0 < counts[term] < COMMON_TERM_DOCS]
+    return rare or [term for term in terms if counts[term]][:2] or terms
 
 
 def fuse(rankings: list[list[str]]) -> dict[str, float]:
@@ -124,6 +151,110 @@ def lexical_similarity(first: str, second: str) -> float:
 
     a, b = set(words(first)), set(words(second))
     return len(a & b) / math.sqrt(len(a) * len(b)) if a and b else 0.0
+
+
+def _is_postgres(connection: Connection) -> bool:
+    return connection.dialect.name == "postgresql"
+
+
+def _sql(connection: Connection, statement: str, parameters: Any = ()) -> Any:
+    """Run `statement` with `?` placeholders on either database (psycopg wants `%s`)."""
+    if _is_postgres(connection):
+        statement = statement.replace("?", "%s")
+    return connection.exec_driver_sql(statement, parameters)
+
+
+class _Fts5Index:
+    """SQLite: an FTS5 table (porter stemming) ranked by BM25."""
+
+    def __init__(self, table: str, key: str) -> None:
+        self.table = table
+        self.key = key
+
+    def create(self, connection: Connection) -> None:
+        _sql(
+            connection,
+            f"CREATE VIRTUAL TABLE IF NOT EXISTS {self.table} USING fts5({self.key} UNINDEXED, body, "
+            "tokenize='porter unicode61')",
+        )
+
+    def insert(self, connection: Connection, item_id: str, body: str) -> None:
+        _sql(connection, f"INSERT INTO {self.table} ({self.key}, body) VALUES (?, ?)", (item_id, body))
+
+    def delete(self, connection: Connection, item_id: str) -> None:
+        _sql(connection, f"DELETE FROM {self.table} WHERE {self.key} = ?", (item_id,))
+
+    def _count(self, connection: Connection, term: str) -> int:
+        return int(
+            _sql(
+                connection,
+                f"SELECT count(*) FROM (SELECT rowid FROM {self.table} WHERE {self.table} MATCH ? LIMIT ?)",
+                (f'"{term}"', COMMON_TERM_DOCS),
+            ).scalar_one()
+        )
+
+    def search(self, connection: Connection, terms: list[str], limit: int) -> list[str]:
+        query = _match(_selective_terms(terms, lambda term: self._count(connection, term)), " OR ", '"')
+        rows = _sql(
+            connection,
+            f"SELECT {self.key} FROM {self.table} WHERE {self.table} MATCH ? ORDER BY rank LIMIT ?",
+            (query, limit),
+        )
+        return [row[0] for row in rows]
+
+
+class _TsvectorIndex:
+    """Postgres: a tsvector column (English stemming) with a GIN index, ranked by `ts_rank`."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+
+    def create(self, connection: Connection) -> None:
+        _sql(
+            connection,
+            f"CREATE TABLE IF NOT EXISTS {self.table} (item_id TEXT PRIMARY KEY, body tsvector NOT NULL)",
+        )
+        _sql(connection, f"CREATE INDEX IF NOT EXISTS {self.table}_body ON {self.table} USING GIN (body)")
+
+    def insert(self, connection: Connection, item_id: str, body: str) -> None:
+        _sql(
+            connection,
+            f"INSERT INTO {self.table} (item_id, body) VALUES (?, to_tsvector('english', ?)) "
+            "ON CONFLICT (item_id) DO UPDATE SET body = excluded.body",
+            (item_id, body),
+        )
+
+    def delete(self, connection: Connection, item_id: str) -> None:
+        _sql(connection, f"DELETE FROM {self.table} WHERE item_id = ?", (item_id,))
+
+    def _count(self, connection: Connection, term: str) -> int:
+        return int(
+            _sql(
+                connection,
+                f"SELECT count(*) FROM (SELECT 1 FROM {self.table} "
+                "WHERE body @@ to_tsquery('english', ?) LIMIT ?) AS hits",
+                (f"'{term}'", COMMON_TERM_DOCS),
+            ).scalar_one()
+        )
+
+    def search(self, connection: Connection, terms: list[str], limit: int) -> list[str]:
+        query = _match(_selective_terms(terms, lambda term: self._count(connection, term)), " | ", "'")
+        rows = _sql(
+            connection,
+            f"SELECT item_id FROM {self.table}, to_tsquery('english', ?) AS query WHERE body @@ query "
+            "ORDER BY ts_rank(body, query) DESC, item_id LIMIT ?",
+            (query, limit),
+        )
+        return [row[0] for row in rows]
+
+
+_TextIndex = _Fts5Index | _TsvectorIndex
+
+
+def _text_index(connection: Connection, kind: str) -> _TextIndex:
+    if _is_postgres(connection):
+        return _TsvectorIndex(f"mp_{kind}s_text")
+    return _Fts5Index(f"mp_{kind}s_fts", f"{kind}_id")  # names from registry_0001: kept
 
 
 class _Vectors:
@@ -150,10 +281,6 @@ class RegistryStore:
     def __init__(self, url: str, embedder: TextEmbedder | None = None) -> None:
         self.url = url
         self.embedder = embedder
-        if not engine_url(url).startswith("sqlite"):
-            raise ConfigError(
-                f"the agent registry needs SQLite for now; {url!r} is not (Postgres comes later)"
-            )
         self.engine = create_engine(url)
         self._vectors: dict[str, tuple[int, _Vectors]] = {}
         self._queries: dict[str, np.ndarray] = {}
@@ -175,19 +302,20 @@ class RegistryStore:
             with self._begin("store an agent") as own:
                 return self.put_agent(spec, own)
         now = utc_now()
-        row = connection.exec_driver_sql("SELECT version FROM mp_agents WHERE id = ?", (spec.id,)).first()
+        row = _sql(connection, "SELECT version FROM mp_agents WHERE id = ?", (spec.id,)).first()
         version = (row[0] + 1) if row else spec.version
         stored = spec.model_copy(update={"version": version})
         text = stored.model_dump_json()
         if row:
-            connection.exec_driver_sql(
+            _sql(
+                connection,
                 "UPDATE mp_agents SET spec = ?, version = ?, updated_at = ? WHERE id = ?",
                 (text, version, now, spec.id),
             )
-            connection.exec_driver_sql("DELETE FROM mp_agents_fts WHERE agent_id = ?", (spec.id,))
         else:
             stats = spec.stats
-            connection.exec_driver_sql(
+            _sql(
+                connection,
                 "INSERT INTO mp_agents (id, spec, version, uses, successes, failures, ratings, rating_sum, "
                 "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -203,13 +331,14 @@ class RegistryStore:
                     now,
                 ),
             )
-        connection.exec_driver_sql(
+        _sql(
+            connection,
             "INSERT INTO mp_agent_versions (agent_id, version, spec, created_at) VALUES (?, ?, ?, ?)",
             (spec.id, version, text, now),
         )
-        connection.exec_driver_sql(
-            "INSERT INTO mp_agents_fts (agent_id, body) VALUES (?, ?)", (spec.id, stored.search_text())
-        )
+        index = _text_index(connection, "agent")
+        index.delete(connection, spec.id)
+        index.insert(connection, spec.id, stored.search_text())
         _forget_vectors(connection, "agent", spec.id)
         return stored
 
@@ -229,7 +358,8 @@ class RegistryStore:
     def get_agent(self, agent_id: str, version: int | None = None) -> AgentSpec:
         """The agent (its current version, or `version`), with its current stats."""
         with self._begin("read an agent") as connection:
-            row = connection.exec_driver_sql(
+            row = _sql(
+                connection,
                 "SELECT spec, uses, successes, failures, ratings, rating_sum FROM mp_agents WHERE id = ?",
                 (agent_id,),
             ).first()
@@ -237,7 +367,8 @@ class RegistryStore:
                 raise RunError(f"no agent {agent_id!r} in the registry (see `masterplanner agents list`)")
             text = row[0]
             if version is not None:
-                found = connection.exec_driver_sql(
+                found = _sql(
+                    connection,
                     "SELECT spec FROM mp_agent_versions WHERE agent_id = ? AND version = ?",
                     (agent_id, version),
                 ).first()
@@ -249,34 +380,38 @@ class RegistryStore:
     def versions(self, agent_id: str) -> list[int]:
         """The agent's version numbers, oldest first."""
         with self._begin("read versions") as connection:
-            rows = connection.exec_driver_sql(
-                "SELECT version FROM mp_agent_versions WHERE agent_id = ? ORDER BY version", (agent_id,)
+            rows = _sql(
+                connection,
+                "SELECT version FROM mp_agent_versions WHERE agent_id = ? ORDER BY version",
+                (agent_id,),
             ).all()
         return [row[0] for row in rows]
 
     def list_agents(self) -> list[AgentSpec]:
         """Every agent, most recently updated first."""
         with self._begin("list agents") as connection:
-            rows = connection.exec_driver_sql(
+            rows = _sql(
+                connection,
                 "SELECT spec, uses, successes, failures, ratings, rating_sum FROM mp_agents "
-                "ORDER BY updated_at DESC, id"
+                "ORDER BY updated_at DESC, id",
             ).all()
         return [_with_stats(row[0], row[1:]) for row in rows]
 
     def delete_agent(self, agent_id: str) -> None:
         """Remove an agent and all its versions."""
         with self._begin("delete an agent") as connection:
-            deleted = connection.exec_driver_sql("DELETE FROM mp_agents WHERE id = ?", (agent_id,)).rowcount
+            deleted = _sql(connection, "DELETE FROM mp_agents WHERE id = ?", (agent_id,)).rowcount
             if not deleted:
                 raise RunError(f"no agent {agent_id!r} in the registry")
-            connection.exec_driver_sql("DELETE FROM mp_agent_versions WHERE agent_id = ?", (agent_id,))
-            connection.exec_driver_sql("DELETE FROM mp_agents_fts WHERE agent_id = ?", (agent_id,))
+            _sql(connection, "DELETE FROM mp_agent_versions WHERE agent_id = ?", (agent_id,))
+            _text_index(connection, "agent").delete(connection, agent_id)
             _forget_vectors(connection, "agent", agent_id)
 
     def record_outcome(self, agent_id: str, *, succeeded: bool, rating: float | None = None) -> None:
         """Count one use of an agent (atomic: concurrent writers never lose an update)."""
         with self._begin("update an agent's stats") as connection:
-            connection.exec_driver_sql(
+            _sql(
+                connection,
                 "UPDATE mp_agents SET uses = uses + 1, successes = successes + ?, failures = failures + ?, "
                 "ratings = ratings + ?, rating_sum = rating_sum + ? WHERE id = ?",
                 (int(succeeded), int(not succeeded), int(rating is not None), rating or 0.0, agent_id),
@@ -285,7 +420,8 @@ class RegistryStore:
     def rate(self, agent_id: str, rating: float) -> None:
         """Add one rating (1 to 5) to an agent's stats (atomic)."""
         with self._begin("rate an agent") as connection:
-            connection.exec_driver_sql(
+            _sql(
+                connection,
                 "UPDATE mp_agents SET ratings = ratings + 1, rating_sum = rating_sum + ? WHERE id = ?",
                 (rating, agent_id),
             )
@@ -306,16 +442,7 @@ class RegistryStore:
         rankings: list[list[str]] = []
         with self._begin("search agents") as connection:
             if terms:
-                rankings.append(
-                    [
-                        row[0]
-                        for row in connection.exec_driver_sql(
-                            "SELECT agent_id FROM mp_agents_fts WHERE mp_agents_fts MATCH ? "
-                            "ORDER BY rank LIMIT ?",
-                            (_match(terms), _CANDIDATES),
-                        )
-                    ]
-                )
+                rankings.append(_text_index(connection, "agent").search(connection, terms, _CANDIDATES))
             if self.embedder is not None and query.strip():
                 vectors = self._current_vectors(connection, "agent")
                 wanted = self._query_vector(query)
@@ -324,7 +451,8 @@ class RegistryStore:
             if not fused:
                 return []
             marks = ", ".join("?" for _ in fused)
-            rows = connection.exec_driver_sql(
+            rows = _sql(
+                connection,
                 "SELECT spec, uses, successes, failures, ratings, rating_sum FROM mp_agents "
                 f"WHERE id IN ({marks})",
                 tuple(fused),
@@ -371,9 +499,7 @@ class RegistryStore:
     def _current_vectors(self, connection: Connection, kind: str) -> _Vectors:
         """This kind's vectors for the configured embedder, embedding items that have none yet."""
         assert self.embedder is not None
-        writes = connection.exec_driver_sql(
-            "SELECT value FROM mp_registry_meta WHERE key = 'writes'"
-        ).scalar_one()
+        writes = _sql(connection, "SELECT value FROM mp_registry_meta WHERE key = 'writes'").scalar_one()
         cached = self._vectors.get(kind)
         if cached is not None and cached[0] == writes:
             return cached[1]
@@ -381,7 +507,8 @@ class RegistryStore:
         if kind == "agent":
             missing = [
                 (item_id, self._embedding_text(_with_stats(text, (0, 0, 0, 0, 0.0))))
-                for item_id, text in connection.exec_driver_sql(
+                for item_id, text in _sql(
+                    connection,
                     "SELECT a.id, a.spec FROM mp_agents a WHERE NOT EXISTS (SELECT 1 FROM mp_vectors v "
                     "WHERE v.embedder = ? AND v.kind = 'agent' AND v.item_id = a.id)",
                     (name,),
@@ -390,7 +517,8 @@ class RegistryStore:
         else:
             missing = [
                 (item_id, json.loads(text)["task"])
-                for item_id, text in connection.exec_driver_sql(
+                for item_id, text in _sql(
+                    connection,
                     "SELECT c.id, c.cohort FROM mp_cohorts c WHERE NOT EXISTS (SELECT 1 FROM mp_vectors v "
                     "WHERE v.embedder = ? AND v.kind = 'cohort' AND v.item_id = c.id)",
                     (name,),
@@ -399,14 +527,17 @@ class RegistryStore:
         for start in range(0, len(missing), 256):
             batch = missing[start : start + 256]
             matrix = self.embedder.embed_sync([text for _, text in batch], "document")
-            connection.exec_driver_sql(
-                "INSERT OR REPLACE INTO mp_vectors (embedder, kind, item_id, vector) VALUES (?, ?, ?, ?)",
+            _sql(
+                connection,
+                "INSERT INTO mp_vectors (embedder, kind, item_id, vector) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (embedder, kind, item_id) DO UPDATE SET vector = excluded.vector",
                 [
                     (name, kind, item_id, row.tobytes())
                     for (item_id, _), row in zip(batch, matrix, strict=True)
                 ],
             )
-        rows = connection.exec_driver_sql(
+        rows = _sql(
+            connection,
             "SELECT item_id, vector FROM mp_vectors WHERE embedder = ? AND kind = ? ORDER BY item_id",
             (name, kind),
         ).all()
@@ -444,9 +575,9 @@ class RegistryStore:
                 ) from None
         with self._begin("import agents") as connection:
             for spec in specs:
-                connection.exec_driver_sql("DELETE FROM mp_agents WHERE id = ?", (spec.id,))
-                connection.exec_driver_sql("DELETE FROM mp_agent_versions WHERE agent_id = ?", (spec.id,))
-                connection.exec_driver_sql("DELETE FROM mp_agents_fts WHERE agent_id = ?", (spec.id,))
+                _sql(connection, "DELETE FROM mp_agents WHERE id = ?", (spec.id,))
+                _sql(connection, "DELETE FROM mp_agent_versions WHERE agent_id = ?", (spec.id,))
+                _text_index(connection, "agent").delete(connection, spec.id)
                 _forget_vectors(connection, "agent", spec.id)
                 self.put_agent(spec, connection)
         return len(specs)
@@ -456,22 +587,21 @@ class RegistryStore:
     def put_cohort(self, cohort: Cohort) -> None:
         """Store a cohort (replacing one with the same id)."""
         with self._begin("store a cohort") as connection:
-            connection.exec_driver_sql(
-                "INSERT OR REPLACE INTO mp_cohorts (id, cohort, created_at) VALUES (?, ?, ?)",
+            _sql(
+                connection,
+                "INSERT INTO mp_cohorts (id, cohort, created_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET cohort = excluded.cohort, created_at = excluded.created_at",
                 (cohort.id, cohort.model_dump_json(), utc_now()),
             )
-            connection.exec_driver_sql("DELETE FROM mp_cohorts_fts WHERE cohort_id = ?", (cohort.id,))
-            connection.exec_driver_sql(
-                "INSERT INTO mp_cohorts_fts (cohort_id, body) VALUES (?, ?)", (cohort.id, cohort.task)
-            )
+            index = _text_index(connection, "cohort")
+            index.delete(connection, cohort.id)
+            index.insert(connection, cohort.id, cohort.task)
             _forget_vectors(connection, "cohort", cohort.id)
 
     def get_cohort(self, cohort_id: str) -> Cohort:
         """The cohort with this id."""
         with self._begin("read a cohort") as connection:
-            row = connection.exec_driver_sql(
-                "SELECT cohort FROM mp_cohorts WHERE id = ?", (cohort_id,)
-            ).first()
+            row = _sql(connection, "SELECT cohort FROM mp_cohorts WHERE id = ?", (cohort_id,)).first()
         if row is None:
             raise RunError(f"no cohort {cohort_id!r} in the registry (see `masterplanner cohorts list`)")
         return Cohort.model_validate_json(row[0])
@@ -479,9 +609,7 @@ class RegistryStore:
     def list_cohorts(self) -> list[Cohort]:
         """Every cohort, newest first."""
         with self._begin("list cohorts") as connection:
-            rows = connection.exec_driver_sql(
-                "SELECT cohort FROM mp_cohorts ORDER BY created_at DESC, id"
-            ).all()
+            rows = _sql(connection, "SELECT cohort FROM mp_cohorts ORDER BY created_at DESC, id").all()
         return [Cohort.model_validate_json(row[0]) for row in rows]
 
     def similar_cohorts(self, task: str, limit: int = 3) -> list[tuple[Cohort, float]]:
@@ -496,16 +624,7 @@ class RegistryStore:
         cosines: dict[str, float] = {}
         with self._begin("search cohorts") as connection:
             if terms:
-                rankings.append(
-                    [
-                        row[0]
-                        for row in connection.exec_driver_sql(
-                            "SELECT cohort_id FROM mp_cohorts_fts WHERE mp_cohorts_fts MATCH ? "
-                            "ORDER BY rank LIMIT ?",
-                            (_match(terms), _CANDIDATES),
-                        )
-                    ]
-                )
+                rankings.append(_text_index(connection, "cohort").search(connection, terms, _CANDIDATES))
             if self.embedder is not None and task.strip():
                 vectors = self._current_vectors(connection, "cohort")
                 wanted = self._query_vector(task)
@@ -520,8 +639,8 @@ class RegistryStore:
             best = sorted(fused, key=lambda item: (-fused[item], item))[:limit]
             marks = ", ".join("?" for _ in best)
             rows: dict[str, str] = dict(
-                connection.exec_driver_sql(
-                    f"SELECT id, cohort FROM mp_cohorts WHERE id IN ({marks})", tuple(best)
+                _sql(
+                    connection, f"SELECT id, cohort FROM mp_cohorts WHERE id IN ({marks})", tuple(best)
                 ).all()
             )
         found = []
@@ -534,14 +653,14 @@ class RegistryStore:
     def rate_cohort(self, cohort_id: str, rating: float) -> bool:
         """Set a cohort's rating; False when there is no such cohort (a failed run has none)."""
         with self._begin("rate a cohort") as connection:
-            row = connection.exec_driver_sql(
-                "SELECT cohort FROM mp_cohorts WHERE id = ?", (cohort_id,)
-            ).first()
+            row = _sql(connection, "SELECT cohort FROM mp_cohorts WHERE id = ?", (cohort_id,)).first()
             if row is None:
                 return False
             cohort = Cohort.model_validate_json(row[0]).model_copy(update={"rating": rating})
-            connection.exec_driver_sql(
-                "UPDATE mp_cohorts SET cohort = ? WHERE id = ?", (cohort.model_dump_json(), cohort_id)
+            _sql(
+                connection,
+                "UPDATE mp_cohorts SET cohort = ? WHERE id = ?",
+                (cohort.model_dump_json(), cohort_id),
             )
         return True
 
@@ -551,17 +670,15 @@ class RegistryStore:
             return set()
         marks = ", ".join("?" for _ in agent_ids)
         with self._begin("read agents") as connection:
-            rows = connection.exec_driver_sql(
-                f"SELECT id FROM mp_agents WHERE id IN ({marks})", tuple(agent_ids)
-            )
+            rows = _sql(connection, f"SELECT id FROM mp_agents WHERE id IN ({marks})", tuple(agent_ids))
             return {row[0] for row in rows}
 
     def delete_cohort(self, cohort_id: str) -> None:
         """Remove a cohort (its agents stay)."""
         with self._begin("delete a cohort") as connection:
-            if not connection.exec_driver_sql("DELETE FROM mp_cohorts WHERE id = ?", (cohort_id,)).rowcount:
+            if not _sql(connection, "DELETE FROM mp_cohorts WHERE id = ?", (cohort_id,)).rowcount:
                 raise RunError(f"no cohort {cohort_id!r} in the registry")
-            connection.exec_driver_sql("DELETE FROM mp_cohorts_fts WHERE cohort_id = ?", (cohort_id,))
+            _text_index(connection, "cohort").delete(connection, cohort_id)
             _forget_vectors(connection, "cohort", cohort_id)
 
 
@@ -574,8 +691,8 @@ def open_registry(settings: Settings) -> RegistryStore:
 
 def _forget_vectors(connection: Connection, kind: str, item_id: str) -> None:
     """Drop an item's vectors (its text changed or it is gone) and count a write; caller's transaction."""
-    connection.exec_driver_sql("DELETE FROM mp_vectors WHERE kind = ? AND item_id = ?", (kind, item_id))
-    connection.exec_driver_sql("UPDATE mp_registry_meta SET value = value + 1 WHERE key = 'writes'")
+    _sql(connection, "DELETE FROM mp_vectors WHERE kind = ? AND item_id = ?", (kind, item_id))
+    _sql(connection, "UPDATE mp_registry_meta SET value = value + 1 WHERE key = 'writes'")
 
 
 def _with_stats(text: str, counts: Any) -> AgentSpec:

@@ -13,11 +13,11 @@ from collections import Counter
 
 from .catalog import Catalog, ToolSpec
 
-__all__ = ["DEFAULT_PRESELECT", "preselect", "rank", "words"]
+__all__ = ["DEFAULT_PRESELECT", "STOP_WORDS", "preselect", "rank", "words"]
 
 DEFAULT_PRESELECT = 20
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
-_STOP = frozenset(
+STOP_WORDS = frozenset(
     "a an and the of to for in on with by from is are be it its this that as at or me my i".split()
 )
 
@@ -27,7 +27,7 @@ def words(text: str) -> list[str]:
     found = []
     for word in _WORD.findall(text):
         word = word.lower()
-        if word in _STOP or len(word) < 2:
+        if word in STOP_WORDS or len(word) < 2:
             continue
         if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
             word = word[:-1]
