@@ -119,6 +119,12 @@ class Settings(BaseSettings):
         "always",
         description="store the agents and team of an approved run that succeeds (ask: the person says)",
     )
+    memory_ttl_days: float = Field(
+        180, gt=0, le=36500, description="days a memory lives after it was stored or last recalled"
+    )
+    memory_max_items: int = Field(
+        10_000, ge=1, le=10_000_000, description="most memories kept; the least recently used go first"
+    )
     mcp_servers: dict[str, McpServer] = Field(
         default_factory=dict, description="MCP servers whose tools steps may use, by name (see README)"
     )

@@ -51,6 +51,8 @@ def test_builtin_tool_names_are_fixed() -> None:
         "web_search",
         "generate_image",
         "ask_user",
+        "remember",
+        "recall",
     )
 
 

@@ -1,4 +1,4 @@
-"""`masterplanner agents …` and `masterplanner cohorts …`: the agent registry from the command line."""
+"""`masterplanner agents …`, `cohorts …` and `memory …`: the agent registry from the command line."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .runs import RunId
 
 if TYPE_CHECKING:
     from ..registry import AgentSpec, RegistryStore
+    from ..registry.memory import MemoryItem, MemoryKind, MemoryStore
 
 agents_app = typer.Typer(
     help="List, inspect, search, edit, remove, export and import agents.", no_args_is_help=True
@@ -20,8 +21,12 @@ agents_app = typer.Typer(
 cohorts_app = typer.Typer(
     help="List, inspect and remove cohorts (teams that ran a task).", no_args_is_help=True
 )
+memory_app = typer.Typer(
+    help="List, search and remove what agents remembered and the accounts of past runs.", no_args_is_help=True
+)
 app.add_typer(agents_app, name="agents")
 app.add_typer(cohorts_app, name="cohorts")
+app.add_typer(memory_app, name="memory")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
@@ -260,3 +265,60 @@ def feedback(
     for agent_id, lessons in result.lessons.items():
         for lesson in lessons:
             out.print(f"lesson for {agent_id}: {lesson}", highlight=False)
+
+
+def _memory() -> MemoryStore:
+    from ..registry.memory import MemoryStore
+    from ..settings import Settings
+
+    settings = Settings.load()
+    return MemoryStore(_store(), ttl_days=settings.memory_ttl_days, max_items=settings.memory_max_items)
+
+
+def _print_memories(items: list[MemoryItem], as_json: bool) -> None:
+    from rich.markup import escape
+
+    if as_json:
+        typer.echo(json.dumps([item.to_json_dict() for item in items], indent=2))
+        return
+    for item in items:
+        console().print(
+            f"{item.id}  {item.kind:<7}  {item.created_at[:10]}  {escape(item.text[:100])}", highlight=False
+        )
+
+
+KindOption = Annotated[
+    str | None, typer.Option("--kind", help="Only facts (kept by agents) or episodes (past runs).")
+]
+
+
+def _kind(kind: str | None) -> MemoryKind | None:
+    from ..errors import ConfigError
+
+    if kind not in (None, "fact", "episode"):
+        raise ConfigError(f"--kind must be fact or episode, got {kind!r}")
+    return kind  # type: ignore[return-value]
+
+
+@memory_app.command("list")
+def memory_list(kind: KindOption = None, as_json: JsonFlag = False) -> None:
+    """Every memory that has not expired, most recently used first."""
+    _print_memories(_memory().list(_kind(kind)), as_json)
+
+
+@memory_app.command("search")
+def memory_search(
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    kind: KindOption = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=100, help="How many results.")] = 5,
+    as_json: JsonFlag = False,
+) -> None:
+    """The memories most like QUERY (as an agent's recall finds them; this renews them too)."""
+    _print_memories(_memory().recall(query, limit, _kind(kind)), as_json)
+
+
+@memory_app.command("rm")
+def memory_rm(memory_id: Annotated[str, typer.Argument(help="The memory's id.")]) -> None:
+    """Forget one memory."""
+    _memory().forget(memory_id)
+    console(stderr=True).print(f"forgot {memory_id}")

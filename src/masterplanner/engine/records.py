@@ -45,6 +45,7 @@ EventKind = Literal[
     "run_cancelled",
     "team_stored",
     "team_not_stored",
+    "episode_not_kept",
 ]
 EVENT_KINDS: frozenset[str] = frozenset(get_args(EventKind))
 

@@ -37,6 +37,7 @@ from ..errors import (
     ModelError,
     PlanError,
     RunError,
+    ToolError,
 )
 from ..models import resolve_model
 from ..models.labelled import labelled
@@ -46,6 +47,7 @@ from ..planner import plan as make_plan
 from ..prompting import create_prompts, prompts_to_json
 from ..purpose import step_purpose
 from ..registry import Cohort, open_registry
+from ..registry.memory import MemoryStore, episode_text
 from ..settings import Settings
 from ..tools import Catalog
 from ..tools.workspace import Workspace
@@ -284,6 +286,10 @@ class _Execution:
         self.model = BudgetedModel(resolve_model(run.model, self.settings), self.ledger.check)
         self.plan: Plan | None = None
         self.registry = open_registry(self.settings)
+        self.memory = MemoryStore(
+            self.registry, ttl_days=self.settings.memory_ttl_days, max_items=self.settings.memory_max_items
+        )
+        self.tool_context = replace(self.tool_context, memory=self.memory, memory_source=run.id)
         self.outputs: dict[str, str] = {}
         self.interrupted: set[str] = set()
         self.stop_reason: str | None = None
@@ -513,6 +519,7 @@ class _Execution:
         policy = self.settings.remember_runs
         if self.registry is None or self.plan is None or policy == "never":
             return
+        await asyncio.to_thread(self._remember_episode)
         store_new = succeeded
         if succeeded and policy == "ask":
             if self.options.auto_approve:
@@ -535,6 +542,15 @@ class _Execution:
         )
         if succeeded and store_new:
             self.store.append_event(self.run.id, "team_stored", data={"cohort": self.run.id})
+
+    def _remember_episode(self) -> None:
+        """Keep an account of the run in episodic memory (not when it holds something secret-looking)."""
+        run = self.store.get_run(self.run.id)
+        text = episode_text(run.task, run.status, run.output, run.error, run.created_at)
+        try:
+            self.memory.remember(text, kind="episode", source=run.id)
+        except ToolError as error:
+            self.store.append_event(run.id, "episode_not_kept", data={"reason": str(error)})
 
     def _wall_time_left(self) -> float | None:
         if self.options.max_wall_s is None:

@@ -37,8 +37,10 @@ RUNNABLE_TOOLS = (
     "web_search",
     "generate_image",
     "ask_user",
+    "remember",
+    "recall",
 )
-"""The catalog tools step agents can run in this version (the tools issue adds the rest)."""
+"""The catalog tools step agents can run."""
 
 _FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{0,7})(?![\w/-])")
 _TRUNCATED = "\n[… truncated: {cut:,} more characters not shown]"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ToolError
 from ..tools.catalog import ToolSpec
@@ -22,6 +22,9 @@ from ..tools.mcp import McpServer, call_mcp_tool, split_tool_name
 from ..tools.web_search import SearchConfig
 from ..tools.web_search import web_search as search_web
 from ..tools.workspace import Workspace
+
+if TYPE_CHECKING:
+    from ..registry.memory import MemoryStore
 
 __all__ = ["ToolContext", "ToolRunner", "step_tools"]
 
@@ -42,6 +45,10 @@ class ToolContext:
     mcp_servers: Mapping[str, McpServer] = field(default_factory=dict)
     mcp_specs: Mapping[str, ToolSpec] = field(default_factory=dict)
     """The MCP servers' tools by catalog name (discovered for this run)."""
+    memory: MemoryStore | None = None
+    """Long-term memory for `remember` / `recall` (None: not available in this run)."""
+    memory_source: str = ""
+    """What a remembered fact is recorded as coming from (the run id)."""
 
 
 def step_tools(
@@ -53,6 +60,7 @@ def step_tools(
         **_code_tools(workspace, run_tool),
         **_network_tools(context, run_tool),
         **_other_tools(workspace, context, run_tool),
+        **_memory_tools(context, run_tool),
         **_mcp_tools(context, names, run_tool),
     }
     return [available[name] for name in names if name in available]
@@ -236,3 +244,44 @@ def _other_tools(
         return await run_tool("ask_user", {"question": question}, call)
 
     return {"generate_image": generate_image, "ask_user": ask_user}
+
+
+def _memory_tools(context: ToolContext, run_tool: ToolRunner) -> dict[str, Callable[..., Any]]:
+    import asyncio
+
+    def store() -> MemoryStore:
+        if context.memory is None:
+            raise ToolError("long-term memory is not available in this run")
+        return context.memory
+
+    async def remember(fact: str) -> str:
+        """Keep a fact in long-term memory, for later steps and runs. Never store secrets.
+
+        Args:
+            fact: one self-contained fact, e.g. "The sales data in sales.csv is in euros."
+        """
+
+        async def call() -> str:
+            item = await asyncio.to_thread(store().remember, fact, source=context.memory_source)
+            return f"remembered as {item.id}"
+
+        return await run_tool("remember", {"fact": fact}, call)
+
+    async def recall(query: str) -> str:
+        """Search long-term memory: facts kept earlier and what happened in past runs.
+
+        Args:
+            query: what to look for
+        """
+
+        async def call() -> str:
+            found = await asyncio.to_thread(store().recall, query, 5)
+            if not found:
+                return "nothing remembered about that"
+            return "\n".join(
+                f"{n}. [{item.kind}, {item.created_at[:10]}] {item.text}" for n, item in enumerate(found, 1)
+            )
+
+        return await run_tool("recall", {"query": query}, call)
+
+    return {"remember": remember, "recall": recall}

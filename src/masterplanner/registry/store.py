@@ -91,9 +91,21 @@ def _index_cohorts_and_vectors(connection: Connection) -> None:
     )
 
 
+def _create_memories(connection: Connection) -> None:
+    connection.exec_driver_sql(
+        "CREATE TABLE IF NOT EXISTS mp_memories (id TEXT PRIMARY KEY, kind TEXT NOT NULL, "
+        "text TEXT NOT NULL, source TEXT NOT NULL, created_at TEXT NOT NULL, last_used_at TEXT NOT NULL, "
+        "expires_at TEXT NOT NULL)"
+    )
+    connection.exec_driver_sql("CREATE INDEX IF NOT EXISTS mp_memories_used ON mp_memories (last_used_at)")
+    connection.exec_driver_sql("CREATE INDEX IF NOT EXISTS mp_vectors_item ON mp_vectors (kind, item_id)")
+    _text_index(connection, "memory").create(connection)
+
+
 REGISTRY_MIGRATIONS: list[Migration] = [
     ("registry_0001_agents_versions_cohorts_fts", _create_registry_tables),
     ("registry_0002_cohort_index_vectors", _index_cohorts_and_vectors),
+    ("registry_0003_memories", _create_memories),
 ]
 
 RRF_K = 60
@@ -251,10 +263,14 @@ class _TsvectorIndex:
 _TextIndex = _Fts5Index | _TsvectorIndex
 
 
+_INDEX_TABLES = {"agent": "mp_agents", "cohort": "mp_cohorts", "memory": "mp_memories"}
+
+
 def _text_index(connection: Connection, kind: str) -> _TextIndex:
+    table = _INDEX_TABLES[kind]
     if _is_postgres(connection):
-        return _TsvectorIndex(f"mp_{kind}s_text")
-    return _Fts5Index(f"mp_{kind}s_fts", f"{kind}_id")  # names from registry_0001: kept
+        return _TsvectorIndex(f"{table}_text")
+    return _Fts5Index(f"{table}_fts", f"{kind}_id")  # names from registry_0001: kept
 
 
 class _Vectors:
@@ -337,7 +353,8 @@ class RegistryStore:
             (spec.id, version, text, now),
         )
         index = _text_index(connection, "agent")
-        index.delete(connection, spec.id)
+        if row:  # (deleting by id scans an FTS5 table: only when there is something to replace)
+            index.delete(connection, spec.id)
         index.insert(connection, spec.id, stored.search_text())
         _forget_vectors(connection, "agent", spec.id)
         return stored
@@ -504,26 +521,16 @@ class RegistryStore:
         if cached is not None and cached[0] == writes:
             return cached[1]
         name = self.embedder.spec
-        if kind == "agent":
-            missing = [
-                (item_id, self._embedding_text(_with_stats(text, (0, 0, 0, 0, 0.0))))
-                for item_id, text in _sql(
-                    connection,
-                    "SELECT a.id, a.spec FROM mp_agents a WHERE NOT EXISTS (SELECT 1 FROM mp_vectors v "
-                    "WHERE v.embedder = ? AND v.kind = 'agent' AND v.item_id = a.id)",
-                    (name,),
-                )
-            ]
-        else:
-            missing = [
-                (item_id, json.loads(text)["task"])
-                for item_id, text in _sql(
-                    connection,
-                    "SELECT c.id, c.cohort FROM mp_cohorts c WHERE NOT EXISTS (SELECT 1 FROM mp_vectors v "
-                    "WHERE v.embedder = ? AND v.kind = 'cohort' AND v.item_id = c.id)",
-                    (name,),
-                )
-            ]
+        table, column = {"agent": ("mp_agents", "spec"), "cohort": ("mp_cohorts", "cohort")}.get(
+            kind, ("mp_memories", "text")
+        )
+        rows = _sql(
+            connection,
+            f"SELECT t.id, t.{column} FROM {table} t WHERE NOT EXISTS (SELECT 1 FROM mp_vectors v "
+            "WHERE v.embedder = ? AND v.kind = ? AND v.item_id = t.id)",
+            (name, kind),
+        ).all()
+        missing = [(item_id, _embedding_text_of(kind, text)) for item_id, text in rows]
         for start in range(0, len(missing), 256):
             batch = missing[start : start + 256]
             matrix = self.embedder.embed_sync([text for _, text in batch], "document")
@@ -575,9 +582,9 @@ class RegistryStore:
                 ) from None
         with self._begin("import agents") as connection:
             for spec in specs:
-                _sql(connection, "DELETE FROM mp_agents WHERE id = ?", (spec.id,))
-                _sql(connection, "DELETE FROM mp_agent_versions WHERE agent_id = ?", (spec.id,))
-                _text_index(connection, "agent").delete(connection, spec.id)
+                if _sql(connection, "DELETE FROM mp_agents WHERE id = ?", (spec.id,)).rowcount:
+                    _sql(connection, "DELETE FROM mp_agent_versions WHERE agent_id = ?", (spec.id,))
+                    _text_index(connection, "agent").delete(connection, spec.id)
                 _forget_vectors(connection, "agent", spec.id)
                 self.put_agent(spec, connection)
         return len(specs)
@@ -587,6 +594,7 @@ class RegistryStore:
     def put_cohort(self, cohort: Cohort) -> None:
         """Store a cohort (replacing one with the same id)."""
         with self._begin("store a cohort") as connection:
+            existed = _sql(connection, "SELECT 1 FROM mp_cohorts WHERE id = ?", (cohort.id,)).first()
             _sql(
                 connection,
                 "INSERT INTO mp_cohorts (id, cohort, created_at) VALUES (?, ?, ?) "
@@ -594,7 +602,8 @@ class RegistryStore:
                 (cohort.id, cohort.model_dump_json(), utc_now()),
             )
             index = _text_index(connection, "cohort")
-            index.delete(connection, cohort.id)
+            if existed:
+                index.delete(connection, cohort.id)
             index.insert(connection, cohort.id, cohort.task)
             _forget_vectors(connection, "cohort", cohort.id)
 
@@ -693,6 +702,15 @@ def _forget_vectors(connection: Connection, kind: str, item_id: str) -> None:
     """Drop an item's vectors (its text changed or it is gone) and count a write; caller's transaction."""
     _sql(connection, "DELETE FROM mp_vectors WHERE kind = ? AND item_id = ?", (kind, item_id))
     _sql(connection, "UPDATE mp_registry_meta SET value = value + 1 WHERE key = 'writes'")
+
+
+def _embedding_text_of(kind: str, stored: str) -> str:
+    """What is embedded for an item, from its stored column."""
+    if kind == "agent":
+        return RegistryStore._embedding_text(_with_stats(stored, (0, 0, 0, 0, 0.0)))
+    if kind == "cohort":
+        return str(json.loads(stored)["task"])
+    return stored
 
 
 def _with_stats(text: str, counts: Any) -> AgentSpec:

@@ -139,6 +139,18 @@ _BUILTIN = (
         _args({"question": _STRING}, ["question"]),
         "read",
     ),
+    ToolSpec(
+        "remember",
+        "Keep a fact in long-term memory for later steps and runs (never a secret).",
+        _args({"fact": _STRING}, ["fact"]),
+        "write",
+    ),
+    ToolSpec(
+        "recall",
+        "Search long-term memory: facts kept earlier and what happened in past runs.",
+        _args({"query": _STRING}, ["query"]),
+        "read",
+    ),
 )
 
 BUILTIN_TOOL_NAMES = tuple(tool.name for tool in _BUILTIN)

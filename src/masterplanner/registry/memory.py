@@ -1,0 +1,184 @@
+"""Agents' long-term memory, in the registry's database: facts they chose to keep, and past runs.
+
+- Semantic memory: a step agent's `remember(fact)` stores a fact; `recall(query)` finds facts
+  and episodes by the registry's ranking (the text index, fused with cosine when an embedder is
+  set).
+- Episodic memory: when a run ends, a short account of it (task, outcome, result or error) is
+  kept, so "what happened last time we did X" can be recalled.
+
+Every item has a time to live (`memory_ttl_days`, renewed when it is recalled) and the store a
+size cap (`memory_max_items`): storing past the cap evicts the least recently used items, and
+expired items are dropped. Text that looks like a secret (API keys, tokens, passwords) is refused,
+so secrets never reach the database or a later prompt through memory.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from sqlalchemy.engine import Connection
+
+from ..errors import ToolError
+from .store import RegistryStore, _sql, _text_index, fuse, query_terms
+
+__all__ = ["MAX_MEMORY_CHARS", "MemoryItem", "MemoryKind", "MemoryStore", "episode_text", "looks_secret"]
+
+MemoryKind = Literal["fact", "episode"]
+MAX_MEMORY_CHARS = 2000
+_CANDIDATES = 50
+_SECRET = re.compile(
+    r"(?i)\b(sk|pk|rk|ghp|gho|github_pat|xox[abpr]|AKIA|AIza)[-_A-Za-z0-9]{12,}"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+    r"|\b(api[_-]?key|secret|token|password|passwd)\b\s*[:=]\s*\S{6,}"
+    r"|\bBearer\s+[A-Za-z0-9._~+/-]{16,}"
+)
+
+
+def looks_secret(text: str) -> bool:
+    """Whether `text` contains something shaped like a credential (a key, token, password, private key)."""
+    return _SECRET.search(text) is not None
+
+
+@dataclass(frozen=True)
+class MemoryItem:
+    """One remembered fact or run."""
+
+    id: str
+    kind: MemoryKind
+    text: str
+    source: str
+    created_at: str
+    last_used_at: str
+    expires_at: str
+
+    def to_json_dict(self) -> dict[str, str]:
+        """Plain JSON form."""
+        return dict(self.__dict__)
+
+
+def _now(days: float = 0) -> str:
+    """UTC now (plus `days`), to the microsecond: least-recently-used order must not tie."""
+    moment = datetime.now(UTC) + timedelta(days=days)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+_COLUMNS = "id, kind, text, source, created_at, last_used_at, expires_at"
+
+
+class MemoryStore:
+    """Facts and episodes in the registry's database, with a time to live and a size cap."""
+
+    def __init__(self, registry: RegistryStore, *, ttl_days: float = 180, max_items: int = 10_000) -> None:
+        self.registry = registry
+        self.ttl_days = ttl_days
+        self.max_items = max_items
+
+    def remember(self, text: str, *, kind: MemoryKind = "fact", source: str = "") -> MemoryItem:
+        """Store `text`; raises `ToolError` for empty, oversized or secret-looking text."""
+        text = text.strip()
+        if not text:
+            raise ToolError("there is nothing to remember: the text is empty")
+        if len(text) > MAX_MEMORY_CHARS:
+            raise ToolError(f"a memory is at most {MAX_MEMORY_CHARS} characters; this one is {len(text)}")
+        if looks_secret(text):
+            raise ToolError("that looks like a secret (a key, token or password); secrets are not remembered")
+        now = _now()
+        item = MemoryItem(
+            f"m{secrets.token_hex(6)}", kind, text, source[:200], now, now, _now(self.ttl_days)
+        )
+        with self.registry._begin("remember") as connection:
+            _sql(
+                connection,
+                f"INSERT INTO mp_memories ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                tuple(item.__dict__.values()),
+            )
+            _text_index(connection, "memory").insert(connection, item.id, text)
+            self._evict(connection, now)
+            _sql(connection, "UPDATE mp_registry_meta SET value = value + 1 WHERE key = 'writes'")
+        return item
+
+    def _evict(self, connection: Connection, now: str) -> None:
+        """Drop expired memories, then the least recently used ones beyond the cap."""
+        expired = [
+            row[0] for row in _sql(connection, "SELECT id FROM mp_memories WHERE expires_at < ?", (now,))
+        ]
+        count = int(_sql(connection, "SELECT count(*) FROM mp_memories").scalar_one()) - len(expired)
+        if count > self.max_items:
+            expired += [
+                row[0]
+                for row in _sql(
+                    connection,
+                    "SELECT id FROM mp_memories WHERE expires_at >= ? "
+                    "ORDER BY last_used_at, created_at LIMIT ?",
+                    (now, count - self.max_items),
+                )
+            ]
+        index = _text_index(connection, "memory")
+        for memory_id in expired:
+            _sql(connection, "DELETE FROM mp_memories WHERE id = ?", (memory_id,))
+            _sql(connection, "DELETE FROM mp_vectors WHERE kind = 'memory' AND item_id = ?", (memory_id,))
+            index.delete(connection, memory_id)
+
+    def recall(self, query: str, limit: int = 5, kind: MemoryKind | None = None) -> list[MemoryItem]:
+        """The memories most like `query`, best first; each one recalled lives `ttl_days` longer."""
+        terms = query_terms(query)
+        rankings: list[list[str]] = []
+        registry = self.registry
+        now = _now()
+        with registry._begin("recall") as connection:
+            if terms:
+                rankings.append(_text_index(connection, "memory").search(connection, terms, _CANDIDATES))
+            if registry.embedder is not None and query.strip():
+                vectors = registry._current_vectors(connection, "memory")
+                rankings.append(
+                    [item for item, _ in vectors.nearest(registry._query_vector(query), _CANDIDATES)]
+                )
+            fused = fuse(rankings)
+            if not fused:
+                return []
+            marks = ", ".join("?" for _ in fused)
+            rows = _sql(
+                connection,
+                f"SELECT {_COLUMNS} FROM mp_memories WHERE id IN ({marks}) AND expires_at >= ?",
+                (*fused, now),
+            ).all()
+            found = [MemoryItem(*row) for row in rows if kind is None or row[1] == kind]
+            found.sort(key=lambda item: (-fused[item.id], item.id))
+            found = found[:limit]
+            for item in found:
+                _sql(
+                    connection,
+                    "UPDATE mp_memories SET last_used_at = ?, expires_at = ? WHERE id = ?",
+                    (now, _now(self.ttl_days), item.id),
+                )
+        return found
+
+    def list(self, kind: MemoryKind | None = None) -> list[MemoryItem]:
+        """Every memory that has not expired, most recently used first."""
+        with self.registry._begin("list memories") as connection:
+            rows = _sql(
+                connection,
+                f"SELECT {_COLUMNS} FROM mp_memories WHERE expires_at >= ? ORDER BY last_used_at DESC, id",
+                (_now(),),
+            ).all()
+        return [MemoryItem(*row) for row in rows if kind is None or row[1] == kind]
+
+    def forget(self, memory_id: str) -> None:
+        """Delete one memory."""
+        with self.registry._begin("forget a memory") as connection:
+            if not _sql(connection, "DELETE FROM mp_memories WHERE id = ?", (memory_id,)).rowcount:
+                raise ToolError(f"no memory {memory_id!r} (see `masterplanner memory list`)")
+            _sql(connection, "DELETE FROM mp_vectors WHERE kind = 'memory' AND item_id = ?", (memory_id,))
+            _text_index(connection, "memory").delete(connection, memory_id)
+            _sql(connection, "UPDATE mp_registry_meta SET value = value + 1 WHERE key = 'writes'")
+
+
+def episode_text(task: str, status: str, output: str | None, error: str | None, when: str) -> str:
+    """A run's account for episodic memory: when, the task, how it ended, and what came out."""
+    outcome = f"Result: {output.strip()[:600]}" if output else f"Error: {(error or 'none given')[:600]}"
+    text = f"{when[:10]}: the task {task.strip()[:800]!r} {status}. {outcome}"
+    return text[:MAX_MEMORY_CHARS]
