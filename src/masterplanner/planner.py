@@ -18,6 +18,7 @@ from pydantic_ai.settings import ModelSettings
 
 from .errors import ModelError, PlanError
 from .plan import (
+    _LIMITS,
     DEFAULT_MAX_STEPS,
     Plan,
     Step,
@@ -156,6 +157,49 @@ _IMPLIED_TOOLS = (
 )
 
 
+_INSTRUCTION_LIMIT = _LIMITS["instruction"]
+_DELIVERABLE = re.compile(
+    rf"\b(?:write|save|store|create|export|produce|put)\b[^.\n]*?\b(?:to|in|into|as)\s+({_FILE})",
+    re.IGNORECASE,
+)
+
+
+def with_task_deliverables(task: str, steps: object, catalog: Catalog) -> object:
+    """Make the last step save the files the task asks for ("… to haiku.txt") if no step mentions them.
+
+    The embedded model sometimes plans the work and forgets the file the task names (seen with a
+    portable llama.cpp build: four steps, none writing haiku.txt). The last step that nothing
+    depends on is told to save its result there; the person sees it at review.
+    """
+    if not isinstance(steps, list) or not steps or "write_file" not in catalog:
+        return steps
+    wanted = list(dict.fromkeys(match.group(1) for match in _DELIVERABLE.finditer(task)))
+    text = " ".join(
+        f"{step.get('instruction', '')} {step.get('expected_output', '')}"
+        for step in steps
+        if isinstance(step, dict)
+    )
+    missing = [name for name in wanted if name not in text]
+    needed = {dep for step in steps if isinstance(step, dict) for dep in step.get("depends_on") or []}
+    last = next(
+        (
+            n
+            for n in range(len(steps) - 1, -1, -1)
+            if isinstance(steps[n], dict) and steps[n].get("id") not in needed
+        ),
+        None,
+    )
+    if not missing or last is None or not isinstance(steps[last].get("instruction"), str):
+        return steps
+    step = dict(steps[last])
+    note = f" Save the result to {', '.join(missing)} with write_file."
+    step["instruction"] = step["instruction"][: max(0, _INSTRUCTION_LIMIT - len(note))].rstrip() + note
+    listed = step.get("tools")
+    tools: list[Any] = list(listed) if isinstance(listed, list) else []
+    step["tools"] = tools if "write_file" in tools else [*tools, "write_file"]
+    return [*steps[:last], step, *steps[last + 1 :]]
+
+
 def with_implied_tools(steps: object, catalog: Catalog) -> object:
     """Add the file tool a step's instruction plainly needs ("write … to haiku.txt") but does not list.
 
@@ -196,7 +240,12 @@ async def plan(
 
     def accept(steps: object) -> Plan:
         return validate_plan(
-            {"task": task, "steps": with_implied_tools(steps, catalog)}, catalog, max_steps=max_steps
+            {
+                "task": task,
+                "steps": with_implied_tools(with_task_deliverables(task, steps, catalog), catalog),
+            },
+            catalog,
+            max_steps=max_steps,
         )
 
     proposer = _Proposer(

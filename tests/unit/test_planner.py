@@ -199,3 +199,29 @@ async def test_more_actions_than_steps_asks_for_one_step_per_action(write_script
     assert "actions" in schemas[0]["properties"]
     assert schemas[1]["properties"]["steps"]["minItems"] == 3
     assert schemas[1]["properties"]["steps"]["maxItems"] == 3
+
+
+def test_the_file_a_task_asks_for_is_saved_by_the_last_step_when_no_step_mentions_it() -> None:
+    from masterplanner.planner import with_task_deliverables
+    from masterplanner.tools import builtin_catalog
+
+    steps = [
+        {"id": "draft", "instruction": "Draft a poem.", "tools": [], "depends_on": [], "expected_output": ""},
+        {
+            "id": "polish",
+            "instruction": "Polish it.",
+            "tools": [],
+            "depends_on": ["draft"],
+            "expected_output": "",
+        },
+    ]
+    grounded = with_task_deliverables("Write a haiku about the sea to haiku.txt", steps, builtin_catalog())
+    assert grounded[0] == steps[0]
+    assert grounded[1]["instruction"] == "Polish it. Save the result to haiku.txt with write_file."
+    assert grounded[1]["tools"] == ["write_file"]
+    mentioned = [{**steps[0], "instruction": "Write the poem to haiku.txt."}, steps[1]]
+    assert (
+        with_task_deliverables("Write a haiku about the sea to haiku.txt", mentioned, builtin_catalog())
+        == mentioned
+    )
+    assert with_task_deliverables("Tell me a haiku", steps, builtin_catalog()) == steps

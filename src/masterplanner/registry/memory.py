@@ -87,9 +87,7 @@ class MemoryStore:
         if looks_secret(text):
             raise ToolError("that looks like a secret (a key, token or password); secrets are not remembered")
         now = _now()
-        item = MemoryItem(
-            f"m{secrets.token_hex(6)}", kind, text, source[:200], now, now, _now(self.ttl_days)
-        )
+        item = MemoryItem(f"m{secrets.token_hex(6)}", kind, text, source[:200], now, now, _now(self.ttl_days))
         with self.registry._begin("remember") as connection:
             _sql(
                 connection,
