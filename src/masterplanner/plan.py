@@ -326,6 +326,11 @@ def steps_from_output(raw: object) -> object:
     if not isinstance(raw, list):
         return raw
     ids = [step.get("id") if isinstance(step, dict) else None for step in raw]
+    if all(isinstance(step, dict) and isinstance(step.get("after"), list) for step in raw):
+        # Dependencies are step numbers here, so ids are only labels: a repeated one (the
+        # embedded model repeats them) is made unique instead of failing the plan.
+        ids = _unique_ids(ids)
+        raw = [{**step, "id": new} if new is not None else step for step, new in zip(raw, ids, strict=True)]
     converted: list[object] = []
     for step in raw:
         if not isinstance(step, dict) or "after" not in step or not isinstance(step["after"], list):
@@ -338,6 +343,24 @@ def steps_from_output(raw: object) -> object:
         public = {key: value for key, value in step.items() if key != "after"}
         converted.append(public | {"depends_on": [*public.get("depends_on", []), *depends_on]})
     return converted
+
+
+def _unique_ids(ids: list[Any]) -> list[Any]:
+    """`ids` with later repeats of a string id suffixed `-2`, `-3`, … (kept within 40 characters)."""
+    taken = {item for item in ids if isinstance(item, str)}
+    seen: set[str] = set()
+    unique: list[Any] = []
+    for item in ids:
+        if isinstance(item, str) and item in seen:
+            number = 2
+            while (candidate := f"{item[: 40 - len(str(number)) - 1]}-{number}") in taken:
+                number += 1
+            taken.add(candidate)
+            item = candidate
+        if isinstance(item, str):
+            seen.add(item)
+        unique.append(item)
+    return unique
 
 
 def steps_to_output(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:

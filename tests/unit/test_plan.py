@@ -149,3 +149,16 @@ def test_output_schema_only_allows_earlier_steps_and_catalog_tools() -> None:
     third = schema["$defs"]["step3"]["properties"]
     assert third["after"]["items"] == {"enum": [1, 2]}
     assert third["tools"]["items"] == {"enum": list(BUILTIN_TOOL_NAMES)}
+
+
+def test_repeated_ids_in_model_output_are_made_unique_but_not_in_the_public_form() -> None:
+    from masterplanner.plan import steps_from_output
+
+    model_output = [{"id": "a", "after": []}, {"id": "a", "after": [1]}, {"id": "a", "after": [2]}]
+    assert steps_from_output(model_output) == [
+        {"id": "a", "depends_on": []},
+        {"id": "a-2", "depends_on": ["a"]},
+        {"id": "a-3", "depends_on": ["a-2"]},
+    ]
+    public = [{"id": "a", "depends_on": []}, {"id": "a", "depends_on": ["a"]}]
+    assert steps_from_output(public) == public  # ids name dependencies here: ambiguous, left to validation
