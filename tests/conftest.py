@@ -74,3 +74,15 @@ def postgres_database() -> Iterator[str]:
     yield f"{POSTGRES_SERVER}/{name}"
     with psycopg.connect(f"{POSTGRES_SERVER}/postgres", autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, isolated: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The settings' database, once SQLite and once a fresh Postgres database (the CLI uses it too)."""
+    from masterplanner import Settings
+
+    if request.param == "postgres":
+        monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", request.getfixturevalue("postgres_database"))
+    settings = Settings.load()
+    settings.ensure_home()
+    return settings.database_url

@@ -20,15 +20,9 @@ from masterplanner.registry import RegistryStore
 from masterplanner.registry.memory import MemoryStore
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def registry(
-    request: pytest.FixtureRequest, isolated: Path, monkeypatch: pytest.MonkeyPatch
-) -> RegistryStore:
-    if request.param == "postgres":
-        monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", request.getfixturevalue("postgres_database"))
-    settings = Settings.load()
-    settings.ensure_home()
-    return RegistryStore(settings.database_url)
+@pytest.fixture
+def registry(database_url: str) -> RegistryStore:
+    return RegistryStore(database_url)
 
 
 def test_recall_finds_what_was_remembered_and_renews_it(registry: RegistryStore) -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from masterplanner import Settings
 from masterplanner.errors import ConfigError, RunError
 from masterplanner.registry import AgentSpec, Cohort, RegistryStore
 
@@ -22,14 +21,9 @@ def _agent(agent_id: str, role: str, prompt: str, **extra: object) -> AgentSpec:
     )
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest, isolated: Path, monkeypatch: pytest.MonkeyPatch) -> RegistryStore:
-    """The store on each database; on Postgres the CLI is pointed at the same database."""
-    if request.param == "postgres":
-        monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", request.getfixturevalue("postgres_database"))
-    settings = Settings.load()
-    settings.ensure_home()
-    return RegistryStore(settings.database_url)
+@pytest.fixture
+def store(database_url: str) -> RegistryStore:
+    return RegistryStore(database_url)
 
 
 def test_versions_search_and_delete(store: RegistryStore) -> None:

@@ -23,13 +23,12 @@ from typing import Literal
 from sqlalchemy.engine import Connection
 
 from ..errors import ToolError
-from .store import RegistryStore, _sql, _text_index, fuse, query_terms
+from .store import RegistryStore, _count_write, _sql, _text_index
 
 __all__ = ["MAX_MEMORY_CHARS", "MemoryItem", "MemoryKind", "MemoryStore", "episode_text", "looks_secret"]
 
 MemoryKind = Literal["fact", "episode"]
 MAX_MEMORY_CHARS = 2000
-_CANDIDATES = 50
 _SECRET = re.compile(
     r"(?i)\b(sk|pk|rk|ghp|gho|github_pat|xox[abpr]|AKIA|AIza)[-_A-Za-z0-9]{12,}"
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
@@ -96,7 +95,7 @@ class MemoryStore:
             )
             _text_index(connection, "memory").insert(connection, item.id, text)
             self._evict(connection, now)
-            _sql(connection, "UPDATE mp_registry_meta SET value = value + 1 WHERE key = 'writes'")
+            _count_write(connection)
         return item
 
     def _evict(self, connection: Connection, now: str) -> None:
@@ -115,27 +114,14 @@ class MemoryStore:
                     (now, count - self.max_items),
                 )
             ]
-        index = _text_index(connection, "memory")
         for memory_id in expired:
-            _sql(connection, "DELETE FROM mp_memories WHERE id = ?", (memory_id,))
-            _sql(connection, "DELETE FROM mp_vectors WHERE kind = 'memory' AND item_id = ?", (memory_id,))
-            index.delete(connection, memory_id)
+            _delete(connection, memory_id)
 
     def recall(self, query: str, limit: int = 5, kind: MemoryKind | None = None) -> list[MemoryItem]:
         """The memories most like `query`, best first; each one recalled lives `ttl_days` longer."""
-        terms = query_terms(query)
-        rankings: list[list[str]] = []
-        registry = self.registry
         now = _now()
-        with registry._begin("recall") as connection:
-            if terms:
-                rankings.append(_text_index(connection, "memory").search(connection, terms, _CANDIDATES))
-            if registry.embedder is not None and query.strip():
-                vectors = registry._current_vectors(connection, "memory")
-                rankings.append(
-                    [item for item, _ in vectors.nearest(registry._query_vector(query), _CANDIDATES)]
-                )
-            fused = fuse(rankings)
+        with self.registry._begin("recall") as connection:
+            fused, _ = self.registry._rank(connection, "memory", query)
             if not fused:
                 return []
             marks = ", ".join("?" for _ in fused)
@@ -168,11 +154,18 @@ class MemoryStore:
     def forget(self, memory_id: str) -> None:
         """Delete one memory."""
         with self.registry._begin("forget a memory") as connection:
-            if not _sql(connection, "DELETE FROM mp_memories WHERE id = ?", (memory_id,)).rowcount:
+            if not _delete(connection, memory_id):
                 raise ToolError(f"no memory {memory_id!r} (see `masterplanner memory list`)")
-            _sql(connection, "DELETE FROM mp_vectors WHERE kind = 'memory' AND item_id = ?", (memory_id,))
-            _text_index(connection, "memory").delete(connection, memory_id)
-            _sql(connection, "UPDATE mp_registry_meta SET value = value + 1 WHERE key = 'writes'")
+            _count_write(connection)
+
+
+def _delete(connection: Connection, memory_id: str) -> bool:
+    """Delete a memory with its vectors and index entry; False when there was none."""
+    if not _sql(connection, "DELETE FROM mp_memories WHERE id = ?", (memory_id,)).rowcount:
+        return False
+    _sql(connection, "DELETE FROM mp_vectors WHERE kind = 'memory' AND item_id = ?", (memory_id,))
+    _text_index(connection, "memory").delete(connection, memory_id)
+    return True
 
 
 def episode_text(task: str, status: str, output: str | None, error: str | None, when: str) -> str:

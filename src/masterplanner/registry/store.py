@@ -455,16 +455,8 @@ class RegistryStore:
         BM25 (fused with cosine order when an embedder is set), times a prior from their success
         rate and rating.
         """
-        terms = query_terms(query)
-        rankings: list[list[str]] = []
         with self._begin("search agents") as connection:
-            if terms:
-                rankings.append(_text_index(connection, "agent").search(connection, terms, _CANDIDATES))
-            if self.embedder is not None and query.strip():
-                vectors = self._current_vectors(connection, "agent")
-                wanted = self._query_vector(query)
-                rankings.append([item for item, _ in vectors.nearest(wanted, _CANDIDATES)])
-            fused = fuse(rankings)
+            fused, _ = self._rank(connection, "agent", query)
             if not fused:
                 return []
             marks = ", ".join("?" for _ in fused)
@@ -500,7 +492,30 @@ class RegistryStore:
             if spec.id in vectors.position
         ]
 
-    # ---- vectors
+    # ---- ranking and vectors
+
+    def _rank(
+        self, connection: Connection, kind: str, text: str
+    ) -> tuple[dict[str, float], Callable[[str], float] | None]:
+        """Items of `kind` like `text`: id -> fused score, and (with an embedder) id -> cosine.
+
+        The text index's top candidates, fused by reciprocal rank fusion with the cosine top
+        candidates when an embedder is set.
+        """
+        rankings: list[list[str]] = []
+        terms = query_terms(text)
+        if terms:
+            rankings.append(_text_index(connection, kind).search(connection, terms, _CANDIDATES))
+        if self.embedder is None or not text.strip():
+            return fuse(rankings), None
+        vectors = self._current_vectors(connection, kind)
+        wanted = self._query_vector(text)
+        rankings.append([item for item, _ in vectors.nearest(wanted, _CANDIDATES)])
+
+        def cosine(item: str) -> float:
+            return float(vectors.matrix[vectors.position[item]] @ wanted) if item in vectors.position else 0.0
+
+        return fuse(rankings), cosine
 
     def _query_vector(self, text: str) -> np.ndarray:
         """The embedding of a search text (the last 64 are kept: one lookup often asks twice)."""
@@ -628,21 +643,8 @@ class RegistryStore:
         Similarity (what `reuse_threshold` is compared with): the cosine of the two tasks'
         embeddings with an embedder, else the Ochiai coefficient of their word stems.
         """
-        terms = query_terms(task)
-        rankings: list[list[str]] = []
-        cosines: dict[str, float] = {}
         with self._begin("search cohorts") as connection:
-            if terms:
-                rankings.append(_text_index(connection, "cohort").search(connection, terms, _CANDIDATES))
-            if self.embedder is not None and task.strip():
-                vectors = self._current_vectors(connection, "cohort")
-                wanted = self._query_vector(task)
-                nearest = vectors.nearest(wanted, _CANDIDATES)
-                rankings.append([item for item, _ in nearest])
-                cosines = {
-                    item: float(vectors.matrix[vectors.position[item]] @ wanted) for item in fuse(rankings)
-                }
-            fused = fuse(rankings)
+            fused, cosine = self._rank(connection, "cohort", task)
             if not fused:
                 return []
             best = sorted(fused, key=lambda item: (-fused[item], item))[:limit]
@@ -655,7 +657,7 @@ class RegistryStore:
         found = []
         for item in best:
             cohort = Cohort.model_validate_json(rows[item])
-            similarity = cosines[item] if self.embedder is not None else lexical_similarity(task, cohort.task)
+            similarity = cosine(item) if cosine is not None else lexical_similarity(task, cohort.task)
             found.append((cohort, max(0.0, min(1.0, similarity))))
         return found
 
@@ -701,6 +703,11 @@ def open_registry(settings: Settings) -> RegistryStore:
 def _forget_vectors(connection: Connection, kind: str, item_id: str) -> None:
     """Drop an item's vectors (its text changed or it is gone) and count a write; caller's transaction."""
     _sql(connection, "DELETE FROM mp_vectors WHERE kind = ? AND item_id = ?", (kind, item_id))
+    _count_write(connection)
+
+
+def _count_write(connection: Connection) -> None:
+    """Move the registry's write counter (in-memory vector caches reload when it moves)."""
     _sql(connection, "UPDATE mp_registry_meta SET value = value + 1 WHERE key = 'writes'")
 
 
