@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 __all__ = ["PurposeUsage", "UsageLedger"]
@@ -33,6 +34,16 @@ class UsageLedger:
             entry.input_tokens += input_tokens
             entry.output_tokens += output_tokens
             entry.seconds += seconds
+
+    def merge(self, by_purpose: Mapping[str, Mapping[str, int | float]]) -> None:
+        """Add usage reported elsewhere in the `by_purpose` form (e.g. read back from a results file)."""
+        with self._lock:
+            for purpose, usage in by_purpose.items():
+                entry = self._by_purpose.setdefault(purpose, PurposeUsage())
+                entry.calls += int(usage.get("calls", 0))
+                entry.input_tokens += int(usage.get("input_tokens", 0))
+                entry.output_tokens += int(usage.get("output_tokens", 0))
+                entry.seconds += float(usage.get("seconds", 0.0))
 
     def by_purpose(self) -> dict[str, dict[str, int | float]]:
         """`{"<purpose>": {"calls", "input_tokens", "output_tokens", "seconds"}}`, sorted by purpose."""

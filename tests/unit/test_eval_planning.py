@@ -112,8 +112,73 @@ async def test_exact_scores(benchmarks: Path, write_script: Callable[..., Path])
     assert [row["valid"] for row in payload["per_request"]["planner"]] == [True, False]
 
 
-def test_cli_json_has_the_figures(benchmarks: Path, write_script: Callable[..., Path]) -> None:
+async def test_a_stopped_evaluation_continues_from_its_results_file(
+    benchmarks: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    results = tmp_path / "evals" / "tmdb.jsonl"
+    first = resolve_model(f"scripted:{write_script(SCRIPT[:2])}")
+    partial = await evaluate_planning("tmdb", model=first, model_spec="scripted", limit=1, results=results)
+    assert partial.requests == 1
+    assert len(results.read_text().splitlines()) == 2  # the header and request 0
+    with results.open("a") as handle:
+        handle.write('{"id": 1, "kept": tr')  # a record cut short by a crash
+
+    # Only request 1 is scripted now: request 0 must come from the file, or it would fail.
+    rest = resolve_model(f"scripted:{write_script(SCRIPT[2:])}")
+    seen: list[tuple[int, int]] = []
+    report = await evaluate_planning(
+        "tmdb",
+        model=rest,
+        model_spec="scripted",
+        results=results,
+        progress=lambda done, total, _: seen.append((done, total)),
+    )
+    payload = report.to_json_dict(per_request=True)
+    assert (payload["node_f1"], payload["link_f1"], payload["accuracy"], payload["valid_rate"]) == (
+        0.5,
+        0.5,
+        0.5,
+        0.5,
+    )
+    assert (payload["baseline"]["node_f1"], payload["baseline"]["link_f1"]) == (0.8333, 0.5)
+    assert payload["usage"]["by_purpose"]["planner"]["calls"] == 4
+    assert payload["baseline_usage"]["by_purpose"]["planner"]["calls"] == 2
+    assert seen == [(0, 2), (1, 2), (2, 2)]
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [line.get("id") for line in lines] == [None, 0, 1]
+    assert lines[0] == {
+        "format": 1,
+        "dataset": "tmdb",
+        "model": "scripted",
+        "preselect_limit": 20,
+        "examples": 2,
+    }
+
+
+async def test_a_results_file_of_other_settings_or_corrupt_is_refused(
+    benchmarks: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    results = tmp_path / "tmdb.jsonl"
+    model = resolve_model(f"scripted:{write_script(SCRIPT[:2])}")
+    await evaluate_planning("tmdb", model=model, model_spec="scripted", limit=1, results=results)
+    before = results.read_text()
+    with pytest.raises(ConfigError, match="measured with model='scripted', not 'local': choose another file"):
+        await evaluate_planning("tmdb", model=model, model_spec="local", results=results)
+    assert results.read_text() == before
+    lines = before.splitlines()
+    results.write_text("\n".join([lines[0], '{"id": 0, "kept": true}', lines[1]]) + "\n")
+    with pytest.raises(ConfigError, match="tmdb.jsonl: line 2: field 'planner' is missing"):
+        await evaluate_planning("tmdb", model=model, model_spec="scripted", results=results)
+    results.write_text(lines[0] + "\n[1, 2]\n")
+    with pytest.raises(ConfigError, match="line 2: not a JSON object"):
+        await evaluate_planning("tmdb", model=model, model_spec="scripted", results=results)
+
+
+def test_cli_json_has_the_figures(
+    benchmarks: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
     script = write_script(SCRIPT)
+    results = tmp_path / "results.jsonl"
     result = subprocess.run(
         [
             sys.executable,
@@ -126,6 +191,8 @@ def test_cli_json_has_the_figures(benchmarks: Path, write_script: Callable[..., 
             "--model",
             f"scripted:{script}",
             "--json",
+            "--results",
+            str(results),
         ],
         capture_output=True,
         text=True,
@@ -137,6 +204,8 @@ def test_cli_json_has_the_figures(benchmarks: Path, write_script: Callable[..., 
     for key in ("node_f1", "link_f1", "accuracy", "valid_rate", "p50_latency_s"):
         assert key in payload
     assert set(payload["baseline"]) >= {"node_f1", "link_f1"}
+    assert payload["node_f1"] == 0.5
+    assert len(results.read_text().splitlines()) == 3  # the header and both requests
 
 
 def test_unknown_dataset(benchmarks: Path) -> None:

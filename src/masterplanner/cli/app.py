@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -261,6 +262,14 @@ def eval_planning(
     per_request: Annotated[
         bool, typer.Option("--per-request", help="Include every request's scores.")
     ] = False,
+    results: Annotated[
+        Path | None,
+        typer.Option(
+            "--results",
+            help="Append each request's scores to this JSON-lines file as it finishes; "
+            "run again with the same file to continue a stopped evaluation.",
+        ),
+    ] = None,
 ) -> None:
     """Plan each test request of a benchmark and score node F1, link F1, accuracy, valid rate, latency.
 
@@ -269,23 +278,32 @@ def eval_planning(
     """
     import asyncio
 
-    from rich.progress import Progress
+    from rich.progress import Progress, TimeElapsedColumn
 
-    from ..evaluation import evaluate_planning
+    from ..evaluation import Scores, evaluate_planning
     from ..models import resolve_model
     from ..settings import Settings
 
     settings = Settings.load(model=model)
     chosen = resolve_model(settings.model, settings)
-    with Progress(console=console(stderr=True), transient=True) as progress:
-        bar = progress.add_task(f"{dataset} with {settings.model}", total=None)
+    title = f"{dataset} with {settings.model}"
+    with Progress(
+        *Progress.get_default_columns(), TimeElapsedColumn(), console=console(stderr=True)
+    ) as progress:
+        bar = progress.add_task(title, total=None)
+
+        def show(done: int, total: int, so_far: Scores) -> None:
+            figures = f" · node F1 {so_far.node_f1:.3f} · valid {so_far.valid_rate:.0%}" if done else ""
+            progress.update(bar, completed=done, total=total, description=title + figures)
+
         report = asyncio.run(
             evaluate_planning(
                 dataset,
                 model=chosen,
                 model_spec=settings.model,
                 limit=limit,
-                progress=lambda done, total: progress.update(bar, completed=done, total=total),
+                results=results,
+                progress=show,
             )
         )
     if as_json:

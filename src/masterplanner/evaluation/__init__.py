@@ -1,5 +1,5 @@
 """Evaluations of masterplanner against external benchmark data (read at run time, never copied)."""
 
-from .planning import PlanningReport, evaluate_planning
+from .planning import PlanningReport, Scores, evaluate_planning
 
-__all__ = ["PlanningReport", "evaluate_planning"]
+__all__ = ["PlanningReport", "Scores", "evaluate_planning"]

@@ -30,8 +30,11 @@ from ..tools.catalog import Catalog
 from ..tools.selection import DEFAULT_PRESELECT, preselect, rank, words
 from ..usage import UsageLedger
 from .datasets import Request, load_dataset
+from .results import ResultsFile
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pydantic_ai.models import Model
 
 __all__ = ["PlanningReport", "Scores", "evaluate_planning", "f1"]
@@ -89,6 +92,10 @@ class Scores:
             self.p50_latency_s = round(statistics.median(row["seconds"] for row in rows), 3)
         return self
 
+    def running(self) -> Scores:
+        """The averages over the requests recorded so far (this object is left as it is)."""
+        return Scores(per_request=list(self.per_request)).finish()
+
     def summary(self) -> dict[str, float]:
         """The averages only."""
         return {key: value for key, value in asdict(self).items() if key != "per_request"}
@@ -127,10 +134,6 @@ class PlanningReport:
                 "baseline": self.baseline.per_request,
             }
         return payload
-
-
-def _rounded(row: dict[str, Any]) -> dict[str, Any]:
-    return {key: round(value, 4) if isinstance(value, float) else value for key, value in row.items()}
 
 
 def plan_graph(result: Plan) -> tuple[set[str], set[tuple[str, str]]]:
@@ -205,6 +208,38 @@ async def _baseline(task: str, catalog: Catalog, model: Model, ledger: UsageLedg
         return None
 
 
+async def _score_request(
+    request: Request,
+    catalog: Catalog,
+    hints: list[PlanExample] | None,
+    model: Model,
+    preselect_limit: int,
+) -> dict[str, Any]:
+    """Plan one request with the Master Planner and with the baseline: its results-file record."""
+    ledger, baseline_ledger = UsageLedger(), UsageLedger()
+    tools = preselect(request.text, catalog, preselect_limit)
+    planner_row, baseline_row = Scores(), Scores()
+    started = time.perf_counter()
+    try:
+        result = await make_plan(request.text, tools, model=model, ledger=ledger, hints=hints)
+        nodes, links = plan_graph(result)
+        planner_row.add(request, nodes, links, time.perf_counter() - started)
+    except (PlanError, ModelError):
+        planner_row.add(request, None, set(), time.perf_counter() - started)
+    started = time.perf_counter()
+    agents = await _baseline(request.text, tools, model, baseline_ledger)
+    chain = set(pairwise(agents)) if agents else set()
+    baseline_row.add(request, set(agents) if agents else None, chain, time.perf_counter() - started)
+    return {
+        "id": request.id,
+        "kept": set(request.nodes) <= set(tools.names),
+        "planner": planner_row.per_request[0],
+        "baseline": baseline_row.per_request[0],
+        "usage": ledger.by_purpose(),
+        "baseline_usage": baseline_ledger.by_purpose(),
+    }
+
+
 async def evaluate_planning(
     dataset: str,
     *,
@@ -213,11 +248,19 @@ async def evaluate_planning(
     limit: int | None = None,
     preselect_limit: int = DEFAULT_PRESELECT,
     examples: int = 2,
-    progress: Callable[[int, int], None] | None = None,
+    results: Path | None = None,
+    progress: Callable[[int, int, Scores], None] | None = None,
 ) -> PlanningReport:
-    """Plan every test request of `dataset` with the Master Planner and the baseline, and score both."""
+    """Plan every test request of `dataset` with the Master Planner and the baseline, and score both.
+
+    With `results`, each finished request is appended to that file, and requests already in it
+    (from an earlier, stopped run with the same settings) are taken from it instead of planned.
+    `progress(done, total, planner_scores_so_far)` is called before each request and at the end.
+    """
     catalog, test, train = load_dataset(dataset)
     requests = test[:limit] if limit else test
+    settings = {"dataset": dataset, "model": model_spec, "preselect_limit": preselect_limit}
+    saved = ResultsFile(results, settings | {"examples": examples}) if results else None
     planner_scores, baseline_scores = Scores(), Scores()
     ledger, baseline_ledger = UsageLedger(), UsageLedger()
     kept = 0
@@ -225,25 +268,24 @@ async def evaluate_planning(
     by_id = {str(request.id): request for request in train}
     for done, request in enumerate(requests):
         if progress:
-            progress(done, len(requests))
-        tools = preselect(request.text, catalog, preselect_limit)
-        kept += set(request.nodes) <= set(tools.names)
-        hints = (
-            [as_example(by_id[key]) for key in rank(request.text, train_index)[:examples]] if train else None
-        )
-        started = time.perf_counter()
-        try:
-            result = await make_plan(request.text, tools, model=model, ledger=ledger, hints=hints)
-            nodes, links = plan_graph(result)
-            planner_scores.add(request, nodes, links, time.perf_counter() - started)
-        except (PlanError, ModelError):
-            planner_scores.add(request, None, set(), time.perf_counter() - started)
-        started = time.perf_counter()
-        agents = await _baseline(request.text, tools, model, baseline_ledger)
-        chain = set(pairwise(agents)) if agents else set()
-        baseline_scores.add(request, set(agents) if agents else None, chain, time.perf_counter() - started)
+            progress(done, len(requests), planner_scores.running())
+        record = saved.records.get(request.id) if saved else None
+        if record is None:
+            hints = (
+                [as_example(by_id[key]) for key in rank(request.text, train_index)[:examples]]
+                if train
+                else None
+            )
+            record = await _score_request(request, catalog, hints, model, preselect_limit)
+            if saved:
+                saved.append(record)
+        kept += bool(record["kept"])
+        planner_scores.per_request.append(record["planner"])
+        baseline_scores.per_request.append(record["baseline"])
+        ledger.merge(record["usage"])
+        baseline_ledger.merge(record["baseline_usage"])
     if progress:
-        progress(len(requests), len(requests))
+        progress(len(requests), len(requests), planner_scores.running())
     return PlanningReport(
         dataset=dataset,
         model=model_spec,

@@ -1,0 +1,85 @@
+"""A results file for `eval planning`: each finished request is appended as one JSON line.
+
+A long evaluation (the embedded model needs tens of seconds a request) can then be stopped and
+continued: run it again with the same file and the requests already in it are not planned again.
+The first line records what the results were measured with (dataset, model, pre-selection,
+examples); a run with other settings refuses the file rather than mixing figures. A last line cut
+short by a crash is dropped; any other bad line is an error naming the line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["ResultsFile"]
+
+_FORMAT = 1
+
+
+class ResultsFile:
+    """Per-request evaluation records, appended and flushed to disk one by one."""
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        """Open `path` (created if missing), check its header against `header`, load its records."""
+        self.path = path
+        self.header = {"format": _FORMAT, **header}
+        self.records: dict[int, dict[str, Any]] = {}
+        if path.exists():
+            self._load()
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._write_line(self.header)
+
+    def _load(self) -> None:
+        raw = self.path.read_bytes()
+        if not raw.endswith(b"\n"):
+            # Every record is written with its newline in one write: a last line without one
+            # was cut short by a crash. Drop it; its request is planned again.
+            raw = raw[: raw.rfind(b"\n") + 1]
+            with self.path.open("r+b") as handle:
+                handle.truncate(len(raw))
+        lines = raw.decode("utf-8", errors="replace").split("\n")[:-1]
+        if not lines:
+            self._write_line(self.header)
+            return
+        for number, line in enumerate(lines, start=1):
+            try:
+                item = json.loads(line)
+                if not isinstance(item, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:
+                raise ConfigError(f"results file {self.path}: line {number}: {exc}") from None
+            if number == 1:
+                self._check_header(item)
+            else:
+                self._check_record(item, number)
+                self.records[int(item["id"])] = item
+
+    def _check_header(self, found: dict[str, Any]) -> None:
+        for key, wanted in self.header.items():
+            if found.get(key) != wanted:
+                raise ConfigError(
+                    f"results file {self.path} holds results measured with {key}={found.get(key)!r}, "
+                    f"not {wanted!r}: choose another file"
+                )
+
+    def _check_record(self, item: dict[str, Any], number: int) -> None:
+        for key in ("id", "kept", "planner", "baseline", "usage", "baseline_usage"):
+            if key not in item:
+                raise ConfigError(f"results file {self.path}: line {number}: field {key!r} is missing")
+
+    def _write_line(self, item: dict[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(item, separators=(",", ":")) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Keep one request's record (durably: written and synced before this returns)."""
+        self._write_line(record)
+        self.records[int(record["id"])] = record
