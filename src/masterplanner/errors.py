@@ -7,7 +7,8 @@ MasterplannerError                 anything masterplanner raises on purpose
 │   ├── ModelSpecError             a model spec string has no known form
 │   ├── MissingCredentialError     a provider needs an environment variable that is not set
 │   ├── ModelFileError             a GGUF model file is missing or cannot be loaded
-│   ├── ScriptError                a scripted-model file is missing or malformed
+│   ├── ScriptError                a scripted-model file is missing or malformed, or a call
+│   │                              lacks the text its script entry expects
 │   └── SandboxError               the code sandbox cannot start here (it never runs code unconfined)
 ├── PlanError                      a plan (from a model, a file or an edit) is invalid (exit code 2)
 ├── ToolError                      a tool refused or failed a call (the agent is told; exit code 1)
@@ -84,7 +85,7 @@ class ModelFileError(ConfigError):
 
 
 class ScriptError(ConfigError):
-    """A scripted-model file is missing or does not follow the script format."""
+    """A scripted-model file is missing or malformed, or a call lacks a text its entry expects."""
 
 
 class SandboxError(ConfigError):

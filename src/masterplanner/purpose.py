@@ -1,9 +1,9 @@
 """Purpose labels: every LLM call says what it is for.
 
 Usage accounting, traces and the scripted test model all key on the label. The fixed labels are
-`planner`, `replanner`, `prompt_creator`, `critic`, `aggregator`, `chat` and `feedback` (the
-failure analysis after a low rating); a step agent's calls
-are labelled `step:<step-id>`.
+`planner`, `replanner`, `adapter`, `prompt_creator`, `critic`, `aggregator`, `chat`, `feedback`
+(the failure analysis after a low rating) and `summarizer` (a long input summarised for the step
+that reads it); a step agent's calls are labelled `step:<step-id>`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,17 @@ from contextvars import ContextVar
 __all__ = ["FIXED_PURPOSES", "current_purpose", "step_purpose", "using_purpose", "validate_purpose"]
 
 FIXED_PURPOSES = frozenset(
-    {"planner", "replanner", "adapter", "prompt_creator", "critic", "aggregator", "chat", "feedback"}
+    {
+        "planner",
+        "replanner",
+        "adapter",
+        "prompt_creator",
+        "critic",
+        "aggregator",
+        "chat",
+        "feedback",
+        "summarizer",
+    }
 )
 _STEP_PURPOSE = re.compile(r"step:[a-z0-9][a-z0-9_-]{0,63}")
 

@@ -167,7 +167,7 @@ async def test_a_results_file_of_other_settings_or_corrupt_is_refused(
     assert results.read_text() == before
     lines = before.splitlines()
     results.write_text("\n".join([lines[0], '{"id": 0, "kept": true}', lines[1]]) + "\n")
-    with pytest.raises(ConfigError, match="tmdb.jsonl: line 2: field 'planner' is missing"):
+    with pytest.raises(ConfigError, match=r"tmdb\.jsonl: line 2: field 'planner' is missing"):
         await evaluate_planning("tmdb", model=model, model_spec="scripted", results=results)
     results.write_text(lines[0] + "\n[1, 2]\n")
     with pytest.raises(ConfigError, match="line 2: not a JSON object"):

@@ -46,6 +46,8 @@ EventKind = Literal[
     "team_stored",
     "team_not_stored",
     "episode_not_kept",
+    "input_summarized",
+    "input_cut",
 ]
 EVENT_KINDS: frozenset[str] = frozenset(get_args(EventKind))
 
@@ -79,8 +81,11 @@ class RunOptions:
     max_model_calls: int | None = 200
     max_tokens: int | None = 2_000_000
     max_wall_s: float | None = 3600.0
-    context_chars: int = 6000
-    """Most characters of one dependency's output a step sees (the cut is marked)."""
+    context_chars: int = 12_000
+    """Most characters of its dependencies' outputs a step sees, all together; longer ones are
+    summarised for it (cut, marked, only when summarising fails). Clamped to a local model's window."""
+    history_chars: int = 48_000
+    """Most characters of a step agent's conversation; the oldest tool results are dropped past it."""
     tool_policies: dict[str, str] = field(default_factory=dict)
     """Approval policy overrides by tool name (`auto`, `ask`, `deny`); the catalog gives the rest."""
 

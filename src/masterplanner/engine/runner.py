@@ -26,6 +26,7 @@ from typing import Any
 
 from dbos import DBOS, SetWorkflowID
 from pydantic_ai import Agent
+from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.exceptions import AgentRunError, ModelHTTPError, UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.usage import UsageLimits
 
@@ -51,16 +52,18 @@ from ..registry.memory import MemoryStore, episode_text
 from ..settings import Settings
 from ..tools import Catalog
 from ..tools.workspace import Workspace
+from ..working_memory import FittedInput, Summarizer, fit_inputs, trimmer
 from .budget import RunLedger
 from .catalogs import run_catalog, tool_context, with_mcp_tools
 from .checkpoints import CheckpointedModel
-from .records import RunOptions, RunRecord, utc_now
+from .records import EventKind, RunOptions, RunRecord, utc_now
 from .reuse import cohort_hints, remember_run, reusable_agents, reusable_cohort
 from .runtime import launch_dbos, shutdown_dbos
 from .scheduler import StepOutcome, run_dag
 from .step_agent import (
     RUNNABLE_TOOLS,
     BudgetedModel,
+    context_budget,
     step_brief,
     step_instructions,
     tool_aids,
@@ -291,6 +294,8 @@ class _Execution:
         )
         self.tool_context = replace(self.tool_context, memory=self.memory, memory_source=run.id)
         self.outputs: dict[str, str] = {}
+        self.budget = context_budget(self.options, self.model.wrapped)
+        self.inputs: dict[str, list[FittedInput]] = {}
         self.interrupted: set[str] = set()
         self.stop_reason: str | None = None
 
@@ -661,12 +666,37 @@ class _Execution:
             instructions=step_instructions(step, prompt),
             tools=step_tools(self.workspace, self.tool_context, tools, self._tool_runner(step)),
             retries=2,
+            capabilities=[ProcessHistory(trimmer(self.budget.history_chars))],
         )
-        brief = step_brief(
-            self.plan, step, self.outputs, tools=tools, context_chars=self.options.context_chars
-        )
+        brief = step_brief(self.plan, step, await self._step_inputs(step), tools=tools)
         result = await agent.run(brief, usage_limits=UsageLimits(request_limit=_AGENT_REQUEST_LIMIT))
         return result.output
+
+    async def _step_inputs(self, step: Step) -> list[FittedInput]:
+        """The step's dependencies' outputs fitted to the run's budget (once per step, not per attempt)."""
+        fitted = self.inputs.get(step.id)
+        if fitted is None:
+            summarizer = Summarizer(
+                CheckpointedModel(labelled(self.model, "summarizer", self.ledger)),
+                chunk_chars=self.budget.history_chars // 2,
+            )
+            fitted = await fit_inputs(step, self.outputs, self.budget.inputs_chars, summarizer)
+            for item in fitted:
+                if item.how == "whole":
+                    continue
+                data: dict[str, Any] = {
+                    "dependency": item.step_id,
+                    "chars": item.original_chars,
+                    "shown_chars": len(item.text),
+                } | ({"reason": item.reason} if item.reason else {})
+
+                def note(item: FittedInput = item, data: dict[str, Any] = data) -> None:
+                    kind: EventKind = "input_summarized" if item.how == "summarized" else "input_cut"
+                    self.store.step_event(self.run.id, step.id, kind, data)
+
+                await self._record(note, "input_fitted")
+            self.inputs[step.id] = fitted
+        return fitted
 
     def _step_model(self, step: Step, tools: list[str]) -> Any:
         """The run's model, with tool-use aids when it is the embedded local model."""

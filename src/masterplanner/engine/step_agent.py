@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 
 from pydantic_ai.messages import ModelMessage, ModelResponse
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 
-from ..models.local import ToolAids
+from ..models.local import LocalModel, ToolAids
 from ..plan import Plan, Step, sinks
 from ..tools.workspace import Workspace
+from ..working_memory import ContextBudget, FittedInput
+from .records import RunOptions
 
 __all__ = [
     "RUNNABLE_TOOLS",
     "BudgetedModel",
+    "context_budget",
     "dependency_context",
     "mentioned_file_names",
     "step_brief",
@@ -43,7 +46,6 @@ RUNNABLE_TOOLS = (
 """The catalog tools step agents can run."""
 
 _FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{0,7})(?![\w/-])")
-_TRUNCATED = "\n[… truncated: {cut:,} more characters not shown]"
 
 
 def mentioned_file_names(*texts: str) -> tuple[str, ...]:
@@ -82,15 +84,17 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
     return ToolAids(first_call_tools=tuple(values), argument_values=values, max_tool_calls=len(values))
 
 
-def dependency_context(step: Step, outputs: Mapping[str, str], limit: int) -> str:
-    """The outputs of `step`'s dependencies, each cut to `limit` characters with the cut marked."""
-    sections = []
-    for dependency in step.depends_on:
-        text = outputs.get(dependency, "")
-        if len(text) > limit:
-            text = text[:limit] + _TRUNCATED.format(cut=len(text) - limit)
-        sections.append(f"### Output of step {dependency}\n{text}")
-    return "\n\n".join(sections)
+def context_budget(options: RunOptions, model: Model) -> ContextBudget:
+    """The run's working-memory budget, clamped to the window of an embedded model."""
+    budget = ContextBudget(inputs_chars=options.context_chars, history_chars=options.history_chars)
+    if isinstance(model, LocalModel):
+        return budget.within(model.context_tokens, model.max_output_tokens)
+    return budget
+
+
+def dependency_context(inputs: Sequence[FittedInput]) -> str:
+    """The dependencies' outputs as the brief shows them, each under its heading."""
+    return "\n\n".join(f"{item.heading}\n{item.text}" for item in inputs)
 
 
 def step_instructions(step: Step, prompt: str | None) -> str:
@@ -100,9 +104,7 @@ def step_instructions(step: Step, prompt: str | None) -> str:
     return f"You are a {step.agent_role}. Do exactly the step you are given and report its result."
 
 
-def step_brief(
-    plan: Plan, step: Step, outputs: Mapping[str, str], *, tools: list[str], context_chars: int
-) -> str:
+def step_brief(plan: Plan, step: Step, inputs: Sequence[FittedInput], *, tools: list[str]) -> str:
     """The user message of a step agent: the task, its step, what it must produce, and its inputs."""
     lines = [
         f"Overall task: {plan.task}",
@@ -113,7 +115,7 @@ def step_brief(
         lines.append(f"Expected output: {step.expected_output}")
     if tools:
         lines.append(f"Tools you can use: {', '.join(tools)}. Files live in the run's workspace.")
-    context = dependency_context(step, outputs, context_chars)
+    context = dependency_context(inputs)
     if context:
         lines.append("Inputs from the steps before yours:\n\n" + context)
     lines.append("When you are done, reply with your step's result.")

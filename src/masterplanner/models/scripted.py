@@ -16,7 +16,10 @@ Entries answer calls of their purpose in order. `delay_s` is awaited without blo
 calls; `"repeat": true` keeps an entry answering every later call of its purpose; purpose `"*"`
 answers any call whose own purpose has no entry left. An entry with neither `output` nor
 `tool_calls` returns the smallest valid instance of the requested output schema (or a short
-text). A call with no entry left fails with `ScriptExhaustedError` naming its purpose.
+text). `"expect": ["text", …]` makes the call fail with `ScriptError` unless its request (the
+instructions, prompts and tool results it was sent) contains every text, so a test can check
+what a model was shown. A call with no entry left fails with `ScriptExhaustedError` naming its
+purpose.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
     ModelResponsePart,
+    SystemPromptPart,
     TextPart,
     ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
 )
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.profiles import ModelProfile
@@ -65,6 +71,7 @@ class _Entry(BaseModel):
     tool_calls: list[_ToolCall] | None = None
     delay_s: float = Field(0.0, ge=0, le=3600)
     repeat: bool = False
+    expect: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_kind_of_answer(self) -> _Entry:
@@ -156,6 +163,8 @@ class ScriptedModel(Model):
         model_settings, params = self.prepare_request(model_settings, model_request_parameters)
         purpose = current_purpose() or "chat"
         entry = self._take(purpose)
+        if entry.expect:
+            self._check_expected(entry, purpose, messages)
         if entry.delay_s:
             await anyio.sleep(entry.delay_s)
         parts = self._parts(entry, params)
@@ -164,6 +173,22 @@ class ScriptedModel(Model):
             usage=RequestUsage(input_tokens=_count_tokens(messages), output_tokens=_count_tokens(parts)),
             model_name=self.model_name,
         )
+
+    def _check_expected(self, entry: _Entry, purpose: str, messages: list[ModelMessage]) -> None:
+        texts = [getattr(message, "instructions", None) or "" for message in messages]
+        texts += [
+            part.content if isinstance(part.content, str) else json.dumps(part.content, default=str)
+            for message in messages
+            for part in message.parts
+            if isinstance(part, UserPromptPart | ToolReturnPart | SystemPromptPart)
+        ]
+        request = "\n".join(texts)
+        for wanted in entry.expect:
+            if wanted not in request:
+                raise ScriptError(
+                    f"scripted model file {self.path}: a {purpose} call's request does not contain "
+                    f"the expected text {wanted!r}"
+                )
 
     def _parts(self, entry: _Entry, params: ModelRequestParameters) -> list[ModelResponsePart]:
         if entry.tool_calls is not None:

@@ -1,0 +1,260 @@
+"""Working memory: a step agent's context kept within its model's window.
+
+A step agent sees two things that grow: the outputs of the steps it depends on (its inputs), and
+its own conversation (its brief, its tool calls and their results). Both are held to a budget in
+characters (`ContextBudget`), clamped to the model's window when the window is known:
+
+- Inputs share `inputs_chars`. Short ones are shown whole; the budget left is split evenly among
+  the long ones (`input_shares`). A long input is summarised for the step that reads it by the
+  `summarizer` model purpose, in pieces that fit the summariser's own window, the pieces'
+  summaries summarised again until the whole fits. Only if summarising fails (the model errs, or
+  cannot get under the share) is the input cut, and the cut is marked. Every input that was not
+  shown whole says so, and how long it was.
+- The conversation is held to `history_chars` by `trim_history`: the oldest tool results are
+  replaced by a note saying what was dropped, the brief and the newest exchange are never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
+
+from .errors import MasterplannerError
+from .prompts import render
+
+if TYPE_CHECKING:
+    from pydantic_ai.models import Model
+
+    from .plan import Step
+
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "ContextBudget",
+    "FittedInput",
+    "Summarizer",
+    "fit_inputs",
+    "input_shares",
+    "trim_history",
+    "trimmer",
+]
+
+CHARS_PER_TOKEN = 3
+"""Characters per token assumed when a window in tokens becomes a budget in characters.
+
+English prose runs about four characters a token; code, JSON and other languages fewer. Three
+errs on the side of fitting."""
+
+_CUT = "\n[… cut: {cut:,} more characters not shown]"
+_MIN_SHARE = 200
+"""No input is squeezed below this many characters, however many there are."""
+
+
+@dataclass(frozen=True)
+class ContextBudget:
+    """How many characters a step agent's inputs and whole conversation may take."""
+
+    inputs_chars: int = 12_000
+    history_chars: int = 48_000
+
+    def within(self, window_tokens: int | None, output_tokens: int = 0) -> ContextBudget:
+        """This budget clamped to a model window of `window_tokens` that must also hold the reply.
+
+        The conversation gets what the window leaves after the reply; the inputs at most half of
+        that (the brief's other parts, the instructions and the tools' schemas need the rest).
+        """
+        if window_tokens is None:
+            return self
+        history = max(2 * _MIN_SHARE, (window_tokens - output_tokens) * CHARS_PER_TOKEN)
+        return ContextBudget(
+            inputs_chars=min(self.inputs_chars, history // 2), history_chars=min(self.history_chars, history)
+        )
+
+
+@dataclass(frozen=True)
+class FittedInput:
+    """One dependency's output as a step sees it."""
+
+    step_id: str
+    text: str
+    original_chars: int
+    how: Literal["whole", "summarized", "cut"]
+    reason: str = ""
+    """Why an input was cut instead of summarised."""
+
+    @property
+    def heading(self) -> str:
+        """The section heading the brief shows above this input."""
+        if self.how == "summarized":
+            return f"### Output of step {self.step_id} (summarised from {self.original_chars:,} characters)"
+        return f"### Output of step {self.step_id}"
+
+
+def input_shares(lengths: Mapping[str, int], budget: int) -> dict[str, int]:
+    """Characters each input may keep: all of it if it fits its fair share, else an even split of the rest.
+
+    Inputs are settled shortest first; whatever a short one leaves goes to the longer ones.
+    """
+    shares: dict[str, int] = {}
+    left, open_inputs = budget, sorted(lengths, key=lambda key: (lengths[key], key))
+    while open_inputs:
+        fair = max(_MIN_SHARE, left // len(open_inputs))
+        key = open_inputs[0]
+        if lengths[key] <= fair:
+            shares[key] = lengths[key]
+            left -= lengths[key]
+            open_inputs.pop(0)
+            continue
+        for key in open_inputs:
+            shares[key] = fair
+        break
+    return {key: shares[key] for key in lengths}
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + _CUT.format(cut=len(text) - limit)
+
+
+class Summarizer:
+    """Summarises a long input for the step that reads it, with a model labelled `summarizer`."""
+
+    def __init__(self, model: Model, *, chunk_chars: int = 12_000, max_rounds: int = 3) -> None:
+        """`chunk_chars`: the most characters one summariser call reads (keep it within its window)."""
+        self.model = model
+        self.chunk_chars = max(chunk_chars, 4 * _MIN_SHARE)
+        self.max_rounds = max_rounds
+
+    async def summarize(self, text: str, *, limit: int, source: str, reader: Step) -> str:
+        """A summary of `text` (step `source`'s output) of at most `limit` characters, for `reader`.
+
+        Raises `MasterplannerError` when the model fails or no summary gets under `limit`.
+        """
+        for _ in range(self.max_rounds):
+            if len(text) <= limit:
+                return text
+            size = self.chunk_chars
+            pieces = [text[start : start + size] for start in range(0, len(text), size)]
+            each = max(_MIN_SHARE, limit // len(pieces))
+            summaries = [
+                await self._call(piece, limit=each, source=source, reader=reader, part=(n, len(pieces)))
+                for n, piece in enumerate(pieces, start=1)
+            ]
+            text = "\n\n".join(summaries)
+        if len(text) > limit:
+            raise MasterplannerError(
+                f"the summaries of step {source}'s output stayed over {limit:,} characters "
+                f"after {self.max_rounds} rounds"
+            )
+        return text
+
+    async def _call(self, piece: str, *, limit: int, source: str, reader: Step, part: tuple[int, int]) -> str:
+        from pydantic_ai import Agent
+
+        from .agents import run_agent
+
+        agent: Agent[None, str] = Agent(self.model, instructions=render("summarizer_system.j2"))
+        prompt = render(
+            "summarizer_user.j2",
+            source=source,
+            reader=reader,
+            text=piece,
+            limit=limit,
+            words=max(20, limit // 7),
+            part=part,
+        )
+        summary = str(await run_agent(agent, prompt)).strip()
+        if not summary:
+            raise MasterplannerError(f"the summary of step {source}'s output came back empty")
+        # A summary a little over its share is kept whole only if the next round can shrink it;
+        # the caller checks the final length.
+        return summary
+
+
+async def fit_inputs(
+    step: Step,
+    outputs: Mapping[str, str],
+    budget_chars: int,
+    summarizer: Summarizer | None,
+) -> list[FittedInput]:
+    """`step`'s dependencies' outputs, in `depends_on` order, fitted to `budget_chars` together."""
+    texts = {dependency: outputs.get(dependency, "") for dependency in step.depends_on}
+    shares = input_shares({key: len(text) for key, text in texts.items()}, budget_chars)
+    fitted = []
+    for dependency, text in texts.items():
+        share = shares[dependency]
+        if len(text) <= share:
+            fitted.append(FittedInput(dependency, text, len(text), "whole"))
+            continue
+        if summarizer is None:
+            fitted.append(FittedInput(dependency, _cut(text, share), len(text), "cut", "no summariser"))
+            continue
+        try:
+            summary = await summarizer.summarize(text, limit=share, source=dependency, reader=step)
+        except MasterplannerError as error:
+            fitted.append(FittedInput(dependency, _cut(text, share), len(text), "cut", str(error)))
+            continue
+        fitted.append(FittedInput(dependency, summary, len(text), "summarized"))
+    return fitted
+
+
+def _part_chars(part: object) -> int:
+    content = getattr(part, "content", None)
+    if isinstance(content, str):
+        return len(content)
+    args = getattr(part, "args", None)
+    if args is not None:
+        return len(args) if isinstance(args, str) else len(str(args))
+    return len(str(content)) if content is not None else 0
+
+
+def _message_chars(message: ModelMessage) -> int:
+    return sum(_part_chars(part) for part in message.parts)
+
+
+def trim_history(messages: Sequence[ModelMessage], budget_chars: int) -> list[ModelMessage]:
+    """The conversation with its oldest tool results dropped until it fits `budget_chars`.
+
+    The first request (the brief) and the last two messages (the newest call and its results)
+    are kept as they are; a dropped result is replaced by a note naming the tool and its size, so
+    the agent knows it can call the tool again.
+    """
+    kept = list(messages)
+    total = sum(_message_chars(message) for message in kept)
+    if total <= budget_chars:
+        return kept
+    for index in range(1, max(1, len(kept) - 2)):
+        message = kept[index]
+        if not isinstance(message, ModelRequest):
+            continue
+        parts = list(message.parts)
+        for number, part in enumerate(parts):
+            if type(part) is not ToolReturnPart:  # not its subclasses, whose content is structured
+                continue
+            size = _part_chars(part)
+            note = (
+                f"[earlier result of {part.tool_name}, {size:,} characters, dropped to keep within "
+                "the context window; call the tool again if you need it]"
+            )
+            if size <= len(note):
+                continue
+            parts[number] = replace(cast("ToolReturnPart[Any]", part), content=note)
+            total -= size - len(note)
+            if total <= budget_chars:
+                break
+        kept[index] = replace(message, parts=parts)
+        if total <= budget_chars:
+            break
+    return kept
+
+
+def trimmer(budget_chars: int) -> Callable[[list[ModelMessage]], list[ModelMessage]]:
+    """`trim_history` at `budget_chars`, as a history processor for a pydantic-ai agent."""
+
+    def trim(messages: list[ModelMessage]) -> list[ModelMessage]:
+        return trim_history(messages, budget_chars)
+
+    return trim

@@ -1,0 +1,228 @@
+"""Working memory: inputs summarised to fit a budget, conversations trimmed (scripted model)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _plans import step
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+
+from masterplanner import Settings, UsageLedger, labelled, resolve_model
+from masterplanner.engine import Engine, RunOptions
+from masterplanner.plan import Step
+from masterplanner.working_memory import (
+    ContextBudget,
+    FittedInput,
+    Summarizer,
+    fit_inputs,
+    input_shares,
+    trim_history,
+)
+
+READER = Step.model_validate(step("report", "a", "b", tools=[]))
+LONG = "The quarterly revenue was 4.2 million. " * 200  # 7,800 characters
+
+
+def test_short_inputs_keep_all_and_long_ones_split_what_is_left() -> None:
+    assert input_shares({"a": 100, "b": 5000, "c": 5000}, 3000) == {"a": 100, "b": 1450, "c": 1450}
+    assert input_shares({"a": 100, "b": 200}, 3000) == {"a": 100, "b": 200}
+    assert input_shares({"a": 9000, "b": 1000}, 3000) == {"a": 2000, "b": 1000}
+    assert input_shares({}, 3000) == {}
+    assert input_shares({"a": 5000, "b": 5000}, 10) == {"a": 200, "b": 200}  # a floor, not nothing
+
+
+def test_the_budget_is_clamped_to_a_small_window() -> None:
+    assert ContextBudget(12_000, 48_000).within(8192, 2048) == ContextBudget(9216, 18432)
+    assert ContextBudget(12_000, 48_000).within(None) == ContextBudget(12_000, 48_000)
+    assert ContextBudget(1000, 2000).within(100_000) == ContextBudget(1000, 2000)
+
+
+async def test_a_long_input_is_summarised_for_the_step_that_reads_it(
+    write_script: Callable[..., Path],
+) -> None:
+    script = write_script(
+        [
+            {
+                "purpose": "summarizer",
+                "output": "Revenue: 4.2 million.",
+                "expect": ["step report", "at most 1,195 characters"],
+            }
+        ]
+    )
+    ledger = UsageLedger()
+    summarizer = Summarizer(labelled(resolve_model(f"scripted:{script}"), "summarizer", ledger))
+    fitted = await fit_inputs(READER, {"a": LONG, "b": "short"}, 1200, summarizer)
+    assert fitted == [
+        FittedInput("a", "Revenue: 4.2 million.", 7800, "summarized"),
+        FittedInput("b", "short", 5, "whole"),
+    ]
+    assert fitted[0].heading == "### Output of step a (summarised from 7,800 characters)"
+    assert ledger.by_purpose()["summarizer"]["calls"] == 1
+
+
+async def test_an_input_longer_than_the_summariser_reads_is_summarised_in_pieces_then_again(
+    write_script: Callable[..., Path],
+) -> None:
+    piece_summary = "x" * 300  # three pieces: 900 characters together, over the 500 allowed
+    script = write_script(
+        [
+            {"purpose": "summarizer", "output": piece_summary, "expect": ["part 1 of 3"]},
+            {"purpose": "summarizer", "output": piece_summary, "expect": ["part 2 of 3"]},
+            {"purpose": "summarizer", "output": piece_summary, "expect": ["part 3 of 3"]},
+            {"purpose": "summarizer", "output": "the whole, short", "expect": [piece_summary]},
+        ]
+    )
+    ledger = UsageLedger()
+    summarizer = Summarizer(
+        labelled(resolve_model(f"scripted:{script}"), "summarizer", ledger), chunk_chars=3000
+    )
+    summary = await summarizer.summarize(LONG, limit=500, source="a", reader=READER)
+    assert summary == "the whole, short"
+    assert ledger.by_purpose()["summarizer"]["calls"] == 4
+
+
+async def test_when_summarising_fails_the_input_is_cut_and_says_why(
+    write_script: Callable[..., Path],
+) -> None:
+    script = write_script([{"purpose": "summarizer", "output": "y" * 2000, "repeat": True}])
+    summarizer = Summarizer(labelled(resolve_model(f"scripted:{script}"), "summarizer", UsageLedger()))
+    [fitted] = await fit_inputs(
+        READER.model_copy(update={"depends_on": ["a"]}), {"a": LONG}, 1000, summarizer
+    )
+    assert fitted.how == "cut"
+    assert fitted.text == LONG[:1000] + "\n[… cut: 6,800 more characters not shown]"
+    assert fitted.reason == "the summaries of step a's output stayed over 1,000 characters after 3 rounds"
+    failing = write_script([])  # no entry: the model call itself fails
+    summarizer = Summarizer(labelled(resolve_model(f"scripted:{failing}"), "summarizer", UsageLedger()))
+    [fitted] = await fit_inputs(
+        READER.model_copy(update={"depends_on": ["a"]}), {"a": LONG}, 1000, summarizer
+    )
+    assert fitted.how == "cut"
+    assert fitted.reason.startswith(f"scripted model {failing}: no entry left for purpose 'summarizer'")
+
+
+def _exchange(number: int, size: int) -> list[ModelMessage]:
+    call = ToolCallPart("read_file", {"path": f"f{number}.txt"}, tool_call_id=f"c{number}")
+    result = ToolReturnPart("read_file", "r" * size, tool_call_id=f"c{number}")
+    return [ModelResponse(parts=[call]), ModelRequest(parts=[result])]
+
+
+def test_the_oldest_tool_results_are_dropped_to_fit_the_conversation() -> None:
+    brief = ModelRequest(parts=[UserPromptPart("b" * 1000)])
+    messages = [brief, *_exchange(1, 5000), *_exchange(2, 5000), *_exchange(3, 5000)]
+    trimmed = trim_history(messages, 12_000)
+    contents = [part.content for message in trimmed for part in message.parts if hasattr(part, "content")]
+    note = (
+        "[earlier result of read_file, 5,000 characters, dropped to keep within the context window; "
+        "call the tool again if you need it]"
+    )
+    assert contents == ["b" * 1000, note, "r" * 5000, "r" * 5000]
+    assert trim_history(messages, 100_000) == messages
+    # However small the budget, the brief and the newest exchange stay.
+    smallest = trim_history(messages, 10)
+    assert [part.content for part in smallest[-1].parts] == ["r" * 5000]  # type: ignore[union-attr]
+    assert smallest[0] is brief
+
+
+@pytest.fixture
+def engine(isolated: Path) -> Iterator[Engine]:
+    created = Engine(Settings.load())
+    yield created
+    created.close()
+
+
+def _script(*extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("report", "a", tools=[])]}},
+        {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True},
+        {"purpose": "step:a", "output": LONG},
+        *extra,
+    ]
+
+
+async def test_a_run_summarises_a_long_output_for_the_step_that_needs_it(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        _script(
+            {"purpose": "summarizer", "output": "Revenue: 4.2 million."},
+            {
+                "purpose": "step:report",
+                "output": "Report: revenue 4.2 million.",
+                "expect": [
+                    "### Output of step a (summarised from 7,800 characters)\nRevenue: 4.2 million.",
+                ],
+            },
+        )
+    )
+    options = RunOptions(auto_approve=True, prompt_rounds=0, context_chars=2000)
+    run = engine.create_run("sum up revenue", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert final.output == "Report: revenue 4.2 million."
+    report = engine.report(run.id)
+    assert report["usage"]["by_purpose"]["summarizer"]["calls"] == 1
+    [event] = [event for event in engine.store.events(run.id) if event.kind == "input_summarized"]
+    assert (event.step, event.data) == ("report", {"dependency": "a", "chars": 7800, "shown_chars": 21})
+
+
+async def test_the_expected_text_missing_fails_the_scripted_call(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        _script(
+            {"purpose": "summarizer", "output": "Revenue: 4.2 million."},
+            {"purpose": "step:report", "output": "never", "expect": ["The quarterly revenue was"]},
+        )
+    )
+    options = RunOptions(auto_approve=True, prompt_rounds=0, context_chars=2000, step_attempts=1)
+    run = engine.create_run("sum up revenue", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id)
+    assert final.status == "failed"
+    [failed] = [item for item in engine.report(run.id)["steps"] if item["id"] == "report"]
+    assert "does not contain the expected text 'The quarterly revenue was'" in failed["error"]
+
+
+async def test_a_step_agent_conversation_is_trimmed_to_its_budget(
+    engine: Engine, write_script: Callable[..., Path], isolated: Path
+) -> None:
+    big = "z" * 3000
+    writes = [
+        {
+            "purpose": "step:a",
+            "tool_calls": [{"name": "write_file", "args": {"path": f"f{n}.txt", "content": big}}],
+        }
+        for n in (1, 2)
+    ]
+    reads = [
+        {"purpose": "step:a", "tool_calls": [{"name": "read_file", "args": {"path": f"f{n}.txt"}}]}
+        for n in (1, 2)
+    ]
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=["write_file", "read_file"])]}},
+            {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True},
+            *writes,
+            *reads,
+            {
+                "purpose": "step:a",
+                "output": "read both",
+                "expect": ["[earlier result of read_file, 3,038 characters, dropped to keep within"],
+            },
+        ]
+    )
+    options = RunOptions(auto_approve=True, prompt_rounds=0, history_chars=5000)
+    run = engine.create_run("write and read", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert final.output == "read both"
