@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
 
-from .errors import MasterplannerError
+from .errors import ModelError
 from .prompts import render
 
 if TYPE_CHECKING:
@@ -131,11 +131,14 @@ class Summarizer:
     async def summarize(self, text: str, *, limit: int, source: str, reader: Step) -> str:
         """A summary of `text` (step `source`'s output) of at most `limit` characters, for `reader`.
 
-        Raises `MasterplannerError` when the model fails or no summary gets under `limit`.
+        Raises `ModelError` when the model fails, or when its summaries stop getting shorter or are
+        still over `limit` after `max_rounds` rounds. A budget overrun or a configuration error
+        (not the model's fault) propagates as it is.
         """
         for _ in range(self.max_rounds):
             if len(text) <= limit:
                 return text
+            before = len(text)
             size = self.chunk_chars
             pieces = [text[start : start + size] for start in range(0, len(text), size)]
             each = max(_MIN_SHARE, limit // len(pieces))
@@ -144,8 +147,13 @@ class Summarizer:
                 for n, piece in enumerate(pieces, start=1)
             ]
             text = "\n\n".join(summaries)
+            if len(text) >= before:
+                raise ModelError(
+                    f"the summary of step {source}'s output ({len(text):,} characters) was no shorter "
+                    f"than the text ({before:,})"
+                )
         if len(text) > limit:
-            raise MasterplannerError(
+            raise ModelError(
                 f"the summaries of step {source}'s output stayed over {limit:,} characters "
                 f"after {self.max_rounds} rounds"
             )
@@ -168,9 +176,7 @@ class Summarizer:
         )
         summary = str(await run_agent(agent, prompt)).strip()
         if not summary:
-            raise MasterplannerError(f"the summary of step {source}'s output came back empty")
-        # A summary a little over its share is kept whole only if the next round can shrink it;
-        # the caller checks the final length.
+            raise ModelError(f"the summary of step {source}'s output came back empty")
         return summary
 
 
@@ -194,7 +200,7 @@ async def fit_inputs(
             continue
         try:
             summary = await summarizer.summarize(text, limit=share, source=dependency, reader=step)
-        except MasterplannerError as error:
+        except ModelError as error:
             fitted.append(FittedInput(dependency, _cut(text, share), len(text), "cut", str(error)))
             continue
         fitted.append(FittedInput(dependency, summary, len(text), "summarized"))

@@ -94,21 +94,28 @@ async def test_an_input_longer_than_the_summariser_reads_is_summarised_in_pieces
 async def test_when_summarising_fails_the_input_is_cut_and_says_why(
     write_script: Callable[..., Path],
 ) -> None:
-    script = write_script([{"purpose": "summarizer", "output": "y" * 2000, "repeat": True}])
-    summarizer = Summarizer(labelled(resolve_model(f"scripted:{script}"), "summarizer", UsageLedger()))
-    [fitted] = await fit_inputs(
-        READER.model_copy(update={"depends_on": ["a"]}), {"a": LONG}, 1000, summarizer
+    reader = READER.model_copy(update={"depends_on": ["a"]})
+
+    async def fitted_with(calls: list[dict[str, Any]]) -> FittedInput:
+        model = resolve_model(f"scripted:{write_script(calls)}")
+        [fitted] = await fit_inputs(
+            reader, {"a": LONG}, 1000, Summarizer(labelled(model, "summarizer", UsageLedger()))
+        )
+        return fitted
+
+    stuck = await fitted_with([{"purpose": "summarizer", "output": "y" * 2000, "repeat": True}])
+    assert stuck.how == "cut"
+    assert stuck.text == LONG[:1000] + "\n[… cut: 6,800 more characters not shown]"
+    assert (
+        stuck.reason
+        == "the summary of step a's output (2,000 characters) was no shorter than the text (2,000)"
     )
-    assert fitted.how == "cut"
-    assert fitted.text == LONG[:1000] + "\n[… cut: 6,800 more characters not shown]"
-    assert fitted.reason == "the summaries of step a's output stayed over 1,000 characters after 3 rounds"
-    failing = write_script([])  # no entry: the model call itself fails
-    summarizer = Summarizer(labelled(resolve_model(f"scripted:{failing}"), "summarizer", UsageLedger()))
-    [fitted] = await fit_inputs(
-        READER.model_copy(update={"depends_on": ["a"]}), {"a": LONG}, 1000, summarizer
-    )
-    assert fitted.how == "cut"
-    assert fitted.reason.startswith(f"scripted model {failing}: no entry left for purpose 'summarizer'")
+    slow = await fitted_with([{"purpose": "summarizer", "output": "y" * size} for size in (5000, 3000, 1500)])
+    assert slow.reason == "the summaries of step a's output stayed over 1,000 characters after 3 rounds"
+    failing = await fitted_with([])  # no entry: the model call itself fails
+    assert failing.how == "cut"
+    assert failing.reason.startswith("scripted model ")
+    assert "no entry left for purpose 'summarizer'" in failing.reason
 
 
 def _exchange(number: int, size: int) -> list[ModelMessage]:
@@ -226,3 +233,16 @@ async def test_a_step_agent_conversation_is_trimmed_to_its_budget(
     final = await engine.execute(run.id)
     assert final.status == "succeeded", final.error
     assert final.output == "read both"
+
+
+async def test_a_budget_overrun_while_summarising_fails_the_run_instead_of_cutting(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(_script({"purpose": "summarizer", "output": "Revenue: 4.2 million."}))
+    # planner 1, a prompt for each of the 2 steps, step a 1: the summary would be call 5
+    options = RunOptions(auto_approve=True, prompt_rounds=0, context_chars=2000, max_model_calls=4)
+    run = engine.create_run("sum up revenue", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id)
+    assert final.status == "failed"
+    assert final.error == "the run used its budget of 4 model calls"
+    assert not [event for event in engine.store.events(run.id) if event.kind == "input_cut"]
