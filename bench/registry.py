@@ -2,12 +2,14 @@
 
     python bench/registry.py [--sections latency,recall,reuse] [--sizes 1000,10000,100000]
                              [--queries 200] [--embedders none,local] [--reuse-pairs 30] [--json]
+                             [--keep DIR]
 
 latency  For 1k, 10k and 100k synthetic agents, the same queries through
          `RegistryStore.search_agents` (lexical: FTS5 BM25, the join to the agents table, the
          track-record prior) and, as the anchor in the same run, a bare FTS5
          `MATCH … ORDER BY rank LIMIT 5` on the same index. p50/p95 ms and our p95 over the
-         anchor's. Target: p95 <= 10 ms at 100k agents.
+         anchor's. Target: p95 <= 10 ms at 100k agents. Building the 100k index takes minutes;
+         `--keep DIR` keeps the built databases there and reuses them in later runs.
 recall   bench/data/registry_paraphrases.jsonl: 220 tasks written for the project, each with a
          paraphrase. All tasks are stored as cohorts; each paraphrase searches
          (`similar_cohorts`, the ranking a run uses before planning); recall@1 and recall@5 of its
@@ -94,9 +96,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measure_latency(size: int, queries: list[str], folder: Path) -> dict[str, float]:
-    url = f"sqlite:///{folder / f'registry-{size}.sqlite'}"
-    store = RegistryStore(url)
-    store.put_agents(synthetic(size))
+    path = folder / f"registry-{size}.sqlite"
+    built = path.exists()
+    store = RegistryStore(f"sqlite:///{path}")
+    if not built:
+        store.put_agents(synthetic(size))
     for query in queries[:10]:
         store.search_agents(query)
     ours = []
@@ -298,6 +302,7 @@ def main() -> None:
     parser.add_argument("--embedders", default="none,local")
     parser.add_argument("--reuse-pairs", type=int, default=30)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", type=Path, help="keep the latency databases here and reuse them")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     embedders = args.embedders.split(",")
@@ -307,9 +312,9 @@ def main() -> None:
         if "latency" in sections:
             rng = random.Random(11)
             queries = [" ".join(_draw(rng, rng.randint(3, 7))) for _ in range(args.queries)]
-            figures["latency"] = [
-                measure_latency(int(size), queries, folder) for size in args.sizes.split(",")
-            ]
+            kept = args.keep or folder
+            kept.mkdir(parents=True, exist_ok=True)
+            figures["latency"] = [measure_latency(int(size), queries, kept) for size in args.sizes.split(",")]
         pairs = load_pairs()
         if "recall" in sections:
             figures["recall"] = [measure_recall(spec, pairs, folder) for spec in embedders]

@@ -65,6 +65,38 @@ def _bump(url: str, times: int) -> None:
         store.record_outcome("shared", succeeded=True, rating=4)
 
 
+def test_query_terms_are_chosen_rarest_first_within_the_postings_budget() -> None:
+    from masterplanner.registry.store import _selective_terms, _TermChoice
+
+    counts = {"aa": 10, "bb": 3000, "cc": 3000, "dd": 0, "ee": 2000, "ff": 2500}
+    assert _selective_terms(list(counts), counts.__getitem__) == _TermChoice(["aa", "ee"])
+    common = {"xx": 3000, "yy": 3000, "zz": 0}
+    assert _selective_terms(list(common), common.__getitem__) == _TermChoice(["xx", "yy"], common=True)
+    assert _selective_terms(["qq"], {"qq": 0}.__getitem__) == _TermChoice(["qq"])
+
+
+def test_a_query_of_only_common_terms_ranks_texts_holding_all_of_them(
+    store: RegistryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from masterplanner.registry import store as store_module
+
+    monkeypatch.setattr(store_module, "COMMON_TERM_DOCS", 2)  # every term below is "common"
+    store.put_agents(
+        [
+            _agent("both-1", "reader", "Read the csv and write the totals."),
+            _agent("only-read", "reader", "Read the csv."),
+            _agent("both-2", "reader", "Read notes, then write a summary."),
+            _agent("only-write", "writer", "Write a poem."),
+            _agent("sea", "poet", "A poem about the sea."),
+        ]
+    )
+    found = [spec.id for spec, _ in store.search_agents("read write", limit=5)]
+    assert sorted(found) == ["both-1", "both-2"]
+    # No text holds every term: any of them will do.
+    found = [spec.id for spec, _ in store.search_agents("poem csv", limit=5)]
+    assert sorted(found) == ["both-1", "only-read", "only-write", "sea"]
+
+
 def test_concurrent_writers_lose_no_update(store: RegistryStore) -> None:
     store.put_agent(_agent("shared", "worker", "You work."))
     context = multiprocessing.get_context("spawn")

@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,23 +130,50 @@ def query_terms(text: str) -> list[str]:
 
 
 COMMON_TERM_DOCS = 3000
+COMMON_QUERY_TEXTS = 1000
+"""With only common terms, how many of the newest texts holding them all (else any) are ranked."""
 """A query term found in this many indexed texts or more is left out when rarer terms are there."""
+POSTINGS_BUDGET = 4000
+"""The most indexed texts the ranking query may walk: rarer terms are kept first until this is reached."""
+_MAX_CACHED_TERMS = 50_000
+"""Term counts kept per kind of item before the cache starts again."""
 
 
 def _match(terms: list[str], operator: str, quote: str) -> str:
     return operator.join(f"{quote}{term}{quote}" for term in terms)
 
 
-def _selective_terms(terms: list[str], count: Callable[[str], int]) -> list[str]:
-    """`terms` without the very common ones (while rarer ones remain).
+@dataclass(frozen=True)
+class _TermChoice:
+    """The terms a ranking query uses; `common` when every query term is in thousands of texts."""
 
-    An OR query costs a walk over every matching text, and a term in thousands of texts has a
-    low weight anyway; `count` reads each term's texts only up to `COMMON_TERM_DOCS`, so this
-    costs little. When every term is common, the first two stand in for all.
+    terms: list[str]
+    common: bool = False
+
+
+def _selective_terms(terms: list[str], count: Callable[[str], int]) -> _TermChoice:
+    """The query terms worth a ranking query: the rarest first, while their texts add up to `POSTINGS_BUDGET`.
+
+    An OR query costs a walk over every text that holds any of its terms, and the texts a common
+    term adds weigh little (BM25's idf is low for it), so terms are taken rarest first until the
+    texts they cover would pass `POSTINGS_BUDGET`; the rarest is always taken. `count` reads each
+    term's texts only up to `COMMON_TERM_DOCS`. Terms no text holds are left out. When every term
+    that occurs is that common, they all are kept and the choice is marked `common`: the index
+    then ranks only the newest texts holding all of them (see `_CommonQuery`).
     """
     counts = {term: count(term) for term in terms}
-    rare = [term for term in terms if 0 < counts[term] < COMMON_TERM_DOCS]
-    return rare or [term for term in terms if counts[term]][:2] or terms
+    rare = sorted((term for term in terms if 0 < counts[term] < COMMON_TERM_DOCS), key=lambda t: counts[t])
+    chosen: list[str] = []
+    walked = 0
+    for term in rare:
+        if chosen and walked + counts[term] > POSTINGS_BUDGET:
+            break
+        chosen.append(term)
+        walked += counts[term]
+    if chosen:
+        return _TermChoice(chosen)
+    found = [term for term in terms if counts[term]]
+    return _TermChoice(found, common=True) if found else _TermChoice(terms)
 
 
 def fuse(rankings: list[list[str]]) -> dict[str, float]:
@@ -196,7 +224,8 @@ class _Fts5Index:
     def delete(self, connection: Connection, item_id: str) -> None:
         _sql(connection, f"DELETE FROM {self.table} WHERE {self.key} = ?", (item_id,))
 
-    def _count(self, connection: Connection, term: str) -> int:
+    def count(self, connection: Connection, term: str) -> int:
+        """How many texts hold `term`, counted up to `COMMON_TERM_DOCS`."""
         return int(
             _sql(
                 connection,
@@ -205,13 +234,28 @@ class _Fts5Index:
             ).scalar_one()
         )
 
-    def search(self, connection: Connection, terms: list[str], limit: int) -> list[str]:
-        query = _match(_selective_terms(terms, lambda term: self._count(connection, term)), " OR ", '"')
-        rows = _sql(
-            connection,
-            f"SELECT {self.key} FROM {self.table} WHERE {self.table} MATCH ? ORDER BY rank LIMIT ?",
-            (query, limit),
-        )
+    def search(self, connection: Connection, choice: _TermChoice, limit: int) -> list[str]:
+        """Ids of the texts holding any of the chosen terms, best BM25 first.
+
+        With only common terms, the newest `COMMON_QUERY_TEXTS` texts that hold all of them (else
+        any) are ranked, rather than every one of tens of thousands.
+        """
+        if not choice.common:
+            rows = _sql(
+                connection,
+                f"SELECT {self.key} FROM {self.table} WHERE {self.table} MATCH ? ORDER BY rank LIMIT ?",
+                (_match(choice.terms, " OR ", '"'), limit),
+            )
+            return [row[0] for row in rows]
+        for operator in (" AND ", " OR "):
+            rows = _sql(
+                connection,
+                f"SELECT key FROM (SELECT {self.key} AS key, rank FROM {self.table} WHERE {self.table} "
+                "MATCH ? ORDER BY rowid DESC LIMIT ?) ORDER BY rank LIMIT ?",
+                (_match(choice.terms, operator, '"'), COMMON_QUERY_TEXTS, limit),
+            ).all()
+            if rows:
+                break
         return [row[0] for row in rows]
 
 
@@ -239,7 +283,8 @@ class _TsvectorIndex:
     def delete(self, connection: Connection, item_id: str) -> None:
         _sql(connection, f"DELETE FROM {self.table} WHERE item_id = ?", (item_id,))
 
-    def _count(self, connection: Connection, term: str) -> int:
+    def count(self, connection: Connection, term: str) -> int:
+        """How many texts hold `term`, counted up to `COMMON_TERM_DOCS`."""
         return int(
             _sql(
                 connection,
@@ -249,14 +294,30 @@ class _TsvectorIndex:
             ).scalar_one()
         )
 
-    def search(self, connection: Connection, terms: list[str], limit: int) -> list[str]:
-        query = _match(_selective_terms(terms, lambda term: self._count(connection, term)), " | ", "'")
-        rows = _sql(
-            connection,
-            f"SELECT item_id FROM {self.table}, to_tsquery('english', ?) AS query WHERE body @@ query "
-            "ORDER BY ts_rank(body, query) DESC, item_id LIMIT ?",
-            (query, limit),
-        )
+    def search(self, connection: Connection, choice: _TermChoice, limit: int) -> list[str]:
+        """Ids of the texts holding any of the chosen terms, best `ts_rank` first.
+
+        With only common terms, `COMMON_QUERY_TEXTS` texts that hold all of them (else any), as the
+        index yields them, are ranked.
+        """
+        if not choice.common:
+            rows = _sql(
+                connection,
+                f"SELECT item_id FROM {self.table}, to_tsquery('english', ?) AS query WHERE body @@ query "
+                "ORDER BY ts_rank(body, query) DESC, item_id LIMIT ?",
+                (_match(choice.terms, " | ", "'"), limit),
+            ).all()
+            return [row[0] for row in rows]
+        for operator in (" & ", " | "):
+            rows = _sql(
+                connection,
+                "SELECT item_id FROM (SELECT item_id, ts_rank(body, query) AS score "
+                f"FROM {self.table}, to_tsquery('english', ?) AS query WHERE body @@ query LIMIT ?) AS found "
+                "ORDER BY score DESC, item_id LIMIT ?",
+                (_match(choice.terms, operator, "'"), COMMON_QUERY_TEXTS, limit),
+            ).all()
+            if rows:
+                break
         return [row[0] for row in rows]
 
 
@@ -300,6 +361,7 @@ class RegistryStore:
         self.engine = create_engine(url)
         self._vectors: dict[str, tuple[int, _Vectors]] = {}
         self._queries: dict[str, np.ndarray] = {}
+        self._counts: dict[str, tuple[int, dict[str, int]]] = {}
         with self._begin("create its tables") as connection:
             apply_migrations(connection, REGISTRY_MIGRATIONS)
 
@@ -462,16 +524,16 @@ class RegistryStore:
             marks = ", ".join("?" for _ in fused)
             rows = _sql(
                 connection,
-                "SELECT spec, uses, successes, failures, ratings, rating_sum FROM mp_agents "
+                "SELECT id, spec, uses, successes, failures, ratings, rating_sum FROM mp_agents "
                 f"WHERE id IN ({marks})",
                 tuple(fused),
             ).all()
-        scored = []
-        for row in rows:
-            spec = _with_stats(row[0], row[1:6])
-            scored.append((spec, fused[spec.id] * _prior(spec.stats)))
-        scored.sort(key=lambda item: (-item[1], item[0].id))
-        return scored[:limit]
+        # Score from the stats columns; only the agents returned are parsed.
+        scored = sorted(
+            ((fused[row[0]] * _prior(_stats(row[2:7])), row[0], row) for row in rows),
+            key=lambda item: (-item[0], item[1]),
+        )
+        return [(_with_stats(row[1], row[2:7]), score) for score, _, row in scored[:limit]]
 
     def similar_agents(self, text: str, limit: int = 3) -> list[tuple[AgentSpec, float]]:
         """Agents like `text` (a step's role, title and instruction), best first, with a similarity in [0, 1].
@@ -505,7 +567,15 @@ class RegistryStore:
         rankings: list[list[str]] = []
         terms = query_terms(text)
         if terms:
-            rankings.append(_text_index(connection, kind).search(connection, terms, _CANDIDATES))
+            index = _text_index(connection, kind)
+            counts = self._term_counts(connection, kind)
+
+            def count(term: str) -> int:
+                if term not in counts:
+                    counts[term] = index.count(connection, term)
+                return counts[term]
+
+            rankings.append(index.search(connection, _selective_terms(terms, count), _CANDIDATES))
         if self.embedder is None or not text.strip():
             return fuse(rankings), None
         vectors = self._current_vectors(connection, kind)
@@ -516,6 +586,15 @@ class RegistryStore:
             return float(vectors.matrix[vectors.position[item]] @ wanted) if item in vectors.position else 0.0
 
         return fuse(rankings), cosine
+
+    def _term_counts(self, connection: Connection, kind: str) -> dict[str, int]:
+        """This process's cache of term counts for `kind`, emptied whenever the registry changed."""
+        writes = _writes(connection)
+        cached = self._counts.get(kind)
+        if cached is None or cached[0] != writes or len(cached[1]) > _MAX_CACHED_TERMS:
+            cached = (writes, {})
+            self._counts[kind] = cached
+        return cached[1]
 
     def _query_vector(self, text: str) -> np.ndarray:
         """The embedding of a search text (the last 64 are kept: one lookup often asks twice)."""
@@ -531,7 +610,7 @@ class RegistryStore:
     def _current_vectors(self, connection: Connection, kind: str) -> _Vectors:
         """This kind's vectors for the configured embedder, embedding items that have none yet."""
         assert self.embedder is not None
-        writes = _sql(connection, "SELECT value FROM mp_registry_meta WHERE key = 'writes'").scalar_one()
+        writes = _writes(connection)
         cached = self._vectors.get(kind)
         if cached is not None and cached[0] == writes:
             return cached[1]
@@ -706,6 +785,11 @@ def _forget_vectors(connection: Connection, kind: str, item_id: str) -> None:
     _count_write(connection)
 
 
+def _writes(connection: Connection) -> int:
+    """The registry's write counter (it moves with every change to a text index or vectors)."""
+    return int(_sql(connection, "SELECT value FROM mp_registry_meta WHERE key = 'writes'").scalar_one())
+
+
 def _count_write(connection: Connection) -> None:
     """Move the registry's write counter (in-memory vector caches reload when it moves)."""
     _sql(connection, "UPDATE mp_registry_meta SET value = value + 1 WHERE key = 'writes'")
@@ -720,13 +804,15 @@ def _embedding_text_of(kind: str, stored: str) -> str:
     return stored
 
 
-def _with_stats(text: str, counts: Any) -> AgentSpec:
+def _stats(counts: Any) -> AgentStats:
     uses, successes, failures, ratings, rating_sum = counts
-    spec = AgentSpec.model_validate(json.loads(text))
-    stats = AgentStats(
+    return AgentStats(
         uses=uses, successes=successes, failures=failures, ratings=ratings, rating_sum=rating_sum
     )
-    return spec.model_copy(update={"stats": stats})
+
+
+def _with_stats(text: str, counts: Any) -> AgentSpec:
+    return AgentSpec.model_validate(json.loads(text)).model_copy(update={"stats": _stats(counts)})
 
 
 def _prior(stats: AgentStats) -> float:
