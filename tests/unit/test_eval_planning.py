@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from masterplanner import ConfigError, resolve_model
-from masterplanner.evaluation import evaluate_planning
+from masterplanner.evaluation import evaluate_planning, planning
 from masterplanner.evaluation.datasets import benchmarks_folder, load_dataset
 from masterplanner.evaluation.planning import as_example, f1
+from masterplanner.evaluation.results import planning_code_fingerprint
 from masterplanner.tools import Catalog, ToolSpec
 from masterplanner.tools.selection import preselect
 
@@ -152,11 +153,13 @@ async def test_a_stopped_evaluation_continues_from_its_results_file(
         "model": "scripted",
         "preselect_limit": 20,
         "examples": 2,
+        "planning_code": planning_code_fingerprint(),
     }
+    assert len(planning_code_fingerprint()) == 16
 
 
 async def test_a_results_file_of_other_settings_or_corrupt_is_refused(
-    benchmarks: Path, write_script: Callable[..., Path], tmp_path: Path
+    benchmarks: Path, write_script: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     results = tmp_path / "tmdb.jsonl"
     model = resolve_model(f"scripted:{write_script(SCRIPT[:2])}")
@@ -165,6 +168,12 @@ async def test_a_results_file_of_other_settings_or_corrupt_is_refused(
     with pytest.raises(ConfigError, match="measured with model='scripted', not 'local': choose another file"):
         await evaluate_planning("tmdb", model=model, model_spec="local", results=results)
     assert results.read_text() == before
+    monkeypatch.setattr(planning, "planning_code_fingerprint", lambda: "0123456789abcdef")
+    with pytest.raises(
+        ConfigError, match=r"measured with planning_code='[0-9a-f]{16}', not '0123456789abcdef'"
+    ):
+        await evaluate_planning("tmdb", model=model, model_spec="scripted", results=results)
+    monkeypatch.undo()
     lines = before.splitlines()
     results.write_text("\n".join([lines[0], '{"id": 0, "kept": true}', lines[1]]) + "\n")
     with pytest.raises(ConfigError, match=r"tmdb\.jsonl: line 2: field 'planner' is missing"):
@@ -248,3 +257,14 @@ def test_shared_benchmarks_load() -> None:
     assert (len(catalog), len(test)) == (46, 100)
     catalog, test, train = load_dataset("ultratool", folder)
     assert (len(catalog), len(test), len(train)) == (260, 500, 3027)
+
+
+def test_a_results_header_records_the_embedded_model_output_cap(
+    monkeypatch: pytest.MonkeyPatch, write_script: Callable[..., Path]
+) -> None:
+    from masterplanner.settings import Settings
+
+    monkeypatch.setenv("MASTERPLANNER_LOCAL_MAX_OUTPUT_TOKENS", "1024")
+    local = resolve_model("local", Settings.load())
+    assert planning._output_cap(local) == {"max_output_tokens": 1024, "context_tokens": 8192}
+    assert planning._output_cap(resolve_model(f"scripted:{write_script([])}")) == {}

@@ -30,7 +30,7 @@ from ..tools.catalog import Catalog
 from ..tools.selection import DEFAULT_PRESELECT, preselect, rank, words
 from ..usage import UsageLedger
 from .datasets import Request, load_dataset
-from .results import ResultsFile
+from .results import ResultsFile, planning_code_fingerprint
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -208,6 +208,16 @@ async def _baseline(task: str, catalog: Catalog, model: Model, ledger: UsageLedg
         return None
 
 
+def _output_cap(model: Model) -> dict[str, int]:
+    """The embedded model's reply and window sizes, which change its plans: part of a results header."""
+    from ..models.local import LocalModel
+
+    inner = getattr(model, "wrapped", model)
+    if isinstance(inner, LocalModel):
+        return {"max_output_tokens": inner.max_output_tokens, "context_tokens": inner.context_tokens}
+    return {}
+
+
 async def _score_request(
     request: Request,
     catalog: Catalog,
@@ -259,8 +269,15 @@ async def evaluate_planning(
     """
     catalog, test, train = load_dataset(dataset)
     requests = test[:limit] if limit else test
-    settings = {"dataset": dataset, "model": model_spec, "preselect_limit": preselect_limit}
-    saved = ResultsFile(results, settings | {"examples": examples}) if results else None
+    saved = None
+    if results:
+        header = {
+            "dataset": dataset,
+            "model": model_spec,
+            "preselect_limit": preselect_limit,
+            "examples": examples,
+        }
+        saved = ResultsFile(results, header | {"planning_code": planning_code_fingerprint()})
     planner_scores, baseline_scores = Scores(), Scores()
     ledger, baseline_ledger = UsageLedger(), UsageLedger()
     kept = 0

@@ -3,12 +3,14 @@
 A long evaluation (the embedded model needs tens of seconds a request) can then be stopped and
 continued: run it again with the same file and the requests already in it are not planned again.
 The first line records what the results were measured with (dataset, model, pre-selection,
-examples); a run with other settings refuses the file rather than mixing figures. A last line cut
-short by a crash is dropped; any other bad line is an error naming the line.
+examples) and a fingerprint of the code that plans (`planning_code_fingerprint`); a run with
+other settings or changed planning code refuses the file rather than mixing figures. A last line
+cut short by a crash is dropped; any other bad line is an error naming the line.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -16,9 +18,34 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["ResultsFile"]
+__all__ = ["ResultsFile", "planning_code_fingerprint"]
 
 _FORMAT = 1
+_PACKAGE = Path(__file__).resolve().parents[1]
+_PLANNING_CODE = (
+    "plan.py",
+    "planner.py",
+    "agents.py",
+    "evaluation/planning.py",
+    "tools/selection.py",
+    "tools/catalog.py",
+    "models/local.py",
+    "models/_llama.py",
+    "models/_sampling.py",
+    "models/_schema.py",
+    "models/labelled.py",
+    "prompts/planner_*",
+    "prompts/baseline_planner.j2",
+)
+
+
+def planning_code_fingerprint() -> str:
+    """A short hash of what decides a planner's answers: its code, its prompts, the local model's code."""
+    digest = hashlib.sha256()
+    for pattern in _PLANNING_CODE:
+        for path in sorted(_PACKAGE.glob(pattern)):
+            digest.update(path.relative_to(_PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 class ResultsFile:
