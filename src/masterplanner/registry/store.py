@@ -207,6 +207,8 @@ def _sql(connection: Connection, statement: str, parameters: Any = ()) -> Any:
 class _Fts5Index:
     """SQLite: an FTS5 table (porter stemming) ranked by BM25."""
 
+    quote, all_of, any_of = '"', " AND ", " OR "
+
     def __init__(self, table: str, key: str) -> None:
         self.table = table
         self.key = key
@@ -234,33 +236,30 @@ class _Fts5Index:
             ).scalar_one()
         )
 
-    def search(self, connection: Connection, choice: _TermChoice, limit: int) -> list[str]:
-        """Ids of the texts holding any of the chosen terms, best BM25 first.
+    def ranked(self, connection: Connection, match: str, limit: int) -> list[str]:
+        """The best `limit` texts matching `match` by BM25."""
+        rows = _sql(
+            connection,
+            f"SELECT {self.key} FROM {self.table} WHERE {self.table} MATCH ? ORDER BY rank LIMIT ?",
+            (match, limit),
+        )
+        return [row[0] for row in rows]
 
-        With only common terms, the newest `COMMON_QUERY_TEXTS` texts that hold all of them (else
-        any) are ranked, rather than every one of tens of thousands.
-        """
-        if not choice.common:
-            rows = _sql(
-                connection,
-                f"SELECT {self.key} FROM {self.table} WHERE {self.table} MATCH ? ORDER BY rank LIMIT ?",
-                (_match(choice.terms, " OR ", '"'), limit),
-            )
-            return [row[0] for row in rows]
-        for operator in (" AND ", " OR "):
-            rows = _sql(
-                connection,
-                f"SELECT key FROM (SELECT {self.key} AS key, rank FROM {self.table} WHERE {self.table} "
-                "MATCH ? ORDER BY rowid DESC LIMIT ?) ORDER BY rank LIMIT ?",
-                (_match(choice.terms, operator, '"'), COMMON_QUERY_TEXTS, limit),
-            ).all()
-            if rows:
-                break
+    def ranked_sample(self, connection: Connection, match: str, limit: int) -> list[str]:
+        """The best `limit` by BM25 of the newest `COMMON_QUERY_TEXTS` texts matching `match`."""
+        rows = _sql(
+            connection,
+            f"SELECT key FROM (SELECT {self.key} AS key, rank FROM {self.table} WHERE {self.table} "
+            "MATCH ? ORDER BY rowid DESC LIMIT ?) ORDER BY rank LIMIT ?",
+            (match, COMMON_QUERY_TEXTS, limit),
+        )
         return [row[0] for row in rows]
 
 
 class _TsvectorIndex:
     """Postgres: a tsvector column (English stemming) with a GIN index, ranked by `ts_rank`."""
+
+    quote, all_of, any_of = "'", " & ", " | "
 
     def __init__(self, table: str) -> None:
         self.table = table
@@ -294,34 +293,44 @@ class _TsvectorIndex:
             ).scalar_one()
         )
 
-    def search(self, connection: Connection, choice: _TermChoice, limit: int) -> list[str]:
-        """Ids of the texts holding any of the chosen terms, best `ts_rank` first.
+    def ranked(self, connection: Connection, match: str, limit: int) -> list[str]:
+        """The best `limit` texts matching `match` by `ts_rank`."""
+        rows = _sql(
+            connection,
+            f"SELECT item_id FROM {self.table}, to_tsquery('english', ?) AS query WHERE body @@ query "
+            "ORDER BY ts_rank(body, query) DESC, item_id LIMIT ?",
+            (match, limit),
+        )
+        return [row[0] for row in rows]
 
-        With only common terms, `COMMON_QUERY_TEXTS` texts that hold all of them (else any), as the
-        index yields them, are ranked.
-        """
-        if not choice.common:
-            rows = _sql(
-                connection,
-                f"SELECT item_id FROM {self.table}, to_tsquery('english', ?) AS query WHERE body @@ query "
-                "ORDER BY ts_rank(body, query) DESC, item_id LIMIT ?",
-                (_match(choice.terms, " | ", "'"), limit),
-            ).all()
-            return [row[0] for row in rows]
-        for operator in (" & ", " | "):
-            rows = _sql(
-                connection,
-                "SELECT item_id FROM (SELECT item_id, ts_rank(body, query) AS score "
-                f"FROM {self.table}, to_tsquery('english', ?) AS query WHERE body @@ query LIMIT ?) AS found "
-                "ORDER BY score DESC, item_id LIMIT ?",
-                (_match(choice.terms, operator, "'"), COMMON_QUERY_TEXTS, limit),
-            ).all()
-            if rows:
-                break
+    def ranked_sample(self, connection: Connection, match: str, limit: int) -> list[str]:
+        """The best `limit` by `ts_rank` of `COMMON_QUERY_TEXTS` texts matching `match` (in index order)."""
+        rows = _sql(
+            connection,
+            "SELECT item_id FROM (SELECT item_id, ts_rank(body, query) AS score "
+            f"FROM {self.table}, to_tsquery('english', ?) AS query WHERE body @@ query LIMIT ?) AS found "
+            "ORDER BY score DESC, item_id LIMIT ?",
+            (match, COMMON_QUERY_TEXTS, limit),
+        )
         return [row[0] for row in rows]
 
 
 _TextIndex = _Fts5Index | _TsvectorIndex
+
+
+def _search(index: _TextIndex, connection: Connection, choice: _TermChoice, limit: int) -> list[str]:
+    """Ids of the texts holding any of the chosen terms, best first.
+
+    With only common terms, a sample of the texts that hold all of them (else any) is ranked,
+    rather than every one of tens of thousands.
+    """
+    if not choice.common:
+        return index.ranked(connection, _match(choice.terms, index.any_of, index.quote), limit)
+    for operator in (index.all_of, index.any_of):
+        found = index.ranked_sample(connection, _match(choice.terms, operator, index.quote), limit)
+        if found:
+            return found
+    return []
 
 
 _INDEX_TABLES = {"agent": "mp_agents", "cohort": "mp_cohorts", "memory": "mp_memories"}
@@ -575,7 +584,7 @@ class RegistryStore:
                     counts[term] = index.count(connection, term)
                 return counts[term]
 
-            rankings.append(index.search(connection, _selective_terms(terms, count), _CANDIDATES))
+            rankings.append(_search(index, connection, _selective_terms(terms, count), _CANDIDATES))
         if self.embedder is None or not text.strip():
             return fuse(rankings), None
         vectors = self._current_vectors(connection, kind)
