@@ -246,3 +246,32 @@ async def test_a_budget_overrun_while_summarising_fails_the_run_instead_of_cutti
     assert final.status == "failed"
     assert final.error == "the run used its budget of 4 model calls"
     assert not [event for event in engine.store.events(run.id) if event.kind == "input_cut"]
+
+
+async def test_the_aggregator_reads_long_sink_outputs_summarised(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("b", tools=[])]}},
+            {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True},
+            {"purpose": "step:a", "output": LONG},
+            {"purpose": "step:b", "output": "b is short"},
+            {"purpose": "summarizer", "output": "Revenue: 4.2 million.", "expect": ["step answer"]},
+            {
+                "purpose": "aggregator",
+                "output": "Both.",
+                "expect": [
+                    "### Output of step a (summarised from 7,800 characters)\nRevenue: 4.2 million.",
+                    "### Output of step b\nb is short",
+                ],
+            },
+        ]
+    )
+    options = RunOptions(auto_approve=True, prompt_rounds=0, context_chars=2000)
+    run = engine.create_run("two results", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert final.output == "Both."
+    [event] = [event for event in engine.store.events(run.id) if event.kind == "input_summarized"]
+    assert (event.step, event.data["dependency"]) == (None, "a")

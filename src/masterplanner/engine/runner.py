@@ -64,6 +64,7 @@ from .step_agent import (
     RUNNABLE_TOOLS,
     BudgetedModel,
     context_budget,
+    dependency_context,
     step_brief,
     step_instructions,
     tool_aids,
@@ -668,13 +669,17 @@ class _Execution:
             retries=2,
             capabilities=[ProcessHistory(trimmer(self.budget.history_chars))],
         )
-        brief = step_brief(self.plan, step, await self._step_inputs(step), tools=tools)
+        brief = step_brief(self.plan, step, await self._step_inputs(step, step.id), tools=tools)
         result = await agent.run(brief, usage_limits=UsageLimits(request_limit=_AGENT_REQUEST_LIMIT))
         return result.output
 
-    async def _step_inputs(self, step: Step) -> list[FittedInput]:
-        """The step's dependencies' outputs fitted to the run's budget (once per step, not per attempt)."""
-        fitted = self.inputs.get(step.id)
+    async def _step_inputs(self, step: Step, event_step: str | None) -> list[FittedInput]:
+        """The step's dependencies' outputs fitted to the run's budget (once per step, not per attempt).
+
+        `event_step` is the plan step the events name (None for the aggregator's reading).
+        """
+        key = event_step or ""
+        fitted = self.inputs.get(key)
         if fitted is None:
             summarizer = Summarizer(
                 CheckpointedModel(labelled(self.model, "summarizer", self.ledger)),
@@ -692,10 +697,10 @@ class _Execution:
 
                 def note(item: FittedInput = item, data: dict[str, Any] = data) -> None:
                     kind: EventKind = "input_summarized" if item.how == "summarized" else "input_cut"
-                    self.store.step_event(self.run.id, step.id, kind, data)
+                    self.store.step_event(self.run.id, event_step, kind, data)
 
                 await self._record(note, "input_fitted")
-            self.inputs[step.id] = fitted
+            self.inputs[key] = fitted
         return fitted
 
     def _step_model(self, step: Step, tools: list[str]) -> Any:
@@ -729,7 +734,17 @@ class _Execution:
         ends = sinks(plan.steps)
         if len(ends) == 1:
             return self.outputs.get(ends[0], "")
-        sections = "\n\n".join(f"### {step_id}\n{self.outputs.get(step_id, '')}" for step_id in ends)
+        # The answer is written from every sink's output: they share the working-memory budget
+        # as a step's inputs do (summarised when too long), as if one more step read them all.
+        reader = Step(
+            id="answer",
+            title="Compose the final answer",
+            instruction=f"Compose the final answer to the task: {plan.task}"[:4000],
+            agent_role="aggregator",
+            depends_on=ends,
+            expected_output="the answer to the task",
+        )
+        sections = dependency_context(await self._step_inputs(reader, None))
         agent: Agent[None, str] = Agent(
             CheckpointedModel(labelled(self.model, "aggregator", self.ledger)),
             instructions=_AGGREGATOR_INSTRUCTIONS,
