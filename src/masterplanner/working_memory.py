@@ -56,8 +56,8 @@ _MIN_SHARE = 200
 class ContextBudget:
     """How many characters a step agent's inputs and whole conversation may take."""
 
-    inputs_chars: int = 12_000
-    history_chars: int = 48_000
+    inputs_chars: int
+    history_chars: int
 
     def within(self, window_tokens: int | None, output_tokens: int = 0) -> ContextBudget:
         """This budget clamped to a model window of `window_tokens` that must also hold the reply.
@@ -184,7 +184,7 @@ async def fit_inputs(
     step: Step,
     outputs: Mapping[str, str],
     budget_chars: int,
-    summarizer: Summarizer | None,
+    summarizer: Summarizer,
 ) -> list[FittedInput]:
     """`step`'s dependencies' outputs, in `depends_on` order, fitted to `budget_chars` together."""
     texts = {dependency: outputs.get(dependency, "") for dependency in step.depends_on}
@@ -194,9 +194,6 @@ async def fit_inputs(
         share = shares[dependency]
         if len(text) <= share:
             fitted.append(FittedInput(dependency, text, len(text), "whole"))
-            continue
-        if summarizer is None:
-            fitted.append(FittedInput(dependency, _cut(text, share), len(text), "cut", "no summariser"))
             continue
         try:
             summary = await summarizer.summarize(text, limit=share, source=dependency, reader=step)

@@ -18,7 +18,7 @@ from pydantic_ai.messages import (
 )
 
 from masterplanner import Settings, UsageLedger, labelled, resolve_model
-from masterplanner.engine import Engine, RunOptions
+from masterplanner.engine import Engine, RunOptions, RunRecord
 from masterplanner.plan import Step
 from masterplanner.working_memory import (
     ContextBudget,
@@ -148,6 +148,11 @@ def engine(isolated: Path) -> Iterator[Engine]:
     created.close()
 
 
+async def _execute(engine: Engine, task: str, script: Path, options: RunOptions) -> RunRecord:
+    """Create a run of `task` answered by `script`, execute it, and return it as it ended."""
+    return await engine.execute(engine.create_run(task, model=f"scripted:{script}", options=options).id)
+
+
 def _script(*extra: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("report", "a", tools=[])]}},
@@ -173,13 +178,12 @@ async def test_a_run_summarises_a_long_output_for_the_step_that_needs_it(
         )
     )
     options = RunOptions(auto_approve=True, prompt_rounds=0, context_chars=2000)
-    run = engine.create_run("sum up revenue", model=f"scripted:{script}", options=options)
-    final = await engine.execute(run.id)
+    final = await _execute(engine, "sum up revenue", script, options)
     assert final.status == "succeeded", final.error
     assert final.output == "Report: revenue 4.2 million."
-    report = engine.report(run.id)
+    report = engine.report(final.id)
     assert report["usage"]["by_purpose"]["summarizer"]["calls"] == 1
-    [event] = [event for event in engine.store.events(run.id) if event.kind == "input_summarized"]
+    [event] = [event for event in engine.store.events(final.id) if event.kind == "input_summarized"]
     assert (event.step, event.data) == ("report", {"dependency": "a", "chars": 7800, "shown_chars": 21})
 
 
@@ -193,10 +197,9 @@ async def test_the_expected_text_missing_fails_the_scripted_call(
         )
     )
     options = RunOptions(auto_approve=True, prompt_rounds=0, context_chars=2000, step_attempts=1)
-    run = engine.create_run("sum up revenue", model=f"scripted:{script}", options=options)
-    final = await engine.execute(run.id)
+    final = await _execute(engine, "sum up revenue", script, options)
     assert final.status == "failed"
-    [failed] = [item for item in engine.report(run.id)["steps"] if item["id"] == "report"]
+    [failed] = [item for item in engine.report(final.id)["steps"] if item["id"] == "report"]
     assert "does not contain the expected text 'The quarterly revenue was'" in failed["error"]
 
 
@@ -229,8 +232,7 @@ async def test_a_step_agent_conversation_is_trimmed_to_its_budget(
         ]
     )
     options = RunOptions(auto_approve=True, prompt_rounds=0, history_chars=5000)
-    run = engine.create_run("write and read", model=f"scripted:{script}", options=options)
-    final = await engine.execute(run.id)
+    final = await _execute(engine, "write and read", script, options)
     assert final.status == "succeeded", final.error
     assert final.output == "read both"
 
@@ -241,11 +243,10 @@ async def test_a_budget_overrun_while_summarising_fails_the_run_instead_of_cutti
     script = write_script(_script({"purpose": "summarizer", "output": "Revenue: 4.2 million."}))
     # planner 1, a prompt for each of the 2 steps, step a 1: the summary would be call 5
     options = RunOptions(auto_approve=True, prompt_rounds=0, context_chars=2000, max_model_calls=4)
-    run = engine.create_run("sum up revenue", model=f"scripted:{script}", options=options)
-    final = await engine.execute(run.id)
+    final = await _execute(engine, "sum up revenue", script, options)
     assert final.status == "failed"
     assert final.error == "the run used its budget of 4 model calls"
-    assert not [event for event in engine.store.events(run.id) if event.kind == "input_cut"]
+    assert not [event for event in engine.store.events(final.id) if event.kind == "input_cut"]
 
 
 async def test_the_aggregator_reads_long_sink_outputs_summarised(
@@ -269,9 +270,8 @@ async def test_the_aggregator_reads_long_sink_outputs_summarised(
         ]
     )
     options = RunOptions(auto_approve=True, prompt_rounds=0, context_chars=2000)
-    run = engine.create_run("two results", model=f"scripted:{script}", options=options)
-    final = await engine.execute(run.id)
+    final = await _execute(engine, "two results", script, options)
     assert final.status == "succeeded", final.error
     assert final.output == "Both."
-    [event] = [event for event in engine.store.events(run.id) if event.kind == "input_summarized"]
+    [event] = [event for event in engine.store.events(final.id) if event.kind == "input_summarized"]
     assert (event.step, event.data["dependency"]) == (None, "a")

@@ -271,13 +271,14 @@ async def evaluate_planning(
     requests = test[:limit] if limit else test
     saved = None
     if results:
-        header = {
+        header: dict[str, Any] = {
             "dataset": dataset,
             "model": model_spec,
             "preselect_limit": preselect_limit,
             "examples": examples,
+            "planning_code": planning_code_fingerprint(),
         }
-        saved = ResultsFile(results, header | {"planning_code": planning_code_fingerprint()})
+        saved = ResultsFile(results, header | _output_cap(model))
     planner_scores, baseline_scores = Scores(), Scores()
     ledger, baseline_ledger = UsageLedger(), UsageLedger()
     kept = 0

@@ -159,7 +159,7 @@ def _selective_terms(terms: list[str], count: Callable[[str], int]) -> _TermChoi
     texts they cover would pass `POSTINGS_BUDGET`; the rarest is always taken. `count` reads each
     term's texts only up to `COMMON_TERM_DOCS`. Terms no text holds are left out. When every term
     that occurs is that common, they all are kept and the choice is marked `common`: the index
-    then ranks only the newest texts holding all of them (see `_CommonQuery`).
+    then ranks only a sample of the texts holding all of them (see `_search`).
     """
     counts = {term: count(term) for term in terms}
     rare = sorted((term for term in terms if 0 < counts[term] < COMMON_TERM_DOCS), key=lambda t: counts[t])
