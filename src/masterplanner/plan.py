@@ -16,7 +16,7 @@ problem, each naming its step (for a cycle: the cycle itself).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -250,7 +250,11 @@ def sinks(steps: Iterable[Step]) -> list[str]:
 
 
 def plan_output_schema(
-    catalog: Catalog, *, max_steps: int = DEFAULT_MAX_STEPS, step_count: int | None = None
+    catalog: Catalog,
+    *,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    step_count: int | None = None,
+    step_tools: Sequence[Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """The JSON schema a model fills in to propose a plan.
 
@@ -261,10 +265,14 @@ def plan_output_schema(
     only smaller numbers, so a grammar-constrained model cannot name a missing step or make a
     cycle (the embedded model did both, and repeated them when asked to repair).
     `steps_from_output` turns the answer into the public form.
+    With `step_count`, `step_tools` (one list of catalog names per step) narrows each step's
+    `tools` to its own list.
     """
+    if step_tools is not None and (step_count is None or len(step_tools) != step_count):
+        raise ValueError("step_tools needs step_count and one list of tools per step")
     text = {"type": "string", "minLength": 1}
     definitions: dict[str, Any] = {}
-    for number in range(1, max_steps + 1):
+    for number in range(1, (step_count or max_steps) + 1):
         after: dict[str, Any] = {"type": "array", "maxItems": number - 1}
         after["items"] = {"enum": list(range(1, number))} if number > 1 else {"type": "integer"}
         definitions[f"step{number}"] = {
@@ -274,7 +282,11 @@ def plan_output_schema(
                 "title": text | {"maxLength": _LIMITS["title"]},
                 "instruction": text | {"maxLength": _LIMITS["instruction"]},
                 "agent_role": text | {"maxLength": _LIMITS["agent_role"]},
-                "tools": {"type": "array", "items": {"enum": catalog.names}, "maxItems": 4},
+                "tools": {
+                    "type": "array",
+                    "items": {"enum": list(step_tools[number - 1]) if step_tools else catalog.names},
+                    "maxItems": 4,
+                },
                 "after": after,
                 "expected_output": {"type": "string", "maxLength": _LIMITS["expected_output"]},
             },
@@ -297,7 +309,7 @@ def plan_output_schema(
             "properties": {"steps": lengths[0]},
             "required": ["steps"],
             "additionalProperties": False,
-            "$defs": {name: value for name, value in definitions.items() if int(name[4:]) <= step_count},
+            "$defs": definitions,
         }
     actions = {
         "type": "array",

@@ -243,10 +243,17 @@ def test_example_from_a_gold_request(benchmarks: Path) -> None:
     assert example.steps[0]["instruction"] == "find her"
 
 
-def test_preselect_ranks_by_the_task() -> None:
+def test_preselect_keeps_the_best_matches_best_first() -> None:
     catalog = Catalog(ToolSpec(name, desc) for name, desc in TOOLS.items())
-    assert preselect("cast of a movie", catalog, limit=2).names == ["SearchMovie", "GetMovieCredit"]
-    assert len(preselect("anything", catalog, limit=10)) == 4
+    # "cast" is only in GetMovieCredit's description; both match "movie".
+    assert preselect("cast of a movie", catalog, limit=2).names == ["GetMovieCredit", "SearchMovie"]
+    # A small catalog is kept whole, still best first; the two that match nothing keep catalog order.
+    assert preselect("credits of a person", catalog, limit=10).names == [
+        "GetPersonMovieCredit",
+        "GetMovieCredit",
+        "SearchPeople",
+        "SearchMovie",
+    ]
 
 
 def test_shared_benchmarks_load() -> None:

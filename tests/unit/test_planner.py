@@ -9,7 +9,7 @@ from _plans import step
 
 from masterplanner import UsageLedger, resolve_model
 from masterplanner.errors import PlanError
-from masterplanner.planner import PlanExample, expand, plan, replan
+from masterplanner.planner import STEP_TOOL_CHOICES, PlanExample, expand, plan, replan
 from masterplanner.tools import builtin_catalog
 
 CATALOG = builtin_catalog()
@@ -181,9 +181,19 @@ async def _plan(write_script: WriteScript, output: dict[str, Any]):  # type: ign
 
 
 async def test_more_actions_than_steps_asks_for_one_step_per_action(write_script: WriteScript) -> None:
-    first = {"actions": ["load", "total", "report"], "steps": [step("everything")]}
+    actions = ["Read sales.csv", "compute monthly totals", "write a summary to report.md"]
+    first = {"actions": actions, "steps": [step("everything")]}
     ledger = UsageLedger()
-    script = write_script([{"purpose": "planner", "output": first}, {"purpose": "planner", "output": VALID}])
+    listed = [
+        "1. Read sales.csv (tools: read_file, code_execution, write_file, list_files, delete_file)",
+        "3. write a summary to report.md (tools: write_file, code_execution, read_file, list_files,",
+    ]
+    script = write_script(
+        [
+            {"purpose": "planner", "output": first},
+            {"purpose": "planner", "output": VALID, "expect": listed},
+        ]
+    )
     model = resolve_model(f"scripted:{script}")
     schemas: list[dict[str, Any]] = []
     original = model.request
@@ -199,6 +209,42 @@ async def test_more_actions_than_steps_asks_for_one_step_per_action(write_script
     assert "actions" in schemas[0]["properties"]
     assert schemas[1]["properties"]["steps"]["minItems"] == 3
     assert schemas[1]["properties"]["steps"]["maxItems"] == 3
+    # Each step chooses among the STEP_TOOL_CHOICES tools that best match its own action.
+    items = schemas[1]["properties"]["steps"]["prefixItems"]
+    choices = [item["properties"]["tools"]["items"]["enum"] for item in items]
+    assert [tools[0] for tools in choices] == ["read_file", "code_execution", "write_file"]
+    assert {len(tools) for tools in choices} == {STEP_TOOL_CHOICES}
+    # The first call offers every tool to every step.
+    first_steps = schemas[0]["properties"]["steps"]["anyOf"][0]["prefixItems"]
+    assert first_steps[0]["properties"]["tools"]["items"]["enum"] == CATALOG.names
+
+
+async def test_a_reply_cut_off_at_the_output_limit_is_asked_for_again(write_script: WriteScript) -> None:
+    cut = '{"actions": ["load"], "steps": [{"id": "load", "title": "load", "instruction": "Load'
+    retry = "Your last answer was too long and was cut off."
+    script = write_script(
+        [
+            {"purpose": "planner", "output": cut, "cut_off": True},
+            {"purpose": "planner", "output": VALID, "expect": ["sum the sales", retry]},
+        ]
+    )
+    ledger = UsageLedger()
+    result = await plan("sum the sales", CATALOG, model=resolve_model(f"scripted:{script}"), ledger=ledger)
+    assert result.ids == ["load", "total", "report"]
+    assert ledger.by_purpose()["planner"]["calls"] == 2
+
+
+async def test_replies_cut_off_every_time_end_in_a_model_error_after_the_repairs(
+    write_script: WriteScript,
+) -> None:
+    from masterplanner.errors import ModelError
+
+    cut = '{"actions": ["load", "load", "load'
+    script = write_script([{"purpose": "planner", "output": cut, "cut_off": True, "repeat": True}])
+    ledger = UsageLedger()
+    with pytest.raises(ModelError, match="token limit"):
+        await plan("sum the sales", CATALOG, model=resolve_model(f"scripted:{script}"), ledger=ledger)
+    assert ledger.by_purpose()["planner"]["calls"] == 3
 
 
 def test_the_file_a_task_asks_for_is_saved_by_the_last_step_when_no_step_mentions_it() -> None:

@@ -18,8 +18,9 @@ answers any call whose own purpose has no entry left. An entry with neither `out
 `tool_calls` returns the smallest valid instance of the requested output schema (or a short
 text). `"expect": ["text", …]` makes the call fail with `ScriptError` unless its request (the
 instructions, prompts and tool results it was sent) contains every text, so a test can check
-what a model was shown. A call with no entry left fails with `ScriptExhaustedError` naming its
-purpose.
+what a model was shown. `"cut_off": true` ends the reply as a model that reached its output
+limit does (finish reason `length`), for a text `output` such as a JSON reply cut short. A call
+with no entry left fails with `ScriptExhaustedError` naming its purpose.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class _Entry(BaseModel):
     delay_s: float = Field(0.0, ge=0, le=3600)
     repeat: bool = False
     expect: list[str] = Field(default_factory=list)
+    cut_off: bool = False
 
     @model_validator(mode="after")
     def _one_kind_of_answer(self) -> _Entry:
@@ -172,6 +174,7 @@ class ScriptedModel(Model):
             parts=parts,
             usage=RequestUsage(input_tokens=_count_tokens(messages), output_tokens=_count_tokens(parts)),
             model_name=self.model_name,
+            finish_reason="length" if entry.cut_off else None,
         )
 
     def _check_expected(self, entry: _Entry, purpose: str, messages: list[ModelMessage]) -> None:

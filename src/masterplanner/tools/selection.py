@@ -2,7 +2,10 @@
 
 Catalogs can be larger than a model's context (one benchmark catalog has 260 tools; MCP servers
 expose hundreds). `preselect` ranks the catalog against the task with BM25 over each tool's name
-(split into words) and description, and keeps the best `limit`.
+(split into words) and description, and keeps the best `limit`, best first: small models tend to
+pick the first tools they are offered (the embedded 135M model chose the first entries of the
+tools enum whatever the task), so the order itself is a hint. `best_tools` ranks a catalog against
+one action, for narrowing a single step's choice.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections import Counter
 
 from .catalog import Catalog, ToolSpec
 
-__all__ = ["DEFAULT_PRESELECT", "STOP_WORDS", "preselect", "rank", "words"]
+__all__ = ["DEFAULT_PRESELECT", "STOP_WORDS", "best_tools", "preselect", "rank", "words"]
 
 DEFAULT_PRESELECT = 20
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
@@ -63,9 +66,11 @@ def rank(query: str, documents: dict[str, list[str]]) -> list[str]:
     return sorted(counts, key=lambda key: (-scores[key], order[key]))
 
 
+def best_tools(text: str, catalog: Catalog, limit: int) -> list[str]:
+    """The names of the `limit` tools of `catalog` that best match `text`, best first."""
+    return rank(text, {tool.name: _document(tool) for tool in catalog})[:limit]
+
+
 def preselect(task: str, catalog: Catalog, limit: int = DEFAULT_PRESELECT) -> Catalog:
-    """The `limit` tools of `catalog` that best match `task` (the whole catalog if it is that small)."""
-    if len(catalog) <= limit:
-        return catalog
-    ranked = rank(task, {tool.name: _document(tool) for tool in catalog})
-    return catalog.subset(ranked[:limit])
+    """The `limit` tools of `catalog` that best match `task`, best first (all of them if that few)."""
+    return Catalog(catalog[name] for name in best_tools(task, catalog, limit))
