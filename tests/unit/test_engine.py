@@ -121,6 +121,39 @@ async def test_garbage_output_is_retried_then_fails_and_skips_dependents(
     assert kinds == ["step_started", "step_retried", "step_retried", "step_failed"]
 
 
+async def test_a_retried_step_samples_with_a_seed(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from masterplanner.models.scripted import ScriptedModel
+    from masterplanner.purpose import current_purpose
+
+    seen: list[tuple[Any, Any]] = []
+    original = ScriptedModel.request
+
+    async def spy(self: ScriptedModel, messages: Any, settings: Any, params: Any) -> Any:
+        if current_purpose() == "step:a":
+            seen.append(((settings or {}).get("temperature"), (settings or {}).get("seed")))
+        return await original(self, messages, settings, params)
+
+    monkeypatch.setattr(ScriptedModel, "request", spy)
+    garbage = {"purpose": "step:a", "tool_calls": [{"name": "no_such_tool", "args": {}}]}
+    script = write_script(
+        [
+            _planner(step("a", tools=[])),
+            garbage,
+            garbage,
+            garbage,
+            {"purpose": "step:a", "output": "a fine"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("retry differently", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    # The first attempt (three calls: the agent's own retries) is greedy; the second samples.
+    assert seen == [(None, None)] * 3 + [(0.7, 2)]
+
+
 async def test_tool_calls_write_the_workspace_and_refused_paths_reach_the_agent(
     engine: Engine, write_script: Callable[..., Path], tmp_path: Path
 ) -> None:

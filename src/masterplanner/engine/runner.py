@@ -28,6 +28,7 @@ from dbos import DBOS, SetWorkflowID
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.exceptions import AgentRunError, ModelHTTPError, UnexpectedModelBehavior, UsageLimitExceeded
+from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import UsageLimits
 
 from ..adaptation import adapt_plan
@@ -611,7 +612,7 @@ class _Execution:
         for attempt in range(1, attempts + 1):
             try:
                 async with asyncio.timeout(self.options.step_timeout_s):
-                    output = await self._agent_attempt(step, tools)
+                    output = await self._agent_attempt(step, tools, attempt)
             except TimeoutError:
                 error = f"timed out after {self.options.step_timeout_s:g} s"
                 break
@@ -659,7 +660,12 @@ class _Execution:
         )
         return {"status": "failed", "error": error}
 
-    async def _agent_attempt(self, step: Step, tools: list[str]) -> str:
+    async def _agent_attempt(self, step: Step, tools: list[str], attempt: int) -> str:
+        """One try of the step agent; a retry samples, seeded.
+
+        A greedy model given the same brief writes the same failing reply again (seen: the
+        embedded model ran into its output cap three times in a row).
+        """
         assert self.plan is not None
         prompt = (self.run.agents or {}).get(step.id, {}).get("prompt")
         agent: Agent[None, str] = Agent(
@@ -670,7 +676,12 @@ class _Execution:
             capabilities=[ProcessHistory(trimmer(self.budget.history_chars))],
         )
         brief = step_brief(self.plan, step, await self._step_inputs(step, step.id), tools=tools)
-        result = await agent.run(brief, usage_limits=UsageLimits(request_limit=_AGENT_REQUEST_LIMIT))
+        settings: ModelSettings = {} if attempt == 1 else {"temperature": 0.7, "seed": attempt}
+        result = await agent.run(
+            brief,
+            model_settings=settings,
+            usage_limits=UsageLimits(request_limit=_AGENT_REQUEST_LIMIT),
+        )
         return result.output
 
     async def _step_inputs(self, step: Step, event_step: str | None) -> list[FittedInput]:
