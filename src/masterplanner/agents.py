@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, MasterplannerError, ModelError
 
-__all__ = ["run_agent"]
+if TYPE_CHECKING:
+    from pydantic_ai.settings import ModelSettings
+
+__all__ = ["retry_settings", "run_agent"]
+
+
+def retry_settings(attempt: int) -> ModelSettings:
+    """Model settings for a retry: sampled, seeded with `attempt` so runs stay reproducible.
+
+    A greedy model given the same input writes the same failing reply again (seen with the
+    embedded model: invalid plans repeated word for word, a step's tool call cut off at the
+    output cap three times in a row).
+    """
+    return {"temperature": 0.7, "seed": attempt}
 
 
 async def run_agent(agent: Any, prompt: str, **options: Any) -> Any:

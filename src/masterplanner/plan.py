@@ -253,23 +253,20 @@ def plan_output_schema(
     catalog: Catalog,
     *,
     max_steps: int = DEFAULT_MAX_STEPS,
-    step_count: int | None = None,
     step_tools: Sequence[Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """The JSON schema a model fills in to propose a plan.
 
-    This is the model-facing form, not the public one. Without `step_count` it starts with
-    `actions`, the separate actions the task asks for; with `step_count` it asks for exactly that
-    many steps (one per action listed before). Instead of `depends_on` ids, step k lists
-    in `after` the numbers (1-based) of earlier steps whose output it needs. The schema allows
-    only smaller numbers, so a grammar-constrained model cannot name a missing step or make a
-    cycle (the embedded model did both, and repeated them when asked to repair).
+    This is the model-facing form, not the public one. Without `step_tools` it starts with
+    `actions`, the separate actions the task asks for, and offers every tool to every step. With
+    `step_tools` (one list of catalog names per action listed before) it asks for exactly one
+    step per list, each choosing its `tools` from its own list. Instead of `depends_on` ids,
+    step k lists in `after` the numbers (1-based) of earlier steps whose output it needs. The
+    schema allows only smaller numbers, so a grammar-constrained model cannot name a missing step
+    or make a cycle (the embedded model did both, and repeated them when asked to repair).
     `steps_from_output` turns the answer into the public form.
-    With `step_count`, `step_tools` (one list of catalog names per step) narrows each step's
-    `tools` to its own list.
     """
-    if step_tools is not None and (step_count is None or len(step_tools) != step_count):
-        raise ValueError("step_tools needs step_count and one list of tools per step")
+    step_count = len(step_tools) if step_tools is not None else None
     text = {"type": "string", "minLength": 1}
     definitions: dict[str, Any] = {}
     for number in range(1, (step_count or max_steps) + 1):

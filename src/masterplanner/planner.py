@@ -16,6 +16,7 @@ from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.settings import ModelSettings
 
+from .agents import retry_settings, run_agent
 from .errors import ModelError, PlanError
 from .plan import (
     _LIMITS,
@@ -83,7 +84,7 @@ class _VaryOnRepair(AbstractCapability[None]):
     """
 
     def get_model_settings(self) -> Callable[[RunContext[None]], ModelSettings]:
-        return lambda ctx: {} if ctx.run_step <= 1 else {"temperature": 0.7, "seed": ctx.run_step}
+        return lambda ctx: {} if ctx.run_step <= 1 else retry_settings(ctx.run_step)
 
 
 def _system(catalog: Catalog, max_steps: int, hints: Sequence[PlanExample] | None) -> str:
@@ -116,21 +117,16 @@ class _Proposer:
 
         With `step_tools`, exactly one step per list is asked for, each choosing its tools from
         its own list. A reply cut off at the model's output limit (the embedded model can repeat
-        one step until it runs out) is asked for again, shorter, within the same `repairs`.
+        one step until it runs out) is asked for again, sampled and told to be shorter, at most
+        `repairs` times; each such ask has its own `repairs` for invalid plans.
         Returns the plan and the actions the model listed before its steps (if it did).
         """
         from pydantic_ai import Agent, ModelRetry, NativeOutput, StructuredDict
         from pydantic_ai.exceptions import OutputTokenLimitExceeded, UnexpectedModelBehavior
 
-        from .agents import run_agent
         from .models import labelled
 
-        schema = plan_output_schema(
-            self.catalog,
-            max_steps=self.max_steps,
-            step_count=len(step_tools) if step_tools is not None else None,
-            step_tools=step_tools,
-        )
+        schema = plan_output_schema(self.catalog, max_steps=self.max_steps, step_tools=step_tools)
         output: Any = StructuredDict(schema, name="plan", description="the steps of the plan")
         if self.model.profile.get("supports_json_schema_output", False):
             output = NativeOutput(output)  # grammar-enforced on local models and compatible servers
@@ -163,10 +159,8 @@ class _Proposer:
                 if attempt == 0:
                     await run_agent(agent, prompt)
                 else:
-                    # Sampled and told why, or a greedy model writes the same reply again.
                     too_long = render("planner_too_long.j2", fixed_count=step_tools is not None)
-                    retry = f"{prompt}\n\n{too_long}"
-                    await run_agent(agent, retry, model_settings={"temperature": 0.7, "seed": attempt})
+                    await run_agent(agent, f"{prompt}\n\n{too_long}", model_settings=retry_settings(attempt))
                 break
             except ModelError as error:
                 if last_problems and isinstance(error.__cause__, UnexpectedModelBehavior):

@@ -151,14 +151,14 @@ def test_output_schema_only_allows_earlier_steps_and_catalog_tools() -> None:
     assert third["tools"]["items"] == {"enum": list(BUILTIN_TOOL_NAMES)}
 
 
-def test_output_schema_for_a_known_step_count_narrows_each_steps_tools() -> None:
+def test_output_schema_with_tools_per_step_asks_for_those_steps_each_with_its_tools() -> None:
     choices = [["read_file"], ["write_file", "code_execution"]]
-    schema = plan_output_schema(CATALOG, step_count=2, step_tools=choices)
+    schema = plan_output_schema(CATALOG, step_tools=choices)
+    assert schema["required"] == ["steps"]
+    assert schema["properties"]["steps"]["minItems"] == schema["properties"]["steps"]["maxItems"] == 2
     assert sorted(schema["$defs"]) == ["step1", "step2"]
     tools = [schema["$defs"][name]["properties"]["tools"]["items"]["enum"] for name in ("step1", "step2")]
     assert tools == choices
-    with pytest.raises(ValueError, match="one list of tools per step"):
-        plan_output_schema(CATALOG, step_count=3, step_tools=[["read_file"]])
 
 
 def test_repeated_ids_in_model_output_are_made_unique_but_not_in_the_public_form() -> None:

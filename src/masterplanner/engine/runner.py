@@ -28,10 +28,10 @@ from dbos import DBOS, SetWorkflowID
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.exceptions import AgentRunError, ModelHTTPError, UnexpectedModelBehavior, UsageLimitExceeded
-from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import UsageLimits
 
 from ..adaptation import adapt_plan
+from ..agents import retry_settings
 from ..errors import (
     BudgetExceededError,
     ConfigError,
@@ -661,11 +661,7 @@ class _Execution:
         return {"status": "failed", "error": error}
 
     async def _agent_attempt(self, step: Step, tools: list[str], attempt: int) -> str:
-        """One try of the step agent; a retry samples, seeded.
-
-        A greedy model given the same brief writes the same failing reply again (seen: the
-        embedded model ran into its output cap three times in a row).
-        """
+        """One try of the step agent; a retry samples (`retry_settings`)."""
         assert self.plan is not None
         prompt = (self.run.agents or {}).get(step.id, {}).get("prompt")
         agent: Agent[None, str] = Agent(
@@ -676,10 +672,9 @@ class _Execution:
             capabilities=[ProcessHistory(trimmer(self.budget.history_chars))],
         )
         brief = step_brief(self.plan, step, await self._step_inputs(step, step.id), tools=tools)
-        settings: ModelSettings = {} if attempt == 1 else {"temperature": 0.7, "seed": attempt}
         result = await agent.run(
             brief,
-            model_settings=settings,
+            model_settings={} if attempt == 1 else retry_settings(attempt),
             usage_limits=UsageLimits(request_limit=_AGENT_REQUEST_LIMIT),
         )
         return result.output
