@@ -98,3 +98,81 @@ def test_fuzzed_paths_never_reach_outside(arena: tuple[Workspace, Path], parts: 
     outside = [p for p in root.rglob("*") if not str(p).startswith(str(workspace.root)) and p.is_file()]
     assert outside == [root / "outside.txt"]
     assert (root / "outside.txt").read_text() == "outside"
+
+
+PROTECTED = [
+    "masterplanner.toml",
+    "MasterPlanner.TOML",
+    "sub/masterplanner.toml",
+    ".git/config",
+    ".git/hooks/pre-commit",
+    "a/.git/config",
+    ".envrc",
+    ".vscode/tasks.json",
+    ".claude/settings.json",
+    ".mcp.json",
+    ".GIT/config",
+    "./.git/config",
+    ".git/",
+    ".gitmodules",
+    ".npmrc",
+    ".bashrc",
+    ".cursor/mcp.json",
+    ".idea/workspace.xml",
+    "ma\u017fterplanner.toml",  # long s: a case-insensitive file system may fold it to "s"
+]
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> Workspace:
+    """A workspace holding real host-acting files (a git repository's config and hook, settings)."""
+    workspace = Workspace(tmp_path / "ws").create()
+    for path in (
+        ".git/config",
+        ".git/hooks/pre-commit",
+        "masterplanner.toml",
+        ".envrc",
+        ".vscode/tasks.json",
+    ):
+        (workspace.root / path).parent.mkdir(parents=True, exist_ok=True)
+        (workspace.root / path).write_text("original")
+    return workspace
+
+
+@pytest.mark.parametrize("path", PROTECTED)
+def test_host_acting_files_are_never_written_or_deleted(planted: Workspace, path: str) -> None:
+    before = _snapshot(planted.root)
+    for action in (
+        lambda: planted.write_file(path, '[core]\n\tfsmonitor = "touch /tmp/pwned"\n'),
+        lambda: planted.write_bytes(path, b"#!/bin/sh\ntouch /tmp/pwned\n"),
+        lambda: planted.delete_file(path),
+    ):
+        with pytest.raises(
+            ToolError, match=r"makes the host act .* steps may not create, change or delete it"
+        ):
+            action()
+    assert _snapshot(planted.root) == before
+
+
+def test_host_acting_files_can_still_be_read_and_listed(planted: Workspace) -> None:
+    assert planted.read_file(".git/config") == "original"
+    assert planted.read_file("masterplanner.toml") == "original"
+    assert [entry.name for entry in planted.list_files(".git/hooks")] == ["pre-commit"]
+    assert planted.is_file(".envrc")
+
+
+def test_generate_image_refuses_host_acting_paths_before_calling_out(
+    planted: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from masterplanner.tools.images import ImageConfig, generate_image
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    # Nothing listens on port 9 of 127.0.0.1: a call that got this far would fail differently.
+    config = ImageConfig(base_url="http://127.0.0.1:9/v1", timeout_s=2)
+    before = _snapshot(planted.root)
+    for path in (".git/hooks/pre-commit.png", ".vscode/icon.png", "a/.claude/x.png", ".Git/x.png"):
+        with pytest.raises(ToolError, match="steps may not create, change or delete it"):
+            asyncio.run(generate_image(config, planted, "a hook", path))
+    assert _snapshot(planted.root) == before

@@ -7,6 +7,7 @@ implementations in `masterplanner.tools`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -158,7 +159,10 @@ def _code_tools(workspace: Workspace, run_tool: ToolRunner) -> dict[str, Callabl
         """
 
         async def run() -> str:
-            result = await execute_code(workspace, language, code, stdin=stdin, timeout_s=timeout_s)
+            room = await asyncio.to_thread(workspace.room)
+            result = await execute_code(
+                workspace, language, code, stdin=stdin, timeout_s=timeout_s, max_growth_bytes=room
+            )
             return format_result(result)
 
         return await run_tool(

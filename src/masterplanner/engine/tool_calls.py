@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from dbos import DBOS
 from pydantic_ai import ModelRetry
 
-from ..errors import ToolError
+from ..errors import MasterplannerError, ToolError
 from .records import EventKind
 from .store import RunStore
 
@@ -20,9 +21,38 @@ ToolApprover = Callable[[str, str, dict[str, Any]], Awaitable[bool]]
 """A front end's question for a tool call under policy `ask`: (step id, tool, arguments) → approved?"""
 
 
+_FAILURE_CHARS = 500
+"""Longest description of a tool's unexpected failure that the agent sees."""
+_LIBRARY_ADVICE = re.compile(r"^(for (more|further) information|(see|visit) https?://)", re.IGNORECASE)
+"""A line of an exception's message that sends the reader to a library's documentation."""
+
+
+def _printable(text: str) -> str:
+    """`text` with lone surrogates escaped: no model API, database or terminal accepts them."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _shorten(value: Any, limit: int) -> Any:
+    if isinstance(value, str):
+        value = _printable(value)
     text = str(value)
     return value if len(text) <= limit else f"{text[:limit]}…"
+
+
+def _without_advice(message: str) -> list[str]:
+    """The lines of a message, less those that send the reader to a library's docs."""
+    return [line for line in message.splitlines() if not _LIBRARY_ADVICE.match(line.strip())]
+
+
+def _failure(tool: str, exc: Exception) -> str:
+    """A tool's unexpected exception in our words: one line, cut, without the library's advice."""
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not hide the failure
+        message = ""
+    detail = "; ".join(line.strip() for line in _without_advice(message) if line.strip()) or "no details"
+    text = _printable(f"{tool} failed: {type(exc).__name__}: {detail}")
+    return text if len(text) <= _FAILURE_CHARS else f"{text[: _FAILURE_CHARS - 1]}…"
 
 
 @dataclass
@@ -32,8 +62,26 @@ class ToolCalls:
     Policy first (`deny` refuses, `ask` asks the front end; the decision is a DBOS step, so a
     resumed step does not ask again), then the call itself as a DBOS step with its
     `tool_called` / `tool_result` events, so a replayed step returns the recorded result
-    instead of repeating the side effect. A `ToolError` goes back to the agent to correct;
-    any other exception fails the step.
+    instead of repeating the side effect.
+
+    What a failing call becomes:
+
+    - a `ToolError` goes back to the agent to correct, in the tool's own words (a line quoting
+      a library's "for more information" advice is dropped);
+    - any other `Exception` (a bug, an `OSError`, a library's error) is the tool's failure,
+      not the step's: the agent is told `"{tool} failed: {ExceptionType}: {message}"` (one
+      line, at most 500 characters, without the library's "for more information" advice) and
+      goes on; the `tool_result` event records the same text as its error;
+    - masterplanner's other errors are meant for the engine and still fail the step, since the
+      agent can do nothing about them: `BudgetExceededError` (the run's budget is spent: the
+      run stops), `ModelError` (a model call made by the tool failed: the step's attempts
+      retry it with backoff), `ConfigError` such as `SandboxError` (the person must change a
+      setting; the step's error says which), and likewise a `RunError` or `PlanError`;
+    - `BaseException`s that are not `Exception`s (`asyncio.CancelledError` when a run is
+      cancelled or a step times out, `KeyboardInterrupt`) propagate untouched.
+
+    Text the agent or the person sees (results, errors, arguments shown for approval) has lone
+    surrogates escaped, so a tool's odd output cannot break the model API call or the terminal.
     """
 
     store: RunStore
@@ -74,13 +122,19 @@ class ToolCalls:
             if inspect.isawaitable(result):
                 result = await result
         except ToolError as exc:
-            self._event("tool_result", {"tool": name, "error": str(exc)})
-            return False, str(exc)
-        except Exception as exc:
-            self._event("tool_result", {"tool": name, "error": f"{type(exc).__name__}: {exc}"})
+            message = _printable("\n".join(_without_advice(str(exc))).strip()) or f"{name} failed"
+            self._event("tool_result", {"tool": name, "error": message})
+            return False, message
+        except MasterplannerError as exc:
+            self._event("tool_result", {"tool": name, "error": _printable(f"{type(exc).__name__}: {exc}")})
             raise
-        self._event("tool_result", {"tool": name, "result": result[:500]})
-        return True, result
+        except Exception as exc:
+            message = _failure(name, exc)
+            self._event("tool_result", {"tool": name, "error": message})
+            return False, message
+        text = _printable(result if isinstance(result, str) else str(result))
+        self._event("tool_result", {"tool": name, "result": text[:500]})
+        return True, text
 
     async def _decide(self, tool: str, arguments: dict[str, Any], policy: str) -> bool:
         if policy == "deny":

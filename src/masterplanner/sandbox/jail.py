@@ -2,52 +2,69 @@
 
 Layers, outermost first (each one verified on Debian 12 with bubblewrap 0.8):
 
-1. `prlimit`: CPU seconds, address space, file size, processes, open files, no core dumps;
-2. when running as root: a private mount namespace that makes the workspace reachable (see
-   `_staged`), then `setpriv --reuid U --regid U --clear-groups --no-new-privs` (U from a pool, one
-   per workspace in use, locked across processes), since bwrap started as root keeps every
-   capability and could remount `/` read-write;
+1. when running as root: a private mount namespace in which the workspace is bound on a folder the
+   sandbox uid can pass through (`pool.stage_dir()`), then `setpriv --reuid U --regid U
+   --clear-groups --no-new-privs` (U from a pool, one per workspace in use, locked across
+   processes), since bwrap started as root keeps every capability and could remount `/`
+   read-write; the workspace is lent to U only where the person owns it (`ownership.py`);
+2. `prlimit`: CPU seconds, address space, file size, processes (per uid: as root, per workspace),
+   open files, no core dumps — all per process;
 3. `bwrap --unshare-all --unshare-user --disable-userns --die-with-parent --new-session
    --cap-drop ALL --clearenv`: no network, its own pid/ipc/uts namespaces, only `/usr` (read-only,
-   with the `/bin`, `/lib`, `/lib64` links, `/etc/alternatives`, `/etc/ld.so.cache`), `/proc`,
-   `/dev`, a small `/tmp` and the workspace (read-write); the sandbox's own root is remounted
-   read-only, so only `/tmp` and `/workspace` take writes;
-4. a seccomp deny-list (`seccomp_filter.py`).
+   with the `/bin`, `/lib`, `/lib64` links, `/etc/alternatives`, `/etc/ld.so.cache`), `/proc`, a
+   read-only `/dev` with a sized `/dev/shm`, a sized `/tmp` and the workspace (read-write, but its
+   protected entries and whatever was not lent are bound read-only over themselves); the
+   sandbox's own root is read-only; the environment is PATH, HOME and LANG only, plus
+   PWD=/workspace that bwrap sets after `--chdir` (bash adds SHLVL and `_` itself), and it is
+   started from `/`, so nothing of the host's environment or working directory gets in;
+4. a seccomp filter (`seccomp_filter.py`);
+5. a watchdog (`budget.py`) holding the whole sandbox to its totals: memory (processes + tmpfs),
+   CPU time, processes, workspace growth.
 
-A wall-clock timeout kills the whole process group; output is capped while it streams. If any
-layer is unavailable the sandbox refuses to start and says why (it never runs code unconfined).
+A wall-clock timeout kills the whole sandbox; output is capped while it streams, and the call
+returns within its timeout plus a short grace whatever the program does with its pipes (the exit
+is seen through a pidfd, never through the pipes closing). If any layer is unavailable the
+sandbox refuses to start and says why (it never runs code unconfined).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
+import functools
 import os
 import shutil
 import signal
 import stat
-import threading
+import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import ClassVar
 
 from ..errors import SandboxError
+from .budget import Budget, Watchdog
+from .ownership import Settled, Snapshot, WalkError, scan, settle
+from .pool import UID_POOL, Lease, stage_dir
+from .streams import Capture, ExitWatch, Feeder
 
-__all__ = ["SandboxLimits", "SandboxResult", "run_in_sandbox", "sandbox_problems"]
+__all__ = ["UID_POOL", "SandboxLimits", "SandboxResult", "run_in_sandbox", "sandbox_problems"]
 
-UID_POOL = range(61000, 61064)
-"""Unprivileged uids (and gids) the sandbox runs as when masterplanner runs as root."""
-_LOCK_DIR = Path("/tmp")
-_SYSTEM_PATHS = ("/usr", "/etc/alternatives", "/etc/ld.so.cache")
+_GRACE_S = 1.0
+"""How long, after the sandbox ended, its pipes may take to close before they are closed anyway."""
+_HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+_MAX_BIND_PATH = 3800
+_MAX_READ_ONLY = 256
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Resource limits of one sandboxed execution."""
+    """Resource limits of one sandboxed execution.
+
+    `memory_bytes`, `cpu_s` and `processes` hold per process (rlimits) and for the whole execution
+    (the watchdog); the tmpfs sizes count against `memory_bytes`. `max_growth_bytes` is how much
+    the workspace may grow during this execution: pass what remains of a larger allowance.
+    """
 
     cpu_s: int = 10
     memory_bytes: int = 1 << 30
@@ -57,6 +74,9 @@ class SandboxLimits:
     wall_s: float = 30.0
     output_bytes: int = 1 << 20
     tmp_bytes: int = 64 << 20
+    shm_bytes: int = 64 << 20
+    max_growth_bytes: int = 512 << 20
+    max_new_entries: int = 100_000
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,12 @@ class SandboxResult:
     stdout_truncated: bool
     stderr_truncated: bool
     seconds: float
+    killed: str | None = None
+    """Why the sandbox was killed (wall clock or a total over its budget), or None."""
+    removed: tuple[str, ...] = ()
+    """Protected entries the program created, removed after it ended (folders end with '/')."""
+    workspace_growth_bytes: int = 0
+    """Bytes the workspace grew by (negative if it shrank): subtract it from the allowance left."""
 
 
 def sandbox_problems() -> list[str]:
@@ -85,7 +111,7 @@ def _problems() -> tuple[str, ...]:
     problems = []
     if shutil.which("bwrap") is None:
         problems.append("bubblewrap is not installed (apt-get install -y bubblewrap)")
-    for tool in ("prlimit", "setpriv"):
+    for tool in ("prlimit", "setpriv", "unshare"):
         if shutil.which(tool) is None:
             problems.append(f"{tool} is not installed (apt-get install -y util-linux)")
     try:
@@ -102,8 +128,6 @@ def _problems() -> tuple[str, ...]:
 
 
 def _probe() -> str | None:
-    import subprocess
-
     try:
         result = subprocess.run(
             [
@@ -125,6 +149,7 @@ def _probe() -> str | None:
             capture_output=True,
             text=True,
             timeout=10,
+            cwd="/",
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap does not start: {exc}"
@@ -136,96 +161,37 @@ def _probe() -> str | None:
     return None
 
 
-class _UidLease:
-    """Per workspace, one pool uid owning the workspace while code runs in it."""
-
-    _lock: ClassVar[threading.Lock] = threading.Lock()
-    _held: ClassVar[dict[str, tuple[int, int, int]]] = {}  # workspace -> (uid, lock fd, users)
-
-    @classmethod
-    @contextlib.contextmanager
-    def of(cls, workspace: Path) -> Iterator[int]:
-        key = str(workspace)
-        with cls._lock:
-            if key in cls._held:
-                uid, fd, users = cls._held[key]
-                cls._held[key] = (uid, fd, users + 1)
-            else:
-                uid, fd = cls._acquire()
-                _give(workspace, uid)
-                cls._held[key] = (uid, fd, 1)
-        try:
-            yield uid
-        finally:
-            with cls._lock:
-                uid, fd, users = cls._held[key]
-                if users == 1:
-                    del cls._held[key]
-                    _give(workspace, 0)
-                    os.close(fd)
-                else:
-                    cls._held[key] = (uid, fd, users - 1)
-
-    @staticmethod
-    def _acquire() -> tuple[int, int]:
-        for uid in UID_POOL:
-            fd = os.open(
-                _LOCK_DIR / f"masterplanner-sandbox-{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-            )
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            return uid, fd
-        raise SandboxError(
-            f"all {len(UID_POOL)} sandbox uids are in use; wait for other executions to finish"
-        )
+_STAGE_SCRIPT = 'mount --bind "$2" "$1" && shift 2 && exec "$@"'
 
 
-def _give(workspace: Path, uid: int) -> None:
-    """Make `uid` own the workspace and everything in it (symlinks themselves, never their targets)."""
-    os.lchown(workspace, uid, uid)
-    for folder, directories, files in os.walk(workspace, followlinks=False):
-        for name in directories + files:
-            with contextlib.suppress(FileNotFoundError):
-                os.lchown(os.path.join(folder, name), uid, uid)
-
-
-_STAGE = Path("/tmp/masterplanner-sandbox-stage")
-_STAGE_SCRIPT = (
-    'mount -t tmpfs -o mode=0711,size=64k masterplanner "$1" && mkdir "$1/ws" && '
-    'mount --bind "$2" "$1/ws" && shift 2 && exec "$@"'
-)
-
-
-def _staged(workspace: Path) -> list[str]:
-    """As root: a private mount namespace where the workspace is reachable at `_STAGE/ws`.
+def _staged(workspace: Path) -> tuple[list[str], str]:
+    """As root: a private mount namespace where the workspace is bound on the stage folder.
 
     The sandbox uid must be able to pass through every folder above the workspace, and a root
     user's home (`/root`, mode 700) is not passable. Rather than opening it up, a mount namespace
-    of our own (invisible to the host) mounts a passable tmpfs at `_STAGE` and binds the
-    workspace under it.
+    of our own (invisible to the host) binds the workspace on `/run/masterplanner/stage`, whose
+    parents the sandbox uid may pass (and nobody but root may write).
     """
-    _STAGE.mkdir(mode=0o711, exist_ok=True)
-    return [
-        *("unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _STAGE_SCRIPT, "sh"),
-        str(_STAGE),
-        str(workspace),
-    ]
+    stage = str(stage_dir())
+    prefix = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _STAGE_SCRIPT, "sh"]
+    return [*prefix, stage, str(workspace)], stage
 
 
 def _command(
-    argv: list[str], limits: SandboxLimits, uid: int | None, seccomp_fd: int, workspace: Path
+    argv: list[str],
+    limits: SandboxLimits,
+    uid: int | None,
+    fds: tuple[int, int],
+    workspace: Path,
+    read_only: list[tuple[str, ...]],
 ) -> list[str]:
-    workspace = workspace.resolve()
-    source = str(_STAGE / "ws") if uid is not None else str(workspace)
-    command = _staged(workspace) if uid is not None else []
+    seccomp_fd, info_fd = fds
+    command, source = _staged(workspace) if uid is not None else ([], str(workspace))
     command += [
         "prlimit",
         f"--cpu={limits.cpu_s}",
         f"--as={limits.memory_bytes}",
-        f"--fsize={limits.file_bytes}",
+        f"--fsize={max(0, min(limits.file_bytes, limits.max_growth_bytes))}",
         f"--nproc={limits.processes}",
         f"--nofile={limits.open_files}",
         "--core=0",
@@ -234,75 +200,31 @@ def _command(
     if uid is not None:
         command += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
     command += [
-        "bwrap",
-        "--unshare-all",
-        "--unshare-user",
-        "--disable-userns",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--seccomp",
-        str(seccomp_fd),
-        "--clearenv",
-        "--setenv",
-        "PATH",
-        "/usr/local/bin:/usr/bin:/bin",
-        "--setenv",
-        "HOME",
-        "/workspace",
-        "--setenv",
-        "LANG",
-        "C.UTF-8",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-        "--symlink",
-        "usr/bin",
-        "/bin",
-        "--symlink",
-        "usr/lib",
-        "/lib",
-        "--symlink",
-        "usr/lib64",
-        "/lib64",
-        "--ro-bind",
-        "/etc/alternatives",
-        "/etc/alternatives",
-        "--ro-bind",
-        "/etc/ld.so.cache",
-        "/etc/ld.so.cache",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--size",
-        str(limits.tmp_bytes),
-        "--tmpfs",
-        "/tmp",
-        "--bind",
-        source,
-        "/workspace",
-        "--remount-ro",
-        "/",
-        "--chdir",
-        "/workspace",
-        "--",
-        *argv,
+        *("bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"),
+        *("--new-session", "--cap-drop", "ALL", "--seccomp", str(seccomp_fd), "--info-fd", str(info_fd)),
+        *("--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"),
+        *("--setenv", "HOME", "/workspace", "--setenv", "LANG", "C.UTF-8"),
+        *("--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin"),
+        *("--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"),
+        *("--ro-bind", "/etc/alternatives", "/etc/alternatives"),
+        *("--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"),
+        *("--proc", "/proc", "--dev", "/dev", "--size", str(limits.shm_bytes), "--tmpfs", "/dev/shm"),
+        *("--remount-ro", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"),
+        *("--bind", source, "/workspace"),
     ]
+    if len(read_only) > _MAX_READ_ONLY:
+        raise SandboxError(
+            f"the workspace holds {len(read_only):,} entries code may not change (protected names, "
+            f"other users' files, setuid files); at most {_MAX_READ_ONLY} can be kept read-only"
+        )
+    for parts in read_only:
+        relative = "/".join(parts)
+        if len(source) + len(relative) > _MAX_BIND_PATH:
+            message = f"the entry {relative[:200]}… is nested too deep to be kept read-only"
+            raise SandboxError(message)
+        command += ["--ro-bind", f"{source}/{relative}", f"/workspace/{relative}"]
+    command += ["--remount-ro", "/", "--chdir", "/workspace", "--", *argv]
     return command
-
-
-async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool]:
-    kept = bytearray()
-    truncated = False
-    while chunk := await stream.read(65536):
-        room = cap - len(kept)
-        if room > 0:
-            kept += chunk[:room]
-        if len(chunk) > room:
-            truncated = True  # keep draining, so the process never blocks on a full pipe
-    return bytes(kept), truncated
 
 
 async def run_in_sandbox(
@@ -313,65 +235,219 @@ async def run_in_sandbox(
     problems = await asyncio.to_thread(sandbox_problems)
     if problems:
         raise SandboxError("the code sandbox cannot start: " + "; ".join(problems))
-    info = os.lstat(workspace)
-    if not stat.S_ISDIR(info.st_mode):
-        raise SandboxError(f"workspace {workspace} is not a directory")
+    workspace_fd = _open_workspace(workspace)
+    loop = asyncio.get_running_loop()
+    prepared = loop.run_in_executor(None, _prepare, workspace_fd, os.geteuid() == 0)
+    try:
+        lease, before = await asyncio.shield(prepared)
+    except BaseException:
+        prepared.add_done_callback(functools.partial(_abandon, workspace_fd))
+        raise
+    try:
+        run = await _run(argv, workspace, workspace_fd, lease, before, stdin, limits)
+    finally:
+        # in a thread that owns the descriptor: a cancellation cannot stop it half-way
+        settled = await asyncio.shield(loop.run_in_executor(None, _settle, workspace_fd, lease, before))
+    if settled.failures:
+        raise SandboxError(
+            "the workspace could not be handed back entirely: " + "; ".join(settled.failures[:5])
+        )
+    return run.result(settled, before)
 
+
+def _open_workspace(workspace: Path) -> int:
+    try:
+        fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SandboxError(f"workspace {workspace} is not a directory ({exc.strerror})") from exc
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SandboxError(f"workspace {workspace} is not a directory")
+    return fd
+
+
+def _prepare(workspace_fd: int, as_root: bool) -> tuple[Lease | None, Snapshot]:
+    """Before the run: as root, lend the workspace to a pool uid; else only look at it."""
+    if as_root:
+        lease = Lease.acquire(workspace_fd)
+        return lease, lease.run
+    return None, scan(workspace_fd, lend_to=None, pool=UID_POOL)
+
+
+def _settle(workspace_fd: int, lease: Lease | None, before: Snapshot) -> Settled:
+    """After the run: remove protected entries it created, hand the workspace back; close the fd."""
+    try:
+        if lease is not None:
+            return lease.release(workspace_fd)
+        return settle(workspace_fd, before, None, strict=False)
+    except (OSError, WalkError) as exc:
+        raise SandboxError(f"the workspace could not be handed back after the run: {exc}") from exc
+    finally:
+        os.close(workspace_fd)
+
+
+def _abandon(workspace_fd: int, prepared: asyncio.Future[tuple[Lease | None, Snapshot]]) -> None:
+    """The caller went away while the workspace was being lent: hand it back once that finished."""
+    if prepared.cancelled() or prepared.exception() is not None:
+        os.close(workspace_fd)
+        return
+    lease, before = prepared.result()
+    with contextlib.suppress(SandboxError):  # nobody is left to tell; the next run repairs ownership
+        _settle(workspace_fd, lease, before)
+
+
+@dataclass(frozen=True)
+class _Run:
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    exit_code: int
+    timed_out: bool
+    killed: str | None
+    seconds: float
+
+    def result(self, settled: Settled, before: Snapshot) -> SandboxResult:
+        stderr = self.stderr.decode("utf-8", errors="replace")
+        if self.killed:
+            stderr = (stderr.rstrip("\n") + "\n" if stderr else "") + f"killed: {self.killed}"
+        return SandboxResult(
+            stdout=self.stdout.decode("utf-8", errors="replace"),
+            stderr=stderr,
+            exit_code=self.exit_code,
+            timed_out=self.timed_out,
+            stdout_truncated=self.stdout_truncated,
+            stderr_truncated=self.stderr_truncated,
+            seconds=self.seconds,
+            killed=self.killed,
+            removed=tuple(settled.removed),
+            workspace_growth_bytes=settled.blocks - before.blocks,
+        )
+
+
+async def _run(
+    argv: list[str],
+    workspace: Path,
+    workspace_fd: int,
+    lease: Lease | None,
+    before: Snapshot,
+    stdin: str,
+    limits: SandboxLimits,
+) -> _Run:
+    process, info_read, started = _spawn(argv, workspace, lease, before, limits)
+    watchdog = Watchdog(
+        info_fd=info_read,
+        kill=functools.partial(_kill_group, process),
+        budget=Budget(
+            memory_bytes=limits.memory_bytes,
+            cpu_s=limits.cpu_s,
+            processes=limits.processes,
+            growth_bytes=limits.max_growth_bytes,
+            new_entries=limits.max_new_entries,
+        ),
+        workspace_fd=workspace_fd,
+        before=before,
+    )
+    watchdog.start()
+    return await _collect(process, watchdog, stdin, limits, started)
+
+
+def _spawn(
+    argv: list[str], workspace: Path, lease: Lease | None, before: Snapshot, limits: SandboxLimits
+) -> tuple[subprocess.Popen[bytes], int, float]:
+    """Start the jail: (the process, the read end of bwrap's `--info-fd`, when it started).
+
+    `Popen` forks with vfork and returns once the child has exec'd, as asyncio's own subprocess
+    support does inside the event loop; the pipes are then read without blocking.
+    """
     from .seccomp_filter import compiled_filter
 
-    as_root = os.geteuid() == 0
-    with (
-        compiled_filter() as program,
-        _UidLease.of(workspace) if as_root else contextlib.nullcontext(None) as uid,
-    ):
-        started = time.perf_counter()
-        process = await asyncio.create_subprocess_exec(
-            *_command(argv, limits, uid, program.fileno(), workspace),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            pass_fds=(program.fileno(),),
-            start_new_session=True,
-            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-        )
-        return await _collect(process, stdin, limits, started)
+    with compiled_filter() as program:
+        info_read, info_write = os.pipe()
+        try:
+            command = _command(
+                argv,
+                limits,
+                None if lease is None else lease.uid,
+                (program.fileno(), info_write),
+                workspace.resolve(),
+                before.read_only,
+            )
+            started = time.perf_counter()
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(program.fileno(), info_write),
+                start_new_session=True,
+                cwd="/",  # nothing of the host's working directory reaches the sandbox
+                env=_HOST_ENV,
+            )
+        except BaseException:
+            os.close(info_read)
+            raise
+        finally:
+            os.close(info_write)
+    return process, info_read, started
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL bwrap's process group (bwrap and its pid-namespace init); only before it is reaped."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 async def _collect(
-    process: asyncio.subprocess.Process, stdin: str, limits: SandboxLimits, started: float
-) -> SandboxResult:
+    process: subprocess.Popen[bytes], watchdog: Watchdog, stdin: str, limits: SandboxLimits, started: float
+) -> _Run:
+    """Feed stdin, capture the output and wait for the exit (or the wall clock), then clean up.
+
+    The exit is seen through a pidfd, never through the pipes closing: a program that closes
+    them, or leaves a child holding them, cannot keep this waiting past its timeout.
+    """
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-
-    async def feed() -> None:
-        assert process.stdin is not None
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            process.stdin.write(stdin.encode())
-            await process.stdin.drain()
-        process.stdin.close()
-
-    reading = asyncio.gather(
-        _read_capped(process.stdout, limits.output_bytes),
-        _read_capped(process.stderr, limits.output_bytes),
-        feed(),
-        process.wait(),
-    )
+    loop = asyncio.get_running_loop()
+    opened: list[Capture | Feeder | ExitWatch] = []
     timed_out = False
     try:
-        (out, out_cut), (err, err_cut), _, code = await asyncio.wait_for(reading, limits.wall_s)
-    except (TimeoutError, asyncio.CancelledError) as exc:
-        timed_out = isinstance(exc, TimeoutError)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
-        if not timed_out:
-            raise
-        out, out_cut, err, err_cut, code = b"", False, f"killed after {limits.wall_s:g} s".encode(), False, -9
-    return SandboxResult(
-        stdout=out.decode("utf-8", errors="replace"),
-        stderr=err.decode("utf-8", errors="replace"),
-        exit_code=code,
+        exit_watch = ExitWatch(loop, process.pid)
+        opened.append(exit_watch)
+        out = Capture(loop, process.stdout, limits.output_bytes)
+        opened.append(out)
+        err = Capture(loop, process.stderr, limits.output_bytes)
+        opened.append(err)
+        opened.append(Feeder(loop, process.stdin, stdin.encode()))
+        try:
+            await asyncio.wait_for(asyncio.shield(exit_watch.exited), limits.wall_s)
+        except TimeoutError:
+            timed_out = True
+            watchdog.kill()
+            with contextlib.suppress(TimeoutError):  # SIGKILLed, bwrap is gone at once; if not, wait below
+                await asyncio.wait_for(asyncio.shield(exit_watch.exited), _GRACE_S)
+        watchdog.kill()  # whatever is left in its namespace dies with it (usually nothing)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(out.closed, err.closed), _GRACE_S)
+    except BaseException:
+        watchdog.kill()
+        raise
+    finally:
+        reason = watchdog.stop()  # before reaping: the group's id must not be reused while it may kill
+        for resource in opened:
+            resource.close()
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            pipe.close()
+        process.wait()
+    if timed_out and reason is None:
+        reason = f"the program ran longer than {limits.wall_s:g} s"
+    return _Run(
+        stdout=bytes(out.kept),
+        stderr=bytes(err.kept),
+        stdout_truncated=out.truncated,
+        stderr_truncated=err.truncated,
+        exit_code=process.returncode,
         timed_out=timed_out,
-        stdout_truncated=out_cut,
-        stderr_truncated=err_cut,
+        killed=reason,
         seconds=round(time.perf_counter() - started, 3),
     )

@@ -1,4 +1,11 @@
-"""The seccomp deny-list the sandboxed process runs under, compiled to BPF with libseccomp."""
+"""The seccomp filter the sandboxed process runs under, compiled to BPF with libseccomp.
+
+Everything is allowed but the system calls listed here; sockets are an allowlist: `socket()` and
+`socketpair()` work only for `AF_UNIX`. The family argument is compared as the full 64-bit
+register, so a family with stray high bits (which the kernel would truncate to a real family) is
+refused too. System calls of another ABI (i386 `int 0x80`, x32) kill the process: libseccomp's
+default for a foreign architecture.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import socket
 import tempfile
 from typing import IO
 
-__all__ = ["DENIED_SOCKET_FAMILIES", "DENIED_SYSCALLS", "compiled_filter"]
+__all__ = ["ALLOWED_SOCKET_FAMILY", "DENIED_SYSCALLS", "compiled_filter"]
 
 DENIED_SYSCALLS = (
     "ptrace",
@@ -43,11 +50,18 @@ DENIED_SYSCALLS = (
     "reboot",
     "acct",
     "quotactl",
+    # another process's descriptors (as ptrace would give)
+    "pidfd_getfd",
+    # memory no process maps and no file holds: the watchdog could not count it
+    "shmget",
+    "msgget",
+    "memfd_secret",
 )
-"""Refused with EPERM: debugging other processes, mounts and namespaces, kernel interfaces."""
+"""Refused with EPERM: debugging other processes, mounts and namespaces, kernel interfaces, and
+System V shared memory and message queues (memory the sandbox's budget could not see)."""
 
-DENIED_SOCKET_FAMILIES = (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK, socket.AF_PACKET)
-"""`socket()` of these families fails with EAFNOSUPPORT (the network namespace is empty anyway)."""
+ALLOWED_SOCKET_FAMILY = socket.AF_UNIX
+"""The only family `socket()` and `socketpair()` accept; any other fails with EAFNOSUPPORT."""
 
 
 def compiled_filter() -> IO[bytes]:
@@ -60,8 +74,9 @@ def compiled_filter() -> IO[bytes]:
             rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
         except (ValueError, RuntimeError):  # not a syscall on this architecture
             continue
-    for family in DENIED_SOCKET_FAMILIES:
-        rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket", seccomp.Arg(0, seccomp.EQ, family))
+    for call in ("socket", "socketpair"):
+        other_family = seccomp.Arg(0, seccomp.NE, ALLOWED_SOCKET_FAMILY)
+        rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), call, other_family)
     program = tempfile.TemporaryFile()
     rules.export_bpf(program)
     program.seek(0)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import PurePosixPath
 from typing import Literal
 
 from ..errors import ToolError
 from ..sandbox import SandboxLimits, SandboxResult, run_in_sandbox
+from .protected import protected_component, protection_notice
 from .workspace import Workspace
 
 __all__ = ["INTERPRETERS", "MAX_CODE_CHARS", "Language", "execute_code", "format_result"]
@@ -29,8 +31,13 @@ async def execute_code(
     stdin: str = "",
     timeout_s: float = 30,
     limits: SandboxLimits | None = None,
+    max_growth_bytes: int | None = None,
 ) -> SandboxResult:
-    """Run `code` sandboxed with the workspace as its working directory; `ToolError` for bad arguments."""
+    """Run `code` sandboxed with the workspace as its working directory; `ToolError` for bad arguments.
+
+    `max_growth_bytes` is how much the workspace may still grow (what is left of the run's
+    allowance; the result's `workspace_growth_bytes` is what this execution used of it).
+    """
     if language not in INTERPRETERS:
         raise ToolError(f"language must be one of {', '.join(INTERPRETERS)}, got {language!r}")
     if not code.strip():
@@ -39,14 +46,20 @@ async def execute_code(
         raise ToolError(f"code is {len(code):,} characters; the limit is {MAX_CODE_CHARS:,}")
     if not 0 < timeout_s <= MAX_TIMEOUT_S:
         raise ToolError(f"timeout_s must be between 0 and {MAX_TIMEOUT_S}, got {timeout_s:g}")
-    base = limits or SandboxLimits()
+    base = replace(limits or SandboxLimits(), wall_s=timeout_s)
+    if max_growth_bytes is not None:
+        base = replace(base, max_growth_bytes=max(0, max_growth_bytes))
     argv = [*INTERPRETERS[language], code]
-    return await run_in_sandbox(argv, workspace.root, stdin=stdin, limits=replace(base, wall_s=timeout_s))
+    return await run_in_sandbox(argv, workspace.root, stdin=stdin, limits=base)
 
 
 def format_result(result: SandboxResult) -> str:
-    """The tool's answer to the agent: exit code, stdout, stderr, with truncation marked."""
-    lines = [f"exit code {result.exit_code}" + (" (killed: timed out)" if result.timed_out else "")]
+    """The tool's answer to the agent: exit code, why it was killed, what was removed, the output."""
+    killed = result.killed or ("timed out" if result.timed_out else None)
+    lines = [f"exit code {result.exit_code}" + (f" (killed: {killed})" if killed else "")]
+    for path in result.removed:
+        name = protected_component(PurePosixPath(path).parts) or path
+        lines.append(f"removed {path}: {protection_notice(name)}")
     for name, text, cut in (
         ("stdout", result.stdout, result.stdout_truncated),
         ("stderr", result.stderr, result.stderr_truncated),

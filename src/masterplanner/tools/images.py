@@ -11,12 +11,14 @@ import os
 from dataclasses import dataclass
 
 from ..errors import ToolError
-from .workspace import Workspace
+from .workspace import Workspace, invalid_text
 
-__all__ = ["SIZES", "ImageConfig", "generate_image"]
+__all__ = ["MAX_PROMPT_CHARS", "SIZES", "ImageConfig", "generate_image"]
 
 SIZES = ("256x256", "512x512", "1024x1024", "1024x1536", "1536x1024", "1792x1024", "1024x1792")
 _PNG = b"\x89PNG\r\n\x1a\n"
+MAX_PROMPT_CHARS = 32_000
+"""Longest prompt sent (the images API's own limit for gpt-image-1)."""
 
 
 @dataclass(frozen=True)
@@ -32,13 +34,25 @@ class ImageConfig:
 async def generate_image(
     config: ImageConfig, workspace: Workspace, prompt: str, path: str, size: str = "1024x1024"
 ) -> str:
-    """Generate one image for `prompt` and save it at `path` (a .png) in the workspace."""
+    """Generate one image for `prompt` and save it at `path` (a .png) in the workspace.
+
+    Every argument is checked before the API is called (the path as `write_file` would check
+    it: inside the workspace, not a protected name), so a refused call costs nothing.
+    """
+    if not isinstance(prompt, str):
+        raise ToolError(f"the image prompt must be text, got {type(prompt).__name__}")
     if not prompt.strip():
         raise ToolError("the image prompt is empty")
-    if not path.lower().endswith(".png"):
-        raise ToolError(f"path must end in .png, got {path!r}")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ToolError(f"the image prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+    invalid = invalid_text(prompt)
+    if invalid is not None:
+        raise ToolError(f"the image prompt has {invalid}, which is not valid text")
+    if not isinstance(path, str) or not path.lower().endswith(".png"):
+        raise ToolError(f"path must end in .png, got {_shown(path)}")
+    workspace.check_write_path(path)
     if size not in SIZES:
-        raise ToolError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+        raise ToolError(f"size must be one of {', '.join(SIZES)}, got {_shown(size)}")
     key = os.environ.get(config.api_key_variable)
     if not key:
         raise ToolError(
@@ -70,3 +84,8 @@ async def generate_image(
     if not data.startswith(_PNG):
         raise ToolError("the images API returned something that is not a PNG")
     return workspace.write_bytes(path, data)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:80]}…"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -13,13 +14,16 @@ import httpx
 
 from ..errors import ToolError
 from .selection import rank, words
+from .workspace import invalid_text
 
-__all__ = ["SearchBackend", "SearchConfig", "SearchResult", "web_search"]
+__all__ = ["MAX_QUERY_CHARS", "SearchBackend", "SearchConfig", "SearchResult", "web_search"]
 
 SearchBackend = Literal["none", "local", "searxng", "brave", "tavily"]
 _TEXT_SUFFIXES = frozenset({".txt", ".md", ".rst", ".html", ".htm", ".csv", ".json", ".xml", ".org", ".tex"})
 _MAX_FILE_BYTES = 2_000_000
 _MAX_FILES = 5000
+MAX_QUERY_CHARS = 2000
+"""Longest query sent to a backend (search engines cut far shorter ones)."""
 _HOW_TO = (
     "set web_search_backend to local (and web_search_folder), searxng (and searxng_url), "
     "brave (and BRAVE_API_KEY) or tavily (and TAVILY_API_KEY)"
@@ -46,11 +50,14 @@ class SearchResult:
 
 
 async def web_search(config: SearchConfig, query: str, num_results: int = 5) -> list[SearchResult]:
-    """The top `num_results` (1 to 20) hits for `query` from the configured backend."""
-    if not query.strip():
-        raise ToolError("the search query is empty")
-    if not 1 <= num_results <= 20:
-        raise ToolError(f"num_results must be between 1 and 20, got {num_results}")
+    """The top `num_results` (1 to 20) hits for `query` from the configured backend.
+
+    The arguments are checked before any backend is asked: the query must be text that can be
+    sent (at most `MAX_QUERY_CHARS`, no lone surrogate), `num_results` a whole number (a float
+    such as 5.0 counts as 5) from 1 to 20.
+    """
+    query = _checked_query(query)
+    num_results = _checked_count(num_results)
     match config.backend:
         case "local":
             if config.folder is None:
@@ -82,6 +89,29 @@ async def web_search(config: SearchConfig, query: str, num_results: int = 5) -> 
             )
             return [_hit(hit, "content") for hit in data.get("results", [])[:num_results]]
     raise ToolError(f"no web search backend is configured: {_HOW_TO}")
+
+
+def _checked_query(query: object) -> str:
+    if not isinstance(query, str):
+        raise ToolError(f"the search query must be text, got {type(query).__name__}")
+    if not query.strip():
+        raise ToolError("the search query is empty")
+    if len(query) > MAX_QUERY_CHARS:
+        raise ToolError(f"the search query is {len(query):,} characters; the limit is {MAX_QUERY_CHARS:,}")
+    invalid = invalid_text(query)
+    if invalid is not None:
+        raise ToolError(f"the search query has {invalid}, which is not valid text")
+    return query
+
+
+def _checked_count(num_results: object) -> int:
+    count = num_results
+    if isinstance(count, float) and count.is_integer():
+        count = int(count)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 20:
+        shown = repr(num_results)
+        raise ToolError(f"num_results must be between 1 and 20 (a whole number), got {shown[:40]}")
+    return count
 
 
 def _key(variable: str) -> str:
@@ -130,20 +160,38 @@ def _search_folder(folder: Path, query: str, limit: int) -> list[SearchResult]:
         directories.sort()
         for name in sorted(files):
             path = Path(root) / name
-            if path.suffix.lower() not in _TEXT_SUFFIXES or path.is_symlink():
+            if path.suffix.lower() not in _TEXT_SUFFIXES:
                 continue
-            try:
-                if path.stat().st_size > _MAX_FILE_BYTES:
-                    continue
-                texts[str(path.relative_to(folder))] = path.read_text(encoding="utf-8", errors="replace")
-            except OSError:
+            text = _regular_text(path)
+            if text is None:
                 continue
+            texts[str(path.relative_to(folder))] = text
             if len(texts) >= _MAX_FILES:
                 break
     terms = set(words(query))
     documents = {key: words(key) * 2 + words(text) for key, text in texts.items()}
     matching = {key: terms_ for key, terms_ in documents.items() if terms & set(terms_)}
     return [_local_hit(key, texts[key], terms) for key in rank(query, matching)[:limit]]
+
+
+def _regular_text(path: Path) -> str | None:
+    """The text of a regular file of at most `_MAX_FILE_BYTES`; None for anything else.
+
+    Opened without following a symlink and without blocking, then checked: a FIFO named
+    `notes.txt` would otherwise hang the search.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_FILE_BYTES:
+                return None
+            return handle.read(_MAX_FILE_BYTES).decode("utf-8", errors="replace")
+        except OSError:
+            return None
 
 
 def _local_hit(key: str, text: str, terms: set[str]) -> SearchResult:

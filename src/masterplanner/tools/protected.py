@@ -1,0 +1,76 @@
+"""Files that make the host act: a step may never create, change or delete them in a workspace.
+
+A workspace is a folder the person may later work in. Some files there are read by programs the
+person runs in that folder, and turn their content into actions: masterplanner's own settings
+(MCP server commands, tool policies), git's config and hooks (`core.fsmonitor` runs a command on
+`git status`), direnv's `.envrc`, editors' task and agent settings, shell start-up files. Tool
+output must never become such configuration, so:
+
+- the file tools refuse a path with any component named here (`write_file`, `delete_file`,
+  `generate_image`);
+- `code_execution` sees the existing ones read-only, and any such entry the program creates is
+  removed after it exits (the tool result says so).
+
+Names are compared case-insensitively, and NFKC-normalised and case-folded as well: a
+case-insensitive file system folds more than `str.lower` does (a long s, U+017F, matches an s;
+a fullwidth dot matches a dot), so no such spelling of a protected name slips past.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable
+
+__all__ = ["PROTECTED_NAMES", "protected_component", "protection_notice"]
+
+PROTECTED_NAMES: frozenset[str] = frozenset(
+    {
+        # masterplanner's own settings: MCP server commands, tool policies, allowlists
+        "masterplanner.toml",
+        # version control: config and hooks run commands (core.fsmonitor, core.hooksPath, hooks/)
+        ".git",
+        ".gitmodules",
+        ".hg",
+        ".svn",
+        # environment loaders that run code or set variables when the person enters the folder
+        ".envrc",
+        # editors and coding agents: tasks, hooks and MCP servers they start in this folder
+        ".vscode",
+        ".idea",
+        ".claude",
+        ".cursor",
+        ".mcp.json",
+        # package managers: npm reads `script-shell` and registries from the project folder
+        ".npmrc",
+        # shell start-up files (a workspace inside a home directory)
+        ".bashrc",
+        ".bash_profile",
+        ".bash_login",
+        ".bash_logout",
+        ".profile",
+        ".zshrc",
+        ".zshenv",
+        ".zprofile",
+        ".zlogin",
+    }
+)
+"""Entry names (files or folders, at any depth) that steps may not create, change or delete."""
+
+
+def protected_component(parts: Iterable[str]) -> str | None:
+    """The first component of a workspace path that is (or a file system may take for) a protected name."""
+    for part in parts:
+        if (
+            part.lower() in PROTECTED_NAMES
+            or unicodedata.normalize("NFKC", part).casefold() in PROTECTED_NAMES
+        ):
+            return part
+    return None
+
+
+def protection_notice(name: str) -> str:
+    """Why a step may not touch `name`, in words the agent (and the person) can act on."""
+    return (
+        f"{name!r} is a file or folder that makes the host act (settings, hooks or start-up code read by "
+        "programs the person runs in this folder); steps may not create, change or delete it"
+    )

@@ -1,0 +1,88 @@
+"""A run's workspace grows by at most `workspace_max_growth_bytes`, whichever tool writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from masterplanner.sandbox import sandbox_problems
+
+pytestmark = pytest.mark.security
+
+BIG_WRITE = "open('big.bin', 'wb').write(b'x' * 3_000_000)\nprint('wrote')\n"
+
+
+def test_write_file_and_code_share_one_allowance_per_run(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    if sandbox_problems():
+        if os.environ.get("CI"):
+            pytest.fail("; ".join(sandbox_problems()))
+        pytest.skip("; ".join(sandbox_problems()))
+    step: dict[str, Any] = {
+        "id": "fill",
+        "title": "fill the workspace",
+        "instruction": "Write files",
+        "agent_role": "writer",
+        "tools": ["write_file", "code_execution"],
+        "depends_on": [],
+        "expected_output": "files",
+    }
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step]}},
+            {
+                "purpose": "step:fill",
+                "tool_calls": [
+                    {"name": "write_file", "args": {"path": "a.txt", "content": "a" * 600_000}},
+                    {"name": "write_file", "args": {"path": "b.txt", "content": "b" * 600_000}},
+                    {"name": "code_execution", "args": {"code": BIG_WRITE}},
+                ],
+            },
+            {"purpose": "step:fill", "output": "done"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    workspace = tmp_path / "ws"
+    result = subprocess.run(
+        [
+            sys.executable,
+            *("-m", "masterplanner", "run", "fill", "--model", f"scripted:{script}"),
+            *("--workspace", str(workspace), "--yes", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MASTERPLANNER_WORKSPACE_MAX_GROWTH_BYTES": "1000000"},
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    run_id = json.loads(result.stdout)["run_id"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "masterplanner", "runs", "show", run_id, "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    results = [e["data"] for e in json.loads(shown.stdout)["events"] if e["kind"] == "tool_result"]
+    assert [r["tool"] for r in results] == ["write_file", "write_file", "code_execution"]
+    assert results[0]["result"] == "wrote 600,000 bytes to a.txt"
+    assert "the workspace may grow by only" in results[1]["error"]
+    assert "setting workspace_max_growth_bytes" in results[1]["error"]
+    # What is left (about 400 kB) is both the file-size limit and the watchdog's allowance: the
+    # write stops at EFBIG, or the watchdog kills the program first — either way the cap holds.
+    code_result = results[2]["result"]
+    assert (
+        "killed: the program grew the workspace by more than" in code_result
+        or "[Errno 27] File too large" in code_result
+    ), code_result
+    assert not (workspace / "b.txt").exists()
+    assert (workspace / "a.txt").stat().st_size == 600_000
+    big = workspace / "big.bin"
+    assert not big.exists() or big.stat().st_size <= 400_000
