@@ -1,12 +1,16 @@
 """`masterplanner doctor`: is everything masterplanner needs present and working?
 
 Each check reports ok or not, whether it is required, what it found, and the command that fixes
-it. Checks never change stored data: the database check writes inside a transaction it rolls back.
+it. Checks never change stored data: the database check creates a probe table, writes a row and
+reads it back, all inside a transaction it rolls back, through the same connection settings the
+stores use, so a read-only or corrupt database is reported as not writable, with SQLite's or
+Postgres's reason.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import signal
 import sqlite3
@@ -16,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import MasterplannerError, MissingCredentialError
@@ -40,11 +45,14 @@ class Check:
 
 
 def sqlite_path(database_url: str) -> Path | None:
-    """The file of a `sqlite:///…` URL, or None when the URL is not SQLite."""
+    """The file of a `sqlite:///…` URL (also `sqlite:///file:…?uri=true`), or None when not SQLite."""
     parts = urlsplit(database_url)
     if not parts.scheme.startswith("sqlite"):
         return None
-    return Path(parts.path[1:] if parts.path.startswith("//") else parts.path)
+    path = parts.path[1:] if parts.path.startswith("//") else parts.path
+    if path.startswith("/file:"):  # a SQLite URI filename, e.g. file:/data/mp.sqlite?mode=ro&uri=true
+        path = path[len("/file:") :]
+    return Path(path)
 
 
 def _check_model_file() -> Check:
@@ -148,7 +156,7 @@ def _check_database(settings: Settings) -> Check:
     url = settings.database_url
     path = sqlite_path(url)
     if path is not None:
-        return _check_sqlite(path)
+        return _check_sqlite(url, path)
     scheme = urlsplit(url).scheme
     if scheme.startswith("postgres"):
         return _check_postgres(url)
@@ -161,20 +169,78 @@ def _check_database(settings: Settings) -> Check:
     )
 
 
-def _check_sqlite(path: Path) -> Check:
-    fix = f"make {path.parent} writable or set MASTERPLANNER_DATABASE_URL"
+_PROBE_TABLE = "mp_doctor_probe"
+
+
+def _write_and_read_back(connection: Any, *, begin: str | None) -> None:
+    """Create the probe table, write a row and read it back; always rolled back.
+
+    `connection` is a DB-API connection; `begin` is the statement that opens the transaction
+    when the driver does not (SQLite in autocommit mode), so the table's creation is undone too.
+    """
+    token = secrets.token_hex(8)
+    cursor = connection.cursor()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        connection = sqlite3.connect(path, timeout=5)
+        if begin:
+            cursor.execute(begin)
+        cursor.execute(f"CREATE TABLE {_PROBE_TABLE} (token VARCHAR(16) NOT NULL)")
+        cursor.execute(f"INSERT INTO {_PROBE_TABLE} (token) VALUES ('{token}')")
+        cursor.execute(f"SELECT token FROM {_PROBE_TABLE}")
+        rows = [tuple(row) for row in cursor.fetchall()]
+        if rows != [(token,)]:
+            raise _ReadBackError(f"wrote {token!r} but read back {rows!r}")
+    finally:
         try:
-            # BEGIN IMMEDIATE takes the write lock: it fails on a read-only file or directory.
-            connection.execute("BEGIN IMMEDIATE")
-            connection.execute("ROLLBACK")
+            cursor.close()
         finally:
-            connection.close()
-    except (OSError, sqlite3.Error) as exc:
-        return Check("database", False, True, f"SQLite {path}: {exc}", fix)
-    return Check("database", True, True, f"SQLite {path} (writable)")
+            connection.rollback()
+
+
+class _ReadBackError(Exception):
+    """The probe row read back is not the row written."""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _check_sqlite(url: str, path: Path) -> Check:
+    """Write and read back through the stores' own engine (same URL, pragmas and WAL journal)."""
+    import sqlalchemy as sa
+
+    from .database import create_engine
+
+    engine = None
+    try:
+        if not url.partition("?")[0].removeprefix("sqlite:///").startswith("file:"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url)
+        connection = engine.raw_connection()
+        try:
+            sqlite = connection.driver_connection
+            if sqlite is None:
+                raise OSError("no connection")
+            sqlite.isolation_level = None  # autocommit, so BEGIN and ROLLBACK cover the DDL too
+            _write_and_read_back(sqlite, begin="BEGIN IMMEDIATE")
+        finally:
+            connection.invalidate()  # do not hand a connection in autocommit mode back to the pool
+    except sa.exc.DBAPIError as exc:
+        return _sqlite_failed(path, exc.orig or exc)
+    except (sqlite3.Error, MasterplannerError, OSError, _ReadBackError) as exc:
+        return _sqlite_failed(path, exc)
+    finally:
+        if engine is not None:
+            engine.dispose()
+    return Check("database", True, True, f"SQLite {path} (a row written and read back)")
+
+
+def _sqlite_failed(path: Path, error: BaseException) -> Check:
+    if getattr(error, "sqlite_errorname", "") in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+        fix = f"move {path} aside (it is not a sound SQLite database) or set MASTERPLANNER_DATABASE_URL"
+    else:
+        fix = f"make {path} and its folder writable, or set MASTERPLANNER_DATABASE_URL"
+    return Check("database", False, True, f"SQLite {path}: not writable: {_first_line(error)}", fix)
 
 
 def _check_postgres(url: str) -> Check:
@@ -183,17 +249,13 @@ def _check_postgres(url: str) -> Check:
     parts = urlsplit(url)
     safe = f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"  # no user or password
     dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    fix = "check MASTERPLANNER_DATABASE_URL and that its user may create tables"
     try:
         with psycopg.connect(dsn, connect_timeout=5) as connection:
-            connection.execute("CREATE TEMP TABLE masterplanner_doctor (x int)")
-            connection.execute("INSERT INTO masterplanner_doctor VALUES (1)")
-            connection.rollback()
-    except psycopg.Error as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return Check(
-            "database", False, True, f"Postgres {safe}: {first_line}", "check MASTERPLANNER_DATABASE_URL"
-        )
-    return Check("database", True, True, f"Postgres {safe} (writable)")
+            _write_and_read_back(connection, begin=None)  # psycopg opens the transaction itself
+    except (psycopg.Error, _ReadBackError) as exc:
+        return Check("database", False, True, f"Postgres {safe}: not writable: {_first_line(exc)}", fix)
+    return Check("database", True, True, f"Postgres {safe} (a row written and read back)")
 
 
 def _check_sandbox() -> Iterator[Check]:

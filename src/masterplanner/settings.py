@@ -4,22 +4,35 @@ Each setting comes from, highest precedence first:
 
 1. arguments to `Settings.load` (the CLI passes its flags here),
 2. environment variables `MASTERPLANNER_<NAME>`,
-3. `masterplanner.toml` in the current directory,
+3. `masterplanner.toml` in the current directory — unless that directory is, or lies inside, a
+   folder a run has used as its workspace (see below),
 4. `masterplanner.toml` in the home directory.
 
 The home directory itself is found the same way, minus the home file (which lives inside it).
 API keys are deliberately not settings: providers read them from their own environment
 variables, so they never land in a file, a log line or the database.
+
+Settings never come from a place a step can write. A step writes into its run's workspace, and
+`--workspace .` is a natural choice, so a settings file found there may be tool output: a planted
+`[mcp_servers]` command would run on the host before any approval, a planted `tool_policies`
+would turn `ask` into `auto`. Every run records its workspace in `workspaces.jsonl` in the home
+directory (the one named by flag, environment or default: never one a settings file in the
+current directory names), and a `masterplanner.toml` inside any recorded workspace is not read
+(`Settings.ignored_config` says which file and why, and the CLI warns). This was chosen over
+refusing `--workspace .`: the refusal would only hold for the run that names the folder, while
+the person's next run in that folder, with any workspace, is the one that reads the file. The
+tools also refuse to write such files (`tools/protected.py`); this is the second line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -31,10 +44,20 @@ from pydantic_settings import (
 from .errors import SettingsError
 from .tools.mcp import McpServer
 
-__all__ = ["CONFIG_FILE_NAME", "ENV_PREFIX", "Settings", "default_home"]
+__all__ = [
+    "CONFIG_FILE_NAME",
+    "ENV_PREFIX",
+    "WORKSPACES_FILE_NAME",
+    "Settings",
+    "default_home",
+    "known_workspaces",
+    "record_workspace",
+]
 
 ENV_PREFIX = "MASTERPLANNER_"
 CONFIG_FILE_NAME = "masterplanner.toml"
+WORKSPACES_FILE_NAME = "workspaces.jsonl"
+"""In the home directory: every folder a run has used as its workspace, one JSON string a line."""
 
 
 def default_home() -> Path:
@@ -54,13 +77,78 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise SettingsError(f"{path}: cannot read: {exc.strerror}") from exc
 
 
+def known_workspaces(home: Path) -> list[Path]:
+    """The folders runs recorded in `home` have used as workspaces (resolved, oldest first)."""
+    path = home.expanduser() / WORKSPACES_FILE_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read the list of workspaces: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as handle:
+        lines = handle.read().decode("utf-8", errors="replace").splitlines()
+    folders = []
+    for line in lines:
+        try:
+            folder = json.loads(line)
+        except ValueError:
+            continue  # a torn last line from a crash; the next run records its folder again
+        if isinstance(folder, str) and folder:
+            folders.append(Path(folder))
+    return folders
+
+
+def record_workspace(home: Path, folder: Path) -> None:
+    """Add `folder` to the workspaces recorded in `home` (settings files inside it are not read)."""
+    folder = folder.resolve()
+    if folder in known_workspaces(home):
+        return
+    path = home.expanduser() / WORKSPACES_FILE_NAME
+    line = (json.dumps(str(folder)) + "\n").encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, line)  # one append of one short line: concurrent runs never interleave
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot record workspace {folder}: {exc.strerror}") from exc
+
+
+def _workspace_holding(path: Path, home: Path) -> Path | None:
+    """The recorded workspace that `path` lies in (or is), if any."""
+    resolved = path.resolve()
+    for folder in known_workspaces(home):
+        if resolved == folder or folder in resolved.parents:
+            return folder
+    return None
+
+
+def _base_home(flag_home: object) -> Path:
+    """The home named by flag, environment or default: never by a file a step might have written."""
+    return Path(str(flag_home or os.environ.get(f"{ENV_PREFIX}HOME") or default_home())).expanduser()
+
+
 class _TomlFiles(PydanticBaseSettingsSource):
-    """Reads `masterplanner.toml` from the current directory, then from the home directory."""
+    """Reads `masterplanner.toml` from the current directory (if trusted), then from the home directory."""
 
     def __init__(self, settings_cls: type[BaseSettings], flag_home: object) -> None:
         super().__init__(settings_cls)
         cwd_file = Path.cwd() / CONFIG_FILE_NAME
-        cwd_data = _read_toml(cwd_file) if cwd_file.is_file() else {}
+        self.ignored: tuple[Path, str] | None = None
+        cwd_data: dict[str, Any] = {}
+        if cwd_file.is_file():
+            workspace = _workspace_holding(cwd_file.parent, _base_home(flag_home))
+            if workspace is None:
+                cwd_data = _read_toml(cwd_file)
+            else:
+                self.ignored = (
+                    cwd_file,
+                    f"{cwd_file.parent} is the workspace of an earlier run ({workspace}), where steps "
+                    "write; settings are never read from a workspace. Put them in "
+                    f"{_base_home(flag_home) / CONFIG_FILE_NAME}, the environment or flags",
+                )
         home = flag_home or os.environ.get(f"{ENV_PREFIX}HOME") or cwd_data.get("home") or default_home()
         home_file = Path(str(home)).expanduser() / CONFIG_FILE_NAME
         home_data = _read_toml(home_file) if home_file.is_file() and home_file != cwd_file else {}
@@ -110,10 +198,10 @@ class Settings(BaseSettings):
         description="similarity of a step to a stored agent above which the step reuses it (1.01: never)",
     )
     embedder: str = Field(
-        "none",
+        "smollm2",
         min_length=1,
-        description="registry embeddings: none, local (MiniLM, extra embeddings), "
-        "sentence-transformers:NAME or PROVIDER:MODEL",
+        description="registry embeddings: smollm2 (the shipped GGUF, llama.cpp), none (words only), "
+        "local (MiniLM), sentence-transformers:NAME or PROVIDER:MODEL",
     )
     remember_runs: Literal["always", "ask", "never"] = Field(
         "always",
@@ -125,12 +213,26 @@ class Settings(BaseSettings):
     memory_max_items: int = Field(
         10_000, ge=1, le=10_000_000, description="most memories kept; the least recently used go first"
     )
+    workspace_max_growth_bytes: int = Field(
+        1 << 30,
+        ge=0,
+        le=1 << 44,
+        description="how many bytes a run's workspace may grow by (write_file, code_execution, images)",
+    )
     mcp_servers: dict[str, McpServer] = Field(
         default_factory=dict, description="MCP servers whose tools steps may use, by name (see README)"
     )
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] = Field(
         default_factory=dict, description="approval policy per tool, overriding the catalog's"
     )
+
+    _ignored_config: tuple[Path, str] | None = PrivateAttr(default=None)
+    _trusted_home: Path | None = PrivateAttr(default=None)
+
+    @property
+    def ignored_config(self) -> tuple[Path, str] | None:
+        """A settings file that was found but not read, and why (front ends warn about it)."""
+        return self._ignored_config
 
     @model_validator(mode="after")
     def _resolve_paths(self) -> Settings:
@@ -157,11 +259,39 @@ class Settings(BaseSettings):
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
         """Load settings; `overrides` (CLI flags) win. `None` values are treated as not given."""
+        from pydantic_settings import SettingsError as SourceError
+
         given = {key: value for key, value in overrides.items() if value is not None}
         try:
-            return cls(**given)
+            settings = cls(**given)
         except ValidationError as exc:
             raise SettingsError(_describe(exc, given)) from None
+        except SourceError as exc:
+            raise SettingsError(_describe_source_error(exc)) from None
+        settings._ignored_config = _TomlFiles(Settings, given.get("home")).ignored
+        settings._trusted_home = _base_home(given.get("home"))
+        return settings
+
+    def record_workspace(self, folder: Path) -> None:
+        """Record `folder` as a run's workspace, so no settings are read from it from now on.
+
+        A workspace that is masterplanner's home, or holds it, is refused: steps could then
+        rewrite the settings, the registry and the runs of every later run.
+        """
+        folder = folder.resolve()
+        homes = {self.home.resolve(), (self._trusted_home or _base_home(None)).resolve()}
+        for home in homes:
+            if home == folder or folder in home.parents:
+                raise SettingsError(
+                    f"workspace {folder} holds masterplanner's home {home}; steps could change its "
+                    "settings, agents and runs there. Choose a folder outside it"
+                )
+        for home in homes:
+            try:
+                home.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise SettingsError(f"home directory {home}: cannot create: {exc.strerror}") from exc
+            record_workspace(home, folder)
 
     def ensure_home(self) -> Path:
         """Create the home directory if needed and return it."""
@@ -170,6 +300,23 @@ class Settings(BaseSettings):
         except OSError as exc:
             raise SettingsError(f"home directory {self.home}: cannot create: {exc.strerror}") from exc
         return self.home
+
+
+def _describe_source_error(exc: Exception) -> str:
+    """pydantic-settings' "error parsing value for field …" in our words, naming the variable."""
+    import re
+
+    found = re.search(r'field "([^"]+)"', str(exc))
+    name = found.group(1) if found else ""
+    field = Settings.model_fields.get(name)
+    variable = f"{ENV_PREFIX}{name.upper()}"
+    if field is None or variable not in os.environ:
+        return f"invalid settings: {exc}"
+    example = '["example.com", "api.example.org"]' if "list" in str(field.annotation) else '{"name": "value"}'
+    return (
+        f"setting {name!r} (from {variable}): not valid JSON; a list or table in an environment "
+        f"variable is written as JSON, e.g. {example}"
+    )
 
 
 def _describe(exc: ValidationError, given: dict[str, Any]) -> str:

@@ -183,3 +183,68 @@ def test_plan_rounds_out_of_range_is_a_usage_error(write_script: Callable[..., P
     result = run("plan", "x", "--model", f"scripted:{script}", "--prompts", "--rounds", "9")
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --rounds must be between 0 and 5, got 9"
+
+
+def test_markup_and_escapes_in_an_error_are_one_literal_line() -> None:
+    # `[/]` once made rich raise MarkupError (a traceback); ESC reached the terminal
+    result = run("chat", "hi", "--model", "nope:[/]\x1b]0;pwned\x07")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: unknown model 'nope:[/]\\x1b]0;pwned\\x07'")
+    assert len(result.stderr.splitlines()) == 1
+    assert "\x1b" not in result.stderr and "\x07" not in result.stderr
+
+
+def _fake_editor(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "fake-editor.sh"
+    script.write_text("#!/bin/sh\nfor file; do :; done\n" + body + "\n")  # the file is the last argument
+    script.chmod(0o755)
+    return script.as_posix()
+
+
+def test_agents_edit_with_a_failing_or_bad_editor_changes_nothing(tmp_path: Path) -> None:
+    from masterplanner import Settings
+    from masterplanner.registry import AgentSpec, open_registry
+
+    settings = Settings.load()
+    settings.ensure_home()
+    open_registry(settings).put_agent(
+        AgentSpec(id="poet", name="poet", role="poet", system_prompt="You write.")
+    )
+    failing = _fake_editor(tmp_path, "exit 3")
+    result = run("agents", "edit", "poet", env={"VISUAL": failing})
+    assert result.returncode == 2
+    assert result.stderr == f"error: the editor '{failing}' exited with status 3; agent poet is unchanged\n"
+
+    bad = _fake_editor(tmp_path, 'printf \'{"name": ""}\' > "$file"')
+    result = run("agents", "edit", "poet", env={"VISUAL": bad})
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: the edit is not a valid agent, nothing changed: "
+        "name: String should have at least 1 character; role: Field required; system_prompt: Field required\n"
+    )
+
+    unchanged = _fake_editor(tmp_path, "true")
+    assert run("agents", "edit", "poet", env={"VISUAL": unchanged}).stderr == "no change\n"
+
+    renamed = _fake_editor(tmp_path, 'sed -i "s/\\"name\\": \\"poet\\"/\\"name\\": \\"bard\\"/" "$file"')
+    result = run("agents", "edit", "poet", env={"VISUAL": renamed})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "agent poet is now version 2\n"
+    assert json.loads(run("agents", "show", "poet", "--json").stdout)["name"] == "bard"
+
+
+def test_a_config_error_inside_an_exception_group_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from masterplanner import ConfigError
+    from masterplanner.cli import app as app_module
+    from masterplanner.cli import main
+
+    def task_group_failure(**_: object) -> None:  # as anyio raises what failed in a task group
+        raise ExceptionGroup("unhandled errors", [ConfigError("bad [/] setting\x1b]0;pwned\x07\nx")])
+
+    monkeypatch.setattr(app_module, "app", task_group_failure)
+    with pytest.raises(SystemExit) as exited:
+        main(["chat", "hi"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "error: bad [/] setting\\x1b]0;pwned\\x07\\nx\n"

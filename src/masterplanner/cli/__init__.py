@@ -1,11 +1,15 @@
 """The `masterplanner` command: errors become one line on stderr and an exit code.
 
 Exit codes: 0 success, 1 failure, 2 usage or configuration error. `--debug` adds the traceback.
+Text the CLI did not write (model and tool output, stored plans and agents, error messages) is
+printed through `terminal.shown` / `terminal.visible`: escape sequences are shown, not obeyed.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import NoReturn
 
 __all__ = ["main"]
 
@@ -17,14 +21,37 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    # pydantic-ai's first-run console banner is not ours to show (it landed inside the live view)
+    os.environ.setdefault("PYDANTIC_AI_NO_BANNER", "1")
     try:
         app(args=args, prog_name="masterplanner")
     except MasterplannerError as exc:
-        stderr = console(stderr=True)
-        if debug:
-            stderr.print_exception()
-        stderr.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        _fail(exc, debug)
+    except ExceptionGroup as group:  # raised from a task group: one of ours inside is still one line
+        ours, others = group.split(MasterplannerError)
+        if ours is None or others is not None:
+            raise
+        first: BaseException = ours
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        _fail(first, debug, trace=group)
     except KeyboardInterrupt:
         console(stderr=True).print("[bold red]interrupted[/]")
         sys.exit(130)
+
+
+def _fail(error: BaseException, debug: bool, trace: BaseException | None = None) -> NoReturn:
+    """Print `error` as one sanitised line (after the traceback with --debug) and exit with its code."""
+    import traceback
+
+    from .app import console
+    from .terminal import shown
+
+    stderr = console(stderr=True)
+    if debug:
+        # the message may quote model output: printed through the same sanitiser as the rest
+        lines = "".join(traceback.format_exception(trace or error)).rstrip("\n")
+        stderr.print(shown(lines, lines=True), highlight=False, soft_wrap=True)
+    # one line, whatever the message holds (newlines, escape sequences, rich markup)
+    stderr.print(f"[bold red]error:[/] {shown(error)}", highlight=False, soft_wrap=True)
+    sys.exit(getattr(error, "exit_code", 1))

@@ -6,7 +6,6 @@ level, so `masterplanner --help` starts fast.
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from .._version import __version__
+from .terminal import json_text, shown, visible
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -38,10 +38,33 @@ app = typer.Typer(
 
 @cache
 def console(*, stderr: bool = False) -> Console:
-    """The rich console for stdout or stderr (rich is imported on first use, not at start-up)."""
+    """The rich console for stdout or stderr (rich is imported on first use, not at start-up).
+
+    Emoji codes stay text (`:x:` in a model's reply is not an emoji); text from models, tools
+    and stores goes in through `terminal.shown`.
+    """
     from rich.console import Console
 
-    return Console(stderr=stderr)
+    return Console(stderr=stderr, emoji=False)
+
+
+def load_settings(**flags: Any) -> Settings:
+    """The settings for a command (flags win); warns once about a settings file that was not read."""
+    from ..settings import Settings
+
+    settings = Settings.load(**flags)
+    if settings.ignored_config and not _warned:
+        path, reason = settings.ignored_config
+        console(stderr=True).print(
+            f"[yellow]warning:[/] {shown(str(path))} is not read: {shown(reason)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        _warned.append(path)
+    return settings
+
+
+_warned: list[Path] = []
 
 
 def _version(value: bool) -> None:
@@ -72,12 +95,11 @@ def doctor(
     problem comes with the command that fixes it. Exit code 0 when every required check passes.
     """
     from ..doctor import run_checks
-    from ..settings import Settings
 
-    settings = Settings.load()
+    settings = load_settings()
     if as_json:
         checks = run_checks(settings)
-        typer.echo(json.dumps({"checks": [check.to_dict() for check in checks]}, indent=2))
+        typer.echo(json_text({"checks": [check.to_dict() for check in checks]}))
     else:
         with console(stderr=True).status("checking…") as status:
             checks = run_checks(settings, on_start=lambda name: status.update(f"checking {name}…"))
@@ -96,10 +118,18 @@ def _print_checks(checks: list[Check], settings: Settings) -> None:
             status = "[red]missing [/]"
         else:
             status = "[yellow]optional[/]"
-        out.print(f"{status} {check.name:<{width}}  {check.detail}", highlight=False, soft_wrap=True)
+        name = shown(f"{check.name:<{width}}")
+        out.print(f"{status} {name}  {shown(check.detail)}", highlight=False, soft_wrap=True)
         if check.fix and not check.ok:
-            out.print(f"         {'':<{width}}  fix: [bold]{check.fix}[/]", highlight=False, soft_wrap=True)
-    out.print(f"home {settings.home} · model {settings.model}", style="dim", highlight=False, soft_wrap=True)
+            out.print(
+                f"         {'':<{width}}  fix: [bold]{shown(check.fix)}[/]", highlight=False, soft_wrap=True
+            )
+    out.print(
+        f"home {shown(settings.home)} · model {shown(settings.model)}",
+        style="dim",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command()
@@ -119,15 +149,18 @@ def chat(
 
     if as_json:
         result = run_chat(prompt, model=model)
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(json_text(result.to_dict()))
         return
-    with console(stderr=True).status(f"asking {model or 'the configured model'}…"):
+    with console(stderr=True).status(f"asking {shown(model or 'the configured model')}…"):
         result = run_chat(prompt, model=model)
-    typer.echo(result.output)
+    typer.echo(visible(result.output, lines=True))
     usage = result.usage["by_purpose"].get("chat", {})
     console(stderr=True).print(
-        f"[dim]model {result.model} · {usage.get('calls', 0)} call(s) · {usage.get('input_tokens', 0)} in / "
-        f"{usage.get('output_tokens', 0)} out tokens · {usage.get('seconds', 0)} s[/]"
+        f"[dim]model {shown(result.model)} · {usage.get('calls', 0)} call(s) · "
+        f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out tokens · "
+        f"{usage.get('seconds', 0)} s[/]",
+        highlight=False,
+        soft_wrap=True,
     )
 
 
@@ -156,11 +189,10 @@ def plan(
     from ..errors import ConfigError
     from ..models import resolve_model
     from ..planner import plan as make_plan
-    from ..settings import Settings
     from ..tools import builtin_catalog
     from ..usage import UsageLedger
 
-    settings = Settings.load(model=model)
+    settings = load_settings(model=model)
     catalog = builtin_catalog()
     if tools:
         try:
@@ -175,7 +207,7 @@ def plan(
     async def work(note: Callable[[str], None]) -> tuple[Plan, dict[str, AgentPrompt]]:
         from ..prompting import create_prompts
 
-        note(f"planning with {settings.model}…")
+        note(f"planning with {shown(settings.model)}…")
         result = await make_plan(task, catalog, model=chosen, ledger=ledger)
         if not prompts:
             return result, {}
@@ -187,7 +219,7 @@ def plan(
 
         result, agents = asyncio.run(work(lambda _message: None))
         payload = result.to_json_dict() | ({"agents": prompts_to_json(agents)} if prompts else {})
-        typer.echo(json.dumps(payload, indent=2))
+        typer.echo(json_text(payload))
         return
     with console(stderr=True).status("planning…") as status:
         result, agents = asyncio.run(work(status.update))
@@ -211,45 +243,57 @@ def _print_plan(result: Plan, agents: dict[str, AgentPrompt]) -> None:
 
 
 def _print_plan_dict(result: Plan, agents: dict[str, Any], *, stderr: bool = False) -> None:
-    """Print the plan as a tree, with each step's prompt from an `agents` JSON map."""
-    from rich.markup import escape
+    """Print the plan as a tree, with each step's prompt from an `agents` JSON map.
+
+    Every field is the model's or the person's text: all of it goes through `shown`.
+    """
     from rich.tree import Tree
 
     from ..plan import topological_order
 
-    tree = Tree(f"[bold]{escape(result.task)}[/]")
+    tree = Tree(f"[bold]{shown(result.task)}[/]")
     for step_id in topological_order(result):
         step = result.step(step_id)
         after = (
-            f" [dim]after {', '.join(step.depends_on)}[/]" if step.depends_on else " [dim](starts at once)[/]"
+            f" [dim]after {shown(', '.join(step.depends_on))}[/]"
+            if step.depends_on
+            else " [dim](starts at once)[/]"
         )
-        branch = tree.add(f"[bold cyan]{step.id}[/] {escape(step.title)}{after}")
-        branch.add(f"[dim]role[/] {escape(step.agent_role)}   [dim]tools[/] {', '.join(step.tools) or '—'}")
-        branch.add(escape(step.instruction))
+        branch = tree.add(f"[bold cyan]{shown(step.id)}[/] {shown(step.title)}{after}")
+        tools = shown(", ".join(step.tools) or "—")
+        branch.add(f"[dim]role[/] {shown(step.agent_role)}   [dim]tools[/] {tools}")
+        branch.add(shown(step.instruction, lines=True))
         if step.expected_output:
-            branch.add(f"[dim]→ {escape(step.expected_output)}[/]")
+            branch.add(f"[dim]→ {shown(step.expected_output, lines=True)}[/]")
         agent = agents.get(step.id) or {}
         if agent.get("prompt"):
-            scores = ""
-            critique = agent.get("critique")
-            if critique:
-                scores = (
-                    f" [dim](critic: clarity {critique['clarity']}, completeness {critique['completeness']}, "
-                    f"tool fit {critique['tool_fit']}, output {critique['output_format']})[/]"
-                )
-            edited = " [yellow](edited)[/]" if agent.get("edited") else ""
-            if agent.get("reused_from"):
-                reused = f"reused agent {agent.get('agent_id', '')} from run {agent['reused_from']}"
-                edited += f" [green]({escape(reused)})[/]"
-            branch.add(f"[bold]prompt[/]{scores}{edited}").add(escape(agent["prompt"]))
-    console(stderr=stderr).print(tree)
+            branch.add(f"[bold]prompt[/]{_agent_notes(agent)}").add(shown(agent["prompt"], lines=True))
+    console(stderr=stderr).print(tree, highlight=False)
+
+
+def _agent_notes(agent: dict[str, Any]) -> str:
+    """The critic's scores, `(edited)` and where a reused agent came from, as markup."""
+    notes = ""
+    critique = agent.get("critique")
+    if critique:
+        scores = (
+            f"critic: clarity {critique['clarity']}, completeness {critique['completeness']}, "
+            f"tool fit {critique['tool_fit']}, output {critique['output_format']}"
+        )
+        notes += f" [dim]({shown(scores)})[/]"
+    if agent.get("edited"):
+        notes += " [yellow](edited)[/]"
+    if agent.get("reused_from"):
+        reused = f"reused agent {agent.get('agent_id', '')} from run {agent['reused_from']}"
+        notes += f" [green]({shown(reused)})[/]"
+    return notes
 
 
 eval_app = typer.Typer(help="Evaluate masterplanner against benchmark data.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
 
 
-@eval_app.command("planning", short_help="Score the Master Planner and a baseline on UltraTool or TMDB.")
+@eval_app.command("planning", short_help="Score the Master Planner and baselines on UltraTool or TMDB.")
 def eval_planning(
     dataset: Annotated[str, typer.Option("--dataset", help="ultratool or tmdb.")],
     limit: Annotated[
@@ -258,6 +302,12 @@ def eval_planning(
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Model spec (default: the model setting).")
     ] = None,
+    baselines_only: Annotated[
+        bool,
+        typer.Option(
+            "--baselines-only", help="Score only the baselines that need no model (single, clauses)."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     per_request: Annotated[
         bool, typer.Option("--per-request", help="Include every request's scores.")
@@ -273,20 +323,51 @@ def eval_planning(
 ) -> None:
     """Plan each test request of a benchmark and score node F1, link F1, accuracy, valid rate, latency.
 
-    The benchmark data is read from MASTERPLANNER_BENCHMARKS (default ../shared/benchmarks). A
-    baseline planner (one plain prompt, no grammar, no repair) runs on the same model beside it.
+    The benchmark data is read from MASTERPLANNER_BENCHMARKS (default ../shared/benchmarks).
+    Three baselines are scored beside the planner on the same pre-selected tools: the design
+    notes' planner (one plain prompt to the same model, no grammar, no repair), `single` (the
+    task as one step with its best-matching tool) and `clauses` (a chain of one step per clause
+    of the task, each with its best-matching tool). The last two need no model: with
+    --baselines-only nothing else runs.
     """
+    from ..evaluation import PlanningReport
+
+    report: PlanningReport
+    if baselines_only:
+        from ..errors import ConfigError
+        from ..evaluation import evaluate_baselines
+
+        for flag, given in (("--model", model), ("--results", results)):
+            if given is not None:
+                raise ConfigError(f"{flag} has no use with --baselines-only, which runs no model")
+        report = evaluate_baselines(dataset, limit=limit)
+    else:
+        report = _evaluate_with_model(dataset, model, limit, results)
+    if as_json:
+        typer.echo(json_text(report.to_json_dict(per_request=per_request)))
+        return
+    _print_planning_report(report)
+
+
+_BASELINE_NAMES = {
+    "design_notes": "baseline (design notes)",
+    "single": "single step",
+    "clauses": "clause chain",
+}
+
+
+def _evaluate_with_model(dataset: str, model: str | None, limit: int | None, results: Path | None) -> Any:
+    """`evaluate_planning` with a progress bar on stderr."""
     import asyncio
 
     from rich.progress import Progress, TimeElapsedColumn
 
     from ..evaluation import Scores, evaluate_planning
     from ..models import resolve_model
-    from ..settings import Settings
 
-    settings = Settings.load(model=model)
+    settings = load_settings(model=model)
     chosen = resolve_model(settings.model, settings)
-    title = f"{dataset} with {settings.model}"
+    title = shown(f"{dataset} with {settings.model}")
     with Progress(
         *Progress.get_default_columns(), TimeElapsedColumn(), console=console(stderr=True)
     ) as progress:
@@ -296,7 +377,7 @@ def eval_planning(
             figures = f" · node F1 {so_far.node_f1:.3f} · valid {so_far.valid_rate:.0%}" if done else ""
             progress.update(bar, completed=done, total=total, description=title + figures)
 
-        report = asyncio.run(
+        return asyncio.run(
             evaluate_planning(
                 dataset,
                 model=chosen,
@@ -306,18 +387,19 @@ def eval_planning(
                 progress=show,
             )
         )
-    if as_json:
-        typer.echo(json.dumps(report.to_json_dict(per_request=per_request), indent=2))
-        return
+
+
+def _print_planning_report(report: Any) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{report.dataset}: {report.requests} requests, model {report.model}")
+    model = f"model {report.model}" if report.model else "no model"
+    table = Table(title=shown(f"{report.dataset}: {report.requests} requests, {model}"))
     table.add_column("planner")
     for column in ("node F1", "link F1", "accuracy", "valid", "p50 latency (s)"):
         table.add_column(column, justify="right")
-    for name, scores in (("masterplanner", report.planner), ("baseline", report.baseline)):
+    for name, scores in report.rows():
         table.add_row(
-            name,
+            _BASELINE_NAMES.get(name, name),
             f"{scores.node_f1:.3f}",
             f"{scores.link_f1:.3f}",
             f"{scores.accuracy:.3f}",
@@ -328,6 +410,111 @@ def eval_planning(
     console().print(
         f"gold tools kept by pre-selection (top {report.preselect_limit}): {report.gold_tools_kept_rate:.1%}"
     )
+
+
+@eval_app.command("tasks", short_help="Run the everyday-task suite end to end and score each task pass/fail.")
+def eval_tasks(
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model spec (default: the model setting).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N tasks.")] = None,
+    category: Annotated[
+        str | None,
+        typer.Option(
+            "--category", help="Only one category: write, summarize, translate, csv, files, script, two-part."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    per_task: Annotated[
+        bool, typer.Option("--per-task", help="With --json: include every task's checks, plan and usage.")
+    ] = False,
+    results: Annotated[
+        Path | None,
+        typer.Option(
+            "--results",
+            help="Append each task's outcome to this JSON-lines file as it finishes; "
+            "run again with the same file to continue a stopped evaluation.",
+        ),
+    ] = None,
+    suite: Annotated[
+        Path | None, typer.Option("--suite", help="Another task suite file (default: the shipped one).")
+    ] = None,
+    keep: Annotated[
+        Path | None,
+        typer.Option(
+            "--keep", help="Keep the runs' database and workspaces in this folder (default: deleted)."
+        ),
+    ] = None,
+) -> None:
+    """Run each everyday task (write, summarize, translate, csv, files, script, two-part) as a real run.
+
+    Every task gets a fresh workspace with its seed files and a plan approved automatically;
+    the runs share a home of their own with nothing remembered, so no task reuses another's
+    team. A task passes when its run succeeded, its plan makes sense (valid; roles of 1-3
+    words; short, distinct titles; no repeated instruction; no more steps than actions + 1;
+    a dependency where one step uses another's result) and its files pass the suite's checks.
+    Prints the pass rate overall and per category, and each failed task's failed checks.
+    """
+    import asyncio
+
+    from rich.progress import Progress, TimeElapsedColumn
+
+    from ..evaluation.tasks import evaluate_tasks
+
+    settings = load_settings(model=model)
+    title = shown(f"everyday tasks with {settings.model}")
+    with Progress(
+        *Progress.get_default_columns(), TimeElapsedColumn(), console=console(stderr=True)
+    ) as progress:
+        bar = progress.add_task(title, total=None)
+
+        def show(done: int, total: int, passed: int, task_id: str | None) -> None:
+            figures = f" · {passed}/{done} passed" if done else ""
+            running = f" · running {task_id}" if task_id else ""
+            progress.update(bar, completed=done, total=total, description=title + figures + shown(running))
+
+        report = asyncio.run(
+            evaluate_tasks(
+                settings,
+                model_spec=settings.model,
+                suite=suite,
+                category=category,
+                limit=limit,
+                results=results,
+                keep=keep,
+                progress=show,
+            )
+        )
+    if as_json:
+        typer.echo(json_text(report.to_json_dict(per_task=per_task)))
+        return
+    _print_tasks_report(report)
+
+
+def _print_tasks_report(report: Any) -> None:
+    from rich.table import Table
+
+    out = console()
+    table = Table(title=shown(f"everyday tasks: {len(report.records)}, model {report.model}"))
+    table.add_column("category")
+    for column in ("tasks", "passed", "pass rate"):
+        table.add_column(column, justify="right")
+    for category, figures in report.by_category().items():
+        table.add_row(category, str(figures["tasks"]), str(figures["passed"]), f"{figures['pass_rate']:.0%}")
+    table.add_row(
+        "all", str(len(report.records)), str(report.passed), f"{report.pass_rate:.0%}", style="bold"
+    )
+    out.print(table)
+    failed = report.failed_checks()
+    if failed:
+        counts = ", ".join(f"{kind} {count}" for kind, count in failed.items())
+        out.print(f"tasks failing each kind of check: {shown(counts)}", highlight=False, soft_wrap=True)
+    for failure in report.failures():
+        out.print(f"[bold red]✗ {shown(failure['id'])}[/] ({shown(failure['category'])})", highlight=False)
+        for check in failure["failed"]:
+            detail = check["detail"] if len(check["detail"]) <= 200 else check["detail"][:199] + "…"
+            line = f"{check['check']}: {detail}" if detail else check["check"]
+            out.print(f"    {shown(line)}", highlight=False, soft_wrap=True)
 
 
 from . import registry as _registry  # noqa: E402, F401  (registers `agents` and `cohorts`)

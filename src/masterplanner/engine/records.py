@@ -88,6 +88,10 @@ class RunOptions:
     """Most characters of a step agent's conversation; the oldest tool results are dropped past it."""
     tool_policies: dict[str, str] = field(default_factory=dict)
     """Approval policy overrides by tool name (`auto`, `ask`, `deny`); the catalog gives the rest."""
+    workspace_max_growth_bytes: int | None = None
+    """How many bytes the workspace may grow by in this run (None: the setting, when the run is created)."""
+    workspace_start_bytes: int = 0
+    """What the workspace held when the run was created (its growth is counted from there)."""
 
     def to_json_dict(self) -> dict[str, Any]:
         """Plain JSON form."""
