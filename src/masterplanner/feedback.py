@@ -1,36 +1,45 @@
-"""Feedback on a finished run: ratings for its agents and cohort, and lessons after a poor rating."""
+"""Feedback on a finished run: ratings for its agents and cohort, and lessons after a poor rating.
+
+At `LOW_RATING` or below the agents involved are taught a lesson, which their prompts carry from
+their next run on. A model's failure analysis writes the lessons when it gives usable ones. When
+it gives none (the embedded model echoed the schema's field descriptions back as its lessons, or
+named steps that do not exist) or fails, and the person commented, their own words become the
+lesson of the agents the comment names (every agent of the run when it names none), so a low
+rating with a comment always teaches something.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
-from pydantic_ai import Agent
 from pydantic_ai.models import Model
 
 from .agents import run_agent
-from .errors import ConfigError, RunError
+from .errors import ConfigError, ModelError, RunError
 from .models.labelled import labelled
-from .plan import Plan
+from .plan import Plan, Step
+from .prompts import render
 from .registry import RegistryStore
 from .usage import UsageLedger
 
 __all__ = ["LOW_RATING", "FeedbackResult", "give_feedback"]
 
 LOW_RATING = 2
-"""At or below this rating a failure analysis writes lessons onto the agents involved."""
+"""At or below this rating the agents involved are taught lessons."""
 
-
-class _Lesson(BaseModel):
-    step: str = Field(description="the id of the step whose agent should learn this")
-    lesson: str = Field(
-        min_length=1, max_length=300, description="one short, concrete instruction for next time"
-    )
-
-
-class _Analysis(BaseModel):
-    lessons: list[_Lesson] = Field(max_length=12)
+MAX_LESSON_CHARS = 300
+"""Longest lesson the analysis may write (a person's comment is cut to `MAX_COMMENT_CHARS`)."""
+MAX_COMMENT_CHARS = 500
+_MAX_LESSONS = 12
+_OUTPUT_CHARS = 600
+"""How much of each step's output the analysis is shown."""
+_WORD = re.compile(r"[^\W\d_]{3,}")
+_STOPWORDS = frozenset(
+    "the and for not but with from into that this these those its their your you are was were "
+    "will would should must can could has have had been being all any each one".split()
+)
 
 
 @dataclass
@@ -41,6 +50,8 @@ class FeedbackResult:
     cohort_rated: bool = False
     lessons: dict[str, list[str]] = field(default_factory=dict)
     """Agent id -> lessons added."""
+    lessons_from: Literal["analysis", "comment"] | None = None
+    """Who wrote the lessons: the model's failure analysis or, failing that, the person's comment."""
 
 
 def involved_agents(
@@ -66,7 +77,11 @@ async def give_feedback(
     model: Model | None = None,
     ledger: UsageLedger | None = None,
 ) -> FeedbackResult:
-    """Rate the run's agents and cohort; at `LOW_RATING` or below, ask `model` for lessons and store them."""
+    """Rate the run's agents and cohort; at `LOW_RATING` or below, teach the agents involved a lesson.
+
+    The lessons come from `model`'s failure analysis when it gives usable ones, otherwise from
+    `comment` (see the module's docstring).
+    """
     if not 1 <= rating <= 5:
         raise ConfigError(f"--rating must be between 1 and 5, got {rating}")
     result = FeedbackResult()
@@ -77,33 +92,130 @@ async def give_feedback(
         registry.rate(agent_id, rating)
         result.rated_agents.append(agent_id)
     result.cohort_rated = registry.rate_cohort(run_id, rating)
-    if rating > LOW_RATING or model is None:
+    if rating > LOW_RATING:
         return result
-    analysis = await _analyse(plan, outputs, comment, model, ledger or UsageLedger())
-    for item in analysis.lessons:
-        target = involved.get(item.step)
-        if target is not None:
-            registry.add_lesson(target, item.lesson)
-            result.lessons.setdefault(target, []).append(item.lesson)
+    lessons: dict[str, list[str]] = {}
+    if model is not None:
+        try:
+            analysis = await _analyse(plan, involved, outputs, comment, model, ledger or UsageLedger())
+        except ModelError:
+            analysis = None  # the person's words below still teach; the rating is already stored
+        lessons = _usable_lessons(analysis, plan, involved)
+        result.lessons_from = "analysis" if lessons else None
+    said = " ".join(comment.split())
+    if not lessons and said:
+        lesson = _comment_lesson(rating, said)
+        names = {agent_id: registry.get_agent(agent_id).name for agent_id in involved.values()}
+        lessons = {involved[step_id]: [lesson] for step_id in _concerned_steps(said, plan, involved, names)}
+        result.lessons_from = "comment"
+    for agent_id, texts in lessons.items():
+        for text in texts:
+            registry.add_lesson(agent_id, text)
+    result.lessons = lessons
     return result
 
 
+def _comment_lesson(rating: int, comment: str) -> str:
+    """The person's comment as a lesson, worded for the prompt of the agent's next run."""
+    if len(comment) > MAX_COMMENT_CHARS:
+        comment = comment[: MAX_COMMENT_CHARS - 1].rstrip() + "…"
+    return f'A person rated an earlier run {rating}/5 and said: "{comment}"'
+
+
+def _concerned_steps(comment: str, plan: Plan, involved: dict[str, str], names: dict[str, str]) -> list[str]:
+    """The involved steps `comment` names (by id, title, role or agent name); all of them if none."""
+    text = comment.casefold()
+
+    def named(step: Step) -> bool:
+        phrases = {step.id, step.id.replace("-", " "), step.title, step.agent_role, names[involved[step.id]]}
+        return any(
+            re.search(rf"(?<!\w){re.escape(phrase.casefold())}(?!\w)", text)
+            for phrase in phrases
+            if len(phrase.strip()) >= 3
+        )
+
+    steps = [step for step in plan.steps if step.id in involved]
+    return [step.id for step in steps if named(step)] or [step.id for step in steps]
+
+
+def _usable_lessons(analysis: object, plan: Plan, involved: dict[str, str]) -> dict[str, list[str]]:
+    """Agent id -> the analysis's lessons that name an involved step and teach something, deduplicated.
+
+    A lesson teaches something when it has two words or more and one of them is news: not in
+    the task, the steps or the analysis's own instructions. The embedded model otherwise wrote
+    "Summary of notes.txt" as the lesson of a summary that was too long, and echoed its
+    instructions' wording back.
+    """
+    items = analysis.get("lessons") if isinstance(analysis, dict) else None
+    known_words = _words(render("feedback_system.j2"), plan.task) | _STOPWORDS
+    for step in plan.steps:
+        known_words |= _words(step.id, step.title, step.instruction, step.agent_role, step.expected_output)
+    lessons: dict[str, list[str]] = {}
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        step_id, text = item.get("step"), item.get("lesson")
+        target = involved.get(step_id.strip()) if isinstance(step_id, str) else None
+        lesson = " ".join(text.split())[:MAX_LESSON_CHARS] if isinstance(text, str) else ""
+        words = _words(lesson)
+        if target is None or len(lesson.split()) < 2 or not words - known_words:
+            continue
+        found = lessons.setdefault(target, [])
+        if lesson not in found:
+            found.append(lesson)
+    return lessons
+
+
+def _words(*texts: str) -> set[str]:
+    """The words of three letters or more in `texts`, case-folded."""
+    return {word for text in texts for word in _WORD.findall(text.casefold())}
+
+
+def _analysis_schema(step_ids: list[str]) -> dict[str, Any]:
+    """The analysis's output: lessons for steps of this run only (no descriptions for a model to copy)."""
+    lesson = {
+        "type": "object",
+        "properties": {
+            "step": {"enum": step_ids},
+            "lesson": {"type": "string", "minLength": 1, "maxLength": MAX_LESSON_CHARS},
+        },
+        "required": ["step", "lesson"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "title": "FailureAnalysis",
+        "properties": {"lessons": {"type": "array", "items": lesson, "maxItems": _MAX_LESSONS}},
+        "required": ["lessons"],
+        "additionalProperties": False,
+    }
+
+
 async def _analyse(
-    plan: Plan, outputs: dict[str, str], comment: str, model: Model, ledger: UsageLedger
-) -> _Analysis:
-    steps = "\n".join(
-        f"- {step.id} ({step.agent_role}): {step.instruction}\n  output: {outputs.get(step.id, '')[:600]}"
-        for step in plan.steps
-    )
-    agent: Agent[None, _Analysis] = Agent(
+    plan: Plan,
+    involved: dict[str, str],
+    outputs: dict[str, str],
+    comment: str,
+    model: Model,
+    ledger: UsageLedger,
+) -> object:
+    """The model's failure analysis, as it wrote it (`_usable_lessons` sorts out what is usable)."""
+    from pydantic_ai import Agent, NativeOutput, StructuredDict
+
+    output: Any = StructuredDict(_analysis_schema(list(involved)), name="failure_analysis")
+    if model.profile.get("supports_json_schema_output", False):
+        output = NativeOutput(output)  # grammar-enforced: the embedded model can only name real steps
+    agent: Agent[None, dict[str, Any]] = Agent(
         labelled(model, "feedback", ledger),
-        output_type=_Analysis,
-        instructions=(
-            "A person rated this run poorly. Work out what went wrong and write, for the steps at fault, "
-            "one short concrete lesson each that the step's agent should follow next time."
-        ),
+        output_type=output,
+        instructions=render("feedback_system.j2"),
+        retries=1,
     )
-    said = comment or "(none)"
-    prompt = f"Task: {plan.task}\n\nSteps and their outputs:\n{steps}\n\nThe person's comment: {said}"
-    result: _Analysis = await run_agent(agent, prompt)
+    prompt = render(
+        "feedback_user.j2",
+        task=plan.task,
+        steps=[(step, outputs.get(step.id, "")[:_OUTPUT_CHARS]) for step in plan.steps],
+        comment=" ".join(comment.split()) or "(none)",
+    )
+    result: object = await run_agent(agent, prompt)
     return result

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import PlanError
-from .tools.catalog import Catalog
+from .tools.catalog import BUILTIN_TOOL_NAMES, Catalog
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -35,6 +35,7 @@ __all__ = [
     "sinks",
     "steps_from_output",
     "steps_to_output",
+    "tool_problems",
     "topological_order",
     "validate_plan",
     "validate_task",
@@ -162,6 +163,44 @@ def find_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:
     return None
 
 
+@runtime_checkable
+class _ExplainsMissingTools(Protocol):
+    """A catalog that can say why a tool is missing from it here (a run's catalog can)."""
+
+    def why_missing(self, name: str) -> str | None:
+        """What would make `name` available here, or None when nothing would."""
+        ...
+
+
+def tool_problems(step: Step, catalog: Catalog) -> list[str]:
+    """What is wrong with the tools `step` names, given the tools `catalog` offers (one line each).
+
+    A built-in tool the catalog leaves out "is not available here", with what enables it when
+    the catalog knows (the run catalog, `engine/catalogs.py`: a setting, a key, the sandbox);
+    any other name is an unknown tool.
+    """
+    missing = [tool for tool in step.tools if tool not in catalog]
+    if not missing:
+        return []
+    explain = catalog.why_missing if isinstance(catalog, _ExplainsMissingTools) else None
+    where, available = f"step {step.id!r}", ", ".join(catalog.names) or "none"
+    unknown: list[str] = []
+    problems: list[str] = []
+    for tool in missing:
+        reason = explain(tool) if explain is not None else None
+        if tool in BUILTIN_TOOL_NAMES:
+            how = f": {reason}" if reason else f"; available: {available}"
+            problems.append(f"{where}: tool {tool!r} is not available here{how}")
+        elif reason:
+            problems.append(f"{where}: unknown tool {tool!r}: {reason}; available: {available}")
+        else:
+            unknown.append(tool)
+    if unknown:
+        names = ", ".join(repr(tool) for tool in unknown)
+        problems.insert(0, f"{where}: unknown tool {names}; available: {available}")
+    return problems
+
+
 def _graph_problems(plan: Plan, catalog: Catalog | None, max_steps: int) -> list[str]:
     problems: list[str] = []
     if len(plan.steps) > max_steps:
@@ -182,12 +221,7 @@ def _graph_problems(plan: Plan, catalog: Catalog | None, max_steps: int) -> list
         if len(set(step.tools)) != len(step.tools):
             problems.append(f"step {step.id!r}: lists a tool twice")
         if catalog is not None:
-            unknown = [tool for tool in step.tools if tool not in catalog]
-            if unknown:
-                names = ", ".join(repr(tool) for tool in unknown)
-                problems.append(
-                    f"step {step.id!r}: unknown tool {names}; available: {', '.join(catalog.names)}"
-                )
+            problems.extend(tool_problems(step, catalog))
     edges = {step.id: [d for d in step.depends_on if d != step.id] for step in plan.steps}
     cycle = find_cycle(edges)
     if cycle:

@@ -17,6 +17,7 @@ from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.settings import ModelSettings
 
 from .agents import retry_settings, run_agent
+from .clause_planner import clause_plan, uses_clause_plans
 from .errors import ModelError, PlanError
 from .plan import (
     _LIMITS,
@@ -261,7 +262,6 @@ async def plan(
 ) -> Plan:
     """Plan `task` with the tools of `catalog`; `hints` are example plans of similar tasks."""
     task = validate_task(task)
-    system = _system(catalog, max_steps, hints)
 
     def accept(steps: object) -> Plan:
         return validate_plan(
@@ -273,6 +273,13 @@ async def plan(
             max_steps=max_steps,
         )
 
+    if uses_clause_plans(model):
+        # Small models fill in a plan whose structure comes from the task's clauses; they need
+        # no examples for that, so stored teams (hints) cannot leak into the plan.
+        return await clause_plan(
+            task, catalog, model=model, accept=accept, ledger=ledger, max_steps=max_steps, repairs=repairs
+        )
+    system = _system(catalog, max_steps, hints)
     proposer = _Proposer(
         "planner", model, ledger or UsageLedger(), system, catalog, max_steps, repairs, accept
     )

@@ -3,16 +3,26 @@
 Front ends (the CLI now, the web UI later) show the plan, let the person edit it, and submit a
 decision; this module holds what they share. An edit is parsed and validated as a whole: any
 problem is reported with what and where (YAML line, step and field), and nothing is applied.
+`edit_in_editor` opens the person's own editor on such a text; an editor that fails, removes the
+file or saves something that is not UTF-8 text is a `ConfigError` naming the editor and the
+problem, never a half-read edit.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .errors import PlanError
+from .errors import ConfigError, PlanError
 from .plan import Plan, validate_plan
 from .tools import Catalog
 
@@ -21,6 +31,8 @@ __all__ = [
     "FRESH",
     "POLICIES",
     "ReviewEdit",
+    "edit_in_editor",
+    "editor_command",
     "parse_review_yaml",
     "render_review_yaml",
     "with_errors_on_top",
@@ -200,3 +212,82 @@ def parse_review_yaml(text: str, catalog: Catalog, agents: dict[str, Any] | None
         if after:
             new_agents[step.id] = after
     return ReviewEdit(plan, new_agents, run_policies)
+
+
+EDIT_LIMIT_BYTES = 4 * 1024 * 1024
+"""The most an edit may hold; an editor that saves more is refused (a plan is far smaller)."""
+
+
+def editor_command() -> str:
+    """The person's editor: `$VISUAL`, then `$EDITOR` (as git and click read them), else a common one."""
+    for variable in ("VISUAL", "EDITOR"):
+        command = os.environ.get(variable, "").strip()
+        if command:
+            return command
+    for name in ("sensible-editor", "vim", "nano"):
+        if shutil.which(name):
+            return name
+    return "vi"
+
+
+def _editor_status(editor: str, returncode: int) -> str | None:
+    if returncode == 0:
+        return None
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"the editor {editor!r} was stopped by {name}"
+    return f"the editor {editor!r} exited with status {returncode}"
+
+
+def _read_back(editor: str, path: Path) -> str:
+    try:
+        with path.open("rb") as saved:
+            data = saved.read(EDIT_LIMIT_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"the editor {editor!r} removed the file it was editing") from None
+    except OSError as exc:
+        raise ConfigError(
+            f"the editor {editor!r} left a file that cannot be read: {exc.strerror or exc}"
+        ) from None
+    if len(data) > EDIT_LIMIT_BYTES:
+        raise ConfigError(f"the editor {editor!r} saved more than {EDIT_LIMIT_BYTES // 1024 // 1024} MiB")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"the editor {editor!r} saved text that is not UTF-8 "
+            f"(byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
+    return text.replace("\r\n", "\n")
+
+
+def edit_in_editor(text: str, *, extension: str = ".yaml", editor: str | None = None) -> str:
+    """Open `text` in the person's editor (`editor_command()` unless given) and return what they saved.
+
+    The text is written to a private temporary file, removed afterwards. Raises `ConfigError`
+    naming the editor and what went wrong: it is not a command line, cannot be started, exited
+    with a non-zero status or was killed, removed the file, or saved bytes that are not UTF-8.
+    """
+    command = editor or editor_command()
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise ConfigError(f"the editor {command!r} is not a command line: {exc}") from None
+    if not argv:
+        raise ConfigError("the editor setting ($VISUAL or $EDITOR) is empty")
+    with tempfile.TemporaryDirectory(prefix="masterplanner-edit-", ignore_cleanup_errors=True) as folder:
+        path = Path(folder) / f"edit{extension}"
+        # private, like the folder: a plan and its prompts are the person's business
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as draft:
+            draft.write(text if text.endswith("\n") else text + "\n")
+        try:
+            returncode = subprocess.run([*argv, str(path)], check=False).returncode
+        except OSError as exc:
+            raise ConfigError(f"the editor {command!r} could not be started: {exc.strerror or exc}") from None
+        problem = _editor_status(command, returncode)
+        if problem is not None:
+            raise ConfigError(problem)
+        return _read_back(command, path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _plans import step
 
 from masterplanner import Settings
@@ -144,6 +146,38 @@ def test_the_next_run_resumes_a_crashed_run(write_script: Callable[..., Path]) -
     _assert_resumed_without_repeats(crashed)
 
 
+
+def test_a_step_killed_before_its_first_event_is_resumed_not_waited_on(
+    write_script: Callable[..., Path],
+) -> None:
+    # A step's workflow is recorded before its `step_started` event: a kill between the two
+    # leaves a pending workflow behind a step the store still calls pending. That is the state
+    # made here (s3 running, its events and status rolled back), since the window is too short
+    # to hit on purpose; resuming once waited for ever on the dead process's workflow.
+    import sqlite3
+
+    run_id = _chain_killed_after_s2(write_script)
+    database = Settings.load().home / "masterplanner.sqlite"
+    with sqlite3.connect(database) as db:
+        (s2_done,) = db.execute(
+            "SELECT seq FROM mp_events WHERE run_id = ? AND kind = 'step_succeeded' AND step = 's2'", (run_id,)
+        ).fetchone()
+        db.execute("DELETE FROM mp_events WHERE run_id = ? AND seq > ?", (run_id, s2_done))
+        db.execute(
+            "UPDATE mp_steps SET status = 'pending', started_at = NULL, attempts = 0 "
+            "WHERE run_id = ? AND step_id = 's3'",
+            (run_id,),
+        )
+        (pending,) = db.execute(
+            "SELECT status FROM workflow_status WHERE workflow_uuid = ?", (f"{run_id}.s3",)
+        ).fetchone()
+    assert pending == "PENDING"
+    resumed = mp("runs", "resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["output"] == "out5"
+    _assert_resumed_without_repeats(run_id)
+
+
 EDITOR = """
 import pathlib, sys
 path = pathlib.Path(sys.argv[-1])
@@ -221,3 +255,90 @@ def test_unknown_run_and_bad_options_are_clear_errors() -> None:
     bad = mp("run", "x", "--model", "scripted:/nonexistent.json", "--max-parallel", "0")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: --max-parallel must be between 1 and 64, got 0"
+
+
+def _fake_editor(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "fake-editor.sh"
+    script.write_text("#!/bin/sh\nfor file; do :; done\n" + body + "\n")  # the file is the last argument
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("exit 1", "the editor '{editor}' exited with status 1"),
+        (None, "the editor '{editor}' could not be started: No such file or directory"),
+        ('rm -- "$file"', "the editor '{editor}' removed the file it was editing"),
+        (
+            'printf "\\377\\376" > "$file"',
+            "the editor '{editor}' saved text that is not UTF-8 (byte 0xff at offset 0)",
+        ),
+    ],
+    ids=["exit-status", "not-found", "deletes-the-file", "not-utf8"],
+)
+def test_a_failing_editor_is_one_line_and_the_run_still_awaits_approval(
+    write_script: Callable[..., Path], tmp_path: Path, body: str | None, problem: str
+) -> None:
+    script = write_script([_planner(step("a", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}])
+    command = f"{_fake_editor(tmp_path, body)} --bad" if body else str(tmp_path / "no-such-editor")
+    # VISUAL comes first (as git and click read it): EDITOR would fail differently
+    env = {"VISUAL": command, "EDITOR": str(tmp_path / "never-used")}
+    result = mp("run", "one thing", "--model", f"scripted:{script}", stdin="e\n", env=env)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    [listed] = json.loads(mp("runs", "list", "--json").stdout)
+    run_id = listed["run_id"]
+    assert listed["status"] == "awaiting_approval"
+    error = (
+        f"error: {problem.format(editor=command)}; the plan is unchanged and run {run_id} still awaits "
+        f"approval (`masterplanner runs resume {run_id}` to review it again)"
+    )
+    # the answer typed at the prompt is not echoed (input is not a terminal): the line follows it
+    assert result.stderr.endswith(f"approve, reject or edit? [a/r/e] [a]:{error}\n")
+    shown = json.loads(mp("runs", "show", run_id, "--json").stdout)
+    assert shown["plan"]["steps"] == [step("a", tools=[])]
+    if body == "exit 1":  # nothing was lost: the review continues where it stopped
+        resumed = mp("runs", "resume", run_id, "--json", stdin="a\n")
+        assert resumed.returncode == 0, resumed.stderr
+        assert json.loads(resumed.stdout)["status"] == "succeeded"
+
+
+def test_without_a_terminal_events_are_plain_lines_and_the_summary_comes_last(
+    write_script: Callable[..., Path],
+) -> None:
+    writes = [
+        {
+            "purpose": f"step:{name}",
+            "tool_calls": [{"name": "write_file", "args": {"path": path, "content": name}}],
+        }
+        for name, path in (("a", "z/a.md"), ("b", "b.txt"))
+    ]
+    script = write_script(
+        [
+            _planner(step("a", tools=["write_file"]), step("b", "a", tools=["write_file"])),
+            *writes,
+            {"purpose": "step:a", "output": "a done"},
+            {"purpose": "step:b", "output": "b done"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    env = dict.fromkeys(("FORCE_COLOR", "TTY_COMPATIBLE"), "")  # set but empty: nothing forces colour
+    result = mp("run", "two files", "--model", f"scripted:{script}", "--yes", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stderr
+    assert result.stdout == "b done\n"
+    lines = result.stderr.splitlines()
+    run_id, workspace = re.fullmatch(r"run (\S+) · workspace (\S+)", lines[0]).groups()  # type: ignore[union-attr]
+    kinds = [line.split(" ")[1] for line in lines[1:-4]]
+    assert kinds == [
+        "plan_ready",
+        "approval_requested",
+        "approved",
+        *(["step_started", "tool_called", "tool_result", "step_succeeded"] * 2),
+        "run_succeeded",
+        "team_stored",
+    ]
+    totals = r"\d+\.\d s · \d+ model calls · \d+ in / \d+ out tokens · \$0\.00"
+    assert re.fullmatch(rf"run {run_id} succeeded · {totals}", lines[-4])
+    assert lines[-3:] == [f"2 files written in {workspace}:", "  b.txt", "  z/a.md"]

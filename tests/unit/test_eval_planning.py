@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from masterplanner import ConfigError, resolve_model
-from masterplanner.evaluation import evaluate_planning, planning
+from masterplanner.evaluation import evaluate_baselines, evaluate_planning, planning
 from masterplanner.evaluation.datasets import benchmarks_folder, load_dataset
 from masterplanner.evaluation.planning import as_example, f1
 from masterplanner.evaluation.results import planning_code_fingerprint
@@ -107,6 +107,9 @@ async def test_exact_scores(benchmarks: Path, write_script: Callable[..., Path])
         "valid_rate": 1.0,
         "p50_latency_s": 0,
     }
+    assert payload["baselines"]["design_notes"] == payload["baseline"]
+    assert set(payload["baselines"]) == {"design_notes", "single", "clauses"}
+    assert set(payload["per_request"]) == {"planner", "baseline", "single", "clauses"}
     assert payload["gold_tools_kept_rate"] == 1.0
     assert payload["usage"]["by_purpose"]["planner"]["calls"] == 4
     assert payload["baseline_usage"]["by_purpose"]["planner"]["calls"] == 2
@@ -144,6 +147,8 @@ async def test_a_stopped_evaluation_continues_from_its_results_file(
     assert (payload["baseline"]["node_f1"], payload["baseline"]["link_f1"]) == (0.8333, 0.5)
     assert payload["usage"]["by_purpose"]["planner"]["calls"] == 4
     assert payload["baseline_usage"]["by_purpose"]["planner"]["calls"] == 2
+    # the no-model baselines are scored for request 0 too, though its record came from the file
+    assert [row["id"] for row in payload["per_request"]["clauses"]] == [0, 1]
     assert seen == [(0, 2), (1, 2), (2, 2)]
     lines = [json.loads(line) for line in results.read_text().splitlines()]
     assert [line.get("id") for line in lines] == [None, 0, 1]
@@ -213,8 +218,75 @@ def test_cli_json_has_the_figures(
     for key in ("node_f1", "link_f1", "accuracy", "valid_rate", "p50_latency_s"):
         assert key in payload
     assert set(payload["baseline"]) >= {"node_f1", "link_f1"}
+    assert set(payload["baselines"]) == {"design_notes", "single", "clauses"}
     assert payload["node_f1"] == 0.5
     assert len(results.read_text().splitlines()) == 3  # the header and both requests
+
+
+BASELINE_ROWS = [
+    {
+        "id": 0,
+        "user_request": "Find the people named Sofia Coppola, then get the person's movie credits",
+        "task_nodes": [{"task": "SearchPeople"}, {"task": "GetPersonMovieCredit"}],
+        "task_links": [{"source": "SearchPeople", "target": "GetPersonMovieCredit"}],
+    },
+    {
+        # no word of it matches a tool: both baselines take the first tool offered
+        "id": 1,
+        "user_request": "who starred in The Dark Knight",
+        "task_nodes": [{"task": "SearchMovie"}, {"task": "GetMovieCredit"}],
+        "task_links": [{"source": "SearchMovie", "target": "GetMovieCredit"}],
+    },
+]
+
+
+def test_the_no_model_baselines(benchmarks: Path) -> None:
+    (benchmarks / "tmdb" / "data.json").write_text("\n".join(json.dumps(row) for row in BASELINE_ROWS))
+    report = evaluate_baselines("tmdb")
+    payload = report.to_json_dict(per_request=True)
+    assert (payload["model"], payload["requests"], report.planner, report.baseline) == (None, 2, None, None)
+    assert "node_f1" not in payload and "baseline" not in payload and "usage" not in payload
+    zero_latency = {"p50_latency_s": 0}
+    # single: request 0 as one step gets GetPersonMovieCredit (node F1 2/3, no link), request 1 nothing
+    assert payload["baselines"]["single"] | zero_latency == {
+        "node_f1": 0.3333,
+        "link_f1": 0.0,
+        "accuracy": 0.0,
+        "valid_rate": 1.0,
+        "p50_latency_s": 0,
+    }
+    # clauses: request 0 is two clauses, SearchPeople then GetPersonMovieCredit: exactly the gold plan
+    assert payload["baselines"]["clauses"] | zero_latency == {
+        "node_f1": 0.5,
+        "link_f1": 0.5,
+        "accuracy": 0.5,
+        "valid_rate": 1.0,
+        "p50_latency_s": 0,
+    }
+    assert [row["exact"] for row in payload["per_request"]["clauses"]] == [True, False]
+    assert set(payload["per_request"]) == {"single", "clauses"}
+    assert [name for name, _ in report.rows()] == ["single", "clauses"]
+
+
+def test_cli_baselines_only_needs_no_model(benchmarks: Path) -> None:
+    from typer.testing import CliRunner
+
+    from masterplanner.cli.app import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["eval", "planning", "--dataset", "tmdb", "--baselines-only", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert set(payload["baselines"]) == {"single", "clauses"}
+    assert payload["model"] is None
+    table = runner.invoke(app, ["eval", "planning", "--dataset", "tmdb", "--baselines-only"])
+    assert table.exit_code == 0, table.output
+    assert "no model" in table.stdout and "clause chain" in table.stdout and "single step" in table.stdout
+    refused = runner.invoke(
+        app, ["eval", "planning", "--dataset", "tmdb", "--baselines-only", "--model", "local"]
+    )
+    assert isinstance(refused.exception, ConfigError)
+    assert "--model has no use with --baselines-only" in str(refused.exception)
 
 
 def test_unknown_dataset(benchmarks: Path) -> None:

@@ -78,6 +78,17 @@ def test_every_problem_names_its_step() -> None:
     ]
 
 
+def test_a_builtin_tool_the_catalog_leaves_out_is_not_available_here() -> None:
+    narrow = builtin_catalog().subset(["read_file", "write_file"])
+    raw = plan_dict(step("fetch", tools=["http_request", "teleport", "read_file"]))
+    with pytest.raises(PlanError) as caught:
+        validate_plan(raw, narrow)
+    assert caught.value.problems == [
+        "step 'fetch': unknown tool 'teleport'; available: read_file, write_file",
+        "step 'fetch': tool 'http_request' is not available here; available: read_file, write_file",
+    ]
+
+
 def test_shape_problems_name_step_and_field() -> None:
     bad = step("ok")
     bad["instruction"] = "   "

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _plans import step
 
 from masterplanner import Settings
@@ -263,10 +268,6 @@ async def test_remember_runs_ask_stores_only_what_the_person_accepts(
 def test_a_low_rating_teaches_lessons_that_reach_the_next_prompt(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:
-    import json
-    import subprocess
-    import sys
-
     script = write_script(
         [
             {"purpose": "planner", "output": {"steps": [step("report", tools=[])]}},
@@ -314,3 +315,83 @@ def test_a_low_rating_teaches_lessons_that_reach_the_next_prompt(
     finally:
         engine.close()
     assert prompt.endswith("Lessons from earlier runs:\n- Always include the totals.")
+
+
+def _mp(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "masterplanner", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def _rated_run(
+    write_script: Callable[..., Path], steps: list[dict[str, Any]], analysis: dict[str, Any]
+) -> str:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": steps}},
+            {"purpose": "prompt_creator", "output": "You summarise.", "repeat": True},
+            {"purpose": "feedback", **analysis, "repeat": True},
+            *({"purpose": f"step:{item['id']}", "output": "ten pages", "repeat": True} for item in steps),
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    run = json.loads(
+        _mp("run", "Summarise notes.txt", "--model", f"scripted:{script}", "--yes", "--json").stdout
+    )
+    assert run["status"] == "succeeded", run["error"]
+    return str(run["run_id"])
+
+
+@pytest.mark.parametrize(
+    "analysis",
+    [
+        {"output": {"lessons": []}},
+        # a word, a copy of the step's own wording, a step that does not exist: nothing is learned
+        {
+            "output": {
+                "lessons": [
+                    {"step": "summary", "lesson": "x"},
+                    {"step": "summary", "lesson": "Summary of notes.txt"},
+                    {"step": "elsewhere", "lesson": "Keep it under 100 words."},
+                ]
+            }
+        },
+        {"output": "no JSON here"},  # the analysis fails: the person's words still teach
+    ],
+    ids=["no-lessons", "junk-lessons", "analysis-fails"],
+)
+def test_a_low_rating_with_a_comment_teaches_the_comment_when_the_analysis_gives_nothing_usable(
+    isolated: Path, write_script: Callable[..., Path], analysis: dict[str, Any]
+) -> None:
+    summary = {**step("summary", tools=[]), "instruction": "Summarise notes.txt.", "agent_role": "summarizer"}
+    run_id = _rated_run(write_script, [summary], analysis)
+    comment = "The summary was far too long"
+    rated = _mp("feedback", run_id, "--rating", "1", "--comment", comment, "--json")
+    assert rated.returncode == 0, rated.stderr
+    agent_id = f"{run_id}.summary"
+    lesson = 'A person rated an earlier run 1/5 and said: "The summary was far too long"'
+    assert json.loads(rated.stdout)["lessons"] == {agent_id: [lesson]}
+    shown = _mp("agents", "show", agent_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"lesson {lesson}" in shown.stdout
+    assert json.loads(_mp("agents", "show", agent_id, "--json").stdout)["lessons"] == [lesson]
+
+
+def test_the_comment_teaches_only_the_steps_it_names(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    steps = [step("load", tools=[]), {**step("report", "load", tools=[]), "agent_role": "report writer"}]
+    run_id = _rated_run(write_script, steps, {"output": {"lessons": []}})
+    named = _mp(
+        "feedback", run_id, "--rating", "2", "--comment", "The report writer left out the totals", "--json"
+    )
+    lesson = 'A person rated an earlier run 2/5 and said: "The report writer left out the totals"'
+    assert json.loads(named.stdout)["lessons"] == {f"{run_id}.report": [lesson]}
+    unnamed = _mp("feedback", run_id, "--rating", "1", "--comment", "Useless", "--json")
+    lesson = 'A person rated an earlier run 1/5 and said: "Useless"'
+    assert json.loads(unnamed.stdout)["lessons"] == {f"{run_id}.load": [lesson], f"{run_id}.report": [lesson]}
+    assert json.loads(_mp("feedback", run_id, "--rating", "1", "--json").stdout)["lessons"] == {}

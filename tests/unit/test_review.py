@@ -1,13 +1,21 @@
-"""The review edit: plan and prompts as YAML, parsed back whole or refused with the reasons."""
+"""The review edit: plan and prompts as YAML, parsed back whole or refused; the editor that edits it."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from _plans import step
 
-from masterplanner import PlanError, validate_plan
+from masterplanner import ConfigError, PlanError, validate_plan
 from masterplanner.engine import run_catalog
-from masterplanner.review import parse_review_yaml, render_review_yaml, with_errors_on_top
+from masterplanner.review import (
+    edit_in_editor,
+    editor_command,
+    parse_review_yaml,
+    render_review_yaml,
+    with_errors_on_top,
+)
 
 PLAN = validate_plan({"task": "Do a then b", "steps": [step("a"), step("b", "a", tools=["write_file"])]})
 AGENTS = {"a": {"prompt": "You are a worker.\nDo a.", "draft": "d"}, "b": {"prompt": "Do b."}}
@@ -72,3 +80,90 @@ def test_tool_policies_for_the_run_and_for_one_agent() -> None:
     ]
     with pytest.raises(PlanError, match="step b: tool_policies: 'nope' is not a tool of this run"):
         parse_review_yaml(text.replace("write_file: ask", "nope: ask"), run_catalog(), AGENTS)
+
+
+# ---- the person's editor
+
+
+def _editor(tmp_path: Path, body: str) -> str:
+    """A fake editor: a shell script; the file to edit is its last argument."""
+    script = tmp_path / "fake-editor.sh"
+    script.write_text("#!/bin/sh\nfor file; do :; done\n" + body + "\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_the_editor_returns_what_was_saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    editor = _editor(tmp_path, 'printf "\\357\\273\\277task: edited\\r\\nsteps: []\\r\\n" > "$file"')
+    monkeypatch.setenv("VISUAL", editor)
+    monkeypatch.setenv("EDITOR", str(tmp_path / "never-used"))
+    assert editor_command() == editor
+    assert edit_in_editor("task: x\n") == "task: edited\nsteps: []\n"  # BOM and CRLF gone
+
+
+def test_the_edit_file_is_private_and_removed(tmp_path: Path) -> None:
+    seen = tmp_path / "seen"
+    editor = _editor(tmp_path, f'stat -c %a "$file" "${{file%/*}}" > {seen}; echo "$file" >> {seen}')
+    assert edit_in_editor("x", editor=editor) == "x\n"
+    mode, folder_mode, path = seen.read_text().split()
+    assert (mode, folder_mode) == ("600", "700")
+    assert path.endswith("edit.yaml")
+    assert not Path(path).exists()
+    assert not Path(path).parent.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("exit 1", "the editor '{editor} --bad' exited with status 1"),
+        ("kill -9 $$", "the editor '{editor} --bad' was stopped by SIGKILL"),
+        ('rm -- "$file"', "the editor '{editor} --bad' removed the file it was editing"),
+        (
+            'printf "task: \\377\\376" > "$file"',
+            "the editor '{editor} --bad' saved text that is not UTF-8 (byte 0xff at offset 6)",
+        ),
+        (
+            'rm -- "$file"; mkdir -- "$file"',
+            "the editor '{editor} --bad' left a file that cannot be read: Is a directory",
+        ),
+        (
+            'head -c 4194305 /dev/zero > "$file"',
+            "the editor '{editor} --bad' saved more than 4 MiB",
+        ),
+    ],
+)
+def test_an_editor_that_fails_is_one_config_error(tmp_path: Path, body: str, problem: str) -> None:
+    editor = _editor(tmp_path, body)
+    with pytest.raises(ConfigError) as raised:
+        edit_in_editor("task: x\n", editor=f"{editor} --bad")
+    assert str(raised.value) == problem.format(editor=editor)
+
+
+@pytest.mark.parametrize(
+    ("command", "problem"),
+    [
+        (
+            "/nonexistent/editor",
+            "the editor '/nonexistent/editor' could not be started: No such file or directory",
+        ),
+        ("{text}", "the editor '{text}' could not be started: Permission denied"),
+        ("{script}", "the editor '{script}' could not be started: Exec format error"),
+        ("vi 'unclosed", 'the editor "vi \'unclosed" is not a command line: No closing quotation'),
+    ],
+)
+def test_an_editor_that_cannot_start_is_one_config_error(tmp_path: Path, command: str, problem: str) -> None:
+    text, script = tmp_path / "text", tmp_path / "script"  # not executable; executable, not a program
+    text.write_text("hello")
+    script.write_text("hello")
+    script.chmod(0o755)
+    with pytest.raises(ConfigError) as raised:
+        edit_in_editor("x", editor=command.format(text=text, script=script))
+    assert str(raised.value) == problem.format(text=text, script=script)
+
+
+def test_an_empty_editor_setting_falls_back_and_blank_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VISUAL", "   ")
+    monkeypatch.setenv("EDITOR", "")
+    assert editor_command() in ("sensible-editor", "vim", "nano", "vi")
+    with pytest.raises(ConfigError, match=r"^the editor setting \(\$VISUAL or \$EDITOR\) is empty$"):
+        edit_in_editor("x", editor="  ")

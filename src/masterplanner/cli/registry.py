@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .app import app, console
+from .app import app, console, load_settings
 from .runs import RunId
+from .terminal import json_text, shown
 
 if TYPE_CHECKING:
     from ..registry import AgentSpec, RegistryStore
@@ -33,9 +34,8 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 def _store() -> RegistryStore:
     from ..registry import open_registry
-    from ..settings import Settings
 
-    settings = Settings.load()
+    settings = load_settings()
     settings.ensure_home()
     return open_registry(settings)
 
@@ -50,26 +50,25 @@ def _row(agent: AgentSpec) -> dict[str, object]:
 @agents_app.command("list")
 def agents_list(as_json: JsonFlag = False) -> None:
     """Every agent, most recently updated first."""
-    from rich.markup import escape
     from rich.table import Table
 
     agents = _store().list_agents()
     if as_json:
-        typer.echo(json.dumps([_row(agent) for agent in agents], indent=2))
+        typer.echo(json_text([_row(agent) for agent in agents]))
         return
     table = Table("id", "name", "role", "version", "uses", "success", "rating")
     for agent in agents:
         rate, rating = agent.stats.success_rate, agent.stats.mean_rating
         table.add_row(
-            agent.id,
-            escape(agent.name),
-            escape(agent.role),
+            shown(agent.id),
+            shown(agent.name),
+            shown(agent.role),
             str(agent.version),
             str(agent.stats.uses),
             "—" if rate is None else f"{rate:.0%}",
             "—" if rating is None else f"{rating:.1f}",
         )
-    console().print(table)
+    console().print(table, highlight=False)
 
 
 @agents_app.command("show")
@@ -79,27 +78,26 @@ def agents_show(
     as_json: JsonFlag = False,
 ) -> None:
     """One agent: prompt, tools, origin, stats, lessons, versions."""
-    from rich.markup import escape
-
     store = _store()
     agent = store.get_agent(agent_id, version)
     versions = store.versions(agent_id)
     if as_json:
-        typer.echo(json.dumps(_row(agent) | {"versions": versions}, indent=2))
+        typer.echo(json_text(_row(agent) | {"versions": versions}))
         return
     out = console()
     out.print(
-        f"[bold]{escape(agent.name)}[/] ({agent.id}, version {agent.version} of {versions})", highlight=False
+        f"[bold]{shown(agent.name)}[/] ({shown(agent.id)}, version {agent.version} of {shown(versions)})",
+        highlight=False,
+        soft_wrap=True,
     )
-    out.print(
-        f"[dim]role[/] {escape(agent.role)}   [dim]tools[/] {', '.join(agent.tools) or '—'}", highlight=False
-    )
+    tools = shown(", ".join(agent.tools) or "—")
+    out.print(f"[dim]role[/] {shown(agent.role)}   [dim]tools[/] {tools}", highlight=False, soft_wrap=True)
     if agent.description:
-        out.print(escape(agent.description), highlight=False)
+        out.print(shown(agent.description, lines=True), highlight=False)
     out.print("[bold]prompt[/]")
-    out.print(escape(agent.system_prompt), highlight=False)
+    out.print(shown(agent.system_prompt, lines=True), highlight=False)
     for lesson in agent.lessons:
-        out.print(f"[yellow]lesson[/] {escape(lesson)}", highlight=False)
+        out.print(f"[yellow]lesson[/] {shown(lesson, lines=True)}", highlight=False)
 
 
 @agents_app.command("search")
@@ -109,57 +107,68 @@ def agents_search(
     as_json: JsonFlag = False,
 ) -> None:
     """Agents whose role, description, keywords or prompt match QUERY (BM25 with a track-record prior)."""
-    from rich.markup import escape
-
     results = _store().search_agents(query, limit)
     if as_json:
-        typer.echo(
-            json.dumps([_row(agent) | {"score": round(score, 4)} for agent, score in results], indent=2)
-        )
+        typer.echo(json_text([_row(agent) | {"score": round(score, 4)} for agent, score in results]))
         return
     for agent, score in results:
         console().print(
-            f"{score:7.3f}  {agent.id}  {escape(agent.name)} — {escape(agent.role)}", highlight=False
+            f"{score:7.3f}  {shown(agent.id)}  {shown(agent.name)} — {shown(agent.role)}",
+            highlight=False,
+            soft_wrap=True,
         )
 
 
 @agents_app.command("edit")
 def agents_edit(agent_id: Annotated[str, typer.Argument(help="The agent's id.")]) -> None:
-    """Edit an agent in $EDITOR (JSON); saving makes a new version, older ones stay readable."""
-    import click
+    """Edit an agent in $VISUAL or $EDITOR (JSON); saving makes a new version, older ones stay readable."""
     from pydantic import ValidationError
 
     from ..errors import ConfigError
     from ..registry import AgentSpec
+    from ..review import edit_in_editor
 
     store = _store()
     agent = store.get_agent(agent_id)
-    editable = agent.model_dump(mode="json", exclude={"stats", "version"})
-    edited = click.edit(json.dumps(editable, indent=2), extension=".json", require_save=True)
-    if edited is None:
+    editable = json_text(agent.model_dump(mode="json", exclude={"stats", "version"}))
+    try:
+        edited = edit_in_editor(editable, extension=".json")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; agent {agent.id} is unchanged") from None
+    if edited.strip() == editable.strip():
         console(stderr=True).print("no change")
         return
     try:
         data = json.loads(edited)
+        if not isinstance(data, dict):
+            raise ConfigError("the edit is not a valid agent, nothing changed: it must be a JSON object")
         spec = AgentSpec.model_validate({**data, "id": agent.id, "stats": agent.stats.model_dump()})
-    except (json.JSONDecodeError, ValidationError) as exc:
-        raise ConfigError(f"the edit is not a valid agent, nothing changed: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"the edit is not valid JSON, nothing changed: {exc}") from None
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'agent'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigError(f"the edit is not a valid agent, nothing changed: {problems}") from None
     stored = store.put_agent(spec)
-    console(stderr=True).print(f"agent {stored.id} is now version {stored.version}")
+    console(stderr=True).print(
+        f"agent {shown(stored.id)} is now version {stored.version}", highlight=False, soft_wrap=True
+    )
 
 
 @agents_app.command("rm")
 def agents_rm(agent_id: Annotated[str, typer.Argument(help="The agent's id.")]) -> None:
     """Remove an agent and every version of it."""
     _store().delete_agent(agent_id)
-    console(stderr=True).print(f"removed agent {agent_id}")
+    console(stderr=True).print(f"removed agent {shown(agent_id)}", highlight=False, soft_wrap=True)
 
 
 @agents_app.command("export")
 def agents_export(path: Annotated[Path, typer.Argument(help="The JSON-lines file to write.")]) -> None:
     """Write every agent to a JSON-lines file (import reads it back exactly)."""
     count = _store().export_agents(path)
-    console(stderr=True).print(f"exported {count} agent(s) to {path}")
+    console(stderr=True).print(f"exported {count} agent(s) to {shown(path)}", highlight=False, soft_wrap=True)
 
 
 @agents_app.command("import")
@@ -172,20 +181,24 @@ def agents_import(
     if not path.is_file():
         raise ConfigError(f"{path} is not a file")
     count = _store().import_agents(path)
-    console(stderr=True).print(f"imported {count} agent(s) from {path}")
+    console(stderr=True).print(
+        f"imported {count} agent(s) from {shown(path)}", highlight=False, soft_wrap=True
+    )
 
 
 @cohorts_app.command("list")
 def cohorts_list(as_json: JsonFlag = False) -> None:
     """Every cohort, newest first."""
-    from rich.markup import escape
-
     cohorts = _store().list_cohorts()
     if as_json:
-        typer.echo(json.dumps([cohort.model_dump(mode="json") for cohort in cohorts], indent=2))
+        typer.echo(json_text([cohort.model_dump(mode="json") for cohort in cohorts]))
         return
     for cohort in cohorts:
-        console().print(f"{cohort.id}  {cohort.outcome}  {escape(cohort.task[:80])}", highlight=False)
+        console().print(
+            f"{shown(cohort.id)}  {shown(cohort.outcome)}  {shown(cohort.task[:80])}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @cohorts_app.command("show")
@@ -194,14 +207,14 @@ def cohorts_show(
 ) -> None:
     """One cohort: task, plan shape, agents, outcome, rating."""
     cohort = _store().get_cohort(cohort_id)
-    typer.echo(json.dumps(cohort.model_dump(mode="json"), indent=2 if as_json else 1))
+    typer.echo(json_text(cohort.model_dump(mode="json"), indent=2 if as_json else 1))
 
 
 @cohorts_app.command("rm")
 def cohorts_rm(cohort_id: Annotated[str, typer.Argument(help="The cohort's id.")]) -> None:
     """Remove a cohort (its agents stay)."""
     _store().delete_cohort(cohort_id)
-    console(stderr=True).print(f"removed cohort {cohort_id}")
+    console(stderr=True).print(f"removed cohort {shown(cohort_id)}", highlight=False, soft_wrap=True)
 
 
 @app.command(short_help="Rate a finished run; a rating of 2 or less teaches its agents lessons.")
@@ -225,9 +238,8 @@ def feedback(
     from ..feedback import give_feedback
     from ..models import resolve_model
     from ..plan import Plan
-    from ..settings import Settings
 
-    settings = Settings.load()
+    settings = load_settings()
     engine = Engine(settings)
     run = engine.store.get_run(run_id)
     if run.plan is None:
@@ -250,13 +262,12 @@ def feedback(
     )
     if as_json:
         typer.echo(
-            json.dumps(
+            json_text(
                 {
                     "rated_agents": result.rated_agents,
                     "cohort_rated": result.cohort_rated,
                     "lessons": result.lessons,
-                },
-                indent=2,
+                }
             )
         )
         return
@@ -264,26 +275,26 @@ def feedback(
     out.print(f"rated {len(result.rated_agents)} agent(s){' and the team' if result.cohort_rated else ''}")
     for agent_id, lessons in result.lessons.items():
         for lesson in lessons:
-            out.print(f"lesson for {agent_id}: {lesson}", highlight=False)
+            out.print(f"lesson for {shown(agent_id)}: {shown(lesson, lines=True)}", highlight=False)
 
 
 def _memory() -> MemoryStore:
     from ..registry.memory import MemoryStore
-    from ..settings import Settings
 
-    settings = Settings.load()
+    settings = load_settings()
     return MemoryStore(_store(), ttl_days=settings.memory_ttl_days, max_items=settings.memory_max_items)
 
 
 def _print_memories(items: list[MemoryItem], as_json: bool) -> None:
-    from rich.markup import escape
-
     if as_json:
-        typer.echo(json.dumps([item.to_json_dict() for item in items], indent=2))
+        typer.echo(json_text([item.to_json_dict() for item in items]))
         return
     for item in items:
         console().print(
-            f"{item.id}  {item.kind:<7}  {item.created_at[:10]}  {escape(item.text[:100])}", highlight=False
+            f"{shown(item.id)}  {shown(f'{item.kind:<7}')}  {shown(item.created_at[:10])}  "
+            f"{shown(item.text[:100])}",
+            highlight=False,
+            soft_wrap=True,
         )
 
 
@@ -321,4 +332,4 @@ def memory_search(
 def memory_rm(memory_id: Annotated[str, typer.Argument(help="The memory's id.")]) -> None:
     """Forget one memory."""
     _memory().forget(memory_id)
-    console(stderr=True).print(f"forgot {memory_id}")
+    console(stderr=True).print(f"forgot {shown(memory_id)}", highlight=False, soft_wrap=True)

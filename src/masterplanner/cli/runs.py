@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from .app import app, console
+from .app import app, console, load_settings
+from .live import EventLines, LiveTree, event_line, print_summary, wants_live_view
+from .terminal import json_text, shown, visible
 
 if TYPE_CHECKING:
-    from ..engine import Decision, Engine, Event, RunRecord
+    from ..engine import Decision, Engine, RunRecord
     from ..settings import Settings
     from ..tools import Catalog
 
@@ -72,7 +74,6 @@ def run(
     """
     from ..engine import RunOptions
     from ..errors import ConfigError
-    from ..settings import Settings
 
     if not 1 <= max_parallel <= 64:
         raise ConfigError(f"--max-parallel must be between 1 and 64, got {max_parallel}")
@@ -84,7 +85,7 @@ def run(
     for name, count in (("--max-calls", max_calls), ("--max-tokens", max_tokens)):
         if count < 1:
             raise ConfigError(f"{name} must be at least 1, got {count}")
-    settings = Settings.load(model=model)
+    settings = load_settings(model=model)
     engine = _engine(settings)
     options = RunOptions(
         max_parallel=max_parallel,
@@ -97,42 +98,54 @@ def run(
         tool_policies=dict(settings.tool_policies),
     )
     record = engine.create_run(task, model=settings.model, options=options, workspace=workspace)
-    console(stderr=True).print(f"[bold]run {record.id}[/] · workspace {record.workspace}", highlight=False)
+    console(stderr=True).print(
+        f"[bold]run {shown(record.id)}[/] · workspace {shown(record.workspace)}",
+        highlight=False,
+        soft_wrap=True,
+    )
     _execute(engine, record.id, as_json=as_json)
 
 
 def _execute(engine: Engine, run_id: str, *, as_json: bool) -> None:
-    final = asyncio.run(_execute_with_progress(engine, run_id))
+    started = time.monotonic()
+    final, live = asyncio.run(_execute_with_progress(engine, run_id))
     report = engine.report(final.id)
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
-    else:
-        _print_outcome(report)
+        typer.echo(json_text(report))
+    elif report.get("output"):
+        typer.echo(visible(report["output"], lines=True))
+    print_summary(console(stderr=True), report, final, time.monotonic() - started, tree=live)
     raise typer.Exit(_EXIT.get(final.status, 0))
 
 
 class _Terminal:
     """The CLI as a run's front end.
 
-    It prints the run's events as they are appended, and asks the person (plan review, tool
-    approvals, agents' questions) with the event stream paused meanwhile.
+    It shows the run as its events are appended (a live tree in a terminal, event lines
+    otherwise), and asks the person (plan review, tool approvals, agents' questions) one
+    question at a time, with the display paused meanwhile.
     """
 
     def __init__(self, engine: Engine, run_id: str) -> None:
         self.engine = engine
         self.run_id = run_id
         self.out = console(stderr=True)
-        self.seen = max((event.seq for event in engine.store.events(run_id)), default=0)
+        history = engine.store.events(run_id)
+        self.seen = history[-1].seq if history else 0
+        self.live = wants_live_view(self.out)
+        self.display: EventLines | LiveTree = (
+            LiveTree(self.out, engine.store, run_id, history) if self.live else EventLines(self.out)
+        )
         self.running = asyncio.Event()
         self.running.set()
+        self.asking = asyncio.Lock()
 
     def flush(self) -> None:
-        """Print the events appended since the last flush."""
+        """Show the events appended since the last flush (and, live, redraw the tree)."""
         fresh = self.engine.store.events(self.run_id, after=self.seen)
         if fresh:
             self.seen = fresh[-1].seq
-        for event in fresh:
-            self.out.print(_event_line(event), highlight=False)
+        self.display.show(fresh)
 
     async def follow(self) -> None:
         while True:
@@ -141,12 +154,17 @@ class _Terminal:
             await asyncio.sleep(0.2)
 
     async def _ask(self, question: Callable[..., T], *args: Any) -> T:
-        self.running.clear()
-        self.flush()
-        try:
-            return await asyncio.to_thread(question, *args)
-        finally:
-            self.running.set()
+        # Steps run in parallel: their questions wait for each other, never share the terminal.
+        async with self.asking:
+            self.running.clear()
+            try:
+                self.flush()
+                self.display.pause()
+                answer = await asyncio.to_thread(question, *args)
+                self.display.resume()
+                return answer
+            finally:
+                self.running.set()
 
     async def review(self, run: RunRecord, catalog: Catalog) -> Decision:
         return await self._ask(_review_in_terminal, run, catalog)
@@ -161,15 +179,18 @@ class _Terminal:
         return await self._ask(_remember_in_terminal, run)
 
 
-async def _execute_with_progress(engine: Engine, run_id: str) -> RunRecord:
-    """Execute the run in this terminal; also resume, beside it, runs left behind by a crash."""
-    from rich.markup import escape
+async def _execute_with_progress(engine: Engine, run_id: str) -> tuple[RunRecord, bool]:
+    """Execute the run in this terminal; also resume, beside it, runs left behind by a crash.
 
+    Returns the run's final record, and whether it was shown as a live tree.
+    """
     terminal = _Terminal(engine, run_id)
     follower = asyncio.ensure_future(terminal.follow())
     crashed = [other for other in engine.store.crashed_runs() if other != run_id]
     for other in crashed:
-        terminal.out.print(f"resuming run {other}, interrupted by a crash, beside this one", highlight=False)
+        terminal.out.print(
+            f"resuming run {shown(other)}, interrupted by a crash, beside this one", highlight=False
+        )
     try:
         results = await asyncio.gather(
             engine.execute(
@@ -182,29 +203,33 @@ async def _execute_with_progress(engine: Engine, run_id: str) -> RunRecord:
             *(engine.execute(other) for other in crashed),
             return_exceptions=True,
         )
+    except BaseException:  # Ctrl-C: no summary follows, the tree stays where the run stopped
+        terminal.display.close(keep=True)
+        raise
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
+    stopped = isinstance(results[0], BaseException)
+    if not stopped:
+        terminal.flush()
+    terminal.display.close(keep=stopped)
     for other, result in zip(crashed, results[1:], strict=True):
         status = result.status if not isinstance(result, BaseException) else f"not resumed: {result}"
-        terminal.out.print(f"run {other}: {status}", highlight=False)
+        terminal.out.print(f"run {shown(other)}: {shown(status)}", highlight=False, soft_wrap=True)
     if isinstance(results[0], BaseException):
         raise results[0]
     final = results[0]
-    terminal.flush()
     if final.error:
-        terminal.out.print(f"[red]{escape(final.error)}[/]", highlight=False)
-    return final
+        terminal.out.print(f"[red]{shown(final.error)}[/]", highlight=False, soft_wrap=True)
+    return final, terminal.live
 
 
 def _approve_in_terminal(step_id: str, tool: str, arguments: dict[str, Any]) -> bool:
     """Ask whether a tool call under policy `ask` may run; closed input means no."""
-    from rich.markup import escape
-
     out = console(stderr=True)
-    out.print(f"[bold]step {escape(step_id)} wants to call {escape(tool)}[/]", highlight=False)
+    out.print(f"[bold]step {shown(step_id)} wants to call {shown(tool)}[/]", highlight=False, soft_wrap=True)
     for key, value in arguments.items():
-        out.print(f"[dim]{escape(key)}:[/] {escape(str(value))}", highlight=False)
+        out.print(f"[dim]{shown(key)}:[/] {shown(value, lines=True)}", highlight=False, soft_wrap=True)
     try:
         answer = typer.prompt("allow this call? [y/n]", default="n", err=True)
     except (typer.Abort, EOFError):
@@ -214,9 +239,9 @@ def _approve_in_terminal(step_id: str, tool: str, arguments: dict[str, Any]) -> 
 
 def _answer_in_terminal(question: str) -> str:
     """Put an agent's question to the person; closed input gives an empty answer."""
-    from rich.markup import escape
-
-    console(stderr=True).print(f"[bold]an agent asks:[/] {escape(question)}", highlight=False)
+    console(stderr=True).print(
+        f"[bold]an agent asks:[/] {shown(question, lines=True)}", highlight=False, soft_wrap=True
+    )
     try:
         return str(typer.prompt("your answer", default="", err=True, show_default=False))
     except (typer.Abort, EOFError):
@@ -238,42 +263,14 @@ def _remember_in_terminal(run: RunRecord) -> bool:
         return False
 
 
-def _event_line(event: Event) -> str:
-    from rich.markup import escape
-
-    time = event.at[11:19]
-    step = f" [cyan]{escape(event.step)}[/]" if event.step else ""
-    detail = ""
-    data = event.data
-    if event.kind in ("tool_called", "tool_result"):
-        detail = f" {data.get('tool')}" + (
-            f" [red]{escape(str(data['error']))}[/]" if "error" in data else ""
-        )
-    elif event.kind in ("tool_approval_requested", "tool_approved", "tool_denied"):
-        detail = f" {data.get('tool')}" + (f" (by {data['by']})" if "by" in data else "")
-    elif event.kind in ("step_failed", "step_retried"):
-        detail = f" [red]{escape(str(data.get('error', '')))}[/]"
-    elif event.kind in ("run_failed", "run_cancelled", "rejected"):
-        detail = f" {escape(str(data.get('reason', '')))}"
-    elif event.kind == "plan_ready" and "reused_cohort" in data:
-        detail = (
-            f" reusing the team of run {data['reused_cohort']} (similarity {data['similarity']}, "
-            f"adapted: {data.get('adaptation')})"
-        )
-    elif event.kind == "plan_ready" and "reuse_failed" in data:
-        detail = f" [yellow]{escape(str(data['reuse_failed']))}[/]; planned afresh"
-    colour = {"run_succeeded": "green", "step_succeeded": "green", "run_failed": "red", "step_failed": "red"}
-    kind = f"[{colour[event.kind]}]{event.kind}[/]" if event.kind in colour else event.kind
-    return f"[dim]{time}[/] {kind}{step}{detail}"
-
-
 def _review_in_terminal(run: RunRecord, catalog: Catalog) -> Decision:
-    """Show the plan and prompts; ask to approve, reject or edit (edits reopen until they validate)."""
-    import click
+    """Show the plan and prompts; ask to approve, reject or edit (edits reopen until they validate).
 
+    An editor that fails is a `ConfigError`: the run keeps awaiting approval, its plan unchanged.
+    """
     from ..errors import ConfigError, PlanError
     from ..plan import Plan
-    from ..review import parse_review_yaml, render_review_yaml, with_errors_on_top
+    from ..review import edit_in_editor, parse_review_yaml, render_review_yaml, with_errors_on_top
     from .app import _print_plan_dict
 
     plan = Plan.model_validate(run.plan)
@@ -298,14 +295,20 @@ def _review_in_terminal(run: RunRecord, catalog: Catalog) -> Decision:
             continue
         text = render_review_yaml(plan, agents, policies)
         while True:
-            edited = click.edit(text, extension=".yaml", require_save=False)
-            if edited is None:
-                break
+            try:
+                edited = edit_in_editor(text, extension=".yaml")
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"{exc}; the plan is unchanged and run {run.id} still awaits approval "
+                    f"(`masterplanner runs resume {run.id}` to review it again)"
+                ) from None
             try:
                 edit = parse_review_yaml(edited, catalog, agents)
             except PlanError as exc:
                 console(stderr=True).print(
-                    f"[red]the edit is invalid:[/] {'; '.join(exc.problems)}", highlight=False
+                    f"[red]the edit is invalid:[/] {shown('; '.join(exc.problems))}",
+                    highlight=False,
+                    soft_wrap=True,
                 )
                 text = with_errors_on_top(edited, exc)
                 continue
@@ -320,47 +323,29 @@ def _review_in_terminal(run: RunRecord, catalog: Catalog) -> Decision:
             break
 
 
-def _print_outcome(report: dict[str, Any]) -> None:
-    from rich.markup import escape
-
-    out = console()
-    status = report["status"]
-    colour = "green" if status == "succeeded" else "red"
-    console(stderr=True).print(f"[{colour}]run {report['run_id']} {status}[/]", highlight=False)
-    if report.get("output"):
-        out.print(escape(report["output"]), highlight=False)
-    usage = report["usage"]
-    console(stderr=True).print(
-        f"[dim]{usage['llm_calls']} model call(s) · {usage['input_tokens']} in / "
-        f"{usage['output_tokens']} out tokens[/]"
-    )
-
-
 @runs_app.command("list", short_help="List runs, newest first.")
 def runs_list(
     limit: Annotated[int, typer.Option("--limit", help="How many runs to list.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List runs with their status (reads only; never resumes or executes anything)."""
-    from rich.markup import escape
     from rich.table import Table
 
-    from ..settings import Settings
-
-    engine = _engine(Settings.load())
+    engine = _engine(load_settings())
     records = engine.store.list_runs(limit)
     if as_json:
         rows = [
             {"run_id": r.id, "status": r.status, "task": r.task, "created_at": r.created_at, "model": r.model}
             for r in records
         ]
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json_text(rows))
         return
     table = Table("run", "status", "created", "task")
     for record in records:
         task = record.task if len(record.task) <= 60 else record.task[:59] + "…"
-        table.add_row(record.id, record.status, record.created_at[:19].replace("T", " "), escape(task))
-    console().print(table)
+        created = record.created_at[:19].replace("T", " ")
+        table.add_row(shown(record.id), shown(record.status), shown(created), shown(task))
+    console().print(table, highlight=False)
 
 
 @runs_app.command("show", short_help="Show a run: plan, steps, events and usage.")
@@ -369,36 +354,35 @@ def runs_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show a run (reads only; never resumes or executes anything)."""
-    from rich.markup import escape
     from rich.table import Table
 
-    from ..settings import Settings
-
-    engine = _engine(Settings.load())
+    engine = _engine(load_settings())
     report = engine.report(run_id)
     events = engine.store.events(report["run_id"])
     if as_json:
-        typer.echo(json.dumps(report | {"events": [event.to_json_dict() for event in events]}, indent=2))
+        typer.echo(json_text(report | {"events": [event.to_json_dict() for event in events]}))
         return
     out = console()
     out.print(
-        f"[bold]run {report['run_id']}[/] · {report['status']} · {escape(report['task'])}", highlight=False
+        f"[bold]run {shown(report['run_id'])}[/] · {shown(report['status'])} · {shown(report['task'])}",
+        highlight=False,
+        soft_wrap=True,
     )
     table = Table("step", "status", "attempts", "started", "finished", "error")
     for step in report["steps"]:
         table.add_row(
-            step["id"],
-            step["status"],
-            str(step["attempts"]),
-            (step["started_at"] or "")[11:23],
-            (step["finished_at"] or "")[11:23],
-            escape(step["error"] or ""),
+            shown(step["id"]),
+            shown(step["status"]),
+            shown(step["attempts"]),
+            shown((step["started_at"] or "")[11:23]),
+            shown((step["finished_at"] or "")[11:23]),
+            shown(step["error"] or ""),
         )
-    out.print(table)
+    out.print(table, highlight=False)
     for event in events:
-        out.print(_event_line(event), highlight=False)
+        out.print(event_line(event), highlight=False, soft_wrap=True)
     if report["output"]:
-        out.print(escape(report["output"]), highlight=False)
+        typer.echo(visible(report["output"], lines=True))
 
 
 @runs_app.command("resume", short_help="Continue an interrupted run from its last checkpoint.")
@@ -407,11 +391,11 @@ def runs_resume(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run report as JSON.")] = False,
 ) -> None:
     """Continue a run that stopped (crash, kill, Ctrl-C): finished steps are not run again."""
-    from ..settings import Settings
-
-    engine = _engine(Settings.load())
+    engine = _engine(load_settings())
     record = engine.store.get_run(run_id)
-    console(stderr=True).print(f"[bold]resuming run {record.id}[/] ({record.status})", highlight=False)
+    console(stderr=True).print(
+        f"[bold]resuming run {shown(record.id)}[/] ({shown(record.status)})", highlight=False, soft_wrap=True
+    )
     _execute(engine, record.id, as_json=as_json)
 
 
@@ -421,15 +405,11 @@ def runs_cancel(
     wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for running steps to stop.")] = 15.0,
 ) -> None:
     """Cancel a run: running steps stop promptly and no new step starts."""
-    import time
-
-    from ..settings import Settings
-
-    engine = _engine(Settings.load())
+    engine = _engine(load_settings())
     record = engine.request_cancel(run_id)
     deadline = time.monotonic() + wait
     while record.status != "cancelled" and not record.finished and time.monotonic() < deadline:
         time.sleep(0.2)
         record = engine.store.get_run(record.id)
-    console(stderr=True).print(f"run {record.id} {record.status}", highlight=False)
+    console(stderr=True).print(f"run {shown(record.id)} {shown(record.status)}", highlight=False)
     raise typer.Exit(0 if record.status == "cancelled" else 1)

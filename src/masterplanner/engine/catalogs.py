@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 
 from ..sandbox import sandbox_problems
 from ..settings import Settings
-from ..tools import Catalog, builtin_catalog
+from ..tools import BUILTIN_TOOL_NAMES, Catalog, ToolSpec, builtin_catalog
 from ..tools.http import HttpPolicy
 from ..tools.images import ImageConfig
 from ..tools.mcp import discover_tools
@@ -16,27 +16,81 @@ from ..tools.web_search import SearchConfig
 from .step_agent import RUNNABLE_TOOLS
 from .step_tools import ToolContext
 
-__all__ = ["run_catalog", "tool_context", "with_mcp_tools"]
+__all__ = ["RunCatalog", "run_catalog", "tool_context", "with_mcp_tools"]
+
+_WEB_SEARCH_HOW_TO = (
+    "set web_search_backend to local (with web_search_folder), searxng (with searxng_url), "
+    "brave (with BRAVE_API_KEY) or tavily (with TAVILY_API_KEY), "
+    "e.g. MASTERPLANNER_WEB_SEARCH_BACKEND=local MASTERPLANNER_WEB_SEARCH_FOLDER=/path/to/notes"
+)
+_HTTP_HOW_TO = """set http_allowed_domains (e.g. MASTERPLANNER_HTTP_ALLOWED_DOMAINS='["example.com"]')"""
 
 
-def run_catalog(settings: Settings | None = None) -> Catalog:
+class RunCatalog(Catalog):
+    """A run's tools, which also knows why the tools it leaves out are missing here.
+
+    Plan validation (`plan.tool_problems`) asks `why_missing`, so a plan naming a tool that
+    cannot run here says which setting enables it, wherever the plan came from: the planner,
+    a review edit, a reused team.
+    """
+
+    def __init__(
+        self, tools: Iterable[ToolSpec], *, missing: Mapping[str, str], mcp_servers: Iterable[str] = ()
+    ) -> None:
+        super().__init__(tools)
+        self.missing = dict(missing)
+        """Built-in tool -> what enables it, for the ones left out."""
+        self.mcp_servers = tuple(mcp_servers)
+        """The configured MCP servers (their tools are named `<server>_<tool>`)."""
+
+    def why_missing(self, name: str) -> str | None:
+        """What would make tool `name` available here, or None when nothing would."""
+        if name in self:
+            return None
+        if name in BUILTIN_TOOL_NAMES:
+            return self.missing.get(name)
+        for server in self.mcp_servers:
+            if name.startswith(server + "_"):
+                offered = ", ".join(tool for tool in self.names if tool.startswith(server + "_"))
+                return f"the MCP server {server!r} offers no such tool (it offers: {offered or 'none'})"
+        if "_" not in name:
+            return None  # not the name of an MCP server's tool either
+        configured = ", ".join(self.mcp_servers) or "none"
+        return (
+            f"no configured MCP server offers it (configured: {configured}); a server's tools are "
+            "named SERVER_TOOL once mcp_servers configures it (a [mcp_servers.SERVER] table in "
+            "masterplanner.toml, or MASTERPLANNER_MCP_SERVERS)"
+        )
+
+
+def run_catalog(settings: Settings | None = None) -> RunCatalog:
     """The tools a run's planner may assign: those step agents can run here.
 
     With `settings`, tools that could only fail are left out, so the planner does not pick them:
     `web_search` without a backend, `http_request` without allowed domains, `generate_image`
     without an API key, `code_execution` where the sandbox cannot start. (The embedded model
     otherwise planned a haiku in twelve steps and called `web_search` until its request cap.)
+    The catalog remembers what would enable each of them, for plan validation to say.
     """
-    names = list(RUNNABLE_TOOLS)
-    if settings is not None:
-        unusable = {
-            "web_search": settings.web_search_backend == "none",
-            "http_request": not settings.http_allowed_domains,
-            "generate_image": not os.environ.get(ImageConfig().api_key_variable),
-            "code_execution": bool(sandbox_problems()),
-        }
-        names = [name for name in names if not unusable.get(name, False)]
-    return builtin_catalog().subset(names)
+    if settings is None:
+        return RunCatalog(builtin_catalog().subset(RUNNABLE_TOOLS), missing={})
+    missing: dict[str, str] = {}
+    if settings.web_search_backend == "none":
+        missing["web_search"] = _WEB_SEARCH_HOW_TO
+    if not settings.http_allowed_domains:
+        missing["http_request"] = _HTTP_HOW_TO
+    key = ImageConfig().api_key_variable
+    if not os.environ.get(key):
+        missing["generate_image"] = (
+            f"set the environment variable {key} (the key of the images API; "
+            "image_base_url names another OpenAI-compatible one)"
+        )
+    if problems := sandbox_problems():
+        missing["code_execution"] = (
+            f"the sandbox cannot start here: {'; '.join(problems)} (masterplanner doctor checks it)"
+        )
+    names = [name for name in RUNNABLE_TOOLS if name not in missing]
+    return RunCatalog(builtin_catalog().subset(names), missing=missing, mcp_servers=settings.mcp_servers)
 
 
 def tool_context(
@@ -57,10 +111,11 @@ def tool_context(
     )
 
 
-async def with_mcp_tools(settings: Settings, context: ToolContext) -> tuple[Catalog, ToolContext]:
+async def with_mcp_tools(settings: Settings, context: ToolContext) -> tuple[RunCatalog, ToolContext]:
     """The run catalog plus the configured MCP servers' tools, and the tool context that can call them."""
     specs = await discover_tools(settings.mcp_servers)
-    catalog = Catalog([*run_catalog(settings), *specs])
+    base = run_catalog(settings)
+    catalog = RunCatalog([*base, *specs], missing=base.missing, mcp_servers=base.mcp_servers)
     return catalog, replace(
         context, mcp_servers=dict(settings.mcp_servers), mcp_specs={spec.name: spec for spec in specs}
     )

@@ -31,7 +31,7 @@ from pydantic_ai.exceptions import AgentRunError, ModelHTTPError, UnexpectedMode
 from pydantic_ai.usage import UsageLimits
 
 from ..adaptation import adapt_plan
-from ..agents import retry_settings
+from ..agents import failure_text, retry_settings
 from ..errors import (
     BudgetExceededError,
     ConfigError,
@@ -44,7 +44,7 @@ from ..errors import (
 from ..models import resolve_model
 from ..models.labelled import labelled
 from ..models.local import LocalModel
-from ..plan import Plan, Step, sinks, validate_plan, validate_task
+from ..plan import Plan, Step, sinks, tool_problems, validate_plan, validate_task
 from ..planner import plan as make_plan
 from ..prompting import create_prompts, prompts_to_json
 from ..purpose import step_purpose
@@ -150,10 +150,15 @@ class Engine:
         resolve_model(spec, self.settings)
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         folder = workspace or (self.settings.home / "workspaces" / run_id)
-        Workspace(folder).create()
-        self.store.create_run(
-            run_id, task, model=spec, workspace=str(folder.resolve()), options=options or RunOptions()
+        self.settings.record_workspace(folder)
+        options = options or RunOptions()
+        growth = options.workspace_max_growth_bytes
+        options = replace(
+            options,
+            workspace_max_growth_bytes=self.settings.workspace_max_growth_bytes if growth is None else growth,
+            workspace_start_bytes=Workspace(folder).create().allocated_bytes(),
         )
+        self.store.create_run(run_id, task, model=spec, workspace=str(folder.resolve()), options=options)
         self.store.append_event(run_id, "run_created", data={"task": task, "model": spec})
         return self.store.get_run(run_id)
 
@@ -285,7 +290,10 @@ class _Execution:
         self.run = run
         self.options = run.options
         self.catalog = run_catalog(self.settings)
-        self.workspace = Workspace(run.workspace).create()
+        growth = run.options.workspace_max_growth_bytes
+        self.workspace = Workspace(
+            run.workspace, max_bytes=None if growth is None else run.options.workspace_start_bytes + growth
+        ).create()
         self.tool_context = tool_context(self.settings, ask_person)
         self.ledger = RunLedger(self.store, run.id, run.options)
         self.model = BudgetedModel(resolve_model(run.model, self.settings), self.ledger.check)
@@ -477,7 +485,11 @@ class _Execution:
         plan = Plan.model_validate(self.run.plan)
         self.plan = plan
         stored = self.store.steps(self.run.id)
-        if not stored:
+        self._check_tools(
+            plan, {step.id for step in stored if step.status in ("succeeded", "failed", "skipped")}
+        )
+        resumed = bool(stored)
+        if not resumed:
             self.store.init_steps(self.run.id, plan.ids)
             stored = self.store.steps(self.run.id)
         finished = {
@@ -486,7 +498,10 @@ class _Execution:
             if step.status in ("succeeded", "failed", "skipped")
         }
         self.outputs = {step_id: outcome.output or "" for step_id, outcome in finished.items()}
-        self.interrupted = {step.id for step in stored if step.status == "running"}
+        # A step's workflow is recorded before its `step_started` event, so in a resumed run any
+        # unfinished step, not only a "running" one, may have a workflow a crash left pending:
+        # starting it again under its id would wait on the dead process for ever.
+        self.interrupted = {step.id for step in stored if resumed and step.id not in finished}
         try:
             async with asyncio.timeout(self._wall_time_left()):
                 outcomes = await run_dag(
@@ -515,6 +530,22 @@ class _Execution:
         self.store.append_event(self.run.id, "run_succeeded", data={"output_chars": len(output)})
         self._refresh()
         await self._remember(succeeded=True)
+
+    def _check_tools(self, plan: Plan, done: set[str]) -> None:
+        """Refuse to start when a step still to run names a tool that is not available here.
+
+        The plan was checked when it was made, but settings can change before it runs (it is
+        approved or resumed later, or by another process): say which setting enables the tool
+        before any step starts, rather than let a step fail on its first call.
+        """
+        problems = [
+            problem
+            for step in plan.steps
+            if step.id not in done
+            for problem in tool_problems(step, self.catalog)
+        ]
+        if problems:
+            raise PlanError(problems, context="the plan cannot run here")
 
     async def _remember(self, *, succeeded: bool) -> None:
         """Tell the registry how the run went; store a succeeded run's team as `remember_runs` says.
@@ -621,6 +652,7 @@ class _Execution:
             except (ModelError, UnexpectedModelBehavior, ModelHTTPError) as exc:
                 error = _describe(exc)
                 if attempt == attempts:
+                    error += f"; the step gave up after {attempts} attempts" if attempts > 1 else ""
                     break
                 delay = min(self.options.retry_backoff_s * 2 ** (attempt - 1), 30.0)
 
@@ -760,8 +792,9 @@ class _Execution:
 
 
 def _describe(exc: BaseException) -> str:
+    """A step attempt's failure in our words: a library's advice and links never reach the person."""
     if isinstance(exc, UsageLimitExceeded):
         return f"the step agent used more than {_AGENT_REQUEST_LIMIT} model requests"
-    if isinstance(exc, UnexpectedModelBehavior):
-        return f"the model's output was unusable: {exc.message}"
+    if isinstance(exc, AgentRunError):
+        return failure_text(exc)
     return str(exc) or type(exc).__name__

@@ -1,13 +1,23 @@
-"""`masterplanner eval planning`: the Master Planner against UltraTool / TMDB, beside a baseline.
+"""`masterplanner eval planning`: the Master Planner against UltraTool / TMDB, beside baselines.
 
 Scoring follows `../shared/benchmarks/README.md`: per request, node F1 over predicted vs gold tool
 names, link F1 over (source, target) tool pairs, and accuracy (the node set exactly right);
 macro-averaged over requests. A request whose planner raised `PlanError` counts as invalid and
 scores 0. When a request has no gold links and the plan predicts none, its link F1 is 1.
 
-The baseline is the design notes' planner (`prompts/baseline_planner.j2`): one plain prompt asking for
-`{"plan": [{"agent", "prompt"}]}` with the dataset's tools as the agents, no grammar, no repair;
-its steps form a chain in their order, as that design runs them.
+Three baselines run beside the planner, on the same pre-selected tools:
+
+- `design_notes` (reported as `baseline` too): the design notes' planner
+  (`prompts/baseline_planner.j2`), one plain prompt to the same model asking for
+  `{"plan": [{"agent", "prompt"}]}` with the dataset's tools as the agents, no grammar, no repair;
+  its steps form a chain in their order, as that design runs them.
+- `single` (no model): the task as one step, with the tool that best matches the task (BM25,
+  `tools.selection.best_tools`).
+- `clauses` (no model): one step per clause of the task (`plan_structure.clauses`), each with the
+  tool that best matches its clause, chained in order (each depends on the one before).
+
+The no-model baselines are computed afresh for every request, also when the planner's records
+come from a results file: they are cheap and deterministic.
 """
 
 from __future__ import annotations
@@ -23,11 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import MasterplannerError, ModelError, PlanError
 from ..plan import Plan
+from ..plan_structure import clauses
 from ..planner import PlanExample
 from ..planner import plan as make_plan
 from ..prompts import render
 from ..tools.catalog import Catalog
-from ..tools.selection import DEFAULT_PRESELECT, preselect, rank, words
+from ..tools.selection import DEFAULT_PRESELECT, best_tools, preselect, rank, words
 from ..usage import UsageLedger
 from .datasets import Request, load_dataset
 from .results import ResultsFile, planning_code_fingerprint
@@ -37,7 +48,18 @@ if TYPE_CHECKING:
 
     from pydantic_ai.models import Model
 
-__all__ = ["PlanningReport", "Scores", "evaluate_planning", "f1"]
+__all__ = [
+    "BASELINES",
+    "NO_MODEL_BASELINES",
+    "PlanningReport",
+    "Scores",
+    "evaluate_baselines",
+    "evaluate_planning",
+    "f1",
+]
+
+BASELINES = ("design_notes", "single", "clauses")
+NO_MODEL_BASELINES = ("single", "clauses")
 
 
 def f1(predicted: set[Any], gold: set[Any]) -> float:
@@ -103,35 +125,52 @@ class Scores:
 
 @dataclass
 class PlanningReport:
-    """What `eval planning` prints."""
+    """What `eval planning` prints; `planner` and the design notes' baseline are None without a model."""
 
     dataset: str
-    model: str
+    model: str | None
     requests: int
-    planner: Scores
-    baseline: Scores
+    planner: Scores | None
+    baselines: dict[str, Scores]
     preselect_limit: int
     gold_tools_kept_rate: float
-    usage: dict[str, Any]
-    baseline_usage: dict[str, Any]
+    usage: dict[str, Any] = field(default_factory=dict)
+    baseline_usage: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def baseline(self) -> Scores | None:
+        """The design notes' baseline (the one `baseline` has always named)."""
+        return self.baselines.get("design_notes")
+
+    def rows(self) -> list[tuple[str, Scores]]:
+        """Each planner's scores, for a table: masterplanner first, then the baselines."""
+        named = [("masterplanner", self.planner)] if self.planner else []
+        return named + list(self.baselines.items())
 
     def to_json_dict(self, *, per_request: bool = False) -> dict[str, Any]:
-        """Top-level planner scores, `baseline`, pre-selection survival and usage."""
-        payload: dict[str, Any] = {
-            "dataset": self.dataset,
-            "model": self.model,
-            "requests": self.requests,
-            **self.planner.summary(),
-            "baseline": self.baseline.summary(),
+        """Top-level planner scores, `baseline`, `baselines`, pre-selection survival and usage.
+
+        `baseline` is the design notes' baseline again, as results kept before `baselines`
+        existed have it. Without a model only `baselines` (`single`, `clauses`) is there.
+        """
+        payload: dict[str, Any] = {"dataset": self.dataset, "model": self.model, "requests": self.requests}
+        if self.planner:
+            payload.update(self.planner.summary())
+        if self.baseline:
+            payload["baseline"] = self.baseline.summary()
+        payload["baselines"] = {name: scores.summary() for name, scores in self.baselines.items()}
+        payload |= {
             "preselect_limit": self.preselect_limit,
             "gold_tools_kept_rate": self.gold_tools_kept_rate,
-            "usage": self.usage,
-            "baseline_usage": self.baseline_usage,
         }
+        if self.planner:
+            payload |= {"usage": self.usage, "baseline_usage": self.baseline_usage}
         if per_request:
-            payload["per_request"] = {
-                "planner": self.planner.per_request,
-                "baseline": self.baseline.per_request,
+            rows = {"planner": self.planner.per_request} if self.planner else {}
+            if self.baseline:
+                rows["baseline"] = self.baseline.per_request
+            payload["per_request"] = rows | {
+                name: self.baselines[name].per_request for name in NO_MODEL_BASELINES
             }
         return payload
 
@@ -208,6 +247,29 @@ async def _baseline(task: str, catalog: Catalog, model: Model, ledger: UsageLedg
         return None
 
 
+def _no_model_baselines(request: Request, tools: Catalog) -> dict[str, dict[str, Any]]:
+    """The `single` and `clauses` baselines' scores for one request (see the module docstring)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for name, actions in (("single", [request.text]), ("clauses", clauses(request.text))):
+        started = time.perf_counter()
+        chain = [best_tools(action, tools, 1) for action in actions]
+        nodes = {tool for step in chain for tool in step}
+        links = {
+            (source, target)
+            for before, after in pairwise(chain)
+            for source in before
+            for target in after
+            if source != target
+        }
+        scores = Scores()
+        scores.add(request, nodes, links, time.perf_counter() - started)
+        rows[name] = scores.per_request[0]
+    return rows
+
+
+_RECORD_FIELDS = ("id", "kept", "planner", "baseline", "usage", "baseline_usage")
+
+
 def _output_cap(model: Model) -> dict[str, int]:
     """The embedded model's reply and window sizes, which change its plans: part of a results header."""
     from ..models.local import LocalModel
@@ -261,7 +323,7 @@ async def evaluate_planning(
     results: Path | None = None,
     progress: Callable[[int, int, Scores], None] | None = None,
 ) -> PlanningReport:
-    """Plan every test request of `dataset` with the Master Planner and the baseline, and score both.
+    """Plan every test request of `dataset` with the Master Planner and the baselines, and score them.
 
     With `results`, each finished request is appended to that file, and requests already in it
     (from an earlier, stopped run with the same settings) are taken from it instead of planned.
@@ -278,8 +340,9 @@ async def evaluate_planning(
             "examples": examples,
             "planning_code": planning_code_fingerprint(),
         }
-        saved = ResultsFile(results, header | _output_cap(model))
-    planner_scores, baseline_scores = Scores(), Scores()
+        saved = ResultsFile(results, header | _output_cap(model), required=_RECORD_FIELDS)
+    planner_scores = Scores()
+    baselines = {name: Scores() for name in BASELINES}
     ledger, baseline_ledger = UsageLedger(), UsageLedger()
     kept = 0
     train_index = {str(request.id): words(request.text) for request in train}
@@ -287,7 +350,7 @@ async def evaluate_planning(
     for done, request in enumerate(requests):
         if progress:
             progress(done, len(requests), planner_scores.running())
-        record = saved.records.get(request.id) if saved else None
+        record = saved.records.get(str(request.id)) if saved else None
         if record is None:
             hints = (
                 [as_example(by_id[key]) for key in rank(request.text, train_index)[:examples]]
@@ -299,7 +362,10 @@ async def evaluate_planning(
                 saved.append(record)
         kept += bool(record["kept"])
         planner_scores.per_request.append(record["planner"])
-        baseline_scores.per_request.append(record["baseline"])
+        baselines["design_notes"].per_request.append(record["baseline"])
+        no_model = _no_model_baselines(request, preselect(request.text, catalog, preselect_limit))
+        for name, row in no_model.items():
+            baselines[name].per_request.append(row)
         ledger.merge(record["usage"])
         baseline_ledger.merge(record["baseline_usage"])
     if progress:
@@ -309,9 +375,33 @@ async def evaluate_planning(
         model=model_spec,
         requests=len(requests),
         planner=planner_scores.finish(),
-        baseline=baseline_scores.finish(),
+        baselines={name: scores.finish() for name, scores in baselines.items()},
         preselect_limit=preselect_limit,
         gold_tools_kept_rate=round(kept / len(requests), 4) if requests else 0.0,
         usage=ledger.summary(),
         baseline_usage=baseline_ledger.summary(),
+    )
+
+
+def evaluate_baselines(
+    dataset: str, *, limit: int | None = None, preselect_limit: int = DEFAULT_PRESELECT
+) -> PlanningReport:
+    """Score only the baselines that need no model (`single`, `clauses`) on `dataset`'s test requests."""
+    catalog, test, _ = load_dataset(dataset)
+    requests = test[:limit] if limit else test
+    baselines = {name: Scores() for name in NO_MODEL_BASELINES}
+    kept = 0
+    for request in requests:
+        tools = preselect(request.text, catalog, preselect_limit)
+        kept += set(request.nodes) <= set(tools.names)
+        for name, row in _no_model_baselines(request, tools).items():
+            baselines[name].per_request.append(row)
+    return PlanningReport(
+        dataset=dataset,
+        model=None,
+        requests=len(requests),
+        planner=None,
+        baselines={name: scores.finish() for name, scores in baselines.items()},
+        preselect_limit=preselect_limit,
+        gold_tools_kept_rate=round(kept / len(requests), 4) if requests else 0.0,
     )

@@ -43,9 +43,30 @@ from ..errors import ModelError
 from ._llama import LlamaRuntime, check_gguf, embedded_model_path, load_llama
 from ._schema import JsonSchema, compact_schema, grammar_schema, hoist_definitions
 
-__all__ = ["LocalModel", "ToolAids", "embedded_model_path", "load_llama"]
+__all__ = [
+    "SMALL_MODEL_BYTES",
+    "STRUCTURED_PLANS",
+    "LocalModel",
+    "LocalModelProfile",
+    "ToolAids",
+    "embedded_model_path",
+    "load_llama",
+]
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_call"}
+
+STRUCTURED_PLANS = "masterplanner_structured_plans"
+"""Profile flag: plans take their steps from the task's clauses and the model only fills them in
+(`clause_planner`), and steps get the small-model step aids. Set for small GGUF files only."""
+SMALL_MODEL_BYTES = 300_000_000
+"""GGUF files smaller than this count as small models (the embedded SmolLM2-135M is 98 MB)."""
+
+
+class LocalModelProfile(ModelProfile, total=False):
+    """The profile of a local model: pydantic-ai's keys and masterplanner's aid flags."""
+
+    masterplanner_structured_plans: bool
+    """See `STRUCTURED_PLANS`."""
 
 
 @dataclass
@@ -322,11 +343,12 @@ class LocalModel(Model):
         self.max_output_tokens = max_output_tokens
         super().__init__(
             settings=settings,
-            profile=ModelProfile(
+            profile=LocalModelProfile(
                 supports_tools=True,
                 supports_json_schema_output=True,
                 supports_json_object_output=True,
                 default_structured_output_mode="native",
+                masterplanner_structured_plans=self.path.stat().st_size < SMALL_MODEL_BYTES,
             ),
         )
 

@@ -1,0 +1,378 @@
+"""Plans for small models: the structure comes from the task's words, the model fills in the rest.
+
+Measured with the embedded 135M model (issue 14): left to structure a plan itself, it planned
+"Write a haiku about the sea to haiku.txt" as four unconnected steps titled with lines of the
+poem, with every `agent_role` "1234567890", and on TMDB its plans scored below plans that need no
+model (the task as one step; the task cut at its clauses into a chain). So for models whose
+profile sets `masterplanner_structured_plans` (`models.local.STRUCTURED_PLANS`), structure is not
+asked for:
+
+- one step per clause of the task (`plan_structure.clauses`); a clause that only saves the
+  previous clause's result ("save it to out.md") joins that clause's step;
+- each step depends on the one before (a chain scored link F1 0.101 on UltraTool without a
+  model, against 0.036 for depending only where a clause says "it" or names the file the
+  previous one writes);
+- its tool is the one that best matches its clause (BM25, `best_tools`): asked to choose among
+  its clause's best three, the embedded model scored node F1 0.327 on TMDB against 0.359 for
+  the best match, and once the roles were listed too it took the first offered 35 times in 36;
+- a step whose tool works on an identifier ("… based on its ID") the clause does not give is
+  preceded by one step that finds it, with the best-matching tool that needs none (at most one
+  such step per plan, so a plan has at most one step more than the task has clauses);
+- its instruction is its clause, word for word, plus "Use the result of <title>." when it
+  follows a step; never text the model wrote;
+- one model call, held by a JSON-schema grammar to exactly one entry per step, fills in each
+  step's `title` (it must start with its clause's first word, then one to five words of letters
+  and digits) and `agent_role` (one of the roles of `prompts/planner_roles.json` that best match
+  the clause). Titles are made distinct afterwards by adding a word of the clause.
+
+Stored teams shown as examples (`hints`) are not used: the structure needs none, so none of their
+content can reach the plan. Hosted and larger models keep the free-form planner (`planner.plan`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .agents import retry_settings, run_agent
+from .errors import ModelError, PlanError
+from .plan import Plan
+from .plan_structure import clauses
+from .prompts import load_examples, render
+from .tools.catalog import Catalog
+from .tools.selection import STOP_WORDS, best_tools, rank, words
+from .usage import UsageLedger
+
+if TYPE_CHECKING:
+    from pydantic_ai.models import Model
+
+__all__ = [
+    "LOOKUP_CHOICES",
+    "ROLE_CHOICES",
+    "ROLE_PATTERN",
+    "TITLE_PATTERN",
+    "DraftStep",
+    "clause_plan",
+    "draft_steps",
+    "fill_schema",
+    "needs_identifier",
+    "role_candidates",
+    "step_clauses",
+    "title_pattern",
+    "tool_candidates",
+    "uses_clause_plans",
+]
+
+ROLE_PATTERN = r"^[A-Za-z]+( [A-Za-z]+){0,2}$"
+"""An `agent_role`: one to three words of letters (every role offered matches it too)."""
+TITLE_PATTERN = r"^[A-Za-z0-9]+( [A-Za-z0-9]+){0,5}$"
+"""A `title`: at most six words of letters and digits."""
+ROLE_CHOICES = 4
+"""How many roles, best matches of its clause first, a step chooses from (and `assistant`)."""
+LOOKUP_CHOICES = 5
+"""How many of a clause's best-matching tools are searched for one that finds an identifier."""
+
+_FILE = r"[\w./-]*\w\.[A-Za-z][A-Za-z0-9]{0,7}"
+_SAVE_ONLY = re.compile(
+    rf"(?:save|write|store|put|export|copy|output)\s+"
+    rf"(?:(?:it|them|this|that|these|those|everything|(?:the|this|that|your|my)\s+\w+(?:\s+\w+)?)\s+)?"
+    rf"(?:to|in|into|as)\s+(?:(?:a|the)\s+file\s+(?:named|called)?\s*)?['\"`]?{_FILE}['\"`]?",
+    re.IGNORECASE,
+)
+_NEEDS_ID = re.compile(
+    r"\b(?:by|based on|using|with|given|from|for)\s+(?:its|their|the|a|an)?\s*(?:\w+\s+)?ids?\b",
+    re.IGNORECASE,
+)
+_GIVES_ID = re.compile(r"\bids?\b|\d{3,}", re.IGNORECASE)
+_WORD = re.compile(r"[A-Za-z0-9]+")
+
+
+def uses_clause_plans(model: Model) -> bool:
+    """Whether `model`'s profile asks for plans built from the task's clauses (small models)."""
+    from .models.local import STRUCTURED_PLANS
+
+    return bool(model.profile.get(STRUCTURED_PLANS, False))
+
+
+def step_clauses(task: str, max_steps: int) -> list[str]:
+    """The task's clauses as steps: save-only clauses joined to the one before, at most `max_steps`."""
+    steps: list[str] = []
+    for clause in clauses(task) or [task.strip()]:
+        if steps and _SAVE_ONLY.fullmatch(clause.strip()):
+            steps[-1] = f"{steps[-1]} and {clause}"
+        else:
+            steps.append(clause)
+    if len(steps) > max_steps:
+        steps[max_steps - 1 :] = [", then ".join(steps[max_steps - 1 :])]
+    return steps
+
+
+def tool_candidates(clause: str, catalog: Catalog, limit: int) -> list[str]:
+    """The `limit` tools that best match `clause`, best first, leaving out tools it shares no word with."""
+    wanted = set(words(clause))
+    return [
+        name
+        for name in best_tools(clause, catalog, limit)
+        if wanted & set(words(name) + words(catalog[name].description))
+    ]
+
+
+def needs_identifier(tool: str, catalog: Catalog) -> bool:
+    """Whether the tool's description says it works on an identifier ("… based on its ID")."""
+    return bool(_NEEDS_ID.search(catalog[tool].description))
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """A step before the model fills it in: its text (the instruction) and its tools."""
+
+    text: str
+    tools: list[str]
+
+
+def draft_steps(task: str, catalog: Catalog, max_steps: int) -> list[DraftStep]:
+    """The plan's steps in order, from the task's clauses, each with its best-matching tool.
+
+    The first step whose tool needs an identifier its clause does not give gets a step before
+    it that finds one (when the catalog has a matching tool that needs none and `max_steps`
+    leaves room).
+    """
+    texts = step_clauses(task, max_steps)
+    drafts: list[DraftStep] = []
+    looked_up = len(texts) >= max_steps
+    for text in texts:
+        tools = tool_candidates(text, catalog, 1)
+        if not looked_up and tools and needs_identifier(tools[0], catalog) and not _GIVES_ID.search(text):
+            finders = [
+                name
+                for name in tool_candidates(text, catalog, LOOKUP_CHOICES)
+                if not needs_identifier(name, catalog)
+            ]
+            if finders:
+                drafts.append(DraftStep(f"Find what this needs: {text}", finders[:1]))
+                looked_up = True
+        drafts.append(DraftStep(text, tools))
+    return drafts
+
+
+def role_candidates(clause: str, tools: Sequence[str], limit: int = ROLE_CHOICES) -> list[str]:
+    """Roles from `prompts/planner_roles.json` that best match the clause (else its tools), then `assistant`.
+
+    Left free to name a role, the embedded model wrote "write to file", "compute" or a tool's
+    name; from a list it takes the first entry, so the list is ranked for the step (BM25).
+    """
+    roles = {
+        item["role"]: words(f"{item['role']} {item['about']}") for item in load_examples("planner_roles.json")
+    }
+    ranked: list[str] = []
+    for query in (clause, " ".join(tools)):
+        wanted = set(words(query))
+        ranked = [role for role in rank(query, roles) if wanted & set(roles[role])][:limit]
+        if ranked:
+            break
+    return [*ranked, "assistant"] if "assistant" not in ranked else ranked
+
+
+def title_pattern(clause: str) -> str:
+    """`TITLE_PATTERN`, held to start with the clause's first word (its verb, mostly).
+
+    Free to title a step, the embedded model wrote "The sea is a great place" for "Write a haiku
+    about the sea to haiku.txt"; made to start with "Write", it wrote "Write the haiku about the sea".
+    """
+    first = _WORD.match(clause.strip())
+    if first is None:
+        return TITLE_PATTERN
+    word = first.group()
+    return rf"^{word[:1].upper()}{word[1:]}( [A-Za-z0-9]+){{1,5}}$"
+
+
+def fill_schema(titles: Sequence[str], roles: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """The schema the model fills in: exactly one entry per step, with its title pattern and roles.
+
+    Under a grammar, a role of digits or a title that is a line of prose cannot be written.
+    """
+    entries = [
+        {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string", "pattern": title},
+                "agent_role": {"type": "string", "pattern": ROLE_PATTERN, "enum": list(choices)},
+            },
+            "required": ["title", "agent_role"],
+            "additionalProperties": False,
+        }
+        for title, choices in zip(titles, roles, strict=True)
+    ]
+    steps = {"type": "array", "prefixItems": entries, "minItems": len(entries), "maxItems": len(entries)}
+    return {
+        "type": "object",
+        "title": "Steps",
+        "properties": {"steps": steps},
+        "required": ["steps"],
+        "additionalProperties": False,
+    }
+
+
+def _fill_problems(fills: object, titles: Sequence[str], roles: Sequence[Sequence[str]]) -> list[str]:
+    """What is wrong with the model's fill-in (possible only without a grammar: scripted, hosted)."""
+    if not isinstance(fills, list) or len(fills) != len(titles):
+        return [f"steps: give exactly {len(titles)} entries, one per step"]
+    problems = []
+    for number, (fill, title, choices) in enumerate(zip(fills, titles, roles, strict=True), start=1):
+        if not isinstance(fill, dict):
+            problems.append(f"step {number}: expected an object with title and agent_role")
+            continue
+        if not re.fullmatch(title, str(fill.get("title", ""))):
+            first = title.removeprefix("^").split("(")[0]
+            problems.append(
+                f"step {number}: title: {first} and at most five more words of letters and digits"
+            )
+        if fill.get("agent_role") not in choices:
+            problems.append(f"step {number}: agent_role: one of {', '.join(choices)}")
+    return problems
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    text = text[:1].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else f"{text}."
+
+
+def _key_words(text: str) -> list[str]:
+    """Words of a step's text that could tell two titles apart, likeliest first (files, then last words)."""
+    files = [re.sub(r"\W+", " ", name).split()[0] for name in re.findall(_FILE, text)]
+    plain = [word for word in _WORD.findall(text) if word.lower() not in STOP_WORDS and len(word) > 2]
+    return list(dict.fromkeys([*files, *reversed(plain)]))
+
+
+def distinct_titles(titles: Sequence[str], texts: Sequence[str]) -> list[str]:
+    """`titles` with repeats told apart by a word of their step's text (or a number), still six words."""
+    taken: set[str] = set()
+    result = []
+    for title, text in zip(titles, texts, strict=True):
+        candidate = title
+        extras = [word for word in _key_words(text) if word.lower() not in title.lower().split()]
+        for extra in [*extras, *(str(number) for number in range(2, 100))]:
+            if candidate.lower() not in taken:
+                break
+            candidate = " ".join([*title.split()[:5], extra])
+        taken.add(candidate.lower())
+        result.append(candidate)
+    return result
+
+
+def _slugs(titles: Sequence[str]) -> list[str]:
+    taken: set[str] = set()
+    slugs = []
+    for title in titles:
+        base = "-".join(_WORD.findall(title.lower()))[:36].strip("-") or "step"
+        slug, number = base, 2
+        while slug in taken:
+            slug, number = f"{base}-{number}", number + 1
+        taken.add(slug)
+        slugs.append(slug)
+    return slugs
+
+
+def _read_files(text: str) -> list[str]:
+    """Files the text names but does not write to ("to/into/as FILE" is written)."""
+    written = set(re.findall(rf"\b(?:to|into|as)\s+['\"`]?({_FILE})", text, re.IGNORECASE))
+    return [name for name in re.findall(_FILE, text) if name not in written]
+
+
+def build_steps(
+    drafts: Sequence[DraftStep], fills: Sequence[dict[str, Any]], catalog: Catalog
+) -> list[dict[str, Any]]:
+    """Public-form steps: instructions from the clauses, a chain of dependencies, the model's fill-ins.
+
+    A step that names a file to read ("Summarize notes.txt") also gets `read_file`.
+    """
+    titles = distinct_titles([str(fill["title"]) for fill in fills], [draft.text for draft in drafts])
+    ids = _slugs(titles)
+    steps = []
+    for index, (draft, fill) in enumerate(zip(drafts, fills, strict=True)):
+        instruction = _sentence(draft.text)
+        if index:
+            instruction = f"{instruction} Use the result of {titles[index - 1]}."
+        tools = list(draft.tools)
+        if _read_files(draft.text) and "read_file" in catalog and "read_file" not in tools:
+            tools.append("read_file")
+        steps.append(
+            {
+                "id": ids[index],
+                "title": titles[index],
+                "instruction": instruction[:4000],
+                "agent_role": str(fill["agent_role"]),
+                "tools": tools,
+                "depends_on": [ids[index - 1]] if index else [],
+                "expected_output": "",
+            }
+        )
+    return steps
+
+
+async def clause_plan(
+    task: str,
+    catalog: Catalog,
+    *,
+    model: Model,
+    accept: Callable[[object], Plan],
+    ledger: UsageLedger | None = None,
+    max_steps: int,
+    repairs: int,
+) -> Plan:
+    """Plan `task` (already validated) from its clauses; `accept` validates the public-form steps.
+
+    One `planner` call fills in every step. A fill-in that breaks the schema (possible only
+    without a grammar) goes back to the model with its problems, and a reply cut off at the
+    output limit is asked for again, sampled; each at most `repairs` times.
+    """
+    from pydantic_ai import Agent, ModelRetry, NativeOutput, StructuredDict
+    from pydantic_ai.exceptions import OutputTokenLimitExceeded
+
+    from .models import labelled
+
+    drafts = draft_steps(task, catalog, max_steps)
+    titles = [title_pattern(draft.text) for draft in drafts]
+    roles = [role_candidates(draft.text, draft.tools) for draft in drafts]
+    output: Any = StructuredDict(
+        fill_schema(titles, roles), name="steps", description="each step's title and role"
+    )
+    if model.profile.get("supports_json_schema_output", False):
+        output = NativeOutput(output)
+    agent: Agent[None, dict[str, Any]] = Agent(
+        labelled(model, "planner", ledger or UsageLedger()),
+        output_type=output,
+        instructions=render("planner_clauses.j2"),
+        retries=repairs,
+    )
+    accepted: list[Plan] = []
+
+    @agent.output_validator
+    def check(output: dict[str, Any]) -> dict[str, Any]:
+        fills = output.get("steps")
+        problems = _fill_problems(fills, titles, roles)
+        if not problems:
+            assert isinstance(fills, list)
+            try:
+                accepted.append(accept(build_steps(drafts, fills, catalog)))
+            except PlanError as error:
+                problems = error.problems
+        if problems:
+            raise ModelRetry(render("planner_repair.j2", problems=problems))
+        return output
+
+    shown = [(draft.text, step_roles) for draft, step_roles in zip(drafts, roles, strict=True)]
+    prompt = render("planner_clauses_user.j2", task=task, steps=shown)
+    for attempt in range(repairs + 1):
+        try:
+            # A title's words have no length bound in the grammar (bounded repeats cost more
+            # grammar states per token), so a reply can run to the output cap: ask again, sampled.
+            await run_agent(agent, prompt, model_settings=retry_settings(attempt) if attempt else {})
+            break
+        except ModelError as error:
+            if not isinstance(error.__cause__, OutputTokenLimitExceeded) or attempt == repairs:
+                raise
+    return accepted[-1]

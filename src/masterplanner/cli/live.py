@@ -1,0 +1,427 @@
+"""How `masterplanner run` shows a run: a live tree in a terminal, event lines otherwise, a summary.
+
+When stderr is a terminal, a `rich.live.Live` tree shows each step of the plan with its status,
+its elapsed time, the tool it is calling and its latest notice (a retry, an approval, an error),
+under a header with the run's phase, elapsed time and model calls so far. It is redrawn from the
+run's stored events, steps and usage, and taken off the screen while the person is asked
+something. Otherwise each event is printed as one plain line, as `runs show` prints them. Either
+way the run ends with a summary: status, time, model calls and tokens, cost when known, and the
+files the run wrote in its workspace.
+
+Every text here that a model, a tool, a plan or a store gave goes through `terminal.shown`.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .terminal import shown, visible
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+    from rich.tree import Tree
+
+    from ..engine import Event, RunRecord, RunStore, StepRecord
+
+__all__ = [
+    "EventLines",
+    "LiveTree",
+    "RunView",
+    "cost",
+    "duration",
+    "event_line",
+    "one_line",
+    "print_summary",
+    "step_line",
+    "steps_tree",
+    "summary_line",
+    "wants_live_view",
+    "written_files",
+]
+
+_SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+# status: (symbol, style, word); a running step's symbol is the spinner's current frame
+_LOOK = {
+    "pending": ("·", "dim", "waiting"),
+    "running": ("", "yellow", "running"),
+    "succeeded": ("✓", "green", "succeeded"),
+    "failed": ("✗", "red", "failed"),
+    "skipped": ("-", "dim", "skipped"),
+    "cancelled": ("■", "red", "cancelled"),
+    "interrupted": ("■", "red", "interrupted"),  # the header's, when this process stops early
+}
+_PHASES = {
+    "run_created": "planning",
+    "plan_ready": "planned",
+    "approval_requested": "awaiting approval",
+    "approved": "running",
+    "rejected": "rejected",
+    "run_succeeded": "succeeded",
+    "run_failed": "failed",
+    "run_cancelled": "cancelled",
+}
+_TITLE_CHARS = 48
+_FILES_SHOWN = 20
+_FILES_SCANNED = 100_000
+# version-control folders: no tool may write in them (tools/protected.py), so they are not walked
+_NOT_WALKED = frozenset({".git", ".hg", ".svn"})
+# models that run on this machine (or not at all): their calls cost nothing
+_FREE_MODELS = ("local", "local:", "scripted:")
+
+
+def wants_live_view(out: Console) -> bool:
+    """Whether `out` (the stderr console) is a terminal that can redraw a live view."""
+    return sys.stderr.isatty() and out.is_terminal and not out.is_dumb_terminal
+
+
+# ---- event lines (not a terminal, and `runs show`)
+
+
+def _event_detail(kind: str, data: dict[str, Any]) -> str:
+    """What an event's data says, as markup; every value in it may come from a model or a tool."""
+    if kind in ("tool_called", "tool_result"):
+        return f" {shown(data.get('tool'))}" + (f" [red]{shown(data['error'])}[/]" if "error" in data else "")
+    if kind in ("tool_approval_requested", "tool_approved", "tool_denied"):
+        return f" {shown(data.get('tool'))}" + (f" (by {shown(data['by'])})" if "by" in data else "")
+    if kind in ("step_failed", "step_retried"):
+        return f" [red]{shown(data.get('error', ''))}[/]"
+    if kind in ("run_failed", "run_cancelled", "rejected"):
+        return f" {shown(data.get('reason', ''))}"
+    if kind == "plan_ready" and "reused_cohort" in data:
+        reuse = (
+            f"reusing the team of run {data['reused_cohort']} (similarity {data['similarity']}, "
+            f"adapted: {data.get('adaptation')})"
+        )
+        return f" {shown(reuse)}"
+    if kind == "plan_ready" and "reuse_failed" in data:
+        return f" [yellow]{shown(data['reuse_failed'])}[/]; planned afresh"
+    return ""
+
+
+def event_line(event: Event) -> str:
+    r"""One event as one line of markup (newlines in its data are shown as `\n`)."""
+    at = shown(event.at[11:19])
+    step = f" [cyan]{shown(event.step)}[/]" if event.step else ""
+    colour = {"run_succeeded": "green", "step_succeeded": "green", "run_failed": "red", "step_failed": "red"}
+    kind = f"[{colour[event.kind]}]{event.kind}[/]" if event.kind in colour else shown(event.kind)
+    return f"[dim]{at}[/] {kind}{step}{_event_detail(event.kind, event.data)}"
+
+
+class EventLines:
+    """The display when stderr is not a terminal: one plain line per event, nothing redrawn."""
+
+    def __init__(self, out: Console) -> None:
+        self.out = out
+
+    def show(self, events: list[Event]) -> None:
+        """Print `events`."""
+        for event in events:
+            self.out.print(event_line(event), highlight=False, soft_wrap=True)
+
+    def pause(self) -> None:
+        """Nothing to take off the screen."""
+
+    def resume(self) -> None:
+        """Nothing to put back."""
+
+    def close(self, *, keep: bool = False) -> None:
+        """Nothing to stop."""
+
+
+# ---- the live tree
+
+
+def _seconds(text: str | None) -> float | None:
+    """An ISO 8601 time as seconds since the epoch."""
+    return datetime.fromisoformat(text).timestamp() if text else None
+
+
+def duration(seconds: float) -> str:
+    """`4.2 s`, `3m 05s`, `1h 02m`."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def one_line(markup: str) -> Text:
+    """One line of the tree: never wrapped, cut with an ellipsis at the terminal's edge."""
+    from rich.text import Text
+
+    text = Text.from_markup(markup, overflow="ellipsis")
+    text.no_wrap = True
+    return text
+
+
+def step_line(
+    step: StepRecord, title: str, id_width: int, *, now: float, activity: str = "", frame: str = "⠋"
+) -> Text:
+    """A step as one line: symbol, id, status, elapsed time, title, then what it is doing."""
+    symbol, style, word = _LOOK.get(step.status, ("?", "", step.status))
+    started, finished = _seconds(step.started_at), _seconds(step.finished_at)
+    elapsed = ""
+    if started is not None and (finished is not None or step.status == "running"):
+        elapsed = duration(max(0.0, (finished or now) - started))
+    step_id = shown(step.id) + " " * max(0, id_width - len(visible(step.id)))
+    cut = title if len(title) <= _TITLE_CHARS else title[: _TITLE_CHARS - 1] + "…"
+    return one_line(
+        f"[{style}]{frame if step.status == 'running' else symbol}[/] [bold cyan]{step_id}[/] "
+        f"[{style}]{word:<9}[/] {elapsed:>7}  {shown(cut)}{activity}"
+    )
+
+
+def _titles(plan: dict[str, Any] | None) -> dict[str, str]:
+    return {str(step.get("id")): str(step.get("title", "")) for step in (plan or {}).get("steps", [])}
+
+
+def steps_tree(label: Text, steps: list[StepRecord], titles: dict[str, str], **line: Any) -> Tree:
+    """`steps` as the branches of a tree under `label`; `line` goes to `step_line`."""
+    from rich.tree import Tree
+
+    tree = Tree(label, guide_style="dim")
+    width = max((len(visible(step.id)) for step in steps), default=0)
+    notes: dict[str, str] = line.pop("notes", {})
+    for step in steps:
+        tree.add(step_line(step, titles.get(step.id, ""), width, activity=notes.get(step.id, ""), **line))
+    return tree
+
+
+@dataclass
+class _Activity:
+    """What a step is doing now: the tool it is calling, and its latest notice (markup)."""
+
+    tool: str | None = None
+    note: str = ""
+
+    def markup(self) -> str:
+        calling = f"  [magenta]→ {shown(self.tool)}[/]" if self.tool else ""
+        return calling + (f"  {self.note}" if self.note else "")
+
+
+@dataclass
+class RunView:
+    """What the live tree shows, kept up to date from the run's events, steps and usage."""
+
+    run_id: str
+    phase: str = "starting"
+    note: str = ""
+    steps: list[StepRecord] = field(default_factory=list)
+    titles: dict[str, str] = field(default_factory=dict)
+    activity: dict[str, _Activity] = field(default_factory=dict)
+    calls: int = 0
+
+    def apply(self, event: Event) -> None:
+        """Take in one event: the run's phase, or a step's current tool and latest notice."""
+        data = event.data
+        if event.step is None:
+            self.phase = _PHASES.get(event.kind, self.phase)
+            if event.kind in ("run_failed", "run_cancelled", "rejected"):
+                self.note = f"[red]{shown(data.get('reason', ''))}[/]"
+            return
+        now = self.activity.setdefault(event.step, _Activity())
+        tool = shown(data.get("tool"))
+        if event.kind == "tool_called":
+            now.tool = str(data.get("tool"))
+        elif event.kind == "tool_result":
+            now.tool = None
+            now.note = f"[red]{tool} failed: {shown(data['error'])}[/]" if "error" in data else ""
+        elif event.kind == "tool_approval_requested":
+            now.note = f"[yellow]asks to call {tool}[/]"
+        elif event.kind in ("tool_approved", "tool_denied"):
+            verdict = "approved" if event.kind == "tool_approved" else "denied"
+            now.note = f"[yellow]{tool} {verdict}[/] [dim](by {shown(data.get('by', ''))})[/]"
+        elif event.kind == "step_retried":
+            attempt = shown(data.get("attempt", ""))
+            now.note = f"[yellow]attempt {attempt} after: {shown(data.get('error', ''))}[/]"
+        elif event.kind == "step_failed":
+            now.tool, now.note = None, f"[red]{shown(data.get('error', ''))}[/]"
+        elif event.kind in ("input_summarized", "input_cut"):
+            how = "summarised" if event.kind == "input_summarized" else "cut"
+            now.note = f"[dim]input from {shown(data.get('dependency', ''))} {how}[/]"
+        elif event.kind == "step_succeeded":
+            now.tool, now.note = None, ""
+
+    def render(self, elapsed: float) -> Tree:
+        """The tree as it is now; `elapsed` is the run's time so far in this process."""
+        now = time.time()
+        frame = _SPINNER[int(now * 8) % len(_SPINNER)]
+        calls = _plural(self.calls, "model call")
+        note = f" · {self.note}" if self.note else ""
+        symbol, style, _ = _LOOK.get(self.phase, (frame, "yellow", ""))
+        label = one_line(
+            f"[{style}]{symbol or frame}[/] [bold]run {shown(self.run_id)}[/] · {shown(self.phase)} · "
+            f"{duration(elapsed)} · {calls}{note}"
+        )
+        notes = {step_id: activity.markup() for step_id, activity in self.activity.items()}
+        return steps_tree(label, self.steps, self.titles, now=now, frame=frame, notes=notes)
+
+
+class LiveTree:
+    """The display when stderr is a terminal: the run's tree, redrawn in place about 5 times a second."""
+
+    def __init__(self, out: Console, store: RunStore, run_id: str, history: list[Event]) -> None:
+        self.out = out
+        self.store = store
+        self.view = RunView(run_id)
+        self.started = time.monotonic()
+        self.live: Live | None = None
+        self.plan_ids: tuple[str, ...] = ()
+        for event in history:
+            self.view.apply(event)
+        self._read_store(steps=True)
+        self.resume()
+
+    def _read_store(self, *, steps: bool) -> None:
+        self.view.calls = self.store.usage(self.view.run_id)["llm_calls"]
+        if not steps:
+            return
+        self.view.steps = self.store.steps(self.view.run_id)
+        ids = tuple(step.id for step in self.view.steps)
+        if ids != self.plan_ids:  # the plan was approved (or edited): read its titles once
+            self.plan_ids = ids
+            self.view.titles = _titles(self.store.get_run(self.view.run_id).plan)
+
+    def show(self, events: list[Event]) -> None:
+        """Take in `events` and redraw (called about 5 times a second, also with no new events)."""
+        for event in events:
+            self.view.apply(event)
+        self._read_store(steps=bool(events))
+        if self.live is not None:
+            self.live.update(self.view.render(time.monotonic() - self.started), refresh=True)
+
+    def pause(self) -> None:
+        """Take the tree off the screen, so a question can be asked below what was printed."""
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def resume(self) -> None:
+        """Put the tree back (a new `Live`: a stopped one keeps its final, uncropped overflow)."""
+        from rich.live import Live
+
+        if self.live is None:
+            self.live = Live(
+                self.view.render(time.monotonic() - self.started),
+                console=self.out,
+                auto_refresh=False,
+                transient=True,
+                redirect_stdout=False,
+            )
+            self.live.start(refresh=True)
+
+    def close(self, *, keep: bool = False) -> None:
+        """Take the tree off the screen for good: the summary takes its place.
+
+        With `keep` (the run stopped on an error or Ctrl-C: no summary comes), the steps' last
+        states are printed in its place.
+        """
+        self.pause()
+        if keep and self.view.steps:
+            self.view.phase = "interrupted"
+            self.out.print(self.view.render(time.monotonic() - self.started), highlight=False)
+
+
+# ---- the summary
+
+
+def written_files(workspace: Path, since: float) -> tuple[list[str], int, bool]:
+    """The workspace's regular files changed at or after `since`: relative paths, sorted.
+
+    Returns the first 20, how many there are, and whether the walk stopped early (a huge
+    workspace). Symbolic links are not followed and version-control folders are not walked.
+    """
+    found: list[str] = []
+    scanned = 0
+    for folder, subfolders, names in os.walk(workspace):
+        subfolders[:] = [name for name in subfolders if name not in _NOT_WALKED]
+        for name in names:
+            scanned += 1
+            if scanned > _FILES_SCANNED:
+                return sorted(found)[:_FILES_SHOWN], len(found), True
+            path = Path(folder, name)
+            try:
+                info = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_mtime >= since:
+                found.append(path.relative_to(workspace).as_posix())
+    return sorted(found)[:_FILES_SHOWN], len(found), False
+
+
+def cost(model: str) -> str | None:
+    """The run's cost when it is known: `$0.00` for local and scripted models, else None."""
+    return "$0.00" if model == "local" or model.startswith(_FREE_MODELS) else None
+
+
+def summary_line(report: dict[str, Any], model: str, seconds: float) -> str:
+    """`run ID succeeded · 4.2 s · 11 model calls · 463 in / 59 out tokens · $0.00`, as markup."""
+    status = report["status"]
+    colour = "green" if status == "succeeded" else "red"
+    usage = report["usage"]
+    parts = [
+        f"[bold {colour}]run {shown(report['run_id'])} {shown(status)}[/]",
+        duration(seconds),
+        _plural(usage["llm_calls"], "model call"),
+        f"{usage['input_tokens']:,} in / {usage['output_tokens']:,} out tokens",
+    ]
+    price = cost(model)
+    return " · ".join([*parts, price] if price else parts)
+
+
+def _files_lines(report: dict[str, Any]) -> list[str]:
+    workspace = Path(report["workspace"])
+    since = _seconds(report["created_at"]) or 0.0
+    try:
+        names, count, stopped = written_files(workspace, since)
+    except OSError:
+        return []
+    where = shown(report["workspace"])
+    if not count:
+        return [f"no files written in {where}"]
+    lines = [f"{_plural(count, 'file')} written in {where}:"]
+    lines += [f"  {shown(name)}" for name in names]
+    if count > len(names):
+        lines.append(f"  [dim]and {count - len(names):,} more[/]")
+    if stopped:
+        lines.append(f"  [dim](stopped looking after {_FILES_SCANNED:,} files)[/]")
+    return lines
+
+
+def print_summary(
+    out: Console, report: dict[str, Any], run: RunRecord, seconds: float, *, tree: bool
+) -> None:
+    """Print how the run ended; with `tree`, its steps' final states hang under the first line."""
+    first = summary_line(report, run.model, seconds)
+    if tree and report["steps"]:
+        from ..engine import StepRecord
+
+        steps = [StepRecord(**step) for step in report["steps"]]
+        notes = {
+            step.id: f"  [red]{shown(step.error)}[/]"
+            for step in steps
+            if step.error and step.status in ("failed", "skipped", "cancelled")
+        }
+        out.print(
+            steps_tree(one_line(first), steps, _titles(report["plan"]), now=time.time(), notes=notes),
+            highlight=False,
+        )
+    else:
+        out.print(first, highlight=False, soft_wrap=True)
+    for line in _files_lines(report):
+        out.print(line, highlight=False, soft_wrap=True)

@@ -1,0 +1,276 @@
+"""Errors in our words: a tool that is not available here names its setting; retries that run out say why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _plans import step
+
+from masterplanner import Settings
+from masterplanner.engine import Engine, RunOptions
+from masterplanner.engine.catalogs import RunCatalog, run_catalog
+from masterplanner.errors import ConfigError
+from masterplanner.tools import builtin_catalog
+
+DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
+HTTP_HOW_TO = """set http_allowed_domains (e.g. MASTERPLANNER_HTTP_ALLOWED_DOMAINS='["example.com"]')"""
+SEARCH_HOW_TO = (
+    "set web_search_backend to local (with web_search_folder), searxng (with searxng_url), "
+    "brave (with BRAVE_API_KEY) or tavily (with TAVILY_API_KEY), "
+    "e.g. MASTERPLANNER_WEB_SEARCH_BACKEND=local MASTERPLANNER_WEB_SEARCH_FOLDER=/path/to/notes"
+)
+MCP_HOW_TO = (
+    "no configured MCP server offers it (configured: none); a server's tools are named SERVER_TOOL "
+    "once mcp_servers configures it (a [mcp_servers.SERVER] table in masterplanner.toml, "
+    "or MASTERPLANNER_MCP_SERVERS)"
+)
+
+
+def mp(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "masterplanner", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        timeout=120,
+    )
+
+
+def _run(script: Path, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    result = mp("run", "do the thing", "--model", f"scripted:{script}", "--yes", "--json", env=env)
+    return result.returncode, json.loads(result.stdout)
+
+
+def _available() -> str:
+    return ", ".join(run_catalog(Settings.load()).names)
+
+
+@pytest.mark.parametrize(
+    ("tool", "problem"),
+    [
+        ("http_request", f"tool 'http_request' is not available here: {HTTP_HOW_TO}"),
+        ("web_search", f"tool 'web_search' is not available here: {SEARCH_HOW_TO}"),
+        ("notes_search", "unknown tool 'notes_search': " + MCP_HOW_TO + "; available: {available}"),
+    ],
+)
+def test_a_plan_naming_a_tool_not_available_here_names_the_setting_that_enables_it(
+    write_script: Callable[..., Path], tool: str, problem: str
+) -> None:
+    plan = {"purpose": "planner", "output": {"steps": [step("fetch", tools=[tool])]}, "repeat": True}
+    code, report = _run(write_script([plan, {"purpose": "*", "repeat": True}]))
+    assert code == 1
+    assert report["status"] == "failed"
+    assert report["error"] == "no valid plan after 2 repairs: step 'fetch': " + problem.format(
+        available=_available()
+    )
+
+
+def test_the_setting_named_enables_the_tool(write_script: Callable[..., Path]) -> None:
+    plan = {
+        "purpose": "planner",
+        "output": {"steps": [step("fetch", tools=["http_request"])]},
+        "repeat": True,
+    }
+    fetched = {"purpose": "step:fetch", "output": "fetched"}
+    script = write_script([plan, DRAFTS, fetched, {"purpose": "*", "repeat": True}])
+    code, report = _run(script, env={"MASTERPLANNER_HTTP_ALLOWED_DOMAINS": '["example.com"]'})
+    assert (code, report["status"]) == (0, "succeeded"), report["error"]
+
+
+EDITOR = """
+import pathlib, sys
+path = pathlib.Path(sys.argv[-1])
+text = path.read_text()
+if "# ERROR:" not in text:  # first opening: give the step a tool that is not available here
+    text = text.replace("tools: []", "tools: [http_request]")
+else:  # reopened with the error on top: keep the error, take the tool away again
+    errors = [line for line in text.splitlines() if line.startswith("# ERROR:")]
+    pathlib.Path(__file__).with_suffix(".log").write_text("\\n".join(errors))
+    text = text.replace("tools: [http_request]", "tools: []")
+path.write_text(text)
+"""
+
+
+def test_a_review_edit_adding_a_tool_not_available_here_is_reopened_with_the_setting(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    plan = {"purpose": "planner", "output": {"steps": [step("fetch", tools=[])]}}
+    script = write_script([plan, DRAFTS, {"purpose": "*", "repeat": True}])
+    editor = tmp_path / "editor.py"
+    editor.write_text(EDITOR)
+    result = mp(
+        "run",
+        "fetch a page",
+        "--model",
+        f"scripted:{script}",
+        "--json",
+        stdin="e\nr\n",
+        env={"EDITOR": f"{sys.executable} {editor}", "VISUAL": ""},
+    )
+    assert result.returncode == 1, result.stderr
+    problem = f"step 'fetch': tool 'http_request' is not available here: {HTTP_HOW_TO}"
+    assert f"the edit is invalid: {problem}" in result.stderr
+    assert (tmp_path / "editor.log").read_text() == f"# ERROR: {problem}"
+
+
+async def test_a_run_approved_where_a_tool_is_not_available_fails_before_any_step(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = {"purpose": "planner", "output": {"steps": [step("fetch", tools=["http_request"])]}}
+    script = write_script([plan, DRAFTS, {"purpose": "*", "repeat": True}])
+    monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["example.com"]')
+    planning = Engine(Settings.load())
+
+    async def later(_run: Any, _catalog: Any) -> dict[str, Any]:
+        raise ConfigError("the person answers later")
+
+    try:
+        run = planning.create_run(
+            "fetch a page", model=f"scripted:{script}", options=RunOptions(prompt_rounds=0)
+        )
+        with pytest.raises(ConfigError):
+            await planning.execute(run.id, review=later)
+    finally:
+        planning.close()
+    monkeypatch.delenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS")
+    running = Engine(Settings.load())
+    try:
+        running.submit_decision(run.id, {"action": "approve"})
+        final = await running.execute(run.id)
+        assert final.status == "failed"
+        assert final.error == (
+            "the plan cannot run here: step 'fetch': tool 'http_request' is not available here: "
+            + HTTP_HOW_TO
+        )
+        assert running.report(run.id)["steps"] == []
+        assert "step_started" not in [event.kind for event in running.store.events(run.id)]
+    finally:
+        running.close()
+
+
+def test_the_run_catalog_says_what_enables_each_tool_it_leaves_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    catalog = run_catalog(Settings.load())
+    assert catalog.why_missing("http_request") == HTTP_HOW_TO
+    assert catalog.why_missing("generate_image") == (
+        "set the environment variable OPENAI_API_KEY (the key of the images API; "
+        "image_base_url names another OpenAI-compatible one)"
+    )
+    assert catalog.why_missing("read_file") is None  # it is there
+    assert catalog.why_missing("teleport") is None  # nothing would make it available
+    tools = builtin_catalog().subset(["read_file"])
+    with_notes = RunCatalog(
+        [*tools, *builtin_catalog().subset(["recall"])], missing={}, mcp_servers=["notes"]
+    )
+    assert (
+        with_notes.why_missing("notes_search")
+        == "the MCP server 'notes' offers no such tool (it offers: none)"
+    )
+
+
+def _step_script(write_script: Callable[..., Path], answer: dict[str, Any]) -> Path:
+    plan = {"purpose": "planner", "output": {"steps": [step("a", tools=["read_file"])]}}
+    return write_script(
+        [plan, DRAFTS, {"purpose": "step:a", **answer, "repeat": True}, {"purpose": "*", "repeat": True}]
+    )
+
+
+def _step_errors(report: dict[str, Any]) -> list[str]:
+    shown = json.loads(mp("runs", "show", report["run_id"], "--json").stdout)
+    retried = [event["data"]["error"] for event in shown["events"] if event["kind"] == "step_retried"]
+    return [*retried, report["steps"][0]["error"], report["error"]]
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        (
+            {"tool_calls": [{"name": "read_file", "args": {"file": "notes.txt"}}]},
+            "the model called read_file with bad arguments 3 times in a row "
+            "(last problem: missing argument 'path'; unexpected argument 'file')",
+        ),
+        (
+            {"tool_calls": [{"name": "read_file", "args": {"path": "missing.txt"}}]},
+            "read_file failed 3 times in a row "
+            "(last problem: file 'missing.txt' does not exist in the workspace)",
+        ),
+        (
+            {"tool_calls": [{"name": "teleport", "args": {}}]},
+            "the model called teleport, a tool this step does not have, 3 times in a row",
+        ),
+        (
+            {"output": ""},
+            "the model gave no usable answer 3 times in a row (last problem: its reply was empty)",
+        ),
+    ],
+    ids=["bad-arguments", "tool-fails", "unknown-tool", "empty-reply"],
+)
+def test_retries_that_run_out_are_worded_by_us(
+    write_script: Callable[..., Path], answer: dict[str, Any], problem: str
+) -> None:
+    code, report = _run(_step_script(write_script, answer))
+    assert code == 1
+    given_up = f"{problem}; the step gave up after 3 attempts"
+    assert report["steps"][0]["error"] == given_up
+    assert report["error"] == f"step a failed: {given_up}"
+    errors = _step_errors(report)
+    assert errors[:2] == [problem, problem]  # each retried attempt says what went wrong
+    for text in errors:
+        assert not any(word in text for word in ("http", "Consider", "docs", "pydantic")), text
+
+
+def _caused(error: Exception, cause: BaseException | None) -> Exception:
+    error.__cause__ = cause
+    return error
+
+
+def _validation_error() -> Exception:
+    from pydantic import BaseModel, ValidationError
+
+    class Answer(BaseModel):
+        count: int
+
+    try:
+        Answer.model_validate({"count": "many"})
+    except ValidationError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_library_messages_lose_their_advice_and_keep_the_problem() -> None:
+    from pydantic_ai import ModelRetry
+    from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
+
+    from masterplanner.agents import failure_text
+
+    cut_off = UnexpectedModelBehavior(
+        "Model token limit (2048) exceeded while generating a tool call, resulting in incomplete "
+        "arguments. Increase the `max_tokens` model setting, or simplify the prompt to result in a "
+        "shorter response that will fit within the limit."
+    )
+    older = _caused(
+        UnexpectedModelBehavior("Exceeded maximum retries (1) for output validation"), _validation_error()
+    )
+    rejected = _caused(
+        UnexpectedModelBehavior("Exceeded maximum output retries (2)"), ModelRetry("cite a source")
+    )
+    assert [failure_text(error) for error in (cut_off, older, rejected)] == [
+        "the model's reply was cut off at its output token limit (2048 tokens) while it wrote a tool call",
+        "the model gave no usable answer 2 times in a row "
+        "(last problem: field 'count': input should be a valid integer, "
+        "unable to parse string as an integer)",
+        "the model gave no usable answer 3 times in a row (last problem: cite a source)",
+    ]
+    assert failure_text(UsageLimitExceeded("The next request would exceed the request_limit of 3")) == (
+        "the model run reached its limit: the next request would exceed the request_limit of 3"
+    )
+    odd = UnexpectedModelBehavior("Received empty model response. See https://example.org/docs for help.")
+    assert failure_text(odd) == "the model's reply was unusable: Received empty model response"

@@ -1,0 +1,322 @@
+"""The live view of `masterplanner run` in a pseudo-terminal, and its parts: tree lines, summary, files."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+from rich.console import Console
+from rich.tree import Tree
+
+from masterplanner.cli.live import (
+    RunView,
+    cost,
+    one_line,
+    print_summary,
+    step_line,
+    summary_line,
+    written_files,
+)
+from masterplanner.engine import Event, RunRecord, StepRecord
+
+OSC52 = "\x1b]52;c;SGVsbG8=\x07"
+OSC52_SHOWN = r"\x1b]52;c;SGVsbG8=\x07"
+# CSI sequences (colours, cursor moves, line erases) and the other escapes rich writes
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][0-9A-B]|\r")
+
+
+def _plain(raw: str) -> str:
+    return _ANSI.sub("", raw)
+
+
+def _step(step_id: str, title: str, tools: list[str], *deps: str) -> dict[str, Any]:
+    return {
+        "id": step_id,
+        "title": title,
+        "instruction": f"Do {step_id}.",
+        "agent_role": "worker",
+        "tools": tools,
+        "depends_on": list(deps),
+        "expected_output": f"{step_id} done",
+    }
+
+
+def _tool(step_id: str, name: str, delay_s: float = 0.0, **args: str) -> dict[str, Any]:
+    """A scripted reply of step `step_id`'s agent: one call of tool `name`."""
+    return {"purpose": f"step:{step_id}", "delay_s": delay_s, "tool_calls": [{"name": name, "args": args}]}
+
+
+def _three_steps(write_script: Callable[..., Path]) -> Path:
+    """`draft` writes notes/draft.md then `publish` writes out.txt; `check` fails a read meanwhile."""
+    steps = [
+        _step("draft", "draft the notes", ["write_file"]),
+        _step("publish", "publish them", ["write_file"], "draft"),
+        _step("check", "check " + OSC52 + " it", ["read_file"]),
+    ]
+    return write_script(
+        [
+            {"purpose": "planner", "output": {"steps": steps}},
+            _tool("draft", "write_file", 0.8, path="notes/draft.md", content="x"),
+            {"purpose": "step:draft", "output": "drafted", "delay_s": 0.5},
+            _tool("publish", "write_file", 0.3, path="out.txt", content="y"),
+            {"purpose": "step:publish", "output": "published", "delay_s": 0.3},
+            # the tool's error names the path: its escape must be shown, never sent to the terminal
+            _tool("check", "read_file", path="r" + OSC52),
+            {"purpose": "step:check", "output": "checked", "delay_s": 1.0},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+
+
+def _spawn(*args: str) -> pexpect.spawn:
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"}
+    for name in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "CI"):
+        env.pop(name, None)
+    return pexpect.spawn(
+        sys.executable,
+        ["-m", "masterplanner", *args],
+        env=env,
+        dimensions=(40, 120),
+        encoding="utf-8",
+        timeout=90,
+    )
+
+
+def _finish(child: pexpect.spawn) -> tuple[str, int]:
+    child.expect(pexpect.EOF)
+    child.close()
+    return str(child.before), int(child.exitstatus if child.exitstatus is not None else -1)
+
+
+def test_a_terminal_shows_a_live_tree_then_the_summary(write_script: Callable[..., Path]) -> None:
+    script = _three_steps(write_script)
+    child = _spawn("run", "notes and a check", "--model", f"scripted:{script}", "--yes")
+    raw, status = _finish(child)
+    assert status == 0, raw
+    assert "\x1b]" not in raw and "\x07" not in raw  # no OSC reached the terminal
+    assert "\x1b[" in raw  # a live view: colours and cursor moves
+    screen = _plain(raw)
+    run_id, workspace = re.search(r"run (\S+) · workspace (\S+)\n", screen).groups()  # type: ignore[union-attr]
+    # the tree, while the steps ran: each step running at some point, publish waiting for draft
+    assert re.search(r"draft\s+running\s+\d+\.\d s  draft the notes", screen)
+    assert re.search(r"· publish\s+waiting\s+publish them", screen)
+    assert re.search(rf"check\s+running\s+\d+\.\d s  check {re.escape(OSC52_SHOWN)} it", screen)
+    assert f"  read_file failed: the path 'r{OSC52_SHOWN}'" in screen  # cut at the terminal's edge
+    assert re.search(rf"run {run_id} · running · \d+\.\d s · \d+ model calls\n", screen)
+    # the summary the tree collapses to: status and totals, each step's final state, the files
+    summary = screen[screen.rindex(f"run {run_id} succeeded") :]
+    lines = summary.splitlines()
+    assert re.fullmatch(
+        rf"run {run_id} succeeded · \d+\.\d s · \d+ model calls · \d+ in / \d+ out tokens · \$0\.00", lines[0]
+    )
+    assert [line.split()[:3] for line in lines[1:4]] == [
+        ["├──", "✓", "draft"],
+        ["├──", "✓", "publish"],
+        ["└──", "✓", "check"],
+    ]
+    assert all(re.search(r"succeeded\s+\d+\.\d s  ", line) for line in lines[1:4])
+    assert f"check {OSC52_SHOWN} it" in lines[3]
+    assert lines[4:] == [f"2 files written in {workspace}:", "  notes/draft.md", "  out.txt"]
+
+
+def test_questions_pause_the_tree_and_it_resumes_after_them(write_script: Callable[..., Path]) -> None:
+    ask = _step("ask", "ask and delete", ["write_file", "delete_file", "ask_user"])
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [ask, _step("slow", "take a while", [])]}},
+            {"purpose": "prompt_creator", "output": "You are a worker.", "repeat": True},
+            _tool("ask", "write_file", path="a.txt", content="1"),
+            _tool("ask", "delete_file", 0.5, path="a.txt"),  # under policy `ask`: the person approves it
+            _tool("ask", "ask_user", question="which colour?"),
+            {"purpose": "step:ask", "output": "asked", "delay_s": 0.8},
+            {"purpose": "step:slow", "output": "slow done", "delay_s": 1.5},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    child = _spawn("run", "ask things", "--model", f"scripted:{script}")
+    child.expect_exact("approve, reject or edit? [a/r/e]")
+    child.sendline("a")
+    child.expect_exact("allow this call? [y/n]")
+    before_approval = _plain(str(child.before))
+    child.sendline("y")
+    child.expect_exact("your answer")
+    between = _plain(str(child.before))
+    child.sendline("blue")
+    raw, status = _finish(child)
+    assert status == 0, raw
+    after = _plain(raw)
+    # the tree showed what the step waits for, then made way for the question
+    waiting = r"ask\s+running\s+\d+\.\d s  ask and delete  asks to call delete_file\n"
+    assert re.search(waiting, before_approval)
+    assert "\nstep ask wants to call delete_file\npath: a.txt\n" in before_approval
+    # after each answer the tree comes back, and the run goes on to its summary
+    assert re.search(r"ask\s+running\s+\d+\.\d s  ask and delete", between)
+    assert "\nan agent asks: which colour?\n" in between
+    assert re.search(r"run \S+ · running · \d+\.\d s · \d+ model calls\n", after)
+    assert re.search(r"\n└── ✓ slow\s+succeeded\s+\d+\.\d s  take a while\n", after)
+    assert re.search(r"\nno files written in \S+\n$", after)
+    run_id = re.search(r"run (\S+) succeeded", after).group(1)  # type: ignore[union-attr]
+    show = [sys.executable, "-m", "masterplanner", "runs", "show", run_id, "--json"]
+    shown = subprocess.run(show, capture_output=True, text=True, check=True)
+    events = json.loads(shown.stdout)["events"]
+    results = [e["data"].get("result") for e in events if e["kind"] == "tool_result"]
+    assert results[1:] == ["deleted a.txt", "blue"]
+
+
+# ---- the parts
+
+
+def _event(kind: str, step: str | None = None, **data: Any) -> Event:
+    return Event(1, "2026-01-01T00:00:00.000Z", kind, step, data)  # type: ignore[arg-type]
+
+
+def _text(renderable: Any, width: int = 160) -> str:
+    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_the_tree_shows_each_steps_status_tool_and_latest_notice() -> None:
+    started = "2026-01-01T00:00:00.000Z"
+    running = datetime.fromtimestamp(time.time() - 3.2, UTC).isoformat()
+    view = RunView(
+        "r1",
+        steps=[
+            StepRecord("fetch", "succeeded", started_at=started, finished_at="2026-01-01T00:00:02.500Z"),
+            StepRecord("write", "running", started_at=running),
+            StepRecord("retry", "running", started_at=running),
+            StepRecord("later", "pending"),
+            StepRecord("gone", "skipped", error="a dependency failed"),
+            StepRecord("stop", "cancelled"),
+            StepRecord("bad", "failed", started_at=started, finished_at="2026-01-01T00:01:05.000Z"),
+        ],
+        titles={"fetch": "fetch " + OSC52, "write": "[bold]write[/]", "retry": "x" * 60},
+    )
+    for event in [
+        _event("approved"),
+        _event("tool_called", "write", tool="write_file", arguments={}),
+        _event("tool_approval_requested", "retry", tool="delete_file", arguments={}),
+        _event("tool_denied", "retry", tool="delete_file", by="person"),
+        _event("step_retried", "retry", attempt=2, error="bad " + OSC52),
+        _event("step_failed", "bad", error="it broke"),
+    ]:
+        view.apply(event)
+    text = _text(view.render(12.34))
+    assert "\x1b" not in text and "\x07" not in text
+    lines = text.splitlines()
+    assert re.fullmatch(r". run r1 · running · 12\.3 s · 0 model calls", lines[0])
+    assert lines[1] == f"├── ✓ fetch succeeded   2.5 s  fetch {OSC52_SHOWN}"
+    assert re.fullmatch(r"├── . write running     3\.\d s  \[bold\]write\[/\]  → write_file", lines[2])
+    assert re.fullmatch(
+        rf"├── . retry running     3\.\d s  x{{47}}…  attempt 2 after: bad {re.escape(OSC52_SHOWN)}", lines[3]
+    )
+    assert lines[4:] == [
+        "├── · later waiting            ",
+        "├── - gone  skipped            ",
+        "├── ■ stop  cancelled          ",
+        "└── ✗ bad   failed     1m 05s    it broke",
+    ]
+    view.apply(_event("tool_result", "write", tool="write_file", result="ok"))
+    view.apply(_event("run_failed", reason="out of " + OSC52))
+    text = _text(view.render(3725))
+    assert text.splitlines()[0] == f"✗ run r1 · failed · 1h 02m · 0 model calls · out of {OSC52_SHOWN}"
+    assert "→ write_file" not in text
+
+
+def test_a_tree_line_is_cut_never_wrapped() -> None:
+    line = step_line(StepRecord("a", "pending"), "t" * 40, 1, now=0, activity="  " + "n" * 200)
+    tree = Tree(one_line("root " + "r" * 100))
+    tree.add(line)
+    assert _text(tree, width=80).splitlines() == [
+        "root " + "r" * 74 + "…",
+        "└── · a waiting            " + "t" * 40 + "  " + "n" * 10 + "…",
+    ]
+
+
+def test_written_files_lists_changed_regular_files_sorted_and_capped(tmp_path: Path) -> None:
+    old = tmp_path / "old.txt"
+    old.write_text("before the run")
+    os.utime(old, (1_000, 1_000))
+    since = time.time() - 5
+    for index in range(23):
+        path = tmp_path / ("sub" if index % 2 else "") / f"f{index:02d}.txt"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "f00.txt")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("ref")
+    names, count, stopped = written_files(tmp_path, since)
+    assert count == 23 and not stopped
+    assert names == sorted(names) and len(names) == 20
+    assert names[:3] == ["f00.txt", "f02.txt", "f04.txt"]
+    assert "sub/f01.txt" in names and "old.txt" not in names and "link" not in names
+    assert written_files(tmp_path / "missing", since) == ([], 0, False)
+
+
+def _report(status: str, workspace: Path, created_at: str, **usage: int) -> dict[str, Any]:
+    return {
+        "run_id": "r1",
+        "status": status,
+        "workspace": str(workspace),
+        "created_at": created_at,
+        "plan": {"steps": [{"id": "a", "title": "do " + OSC52}]},
+        "steps": [StepRecord("a", status, error="it broke" if status == "failed" else None).to_json_dict()],
+        "usage": {"llm_calls": 1, "input_tokens": 1234, "output_tokens": 5, "by_purpose": {}} | usage,
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "price"),
+    [("scripted:/x.json", "$0.00"), ("local", "$0.00"), ("local:/m.gguf", "$0.00"), ("openai:gpt", None)],
+)
+def test_the_cost_is_shown_only_when_known(model: str, price: str | None) -> None:
+    assert cost(model) == price
+    line = summary_line(_report("succeeded", Path("/w"), "2026-01-01T00:00:00.000Z"), model, 4.25)
+    expected = "[bold green]run r1 succeeded[/] · 4.2 s · 1 model call · 1,234 in / 5 out tokens"
+    assert line == (f"{expected} · {price}" if price else expected)
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_the_summary_lists_the_files_and_hangs_the_steps_under_it(tmp_path: Path, tree: bool) -> None:
+    created = "2000-01-01T00:00:00.000Z"
+    for index in range(25):
+        (tmp_path / f"{OSC52}{index:02d}.txt").write_text("x")
+    report = _report("failed", tmp_path, created, llm_calls=2)
+    run = RunRecord("r1", "t", "failed", "openai:gpt", str(tmp_path), created, created)
+    console = Console(width=200, record=True, color_system=None, file=io.StringIO())
+    print_summary(console, report, run, 75.0, tree=tree)
+    lines = console.export_text().splitlines()
+    first = "run r1 failed · 1m 15s · 2 model calls · 1,234 in / 5 out tokens"
+    steps = [f"└── ✗ a failed             do {OSC52_SHOWN}  it broke"] if tree else []
+    files = [f"  {OSC52_SHOWN}{index:02d}.txt" for index in range(20)]
+    assert lines == [first, *steps, f"25 files written in {tmp_path}:", *files, "  and 5 more"]
+
+
+def test_ctrl_c_leaves_the_tree_where_the_run_stopped(write_script: Callable[..., Path]) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [_step("long", "take long", [])]}},
+            {"purpose": "step:long", "output": "never", "delay_s": 60},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    child = _spawn("run", "something long", "--model", f"scripted:{script}", "--yes")
+    child.expect_exact("running  ")  # the step's status (the header's is followed by " · ")
+    child.sendintr()
+    raw, status = _finish(child)
+    assert status == 130
+    assert "\x1b[?25h" in raw  # the cursor is shown again
+    last = _plain(raw.split("\x1b[?25h")[-1]).strip().splitlines()
+    assert re.fullmatch(r"■ run \S+ · interrupted · \d+\.\d s · \d+ model calls", last[-2])
+    assert re.fullmatch(r"└── . long running\s+\d+\.\d s  take long", last[-1])
