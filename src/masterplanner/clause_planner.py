@@ -218,7 +218,8 @@ def fill_schema(titles: Sequence[str], roles: Sequence[Sequence[str]]) -> dict[s
 def _fill_problems(fills: object, titles: Sequence[str], roles: Sequence[Sequence[str]]) -> list[str]:
     """What is wrong with the model's fill-in (possible only without a grammar: scripted, hosted)."""
     if not isinstance(fills, list) or len(fills) != len(titles):
-        return [f"steps: give exactly {len(titles)} entries, one per step"]
+        entries = "1 entry" if len(titles) == 1 else f"{len(titles)} entries"
+        return [f"steps: give exactly {entries}, one per step"]
     problems = []
     for number, (fill, title, choices) in enumerate(zip(fills, titles, roles, strict=True), start=1):
         if not isinstance(fill, dict):
@@ -330,7 +331,7 @@ async def clause_plan(
     output limit is asked for again, sampled; each at most `repairs` times.
     """
     from pydantic_ai import Agent, ModelRetry, NativeOutput, StructuredDict
-    from pydantic_ai.exceptions import OutputTokenLimitExceeded
+    from pydantic_ai.exceptions import OutputTokenLimitExceeded, UnexpectedModelBehavior
 
     from .models import labelled
 
@@ -349,6 +350,7 @@ async def clause_plan(
         retries=repairs,
     )
     accepted: list[Plan] = []
+    last_problems: list[str] = []
 
     @agent.output_validator
     def check(output: dict[str, Any]) -> dict[str, Any]:
@@ -361,6 +363,7 @@ async def clause_plan(
             except PlanError as error:
                 problems = error.problems
         if problems:
+            last_problems[:] = problems
             raise ModelRetry(render("planner_repair.j2", problems=problems))
         return output
 
@@ -373,6 +376,8 @@ async def clause_plan(
             await run_agent(agent, prompt, model_settings=retry_settings(attempt) if attempt else {})
             break
         except ModelError as error:
+            if last_problems and isinstance(error.__cause__, UnexpectedModelBehavior):
+                raise PlanError(last_problems, context=f"no valid plan after {repairs} repairs") from None
             if not isinstance(error.__cause__, OutputTokenLimitExceeded) or attempt == repairs:
                 raise
     return accepted[-1]

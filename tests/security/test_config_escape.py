@@ -104,7 +104,9 @@ def test_a_step_cannot_plant_settings_in_the_current_folder(
     results = [e["data"] for e in _events(json.loads(first.stdout)["run_id"]) if e["kind"] == "tool_result"]
     assert [r["tool"] for r in results] == ["write_file", "write_file", "code_execution"]
     # the two write_file calls of one reply run side by side: their results come in either order
-    refusals = sorted(r["error"].split(" is a file or folder that makes the host act")[0] for r in results[:2])
+    refusals = sorted(
+        r["error"].split(" is a file or folder that makes the host act")[0] for r in results[:2]
+    )
     assert refusals == ["'.git'", "'masterplanner.toml'"]
     assert "removed" in results[2]["result"] and "masterplanner.toml" in results[2]["result"]
     assert not Path("masterplanner.toml").exists()

@@ -146,7 +146,6 @@ def test_the_next_run_resumes_a_crashed_run(write_script: Callable[..., Path]) -
     _assert_resumed_without_repeats(crashed)
 
 
-
 def test_a_step_killed_before_its_first_event_is_resumed_not_waited_on(
     write_script: Callable[..., Path],
 ) -> None:
@@ -160,7 +159,8 @@ def test_a_step_killed_before_its_first_event_is_resumed_not_waited_on(
     database = Settings.load().home / "masterplanner.sqlite"
     with sqlite3.connect(database) as db:
         (s2_done,) = db.execute(
-            "SELECT seq FROM mp_events WHERE run_id = ? AND kind = 'step_succeeded' AND step = 's2'", (run_id,)
+            "SELECT seq FROM mp_events WHERE run_id = ? AND kind = 'step_succeeded' AND step = 's2'",
+            (run_id,),
         ).fetchone()
         db.execute("DELETE FROM mp_events WHERE run_id = ? AND seq > ?", (run_id, s2_done))
         db.execute(

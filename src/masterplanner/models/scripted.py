@@ -20,7 +20,9 @@ text). `"expect": ["text", …]` makes the call fail with `ScriptError` unless i
 instructions, prompts and tool results it was sent) contains every text, so a test can check
 what a model was shown. `"cut_off": true` ends the reply as a model that reached its output
 limit does (finish reason `length`), for a text `output` such as a JSON reply cut short. A call
-with no entry left fails with `ScriptExhaustedError` naming its purpose.
+with no entry left fails with `ScriptExhaustedError` naming its purpose. `"small_model": true`
+beside `"calls"` makes the model plan as a small local model does (`clause_planner`: the planner
+call only fills in each step's title and role).
 """
 
 from __future__ import annotations
@@ -44,13 +46,13 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models import Model, ModelRequestParameters
-from pydantic_ai.profiles import ModelProfile
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import RequestUsage
 
 from ..errors import ScriptError, ScriptExhaustedError
 from ..purpose import current_purpose
 from ._schema import minimal_instance
+from .local import LocalModelProfile
 
 __all__ = ["ScriptedModel"]
 
@@ -92,6 +94,7 @@ class _Script(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     calls: list[_Entry]
+    small_model: bool = False
 
 
 def _load(path: Path) -> _Script:
@@ -129,7 +132,11 @@ class ScriptedModel(Model):
             self._queues.setdefault(entry.purpose, deque()).append(entry)
         super().__init__(
             settings=settings,
-            profile=ModelProfile(supports_json_schema_output=True, supports_json_object_output=True),
+            profile=LocalModelProfile(
+                supports_json_schema_output=True,
+                supports_json_object_output=True,
+                masterplanner_structured_plans=self._script.small_model,
+            ),
         )
 
     @property

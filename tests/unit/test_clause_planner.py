@@ -1,0 +1,152 @@
+"""Plans for small models: structure from the task's clauses, the model fills in titles and roles."""
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from masterplanner import UsageLedger, resolve_model
+from masterplanner.clause_planner import draft_steps, role_candidates, step_clauses
+from masterplanner.errors import PlanError
+from masterplanner.planner import PlanExample, plan
+from masterplanner.tools import builtin_catalog
+
+CATALOG = builtin_catalog()
+WriteScript = Callable[..., Path]
+
+
+def _small(write_script: WriteScript, *calls: dict[str, Any]) -> Any:
+    path = write_script(None, raw=json.dumps({"small_model": True, "calls": list(calls)}))
+    return resolve_model(f"scripted:{path}")
+
+
+def _fills(*pairs: tuple[str, str]) -> dict[str, Any]:
+    return {"steps": [{"title": title, "agent_role": role} for title, role in pairs]}
+
+
+def test_a_clause_that_only_saves_joins_the_clause_before_it() -> None:
+    assert step_clauses("Write a haiku about the sea and save it to haiku.txt", 8) == [
+        "Write a haiku about the sea and save it to haiku.txt"
+    ]
+    assert step_clauses("Read notes.txt and write a one-sentence summary of it to summary.txt", 8) == [
+        "Read notes.txt",
+        "write a one-sentence summary of it to summary.txt",
+    ]
+    assert step_clauses("Load a.csv, sum the totals, then plot them and write a report", 2) == [
+        "Load a.csv",
+        "sum the totals, then plot them, then write a report",
+    ]
+
+
+def test_each_step_gets_its_best_matching_tool_and_roles_ranked_for_it() -> None:
+    drafts = draft_steps("Read notes.txt and write a one-sentence summary of it to summary.txt", CATALOG, 8)
+    assert [(draft.text, draft.tools) for draft in drafts] == [
+        ("Read notes.txt", ["read_file"]),
+        ("write a one-sentence summary of it to summary.txt", ["write_file"]),
+    ]
+    assert role_candidates("Write a haiku about the sea to haiku.txt", ["write_file"]) == [
+        "poet",
+        "writer",
+        "assistant",
+    ]
+
+
+async def test_the_haiku_is_one_step_in_the_tasks_own_words(write_script: WriteScript) -> None:
+    ledger = UsageLedger()
+    model = _small(
+        write_script, {"purpose": "planner", "output": _fills(("Write the haiku about the sea", "poet"))}
+    )
+    result = await plan("Write a haiku about the sea to haiku.txt", CATALOG, model=model, ledger=ledger)
+    assert [
+        step.model_dump(include={"id", "title", "agent_role", "tools", "depends_on"}) for step in result.steps
+    ] == [
+        {
+            "id": "write-the-haiku-about-the-sea",
+            "title": "Write the haiku about the sea",
+            "agent_role": "poet",
+            "tools": ["write_file"],
+            "depends_on": [],
+        }
+    ]
+    assert result.steps[0].instruction.startswith("Write a haiku about the sea to haiku.txt.")
+    assert ledger.by_purpose()["planner"]["calls"] == 1
+
+
+async def test_clauses_form_a_chain_and_a_named_file_is_read(write_script: WriteScript) -> None:
+    model = _small(
+        write_script,
+        {
+            "purpose": "planner",
+            "output": _fills(("Read the notes", "file clerk"), ("Write the summary", "summarizer")),
+        },
+    )
+    result = await plan(
+        "Read notes.txt and write a one-sentence summary of it to summary.txt", CATALOG, model=model
+    )
+    read, write = result.steps
+    assert (read.id, read.tools, read.depends_on) == ("read-the-notes", ["read_file"], [])
+    assert (write.id, write.agent_role, write.depends_on) == (
+        "write-the-summary",
+        "summarizer",
+        ["read-the-notes"],
+    )
+    assert write.instruction.startswith(
+        "Write a one-sentence summary of it to summary.txt. Use the result of Read the notes."
+    )
+
+
+async def test_stored_teams_never_reach_a_small_models_plan(write_script: WriteScript) -> None:
+    haiku_team = PlanExample(
+        "Write a haiku about the sea to haiku.txt",
+        [
+            {
+                "id": "poem",
+                "title": "The waves roll in",
+                "instruction": "The sun rises over haiku.txt",
+                "tools": ["write_file"],
+            }
+        ],
+    )
+    model = _small(
+        write_script,
+        {
+            "purpose": "planner",
+            "output": _fills(("Read the notes", "file clerk"), ("Write the summary", "summarizer")),
+        },
+    )
+    result = await plan(
+        "Read notes.txt and write a one-sentence summary of it to summary.txt",
+        CATALOG,
+        model=model,
+        hints=[haiku_team],
+    )
+    text = result.model_dump_json()
+    assert "haiku" not in text and "waves" not in text and "sun rises" not in text
+
+
+async def test_a_fill_outside_its_choices_goes_back_with_its_problems(write_script: WriteScript) -> None:
+    ledger = UsageLedger()
+    model = _small(
+        write_script,
+        {"purpose": "planner", "output": _fills(("The sea is a great place", "1234567890"))},
+        {
+            "purpose": "planner",
+            "output": _fills(("Write a sea haiku", "poet")),
+            "expect": [
+                "step 1: title: Write and at most five more words",
+                "step 1: agent_role: one of poet, writer, assistant",
+            ],
+        },
+    )
+    result = await plan("Write a haiku about the sea to haiku.txt", CATALOG, model=model, ledger=ledger)
+    assert (result.steps[0].title, result.steps[0].agent_role) == ("Write a sea haiku", "poet")
+    assert ledger.by_purpose()["planner"]["calls"] == 2
+
+
+async def test_fills_that_never_fit_end_in_a_plan_error(write_script: WriteScript) -> None:
+    model = _small(write_script, {"purpose": "planner", "output": {"steps": []}, "repeat": True})
+    with pytest.raises(PlanError) as caught:
+        await plan("Write a haiku about the sea to haiku.txt", CATALOG, model=model)
+    assert str(caught.value) == "no valid plan after 2 repairs: steps: give exactly 1 entry, one per step"
