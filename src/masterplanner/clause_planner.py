@@ -109,14 +109,39 @@ def step_clauses(task: str, max_steps: int) -> list[str]:
     return steps
 
 
+_ASKED_FOR = {
+    "delete_file": re.compile(r"\b(?:delete|remove|erase|clean)", re.IGNORECASE),
+    "generate_image": re.compile(
+        r"\b(?:image|picture|drawing|illustration|photo|logo|icon|draw)|\.(?:png|jpe?g)\b", re.IGNORECASE
+    ),
+}
+"""Built-in tools a clause gets only when it asks for what they do: measured on the everyday
+suite, word overlap gave "Find the largest file in the workspace" and "run it" `delete_file`
+("file", "run's workspace") and "Translate hello.txt into French" `generate_image` ("save")."""
+_CLAUSE_TOOLS = (
+    (re.compile(r"\b(?:run|execute)\b", re.IGNORECASE), "code_execution"),
+    (re.compile(r"\bfiles?\b.*\bworkspace\b|\bworkspace\b.*\bfiles?\b", re.IGNORECASE), "list_files"),
+)
+"""Built-in tools a clause's words call for outright ("run it": the code it wrote; "the files
+in the workspace": their list), before any match of descriptions."""
+
+
 def tool_candidates(clause: str, catalog: Catalog, limit: int) -> list[str]:
-    """The `limit` tools that best match `clause`, best first, leaving out tools it shares no word with."""
+    """The `limit` tools that best match `clause`, best first.
+
+    Tools the clause calls for outright (`_CLAUSE_TOOLS`) come first; then the best matches of
+    the tools' descriptions, leaving out tools the clause shares no word with and those that
+    it does not ask for (`_ASKED_FOR`).
+    """
+    called = [tool for pattern, tool in _CLAUSE_TOOLS if tool in catalog and pattern.search(clause)]
     wanted = set(words(clause))
-    return [
+    matched = [
         name
-        for name in best_tools(clause, catalog, limit)
+        for name in best_tools(clause, catalog, limit + len(_ASKED_FOR))
         if wanted & set(words(name) + words(catalog[name].description))
+        and (name not in _ASKED_FOR or _ASKED_FOR[name].search(clause))
     ]
+    return list(dict.fromkeys([*called, *matched]))[:limit]
 
 
 def needs_identifier(tool: str, catalog: Catalog) -> bool:
@@ -135,16 +160,24 @@ class DraftStep:
 def draft_steps(task: str, catalog: Catalog, max_steps: int) -> list[DraftStep]:
     """The plan's steps in order, from the task's clauses, each with its best-matching tool.
 
-    The first step whose tool needs an identifier its clause does not give gets a step before
-    it that finds one (when the catalog has a matching tool that needs none and `max_steps`
-    leaves room).
+    A clause that names a file to read gets `read_file`, one that writes to a file ("… to
+    summary.txt") `write_file`. At most one step is added to the clauses' (when `max_steps`
+    leaves room), the first that applies of:
+
+    - a step that finds the identifier a step's tool needs ("… based on its ID") when its clause
+      gives none, with the best-matching tool that needs none;
+    - a step that reads the file a file-to-file clause works on ("Summarize article.txt to
+      summary.txt" becomes "Read article.txt", then the clause with `write_file` alone): measured
+      with the embedded model, a step given both tools read the file and then answered with the
+      tool call's text instead of writing; split, the read is the file itself (`DirectCall`) and
+      the write is drafted from it (`DraftedWrite`).
     """
     texts = step_clauses(task, max_steps)
     drafts: list[DraftStep] = []
-    looked_up = len(texts) >= max_steps
-    for text in texts:
+    added = len(texts) >= max_steps
+    for position, text in enumerate(texts):
         tools = tool_candidates(text, catalog, 1)
-        if not looked_up and tools and needs_identifier(tools[0], catalog) and not _GIVES_ID.search(text):
+        if not added and tools and needs_identifier(tools[0], catalog) and not _GIVES_ID.search(text):
             finders = [
                 name
                 for name in tool_candidates(text, catalog, LOOKUP_CHOICES)
@@ -152,7 +185,24 @@ def draft_steps(task: str, catalog: Catalog, max_steps: int) -> list[DraftStep]:
             ]
             if finders:
                 drafts.append(DraftStep(f"Find what this needs: {text}", finders[:1]))
-                looked_up = True
+                added = True
+        writes = _written_files(text, follows=position > 0)
+        reads = [name for name in _read_files(text) if name not in writes]
+        file_work = not tools or set(tools) <= _FILE_TOOLS
+        if (
+            not added
+            and reads
+            and writes
+            and file_work
+            and "read_file" in catalog
+            and "write_file" in catalog
+        ):
+            drafts += [DraftStep(f"Read {reads[0]}", ["read_file"]), DraftStep(text, ["write_file"])]
+            added = True
+            continue
+        for needed, tool in ((reads, "read_file"), (writes, "write_file")):
+            if needed and tool in catalog and tool not in tools:
+                tools = [*tools, tool]
         drafts.append(DraftStep(text, tools))
     return drafts
 
@@ -277,19 +327,40 @@ def _slugs(titles: Sequence[str]) -> list[str]:
     return slugs
 
 
-def _read_files(text: str) -> list[str]:
-    """Files the text names but does not write to ("to/into/as FILE" is written)."""
-    written = set(re.findall(rf"\b(?:to|into|as)\s+['\"`]?({_FILE})", text, re.IGNORECASE))
-    return [name for name in re.findall(_FILE, text) if name not in written]
+_FILE_TOOLS = {"read_file", "write_file", "list_files"}
+_WRITTEN = re.compile(rf"\b(?:to|into|as)\s+['\"`]?({_FILE})", re.IGNORECASE)
 
 
-def build_steps(
-    drafts: Sequence[DraftStep], fills: Sequence[dict[str, Any]], catalog: Catalog
-) -> list[dict[str, Any]]:
-    """Public-form steps: instructions from the clauses, a chain of dependencies, the model's fill-ins.
+_LAST_IN = re.compile(rf"\bin\s+['\"`]?({_FILE})['\"`]?[.!]?\s*$", re.IGNORECASE)
+_WRITING = re.compile(r"^\s*(?:write|save|put|store|record|create|make|draft|compose)\b", re.IGNORECASE)
 
-    A step that names a file to read ("Summarize notes.txt") also gets `read_file`.
+
+def _written_files(text: str, *, follows: bool = False) -> list[str]:
+    """Files the text writes to: "to/into/as FILE", and sometimes a last "in FILE".
+
+    A last "in FILE" is written after another file, after a writing verb, or in a clause that
+    works on the one before it (`follows`):
+    "Translate greeting.txt to Spanish in greeting_es.txt", "Write a note …, in note.txt" and
+    "…, then translate the summary into French in resume.txt" write to their last file;
+    "Summarize the complaint in email.txt" reads its only one.
     """
+    written = _WRITTEN.findall(text)
+    last = _LAST_IN.search(text)
+    if last is not None:
+        before = re.findall(_FILE, text[: last.start()])
+        if before or follows or _WRITING.match(text):
+            written.append(last.group(1))
+    return list(dict.fromkeys(written))
+
+
+def _read_files(text: str) -> list[str]:
+    """Files the text names but does not write to."""
+    written = set(_written_files(text))
+    return [name for name in dict.fromkeys(re.findall(_FILE, text)) if name not in written]
+
+
+def build_steps(drafts: Sequence[DraftStep], fills: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Public-form steps: instructions from the clauses, a chain of dependencies, the model's fill-ins."""
     titles = distinct_titles([str(fill["title"]) for fill in fills], [draft.text for draft in drafts])
     ids = _slugs(titles)
     steps = []
@@ -298,8 +369,6 @@ def build_steps(
         if index:
             instruction = f"{instruction} Use the result of {titles[index - 1]}."
         tools = list(draft.tools)
-        if _read_files(draft.text) and "read_file" in catalog and "read_file" not in tools:
-            tools.append("read_file")
         steps.append(
             {
                 "id": ids[index],
@@ -359,7 +428,7 @@ async def clause_plan(
         if not problems:
             assert isinstance(fills, list)
             try:
-                accepted.append(accept(build_steps(drafts, fills, catalog)))
+                accepted.append(accept(build_steps(drafts, fills)))
             except PlanError as error:
                 problems = error.problems
         if problems:

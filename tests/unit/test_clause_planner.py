@@ -53,6 +53,17 @@ def test_each_step_gets_its_best_matching_tool_and_roles_ranked_for_it() -> None
     ]
 
 
+def test_a_file_to_file_clause_is_read_first_then_written() -> None:
+    drafts = draft_steps("Summarize article.txt in two or three sentences to summary.txt.", CATALOG, 8)
+    assert [(draft.text, draft.tools) for draft in drafts] == [
+        ("Read article.txt", ["read_file"]),
+        ("Summarize article.txt in two or three sentences to summary.txt", ["write_file"]),
+    ]
+    # at most one step more than the task has clauses, and none past max_steps
+    assert len(draft_steps("Translate a.txt to b.txt and summarize c.txt to d.txt", CATALOG, 8)) == 3
+    assert len(draft_steps("Summarize article.txt to summary.txt", CATALOG, 1)) == 1
+
+
 async def test_the_haiku_is_one_step_in_the_tasks_own_words(write_script: WriteScript) -> None:
     ledger = UsageLedger()
     model = _small(

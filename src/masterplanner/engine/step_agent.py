@@ -30,12 +30,12 @@ from .records import RunOptions
 __all__ = [
     "RUNNABLE_TOOLS",
     "BudgetedModel",
-    "DirectRead",
+    "DirectCall",
     "DraftedWrite",
     "StepAids",
     "context_budget",
     "dependency_context",
-    "direct_read",
+    "direct_call",
     "drafted_write",
     "mentioned_file_names",
     "shape_text",
@@ -100,16 +100,20 @@ class DraftedWrite:
 
 
 @dataclass(frozen=True)
-class DirectRead:
-    """A step aid: a step that only reads a file is that file's content, with no model call.
+class DirectCall:
+    """A step aid: a step that only reads a file, or only lists the workspace, is that tool's result.
+
+    No model call is made for it.
 
     Measured with the embedded 135M model on "Read notes.txt": it called `read_file` (held to it
     by the grammar) and then answered with a sentence about the task instead of the notes, so the
-    next step summarised nothing. Here the engine calls `read_file` through the normal tool path
-    and the step's result is what it returned.
+    next step summarised nothing; on "List the files in the workspace" it called `list_files`
+    with a made-up path. Here the engine makes the one call through the normal tool path and the
+    step's result is what it returned.
     """
 
-    path: str
+    tool: str
+    arguments: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ class StepAids(ToolAids):
     """`ToolAids` and the step aids that need more than a grammar (only for small models)."""
 
     drafted_write: DraftedWrite | None = None
-    direct_read: DirectRead | None = None
+    direct_call: DirectCall | None = None
 
 
 _TEXT_FILE = re.compile(r"\.(?:txt|md|markdown|rst|text)$", re.IGNORECASE)
@@ -162,12 +166,25 @@ _READ_ONLY = re.compile(
 )
 
 
-def direct_read(step: Step, tools: Sequence[str], existing: Sequence[str]) -> DirectRead | None:
-    """The direct-read aid for a step whose instruction is only "Read FILE." of an existing file."""
-    match = _READ_ONLY.fullmatch(_USE_NOTE.sub("", step.instruction).strip())
-    if "read_file" not in tools or match is None or match["path"] not in existing:
-        return None
-    return DirectRead(match["path"])
+_LIST_ONLY = re.compile(
+    r"(?:list|show)\s+(?:all\s+)?(?:the\s+)?(?:\w+\s+)?files\s+(?:in|of)\s+(?:the|this)\s+workspace[.!]?",
+    re.IGNORECASE,
+)
+
+
+def direct_call(step: Step, tools: Sequence[str], existing: Sequence[str]) -> DirectCall | None:
+    """The direct-call aid for a step that only reads an existing file or lists the workspace.
+
+    The instruction (without its "Use the result of …" note) must be just "Read FILE." or
+    "List the files in the workspace."
+    """
+    instruction = _USE_NOTE.sub("", step.instruction).strip()
+    match = _READ_ONLY.fullmatch(instruction)
+    if "read_file" in tools and match is not None and match["path"] in existing:
+        return DirectCall("read_file", {"path": match["path"]})
+    if "list_files" in tools and _LIST_ONLY.fullmatch(instruction):
+        return DirectCall("list_files", {})
+    return None
 
 
 def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) -> ToolAids | None:
@@ -176,10 +193,10 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
     The file names the step mentions (and, for a step nothing depends on, the task) split in two:
     those that exist may be read, those that do not may be written. The first call must be one
     of those reads or writes; with nothing grounded, the model only has to answer after a few
-    tool calls (failed ones count). A step whose instruction only reads an existing file gets a
-    `DirectRead`; one whose instruction names no existing file and asks to write one new text
-    file gets a `DraftedWrite` (both applied only for models whose profile sets
-    `masterplanner_structured_plans`).
+    tool calls (failed ones count). A step whose instruction only reads an existing file, or only
+    lists the workspace, gets a `DirectCall`; one that asks to write one new text file, and names
+    no existing file it could read itself, gets a `DraftedWrite` (both applied only for models
+    whose profile sets `masterplanner_structured_plans`).
     """
     texts = [step.title, step.instruction, step.expected_output]
     if step.id in sinks(plan.steps):
@@ -192,17 +209,21 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
         values["read_file"] = {"path": existing}
     if fresh and "write_file" in tools:
         values["write_file"] = {"path": fresh}
+    # A step that names a file it can read must read it; one that cannot (a clause plan's write
+    # after its read step) has the file's content among its inputs, so its text can be drafted.
     own = mentioned_file_names(step.instruction)
-    draft = None if set(own) & set(existing) else drafted_write(step, tools, fresh)
+    readable = set(own) & set(existing) and "read_file" in tools
+    draft = None if readable else drafted_write(step, tools, fresh)
+    direct = direct_call(step, tools, existing)
     if not values:
         # nothing to ground: at least stop the model from calling tools until the request cap
-        return StepAids(max_tool_calls=_UNGROUNDED_CALLS)
+        return StepAids(max_tool_calls=_UNGROUNDED_CALLS, direct_call=direct)
     return StepAids(
         first_call_tools=tuple(values),
         argument_values=values,
         max_tool_calls=len(values),
         drafted_write=draft,
-        direct_read=direct_read(step, tools, existing),
+        direct_call=direct,
     )
 
 
@@ -310,9 +331,9 @@ def shape_text(text: str, *, lines: int | None = None, sentences: int | None = N
 class BudgetedModel(WrapperModel):
     """Checks the run's budget before every request (`check` raises when it is used up).
 
-    It also applies a step's `DirectRead` or `DraftedWrite` (see `StepAids`) when the model it
+    It also applies a step's `DirectCall` or `DraftedWrite` (see `StepAids`) when the model it
     wraps carries one and its profile sets `masterplanner_structured_plans`: on the step's first
-    turn it answers with the `read_file` call, or asks the model for the text alone and answers
+    turn it answers with the direct tool call, or asks the model for the text alone and answers
     with a `write_file` call of it; the agent runs that call as it runs any (policy, checkpoint,
     events). Once the call has returned, it answers with what was read, or with the text. Any
     other turn (a failed call sent back, say) goes to the model as usual.
@@ -337,25 +358,25 @@ class BudgetedModel(WrapperModel):
                 return response
         return await self.wrapped.request(messages, model_settings, model_request_parameters)
 
-    def _direct_aid(self, params: ModelRequestParameters) -> DirectRead | DraftedWrite | None:
+    def _direct_aid(self, params: ModelRequestParameters) -> DirectCall | DraftedWrite | None:
         aids = getattr(self.wrapped, "aids", None)
         if not isinstance(aids, StepAids) or not self.wrapped.profile.get(STRUCTURED_PLANS, False):
             return None
         offered = {tool.name for tool in params.function_tools}
-        if aids.direct_read is not None and "read_file" in offered:
-            return aids.direct_read
+        if aids.direct_call is not None and aids.direct_call.tool in offered:
+            return aids.direct_call
         if aids.drafted_write is not None and "write_file" in offered:
             return aids.drafted_write
         return None
 
     async def _aided_turn(
-        self, aid: DirectRead | DraftedWrite, messages: list[ModelMessage], settings: ModelSettings | None
+        self, aid: DirectCall | DraftedWrite, messages: list[ModelMessage], settings: ModelSettings | None
     ) -> ModelResponse | None:
         """The response to this turn of a step aid, or None when the model must answer it."""
         responses = [message for message in messages if isinstance(message, ModelResponse)]
         if not responses:
-            if isinstance(aid, DirectRead):
-                call = ToolCallPart("read_file", {"path": aid.path})
+            if isinstance(aid, DirectCall):
+                call = ToolCallPart(aid.tool, dict(aid.arguments))
                 return ModelResponse(parts=[call], model_name=self.wrapped.model_name)
             return await self._draft(aid, messages, settings)
         calls = [part for part in responses[-1].parts if isinstance(part, ToolCallPart)]
@@ -364,7 +385,7 @@ class BudgetedModel(WrapperModel):
             return None
         result = returned[0].model_response_str()
         done = result.startswith(_TOOL_OUTPUT)
-        if isinstance(aid, DirectRead):
+        if isinstance(aid, DirectCall):
             text = result.removeprefix(_TOOL_OUTPUT).removeprefix("\n") if done else result
         else:
             text = str(calls[0].args_as_dict().get("content", ""))
