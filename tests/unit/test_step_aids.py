@@ -46,6 +46,15 @@ def test_a_poem_to_a_new_file_is_drafted_in_its_form() -> None:
         "haiku.txt", "Write a haiku about the sea.", "A haiku is three short lines.", 3, None
     )
     assert drafted_write(haiku, ["read_file"], ["haiku.txt"]) is None
+    invite = _step(
+        "invite", "Write a two-sentence email inviting Sam to lunch to invite.txt.", ["write_file"]
+    )
+    assert drafted_write(invite, ["write_file"], ["invite.txt"]) == DraftedWrite(
+        "invite.txt", "Write a two-sentence email inviting Sam to lunch.", sentences=2
+    )
+    assert shape_text(
+        "### Output of step read-article\nBees pollinate. Colonies travel far. More.", sentences=2
+    ) == ("Bees pollinate. Colonies travel far.")
     assert shape_text(
         "Here is your haiku:\nWaves fold on the shore, salt wind sings\nthe gulls wheel away", lines=3
     ) == ("Waves fold on the shore,\nsalt wind sings\nthe gulls wheel away")

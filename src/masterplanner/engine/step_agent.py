@@ -130,6 +130,11 @@ _FORMS = (
     (re.compile(r"\blimericks?\b", re.IGNORECASE), "A limerick is five lines.", 5, None),
     (re.compile(r"\b(?:one|single)[- ]sentence\b|\bin one sentence\b", re.IGNORECASE), "", None, 1),
 )
+_NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+_SENTENCES = re.compile(
+    r"\b(one|two|three|four|five|six)(?:\s+or\s+(one|two|three|four|five|six))?[- ]sentences?\b",
+    re.IGNORECASE,
+)
 _SAVE_NOTE = re.compile(r"\s*Save the result to [^.]*? with write_file\.")
 _USE_NOTE = re.compile(r"\s*Use the result of [^.]*\.")
 
@@ -157,6 +162,10 @@ def drafted_write(step: Step, tools: Sequence[str], fresh: Sequence[str]) -> Dra
     for pattern, form, lines, sentences in _FORMS:
         if pattern.search(request):
             return DraftedWrite(path, request, form, lines, sentences)
+    counted = _SENTENCES.search(request)
+    if counted is not None:  # "in two or three sentences": at most the larger count
+        most = max(_NUMBERS[word.lower()] for word in counted.groups() if word)
+        return DraftedWrite(path, request, sentences=most)
     return DraftedWrite(path, request)
 
 
@@ -282,7 +291,8 @@ def _brief_inputs(messages: Sequence[ModelMessage]) -> str:
 
 
 _META_LINE = re.compile(
-    r"^(?:here is|here's|sure\b|certainly\b|title:|in this (?:poem|haiku|text)|this (?:poem|haiku)\b|\[)",
+    r"^(?:here is|here's|sure\b|certainly\b|title:|in this (?:poem|haiku|text)|this (?:poem|haiku)\b|\["
+    r"|#+\s*output of step\b)",  # the 135M model echoes the heading its input came under
     re.IGNORECASE,
 )
 _BREAK = re.compile(r"(?<=[,;.!?])\s+")
