@@ -8,6 +8,12 @@ Three ways, cheapest first:
 - otherwise one model call (purpose `adapter`) rewrites each step's title, instruction and
   expected output for the new task. Step ids, tools and dependencies never change, so the
   stored agents still fit their steps.
+
+Small models (whose plans come from the task's clauses, `clause_planner`) get only the first two:
+asked to rewrite a stored haiku-about-the-sea plan for a poem about autumn leaves, the embedded
+model keeps the sea, and the stored agents' prompts, which it wrote for the old task, name the
+old subject too. For them a reworded task is planned afresh (one short call), so nothing of an
+earlier task reaches a new one.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
+from .clause_planner import uses_clause_plans
 from .errors import PlanError
 from .plan import _LIMITS, Plan, validate_plan, validate_task
 from .prompts import render
@@ -104,6 +111,11 @@ async def adapt_plan(
             changed = {old: new for old, new in mapping.items() if old != new}
             data, new_agents = _with_parameters(plan, agents, new_task, changed)
             return validate_plan(data, catalog), new_agents, "parameters" if changed else "same"
+    if uses_clause_plans(model):
+        raise PlanError(
+            ["a small model plans a reworded task afresh rather than rewrite another task's plan"],
+            context="adaptation",
+        )
     rewritten = await _rewrite_steps(plan, old_task, new_task, model, ledger or UsageLedger())
     steps = [
         {**step.model_dump(mode="json"), **fields} for step, fields in zip(plan.steps, rewritten, strict=True)

@@ -142,7 +142,8 @@ async def test_an_unusable_adaptation_plans_afresh_with_the_team_as_an_example(
         first = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
         assert (await engine.execute(first.id, review=_approve)).status == "succeeded"
         second = engine.create_run(T2, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        assert (await engine.execute(second.id, review=_approve)).status == "succeeded"
+        done = await engine.execute(second.id, review=_approve)
+        assert done.status == "succeeded", (done.error, engine.report(second.id)["steps"])
         ready = _ready(engine, second.id)
         assert ready["reuse_failed"].startswith(f"cohort {first.id} could not be adapted")
         assert "planner" in engine.report(second.id)["usage"]["by_purpose"]
@@ -395,3 +396,49 @@ def test_the_comment_teaches_only_the_steps_it_names(
     lesson = 'A person rated an earlier run 1/5 and said: "Useless"'
     assert json.loads(unnamed.stdout)["lessons"] == {f"{run_id}.load": [lesson], f"{run_id}.report": [lesson]}
     assert json.loads(_mp("feedback", run_id, "--rating", "1", "--json").stdout)["lessons"] == {}
+
+
+async def test_a_small_models_next_task_carries_nothing_of_the_one_before(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    # Issue 14: in one home the embedded model planned a summary with the haiku team as its
+    # example and wrote about the sun. The autumn haiku is close to the sea haiku (similarity
+    # 0.96, its step to the poet 0.89), so the team and the poet are found; neither may be used.
+    def script(prompt: str) -> Path:
+        planner = {
+            "purpose": "planner",
+            "output": {"steps": [{"title": "Write the haiku", "agent_role": "poet"}]},
+        }
+        prompts = {"purpose": "prompt_creator", "output": prompt, "repeat": True}
+        calls = [planner, prompts, {"purpose": "*", "repeat": True}]
+        return write_script(None, raw=json.dumps({"small_model": True, "calls": calls}))
+
+    settings = Settings.load()
+    engine = Engine(settings)
+    try:
+        first = engine.create_run(
+            "Write a haiku about the sea to haiku.txt",
+            model=f"scripted:{script('You are a poet. Write a haiku about the sea.')}",
+            options=RunOptions(prompt_rounds=0),
+        )
+        done = await engine.execute(first.id, review=_approve)
+        assert done.status == "succeeded", (done.error, engine.report(first.id)["steps"])
+        second = engine.create_run(
+            "Write a haiku about autumn leaves to leaves.txt",
+            model=f"scripted:{script('You are a poet. Write the haiku your step asks for.')}",
+            options=RunOptions(prompt_rounds=0),
+        )
+        done = await engine.execute(second.id, review=_approve)
+        assert done.status == "succeeded", (done.error, engine.report(second.id)["steps"])
+        ready = _ready(engine, second.id)
+        assert "reused_cohort" not in ready
+        assert ready["reuse_failed"].endswith(
+            "a small model plans a reworded task afresh rather than rewrite another task's plan"
+        )
+        first_agents = engine.store.get_run(first.id).agents
+        assert first_agents is not None and "about the sea" in json.dumps(first_agents)  # what could leak
+        shown = json.dumps([engine.report(second.id)["plan"], engine.store.get_run(second.id).agents])
+        assert "sea" not in shown and "haiku.txt" not in shown
+        assert "autumn leaves to leaves.txt" in shown
+    finally:
+        engine.close()

@@ -93,11 +93,20 @@ def _step_text(step: Step) -> str:
     return f"{step.agent_role}. {step.title}. {step.instruction}"
 
 
-def reusable_agents(registry: RegistryStore, plan: Plan, threshold: float) -> dict[str, dict[str, Any]]:
-    """Step id -> a stored agent for the steps that match one above `threshold` and whose tools it has."""
+def reusable_agents(
+    registry: RegistryStore, plan: Plan, threshold: float, *, same_instruction: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Step id -> a stored agent for the steps that match one above `threshold` and whose tools it has.
+
+    With `same_instruction` (small models), only an agent stored for the very same instruction is
+    reused: the prompts a small model writes name their step's subject, so the poet of "a haiku
+    about the sea" (similarity 0.89 to "a haiku about autumn leaves") would write about the sea.
+    """
     chosen: dict[str, dict[str, Any]] = {}
     for step in plan.steps:
         for agent, similarity in registry.similar_agents(_step_text(step), 3):
+            if same_instruction and agent.description != step.instruction:
+                continue
             if similarity >= threshold and set(step.tools) <= set(agent.tools):
                 chosen[step.id] = _reused(agent, agent.origin.get("run_id", ""))
                 break

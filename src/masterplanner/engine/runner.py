@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from pydantic_ai.usage import UsageLimits
 
 from ..adaptation import adapt_plan
 from ..agents import failure_text, retry_settings
+from ..clause_planner import uses_clause_plans
 from ..errors import (
     BudgetExceededError,
     ConfigError,
@@ -395,7 +397,13 @@ class _Execution:
             reused: dict[str, Any] = {}
             if registry is not None:
                 reused = await asyncio.to_thread(
-                    reusable_agents, registry, plan, self.settings.agent_reuse_threshold
+                    partial(
+                        reusable_agents,
+                        registry,
+                        plan,
+                        self.settings.agent_reuse_threshold,
+                        same_instruction=uses_clause_plans(self.model),
+                    )
                 )
             prompts = await create_prompts(
                 plan,
