@@ -16,18 +16,16 @@ tokens per text; longer texts are cut, as sentence-transformers cuts them).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic_ai.embeddings import EmbeddingModel, EmbeddingResult, EmbeddingSettings
-from pydantic_ai.embeddings.result import EmbedInputType
+
+from .in_process import InProcessEmbeddingModel
 
 __all__ = ["MiniLM", "MiniLMEmbeddingModel"]
 
@@ -203,47 +201,10 @@ class MiniLM:
         return _layer_norm(hidden @ layer.output + layer.output_bias + x, *layer.output_norm, self.eps)
 
 
-class MiniLMEmbeddingModel(EmbeddingModel):
-    """`MiniLM` as a pydantic-ai embedding model; the weights load on the first call, not before."""
+class MiniLMEmbeddingModel(InProcessEmbeddingModel):
+    """`MiniLM` as a pydantic-ai embedding model, run in NumPy."""
 
-    def __init__(self, directory: Path) -> None:
-        """Serve the model in `directory`; nothing is read until something is embedded."""
-        super().__init__()
-        self.directory = directory
-        self._runtime: MiniLM | None = None
-        self._lock = threading.Lock()
+    system_name = "numpy"
 
-    @property
-    def model_name(self) -> str:
-        """The model's folder."""
-        return str(self.directory)
-
-    @property
-    def system(self) -> str:
-        """Where it runs: here, in NumPy."""
-        return "numpy"
-
-    def _embed_now(self, texts: list[str]) -> Matrix:
-        # One load; one forward pass at a time (the matrix products already use every core).
-        with self._lock:
-            if self._runtime is None:
-                self._runtime = MiniLM(self.directory)
-            return self._runtime.embed(texts)
-
-    async def embed(
-        self,
-        inputs: str | Sequence[str],
-        *,
-        input_type: EmbedInputType,
-        settings: EmbeddingSettings | None = None,
-    ) -> EmbeddingResult:
-        """Unit-length vectors for `inputs`, computed on a worker thread; queries and documents alike."""
-        texts, _ = self.prepare_embed(inputs, settings)
-        vectors = await asyncio.to_thread(self._embed_now, texts)
-        return EmbeddingResult(
-            embeddings=vectors.tolist(),
-            inputs=texts,
-            input_type=input_type,
-            model_name=self.model_name,
-            provider_name=self.system,
-        )
+    def _load(self) -> MiniLM:
+        return MiniLM(self.path)

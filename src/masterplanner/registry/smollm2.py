@@ -22,21 +22,18 @@ its paraphrase). Three things make them usable for the registry (measured in doc
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import base64
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic_ai.embeddings import EmbeddingModel, EmbeddingResult, EmbeddingSettings
-from pydantic_ai.embeddings.result import EmbedInputType
 
 from ..errors import ModelFileError
 from .embedders import Calibration
+from .in_process import InProcessEmbeddingModel
 
 __all__ = [
     "CALIBRATION",
@@ -216,47 +213,10 @@ def _shipped_centre(path: Path, dimensions: int) -> Matrix | None:
     return centre if centre.shape == (dimensions,) else None
 
 
-class SmolLM2EmbeddingModel(EmbeddingModel):
-    """`SmolLM2Embedder` as a pydantic-ai embedding model; the model loads on the first call, not before."""
+class SmolLM2EmbeddingModel(InProcessEmbeddingModel):
+    """`SmolLM2Embedder` as a pydantic-ai embedding model, run by llama.cpp in this process."""
 
-    def __init__(self, path: Path) -> None:
-        """Serve the GGUF model at `path`; nothing is read until something is embedded."""
-        super().__init__()
-        self.path = path
-        self._runtime: SmolLM2Embedder | None = None
-        self._lock = threading.Lock()
+    system_name = "llama.cpp"
 
-    @property
-    def model_name(self) -> str:
-        """The GGUF file."""
-        return str(self.path)
-
-    @property
-    def system(self) -> str:
-        """Where it runs: llama.cpp, in this process."""
-        return "llama.cpp"
-
-    def _embed_now(self, texts: list[str]) -> Matrix:
-        # One load; one batch at a time (a llama.cpp context is not safe to share between threads).
-        with self._lock:
-            if self._runtime is None:
-                self._runtime = SmolLM2Embedder(self.path)
-            return self._runtime.embed(texts)
-
-    async def embed(
-        self,
-        inputs: str | Sequence[str],
-        *,
-        input_type: EmbedInputType,
-        settings: EmbeddingSettings | None = None,
-    ) -> EmbeddingResult:
-        """Unit-length vectors for `inputs`, computed on a worker thread; queries and documents alike."""
-        texts, _ = self.prepare_embed(inputs, settings)
-        vectors = await asyncio.to_thread(self._embed_now, texts)
-        return EmbeddingResult(
-            embeddings=vectors.tolist(),
-            inputs=texts,
-            input_type=input_type,
-            model_name=self.model_name,
-            provider_name=self.system,
-        )
+    def _load(self) -> SmolLM2Embedder:
+        return SmolLM2Embedder(self.path)
