@@ -387,12 +387,9 @@ def _script(folder: Path) -> Path:
 
 async def _reuse_runs(pairs: list[dict[str, str]], script: Path) -> list[dict[str, Any]]:
     from masterplanner import Settings
-    from masterplanner.engine import Engine
+    from masterplanner.engine import Engine, RunOptions
 
     engine = Engine(Settings.load())
-
-    async def approve(_run: Any, _catalog: Any) -> dict[str, Any]:
-        return {"action": "approve"}
 
     def reused_cohort(run_id: str) -> str | None:
         ready = [e.data for e in engine.store.events(run_id) if e.kind == "plan_ready"]
@@ -404,8 +401,10 @@ async def _reuse_runs(pairs: list[dict[str, str]], script: Path) -> list[dict[st
         for pair in pairs:
             counts, run_ids = [], []
             for task in (pair["task"], pair["paraphrase"]):
-                run = engine.create_run(task, model=f"scripted:{script}")
-                final = await engine.execute(run.id, review=approve)
+                run = engine.create_run(
+                    task, model=f"scripted:{script}", options=RunOptions(auto_approve=True)
+                )
+                final = await engine.execute(run.id)
                 if final.status != "succeeded":
                     raise SystemExit(f"reuse bench: run {run.id} {final.status}: {final.error}")
                 counts.append(engine.report(run.id)["usage"])

@@ -14,7 +14,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from .chat import ChatResult, achat, chat
-    from .engine import Engine, Event, RunOptions, RunRecord, StepRecord
+    from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
     from .errors import (
         BudgetExceededError,
         ConfigError,
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         ModelFileError,
         ModelSpecError,
         PlanError,
+        RequestError,
         RunError,
         ScriptError,
         ScriptExhaustedError,
@@ -34,13 +35,14 @@ if TYPE_CHECKING:
     from .plan import Plan, Step, validate_plan
     from .planner import PlanExample
     from .purpose import FIXED_PURPOSES, current_purpose, step_purpose, using_purpose, validate_purpose
+    from .service import RunService
     from .settings import Settings
     from .tools import Catalog, ToolSpec, builtin_catalog
     from .usage import PurposeUsage, UsageLedger
 
 _HOMES = {
     ".chat": ("ChatResult", "achat", "chat"),
-    ".engine": ("Engine", "Event", "RunOptions", "RunRecord", "StepRecord"),
+    ".engine": ("Engine", "Event", "Request", "RunOptions", "RunRecord", "StepRecord"),
     ".errors": (
         "BudgetExceededError",
         "ConfigError",
@@ -50,6 +52,7 @@ _HOMES = {
         "ModelFileError",
         "ModelSpecError",
         "PlanError",
+        "RequestError",
         "RunError",
         "ScriptError",
         "ScriptExhaustedError",
@@ -61,6 +64,7 @@ _HOMES = {
     ".planner": ("PlanExample",),
     ".tools": ("Catalog", "ToolSpec", "builtin_catalog"),
     ".purpose": ("FIXED_PURPOSES", "current_purpose", "step_purpose", "using_purpose", "validate_purpose"),
+    ".service": ("RunService",),
     ".settings": ("Settings",),
     ".usage": ("PurposeUsage", "UsageLedger"),
 }
@@ -85,9 +89,12 @@ __all__ = [
     "PlanError",
     "PlanExample",
     "PurposeUsage",
+    "Request",
+    "RequestError",
     "RunError",
     "RunOptions",
     "RunRecord",
+    "RunService",
     "ScriptError",
     "ScriptExhaustedError",
     "Settings",

@@ -5,6 +5,7 @@ URLs, timestamps, SQLite settings, transactions with readable errors, and named 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -15,7 +16,15 @@ from sqlalchemy.engine import Connection, Engine
 
 from .errors import RunError
 
-__all__ = ["Migration", "apply_migrations", "create_engine", "engine_url", "transaction", "utc_now"]
+__all__ = [
+    "Migration",
+    "apply_migrations",
+    "create_engine",
+    "engine_url",
+    "migrate",
+    "transaction",
+    "utc_now",
+]
 
 Migration = tuple[str, Callable[[Connection], None]]
 """A named schema change, applied once per database and recorded in `mp_migrations`."""
@@ -84,3 +93,24 @@ def apply_migrations(connection: Connection, migrations: list[Migration]) -> Non
                 sa.text("INSERT INTO mp_migrations (name, applied_at) VALUES (:name, :at)"),
                 {"name": name, "at": utc_now()},
             )
+
+
+_MIGRATION_ATTEMPTS = 5
+
+
+def migrate(engine: Engine, url: str, migrations: list[Migration]) -> None:
+    """Apply `migrations` to the database, also when another process does the same at that moment.
+
+    SQLite runs each `CREATE TABLE` outside the migration's transaction, so two processes
+    starting together (a `run` and a `runs pending` beside it) may both find a table missing
+    and one fail to create it; that one tries again and then finds the migration recorded.
+    """
+    for attempt in range(1, _MIGRATION_ATTEMPTS + 1):
+        try:
+            with transaction(engine, url, "create its tables") as connection:
+                apply_migrations(connection, migrations)
+            return
+        except (RunError, sa.exc.IntegrityError):
+            if attempt == _MIGRATION_ATTEMPTS:
+                raise
+            time.sleep(0.1 * attempt)

@@ -14,6 +14,8 @@ MasterplannerError                 anything masterplanner raises on purpose
 ├── ToolError                      a tool refused or failed a call (the agent is told; exit code 1)
 ├── RunError                       a run cannot be found, resumed, cancelled or stored (exit code 1)
 │   └── BudgetExceededError        a run went over its model-call, token or wall-time budget
+├── RequestError                   a run's request does not exist, is closed, or the answer does
+│                                  not fit it (exit code 2; nothing changes)
 └── ModelError                     a model call failed at run time (CLI exit code 1)
     └── ScriptExhaustedError       the scripted model has no entry left for a call's purpose
 ```
@@ -36,6 +38,7 @@ __all__ = [
     "ModelFileError",
     "ModelSpecError",
     "PlanError",
+    "RequestError",
     "RunError",
     "SandboxError",
     "ScriptError",
@@ -128,3 +131,9 @@ class ScriptExhaustedError(ModelError):
             f"scripted model {script}: no entry left for purpose {purpose!r} "
             f'(add an entry with that purpose, "repeat": true, or purpose "*")'
         )
+
+
+class RequestError(MasterplannerError):
+    """A request of a run cannot be answered: unknown, no longer open, or the answer does not fit it."""
+
+    exit_code = 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from _plans import step
 from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
 from masterplanner.engine.catalogs import RunCatalog, run_catalog
-from masterplanner.errors import ConfigError
+from masterplanner.service import RunService
 from masterplanner.tools import builtin_catalog
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
@@ -128,22 +129,22 @@ async def test_a_run_approved_where_a_tool_is_not_available_fails_before_any_ste
     script = write_script([plan, DRAFTS, {"purpose": "*", "repeat": True}])
     monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["example.com"]')
     planning = Engine(Settings.load())
-
-    async def later(_run: Any, _catalog: Any) -> dict[str, Any]:
-        raise ConfigError("the person answers later")
-
     try:
         run = planning.create_run(
             "fetch a page", model=f"scripted:{script}", options=RunOptions(prompt_rounds=0)
         )
-        with pytest.raises(ConfigError):
-            await planning.execute(run.id, review=later)
+        execution = asyncio.ensure_future(planning.execute(run.id))
+        while not planning.store.requests.find(run.id):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        execution.cancel()  # the planning process stops; the review waits in the database
+        await asyncio.gather(execution, return_exceptions=True)
     finally:
         planning.close()
     monkeypatch.delenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS")
     running = Engine(Settings.load())
+    service = RunService(running.settings)
     try:
-        running.submit_decision(run.id, {"action": "approve"})
+        await service.decide(run.id, {"action": "approve"}, by="test")
         final = await running.execute(run.id)
         assert final.status == "failed"
         assert final.error == (
@@ -153,6 +154,7 @@ async def test_a_run_approved_where_a_tool_is_not_available_fails_before_any_ste
         assert running.report(run.id)["steps"] == []
         assert "step_started" not in [event.kind for event in running.store.events(run.id)]
     finally:
+        service.close()
         running.close()
 
 

@@ -231,18 +231,40 @@ def test_reject_exits_1_and_read_only_commands_never_execute(write_script: Calla
     assert rejected.returncode == 1, rejected.stderr
     assert json.loads(rejected.stdout)["status"] == "cancelled"
 
-    waiting = mp("run", "another thing", "--model", f"scripted:{script}")  # no answer: input closed
-    assert waiting.returncode == 2
-    assert "no review decision" in waiting.stderr
-    listed = json.loads(mp("runs", "list", "--json").stdout)
-    assert [r["status"] for r in listed] == ["awaiting_approval", "cancelled"]
-    run_id = listed[0]["run_id"]
-    assert json.loads(mp("runs", "show", run_id, "--json").stdout)["status"] == "awaiting_approval"
-    assert json.loads(mp("runs", "list", "--json").stdout)[0]["status"] == "awaiting_approval"
+    # input closed: the run waits for its review to be answered from elsewhere
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "masterplanner", "run", "another thing", "--model", f"scripted:{script}"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        pending: list[dict[str, Any]] = []
+        while not pending and time.monotonic() < deadline:
+            pending = json.loads(mp("runs", "pending", "--json").stdout)
+        [review] = pending
+        listed = json.loads(mp("runs", "list", "--json").stdout)
+        assert [r["status"] for r in listed] == ["awaiting_approval", "cancelled"]
+        run_id = listed[0]["run_id"]
+        assert review["run_id"] == run_id and review["kind"] == "plan_review"
+        assert json.loads(mp("runs", "show", run_id, "--json").stdout)["status"] == "awaiting_approval"
 
-    cancelled = mp("runs", "cancel", run_id)
-    assert cancelled.returncode == 0, cancelled.stderr
+        cancelled = mp("runs", "cancel", run_id)
+        assert cancelled.returncode == 0, cancelled.stderr
+        _out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 1
+    assert f"waiting for an answer to request {review['id']}: review the plan of 1 step(s)" in err
     assert json.loads(mp("runs", "show", run_id, "--json").stdout)["status"] == "cancelled"
+    assert json.loads(mp("runs", "pending", "--json").stdout) == []
+    closed = mp("runs", "answer", review["id"], "--approve")
+    assert (closed.returncode, closed.stderr.strip()) == (
+        2,
+        f"error: request {review['id']} is cancelled: its run {run_id} was cancelled",
+    )
     again = mp("runs", "cancel", run_id)
     assert again.returncode == 1
     assert again.stderr.strip() == f"error: run {run_id} already cancelled"
@@ -277,31 +299,25 @@ def _fake_editor(tmp_path: Path, body: str) -> str:
     ],
     ids=["exit-status", "not-found", "deletes-the-file", "not-utf8"],
 )
-def test_a_failing_editor_is_one_line_and_the_run_still_awaits_approval(
+def test_a_failing_editor_is_one_line_and_the_review_is_asked_again(
     write_script: Callable[..., Path], tmp_path: Path, body: str | None, problem: str
 ) -> None:
     script = write_script([_planner(step("a", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}])
     command = f"{_fake_editor(tmp_path, body)} --bad" if body else str(tmp_path / "no-such-editor")
     # VISUAL comes first (as git and click read it): EDITOR would fail differently
     env = {"VISUAL": command, "EDITOR": str(tmp_path / "never-used")}
-    result = mp("run", "one thing", "--model", f"scripted:{script}", stdin="e\n", env=env)
-    assert result.returncode == 2, result.stderr
+    result = mp("run", "one thing", "--model", f"scripted:{script}", "--json", stdin="e\na\n", env=env)
+    assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    [listed] = json.loads(mp("runs", "list", "--json").stdout)
-    run_id = listed["run_id"]
-    assert listed["status"] == "awaiting_approval"
-    error = (
-        f"error: {problem.format(editor=command)}; the plan is unchanged and run {run_id} still awaits "
-        f"approval (`masterplanner runs resume {run_id}` to review it again)"
+    # the answer typed at the prompt is not echoed (input is not a terminal): the prompt's line ends
+    assert (
+        f"approve, reject or edit? [a/r/e] \n{problem.format(editor=command)}; the plan is unchanged\n"
+        in (result.stderr)
     )
-    # the answer typed at the prompt is not echoed (input is not a terminal): the line follows it
-    assert result.stderr.endswith(f"approve, reject or edit? [a/r/e] [a]:{error}\n")
-    shown = json.loads(mp("runs", "show", run_id, "--json").stdout)
-    assert shown["plan"]["steps"] == [step("a", tools=[])]
-    if body == "exit 1":  # nothing was lost: the review continues where it stopped
-        resumed = mp("runs", "resume", run_id, "--json", stdin="a\n")
-        assert resumed.returncode == 0, resumed.stderr
-        assert json.loads(resumed.stdout)["status"] == "succeeded"
+    assert result.stderr.count("approve, reject or edit? [a/r/e]") == 2  # asked again, then approved
+    report = json.loads(result.stdout)
+    assert report["status"] == "succeeded"
+    assert report["plan"]["steps"] == [step("a", tools=[])]  # nothing changed by the failed edit
 
 
 def test_without_a_terminal_events_are_plain_lines_and_the_summary_comes_last(
@@ -333,8 +349,7 @@ def test_without_a_terminal_events_are_plain_lines_and_the_summary_comes_last(
     kinds = [line.split(" ")[1] for line in lines[1:-4]]
     assert kinds == [
         "plan_ready",
-        "approval_requested",
-        "approved",
+        "approved",  # --yes: no review request is opened
         *(["step_started", "tool_called", "tool_result", "step_succeeded"] * 2),
         "run_succeeded",
         "team_stored",

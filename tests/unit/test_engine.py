@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _answers import execute_answering
 from _plans import step
 
 from masterplanner import PlanError, RunError, Settings
@@ -79,7 +80,6 @@ async def test_chain_passes_outputs_and_the_final_step_answers(
     assert _kinds(engine, run.id) == [
         ("run_created", None),
         ("plan_ready", None),
-        ("approval_requested", None),
         ("approved", None),
         ("step_started", "a"),
         ("step_succeeded", "a"),
@@ -230,7 +230,7 @@ async def test_review_decisions(engine: Engine, write_script: Callable[..., Path
         return {"action": "reject", "reason": "not today"}
 
     run = engine.create_run("x", model=f"scripted:{script}", options=options)
-    final = await engine.execute(run.id, review=reject)
+    final = await execute_answering(engine, run.id, review=reject)
     assert (final.status, final.error) == ("cancelled", "rejected: not today")
 
     edited = {"task": "x", "steps": [step("b", tools=[]), step("c", "b", tools=[])]}
@@ -239,7 +239,7 @@ async def test_review_decisions(engine: Engine, write_script: Callable[..., Path
         return {"action": "approve", "plan": edited}
 
     run = engine.create_run("x", model=f"scripted:{script}", options=options)
-    final = await engine.execute(run.id, review=edit)
+    final = await execute_answering(engine, run.id, review=edit)
     assert final.status == "succeeded", final.error
     assert [s.id for s in engine.store.steps(run.id)] == ["b", "c"]
     assert ("plan_edited", None) in _kinds(engine, run.id)
@@ -249,7 +249,7 @@ async def test_review_decisions(engine: Engine, write_script: Callable[..., Path
 
     run = engine.create_run("x", model=f"scripted:{script}", options=options)
     with pytest.raises(PlanError, match="cycle"):
-        await engine.execute(run.id, review=cyclic)
+        await execute_answering(engine, run.id, review=cyclic)
     assert engine.store.get_run(run.id).status == "awaiting_approval"  # nothing applied
 
 
@@ -345,7 +345,7 @@ async def test_tool_approval_policies(
         async def approve_plan(_run: Any, _catalog: Any) -> dict[str, Any]:
             return {"action": "approve"}
 
-        final = await engine.execute(run.id, review=approve_plan, approve_tool=await say(answer))
+        final = await execute_answering(engine, run.id, review=approve_plan, approve_tool=await say(answer))
         assert final.status == "succeeded", final.error
         tool_events = [
             kind for kind, step_id in _kinds(engine, run.id) if step_id == "w" and kind.startswith("tool")
@@ -358,7 +358,7 @@ async def test_tool_approval_policies(
             assert asked == []
         denied = [e.data for e in engine.store.events(run.id) if e.kind == "tool_denied"]
         if denied:
-            assert denied[0]["by"] == ("policy" if policies["write_file"] == "deny" else "person")
+            assert denied[0]["by"] == ("policy" if policies["write_file"] == "deny" else "test")
 
 
 async def test_policies_edited_at_review_apply_per_run_and_per_agent(
@@ -394,7 +394,7 @@ async def test_policies_edited_at_review_apply_per_run_and_per_agent(
     run = engine.create_run(
         "w", model=f"scripted:{script}", options=RunOptions(prompt_rounds=0), workspace=workspace
     )
-    final = await engine.execute(run.id, review=review)
+    final = await execute_answering(engine, run.id, review=review)
     assert final.status == "succeeded", final.error
     assert (workspace / "w.txt").read_text() == "w"  # run-wide auto
     assert not (workspace / "v.txt").exists()  # its agent denies write_file

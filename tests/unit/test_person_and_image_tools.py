@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _answers import execute_answering
 from _plans import step
 
 from masterplanner import Settings, ToolError
 from masterplanner.engine import Engine, RunOptions
+from masterplanner.errors import RequestError
+from masterplanner.service import RunService
 from masterplanner.tools.images import ImageConfig, generate_image
 from masterplanner.tools.workspace import Workspace
 
@@ -110,18 +113,36 @@ async def test_ask_user_goes_to_the_front_end(isolated: Path, write_script: Call
     try:
         options = RunOptions(auto_approve=True, prompt_rounds=0)
         run = engine.create_run("ask", model=f"scripted:{script}", options=options)
-        final = await engine.execute(run.id, ask_person=person)
+        final = await execute_answering(engine, run.id, ask_person=person)
         assert final.status == "succeeded", final.error
         assert asked == ["Which city?"]
         result = next(e.data for e in engine.store.events(run.id) if e.kind == "tool_result")
         assert result == {"tool": "ask_user", "result": "Lisbon"}
 
+        # unanswered, the question waits as a stored request; cancelling the run closes it
         run = engine.create_run("ask", model=f"scripted:{script}", options=options)
-        final = await engine.execute(run.id)  # no front end: the agent is told
-        result = next(e.data for e in engine.store.events(run.id) if e.kind == "tool_result")
-        assert result == {
-            "tool": "ask_user",
-            "error": "no one can be asked in this run (it is not attached to a front end)",
-        }
+        execution = asyncio.ensure_future(engine.execute(run.id))
+        service = RunService(engine.settings)
+        try:
+            pending: list[Any] = []
+            while not pending:
+                await asyncio.sleep(0.05)
+                pending = await service.pending(run.id)
+            [question] = pending
+            assert (question.kind, question.step_id, question.payload) == (
+                "ask_user",
+                "q",
+                {"question": "Which city?"},
+            )
+            with pytest.raises(RequestError, match="is an agent's question: answer it with a text"):
+                await service.answer_plainly(question.id, approve=True, by="test")
+            await service.cancel(run.id)
+            final = await asyncio.wait_for(execution, 10)
+            assert final.status == "cancelled"
+            assert (await service.request(question.id)).state == "cancelled"
+            with pytest.raises(RequestError, match=f"request {question.id} is cancelled"):
+                await service.answer_plainly(question.id, text="Porto", by="test")
+        finally:
+            service.close()
     finally:
         engine.close()

@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _answers import execute_answering
 from _plans import step
 
 from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
+from masterplanner.errors import RequestError
 from masterplanner.plan import Plan
 from masterplanner.registry import RegistryStore
+from masterplanner.service import RunService
 
 T1 = "Read sales.csv and write the monthly totals to report.md"
 T2 = "Write the monthly totals of sales.csv to report.md"
@@ -66,14 +69,14 @@ async def test_a_paraphrase_reuses_the_stored_team(isolated: Path, write_script:
 
     try:
         first = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        assert (await engine.execute(first.id, review=review)).status == "succeeded"
+        assert (await execute_answering(engine, first.id, review=review)).status == "succeeded"
         registry = RegistryStore(settings.database_url)
         assert [c.id for c in registry.list_cohorts()] == [first.id]
         assert sorted(a.id for a in registry.list_agents()) == [f"{first.id}.load", f"{first.id}.report"]
         assert registry.get_agent(f"{first.id}.load").stats.successes == 1
 
         second = engine.create_run(T2, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        final = await engine.execute(second.id, review=review)
+        final = await execute_answering(engine, second.id, review=review)
         assert final.status == "succeeded", final.error
         usage = engine.report(second.id)["usage"]["by_purpose"]
         # one call adapts the stored plan's wording to the new task; no planning, no prompt writing
@@ -116,10 +119,10 @@ async def test_a_repeat_with_other_parameters_needs_no_adaptation_call(
     engine = Engine(Settings.load())
     try:
         first = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        assert (await engine.execute(first.id, review=_approve)).status == "succeeded"
+        assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
         task = "Read orders.csv and write the monthly totals to summary.md"
         second = engine.create_run(task, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        final = await engine.execute(second.id, review=_approve)
+        final = await execute_answering(engine, second.id, review=_approve)
         assert final.status == "succeeded", final.error
         assert set(engine.report(second.id)["usage"]["by_purpose"]) == {"step:load", "step:report"}
         assert _ready(engine, second.id)["adaptation"] == "parameters"
@@ -140,9 +143,9 @@ async def test_an_unusable_adaptation_plans_afresh_with_the_team_as_an_example(
     engine = Engine(Settings.load())
     try:
         first = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        assert (await engine.execute(first.id, review=_approve)).status == "succeeded"
+        assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
         second = engine.create_run(T2, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        done = await engine.execute(second.id, review=_approve)
+        done = await execute_answering(engine, second.id, review=_approve)
         assert done.status == "succeeded", (done.error, engine.report(second.id)["steps"])
         ready = _ready(engine, second.id)
         assert ready["reuse_failed"].startswith(f"cohort {first.id} could not be adapted")
@@ -174,10 +177,10 @@ async def test_a_step_like_a_stored_agent_reuses_it_outside_its_team(
     engine = Engine(Settings.load())
     try:
         first = engine.create_run(T1, model=f"scripted:{scripts[0]}", options=RunOptions(prompt_rounds=0))
-        assert (await engine.execute(first.id, review=_approve)).status == "succeeded"
+        assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
         other = "Translate the German invoices into English and list their amounts"
         second = engine.create_run(other, model=f"scripted:{scripts[1]}", options=RunOptions(prompt_rounds=0))
-        final = await engine.execute(second.id, review=_approve)
+        final = await execute_answering(engine, second.id, review=_approve)
         assert final.status == "succeeded", final.error
         ready = _ready(engine, second.id)
         assert "reused_cohort" not in ready
@@ -221,9 +224,9 @@ async def test_the_person_swaps_a_reused_agent_for_a_fresh_one(
 
     try:
         first = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        assert (await engine.execute(first.id, review=_approve)).status == "succeeded"
+        assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
         second = engine.create_run(T2, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        final = await engine.execute(second.id, review=swap)
+        final = await execute_answering(engine, second.id, review=swap)
         assert final.status == "succeeded", final.error
         assert f"agent: reused {first.id}.report from run {first.id}" in shown[0]
         assert final.agents["report"]["prompt"] == "You are careful. Do your step."
@@ -251,17 +254,30 @@ async def test_remember_runs_ask_stores_only_what_the_person_accepts(
     try:
         registry = RegistryStore(settings.database_url)
         declined = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        await engine.execute(declined.id, review=_approve, confirm_remember=confirm)
+        await execute_answering(engine, declined.id, review=_approve, confirm_remember=confirm)
         assert registry.list_cohorts() == [] and registry.list_agents() == []
         assert any(e.kind == "team_not_stored" for e in engine.store.events(declined.id))
         accepted = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        await engine.execute(accepted.id, review=_approve, confirm_remember=confirm)
+        await execute_answering(engine, accepted.id, review=_approve, confirm_remember=confirm)
         assert [c.id for c in registry.list_cohorts()] == [accepted.id]
         assert any(e.kind == "team_stored" for e in engine.store.events(accepted.id))
         assert asked == [declined.id, accepted.id]
         unasked = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        await engine.execute(unasked.id, review=_approve)  # no one to ask: nothing new is stored
+        done = await execute_answering(engine, unasked.id, review=_approve)  # the question stays open
+        assert done.status == "succeeded"
         assert len(registry.list_cohorts()) == 1
+        service = RunService(settings)
+        try:
+            [question] = await service.pending(unasked.id)
+            assert (question.kind, question.payload["agents"]) == ("remember", 2)
+            await service.answer_plainly(question.id, approve=True, by="cli@later")  # another process, later
+            assert sorted(c.id for c in registry.list_cohorts()) == sorted([accepted.id, unasked.id])
+            kinds = [e.kind for e in engine.store.events(unasked.id)]
+            assert kinds[-3:] == ["request_opened", "request_answered", "team_stored"]
+            with pytest.raises(RequestError, match=f"request {question.id} is already answered"):
+                await service.answer_plainly(question.id, approve=False, by="cli@again")
+        finally:
+            service.close()
     finally:
         engine.close()
 
@@ -421,14 +437,14 @@ async def test_a_small_models_next_task_carries_nothing_of_the_one_before(
             model=f"scripted:{script('You are a poet. Write a haiku about the sea.')}",
             options=RunOptions(prompt_rounds=0),
         )
-        done = await engine.execute(first.id, review=_approve)
+        done = await execute_answering(engine, first.id, review=_approve)
         assert done.status == "succeeded", (done.error, engine.report(first.id)["steps"])
         second = engine.create_run(
             "Write a haiku about autumn leaves to leaves.txt",
             model=f"scripted:{script('You are a poet. Write the haiku your step asks for.')}",
             options=RunOptions(prompt_rounds=0),
         )
-        done = await engine.execute(second.id, review=_approve)
+        done = await execute_answering(engine, second.id, review=_approve)
         assert done.status == "succeeded", (done.error, engine.report(second.id)["steps"])
         ready = _ready(engine, second.id)
         assert "reused_cohort" not in ready

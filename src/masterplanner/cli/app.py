@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .._version import __version__
+from .. import __version__
 from .terminal import json_text, shown, visible
 
 if TYPE_CHECKING:

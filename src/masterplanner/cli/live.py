@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from rich.text import Text
     from rich.tree import Tree
 
-    from ..engine import Event, RunRecord, RunStore, StepRecord
+    from ..service import Event, RunRecord, StepRecord
 
 __all__ = [
     "EventLines",
@@ -96,6 +96,13 @@ def _event_detail(kind: str, data: dict[str, Any]) -> str:
         return f" [red]{shown(data.get('error', ''))}[/]"
     if kind in ("run_failed", "run_cancelled", "rejected"):
         return f" {shown(data.get('reason', ''))}"
+    if kind in ("approval_requested", "request_opened", "request_answered") and "request" in data:
+        detail = f" request {shown(data['request'])}"
+        detail += f" {shown(data['kind'])}" if "kind" in data else ""
+        detail += f" (by {shown(data['by'])})" if "by" in data else ""
+        if "refused_edit" in data:
+            detail += f" [red]edit refused: {shown(data['refused_edit'])}[/]"
+        return detail
     if kind == "plan_ready" and "reused_cohort" in data:
         reuse = (
             f"reusing the team of run {data['reused_cohort']} (similarity {data['similarity']}, "
@@ -246,6 +253,10 @@ class RunView:
         elif event.kind in ("tool_approved", "tool_denied"):
             verdict = "approved" if event.kind == "tool_approved" else "denied"
             now.note = f"[yellow]{tool} {verdict}[/] [dim](by {shown(data.get('by', ''))})[/]"
+        elif event.kind == "request_opened":
+            now.note = f"[yellow]asks the person (request {shown(data.get('request', ''))})[/]"
+        elif event.kind == "request_answered":
+            now.note = f"[dim]answered by {shown(data.get('by', ''))}[/]"
         elif event.kind == "step_retried":
             attempt = shown(data.get("attempt", ""))
             now.note = f"[yellow]attempt {attempt} after: {shown(data.get('error', ''))}[/]"
@@ -273,35 +284,38 @@ class RunView:
 
 
 class LiveTree:
-    """The display when stderr is a terminal: the run's tree, redrawn in place about 5 times a second."""
+    """The display when stderr is a terminal: the run's tree, redrawn in place about 5 times a second.
 
-    def __init__(self, out: Console, store: RunStore, run_id: str, history: list[Event]) -> None:
+    It is given what it shows (events, the steps' states, the model calls so far, the plan's
+    titles); the front end reads those through the run service.
+    """
+
+    def __init__(self, out: Console, run_id: str, history: list[Event]) -> None:
         self.out = out
-        self.store = store
         self.view = RunView(run_id)
         self.started = time.monotonic()
         self.live: Live | None = None
-        self.plan_ids: tuple[str, ...] = ()
         for event in history:
             self.view.apply(event)
-        self._read_store(steps=True)
         self.resume()
 
-    def _read_store(self, *, steps: bool) -> None:
-        self.view.calls = self.store.usage(self.view.run_id)["llm_calls"]
-        if not steps:
-            return
-        self.view.steps = self.store.steps(self.view.run_id)
-        ids = tuple(step.id for step in self.view.steps)
-        if ids != self.plan_ids:  # the plan was approved (or edited): read its titles once
-            self.plan_ids = ids
-            self.view.titles = _titles(self.store.get_run(self.view.run_id).plan)
-
-    def show(self, events: list[Event]) -> None:
-        """Take in `events` and redraw (called about 5 times a second, also with no new events)."""
+    def show(
+        self,
+        events: list[Event],
+        *,
+        steps: list[StepRecord] | None = None,
+        calls: int | None = None,
+        plan: dict[str, Any] | None = None,
+    ) -> None:
+        """Take in `events` and what changed, and redraw (about 5 times a second, also with no news)."""
         for event in events:
             self.view.apply(event)
-        self._read_store(steps=bool(events))
+        if calls is not None:
+            self.view.calls = calls
+        if steps is not None:
+            self.view.steps = steps
+        if plan is not None:
+            self.view.titles = _titles(plan)
         if self.live is not None:
             self.live.update(self.view.render(time.monotonic() - self.started), refresh=True)
 
@@ -409,7 +423,7 @@ def print_summary(
     """Print how the run ended; with `tree`, its steps' final states hang under the first line."""
     first = summary_line(report, run.model, seconds)
     if tree and report["steps"]:
-        from ..engine import StepRecord
+        from ..service import StepRecord
 
         steps = [StepRecord(**step) for step in report["steps"]]
         notes = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -234,32 +234,16 @@ def feedback(
     """
     import asyncio
 
-    from ..engine import Engine
-    from ..feedback import give_feedback
-    from ..models import resolve_model
-    from ..plan import Plan
+    from ..service import RunService
 
-    settings = load_settings()
-    engine = Engine(settings)
-    run = engine.store.get_run(run_id)
-    if run.plan is None:
-        from ..errors import RunError
+    async def rate() -> Any:
+        service = RunService(load_settings())
+        try:
+            return await service.feedback(run_id, rating=rating, comment=comment, model=model)
+        finally:
+            service.close()
 
-        raise RunError(f"run {run.id} has no plan yet")
-    outputs = {step.id: step.output or "" for step in engine.store.steps(run.id)}
-    chosen = resolve_model(model or run.model, settings)
-    result = asyncio.run(
-        give_feedback(
-            _store(),
-            run_id=run.id,
-            plan=Plan.model_validate(run.plan),
-            agents=run.agents or {},
-            outputs=outputs,
-            rating=rating,
-            comment=comment,
-            model=chosen,
-        )
-    )
+    result = asyncio.run(rate())
     if as_json:
         typer.echo(
             json_text(

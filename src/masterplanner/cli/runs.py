@@ -1,26 +1,29 @@
-"""`masterplanner run` and `masterplanner runs list|show|resume|cancel`."""
+"""`masterplanner run` and `masterplanner runs list|show|pending|answer|resume|cancel`.
+
+Every command goes through the run service (`masterplanner.service.RunService`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from .answering import TerminalAnswerer, how_to_answer
 from .app import app, console, load_settings
 from .live import EventLines, LiveTree, event_line, print_summary, wants_live_view
 from .terminal import json_text, shown, visible
 
 if TYPE_CHECKING:
-    from ..engine import Decision, Engine, RunRecord
+    from ..service import RunRecord, RunService
     from ..settings import Settings
-    from ..tools import Catalog
 
-runs_app = typer.Typer(help="List, inspect, resume and cancel runs.", no_args_is_help=True)
+runs_app = typer.Typer(help="List, inspect, answer, resume and cancel runs.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 
 _EXIT = {"succeeded": 0, "failed": 1, "cancelled": 1}
@@ -32,10 +35,22 @@ def _debug() -> bool:
     return "--debug" in sys.argv
 
 
-def _engine(settings: Settings) -> Engine:
-    from ..engine import Engine
+def _service(settings: Settings) -> RunService:
+    from ..service import RunService
 
-    return Engine(settings, debug=_debug())
+    return RunService(settings, debug=_debug())
+
+
+def _call(service: RunService, work: Callable[[RunService], Awaitable[T]]) -> T:
+    """Run one service call to its end in this process, then release the service."""
+
+    async def call() -> T:
+        try:
+            return await work(service)
+        finally:
+            service.close()
+
+    return asyncio.run(call())
 
 
 @app.command(short_help="Plan a task, review the plan, then run it.")
@@ -44,7 +59,10 @@ def run(
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Model spec (default: the model setting).")
     ] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Approve the plan without asking.")] = False,
+    yes: Annotated[
+        bool,
+        typer.Option("--yes", "-y", help="Approve the plan, tool calls and storing the team without asking."),
+    ] = False,
     workspace: Annotated[
         Path | None,
         typer.Option("--workspace", help="Folder the step agents read and write (default: a new one)."),
@@ -67,13 +85,16 @@ def run(
 ) -> None:
     """Plan TASK, show the plan for review (approve, reject or edit), then execute it.
 
-    Steps run as soon as their dependencies finish, up to --max-parallel at once. Every model
-    response and tool result is checkpointed: after a crash, `masterplanner runs resume RUN_ID`
-    continues where it stopped. Exit code 0 when the run succeeded, 1 when it failed, was
-    rejected or cancelled, 2 for a usage or configuration error.
+    Steps run as soon as their dependencies finish, up to --max-parallel at once. Whenever the
+    run needs a person (the review, a tool call under policy `ask`, an agent's question), it
+    opens a request: this terminal asks, and `masterplanner runs answer` from another shell
+    answers too; with no terminal input the run waits for such an answer. Every model response
+    and tool result is checkpointed: after a crash, `masterplanner runs resume RUN_ID` continues
+    where it stopped. Exit code 0 when the run succeeded, 1 when it failed, was rejected or
+    cancelled, 2 for a usage or configuration error.
     """
-    from ..engine import RunOptions
     from ..errors import ConfigError
+    from ..service import RunOptions
 
     if not 1 <= max_parallel <= 64:
         raise ConfigError(f"--max-parallel must be between 1 and 64, got {max_parallel}")
@@ -86,7 +107,7 @@ def run(
         if count < 1:
             raise ConfigError(f"{name} must be at least 1, got {count}")
     settings = load_settings(model=model)
-    engine = _engine(settings)
+    service = _service(settings)
     options = RunOptions(
         max_parallel=max_parallel,
         auto_approve=yes,
@@ -97,19 +118,22 @@ def run(
         max_wall_s=max_seconds,
         tool_policies=dict(settings.tool_policies),
     )
-    record = engine.create_run(task, model=settings.model, options=options, workspace=workspace)
+    try:
+        record = asyncio.run(service.create(task, model=settings.model, options=options, workspace=workspace))
+    except BaseException:
+        service.close()
+        raise
     console(stderr=True).print(
         f"[bold]run {shown(record.id)}[/] · workspace {shown(record.workspace)}",
         highlight=False,
         soft_wrap=True,
     )
-    _execute(engine, record.id, as_json=as_json)
+    _execute(service, record.id, as_json=as_json)
 
 
-def _execute(engine: Engine, run_id: str, *, as_json: bool) -> None:
+def _execute(service: RunService, run_id: str, *, as_json: bool) -> None:
     started = time.monotonic()
-    final, live = asyncio.run(_execute_with_progress(engine, run_id))
-    report = engine.report(final.id)
+    final, live, report = _call(service, lambda service: _execute_with_progress(service, run_id))
     if as_json:
         typer.echo(json_text(report))
     elif report.get("output"):
@@ -122,97 +146,91 @@ class _Terminal:
     """The CLI as a run's front end.
 
     It shows the run as its events are appended (a live tree in a terminal, event lines
-    otherwise), and asks the person (plan review, tool approvals, agents' questions) one
-    question at a time, with the display paused meanwhile.
+    otherwise) and, as one answerer among others, asks the person about the run's requests
+    one at a time, with the display paused meanwhile.
     """
 
-    def __init__(self, engine: Engine, run_id: str) -> None:
-        self.engine = engine
+    def __init__(self, service: RunService, run_id: str, history: list[Any]) -> None:
+        from ..service import answerer_name
+
+        self.service = service
         self.run_id = run_id
         self.out = console(stderr=True)
-        history = engine.store.events(run_id)
         self.seen = history[-1].seq if history else 0
         self.live = wants_live_view(self.out)
         self.display: EventLines | LiveTree = (
-            LiveTree(self.out, engine.store, run_id, history) if self.live else EventLines(self.out)
+            LiveTree(self.out, run_id, history) if self.live else EventLines(self.out)
         )
         self.running = asyncio.Event()
         self.running.set()
-        self.asking = asyncio.Lock()
+        self.answerer = TerminalAnswerer(
+            service, run_id, self.out, by=answerer_name("terminal"), pause=self.pause, resume=self.resume
+        )
+        self._plan_ids: tuple[str, ...] = ()
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
         """Show the events appended since the last flush (and, live, redraw the tree)."""
-        fresh = self.engine.store.events(self.run_id, after=self.seen)
+        fresh = await self.service.events(self.run_id, after=self.seen)
         if fresh:
             self.seen = fresh[-1].seq
-        self.display.show(fresh)
+        if isinstance(self.display, EventLines):
+            self.display.show(fresh)
+            return
+        steps = await self.service.steps(self.run_id) if fresh or not self._plan_ids else None
+        plan = None
+        if steps is not None and tuple(step.id for step in steps) != self._plan_ids:
+            self._plan_ids = tuple(step.id for step in steps)
+            plan = (await self.service.get(self.run_id)).plan
+        calls = (await self.service.usage(self.run_id))["llm_calls"]
+        self.display.show(fresh, steps=steps, calls=calls, plan=plan)
 
     async def follow(self) -> None:
         while True:
             await self.running.wait()
-            self.flush()
+            await self.flush()
             await asyncio.sleep(0.2)
 
-    async def _ask(self, question: Callable[..., T], *args: Any) -> T:
-        # Steps run in parallel: their questions wait for each other, never share the terminal.
-        async with self.asking:
-            self.running.clear()
-            try:
-                self.flush()
-                self.display.pause()
-                answer = await asyncio.to_thread(question, *args)
-                self.display.resume()
-                return answer
-            finally:
-                self.running.set()
+    async def pause(self) -> None:
+        self.running.clear()
+        await self.flush()
+        self.display.pause()
 
-    async def review(self, run: RunRecord, catalog: Catalog) -> Decision:
-        return await self._ask(_review_in_terminal, run, catalog)
-
-    async def approve(self, step_id: str, tool: str, arguments: dict[str, Any]) -> bool:
-        return await self._ask(_approve_in_terminal, step_id, tool, arguments)
-
-    async def answer(self, question: str) -> str:
-        return await self._ask(_answer_in_terminal, question)
-
-    async def remember(self, run: RunRecord) -> bool:
-        return await self._ask(_remember_in_terminal, run)
+    def resume(self) -> None:
+        self.display.resume()
+        self.running.set()
 
 
-async def _execute_with_progress(engine: Engine, run_id: str) -> tuple[RunRecord, bool]:
+async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunRecord, bool, dict[str, Any]]:
     """Execute the run in this terminal; also resume, beside it, runs left behind by a crash.
 
-    Returns the run's final record, and whether it was shown as a live tree.
+    Returns the run's final record, whether it was shown as a live tree, and its report.
     """
-    terminal = _Terminal(engine, run_id)
+    terminal = _Terminal(service, run_id, await service.events(run_id))
     follower = asyncio.ensure_future(terminal.follow())
-    crashed = [other for other in engine.store.crashed_runs() if other != run_id]
+    answerer = asyncio.ensure_future(terminal.answerer.watch())
+    crashed = [other for other in await service.crashed_runs() if other != run_id]
     for other in crashed:
         terminal.out.print(
             f"resuming run {shown(other)}, interrupted by a crash, beside this one", highlight=False
         )
     try:
         results = await asyncio.gather(
-            engine.execute(
-                run_id,
-                review=terminal.review,
-                approve_tool=terminal.approve,
-                ask_person=terminal.answer,
-                confirm_remember=terminal.remember,
-            ),
-            *(engine.execute(other) for other in crashed),
+            service.execute(run_id),
+            *(service.execute(other) for other in crashed),
             return_exceptions=True,
         )
     except BaseException:  # Ctrl-C: no summary follows, the tree stays where the run stopped
         terminal.display.close(keep=True)
         raise
     finally:
-        follower.cancel()
-        await asyncio.gather(follower, return_exceptions=True)
+        for task in (answerer, follower):
+            task.cancel()
+        await asyncio.gather(answerer, follower, return_exceptions=True)
     stopped = isinstance(results[0], BaseException)
     if not stopped:
-        terminal.flush()
+        await terminal.flush()
     terminal.display.close(keep=stopped)
+    terminal.answerer.detach()
     for other, result in zip(crashed, results[1:], strict=True):
         status = result.status if not isinstance(result, BaseException) else f"not resumed: {result}"
         terminal.out.print(f"run {shown(other)}: {shown(status)}", highlight=False, soft_wrap=True)
@@ -221,106 +239,9 @@ async def _execute_with_progress(engine: Engine, run_id: str) -> tuple[RunRecord
     final = results[0]
     if final.error:
         terminal.out.print(f"[red]{shown(final.error)}[/]", highlight=False, soft_wrap=True)
-    return final, terminal.live
-
-
-def _approve_in_terminal(step_id: str, tool: str, arguments: dict[str, Any]) -> bool:
-    """Ask whether a tool call under policy `ask` may run; closed input means no."""
-    out = console(stderr=True)
-    out.print(f"[bold]step {shown(step_id)} wants to call {shown(tool)}[/]", highlight=False, soft_wrap=True)
-    for key, value in arguments.items():
-        out.print(f"[dim]{shown(key)}:[/] {shown(value, lines=True)}", highlight=False, soft_wrap=True)
-    try:
-        answer = typer.prompt("allow this call? [y/n]", default="n", err=True)
-    except (typer.Abort, EOFError):
-        return False
-    return answer.strip().lower() in ("y", "yes")
-
-
-def _answer_in_terminal(question: str) -> str:
-    """Put an agent's question to the person; closed input gives an empty answer."""
-    console(stderr=True).print(
-        f"[bold]an agent asks:[/] {shown(question, lines=True)}", highlight=False, soft_wrap=True
-    )
-    try:
-        return str(typer.prompt("your answer", default="", err=True, show_default=False))
-    except (typer.Abort, EOFError):
-        return ""
-
-
-def _remember_in_terminal(run: RunRecord) -> bool:
-    """Ask whether to store a succeeded run's team in the registry; closed input means no."""
-    steps = len((run.plan or {}).get("steps", []))
-    try:
-        return bool(
-            typer.confirm(
-                f"store this run's team ({steps} agents) in the registry for similar tasks?",
-                default=True,
-                err=True,
-            )
-        )
-    except (typer.Abort, EOFError):
-        return False
-
-
-def _review_in_terminal(run: RunRecord, catalog: Catalog) -> Decision:
-    """Show the plan and prompts; ask to approve, reject or edit (edits reopen until they validate).
-
-    An editor that fails is a `ConfigError`: the run keeps awaiting approval, its plan unchanged.
-    """
-    from ..errors import ConfigError, PlanError
-    from ..plan import Plan
-    from ..review import edit_in_editor, parse_review_yaml, render_review_yaml, with_errors_on_top
-    from .app import _print_plan_dict
-
-    plan = Plan.model_validate(run.plan)
-    agents = run.agents or {}
-    policies = dict(run.options.tool_policies)
-    decision: Decision = {"action": "approve", "by": "person"}
-    while True:
-        _print_plan_dict(plan, agents, stderr=True)
-        try:
-            answer = typer.prompt("approve, reject or edit? [a/r/e]", default="a", err=True).strip().lower()
-        except (typer.Abort, EOFError):
-            raise ConfigError(
-                f"no review decision for run {run.id} (input closed); answer in a terminal, pass --yes, "
-                f"or resume later with `masterplanner runs resume {run.id}`"
-            ) from None
-        if answer in ("a", "approve", "y", "yes"):
-            return decision
-        if answer in ("r", "reject", "n", "no"):
-            return {"action": "reject", "reason": "rejected at review"}
-        if answer not in ("e", "edit"):
-            console(stderr=True).print("answer a, r or e")
-            continue
-        text = render_review_yaml(plan, agents, policies)
-        while True:
-            try:
-                edited = edit_in_editor(text, extension=".yaml")
-            except ConfigError as exc:
-                raise ConfigError(
-                    f"{exc}; the plan is unchanged and run {run.id} still awaits approval "
-                    f"(`masterplanner runs resume {run.id}` to review it again)"
-                ) from None
-            try:
-                edit = parse_review_yaml(edited, catalog, agents)
-            except PlanError as exc:
-                console(stderr=True).print(
-                    f"[red]the edit is invalid:[/] {shown('; '.join(exc.problems))}",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-                text = with_errors_on_top(edited, exc)
-                continue
-            plan, agents, policies = edit.plan, edit.agents, edit.tool_policies
-            decision = {
-                "action": "approve",
-                "by": "person",
-                "plan": plan.to_json_dict(),
-                "agents": agents,
-                "tool_policies": policies,
-            }
-            break
+    for request in await service.pending(run_id):  # the remember question comes after the run
+        await terminal.answerer.take_up(request)
+    return final, terminal.live, await service.report(run_id)
 
 
 @runs_app.command("list", short_help="List runs, newest first.")
@@ -331,8 +252,7 @@ def runs_list(
     """List runs with their status (reads only; never resumes or executes anything)."""
     from rich.table import Table
 
-    engine = _engine(load_settings())
-    records = engine.store.list_runs(limit)
+    records = _call(_service(load_settings()), lambda service: service.list_runs(limit))
     if as_json:
         rows = [
             {"run_id": r.id, "status": r.status, "task": r.task, "created_at": r.created_at, "model": r.model}
@@ -356,9 +276,11 @@ def runs_show(
     """Show a run (reads only; never resumes or executes anything)."""
     from rich.table import Table
 
-    engine = _engine(load_settings())
-    report = engine.report(run_id)
-    events = engine.store.events(report["run_id"])
+    async def read(service: RunService) -> tuple[dict[str, Any], list[Any]]:
+        report = await service.report(run_id)
+        return report, await service.events(report["run_id"])
+
+    report, events = _call(_service(load_settings()), read)
     if as_json:
         typer.echo(json_text(report | {"events": [event.to_json_dict() for event in events]}))
         return
@@ -385,18 +307,100 @@ def runs_show(
         typer.echo(visible(report["output"], lines=True))
 
 
+@runs_app.command("pending", short_help="List the open requests runs wait on.")
+def runs_pending(
+    run_id: Annotated[
+        str | None, typer.Argument(help="Only this run's requests (a unique prefix of its id is enough).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List open requests — plan reviews, tool approvals, agents' questions, storing a team.
+
+    Any process may answer them with `masterplanner runs answer REQUEST`; the run waiting on
+    one goes on in whichever process runs it.
+    """
+    from rich.table import Table
+
+    requests = _call(_service(load_settings()), lambda service: service.pending(run_id))
+    if as_json:
+        typer.echo(json_text([request.to_json_dict() for request in requests]))
+        return
+    if not requests:
+        console(stderr=True).print("no open requests", highlight=False)
+        return
+    table = Table("request", "run", "kind", "asks", "answer with")
+    for request in requests:
+        table.add_row(
+            shown(request.id),
+            shown(request.run_id),
+            shown(request.kind),
+            shown(request.summary()),
+            shown(how_to_answer(request)),
+        )
+    console().print(table, highlight=False)
+
+
+@runs_app.command("answer", short_help="Answer a run's open request.")
+def runs_answer(
+    request_id: Annotated[str, typer.Argument(help="The request's id (from `runs pending`).")],
+    approve: Annotated[
+        bool, typer.Option("--approve", help="Yes: approve the plan, allow the tool call, store the team.")
+    ] = False,
+    deny: Annotated[
+        bool, typer.Option("--deny", help="No: reject the plan, refuse the tool call, do not store the team.")
+    ] = False,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why (with --deny).")] = None,
+    text: Annotated[str | None, typer.Option("--text", help="The answer to an agent's question.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the answered request as JSON.")] = False,
+) -> None:
+    """Answer REQUEST with exactly one of --approve, --deny [--reason R] or --text T.
+
+    Exit code 2, with nothing changed, when the request does not exist, is already answered, or
+    its run was cancelled; of two answers given at once exactly one is taken.
+    """
+    from ..errors import RequestError
+    from ..service import answerer_name
+
+    if sum((approve, deny, text is not None)) != 1:
+        raise RequestError("answer with exactly one of --approve, --deny or --text")
+    if reason is not None and not deny:
+        raise RequestError("--reason goes with --deny")
+    answered = _call(
+        _service(load_settings()),
+        lambda service: service.answer_plainly(
+            request_id,
+            by=answerer_name("cli"),
+            approve=None if text is not None else approve,
+            text=text,
+            reason=reason,
+        ),
+    )
+    if as_json:
+        typer.echo(json_text(answered.to_json_dict()))
+        return
+    console(stderr=True).print(
+        f"request {shown(answered.id)} of run {shown(answered.run_id)} answered",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 @runs_app.command("resume", short_help="Continue an interrupted run from its last checkpoint.")
 def runs_resume(
     run_id: RunId,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run report as JSON.")] = False,
 ) -> None:
     """Continue a run that stopped (crash, kill, Ctrl-C): finished steps are not run again."""
-    engine = _engine(load_settings())
-    record = engine.store.get_run(run_id)
+    service = _service(load_settings())
+    try:
+        record = asyncio.run(service.get(run_id))
+    except BaseException:
+        service.close()
+        raise
     console(stderr=True).print(
         f"[bold]resuming run {shown(record.id)}[/] ({shown(record.status)})", highlight=False, soft_wrap=True
     )
-    _execute(engine, record.id, as_json=as_json)
+    _execute(service, record.id, as_json=as_json)
 
 
 @runs_app.command("cancel", short_help="Stop a run.")
@@ -404,12 +408,16 @@ def runs_cancel(
     run_id: RunId,
     wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for running steps to stop.")] = 15.0,
 ) -> None:
-    """Cancel a run: running steps stop promptly and no new step starts."""
-    engine = _engine(load_settings())
-    record = engine.request_cancel(run_id)
-    deadline = time.monotonic() + wait
-    while record.status != "cancelled" and not record.finished and time.monotonic() < deadline:
-        time.sleep(0.2)
-        record = engine.store.get_run(record.id)
+    """Cancel a run: running steps stop promptly, no new step starts, its open requests close."""
+
+    async def cancel(service: RunService) -> RunRecord:
+        record = await service.cancel(run_id)
+        deadline = time.monotonic() + wait
+        while record.status != "cancelled" and not record.finished and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            record = await service.get(record.id)
+        return record
+
+    record = _call(_service(load_settings()), cancel)
     console(stderr=True).print(f"run {shown(record.id)} {shown(record.status)}", highlight=False)
     raise typer.Exit(0 if record.status == "cancelled" else 1)

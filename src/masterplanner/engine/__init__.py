@@ -5,23 +5,24 @@ runs as a DBOS workflow whose model requests and tool calls are checkpointed.
 """
 
 from .records import EVENT_KINDS, Event, RunOptions, RunRecord, StepRecord
-from .runner import Decision, Engine, RememberConfirmer, ReviewHandler, ToolApprover, run_catalog
+from .requests import REQUEST_KINDS, Request, RequestKind, RequestState
+from .runner import Engine, run_catalog
 from .scheduler import StepOutcome, run_dag
 from .store import RunStore
 
 __all__ = [
     "EVENT_KINDS",
-    "Decision",
+    "REQUEST_KINDS",
     "Engine",
     "Event",
-    "RememberConfirmer",
-    "ReviewHandler",
+    "Request",
+    "RequestKind",
+    "RequestState",
     "RunOptions",
     "RunRecord",
     "RunStore",
     "StepOutcome",
     "StepRecord",
-    "ToolApprover",
     "run_catalog",
     "run_dag",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from ..sandbox import sandbox_problems
@@ -93,9 +93,7 @@ def run_catalog(settings: Settings | None = None) -> RunCatalog:
     return RunCatalog(builtin_catalog().subset(names), missing=missing, mcp_servers=settings.mcp_servers)
 
 
-def tool_context(
-    settings: Settings, ask_person: Callable[[str], Awaitable[str]] | None = None
-) -> ToolContext:
+def tool_context(settings: Settings) -> ToolContext:
     """The configuration the step tools of a run work with."""
     return ToolContext(
         http=HttpPolicy(
@@ -107,7 +105,6 @@ def tool_context(
             searxng_url=settings.searxng_url,
         ),
         images=ImageConfig(model=settings.image_model, base_url=settings.image_base_url),
-        ask_person=ask_person,
     )
 
 

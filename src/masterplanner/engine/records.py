@@ -48,6 +48,8 @@ EventKind = Literal[
     "episode_not_kept",
     "input_summarized",
     "input_cut",
+    "request_opened",
+    "request_answered",
 ]
 EVENT_KINDS: frozenset[str] = frozenset(get_args(EventKind))
 

@@ -122,10 +122,13 @@ def remember_run(
     agents: dict[str, Any],
     succeeded: bool,
     store_new: bool = True,
+    count_reused: bool = True,
 ) -> None:
     """After a run: count every stored agent's outcome.
 
-    A succeeded run (when `store_new`) also stores its new agents and its cohort.
+    A succeeded run (when `store_new`) also stores its new agents and its cohort. With
+    `count_reused=False` (the team is stored later, on a `remember` request's answer, after
+    the outcome was counted when the run ended) the reused agents are not counted again.
     """
     agent_ids: dict[str, str] = {}
     store = succeeded and store_new
@@ -133,6 +136,9 @@ def remember_run(
         agent = agents.get(step.id) or {}
         # a reused agent whose prompt the person edited at review is a new agent
         agent_id = None if agent.get("edited") else agent.get("agent_id")
+        if agent_id is not None and not count_reused:
+            agent_ids[step.id] = agent_id
+            continue
         if agent_id is None:
             if not store:
                 continue

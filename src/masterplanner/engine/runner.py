@@ -18,8 +18,8 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -36,16 +36,14 @@ from ..agents import failure_text, retry_settings
 from ..clause_planner import uses_clause_plans
 from ..errors import (
     BudgetExceededError,
-    ConfigError,
     MasterplannerError,
     ModelError,
     PlanError,
     RunError,
     ToolError,
 )
-from ..models import resolve_model
+from ..models import resolve_model, with_tool_aids
 from ..models.labelled import labelled
-from ..models.local import LocalModel
 from ..plan import Plan, Step, sinks, tool_problems, validate_plan, validate_task
 from ..planner import plan as make_plan
 from ..prompting import create_prompts, prompts_to_json
@@ -60,6 +58,7 @@ from .budget import RunLedger
 from .catalogs import run_catalog, tool_context, with_mcp_tools
 from .checkpoints import CheckpointedModel
 from .records import EventKind, RunOptions, RunRecord, utc_now
+from .requests import Request
 from .reuse import cohort_hints, remember_run, reusable_agents, reusable_cohort
 from .runtime import launch_dbos, shutdown_dbos
 from .scheduler import StepOutcome, run_dag
@@ -74,16 +73,9 @@ from .step_agent import (
 )
 from .step_tools import ToolRunner, step_tools
 from .store import RunStore, process_identity
-from .tool_calls import ToolApprover, ToolCalls
+from .tool_calls import ToolCalls, durable_key
 
-__all__ = ["Decision", "Engine", "RememberConfirmer", "ReviewHandler", "ToolApprover", "run_catalog"]
-
-Decision = dict[str, Any]
-"""A review decision: `{"action": "approve" | "reject", "plan"?: {...}, "agents"?: {...}, "reason"?: str}`."""
-ReviewHandler = Callable[[RunRecord, Catalog], Awaitable[Decision]]
-"""A front end's review: shown the run awaiting approval (and the tools it may use), returns the decision."""
-RememberConfirmer = Callable[[RunRecord], Awaitable[bool]]
-"""Asked after a run succeeds, when `remember_runs` is `ask`: store its team in the registry?"""
+__all__ = ["Engine", "mark_cancelled", "review_payload", "run_catalog"]
 
 _EXECUTIONS: dict[str, _Execution] = {}
 """Runs this process is executing, by id (the step workflows find their run here)."""
@@ -164,18 +156,12 @@ class Engine:
         self.store.append_event(run_id, "run_created", data={"task": task, "model": spec})
         return self.store.get_run(run_id)
 
-    async def execute(
-        self,
-        run_id: str,
-        *,
-        review: ReviewHandler | None = None,
-        approve_tool: ToolApprover | None = None,
-        ask_person: Callable[[str], Awaitable[str]] | None = None,
-        confirm_remember: RememberConfirmer | None = None,
-    ) -> RunRecord:
-        """Drive a run to its end (or to the end of what it can do now) in this process.
+    async def execute(self, run_id: str) -> RunRecord:
+        """Drive a run to its end in this process.
 
-        Raises `RunError` when another live process is executing the run.
+        Every pause (the plan review, a tool approval, an agent's question) is a stored request
+        that any process may answer (`store.requests`); the run waits for it here. Raises
+        `RunError` when another live process is executing the run.
         """
         run = self.store.get_run(run_id)
         if run.finished:
@@ -185,9 +171,9 @@ class Engine:
         try:
             launch_dbos(self.settings.database_url, executor_id=self.owner, debug=self.debug)
             self._launched = True
-            execution = _Execution(self, run, approve_tool, ask_person, confirm_remember)
+            execution = _Execution(self, run)
             _EXECUTIONS[run.id] = execution
-            work = asyncio.ensure_future(execution.drive(review))
+            work = asyncio.ensure_future(execution.drive())
             guard = asyncio.ensure_future(self._guard(run.id, work, execution))
             try:
                 await work
@@ -223,18 +209,10 @@ class Engine:
         self.store.update_run(run.id, cancel_requested=True)
         if not self.store.owner_alive(run.id) and self.store.claim(run.id, self.owner):
             try:
-                _mark_cancelled(self.store, run.id)
+                mark_cancelled(self.store, run.id)
             finally:
                 self.store.release(run.id, self.owner)
         return self.store.get_run(run.id)
-
-    def submit_decision(self, run_id: str, decision: Decision) -> None:
-        """Record a review decision for a run awaiting approval (any front end, any process)."""
-        run = self.store.get_run(run_id)
-        if run.status != "awaiting_approval":
-            raise RunError(f"run {run.id} is {run.status}, not awaiting approval")
-        # tool names are checked against the run's full catalog (MCP tools included) when applied
-        self.store.update_run(run.id, decision=_checked_decision(decision, None))
 
     def report(self, run_id: str) -> dict[str, Any]:
         """The JSON report of a run: id, status, output, error, plan, steps, usage (and its workspace)."""
@@ -253,16 +231,26 @@ class Engine:
         }
 
 
-def _checked_decision(decision: Decision, catalog: Catalog | None) -> Decision:
-    action = decision.get("action")
-    if action not in ("approve", "reject"):
-        raise ConfigError(f"a review decision's action must be 'approve' or 'reject', got {action!r}")
-    if "plan" in decision:
-        validate_plan(decision["plan"], catalog)
-    return decision
+def review_payload(run: RunRecord, catalog: Catalog) -> dict[str, Any]:
+    """What a plan-review request carries: the plan, its agents, the run's tool policies and tools.
+
+    The tools travel as plain data, so a front end in another process validates an edit against
+    the same catalog the run uses (MCP tools included).
+    """
+    missing = getattr(catalog, "missing", {})
+    return {
+        "task": run.task,
+        "plan": run.plan,
+        "agents": run.agents or {},
+        "tool_policies": dict(run.options.tool_policies),
+        "tools": [asdict(spec) for spec in catalog],
+        "missing_tools": dict(missing),
+        "mcp_servers": list(getattr(catalog, "mcp_servers", ())),
+    }
 
 
-def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on request") -> None:
+def mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on request") -> None:
+    """Record a run as cancelled: its unfinished steps and its open requests too."""
     now = utc_now()
     for step in store.steps(run_id):
         if step.status in ("pending", "running"):
@@ -270,23 +258,15 @@ def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on re
                 run_id, step.id, status="cancelled", finished_at=now if step.started_at else None
             )
     store.set_status(run_id, "cancelled", error=reason)
+    store.requests.close_run(run_id, "cancelled", keep_remember=False)
     store.append_event(run_id, "run_cancelled", data={"reason": reason})
 
 
 class _Execution:
     """One process's execution of one run."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        run: RunRecord,
-        approve_tool: ToolApprover | None = None,
-        ask_person: Callable[[str], Awaitable[str]] | None = None,
-        confirm_remember: RememberConfirmer | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, run: RunRecord) -> None:
         self.engine = engine
-        self.approve_tool = approve_tool
-        self.confirm_remember = confirm_remember
         self.store = engine.store
         self.settings = engine.settings
         self.run = run
@@ -296,7 +276,7 @@ class _Execution:
         self.workspace = Workspace(
             run.workspace, max_bytes=None if growth is None else run.options.workspace_start_bytes + growth
         ).create()
-        self.tool_context = tool_context(self.settings, ask_person)
+        self.tool_context = tool_context(self.settings)
         self.ledger = RunLedger(self.store, run.id, run.options)
         self.model = BudgetedModel(resolve_model(run.model, self.settings), self.ledger.check)
         self.plan: Plan | None = None
@@ -316,26 +296,24 @@ class _Execution:
         if self.settings.mcp_servers:
             self.catalog, self.tool_context = await with_mcp_tools(self.settings, self.tool_context)
 
-    async def drive(self, review: ReviewHandler | None) -> None:
+    async def drive(self) -> None:
         try:
             await self._load_mcp_tools()
             if self.run.status == "planning":
                 await self._plan_phase()
             if self.run.status == "awaiting_approval":
-                await self._review_phase(review)
+                await self._review_phase()
             if self.run.status == "running":
                 await self._run_phase()
         except asyncio.CancelledError:
             if self.stop_reason == "cancelled":
                 await self._cancel_step_workflows()
-                _mark_cancelled(self.store, self.run.id)
+                mark_cancelled(self.store, self.run.id)
                 return
             raise
         except BudgetExceededError as exc:
             self._fail(str(exc))
         except MasterplannerError as exc:
-            if self.run.status == "awaiting_approval":
-                raise  # a front end's review failed: the run keeps waiting for a decision
             self._fail(str(exc))
 
     async def _cancel_step_workflows(self) -> None:
@@ -353,6 +331,7 @@ class _Execution:
             if step.status in ("pending", "running"):
                 self.store.update_step(self.run.id, step.id, status="cancelled", finished_at=now)
         self.store.set_status(self.run.id, "failed", error=reason)
+        self.store.requests.close_run(self.run.id, "expired", keep_remember=True)
         self.store.append_event(self.run.id, "run_failed", data={"reason": reason})
         self._refresh()
 
@@ -421,48 +400,87 @@ class _Execution:
                 ready["reused_agents"] = {step_id: agent["agent_id"] for step_id, agent in reused.items()}
         self.store.set_status(self.run.id, "awaiting_approval", plan=plan.to_json_dict(), agents=agents)
         self.store.append_event(self.run.id, "plan_ready", data={"steps": plan.ids, **ready})
-        self.store.append_event(self.run.id, "approval_requested")
         self._refresh()
 
-    async def _review_phase(self, review: ReviewHandler | None) -> None:
-        decision: Decision | None
-        if self.options.auto_approve:
-            decision = {"action": "approve", "by": "auto"}
-        else:
-            decision = self.store.decision(self.run.id)
-            if decision is None and review is not None:
-                decision = _checked_decision(await review(self.run, self.catalog), self.catalog)
-                self.store.update_run(self.run.id, decision=decision)
-            while decision is None:
-                await asyncio.sleep(0.5)
-                decision = self.store.decision(self.run.id)
-        if decision["action"] == "reject":
-            reason = str(decision.get("reason") or "rejected at review")
-            self.store.append_event(self.run.id, "rejected", data={"reason": reason})
-            self.store.set_status(self.run.id, "cancelled", error=f"rejected: {reason}")
-            self._refresh()
-            return
-        if "plan" in decision or "agents" in decision or "tool_policies" in decision:
-            plan = validate_plan(decision.get("plan", self.run.plan or {}), self.catalog)
-            agents = await self._write_missing_prompts(
-                plan, dict(decision.get("agents", self.run.agents) or {})
-            )
-            options = replace(
-                self.options, tool_policies=dict(decision.get("tool_policies", self.options.tool_policies))
-            )
-            self.store.update_run(
-                self.run.id,
-                plan=plan.to_json_dict(),
-                agents=agents,
-                options=json.dumps(options.to_json_dict()),
-            )
-            self.options = options
-            self.store.append_event(
-                self.run.id, "plan_edited", data={"steps": plan.ids, "tool_policies": options.tool_policies}
-            )
-        self.store.append_event(self.run.id, "approved", data={"by": decision.get("by", "person")})
+    async def _review_phase(self) -> None:
+        """Wait for the plan review's answer (any process may give it) and apply it.
+
+        An edit that does not validate against this run's catalog is refused with its problems
+        in an `approval_requested` event, and a new review request opens: the plan stays as it was.
+        """
+        while True:
+            if self.options.auto_approve:
+                decision, by = {"action": "approve"}, "auto"
+            else:
+                decision, by = await self._review_answer()
+            if decision["action"] == "reject":
+                reason = str(decision.get("reason") or "rejected at review")
+                self.store.append_event(self.run.id, "rejected", data={"reason": reason, "by": by})
+                self.store.set_status(self.run.id, "cancelled", error=f"rejected: {reason}")
+                self._refresh()
+                return
+            try:
+                await self._apply_edit(decision)
+            except PlanError as error:
+                await self._open_review({"refused_edit": "; ".join(error.problems)})
+                continue
+            break
+        self.store.append_event(self.run.id, "approved", data={"by": by})
         self.store.set_status(self.run.id, "running")
         self._refresh()
+
+    async def _reviews(self) -> list[Request]:
+        requests = await asyncio.to_thread(self.store.requests.find, self.run.id, state=None)
+        return [request for request in requests if request.kind == "plan_review"]
+
+    async def _open_review(self, note: dict[str, Any] | None = None) -> Request:
+        """Open a plan-review request (after a refused edit, `note` says why)."""
+        count = len(await self._reviews())
+        request, new = await asyncio.to_thread(
+            self.store.requests.open,
+            self.run.id,
+            "plan_review",
+            review_payload(self.run, self.catalog) | (note or {}),
+            key=f"{self.run.id}#review{count + 1}",
+        )
+        if new:
+            self.store.append_event(
+                self.run.id, "approval_requested", data={"request": request.id, **(note or {})}
+            )
+        return request
+
+    async def _review_answer(self) -> tuple[dict[str, Any], str]:
+        """The answer to this run's latest plan-review request, opening one when none is open.
+
+        A review answered before the process that asked died is taken as it is.
+        """
+        reviews = await self._reviews()
+        latest = reviews[-1] if reviews and reviews[-1].state in ("open", "answered") else None
+        if latest is None:
+            latest = await self._open_review()
+        answered = await self.store.requests.wait(latest.id)
+        if answered.state != "answered" or answered.answer is None:
+            raise RunError(f"the plan review (request {answered.id}) was {answered.state}")
+        return answered.answer, answered.answered_by or "person"
+
+    async def _apply_edit(self, decision: dict[str, Any]) -> None:
+        if not ("plan" in decision or "agents" in decision or "tool_policies" in decision):
+            return
+        plan = validate_plan(decision.get("plan", self.run.plan or {}), self.catalog)
+        agents = await self._write_missing_prompts(plan, dict(decision.get("agents", self.run.agents) or {}))
+        options = replace(
+            self.options, tool_policies=dict(decision.get("tool_policies", self.options.tool_policies))
+        )
+        self.store.update_run(
+            self.run.id,
+            plan=plan.to_json_dict(),
+            agents=agents,
+            options=json.dumps(options.to_json_dict()),
+        )
+        self.options = options
+        self.store.append_event(
+            self.run.id, "plan_edited", data={"steps": plan.ids, "tool_policies": options.tool_policies}
+        )
 
     async def _write_missing_prompts(self, plan: Plan, agents: dict[str, Any]) -> dict[str, Any]:
         """Have the Prompt Creator write prompts for the steps an edit left without one.
@@ -535,6 +553,7 @@ class _Execution:
                 f"the run used its wall-time budget of {self.options.max_wall_s:g} s"
             ) from None
         self.store.set_status(self.run.id, "succeeded", output=output)
+        self.store.requests.close_run(self.run.id, "expired", keep_remember=True)
         self.store.append_event(self.run.id, "run_succeeded", data={"output_chars": len(output)})
         self._refresh()
         await self._remember(succeeded=True)
@@ -558,24 +577,15 @@ class _Execution:
     async def _remember(self, *, succeeded: bool) -> None:
         """Tell the registry how the run went; store a succeeded run's team as `remember_runs` says.
 
-        A failed run only counts against the stored agents it used. With `ask`, the front end's
-        `confirm_remember` decides (`--yes` counts as yes); with no front end to ask, nothing new
-        is stored.
+        A failed run only counts against the stored agents it used. With `ask` (and no `--yes`),
+        a `remember` request opens and the run ends without waiting: whoever answers it later,
+        from any process, stores the team (`RunService.answer`).
         """
         policy = self.settings.remember_runs
         if self.registry is None or self.plan is None or policy == "never":
             return
         await asyncio.to_thread(self._remember_episode)
-        store_new = succeeded
-        if succeeded and policy == "ask":
-            if self.options.auto_approve:
-                store_new = True
-            elif self.confirm_remember is not None:
-                store_new = await self.confirm_remember(self.store.get_run(self.run.id))
-            else:
-                store_new = False
-            if not store_new:
-                self.store.append_event(self.run.id, "team_not_stored", data={"remember_runs": policy})
+        store_new = succeeded and (policy == "always" or self.options.auto_approve)
         await asyncio.to_thread(
             remember_run,
             self.registry,
@@ -588,6 +598,18 @@ class _Execution:
         )
         if succeeded and store_new:
             self.store.append_event(self.run.id, "team_stored", data={"cohort": self.run.id})
+        elif succeeded:
+            request, new = await asyncio.to_thread(
+                self.store.requests.open,
+                self.run.id,
+                "remember",
+                {"agents": len(self.plan.steps), "task": self.run.task},
+                key=f"{self.run.id}#remember",
+            )
+            if new:
+                self.store.append_event(
+                    self.run.id, "request_opened", data={"request": request.id, "kind": "remember"}
+                )
 
     def _remember_episode(self) -> None:
         """Keep an account of the run in episodic memory (not when it holds something secret-looking)."""
@@ -707,7 +729,12 @@ class _Execution:
         agent: Agent[None, str] = Agent(
             CheckpointedModel(labelled(self._step_model(step, tools), step_purpose(step.id), self.ledger)),
             instructions=step_instructions(step, prompt),
-            tools=step_tools(self.workspace, self.tool_context, tools, self._tool_runner(step)),
+            tools=step_tools(
+                self.workspace,
+                replace(self.tool_context, ask_person=partial(self._ask_person, step.id)),
+                tools,
+                self._tool_runner(step),
+            ),
             retries=2,
             capabilities=[ProcessHistory(trimmer(self.budget.history_chars))],
         )
@@ -750,13 +777,28 @@ class _Execution:
         return fitted
 
     def _step_model(self, step: Step, tools: list[str]) -> Any:
-        """The run's model, with tool-use aids when it is the embedded local model."""
-        inner = self.model.wrapped
-        if not (isinstance(inner, LocalModel) and tools):
+        """The run's model, with tool-use aids when its kind takes them (the embedded local model)."""
+        if not tools:
             return self.model
         assert self.plan is not None
         aids = tool_aids(self.plan, step, tools, self.workspace)
-        return BudgetedModel(inner.aided(aids), self.ledger.check) if aids is not None else self.model
+        aided = None if aids is None else with_tool_aids(self.model.wrapped, aids)
+        return self.model if aided is None else BudgetedModel(aided, self.ledger.check)
+
+    async def _ask_person(self, step_id: str, question: str) -> str:
+        """An agent's `ask_user` question as a stored request; waits until any process answers it."""
+        requests = self.store.requests
+        request, new = await asyncio.to_thread(
+            requests.open, self.run.id, "ask_user", {"question": question}, key=durable_key(), step_id=step_id
+        )
+        if new:
+            self.store.append_event(
+                self.run.id, "request_opened", step_id, {"request": request.id, "kind": "ask_user"}
+            )
+        answered = await requests.wait(request.id)
+        if answered.state != "answered" or answered.answer is None:
+            raise ToolError(f"the question was not answered (request {request.id} is {answered.state})")
+        return str(answered.answer["text"])
 
     def _tool_runner(self, step: Step) -> ToolRunner:
         return ToolCalls(
@@ -768,7 +810,6 @@ class _Execution:
                 self.catalog[name].approval if name in self.catalog else "ask",
                 ((self.run.agents or {}).get(step.id) or {}).get("tool_policies"),
             ),
-            approve_tool=self.approve_tool,
         ).run
 
     async def aggregate_body(self) -> str:

@@ -20,7 +20,8 @@ from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 
-from ..models.local import STRUCTURED_PLANS, LocalModel, ToolAids
+from ..models import context_window
+from ..models.local import STRUCTURED_PLANS, ToolAids
 from ..plan import Plan, Step, sinks
 from ..prompts import render
 from ..tools.workspace import Workspace
@@ -239,9 +240,8 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
 def context_budget(options: RunOptions, model: Model) -> ContextBudget:
     """The run's working-memory budget, clamped to the window of an embedded model."""
     budget = ContextBudget(inputs_chars=options.context_chars, history_chars=options.history_chars)
-    if isinstance(model, LocalModel):
-        return budget.within(model.context_tokens, model.max_output_tokens)
-    return budget
+    window = context_window(model)
+    return budget if window is None else budget.within(*window)
 
 
 def dependency_context(inputs: Sequence[FittedInput]) -> str:

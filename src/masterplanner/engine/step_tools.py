@@ -42,7 +42,8 @@ class ToolContext:
     search: SearchConfig
     images: ImageConfig
     ask_person: Callable[[str], Awaitable[str]] | None = None
-    """The front end's way to put a question to the person (None: no one to ask)."""
+    """How a step puts a question to the person: the engine opens a stored `ask_user` request
+    and waits for any process to answer it (None: no one can be asked)."""
     mcp_servers: Mapping[str, McpServer] = field(default_factory=dict)
     mcp_specs: Mapping[str, ToolSpec] = field(default_factory=dict)
     """The MCP servers' tools by catalog name (discovered for this run)."""
@@ -239,7 +240,7 @@ def _other_tools(
 
         async def call() -> str:
             if context.ask_person is None:
-                raise ToolError("no one can be asked in this run (it is not attached to a front end)")
+                raise ToolError("no one can be asked in this run")
             if not question.strip():
                 raise ToolError("the question is empty")
             answer = await context.ask_person(question)

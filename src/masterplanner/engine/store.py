@@ -23,9 +23,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ..database import Migration, apply_migrations, create_engine, engine_url, transaction
+from ..database import Migration, create_engine, engine_url, migrate, transaction
 from ..errors import RunError
 from .records import EVENT_KINDS, Event, EventKind, RunOptions, RunRecord, RunStatus, StepRecord, utc_now
+from .requests import Requests, create_requests_table
 
 __all__ = ["LEASE_SECONDS", "MIGRATIONS", "RunStore", "engine_url", "process_identity"]
 
@@ -45,7 +46,6 @@ runs_table = sa.Table(
     sa.Column("options", sa.Text, nullable=False),
     sa.Column("plan", sa.Text),
     sa.Column("agents", sa.Text),
-    sa.Column("decision", sa.Text),
     sa.Column("output", sa.Text),
     sa.Column("error", sa.Text),
     sa.Column("created_at", sa.String(32), nullable=False),
@@ -96,6 +96,7 @@ def _create_run_tables(connection: Connection) -> None:
 
 MIGRATIONS: list[Migration] = [
     ("0001_runs_steps_events_usage", _create_run_tables),
+    ("0002_requests", create_requests_table),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -127,10 +128,12 @@ class RunStore:
         self.url = url
         self.engine: Engine = create_engine(url)
         self._append_lock = threading.Lock()
-        with self._begin("create its tables") as connection:
-            apply_migrations(connection, MIGRATIONS)
+        migrate(self.engine, url, MIGRATIONS)
+        self.requests = Requests(self)
+        """The runs' stored requests (plan reviews, tool approvals, questions)."""
 
-    def _begin(self, action: str) -> AbstractContextManager[Connection]:
+    def begin(self, action: str) -> AbstractContextManager[Connection]:
+        """One transaction; a database failure becomes a `RunError` naming `action`."""
         return transaction(self.engine, self.url, action)
 
     def close(self) -> None:
@@ -142,7 +145,7 @@ class RunStore:
     def create_run(self, run_id: str, task: str, *, model: str, workspace: str, options: RunOptions) -> None:
         """Record a new run in status `planning`."""
         now = utc_now()
-        with self._begin("create a run") as connection:
+        with self.begin("create a run") as connection:
             connection.execute(
                 runs_table.insert().values(
                     id=run_id,
@@ -158,11 +161,11 @@ class RunStore:
             )
 
     def update_run(self, run_id: str, **values: Any) -> None:
-        """Set columns of a run (`plan`, `agents` and `decision` are given as JSON-able values)."""
-        for key in ("plan", "agents", "decision"):
+        """Set columns of a run (`plan` and `agents` are given as JSON-able values)."""
+        for key in ("plan", "agents"):
             if key in values and values[key] is not None:
                 values[key] = json.dumps(values[key])
-        with self._begin("update a run") as connection:
+        with self.begin("update a run") as connection:
             connection.execute(
                 runs_table.update().where(runs_table.c.id == run_id).values(updated_at=utc_now(), **values)
             )
@@ -173,7 +176,7 @@ class RunStore:
 
     def get_run(self, run_id: str) -> RunRecord:
         """The stored run; `RunError` if there is none with this id (a unique prefix also works)."""
-        with self._begin("read a run") as connection:
+        with self.begin("read a run") as connection:
             row = (
                 connection.execute(sa.select(runs_table).where(runs_table.c.id == run_id)).mappings().first()
             )
@@ -192,7 +195,7 @@ class RunStore:
 
     def list_runs(self, limit: int = 50) -> list[RunRecord]:
         """The newest runs first."""
-        with self._begin("list runs") as connection:
+        with self.begin("list runs") as connection:
             rows = (
                 connection.execute(
                     sa.select(runs_table).order_by(runs_table.c.created_at.desc()).limit(limit)
@@ -202,15 +205,9 @@ class RunStore:
             )
         return [_run_record(row) for row in rows]
 
-    def decision(self, run_id: str) -> dict[str, Any] | None:
-        """The review decision submitted for a run, if any."""
-        with self._begin("read a decision") as connection:
-            text = connection.scalar(sa.select(runs_table.c.decision).where(runs_table.c.id == run_id))
-        return json.loads(text) if text else None
-
     def cancel_requested(self, run_id: str) -> bool:
         """Whether someone asked to cancel the run."""
-        with self._begin("read a run") as connection:
+        with self.begin("read a run") as connection:
             return bool(
                 connection.scalar(sa.select(runs_table.c.cancel_requested).where(runs_table.c.id == run_id))
             )
@@ -220,7 +217,7 @@ class RunStore:
     def claim(self, run_id: str, owner: str) -> bool:
         """Take the run's lease for `owner`; False if a live process holds it."""
         now = time.time()
-        with self._begin("claim a run") as connection:
+        with self.begin("claim a run") as connection:
             row = connection.execute(
                 sa.select(runs_table.c.owner, runs_table.c.heartbeat_at).where(runs_table.c.id == run_id)
             ).first()
@@ -240,7 +237,7 @@ class RunStore:
 
     def heartbeat(self, run_id: str, owner: str) -> bool:
         """Renew the lease; False if `owner` no longer holds it."""
-        with self._begin("renew a lease") as connection:
+        with self.begin("renew a lease") as connection:
             updated = connection.execute(
                 runs_table.update()
                 .where(runs_table.c.id == run_id, runs_table.c.owner == owner)
@@ -250,7 +247,7 @@ class RunStore:
 
     def release(self, run_id: str, owner: str) -> None:
         """Give the lease up."""
-        with self._begin("release a lease") as connection:
+        with self.begin("release a lease") as connection:
             connection.execute(
                 runs_table.update()
                 .where(runs_table.c.id == run_id, runs_table.c.owner == owner)
@@ -259,7 +256,7 @@ class RunStore:
 
     def owner_alive(self, run_id: str) -> bool:
         """Whether a live process currently holds the run's lease."""
-        with self._begin("read a lease") as connection:
+        with self.begin("read a lease") as connection:
             row = connection.execute(
                 sa.select(runs_table.c.owner, runs_table.c.heartbeat_at).where(runs_table.c.id == run_id)
             ).first()
@@ -269,7 +266,7 @@ class RunStore:
 
     def crashed_runs(self) -> list[str]:
         """Runs left `running` by a process of this host that died without releasing them."""
-        with self._begin("list runs") as connection:
+        with self.begin("list runs") as connection:
             rows = connection.execute(
                 sa.select(runs_table.c.id, runs_table.c.owner).where(
                     runs_table.c.status == "running", runs_table.c.owner.is_not(None)
@@ -281,7 +278,7 @@ class RunStore:
 
     def init_steps(self, run_id: str, step_ids: list[str]) -> None:
         """Record every step of the approved plan as pending (replacing an earlier plan's steps)."""
-        with self._begin("record steps") as connection:
+        with self.begin("record steps") as connection:
             connection.execute(steps_table.delete().where(steps_table.c.run_id == run_id))
             if step_ids:
                 connection.execute(
@@ -300,7 +297,7 @@ class RunStore:
 
     def update_step(self, run_id: str, step_id: str, **values: Any) -> None:
         """Set columns of one step."""
-        with self._begin("update a step") as connection:
+        with self.begin("update a step") as connection:
             connection.execute(
                 steps_table.update()
                 .where(steps_table.c.run_id == run_id, steps_table.c.step_id == step_id)
@@ -309,7 +306,7 @@ class RunStore:
 
     def steps(self, run_id: str) -> list[StepRecord]:
         """The run's steps in plan order."""
-        with self._begin("read steps") as connection:
+        with self.begin("read steps") as connection:
             rows = (
                 connection.execute(
                     sa.select(steps_table)
@@ -356,7 +353,7 @@ class RunStore:
             at = utc_now()
             with self._append_lock:
                 try:
-                    with self._begin("append an event") as connection:
+                    with self.begin("append an event") as connection:
                         if step_values:
                             connection.execute(
                                 steps_table.update()
@@ -383,7 +380,7 @@ class RunStore:
 
     def events(self, run_id: str, after: int = 0) -> list[Event]:
         """The run's events with `seq > after`, in order."""
-        with self._begin("read events") as connection:
+        with self.begin("read events") as connection:
             rows = connection.execute(
                 sa.select(events_table)
                 .where(events_table.c.run_id == run_id, events_table.c.seq > after)
@@ -422,12 +419,12 @@ class RunStore:
                 "seconds": usage_table.c.seconds + seconds,
             },
         )
-        with self._begin("record usage") as connection:
+        with self.begin("record usage") as connection:
             connection.execute(statement)
 
     def usage(self, run_id: str) -> dict[str, Any]:
         """`{"llm_calls", "input_tokens", "output_tokens", "by_purpose": {purpose: {...}}}`."""
-        with self._begin("read usage") as connection:
+        with self.begin("read usage") as connection:
             rows = (
                 connection.execute(
                     sa.select(usage_table)

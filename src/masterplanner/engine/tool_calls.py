@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,16 +17,23 @@ from ..errors import MasterplannerError, ToolError
 from .records import EventKind
 from .store import RunStore
 
-__all__ = ["ToolApprover", "ToolCalls"]
-
-ToolApprover = Callable[[str, str, dict[str, Any]], Awaitable[bool]]
-"""A front end's question for a tool call under policy `ask`: (step id, tool, arguments) → approved?"""
+__all__ = ["ToolCalls", "durable_key"]
 
 
 _FAILURE_CHARS = 500
 """Longest description of a tool's unexpected failure that the agent sees."""
 _LIBRARY_ADVICE = re.compile(r"^(for (more|further) information|(see|visit) https?://)", re.IGNORECASE)
 """A line of an exception's message that sends the reader to a library's documentation."""
+
+
+def durable_key() -> str:
+    """Where the current DBOS step is: its workflow id and its position in the workflow.
+
+    A request opened under this key is found again when the step runs again after a crash.
+    Outside a DBOS step (a tool called directly) each pause gets a key of its own.
+    """
+    workflow, step = DBOS.workflow_id, DBOS.step_id
+    return f"{workflow}#{step}" if workflow is not None and step is not None else f"direct#{uuid.uuid4().hex}"
 
 
 def _printable(text: str) -> str:
@@ -59,8 +68,9 @@ def _failure(tool: str, exc: Exception) -> str:
 class ToolCalls:
     """Runs the tool calls of one step.
 
-    Policy first (`deny` refuses, `ask` asks the front end; the decision is a DBOS step, so a
-    resumed step does not ask again), then the call itself as a DBOS step with its
+    Policy first (`deny` refuses; `ask` opens a stored `tool_approval` request and waits until
+    any process answers it; the decision is a DBOS step, so a resumed step does not ask again,
+    and one interrupted while waiting finds its request again), then the call itself as a DBOS step with its
     `tool_called` / `tool_result` events, so a replayed step returns the recorded result
     instead of repeating the side effect.
 
@@ -88,7 +98,6 @@ class ToolCalls:
     run_id: str
     step_id: str
     policy: Callable[[str], str]
-    approve_tool: ToolApprover | None = None
 
     async def run(
         self, name: str, arguments: dict[str, Any], call: Callable[[], str | Awaitable[str]]
@@ -140,12 +149,26 @@ class ToolCalls:
         if policy == "deny":
             self._event("tool_denied", {"tool": tool, "by": "policy"})
             return False
-        self._event("tool_approval_requested", {"tool": tool, "arguments": arguments})
-        if self.approve_tool is None:
-            self._event("tool_denied", {"tool": tool, "by": "no one to ask"})
-            return False
-        approved = await self.approve_tool(self.step_id, tool, arguments)
-        self._event("tool_approved" if approved else "tool_denied", {"tool": tool, "by": "person"})
+        requests = self.store.requests
+        request, new = await asyncio.to_thread(
+            requests.open,
+            self.run_id,
+            "tool_approval",
+            {"tool": tool, "arguments": arguments},
+            key=durable_key(),
+            step_id=self.step_id,
+        )
+        if new:
+            self._event(
+                "tool_approval_requested", {"tool": tool, "arguments": arguments, "request": request.id}
+            )
+        answered = await requests.wait(request.id)
+        approved = answered.state == "answered" and bool((answered.answer or {}).get("approved"))
+        data = {"tool": tool, "by": answered.answered_by or answered.state, "request": request.id}
+        reason = (answered.answer or {}).get("reason")
+        self._event(
+            "tool_approved" if approved else "tool_denied", data | ({"reason": reason} if reason else {})
+        )
         return approved
 
     def _event(self, kind: EventKind, data: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ..settings import Settings
 
-__all__ = ["MODEL_FORMS", "LabelledModel", "labelled", "resolve_model"]
+__all__ = ["MODEL_FORMS", "LabelledModel", "context_window", "labelled", "resolve_model", "with_tool_aids"]
 
 MODEL_FORMS = (
     "local",
@@ -38,6 +38,32 @@ MODEL_FORMS = (
 )
 
 DEFAULT_OLLAMA_BASE_URL = "http://127.0.0.1:11434/v1"
+
+CONTEXT_TOKENS = "masterplanner_context_tokens"
+"""Profile key: the context window in tokens, for a model whose window the engine must plan for."""
+MAX_OUTPUT_TOKENS = "masterplanner_max_output_tokens"
+"""Profile key: the most tokens one reply of such a model may take."""
+
+
+def context_window(model: Model) -> tuple[int, int] | None:
+    """`(context tokens, most output tokens)` when the model's profile gives its window, else None.
+
+    The embedded and other GGUF models set it (their window is small and fixed); providers'
+    models leave it out and the run's own budgets apply.
+    """
+    tokens, output = model.profile.get(CONTEXT_TOKENS), model.profile.get(MAX_OUTPUT_TOKENS)
+    if isinstance(tokens, int) and isinstance(output, int) and tokens > 0 and output > 0:
+        return tokens, output
+    return None
+
+
+def with_tool_aids(model: Model, aids: object) -> Model | None:
+    """The model with tool-use `aids` applied to its requests, or None when it takes no aids."""
+    from .local import LocalModel, ToolAids
+
+    if isinstance(model, LocalModel) and isinstance(aids, ToolAids):
+        return model.aided(aids)
+    return None
 
 
 def _unknown(spec: str, why: str) -> ModelSpecError:

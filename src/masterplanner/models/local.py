@@ -67,6 +67,10 @@ class LocalModelProfile(ModelProfile, total=False):
 
     masterplanner_structured_plans: bool
     """See `STRUCTURED_PLANS`."""
+    masterplanner_context_tokens: int
+    """The context window (see `models.context_window`)."""
+    masterplanner_max_output_tokens: int
+    """The most tokens of one reply."""
 
 
 @dataclass
@@ -349,6 +353,8 @@ class LocalModel(Model):
                 supports_json_object_output=True,
                 default_structured_output_mode="native",
                 masterplanner_structured_plans=self.path.stat().st_size < SMALL_MODEL_BYTES,
+                masterplanner_context_tokens=context_tokens,
+                masterplanner_max_output_tokens=max_output_tokens,
             ),
         )
 

@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 
-from ..database import Migration, apply_migrations, create_engine, transaction, utc_now
+from ..database import Migration, create_engine, migrate, transaction, utc_now
 from ..errors import ConfigError, RunError
 from .embedders import TextEmbedder
 from .specs import AgentSpec, AgentStats, Cohort
@@ -371,8 +371,7 @@ class RegistryStore:
         self._vectors: dict[str, tuple[int, _Vectors]] = {}
         self._queries: dict[str, np.ndarray] = {}
         self._counts: dict[str, tuple[int, dict[str, int]]] = {}
-        with self._begin("create its tables") as connection:
-            apply_migrations(connection, REGISTRY_MIGRATIONS)
+        migrate(self.engine, self.url, REGISTRY_MIGRATIONS)
 
     def _begin(self, action: str) -> AbstractContextManager[Connection]:
         return transaction(self.engine, self.url, action)

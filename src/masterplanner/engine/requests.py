@@ -1,0 +1,314 @@
+"""Stored requests: every pause of a run is a row any process can answer.
+
+A run pauses for a person in four places: the plan review, a tool call under policy `ask`,
+an agent's `ask_user` question, and (after it succeeds, with `remember_runs = ask`) whether to
+store its team. Each pause opens a request row (`mp_requests`): id, run, step, kind, payload,
+state (`open` → `answered` | `expired` | `cancelled`), answer, who answered and when.
+
+The waiting side polls the row, so the answer may come from any process — the terminal that
+started the run, `masterplanner runs answer` in another shell, later a browser — also after
+the process that asked has died: a resumed step opens the same request again (its `key` is
+the step's durable position, so it finds the existing row) and takes the answer that is there.
+
+Answering is one conditional update (`… WHERE state = 'open'`): of two processes answering at
+once exactly one succeeds; the other is told the request's state and who answered it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..errors import RequestError
+from .records import utc_now
+
+if TYPE_CHECKING:
+    from .store import RunStore
+
+__all__ = [
+    "REQUEST_KINDS",
+    "Request",
+    "RequestKind",
+    "RequestState",
+    "Requests",
+    "checked_answer",
+    "create_requests_table",
+]
+
+RequestKind = Literal["plan_review", "tool_approval", "ask_user", "remember"]
+REQUEST_KINDS: frozenset[str] = frozenset(get_args(RequestKind))
+RequestState = Literal["open", "answered", "expired", "cancelled"]
+
+_POLL_S = 0.2
+"""How often a waiting step looks at its request (a read of one row by primary key)."""
+_MAX_TEXT = 20_000
+"""Longest text answer (an `ask_user` reply, a rejection reason) taken."""
+
+metadata = sa.MetaData()
+
+requests_table = sa.Table(
+    "mp_requests",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("key", sa.String(300), nullable=False, unique=True),
+    sa.Column("run_id", sa.String(64), nullable=False, index=True),
+    sa.Column("step_id", sa.String(100)),
+    sa.Column("kind", sa.String(24), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("answer", sa.Text),
+    sa.Column("answered_by", sa.String(200)),
+    sa.Column("created_at", sa.String(32), nullable=False),
+    sa.Column("answered_at", sa.String(32)),
+)
+
+
+def create_requests_table(connection: Connection) -> None:
+    """Migration `0002_requests`: the requests table, and no review decision kept on the run."""
+    requests_table.create(connection, checkfirst=True)
+    columns = {column["name"] for column in sa.inspect(connection).get_columns("mp_runs")}
+    if "decision" in columns:
+        connection.execute(sa.text("ALTER TABLE mp_runs DROP COLUMN decision"))
+
+
+@dataclass(frozen=True)
+class Request:
+    """One pause of a run, waiting for (or holding) a person's answer."""
+
+    id: str
+    run_id: str
+    step_id: str | None
+    kind: RequestKind
+    payload: dict[str, Any]
+    state: RequestState
+    answer: dict[str, Any] | None
+    answered_by: str | None
+    created_at: str
+    answered_at: str | None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Plain JSON form."""
+        return {
+            "id": self.id,
+            "run_id": self.run_id,
+            "step_id": self.step_id,
+            "kind": self.kind,
+            "payload": self.payload,
+            "state": self.state,
+            "answer": self.answer,
+            "answered_by": self.answered_by,
+            "created_at": self.created_at,
+            "answered_at": self.answered_at,
+        }
+
+    def summary(self) -> str:
+        """One line saying what the request asks."""
+        where = f" (step {self.step_id})" if self.step_id else ""
+        if self.kind == "plan_review":
+            steps = len((self.payload.get("plan") or {}).get("steps", []))
+            return f"review the plan of {steps} step(s): approve, reject or edit"
+        if self.kind == "tool_approval":
+            return f"allow a call to {self.payload.get('tool')}{where}?"
+        if self.kind == "ask_user":
+            return f"an agent asks{where}: {self.payload.get('question', '')}"
+        return f"store this run's team ({self.payload.get('agents', 0)} agents) in the registry?"
+
+
+def checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
+    """`answer` in the shape `request`'s kind takes, or `RequestError` naming what is wrong.
+
+    - plan review: `{"action": "approve" | "reject", "reason"?, "plan"?, "agents"?, "tool_policies"?}`
+      (an edited plan is validated again when the run applies it);
+    - tool approval and the remember question: `{"approved": bool, "reason"?: str}`;
+    - `ask_user`: `{"text": str}`.
+    """
+    if not isinstance(answer, dict):
+        raise RequestError(f"request {request.id}: an answer is an object, got {type(answer).__name__}")
+    reason = answer.get("reason")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > _MAX_TEXT):
+        raise RequestError(f"request {request.id}: the reason must be text of at most {_MAX_TEXT} characters")
+    if request.kind == "plan_review":
+        action = answer.get("action")
+        if action not in ("approve", "reject"):
+            raise RequestError(
+                f"request {request.id} is a plan review: answer approve or reject (--approve or --deny), "
+                f"got {action!r}"
+            )
+        unknown = set(answer) - {"action", "reason", "plan", "agents", "tool_policies"}
+        if unknown:
+            raise RequestError(f"request {request.id}: unknown answer fields {', '.join(sorted(unknown))}")
+        return answer
+    if request.kind == "ask_user":
+        text = answer.get("text")
+        if not isinstance(text, str) or set(answer) != {"text"}:
+            raise RequestError(f"request {request.id} is a question: answer it with text (--text)")
+        if len(text) > _MAX_TEXT:
+            raise RequestError(f"request {request.id}: the answer is longer than {_MAX_TEXT} characters")
+        return {"text": text}
+    approved = answer.get("approved")
+    if not isinstance(approved, bool) or set(answer) - {"approved", "reason"}:
+        raise RequestError(
+            f"request {request.id} asks yes or no: answer it with --approve or --deny, not with text"
+        )
+    return {"approved": approved} | ({"reason": reason} if reason else {})
+
+
+class Requests:
+    """The requests of the runs in one run store's database."""
+
+    def __init__(self, store: RunStore) -> None:
+        self._store = store
+
+    def open(
+        self, run_id: str, kind: RequestKind, payload: dict[str, Any], *, key: str, step_id: str | None = None
+    ) -> tuple[Request, bool]:
+        """Open a request; returns it and True, or the one already opened under `key` and False.
+
+        The key names the pause's durable place (a step's workflow and position in it), so a
+        step that runs again after a crash finds its earlier request, in whatever state it is.
+        """
+        existing = self._by_key(key)
+        if existing is not None:
+            return existing, False
+        row = {
+            "id": secrets.token_hex(4),
+            "key": key,
+            "run_id": run_id,
+            "step_id": step_id,
+            "kind": kind,
+            "payload": json.dumps(payload, default=str),
+            "state": "open",
+            "created_at": utc_now(),
+        }
+        try:
+            with self._store.begin("open a request") as connection:
+                connection.execute(requests_table.insert().values(**row))
+        except sa.exc.IntegrityError:
+            # the same key opened by a racing replay, or (rarely) an id taken: read what is there
+            found = self._by_key(key)
+            if found is None:
+                return self.open(run_id, kind, payload, key=key, step_id=step_id)
+            return found, False
+        return self.get(str(row["id"])), True
+
+    def _by_key(self, key: str) -> Request | None:
+        with self._store.begin("read a request") as connection:
+            row = (
+                connection.execute(sa.select(requests_table).where(requests_table.c.key == key))
+                .mappings()
+                .first()
+            )
+        return None if row is None else _request(row)
+
+    def get(self, request_id: str) -> Request:
+        """The request with this id (a unique prefix of at least 4 characters also works)."""
+        with self._store.begin("read a request") as connection:
+            row = (
+                connection.execute(sa.select(requests_table).where(requests_table.c.id == request_id))
+                .mappings()
+                .first()
+            )
+            if row is None and len(request_id) >= 4:
+                rows = (
+                    connection.execute(
+                        sa.select(requests_table).where(requests_table.c.id.startswith(request_id)).limit(2)
+                    )
+                    .mappings()
+                    .all()
+                )
+                row = rows[0] if len(rows) == 1 else None
+        if row is None:
+            raise RequestError(f"no request {request_id!r} (see `masterplanner runs pending`)")
+        return _request(row)
+
+    def find(self, run_id: str | None = None, *, state: RequestState | None = "open") -> list[Request]:
+        """Requests of one run (or of all runs) in the order they were opened; only open ones by default."""
+        query = sa.select(requests_table).order_by(requests_table.c.created_at, requests_table.c.id)
+        if run_id is not None:
+            query = query.where(requests_table.c.run_id == run_id)
+        if state is not None:
+            query = query.where(requests_table.c.state == state)
+        with self._store.begin("list requests") as connection:
+            rows = connection.execute(query).mappings().all()
+        return [_request(row) for row in rows]
+
+    def answer(self, request_id: str, answer: dict[str, Any], *, by: str) -> Request:
+        """Answer an open request; exactly one of several racing answers is taken.
+
+        `RequestError` (nothing changes) when there is no such request, it is not open any more,
+        or the answer does not fit its kind.
+        """
+        request = self.get(request_id)
+        if request.state != "open":
+            raise RequestError(_closed(request))
+        answer = checked_answer(request, answer)
+        with self._store.begin("answer a request") as connection:
+            updated = connection.execute(
+                requests_table.update()
+                .where(requests_table.c.id == request.id, requests_table.c.state == "open")
+                .values(
+                    state="answered",
+                    answer=json.dumps(answer),
+                    answered_by=by[:200],
+                    answered_at=utc_now(),
+                )
+            )
+        if updated.rowcount != 1:
+            raise RequestError(_closed(self.get(request.id)))
+        return self.get(request.id)
+
+    def close_run(self, run_id: str, state: Literal["expired", "cancelled"], *, keep_remember: bool) -> int:
+        """Close a run's open requests (when it is cancelled or ends); returns how many."""
+        query = requests_table.update().where(
+            requests_table.c.run_id == run_id, requests_table.c.state == "open"
+        )
+        if keep_remember:
+            query = query.where(requests_table.c.kind != "remember")
+        with self._store.begin("close requests") as connection:
+            return int(connection.execute(query.values(state=state, answered_at=utc_now())).rowcount)
+
+    def expire(self, request_id: str, reason: str) -> None:
+        """Close one open request without an answer (its question no longer applies)."""
+        with self._store.begin("close a request") as connection:
+            connection.execute(
+                requests_table.update()
+                .where(requests_table.c.id == request_id, requests_table.c.state == "open")
+                .values(state="expired", answer=json.dumps({"reason": reason}), answered_at=utc_now())
+            )
+
+    async def wait(self, request_id: str) -> Request:
+        """Block until the request is no longer open, polling its row off the event loop."""
+        while True:
+            request = await asyncio.to_thread(self.get, request_id)
+            if request.state != "open":
+                return request
+            await asyncio.sleep(_POLL_S)
+
+
+def _closed(request: Request) -> str:
+    if request.state == "answered":
+        return f"request {request.id} is already answered (by {request.answered_by} at {request.answered_at})"
+    if request.state == "cancelled":
+        return f"request {request.id} is cancelled: its run {request.run_id} was cancelled"
+    return f"request {request.id} is {request.state}: its run {request.run_id} no longer waits for it"
+
+
+def _request(row: Any) -> Request:
+    return Request(
+        id=row["id"],
+        run_id=row["run_id"],
+        step_id=row["step_id"],
+        kind=row["kind"],
+        payload=json.loads(row["payload"]),
+        state=row["state"],
+        answer=json.loads(row["answer"]) if row["answer"] else None,
+        answered_by=row["answered_by"],
+        created_at=row["created_at"],
+        answered_at=row["answered_at"],
+    )

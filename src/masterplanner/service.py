@@ -1,0 +1,277 @@
+"""The run service: the one thing front ends call — the CLI today, the web app and REST API next.
+
+Everything a person does with runs goes through `RunService`: create a run and execute it (or
+resume it), read runs, their steps, events and reports, list and answer the requests a run
+waits on (plan review, tool approvals, agents' questions, whether to store the team), cancel,
+and give feedback. Front ends never touch the run store, DBOS or the engine's internals.
+
+Every method is async and keeps blocking work (database reads and writes, the registry) off the
+event loop, so a web server can share the loop with running runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
+from .engine.records import FINISHED_RUN_STATUSES
+from .engine.reuse import remember_run
+from .errors import RequestError, RunError
+from .plan import Plan, validate_plan
+from .settings import Settings
+from .tools import ToolSpec
+from .tools.catalog import Catalog
+
+__all__ = [
+    "Event",
+    "FeedbackSummary",
+    "Request",
+    "RunOptions",
+    "RunRecord",
+    "RunService",
+    "StepRecord",
+    "answerer_name",
+    "catalog_of_review",
+]
+
+_FOLLOW_POLL_S = 0.2
+
+
+def answerer_name(front_end: str) -> str:
+    """Who answers, as requests and events record it: `front end@host:pid`."""
+    return f"{front_end}@{socket.gethostname()}:{os.getpid()}"
+
+
+def catalog_of_review(request: Request) -> Catalog:
+    """The run's tool catalog as its plan-review request carries it (to validate an edit with)."""
+    from .engine.catalogs import RunCatalog
+
+    specs = [ToolSpec(**spec) for spec in request.payload.get("tools", [])]
+    return RunCatalog(
+        specs,
+        missing=request.payload.get("missing_tools", {}),
+        mcp_servers=request.payload.get("mcp_servers", []),
+    )
+
+
+@dataclass(frozen=True)
+class FeedbackSummary:
+    """What feedback on a run changed."""
+
+    rated_agents: list[str]
+    cohort_rated: bool
+    lessons: dict[str, list[str]]
+
+
+class RunService:
+    """Runs as a person or a program works with them, over one settings' database."""
+
+    def __init__(self, settings: Settings, *, debug: bool = False) -> None:
+        self.settings = settings
+        self._engine = Engine(settings, debug=debug)
+        self._store = self._engine.store
+
+    def close(self) -> None:
+        """Stop what this service started (DBOS, database connections)."""
+        self._engine.close()
+
+    # ---- runs
+
+    async def create(
+        self,
+        task: str,
+        *,
+        model: str | None = None,
+        options: RunOptions | None = None,
+        workspace: Path | None = None,
+    ) -> RunRecord:
+        """Record a new run (status `planning`) after checking the task and the model spec."""
+        return await asyncio.to_thread(
+            self._engine.create_run, task, model=model, options=options, workspace=workspace
+        )
+
+    async def execute(self, run_id: str) -> RunRecord:
+        """Plan, wait for the review, run: drive the run to its end in this process.
+
+        Also how a stopped run is resumed: finished steps are not run again. Its pauses are
+        requests that any process answers (`pending`, `answer`).
+        """
+        return await self._engine.execute(run_id)
+
+    async def get(self, run_id: str) -> RunRecord:
+        """The run (a unique prefix of its id is enough); `RunError` if there is none."""
+        return await asyncio.to_thread(self._store.get_run, run_id)
+
+    async def list_runs(self, limit: int = 50) -> list[RunRecord]:
+        """Runs, newest first."""
+        return await asyncio.to_thread(self._store.list_runs, limit)
+
+    async def steps(self, run_id: str) -> list[StepRecord]:
+        """The run's steps in plan order."""
+        return await asyncio.to_thread(self._store.steps, run_id)
+
+    async def report(self, run_id: str) -> dict[str, Any]:
+        """The JSON report of a run: id, status, task, output, error, workspace, plan, steps, usage."""
+        return await asyncio.to_thread(self._engine.report, run_id)
+
+    async def usage(self, run_id: str) -> dict[str, Any]:
+        """The run's model usage: calls, tokens and seconds, in all and by purpose."""
+        return await asyncio.to_thread(self._store.usage, run_id)
+
+    async def events(self, run_id: str, after: int = 0) -> list[Event]:
+        """The run's events with a sequence number above `after`."""
+        return await asyncio.to_thread(self._store.events, run_id, after)
+
+    async def follow(self, run_id: str, after: int = 0) -> AsyncIterator[Event]:
+        """The run's events from `after` on, as they are appended, until the run has finished."""
+        while True:
+            finished = (await self.get(run_id)).status in FINISHED_RUN_STATUSES
+            fresh = await self.events(run_id, after)
+            for event in fresh:
+                after = event.seq
+                yield event
+            if finished:
+                return
+            await asyncio.sleep(_FOLLOW_POLL_S)
+
+    async def cancel(self, run_id: str) -> RunRecord:
+        """Ask a run to stop; one that no live process executes is cancelled at once."""
+        return await asyncio.to_thread(self._engine.request_cancel, run_id)
+
+    async def crashed_runs(self) -> list[str]:
+        """Runs left running by a process of this host that died."""
+        return await asyncio.to_thread(self._store.crashed_runs)
+
+    # ---- requests
+
+    async def pending(self, run_id: str | None = None) -> list[Request]:
+        """Open requests of one run (or of every run), oldest first."""
+        if run_id is not None:
+            run_id = (await self.get(run_id)).id
+        return await asyncio.to_thread(self._store.requests.find, run_id)
+
+    async def request(self, request_id: str) -> Request:
+        """One request, in whatever state it is (a unique prefix of its id is enough)."""
+        return await asyncio.to_thread(self._store.requests.get, request_id)
+
+    async def answer(self, request_id: str, answer: dict[str, Any], *, by: str) -> Request:
+        """Answer an open request; the run waiting on it goes on (in whichever process runs it).
+
+        `RequestError` (nothing changes) when the request is unknown or not open any more, or
+        the answer does not fit it; an edited plan that does not validate is a `PlanError`.
+        Of two answers given at once exactly one is taken; the other gets a `RequestError`.
+        """
+        request = await self.request(request_id)
+        if request.state == "open" and request.kind == "plan_review" and "plan" in answer:
+            validate_plan(answer["plan"], catalog_of_review(request))
+        answered = await asyncio.to_thread(self._store.requests.answer, request.id, answer, by=by)
+        await asyncio.to_thread(
+            self._store.append_event,
+            answered.run_id,
+            "request_answered",
+            answered.step_id,
+            {"request": answered.id, "kind": answered.kind, "by": by},
+        )
+        if answered.kind == "remember":
+            await asyncio.to_thread(self._remember, answered)
+        return answered
+
+    async def answer_plainly(
+        self,
+        request_id: str,
+        *,
+        by: str,
+        approve: bool | None = None,
+        text: str | None = None,
+        reason: str | None = None,
+    ) -> Request:
+        """Answer with a yes, a no (and a reason) or a text, in the form the request's kind takes.
+
+        A plan review takes yes (approve) or no (reject); a tool approval and the remember
+        question yes or no; an agent's question a text.
+        """
+        if (approve is None) == (text is None):
+            raise RequestError("answer with exactly one of: approve, deny, or a text")
+        if text is not None and reason is not None:
+            raise RequestError("a reason goes with a denial, not with a text answer")
+        request = await self.request(request_id)
+        answer: dict[str, Any]
+        if request.kind == "ask_user":
+            if text is None:
+                raise RequestError(
+                    f"request {request.id} is an agent's question: answer it with a text (--text)"
+                )
+            answer = {"text": text}
+        elif text is not None:
+            raise RequestError(f"request {request.id} asks yes or no: answer it with --approve or --deny")
+        elif request.kind == "plan_review":
+            answer = (
+                {"action": "approve"} if approve else {"action": "reject", "reason": reason or "rejected"}
+            )
+        else:
+            answer = {"approved": bool(approve)} | ({"reason": reason} if reason and not approve else {})
+        return await self.answer(request.id, answer, by=by)
+
+    async def decide(self, run_id: str, decision: dict[str, Any], *, by: str) -> Request:
+        """Answer the run's open plan review: `{"action": "approve" | "reject", "reason"?, "plan"?, …}`."""
+        run = await self.get(run_id)
+        reviews = [request for request in await self.pending(run.id) if request.kind == "plan_review"]
+        if not reviews:
+            raise RequestError(f"run {run.id} is {run.status}: it has no plan review waiting for an answer")
+        return await self.answer(reviews[-1].id, decision, by=by)
+
+    def _remember(self, request: Request) -> None:
+        """Apply an answered `remember` request: store the run's team, or record that it was not."""
+        from .registry import open_registry
+
+        assert request.answer is not None
+        if not request.answer.get("approved"):
+            self._store.append_event(request.run_id, "team_not_stored", data={"request": request.id})
+            return
+        run = self._store.get_run(request.run_id)
+        if run.plan is None:
+            raise RunError(f"run {run.id} has no plan: there is no team to store")
+        remember_run(
+            open_registry(self.settings),
+            run_id=run.id,
+            model=run.model,
+            plan=Plan.model_validate(run.plan),
+            agents=run.agents or {},
+            succeeded=True,
+            store_new=True,
+            count_reused=False,
+        )
+        self._store.append_event(run.id, "team_stored", data={"cohort": run.id, "request": request.id})
+
+    # ---- feedback
+
+    async def feedback(
+        self, run_id: str, *, rating: int, comment: str = "", model: str | None = None
+    ) -> FeedbackSummary:
+        """Rate a finished run: its agents' and team's ratings change; a low rating teaches lessons."""
+        from .feedback import give_feedback
+        from .models import resolve_model
+        from .registry import open_registry
+
+        run = await self.get(run_id)
+        if run.plan is None:
+            raise RunError(f"run {run.id} has no plan yet")
+        registry = await asyncio.to_thread(open_registry, self.settings)
+        outputs = {step.id: step.output or "" for step in await self.steps(run.id)}
+        result = await give_feedback(
+            registry,
+            run_id=run.id,
+            plan=Plan.model_validate(run.plan),
+            agents=run.agents or {},
+            outputs=outputs,
+            rating=rating,
+            comment=comment,
+            model=resolve_model(model or run.model, self.settings),
+        )
+        return FeedbackSummary(result.rated_agents, result.cohort_rated, result.lessons)

@@ -1,0 +1,233 @@
+"""Every pause of a run is a stored request that another process answers (real processes, scripted model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _plans import step
+
+from masterplanner import Settings
+from masterplanner.engine import RunStore
+from masterplanner.sandbox import sandbox_problems
+
+needs_sandbox = pytest.mark.skipif(bool(sandbox_problems()), reason="the code sandbox cannot start here")
+
+CODE = {"name": "code_execution", "args": {"code": "print(6 * 7)"}}
+
+
+def mp(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "masterplanner", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=120,
+    )
+
+
+def _start(*args: str) -> subprocess.Popen[str]:
+    """`masterplanner ARGS` in the background with no terminal input (stdin is /dev/null)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "masterplanner", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def _pending(kind: str, timeout: float = 90.0) -> dict[str, Any]:
+    """Wait until `runs pending --json` lists an open request of `kind`; return it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = mp("runs", "pending", "--json")
+        assert listed.returncode == 0, listed.stderr
+        found = [request for request in json.loads(listed.stdout) if request["kind"] == kind]
+        if found:
+            assert len(found) == 1
+            return dict(found[0])
+        time.sleep(0.2)
+    raise AssertionError(f"no open {kind} request within {timeout:g} s")
+
+
+def _answer(request_id: str, *flags: str) -> None:
+    answered = mp("runs", "answer", request_id, *flags)
+    assert answered.returncode == 0, answered.stderr
+    assert answered.stderr.strip().startswith(f"request {request_id} of run ")
+
+
+def _events(run_id: str) -> list[dict[str, Any]]:
+    return list(json.loads(mp("runs", "show", run_id, "--json").stdout)["events"])
+
+
+def _script(write_script: Callable[..., Path], *, delay_s: float = 0.0) -> Path:
+    """Step `a` writes a note; step `b` (after it) runs code (policy `ask`), asks a question, answers."""
+    return write_script(
+        [
+            {
+                "purpose": "planner",
+                "output": {
+                    "steps": [step("a", tools=[]), step("b", "a", tools=["code_execution", "ask_user"])]
+                },
+            },
+            {"purpose": "step:a", "output": "A done"},
+            {"purpose": "step:b", "tool_calls": [CODE], "delay_s": delay_s},
+            {"purpose": "step:b", "tool_calls": [{"name": "ask_user", "args": {"question": "Which city?"}}]},
+            {"purpose": "step:b", "output": "B done"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+
+
+@needs_sandbox
+def test_a_run_with_no_terminal_input_is_answered_from_another_process(
+    write_script: Callable[..., Path],
+) -> None:
+    run = _start("run", "note then compute", "--model", f"scripted:{_script(write_script)}", "--json")
+    try:
+        review = _pending("plan_review")
+        assert review["payload"]["plan"]["steps"][1]["tools"] == ["code_execution", "ask_user"]
+        wrong = mp("runs", "answer", review["id"], "--text", "yes please")
+        assert (wrong.returncode, wrong.stderr.strip()) == (
+            2,
+            f"error: request {review['id']} asks yes or no: answer it with --approve or --deny",
+        )
+        _answer(review["id"], "--approve")
+
+        approval = _pending("tool_approval")
+        assert (approval["step_id"], approval["payload"]["tool"]) == ("b", "code_execution")
+        assert approval["payload"]["arguments"] == {
+            "code": "print(6 * 7)",
+            "language": "python",
+            "stdin": "",
+            "timeout_s": 30,
+        }
+        _answer(approval["id"], "--approve")
+
+        question = _pending("ask_user")
+        assert question["payload"] == {"question": "Which city?"}
+        _answer(question["id"], "--text", "Lisbon")
+        out, err = run.communicate(timeout=90)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err
+    report = json.loads(out)
+    assert (report["status"], report["output"]) == ("succeeded", "B done")
+    # this terminal could not ask: it said how to answer from elsewhere, once per request
+    for request in (review, approval, question):
+        assert err.count(f"waiting for an answer to request {request['id']}:") == 1
+    events = _events(report["run_id"])
+    results = [e["data"] for e in events if e["kind"] == "tool_result"]
+    assert [r["tool"] for r in results] == ["code_execution", "ask_user"]
+    assert results[0]["result"].startswith("exit code 0") and "42" in results[0]["result"]
+    assert results[1] == {"tool": "ask_user", "result": "Lisbon"}
+    answered = [e["data"] for e in events if e["kind"] == "request_answered"]
+    assert [a["request"] for a in answered] == [review["id"], approval["id"], question["id"]]
+    assert all(a["by"].startswith("cli@") for a in answered)
+    approved = next(e["data"] for e in events if e["kind"] == "tool_approved")
+    assert approved["by"].startswith("cli@") and approved["request"] == approval["id"]
+
+    # a closed request cannot be answered again; nothing changes
+    again = mp("runs", "answer", approval["id"], "--deny")
+    assert again.returncode == 2
+    assert again.stderr.startswith(f"error: request {approval['id']} is already answered (by cli@")
+    unknown = mp("runs", "answer", "nosuchrequest", "--approve")
+    assert (unknown.returncode, unknown.stderr.strip()) == (
+        2,
+        "error: no request 'nosuchrequest' (see `masterplanner runs pending`)",
+    )
+    both = mp("runs", "answer", approval["id"], "--approve", "--text", "x")
+    assert (both.returncode, both.stderr.strip()) == (
+        2,
+        "error: answer with exactly one of --approve, --deny or --text",
+    )
+    assert _events(report["run_id"]) == events
+    assert json.loads(mp("runs", "pending", "--json").stdout) == []
+
+
+@needs_sandbox
+def test_kill_9_while_a_tool_approval_is_open_then_answer_then_resume(
+    write_script: Callable[..., Path],
+) -> None:
+    script = _script(write_script)
+    run = _start("run", "note then compute", "--model", f"scripted:{script}")
+    try:
+        _answer(_pending("plan_review")["id"], "--approve")
+        approval = _pending("tool_approval")
+    finally:
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+    # the model's first reply in b (the code call) is checkpointed; a new process's scripted
+    # model goes on from the replies not given yet
+    calls = json.loads(script.read_text())["calls"]
+    script.write_text(json.dumps({"calls": [entry for entry in calls if entry.get("tool_calls") != [CODE]]}))
+    run_id = approval["run_id"]
+    assert json.loads(mp("runs", "show", run_id, "--json").stdout)["status"] == "running"
+    _answer(approval["id"], "--approve")  # the process that asked is gone; the answer is stored
+
+    resumed = _start("runs", "resume", run_id, "--json")
+    try:
+        question = _pending("ask_user")
+        _answer(question["id"], "--text", "Porto")
+        out, err = resumed.communicate(timeout=90)
+    finally:
+        resumed.kill()
+    assert resumed.returncode == 0, err
+    assert json.loads(out)["status"] == "succeeded"
+    events = _events(run_id)
+    calls = [e["data"]["tool"] for e in events if e["kind"] == "tool_called"]
+    assert calls == ["code_execution", "ask_user"]  # the approved code ran exactly once
+    started = [e["step"] for e in events if e["kind"] == "step_started"]
+    assert started.count("a") == 1  # the finished step was not started again
+    assert [e["kind"] for e in events].count("tool_approval_requested") == 1  # asked once, answered once
+
+
+@needs_sandbox
+def test_a_resumed_run_asks_for_an_ask_policy_tool_instead_of_denying_it(
+    write_script: Callable[..., Path],
+) -> None:
+    script = _script(write_script, delay_s=10.0)
+    run = _start("run", "note then compute", "--model", f"scripted:{script}")
+    try:
+        review = _pending("plan_review")
+        store = RunStore(Settings.load().database_url)
+        run_id = review["run_id"]
+        _answer(review["id"], "--approve")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # b has started; its model call takes 10 s
+            if any(e.kind == "step_started" and e.step == "b" for e in store.events(run_id)):
+                break
+            time.sleep(0.05)
+        store.close()
+    finally:
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+    script.write_text(script.read_text().replace('"delay_s": 10.0', '"delay_s": 0.0'))
+    assert not any(e["kind"] == "tool_approval_requested" for e in _events(run_id))
+
+    resumed = _start("runs", "resume", run_id, "--json")
+    try:
+        approval = _pending("tool_approval")
+        assert approval["run_id"] == run_id
+        _answer(approval["id"], "--deny", "--reason", "not on this machine")
+        _answer(_pending("ask_user")["id"], "--text", "Rome")
+        out, err = resumed.communicate(timeout=90)
+    finally:
+        resumed.kill()
+    assert resumed.returncode == 0, err
+    assert json.loads(out)["status"] == "succeeded"
+    events = _events(run_id)
+    denied = next(e["data"] for e in events if e["kind"] == "tool_denied")
+    assert denied["reason"] == "not on this machine" and denied["by"].startswith("cli@")
+    assert "code_execution" not in [e["data"]["tool"] for e in events if e["kind"] == "tool_called"]
