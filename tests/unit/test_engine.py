@@ -401,3 +401,27 @@ async def test_policies_edited_at_review_apply_per_run_and_per_agent(
     assert engine.store.get_run(run.id).options.tool_policies == {"write_file": "auto"}
     denied = [(e.step, e.data) for e in engine.store.events(run.id) if e.kind == "tool_denied"]
     assert denied == [("v", {"tool": "write_file", "by": "policy"})]
+
+
+def test_budgets_hold_for_the_run_across_processes(engine: Engine, write_script: Callable[..., Path]) -> None:
+    from masterplanner import BudgetExceededError
+    from masterplanner.engine.budget import RunLedger
+
+    script = write_script([{"purpose": "*", "repeat": True}])
+    options = RunOptions(max_model_calls=3, max_tokens=1_000)
+    run = engine.create_run("x", model=f"scripted:{script}", options=options)
+    here = RunLedger(engine.store, run.id, options)
+    other = Engine(Settings.load())  # another process's view of the same run
+    try:
+        there = RunLedger(other.store, run.id, options)
+        here.record("step:a", input_tokens=10, output_tokens=5, seconds=0.1)
+        there.record("step:b", input_tokens=10, output_tokens=5, seconds=0.1)
+        here.check()
+        there.record("step:b", input_tokens=10, output_tokens=5, seconds=0.1)
+        with pytest.raises(BudgetExceededError, match=r"^the run used its budget of 3 model calls$"):
+            here.check()  # this ledger counted one call itself; the run used three
+        RunLedger(other.store, run.id, RunOptions(max_model_calls=None, max_tokens=46)).check()
+        with pytest.raises(BudgetExceededError, match=r"^the run used its budget of 45 tokens \(45 used\)$"):
+            RunLedger(other.store, run.id, RunOptions(max_model_calls=None, max_tokens=45)).check()
+    finally:
+        other.close()

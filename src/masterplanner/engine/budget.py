@@ -1,4 +1,9 @@
-"""A run's usage: counted into the run store, and held to the run's call and token budgets."""
+"""A run's usage: counted into the run store, and held to the run's call and token budgets.
+
+The budgets hold for the run, not for one process: the counts are read back from the run store
+(one aggregate query) before every model request, so steps of one run executing in several
+processes share them.
+"""
 
 from __future__ import annotations
 
@@ -18,24 +23,21 @@ class RunLedger(UsageLedger):
         self.store = store
         self.run_id = run_id
         self.options = options
-        used = store.usage(run_id)
-        self.calls = int(used["llm_calls"])
-        self.tokens = int(used["input_tokens"]) + int(used["output_tokens"])
 
     def record(self, purpose: str, *, input_tokens: int, output_tokens: int, seconds: float) -> None:
         """Count one model call, in memory and in the run store."""
         super().record(purpose, input_tokens=input_tokens, output_tokens=output_tokens, seconds=seconds)
-        self.calls += 1
-        self.tokens += input_tokens + output_tokens
         self.store.add_usage(
             self.run_id, purpose, input_tokens=input_tokens, output_tokens=output_tokens, seconds=seconds
         )
 
     def check(self) -> None:
-        """Raise `BudgetExceededError` if the run has no model calls or tokens left."""
-        limit = self.options.max_model_calls
-        if limit is not None and self.calls >= limit:
+        """Raise `BudgetExceededError` if the run has no model calls or tokens left (blocking: a query)."""
+        limit, tokens = self.options.max_model_calls, self.options.max_tokens
+        if limit is None and tokens is None:
+            return
+        calls, used = self.store.usage_totals(self.run_id)
+        if limit is not None and calls >= limit:
             raise BudgetExceededError(f"the run used its budget of {limit} model calls")
-        tokens = self.options.max_tokens
-        if tokens is not None and self.tokens >= tokens:
-            raise BudgetExceededError(f"the run used its budget of {tokens:,} tokens ({self.tokens:,} used)")
+        if tokens is not None and used >= tokens:
+            raise BudgetExceededError(f"the run used its budget of {tokens:,} tokens ({used:,} used)")

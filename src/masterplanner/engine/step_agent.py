@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -360,7 +361,7 @@ class BudgetedModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
         """Refuse the request if the budget is spent, else make it (or take the step aid's turn)."""
-        self._check()
+        await asyncio.to_thread(self._check)  # reads the run's shared counts from the database
         aid = self._direct_aid(model_request_parameters)
         if aid is not None:
             response = await self._aided_turn(aid, messages, model_settings)

@@ -422,6 +422,19 @@ class RunStore:
         with self.begin("record usage") as connection:
             connection.execute(statement)
 
+    def usage_totals(self, run_id: str) -> tuple[int, int]:
+        """`(model calls, tokens)` the run has used so far, by every process working on it."""
+        with self.begin("read usage") as connection:
+            row = connection.execute(
+                sa.select(
+                    sa.func.coalesce(sa.func.sum(usage_table.c.calls), 0),
+                    sa.func.coalesce(
+                        sa.func.sum(usage_table.c.input_tokens + usage_table.c.output_tokens), 0
+                    ),
+                ).where(usage_table.c.run_id == run_id)
+            ).one()
+        return int(row[0]), int(row[1])
+
     def usage(self, run_id: str) -> dict[str, Any]:
         """`{"llm_calls", "input_tokens", "output_tokens", "by_purpose": {purpose: {...}}}`."""
         with self.begin("read usage") as connection:
