@@ -57,7 +57,7 @@ async def test_independent_steps_overlap(engine: Engine, write_script: Callable[
     from datetime import datetime
 
     span = (datetime.fromisoformat(max(ends)) - datetime.fromisoformat(min(starts))).total_seconds()
-    assert 1.0 <= span < 1.2
+    assert 1.0 <= span < 2.0  # overlapping, not one after another (3 s); timing is for bench/engine.py
     assert report["usage"]["by_purpose"]["step:a"]["calls"] == 1
 
 
