@@ -120,8 +120,9 @@ class MemoryStore:
     def recall(self, query: str, limit: int = 5, kind: MemoryKind | None = None) -> list[MemoryItem]:
         """The memories most like `query`, best first; each one recalled lives `ttl_days` longer."""
         now = _now()
+        wanted = self.registry._query_vector(query)  # before the transaction: no lock held meanwhile
         with self.registry._begin("recall") as connection:
-            fused, _ = self.registry._rank(connection, "memory", query)
+            fused, _ = self.registry._rank(connection, "memory", query, wanted)
             if not fused:
                 return []
             marks = ", ".join("?" for _ in fused)

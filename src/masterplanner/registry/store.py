@@ -525,8 +525,9 @@ class RegistryStore:
         BM25 (fused with cosine order when an embedder is set), times a prior from their success
         rate and rating.
         """
+        wanted = self._query_vector(query)  # embedded before the transaction: no lock held meanwhile
         with self._begin("search agents") as connection:
-            fused, _ = self._rank(connection, "agent", query)
+            fused, _ = self._rank(connection, "agent", query, wanted)
             if not fused:
                 return []
             marks = ", ".join("?" for _ in fused)
@@ -553,9 +554,11 @@ class RegistryStore:
         found = self.search_agents(text, limit)
         if self.embedder is None:
             return [(spec, lexical_similarity(text, self._embedding_text(spec))) for spec, _ in found]
+        wanted = self._query_vector(text)
+        if wanted is None:
+            return []
         with self._begin("compare agents") as connection:
             vectors = self._current_vectors(connection, "agent")
-        wanted = self._query_vector(text)
         similarity = self.embedder.similarity
         return [
             (spec, similarity(float(vectors.matrix[vectors.position[spec.id]] @ wanted)))
@@ -566,12 +569,13 @@ class RegistryStore:
     # ---- ranking and vectors
 
     def _rank(
-        self, connection: Connection, kind: str, text: str
+        self, connection: Connection, kind: str, text: str, wanted: np.ndarray | None
     ) -> tuple[dict[str, float], Callable[[str], float] | None]:
         """Items of `kind` like `text`: id -> fused score, and (with an embedder) id -> cosine.
 
         The text index's top candidates, fused by reciprocal rank fusion with the cosine top
-        candidates when an embedder is set.
+        candidates when an embedder is set; `wanted` is `text`'s embedding (`_query_vector`),
+        computed by the caller before its transaction began.
         """
         rankings: list[list[str]] = []
         terms = query_terms(text)
@@ -585,10 +589,9 @@ class RegistryStore:
                 return counts[term]
 
             rankings.append(_search(index, connection, _selective_terms(terms, count), _CANDIDATES))
-        if self.embedder is None or not text.strip():
+        if wanted is None:
             return fuse(rankings), None
         vectors = self._current_vectors(connection, kind)
-        wanted = self._query_vector(text)
         rankings.append([item for item, _ in vectors.nearest(wanted, _CANDIDATES)])
 
         def cosine(item: str) -> float:
@@ -605,9 +608,10 @@ class RegistryStore:
             self._counts[kind] = cached
         return cached[1]
 
-    def _query_vector(self, text: str) -> np.ndarray:
-        """The embedding of a search text (the last 64 are kept: one lookup often asks twice)."""
-        assert self.embedder is not None
+    def _query_vector(self, text: str) -> np.ndarray | None:
+        """The embedding of a search text, None without an embedder or text (the last 64 are kept)."""
+        if self.embedder is None or not text.strip():
+            return None
         vector = self._queries.get(text)
         if vector is None:
             vector = self.embedder.embed_sync([text], "query")[0]
@@ -634,9 +638,11 @@ class RegistryStore:
             (name, kind),
         ).all()
         missing = [(item_id, _embedding_text_of(kind, text)) for item_id, text in rows]
-        for start in range(0, len(missing), 256):
-            batch = missing[start : start + 256]
-            matrix = self.embedder.embed_sync([text for _, text in batch], "document")
+        # every batch is embedded before the first write, so the write lock is held for the
+        # inserts alone, not while other searches' embeddings queue for the model
+        batches = [missing[start : start + 256] for start in range(0, len(missing), 256)]
+        matrices = [self.embedder.embed_sync([text for _, text in batch], "document") for batch in batches]
+        for batch, matrix in zip(batches, matrices, strict=True):
             _sql(
                 connection,
                 "INSERT INTO mp_vectors (embedder, kind, item_id, vector) VALUES (?, ?, ?, ?) "
@@ -732,8 +738,9 @@ class RegistryStore:
         the two tasks' embeddings with an embedder (see `TextEmbedder.similarity`), else the
         Ochiai coefficient of their word stems.
         """
+        wanted = self._query_vector(task)  # embedded before the transaction: no lock held meanwhile
         with self._begin("search cohorts") as connection:
-            fused, cosine = self._rank(connection, "cohort", task)
+            fused, cosine = self._rank(connection, "cohort", task, wanted)
             if not fused:
                 return []
             best = sorted(fused, key=lambda item: (-fused[item], item))[:limit]
