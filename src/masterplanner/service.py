@@ -129,7 +129,12 @@ class RunService:
         return await asyncio.to_thread(self._store.events, run_id, after)
 
     async def follow(self, run_id: str, after: int = 0) -> AsyncIterator[Event]:
-        """The run's events from `after` on, as they are appended, until the run has finished."""
+        """The run's events from `after` on, as they are appended, until the run has finished.
+
+        It stops at the first read after the run's status is final; the registry's events that
+        follow a run's end (`team_stored`, a `remember` request) may come after that: read them
+        with `events`.
+        """
         while True:
             finished = (await self.get(run_id)).status in FINISHED_RUN_STATUSES
             fresh = await self.events(run_id, after)

@@ -231,3 +231,36 @@ def test_a_resumed_run_asks_for_an_ask_policy_tool_instead_of_denying_it(
     denied = next(e["data"] for e in events if e["kind"] == "tool_denied")
     assert denied["reason"] == "not on this machine" and denied["by"].startswith("cli@")
     assert "code_execution" not in [e["data"]["tool"] for e in events if e["kind"] == "tool_called"]
+
+
+async def test_follow_yields_every_event_once_in_order_until_the_run_ends(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    import asyncio
+
+    from masterplanner import RunService
+    from masterplanner.engine import RunOptions
+
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("b", "a", tools=[])]}},
+            {"purpose": "step:a", "output": "A", "delay_s": 0.3},
+            {"purpose": "step:b", "output": "B", "delay_s": 0.3},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    service = RunService(Settings.load())
+    try:
+        run = await service.create(
+            "a then b", model=f"scripted:{script}", options=RunOptions(auto_approve=True, prompt_rounds=0)
+        )
+        execution = asyncio.ensure_future(service.execute(run.id))
+        followed = [event async for event in service.follow(run.id)]
+        assert (await execution).status == "succeeded"
+    finally:
+        service.close()
+    assert [event.seq for event in followed] == list(range(1, len(followed) + 1))
+    kinds = [(event.kind, event.step) for event in followed]
+    assert kinds[0] == ("run_created", None)
+    assert kinds.index(("step_succeeded", "a")) < kinds.index(("step_started", "b"))
+    assert ("run_succeeded", None) in kinds

@@ -5,14 +5,13 @@ runs as a DBOS workflow whose model requests and tool calls are checkpointed.
 """
 
 from .records import EVENT_KINDS, Event, RunOptions, RunRecord, StepRecord
-from .requests import REQUEST_KINDS, Request, RequestKind, RequestState
+from .requests import Request, RequestKind, RequestState
 from .runner import Engine, run_catalog
 from .scheduler import StepOutcome, run_dag
 from .store import RunStore
 
 __all__ = [
     "EVENT_KINDS",
-    "REQUEST_KINDS",
     "Engine",
     "Event",
     "Request",

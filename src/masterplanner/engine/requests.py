@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -32,17 +33,14 @@ if TYPE_CHECKING:
     from .store import RunStore
 
 __all__ = [
-    "REQUEST_KINDS",
     "Request",
     "RequestKind",
     "RequestState",
     "Requests",
-    "checked_answer",
     "create_requests_table",
 ]
 
 RequestKind = Literal["plan_review", "tool_approval", "ask_user", "remember"]
-REQUEST_KINDS: frozenset[str] = frozenset(get_args(RequestKind))
 RequestState = Literal["open", "answered", "expired", "cancelled"]
 
 _POLL_S = 0.2
@@ -120,7 +118,7 @@ class Request:
         return f"store this run's team ({self.payload.get('agents', 0)} agents) in the registry?"
 
 
-def checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
+def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
     """`answer` in the shape `request`'s kind takes, or `RequestError` naming what is wrong.
 
     - plan review: `{"action": "approve" | "reject", "reason"?, "plan"?, "agents"?, "tool_policies"?}`
@@ -195,7 +193,7 @@ class Requests:
             if found is None:
                 return self.open(run_id, kind, payload, key=key, step_id=step_id)
             return found, False
-        return self.get(str(row["id"])), True
+        return _request(row | {"answer": None, "answered_by": None, "answered_at": None}), True
 
     def _by_key(self, key: str) -> Request | None:
         with self._store.begin("read a request") as connection:
@@ -247,7 +245,7 @@ class Requests:
         request = self.get(request_id)
         if request.state != "open":
             raise RequestError(_closed(request))
-        answer = checked_answer(request, answer)
+        answer = _checked_answer(request, answer)
         with self._store.begin("answer a request") as connection:
             updated = connection.execute(
                 requests_table.update()
@@ -273,14 +271,24 @@ class Requests:
         with self._store.begin("close requests") as connection:
             return int(connection.execute(query.values(state=state, answered_at=utc_now())).rowcount)
 
-    def expire(self, request_id: str, reason: str) -> None:
-        """Close one open request without an answer (its question no longer applies)."""
-        with self._store.begin("close a request") as connection:
-            connection.execute(
-                requests_table.update()
-                .where(requests_table.c.id == request_id, requests_table.c.state == "open")
-                .values(state="expired", answer=json.dumps({"reason": reason}), answered_at=utc_now())
-            )
+    async def pause(
+        self,
+        run_id: str,
+        kind: RequestKind,
+        payload: dict[str, Any],
+        *,
+        key: str,
+        step_id: str | None = None,
+        announce: Callable[[Request], object],
+    ) -> Request:
+        """Open a request (or find the one opened under `key`), then wait until it is closed.
+
+        `announce` is called once, when the request is new (the caller appends its event).
+        """
+        request, new = await asyncio.to_thread(self.open, run_id, kind, payload, key=key, step_id=step_id)
+        if new:
+            announce(request)
+        return await self.wait(request.id)
 
     async def wait(self, request_id: str) -> Request:
         """Block until the request is no longer open, polling its row off the event loop."""

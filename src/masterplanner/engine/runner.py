@@ -51,11 +51,10 @@ from ..purpose import step_purpose
 from ..registry import Cohort, open_registry
 from ..registry.memory import MemoryStore, episode_text
 from ..settings import Settings
-from ..tools import Catalog
 from ..tools.workspace import Workspace
 from ..working_memory import FittedInput, Summarizer, fit_inputs, trimmer
 from .budget import RunLedger
-from .catalogs import run_catalog, tool_context, with_mcp_tools
+from .catalogs import RunCatalog, run_catalog, tool_context, with_mcp_tools
 from .checkpoints import CheckpointedModel
 from .records import EventKind, RunOptions, RunRecord, utc_now
 from .requests import Request
@@ -75,7 +74,7 @@ from .step_tools import ToolRunner, step_tools
 from .store import RunStore, process_identity
 from .tool_calls import ToolCalls, durable_key
 
-__all__ = ["Engine", "mark_cancelled", "review_payload", "run_catalog"]
+__all__ = ["Engine", "run_catalog"]
 
 _EXECUTIONS: dict[str, _Execution] = {}
 """Runs this process is executing, by id (the step workflows find their run here)."""
@@ -209,7 +208,7 @@ class Engine:
         self.store.update_run(run.id, cancel_requested=True)
         if not self.store.owner_alive(run.id) and self.store.claim(run.id, self.owner):
             try:
-                mark_cancelled(self.store, run.id)
+                _mark_cancelled(self.store, run.id)
             finally:
                 self.store.release(run.id, self.owner)
         return self.store.get_run(run.id)
@@ -231,25 +230,24 @@ class Engine:
         }
 
 
-def review_payload(run: RunRecord, catalog: Catalog) -> dict[str, Any]:
+def _review_payload(run: RunRecord, catalog: RunCatalog) -> dict[str, Any]:
     """What a plan-review request carries: the plan, its agents, the run's tool policies and tools.
 
     The tools travel as plain data, so a front end in another process validates an edit against
-    the same catalog the run uses (MCP tools included).
+    the same catalog the run uses (MCP tools included; `service.catalog_of_review` reads it back).
     """
-    missing = getattr(catalog, "missing", {})
     return {
         "task": run.task,
         "plan": run.plan,
         "agents": run.agents or {},
         "tool_policies": dict(run.options.tool_policies),
         "tools": [asdict(spec) for spec in catalog],
-        "missing_tools": dict(missing),
-        "mcp_servers": list(getattr(catalog, "mcp_servers", ())),
+        "missing_tools": dict(catalog.missing),
+        "mcp_servers": list(catalog.mcp_servers),
     }
 
 
-def mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on request") -> None:
+def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on request") -> None:
     """Record a run as cancelled: its unfinished steps and its open requests too."""
     now = utc_now()
     for step in store.steps(run_id):
@@ -308,7 +306,7 @@ class _Execution:
         except asyncio.CancelledError:
             if self.stop_reason == "cancelled":
                 await self._cancel_step_workflows()
-                mark_cancelled(self.store, self.run.id)
+                _mark_cancelled(self.store, self.run.id)
                 return
             raise
         except BudgetExceededError as exc:
@@ -440,7 +438,7 @@ class _Execution:
             self.store.requests.open,
             self.run.id,
             "plan_review",
-            review_payload(self.run, self.catalog) | (note or {}),
+            _review_payload(self.run, self.catalog) | (note or {}),
             key=f"{self.run.id}#review{count + 1}",
         )
         if new:
@@ -787,17 +785,18 @@ class _Execution:
 
     async def _ask_person(self, step_id: str, question: str) -> str:
         """An agent's `ask_user` question as a stored request; waits until any process answers it."""
-        requests = self.store.requests
-        request, new = await asyncio.to_thread(
-            requests.open, self.run.id, "ask_user", {"question": question}, key=durable_key(), step_id=step_id
-        )
-        if new:
-            self.store.append_event(
+        answered = await self.store.requests.pause(
+            self.run.id,
+            "ask_user",
+            {"question": question},
+            key=durable_key(),
+            step_id=step_id,
+            announce=lambda request: self.store.append_event(
                 self.run.id, "request_opened", step_id, {"request": request.id, "kind": "ask_user"}
-            )
-        answered = await requests.wait(request.id)
+            ),
+        )
         if answered.state != "answered" or answered.answer is None:
-            raise ToolError(f"the question was not answered (request {request.id} is {answered.state})")
+            raise ToolError(f"the question was not answered (request {answered.id} is {answered.state})")
         return str(answered.answer["text"])
 
     def _tool_runner(self, step: Step) -> ToolRunner:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import re
 import uuid
@@ -149,22 +148,18 @@ class ToolCalls:
         if policy == "deny":
             self._event("tool_denied", {"tool": tool, "by": "policy"})
             return False
-        requests = self.store.requests
-        request, new = await asyncio.to_thread(
-            requests.open,
+        answered = await self.store.requests.pause(
             self.run_id,
             "tool_approval",
             {"tool": tool, "arguments": arguments},
             key=durable_key(),
             step_id=self.step_id,
-        )
-        if new:
-            self._event(
+            announce=lambda request: self._event(
                 "tool_approval_requested", {"tool": tool, "arguments": arguments, "request": request.id}
-            )
-        answered = await requests.wait(request.id)
+            ),
+        )
         approved = answered.state == "answered" and bool((answered.answer or {}).get("approved"))
-        data = {"tool": tool, "by": answered.answered_by or answered.state, "request": request.id}
+        data = {"tool": tool, "by": answered.answered_by or answered.state, "request": answered.id}
         reason = (answered.answer or {}).get("reason")
         self._event(
             "tool_approved" if approved else "tool_denied", data | ({"reason": reason} if reason else {})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -51,8 +52,9 @@ class InProcessEmbeddingModel(EmbeddingModel):
         """Where it runs."""
         return self.system_name
 
+    @abstractmethod
     def _load(self) -> Runtime:
-        raise NotImplementedError
+        """Load the runtime from `path` (each subclass knows its format)."""
 
     def _embed_now(self, texts: list[str]) -> NDArray[np.float32]:
         with self._lock:
