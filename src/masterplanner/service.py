@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
 from .engine.records import FINISHED_RUN_STATUSES
 from .engine.reuse import remember_run
+from .engine.store import Lease
 from .errors import RequestError, RunError
 from .plan import Plan, validate_plan
 from .settings import Settings
@@ -31,6 +33,7 @@ from .tools.catalog import Catalog
 __all__ = [
     "Event",
     "FeedbackSummary",
+    "Lease",
     "Request",
     "RunOptions",
     "RunRecord",
@@ -96,13 +99,15 @@ class RunService:
             self._engine.create_run, task, model=model, options=options, workspace=workspace
         )
 
-    async def execute(self, run_id: str) -> RunRecord:
+    async def execute(self, run_id: str, *, on_wait: Callable[[Lease], None] | None = None) -> RunRecord:
         """Plan, wait for the review, run: drive the run to its end in this process.
 
         Also how a stopped run is resumed: finished steps are not run again. Its pauses are
-        requests that any process answers (`pending`, `answer`).
+        requests that any process answers (`pending`, `answer`). A run another process held
+        when it died is taken over once that process's lease lapses (`on_wait` is told when
+        this waits for it); one whose holder is alive is a `RunError`.
         """
-        return await self._engine.execute(run_id)
+        return await self._engine.execute(run_id, on_wait=on_wait)
 
     async def get(self, run_id: str) -> RunRecord:
         """The run (a unique prefix of its id is enough); `RunError` if there is none."""
@@ -145,13 +150,29 @@ class RunService:
                 return
             await asyncio.sleep(_FOLLOW_POLL_S)
 
-    async def cancel(self, run_id: str) -> RunRecord:
-        """Ask a run to stop; one that no live process executes is cancelled at once."""
-        return await asyncio.to_thread(self._engine.request_cancel, run_id)
+    async def cancel(self, run_id: str, *, wait_s: float = 0.0) -> RunRecord:
+        """Ask a run to stop and wait up to `wait_s` for it to be cancelled.
 
-    async def crashed_runs(self) -> list[str]:
-        """Runs left running by a process of this host that died."""
-        return await asyncio.to_thread(self._store.crashed_runs)
+        The process executing the run stops its steps within moments; a run no process holds is
+        cancelled at once, and one whose process died is cancelled when that process's lease
+        lapses (`run_lease_s`), if that comes within `wait_s`.
+        """
+        record = await asyncio.to_thread(self._engine.request_cancel, run_id)
+        deadline = time.monotonic() + wait_s
+        while not record.finished and time.monotonic() < deadline:
+            await asyncio.sleep(_FOLLOW_POLL_S)
+            record = await self.get(record.id)
+            if not record.finished:
+                record = await asyncio.to_thread(self._engine.request_cancel, record.id)
+        return record
+
+    async def abandoned_runs(self) -> list[str]:
+        """Runs whose executing process died (its lease lapsed): `execute` takes them over."""
+        return await asyncio.to_thread(self._engine.abandoned_runs)
+
+    async def holder(self, run_id: str) -> Lease | None:
+        """Which process holds the run's lease now, and how long ago it renewed it."""
+        return await asyncio.to_thread(self._store.lease, (await self.get(run_id)).id)
 
     # ---- requests
 

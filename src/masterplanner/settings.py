@@ -219,6 +219,12 @@ class Settings(BaseSettings):
         le=1 << 44,
         description="how many bytes a run's workspace may grow by (write_file, code_execution, images)",
     )
+    run_lease_s: float = Field(
+        10.0,
+        ge=1,
+        le=600,
+        description="seconds after its executing process was last heard from that a run may be taken over",
+    )
     mcp_servers: dict[str, McpServer] = Field(
         default_factory=dict, description="MCP servers whose tools steps may use, by name (see README)"
     )

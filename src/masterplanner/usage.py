@@ -22,6 +22,10 @@ class PurposeUsage:
 class UsageLedger:
     """Adds up model usage by purpose; safe to share between tasks and threads."""
 
+    records_blocking = False
+    """Whether `record` does blocking I/O (a database write): callers on an event loop then run
+    it in a worker thread."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_purpose: dict[str, PurposeUsage] = {}

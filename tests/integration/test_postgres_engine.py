@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,8 +55,17 @@ async def test_a_run_on_postgres(database: str, write_script: Callable[..., Path
             ("team_stored", None),
         ]
         assert engine.report(run.id)["usage"]["by_purpose"]["step:b"]["calls"] == 1
-        # a second executor cannot take a run whose owner is alive
-        assert not engine.store.claim(run.id, "elsewhere:1:x") or engine.store.get_run(run.id).finished
+        # the lease in Postgres's clock: held while renewed, taken over once it lapses
+        assert engine.store.lease(run.id) is None  # given up when the run ended
+        assert engine.store.claim(run.id, "first:1:x", lease_s=10)
+        assert not engine.store.claim(run.id, "second:2:y", lease_s=10)
+        assert engine.store.lease(run.id).owner == "first:1:x"  # type: ignore[union-attr]
+        await asyncio.sleep(0.6)
+        assert engine.store.heartbeat(run.id, "first:1:x")
+        assert not engine.store.claim(run.id, "second:2:y", lease_s=0.5)  # renewed just now
+        await asyncio.sleep(0.6)
+        assert engine.store.claim(run.id, "second:2:y", lease_s=0.5)  # not renewed for 0.6 s
+        assert not engine.store.heartbeat(run.id, "first:1:x")  # the first holder lost it
     finally:
         engine.close()
 

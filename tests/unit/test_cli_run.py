@@ -23,6 +23,15 @@ from masterplanner.engine import Engine
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
 
 
+LEASE_S = 2.0
+
+
+@pytest.fixture(autouse=True)
+def short_leases(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose process is killed may be taken over 2 s after it was last heard from."""
+    monkeypatch.setenv("MASTERPLANNER_RUN_LEASE_S", str(LEASE_S))
+
+
 def mp(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "masterplanner", *args],
@@ -134,11 +143,18 @@ def test_kill_9_then_resume_never_repeats_finished_steps(write_script: Callable[
     resumed = mp("runs", "resume", run_id, "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["output"] == "out5"
+    # no process id is asked about: the killed process's lease lapses and the run is taken over
+    assert re.search(
+        rf"run {run_id} was being executed by \S+, last heard from [\d.]+ s ago: waiting up to "
+        r"[\d.]+ s for it to be heard from again or for its lease to lapse",
+        resumed.stderr,
+    ), resumed.stderr
     _assert_resumed_without_repeats(run_id)
 
 
 def test_the_next_run_resumes_a_crashed_run(write_script: Callable[..., Path]) -> None:
     crashed = _chain_killed_after_s2(write_script)
+    time.sleep(LEASE_S + 0.5)  # the killed process's lease lapses
     script = write_script([_planner(step("x", tools=[])), {"purpose": "*", "repeat": True}])
     result = mp("run", "something else", "--model", f"scripted:{script}", "--yes", "--json")
     assert result.returncode == 0, result.stderr

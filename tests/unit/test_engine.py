@@ -258,10 +258,42 @@ async def test_a_run_held_by_a_live_process_is_not_executed_twice(
 ) -> None:
     script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
     run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
-    assert engine.store.claim(run.id, "other-host:1:abcd")
-    with pytest.raises(RunError, match="being executed by another process"):
-        await engine.execute(run.id)
+    other = "other-host:1:abcd"
+    assert engine.store.claim(run.id, other, lease_s=10)
+
+    async def renew() -> None:  # the other process is alive: it keeps renewing its lease
+        while True:
+            await asyncio.sleep(0.1)
+            await asyncio.to_thread(engine.store.heartbeat, run.id, other)
+
+    renewing = asyncio.ensure_future(renew())
+    try:
+        with pytest.raises(RunError, match=f"being executed by another process \\({other}\\)"):
+            await asyncio.wait_for(engine.execute(run.id), 5)
+    finally:
+        renewing.cancel()
     assert engine.store.get_run(run.id).status == "planning"
+    assert engine.store.lease(run.id).owner == other  # type: ignore[union-attr]
+
+
+async def test_a_run_whose_process_died_is_taken_over_when_its_lease_lapses(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
+    engine = Engine(Settings.load(run_lease_s=1.5))
+    try:
+        run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
+        assert engine.store.claim(run.id, "dead-host:1:abcd", lease_s=1.5)  # and never renewed
+        waits: list[Any] = []
+        started = time.monotonic()
+        final = await engine.execute(run.id, on_wait=waits.append)
+        assert final.status == "succeeded", final.error
+        assert time.monotonic() - started >= 1.0  # it waited for the lease to lapse
+        assert [lease.owner for lease in waits] == ["dead-host:1:abcd"]
+        assert engine.store.lease(run.id) is None  # given up at the end
+        assert engine.abandoned_runs() == []
+    finally:
+        engine.close()
 
 
 def test_bad_inputs_are_refused_before_anything_is_stored(engine: Engine) -> None:
@@ -425,3 +457,40 @@ def test_budgets_hold_for_the_run_across_processes(engine: Engine, write_script:
             RunLedger(other.store, run.id, RunOptions(max_model_calls=None, max_tokens=45)).check()
     finally:
         other.close()
+
+
+async def test_an_end_cut_short_is_finished_by_the_next_execution(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from masterplanner.engine import workflows
+
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
+    run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
+    told = workflows._tell_registry
+    blocked, go_on = threading.Event(), threading.Event()
+
+    def stuck(*args: Any, **kwargs: Any) -> None:  # the process stops while telling the registry
+        blocked.set()
+        go_on.wait(10)
+
+    monkeypatch.setattr(workflows, "_tell_registry", stuck)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    while not blocked.is_set():  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    assert engine.store.get_run(run.id).status == "succeeded"  # the outcome is recorded
+    execution.cancel()
+    await asyncio.gather(execution, return_exceptions=True)
+    go_on.set()
+    assert "team_stored" not in [kind for kind, _ in _kinds(engine, run.id)]
+
+    monkeypatch.setattr(workflows, "_tell_registry", told)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded"
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert kinds[-2:] == ["run_succeeded", "team_stored"]  # told once, after the outcome
+    assert kinds.count("run_succeeded") == 1
+    again = await engine.execute(run.id)  # nothing is left to do: nothing happens twice
+    assert again.status == "succeeded"
+    assert [kind for kind, _ in _kinds(engine, run.id)] == kinds

@@ -24,6 +24,15 @@ needs_sandbox = pytest.mark.skipif(bool(sandbox_problems()), reason="the code sa
 CODE = {"name": "code_execution", "args": {"code": "print(6 * 7)"}}
 
 
+LEASE_S = 2.0
+
+
+@pytest.fixture(autouse=True)
+def short_leases(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose process is killed may be taken over 2 s after it was last heard from."""
+    monkeypatch.setenv("MASTERPLANNER_RUN_LEASE_S", str(LEASE_S))
+
+
 def mp(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "masterplanner", *args],

@@ -248,7 +248,7 @@ class TerminalAnswerer:
         from ..plan import Plan
         from ..review import edit_in_editor, parse_review_yaml, render_review_yaml, with_errors_on_top
         from ..service import catalog_of_review
-        from .app import _print_plan_dict
+        from .commands import print_plan_dict
 
         payload = request.payload
         catalog = catalog_of_review(request)
@@ -259,7 +259,7 @@ class TerminalAnswerer:
             self._print(f"[red]the last edit was refused:[/] {shown(payload['refused_edit'])}")
         decision: dict[str, Any] = {"action": "approve"}
         while True:
-            _print_plan_dict(plan, agents, stderr=True)
+            print_plan_dict(plan, agents, stderr=True)
             line = await self._line("approve, reject or edit? [a/r/e]", request)
             if line is None:
                 return None

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .app import app, console, load_settings
+from .common import app, console, load_settings
 from .runs import RunId
 from .terminal import json_text, shown
 

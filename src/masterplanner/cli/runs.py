@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from .answering import TerminalAnswerer, how_to_answer
-from .app import app, console, load_settings
+from .common import app, console, load_settings
 from .live import EventLines, LiveTree, event_line, print_summary, wants_live_view
 from .terminal import json_text, shown, visible
 
 if TYPE_CHECKING:
-    from ..service import RunRecord, RunService
+    from ..service import Lease, RunRecord, RunService
     from ..settings import Settings
 
 runs_app = typer.Typer(help="List, inspect, answer, resume and cancel runs.", no_args_is_help=True)
@@ -208,14 +208,25 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
     terminal = _Terminal(service, run_id, await service.events(run_id))
     follower = asyncio.ensure_future(terminal.follow())
     answerer = asyncio.ensure_future(terminal.answerer.watch())
-    crashed = [other for other in await service.crashed_runs() if other != run_id]
+    crashed = [other for other in await service.abandoned_runs() if other != run_id]
     for other in crashed:
         terminal.out.print(
             f"resuming run {shown(other)}, interrupted by a crash, beside this one", highlight=False
         )
+
+    def waiting(lease: Lease) -> None:
+        left = max(0.0, service.settings.run_lease_s - lease.age_s)
+        terminal.out.print(
+            f"run {shown(run_id)} was being executed by {shown(lease.owner)}, last heard from "
+            f"{lease.age_s:.1f} s ago: waiting up to {left:.1f} s for it to be heard from again "
+            "or for its lease to lapse",
+            highlight=False,
+            soft_wrap=True,
+        )
+
     try:
         results = await asyncio.gather(
-            service.execute(run_id),
+            service.execute(run_id, on_wait=waiting),
             *(service.execute(other) for other in crashed),
             return_exceptions=True,
         )
@@ -409,15 +420,6 @@ def runs_cancel(
     wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for running steps to stop.")] = 15.0,
 ) -> None:
     """Cancel a run: running steps stop promptly, no new step starts, its open requests close."""
-
-    async def cancel(service: RunService) -> RunRecord:
-        record = await service.cancel(run_id)
-        deadline = time.monotonic() + wait
-        while record.status != "cancelled" and not record.finished and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            record = await service.get(record.id)
-        return record
-
-    record = _call(_service(load_settings()), cancel)
+    record = _call(_service(load_settings()), lambda service: service.cancel(run_id, wait_s=wait))
     console(stderr=True).print(f"run {shown(record.id)} {shown(record.status)}", highlight=False)
     raise typer.Exit(0 if record.status == "cancelled" else 1)

@@ -18,6 +18,8 @@ __all__ = ["RunLedger"]
 class RunLedger(UsageLedger):
     """Counts model usage into the run store and enforces the run's call and token budgets."""
 
+    records_blocking = True
+
     def __init__(self, store: RunStore, run_id: str, options: RunOptions) -> None:
         super().__init__()
         self.store = store

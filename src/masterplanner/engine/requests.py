@@ -283,11 +283,12 @@ class Requests:
     ) -> Request:
         """Open a request (or find the one opened under `key`), then wait until it is closed.
 
-        `announce` is called once, when the request is new (the caller appends its event).
+        `announce` is called once, when the request is new (the caller appends its event), in a
+        worker thread: it may write to the database.
         """
         request, new = await asyncio.to_thread(self.open, run_id, kind, payload, key=key, step_id=step_id)
         if new:
-            announce(request)
+            await asyncio.to_thread(announce, request)
         return await self.wait(request.id)
 
     async def wait(self, request_id: str) -> Request:

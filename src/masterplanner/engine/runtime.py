@@ -5,6 +5,9 @@ masterplanner processes share one database (a `run` in one terminal, `runs list`
 so each process launches DBOS under an executor id of its own: DBOS's launch recovery then
 finds nothing, and a run is resumed only by the process holding its lease (see `store.py`).
 Read-only commands never launch DBOS at all.
+
+The workflows take only ids; the settings and run store they work with are those of the engine
+that launched DBOS in this process (`launched_host`).
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from typing import Any
 from dbos import DBOS, DBOSConfig
 
 from .._version import __version__
-from .store import engine_url
+from ..errors import RunError
+from ..settings import Settings
+from .store import RunStore, engine_url
 
-__all__ = ["dbos_launched", "launch_dbos", "shutdown_dbos"]
+__all__ = ["dbos_launched", "launch_dbos", "launched_host", "shutdown_dbos"]
 
 _launched_url: str | None = None
+_host: tuple[Settings, RunStore] | None = None
 
 
 class _WalConnection(sqlite3.Connection):
@@ -38,9 +44,14 @@ class _WalConnection(sqlite3.Connection):
         self.execute("PRAGMA synchronous=NORMAL")
 
 
-def launch_dbos(database_url: str, *, executor_id: str, debug: bool = False) -> None:
-    """Launch DBOS on `database_url` in this process (once; relaunches if the URL changes)."""
-    global _launched_url
+def launch_dbos(settings: Settings, store: RunStore, *, executor_id: str, debug: bool = False) -> None:
+    """Launch DBOS on the settings' database in this process (once; relaunches if the URL changes).
+
+    `settings` and `store` become what workflows started in this process work with.
+    """
+    global _launched_url, _host
+    database_url = settings.database_url
+    _host = (settings, store)
     if _launched_url == database_url:
         return
     if _launched_url is not None:
@@ -64,6 +75,13 @@ def launch_dbos(database_url: str, *, executor_id: str, debug: bool = False) -> 
     _launched_url = database_url
 
 
+def launched_host() -> tuple[Settings, RunStore]:
+    """The settings and run store of the engine that launched DBOS in this process."""
+    if _host is None or _launched_url is None:
+        raise RunError("no engine runs workflows in this process (DBOS is not launched)")
+    return _host
+
+
 def dbos_launched() -> bool:
     """Whether DBOS runs in this process."""
     return _launched_url is not None
@@ -71,7 +89,8 @@ def dbos_launched() -> bool:
 
 def shutdown_dbos() -> None:
     """Stop DBOS in this process (workflows not finished stay pending in the database)."""
-    global _launched_url
+    global _launched_url, _host
     if _launched_url is not None:
         DBOS.destroy()
         _launched_url = None
+        _host = None

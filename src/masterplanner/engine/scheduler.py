@@ -34,7 +34,7 @@ async def run_dag(
     *,
     max_parallel: int = 4,
     finished: Mapping[str, StepOutcome] | None = None,
-    on_skip: Callable[[Step, str], None] | None = None,
+    on_skip: Callable[[Step, str], Awaitable[None]] | None = None,
 ) -> dict[str, StepOutcome]:
     """Run every step of `plan` not already in `finished`; return every step's outcome."""
     outcomes: dict[str, StepOutcome] = dict(finished or {})
@@ -43,7 +43,10 @@ async def run_dag(
     limit = max(1, max_parallel)
     try:
         while waiting or running:
-            waiting = _skip_blocked(waiting, outcomes, on_skip)
+            waiting, skipped = _skip_blocked(waiting, outcomes)
+            if on_skip is not None:
+                for step, reason in skipped:
+                    await on_skip(step, reason)
             for step in [step for step in waiting if all(outcomes.get(dep) for dep in step.depends_on)]:
                 if len(running) >= limit:
                     break
@@ -64,9 +67,13 @@ async def run_dag(
 
 
 def _skip_blocked(
-    waiting: list[Step], outcomes: dict[str, StepOutcome], on_skip: Callable[[Step, str], None] | None
-) -> list[Step]:
-    """Mark skipped every waiting step with a dependency that did not succeed (transitively)."""
+    waiting: list[Step], outcomes: dict[str, StepOutcome]
+) -> tuple[list[Step], list[tuple[Step, str]]]:
+    """Mark skipped every waiting step with a dependency that did not succeed (transitively).
+
+    Returns the steps still waiting, and the skipped ones with the reason.
+    """
+    skipped: list[tuple[Step, str]] = []
     changed = True
     while changed:
         changed = False
@@ -76,7 +83,6 @@ def _skip_blocked(
                 reason = f"dependency {bad[0]!r} {outcomes[bad[0]].status}"
                 outcomes[step.id] = StepOutcome("skipped", error=reason)
                 waiting.remove(step)
-                if on_skip is not None:
-                    on_skip(step, reason)
+                skipped.append((step, reason))
                 changed = True
-    return waiting
+    return waiting, skipped

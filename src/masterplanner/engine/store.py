@@ -6,7 +6,9 @@ changes go through the named migrations below, applied once each and recorded in
 
 Ownership: a run is executed by at most one process. The executing process holds a lease
 (`owner`, `heartbeat_at`) that it renews every few seconds; another process may take the run
-over only when the lease has expired or its owner process is gone.
+over only when the lease has lapsed. Lease times are the database's clock, not a process's, so
+processes on several machines agree on them; no process asks the operating system whether
+another one is alive.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import json
 import os
 import socket
 import threading
-import time
 import uuid
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,10 +30,7 @@ from ..errors import RunError
 from .records import EVENT_KINDS, Event, EventKind, RunOptions, RunRecord, RunStatus, StepRecord, utc_now
 from .requests import Requests, create_requests_table
 
-__all__ = ["LEASE_SECONDS", "MIGRATIONS", "RunStore", "engine_url", "process_identity"]
-
-LEASE_SECONDS = 15.0
-"""A run whose owner has not renewed its lease for this long may be taken over."""
+__all__ = ["MIGRATIONS", "Lease", "RunStore", "engine_url", "process_identity"]
 
 metadata = sa.MetaData()
 
@@ -106,19 +105,20 @@ def process_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def _owner_is_gone(owner: str) -> bool:
-    """Whether `owner` is a process on this host that no longer exists."""
-    host, _, rest = owner.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+@dataclass(frozen=True)
+class Lease:
+    """Who holds a run's lease and how long ago, by the database's clock, they renewed it."""
+
+    owner: str
+    renewed_at: float
+    age_s: float
+
+
+def _database_now(connection: Connection) -> float:
+    """The database's clock, in seconds since the epoch."""
+    if connection.dialect.name == "postgresql":
+        return float(connection.scalar(sa.text("SELECT extract(epoch FROM clock_timestamp())")))
+    return float(connection.scalar(sa.text("SELECT (julianday('now') - 2440587.5) * 86400.0")))
 
 
 class RunStore:
@@ -214,26 +214,30 @@ class RunStore:
 
     # ---- ownership
 
-    def claim(self, run_id: str, owner: str) -> bool:
-        """Take the run's lease for `owner`; False if a live process holds it."""
-        now = time.time()
+    def claim(self, run_id: str, owner: str, *, lease_s: float) -> bool:
+        """Take the run's lease for `owner`: free, already `owner`'s, or not renewed for `lease_s`.
+
+        One conditional update, so of two processes claiming at once exactly one gets it.
+        """
         with self.begin("claim a run") as connection:
-            row = connection.execute(
-                sa.select(runs_table.c.owner, runs_table.c.heartbeat_at).where(runs_table.c.id == run_id)
-            ).first()
-            if row is None:
-                raise RunError(f"no run {run_id!r}")
-            current, beat = row
-            free = current in (None, owner) or (beat or 0) < now - LEASE_SECONDS or _owner_is_gone(current)
-            if not free:
-                return False
+            now = _database_now(connection)
             updated = connection.execute(
                 runs_table.update()
-                .where(runs_table.c.id == run_id)
-                .where(runs_table.c.owner.is_(None) if current is None else runs_table.c.owner == current)
+                .where(
+                    runs_table.c.id == run_id,
+                    sa.or_(
+                        runs_table.c.owner.is_(None),
+                        runs_table.c.owner == owner,
+                        runs_table.c.heartbeat_at < now - lease_s,
+                    ),
+                )
                 .values(owner=owner, heartbeat_at=now)
             )
-            return updated.rowcount == 1
+            if updated.rowcount == 1:
+                return True
+            if connection.scalar(sa.select(runs_table.c.id).where(runs_table.c.id == run_id)) is None:
+                raise RunError(f"no run {run_id!r}")
+            return False
 
     def heartbeat(self, run_id: str, owner: str) -> bool:
         """Renew the lease; False if `owner` no longer holds it."""
@@ -241,7 +245,7 @@ class RunStore:
             updated = connection.execute(
                 runs_table.update()
                 .where(runs_table.c.id == run_id, runs_table.c.owner == owner)
-                .values(heartbeat_at=time.time())
+                .values(heartbeat_at=_database_now(connection))
             )
             return updated.rowcount == 1
 
@@ -254,25 +258,35 @@ class RunStore:
                 .values(owner=None, heartbeat_at=None)
             )
 
-    def owner_alive(self, run_id: str) -> bool:
-        """Whether a live process currently holds the run's lease."""
+    def lease(self, run_id: str) -> Lease | None:
+        """The run's lease, or None when no process holds it."""
         with self.begin("read a lease") as connection:
+            now = _database_now(connection)
             row = connection.execute(
                 sa.select(runs_table.c.owner, runs_table.c.heartbeat_at).where(runs_table.c.id == run_id)
             ).first()
         if row is None or row[0] is None:
-            return False
-        return (row[1] or 0) >= time.time() - LEASE_SECONDS and not _owner_is_gone(row[0])
+            return None
+        renewed = float(row[1] or 0.0)
+        return Lease(owner=row[0], renewed_at=renewed, age_s=max(0.0, now - renewed))
 
-    def crashed_runs(self) -> list[str]:
-        """Runs left `running` by a process of this host that died without releasing them."""
+    def abandoned_runs(self, *, lease_s: float) -> list[str]:
+        """Runs whose executing process stopped renewing its lease without giving it up (it died).
+
+        Those `running`, and finished ones whose end was not fully recorded.
+        """
         with self.begin("list runs") as connection:
+            now = _database_now(connection)
             rows = connection.execute(
-                sa.select(runs_table.c.id, runs_table.c.owner).where(
-                    runs_table.c.status == "running", runs_table.c.owner.is_not(None)
+                sa.select(runs_table.c.id)
+                .where(
+                    runs_table.c.status.in_(("running", "succeeded", "failed", "cancelled")),
+                    runs_table.c.owner.is_not(None),
+                    runs_table.c.heartbeat_at < now - lease_s,
                 )
+                .order_by(runs_table.c.created_at)
             ).all()
-        return [run_id for run_id, owner in rows if _owner_is_gone(owner)]
+        return [row[0] for row in rows]
 
     # ---- steps
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
 import uuid
@@ -124,29 +125,31 @@ class ToolCalls:
         self, name: str, arguments: dict[str, Any], call: Callable[[], str | Awaitable[str]]
     ) -> tuple[bool, str]:
         shown = {key: _shorten(value, 200) for key, value in arguments.items()}
-        self._event("tool_called", {"tool": name, "arguments": shown})
+        await self._event("tool_called", {"tool": name, "arguments": shown})
         try:
             result = call()
             if inspect.isawaitable(result):
                 result = await result
         except ToolError as exc:
             message = _printable("\n".join(_without_advice(str(exc))).strip()) or f"{name} failed"
-            self._event("tool_result", {"tool": name, "error": message})
+            await self._event("tool_result", {"tool": name, "error": message})
             return False, message
         except MasterplannerError as exc:
-            self._event("tool_result", {"tool": name, "error": _printable(f"{type(exc).__name__}: {exc}")})
+            await self._event(
+                "tool_result", {"tool": name, "error": _printable(f"{type(exc).__name__}: {exc}")}
+            )
             raise
         except Exception as exc:
             message = _failure(name, exc)
-            self._event("tool_result", {"tool": name, "error": message})
+            await self._event("tool_result", {"tool": name, "error": message})
             return False, message
         text = _printable(result if isinstance(result, str) else str(result))
-        self._event("tool_result", {"tool": name, "result": text[:500]})
+        await self._event("tool_result", {"tool": name, "result": text[:500]})
         return True, text
 
     async def _decide(self, tool: str, arguments: dict[str, Any], policy: str) -> bool:
         if policy == "deny":
-            self._event("tool_denied", {"tool": tool, "by": "policy"})
+            await self._event("tool_denied", {"tool": tool, "by": "policy"})
             return False
         answered = await self.store.requests.pause(
             self.run_id,
@@ -154,17 +157,20 @@ class ToolCalls:
             {"tool": tool, "arguments": arguments},
             key=durable_key(),
             step_id=self.step_id,
-            announce=lambda request: self._event(
-                "tool_approval_requested", {"tool": tool, "arguments": arguments, "request": request.id}
+            announce=lambda request: self.store.append_event(
+                self.run_id,
+                "tool_approval_requested",
+                self.step_id,
+                {"tool": tool, "arguments": arguments, "request": request.id},
             ),
         )
         approved = answered.state == "answered" and bool((answered.answer or {}).get("approved"))
         data = {"tool": tool, "by": answered.answered_by or answered.state, "request": answered.id}
         reason = (answered.answer or {}).get("reason")
-        self._event(
+        await self._event(
             "tool_approved" if approved else "tool_denied", data | ({"reason": reason} if reason else {})
         )
         return approved
 
-    def _event(self, kind: EventKind, data: dict[str, Any]) -> None:
-        self.store.append_event(self.run_id, kind, self.step_id, data)
+    async def _event(self, kind: EventKind, data: dict[str, Any]) -> None:
+        await asyncio.to_thread(self.store.append_event, self.run_id, kind, self.step_id, data)

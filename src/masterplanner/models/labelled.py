@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from pydantic_ai import RunContext
@@ -41,7 +43,7 @@ class LabelledModel(WrapperModel):
         started = time.perf_counter()
         with using_purpose(self.purpose):
             response = await self.wrapped.request(messages, model_settings, model_request_parameters)
-        self._record(response, time.perf_counter() - started)
+        await self._recorded(response, time.perf_counter() - started)
         return response
 
     @asynccontextmanager
@@ -59,15 +61,21 @@ class LabelledModel(WrapperModel):
                 messages, model_settings, model_request_parameters, run_context
             ) as stream:
                 yield stream
-        self._record(stream.get(), time.perf_counter() - started)
+        await self._recorded(stream.get(), time.perf_counter() - started)
 
-    def _record(self, response: ModelResponse, seconds: float) -> None:
-        self.ledger.record(
+    async def _recorded(self, response: ModelResponse, seconds: float) -> None:
+        """Count the request in the ledger (in a worker thread when that writes to a database)."""
+        record = partial(
+            self.ledger.record,
             self.purpose,
             input_tokens=response.usage.input_tokens,
             output_tokens=response.usage.output_tokens,
             seconds=seconds,
         )
+        if self.ledger.records_blocking:
+            await asyncio.to_thread(record)
+        else:
+            record()
 
 
 def labelled(model: Model, purpose: str, ledger: UsageLedger) -> LabelledModel:

@@ -1,0 +1,241 @@
+"""A run's first two phases: its plan (a stored team's, or the planner's and prompts), then its review.
+
+Both read the run from the database and write what they decide back to it, so the process that
+plans need not be the one that waits for the review, nor the one that runs the steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict, replace
+from functools import partial
+from typing import Any
+
+from ..adaptation import adapt_plan
+from ..clause_planner import uses_clause_plans
+from ..errors import ModelError, PlanError, RunError
+from ..plan import Plan, validate_plan
+from ..planner import plan as make_plan
+from ..prompting import create_prompts, prompts_to_json
+from ..registry import Cohort
+from .catalogs import RunCatalog
+from .records import RunRecord
+from .requests import Request
+from .resources import RunResources
+from .reuse import cohort_hints, reusable_agents, reusable_cohort
+
+__all__ = ["plan_run", "review_payload", "review_run"]
+
+
+async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
+    """Plan the run and write its agents' prompts; it then awaits approval.
+
+    A stored team that solved a task like this one is adapted when there is one; otherwise the
+    planner plans (with similar teams as examples) and each step reuses a stored agent that fits
+    it, or gets a prompt from the Prompt Creator.
+    """
+    registry, task, catalog, store = resources.registry, run.task, resources.catalog, resources.store
+    model, ledger = resources.model, resources.ledger
+    found: list[tuple[Cohort, float]] = []
+    team = None
+    if registry is not None:
+        # the registry may embed the task (a model load, an HTTP call): keep the loop free
+        found = await asyncio.to_thread(registry.similar_cohorts, task, 3)
+        team = await asyncio.to_thread(
+            reusable_cohort, registry, found, catalog, resources.settings.reuse_threshold
+        )
+    ready: dict[str, Any] = {}
+    plan: Plan | None = None
+    if team is not None:
+        # a team that solved a task like this one before: its plan fitted to this task, its agents
+        try:
+            plan, agents, how = await adapt_plan(
+                team.plan, team.agents, team.cohort.task, task, catalog, model=model, ledger=ledger
+            )
+            ready = {
+                "reused_cohort": team.cohort.id,
+                "similarity": round(team.similarity, 3),
+                "adaptation": how,
+            }
+        except (PlanError, ModelError) as error:
+            ready = {"reuse_failed": f"cohort {team.cohort.id} could not be adapted: {error}"}
+    if plan is None:
+        hints = cohort_hints(found)
+        plan = await make_plan(task, catalog, model=model, ledger=ledger, hints=hints or None)
+        reused: dict[str, Any] = {}
+        if registry is not None:
+            reused = await asyncio.to_thread(
+                partial(
+                    reusable_agents,
+                    registry,
+                    plan,
+                    resources.settings.agent_reuse_threshold,
+                    same_instruction=uses_clause_plans(model),
+                )
+            )
+        prompts = await create_prompts(
+            plan,
+            catalog,
+            model=model,
+            ledger=ledger,
+            rounds=run.options.prompt_rounds,
+            only=[step_id for step_id in plan.ids if step_id not in reused],
+        )
+        written = prompts_to_json(prompts)
+        agents = {step_id: reused.get(step_id) or written[step_id] for step_id in plan.ids}
+        if hints:
+            ready["hints"] = [hint.task for hint in hints]
+        if reused:
+            ready["reused_agents"] = {step_id: agent["agent_id"] for step_id, agent in reused.items()}
+
+    def record() -> RunRecord:
+        store.set_status(run.id, "awaiting_approval", plan=plan.to_json_dict(), agents=agents)
+        store.append_event(run.id, "plan_ready", data={"steps": plan.ids, **ready})
+        return store.get_run(run.id)
+
+    return await asyncio.to_thread(record)
+
+
+def review_payload(run: RunRecord, catalog: RunCatalog) -> dict[str, Any]:
+    """What a plan-review request carries: the plan, its agents, the run's tool policies and tools.
+
+    The tools travel as plain data, so a front end in another process validates an edit against
+    the same catalog the run uses (MCP tools included; `service.catalog_of_review` reads it back).
+    """
+    return {
+        "task": run.task,
+        "plan": run.plan,
+        "agents": run.agents or {},
+        "tool_policies": dict(run.options.tool_policies),
+        "tools": [asdict(spec) for spec in catalog],
+        "missing_tools": dict(catalog.missing),
+        "mcp_servers": list(catalog.mcp_servers),
+    }
+
+
+async def review_run(resources: RunResources, run: RunRecord) -> RunRecord:
+    """Wait for the plan review's answer (any process may give it) and apply it.
+
+    Approved, the run is `running`; rejected, `cancelled`. An edit that does not validate
+    against this run's catalog is refused with its problems in an `approval_requested` event,
+    and a new review request opens: the plan stays as it was.
+    """
+    store = resources.store
+    while True:
+        if run.options.auto_approve:
+            decision, by = {"action": "approve"}, "auto"
+        else:
+            decision, by = await _review_answer(resources, run)
+        if decision["action"] == "reject":
+            reason = str(decision.get("reason") or "rejected at review")
+
+            def rejected(run_id: str = run.id, reason: str = reason, by: str = by) -> RunRecord:
+                store.append_event(run_id, "rejected", data={"reason": reason, "by": by})
+                store.set_status(run_id, "cancelled", error=f"rejected: {reason}")
+                return store.get_run(run_id)
+
+            return await asyncio.to_thread(rejected)
+        try:
+            run = await _apply_edit(resources, run, decision)
+        except PlanError as error:
+            await _open_review(resources, run, {"refused_edit": "; ".join(error.problems)})
+            continue
+        break
+
+    def approved() -> RunRecord:
+        store.append_event(run.id, "approved", data={"by": by})
+        store.set_status(run.id, "running")
+        return store.get_run(run.id)
+
+    return await asyncio.to_thread(approved)
+
+
+async def _reviews(resources: RunResources, run: RunRecord) -> list[Request]:
+    requests = await asyncio.to_thread(resources.store.requests.find, run.id, state=None)
+    return [request for request in requests if request.kind == "plan_review"]
+
+
+async def _open_review(
+    resources: RunResources, run: RunRecord, note: dict[str, Any] | None = None
+) -> Request:
+    """Open a plan-review request (after a refused edit, `note` says why)."""
+    store = resources.store
+    count = len(await _reviews(resources, run))
+    request, new = await asyncio.to_thread(
+        store.requests.open,
+        run.id,
+        "plan_review",
+        review_payload(run, resources.catalog) | (note or {}),
+        key=f"{run.id}#review{count + 1}",
+    )
+    if new:
+        await asyncio.to_thread(
+            store.append_event, run.id, "approval_requested", None, {"request": request.id, **(note or {})}
+        )
+    return request
+
+
+async def _review_answer(resources: RunResources, run: RunRecord) -> tuple[dict[str, Any], str]:
+    """The answer to this run's latest plan-review request, opening one when none is open.
+
+    A review answered before the process that asked died is taken as it is.
+    """
+    reviews = await _reviews(resources, run)
+    latest = reviews[-1] if reviews and reviews[-1].state in ("open", "answered") else None
+    if latest is None:
+        latest = await _open_review(resources, run)
+    answered = await resources.store.requests.wait(latest.id)
+    if answered.state != "answered" or answered.answer is None:
+        raise RunError(f"the plan review (request {answered.id}) was {answered.state}")
+    return answered.answer, answered.answered_by or "person"
+
+
+async def _apply_edit(resources: RunResources, run: RunRecord, decision: dict[str, Any]) -> RunRecord:
+    """Store an approved edit of the plan, the prompts or the tool policies (validated first)."""
+    if not ("plan" in decision or "agents" in decision or "tool_policies" in decision):
+        return run
+    plan = validate_plan(decision.get("plan", run.plan or {}), resources.catalog)
+    edited_agents = dict(decision.get("agents", run.agents) or {})
+    agents = await _write_missing_prompts(resources, run, plan, edited_agents)
+    options = replace(
+        run.options, tool_policies=dict(decision.get("tool_policies", run.options.tool_policies))
+    )
+    store = resources.store
+
+    def record() -> RunRecord:
+        store.update_run(
+            run.id, plan=plan.to_json_dict(), agents=agents, options=json.dumps(options.to_json_dict())
+        )
+        store.append_event(
+            run.id, "plan_edited", data={"steps": plan.ids, "tool_policies": options.tool_policies}
+        )
+        return store.get_run(run.id)
+
+    return await asyncio.to_thread(record)
+
+
+async def _write_missing_prompts(
+    resources: RunResources, run: RunRecord, plan: Plan, agents: dict[str, Any]
+) -> dict[str, Any]:
+    """Have the Prompt Creator write prompts for the steps an edit left without one.
+
+    Those are steps the person added, and steps whose reused agent they swapped for a fresh one.
+    """
+    missing = [step_id for step_id in plan.ids if not (agents.get(step_id) or {}).get("prompt")]
+    if not missing:
+        return agents
+    written = prompts_to_json(
+        await create_prompts(
+            plan,
+            resources.catalog,
+            model=resources.model,
+            ledger=resources.ledger,
+            rounds=run.options.prompt_rounds,
+            only=missing,
+        )
+    )
+    for step_id in missing:
+        policies = (agents.get(step_id) or {}).get("tool_policies")
+        agents[step_id] = written[step_id] | ({"tool_policies": policies} if policies else {})
+    return agents

@@ -1,0 +1,156 @@
+"""What a run works with in this process, built from its stored row and this process's settings.
+
+A step's workflow gets only `(run_id, step_id)`. Everything else it needs is data in the
+database (the plan, the step's agent, the options and policies, its dependencies' outputs) or is
+made from that data and the settings of the process that runs it: the tool catalog (MCP servers
+discovered), the workspace, the tool context, the model, the ledger, the registry and memory.
+Making those costs something (a model load, MCP discovery), so each process keeps the ones it
+made for a run while it executes the run, and a few more; one it does not have is made again
+from the database. Nothing here is needed to tell which process a run belongs to: any process
+that recovers a step's workflow can build what the step needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+from pydantic_ai.models import Model
+
+from ..models import resolve_model
+from ..registry import RegistryStore, open_registry
+from ..registry.memory import MemoryStore
+from ..settings import Settings
+from ..tools.workspace import Workspace
+from ..working_memory import ContextBudget
+from .budget import RunLedger
+from .catalogs import RunCatalog, run_catalog, tool_context, with_mcp_tools
+from .records import RunRecord
+from .step_agent import BudgetedModel, context_budget
+from .step_tools import ToolContext
+from .store import RunStore
+
+__all__ = ["RunResources", "hold", "release", "resources_of"]
+
+_KEPT_IDLE = 16
+"""Resources made for runs this process does not execute (a step recovered on its own) it keeps."""
+
+
+@dataclass(frozen=True)
+class RunResources:
+    """One run's catalog, workspace, tools, model, ledger, registry and memory in this process."""
+
+    run_id: str
+    settings: Settings
+    store: RunStore
+    catalog: RunCatalog
+    tools: ToolContext
+    workspace: Workspace
+    ledger: RunLedger
+    model: BudgetedModel
+    budget: ContextBudget
+    registry: RegistryStore | None
+    memory: MemoryStore | None
+
+    @property
+    def base_model(self) -> Model:
+        """The run's model without the budget check (for its profile and window)."""
+        return self.model.wrapped
+
+
+async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunResources:
+    catalog, tools = run_catalog(settings), tool_context(settings)
+    if settings.mcp_servers:
+        catalog, tools = await with_mcp_tools(settings, tools)
+    growth = run.options.workspace_max_growth_bytes
+    workspace = await asyncio.to_thread(
+        Workspace(
+            run.workspace, max_bytes=None if growth is None else run.options.workspace_start_bytes + growth
+        ).create
+    )
+    ledger = RunLedger(store, run.id, run.options)
+    model = BudgetedModel(resolve_model(run.model, settings), ledger.check)
+    registry = await asyncio.to_thread(open_registry, settings)
+    memory = (
+        None
+        if registry is None
+        else MemoryStore(registry, ttl_days=settings.memory_ttl_days, max_items=settings.memory_max_items)
+    )
+    if memory is not None:
+        tools = replace(tools, memory=memory, memory_source=run.id)
+    return RunResources(
+        run_id=run.id,
+        settings=settings,
+        store=store,
+        catalog=catalog,
+        tools=tools,
+        workspace=workspace,
+        ledger=ledger,
+        model=model,
+        budget=context_budget(run.options, model.wrapped),
+        registry=registry,
+        memory=memory,
+    )
+
+
+class _Kept:
+    """The resources this process made, and which settings and store each held run is executed with."""
+
+    def __init__(self) -> None:
+        self.made: OrderedDict[str, RunResources] = OrderedDict()
+        self.holders: dict[str, tuple[Settings, RunStore, int]] = {}
+
+    def trim(self) -> None:
+        idle = [run_id for run_id in self.made if run_id not in self.holders]
+        for run_id in idle[: max(0, len(idle) - _KEPT_IDLE)]:
+            del self.made[run_id]
+
+
+_kept = _Kept()
+
+
+async def resources_of(run_id: str, settings: Settings, store: RunStore) -> RunResources:
+    """The run's resources in this process: the ones made before, or made now from its stored row.
+
+    A run this process executes is built with the settings and store of the execution that
+    holds it (`hold`); `settings` and `store` serve any other.
+    """
+    found = _kept.made.get(run_id)
+    if found is not None:
+        _kept.made.move_to_end(run_id)
+        return found
+    held = _kept.holders.get(run_id)
+    if held is not None:
+        settings, store = held[0], held[1]
+    run = await asyncio.to_thread(store.get_run, run_id)
+    built = await _build(settings, store, run)
+    # two steps of one run may have built at once: both go on with the first one kept
+    found = _kept.made.setdefault(run_id, built)
+    _kept.trim()
+    return found
+
+
+def hold(run_id: str, settings: Settings, store: RunStore) -> None:
+    """This process executes the run with these settings: keep its resources until `release`.
+
+    The first hold drops resources made before under other settings (an earlier execution).
+    """
+    held = _kept.holders.get(run_id)
+    if held is None:
+        _kept.made.pop(run_id, None)
+        _kept.holders[run_id] = (settings, store, 1)
+    else:
+        _kept.holders[run_id] = (held[0], held[1], held[2] + 1)
+
+
+def release(run_id: str) -> None:
+    """An execution of the run in this process is over; the last one drops its resources."""
+    held = _kept.holders.get(run_id)
+    if held is None:
+        return
+    if held[2] > 1:
+        _kept.holders[run_id] = (held[0], held[1], held[2] - 1)
+        return
+    del _kept.holders[run_id]
+    _kept.made.pop(run_id, None)

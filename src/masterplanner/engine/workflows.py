@@ -1,0 +1,379 @@
+"""The run's durable workflows: one per plan step, the answer, and the run's end.
+
+Each takes only ids. A step's workflow (`<run>.<step>`) reads the plan, its agent, the run's
+options and policies and its dependencies' outputs from the database, and gets the rest from
+`resources_of` (built from the run's row in whatever process runs it). Inside it every model
+request is a DBOS step (`CheckpointedModel`) and so is every tool call, so a workflow that runs
+again after a crash replays their recorded results instead of repeating them. A finished one is
+never executed again: calling it with its id returns its recorded outcome.
+
+The end of a run (`<run>.end`) records how it ended and tells the registry, as two DBOS steps:
+a process that dies between them leaves the workflow pending, and the next one to take the run
+finishes it (`Engine.execute`), so a succeeded run's team is stored exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Literal
+
+import pydantic_ai
+from dbos import DBOS
+from pydantic_ai import Agent
+from pydantic_ai.capabilities import ProcessHistory
+from pydantic_ai.exceptions import AgentRunError, ModelHTTPError, UnexpectedModelBehavior, UsageLimitExceeded
+from pydantic_ai.models import Model
+from pydantic_ai.usage import UsageLimits
+
+from ..agents import failure_text, retry_settings
+from ..errors import BudgetExceededError, MasterplannerError, ModelError, ToolError
+from ..models import with_tool_aids
+from ..models.labelled import labelled
+from ..plan import Plan, Step, sinks
+from ..purpose import step_purpose
+from ..registry.memory import episode_text
+from ..working_memory import FittedInput, Summarizer, fit_inputs, trimmer
+from .checkpoints import CheckpointedModel
+from .records import EventKind, RunRecord, utc_now
+from .resources import RunResources, resources_of
+from .reuse import remember_run
+from .runtime import launched_host
+from .step_agent import (
+    RUNNABLE_TOOLS,
+    BudgetedModel,
+    dependency_context,
+    step_brief,
+    step_instructions,
+    tool_aids,
+)
+from .step_tools import ToolRunner, step_tools
+from .tool_calls import ToolCalls, durable_key
+
+__all__ = ["AGENT_REQUEST_LIMIT", "aggregate_workflow", "end_workflow", "step_workflow"]
+
+# Step agents run inside our workflows and their output is ours to show: pydantic-ai's first-run
+# console banner would land in a live view or a program's output (the CLI also sets
+# PYDANTIC_AI_NO_BANNER; this covers masterplanner used as a library).
+pydantic_ai.BANNER_ENABLED = False
+
+AGENT_REQUEST_LIMIT = 12
+"""Most model requests one attempt of a step agent makes."""
+_AGGREGATOR_INSTRUCTIONS = "Compose the final answer to the task from the results of its steps. Be complete."
+
+
+async def _resources(run_id: str) -> RunResources:
+    settings, store = launched_host()
+    return await resources_of(run_id, settings, store)
+
+
+async def _db(action: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A database call off the event loop."""
+    return await asyncio.to_thread(action, *args, **kwargs)
+
+
+async def _recorded(action: Callable[[], Any], name: str) -> Any:
+    """A store write as a DBOS step, so a replayed workflow does not write it twice."""
+
+    async def write() -> Any:
+        return await asyncio.to_thread(action)
+
+    return await DBOS.run_step_async({"name": name}, write)
+
+
+@DBOS.workflow(name="masterplanner.step")
+async def step_workflow(run_id: str, step_id: str) -> dict[str, Any]:
+    """Run one plan step: attempts of its agent, with retries; returns its status and output or error."""
+    resources = await _resources(run_id)
+    run = await _db(resources.store.get_run, run_id)
+    done = await _db(resources.store.steps, run_id)
+    outputs = {step.id: step.output or "" for step in done if step.status == "succeeded"}
+    return await _StepRun(resources, run, step_id, outputs).run()
+
+
+@DBOS.workflow(name="masterplanner.aggregate")
+async def aggregate_workflow(run_id: str) -> str:
+    """The run's answer: the final step's output, the only sink's, or an aggregator call over the sinks."""
+    resources = await _resources(run_id)
+    run = await _db(resources.store.get_run, run_id)
+    done = await _db(resources.store.steps, run_id)
+    outputs = {step.id: step.output or "" for step in done if step.status == "succeeded"}
+    plan = Plan.model_validate(run.plan)
+    if plan.final_step:
+        return outputs.get(plan.final_step, "")
+    ends = sinks(plan.steps)
+    if len(ends) == 1:
+        return outputs.get(ends[0], "")
+    # The answer is written from every sink's output: they share the working-memory budget
+    # as a step's inputs do (summarised when too long), as if one more step read them all.
+    reader = Step(
+        id="answer",
+        title="Compose the final answer",
+        instruction=f"Compose the final answer to the task: {plan.task}"[:4000],
+        agent_role="aggregator",
+        depends_on=ends,
+        expected_output="the answer to the task",
+    )
+    sections = dependency_context(await _fitted_inputs(resources, reader, outputs, None))
+    agent: Agent[None, str] = Agent(
+        CheckpointedModel(labelled(resources.model, "aggregator", resources.ledger)),
+        instructions=_AGGREGATOR_INSTRUCTIONS,
+    )
+    result = await agent.run(f"Task: {plan.task}\n\nResults of the steps:\n\n{sections}")
+    return result.output
+
+
+@DBOS.workflow(name="masterplanner.end")
+async def end_workflow(
+    run_id: str, status: Literal["succeeded", "failed"], text: str, tell_registry: bool
+) -> None:
+    """Record how the run ended (`text`: its output or its error), then tell the registry."""
+    resources = await _resources(run_id)
+    store = resources.store
+
+    def record() -> None:
+        if status == "succeeded":
+            store.set_status(run_id, "succeeded", output=text)
+            store.requests.close_run(run_id, "expired", keep_remember=True)
+            store.append_event(run_id, "run_succeeded", data={"output_chars": len(text)})
+            return
+        now = utc_now()
+        for step in store.steps(run_id):
+            if step.status in ("pending", "running"):
+                store.update_step(run_id, step.id, status="cancelled", finished_at=now)
+        store.set_status(run_id, "failed", error=text)
+        store.requests.close_run(run_id, "expired", keep_remember=True)
+        store.append_event(run_id, "run_failed", data={"reason": text})
+
+    await _recorded(record, "run_ended")
+    if tell_registry:
+        await _recorded(lambda: _tell_registry(resources, succeeded=status == "succeeded"), "registry_told")
+
+
+def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
+    """Keep an episode of the run; count its agents' outcome; store a succeeded run's team.
+
+    With `remember_runs = ask` (and no `--yes`) a `remember` request opens and the run ends
+    without waiting: whoever answers it later, from any process, stores the team.
+    """
+    registry, memory, store = resources.registry, resources.memory, resources.store
+    policy = resources.settings.remember_runs
+    run = store.get_run(resources.run_id)
+    if registry is None or run.plan is None or policy == "never":
+        return
+    if memory is not None:
+        try:
+            memory.remember(
+                episode_text(run.task, run.status, run.output, run.error, run.created_at),
+                kind="episode",
+                source=run.id,
+            )
+        except ToolError as error:
+            store.append_event(run.id, "episode_not_kept", data={"reason": str(error)})
+    plan = Plan.model_validate(run.plan)
+    store_new = succeeded and (policy == "always" or run.options.auto_approve)
+    remember_run(
+        registry,
+        run_id=run.id,
+        model=run.model,
+        plan=plan,
+        agents=run.agents or {},
+        succeeded=succeeded,
+        store_new=store_new,
+    )
+    if succeeded and store_new:
+        store.append_event(run.id, "team_stored", data={"cohort": run.id})
+    elif succeeded:
+        request, new = store.requests.open(
+            run.id, "remember", {"agents": len(plan.steps), "task": run.task}, key=f"{run.id}#remember"
+        )
+        if new:
+            store.append_event(run.id, "request_opened", data={"request": request.id, "kind": "remember"})
+
+
+async def _fitted_inputs(
+    resources: RunResources, step: Step, outputs: dict[str, str], event_step: str | None
+) -> list[FittedInput]:
+    """The step's dependencies' outputs fitted to the run's budget, with an event for each one changed.
+
+    `event_step` is the plan step the events name (None for the aggregator's reading).
+    """
+    summarizer = Summarizer(
+        CheckpointedModel(labelled(resources.model, "summarizer", resources.ledger)),
+        chunk_chars=resources.budget.history_chars // 2,
+    )
+    fitted = await fit_inputs(step, outputs, resources.budget.inputs_chars, summarizer)
+    for item in fitted:
+        if item.how == "whole":
+            continue
+        kind: EventKind = "input_summarized" if item.how == "summarized" else "input_cut"
+        data: dict[str, Any] = {
+            "dependency": item.step_id,
+            "chars": item.original_chars,
+            "shown_chars": len(item.text),
+        } | ({"reason": item.reason} if item.reason else {})
+
+        def note(kind: EventKind = kind, data: dict[str, Any] = data) -> None:
+            resources.store.step_event(resources.run_id, event_step, kind, data)
+
+        await _recorded(note, "input_fitted")
+    return fitted
+
+
+class _StepRun:
+    """One execution of one step's workflow."""
+
+    def __init__(
+        self, resources: RunResources, run: RunRecord, step_id: str, outputs: dict[str, str]
+    ) -> None:
+        self.resources = resources
+        self.store = resources.store
+        self.record = run
+        self.plan = Plan.model_validate(run.plan)
+        self.step = self.plan.step(step_id)
+        self.outputs = outputs
+        self.tools = [
+            name for name in self.step.tools if name in RUNNABLE_TOOLS or name in resources.tools.mcp_specs
+        ]
+
+    async def run(self) -> dict[str, Any]:
+        """Attempts of the step agent until one succeeds, the attempts run out or an error ends it."""
+        run_id, step_id, options = self.record.id, self.step.id, self.record.options
+        # Plain writes, not DBOS steps: a workflow that runs again after a crash really starts
+        # again, and a finished one is never run again (its outcome is stored before it returns).
+        await _db(
+            self.store.step_event,
+            run_id,
+            step_id,
+            "step_started",
+            {"tools": self.tools},
+            status="running",
+            started_at=utc_now(),
+            attempts=1,
+        )
+        inputs = await _fitted_inputs(self.resources, self.step, self.outputs, step_id)
+        attempts, error = options.step_attempts, ""
+        for attempt in range(1, attempts + 1):
+            try:
+                async with asyncio.timeout(options.step_timeout_s):
+                    output = await self._attempt(inputs, attempt)
+            except TimeoutError:
+                error = f"timed out after {options.step_timeout_s:g} s"
+                break
+            except BudgetExceededError:
+                raise
+            except (ModelError, UnexpectedModelBehavior, ModelHTTPError) as exc:
+                error = _describe(exc)
+                if attempt == attempts:
+                    error += f"; the step gave up after {attempts} attempts" if attempts > 1 else ""
+                    break
+                delay = min(options.retry_backoff_s * 2 ** (attempt - 1), 30.0)
+
+                def retried(attempt: int = attempt, error: str = error, delay: float = delay) -> None:
+                    data = {"attempt": attempt + 1, "error": error, "delay_s": delay}
+                    self.store.step_event(run_id, step_id, "step_retried", data, attempts=attempt + 1)
+
+                await _recorded(retried, "step_retried")
+                await DBOS.sleep_async(delay)
+                continue
+            except (MasterplannerError, UsageLimitExceeded, AgentRunError) as exc:
+                error = _describe(exc)
+                break
+            except Exception as exc:  # a tool or provider bug must fail the step, not the engine
+                error = f"{type(exc).__name__}: {exc}"
+                break
+            await _db(
+                self.store.step_event,
+                run_id,
+                step_id,
+                "step_succeeded",
+                {"output_chars": len(output)},
+                status="succeeded",
+                output=output,
+                finished_at=utc_now(),
+            )
+            return {"status": "succeeded", "output": output}
+        await _db(
+            self.store.step_event,
+            run_id,
+            step_id,
+            "step_failed",
+            {"error": error},
+            status="failed",
+            error=error,
+            finished_at=utc_now(),
+        )
+        return {"status": "failed", "error": error}
+
+    async def _attempt(self, inputs: list[FittedInput], attempt: int) -> str:
+        """One try of the step agent; a retry samples (`retry_settings`)."""
+        resources, step = self.resources, self.step
+        agent: Agent[None, str] = Agent(
+            CheckpointedModel(labelled(self._model(), step_purpose(step.id), resources.ledger)),
+            instructions=step_instructions(step, self._agent().get("prompt")),
+            tools=step_tools(
+                resources.workspace,
+                replace(resources.tools, ask_person=self._ask_person),
+                self.tools,
+                self._tool_runner(),
+            ),
+            retries=2,
+            capabilities=[ProcessHistory(trimmer(resources.budget.history_chars))],
+        )
+        result = await agent.run(
+            step_brief(self.plan, step, inputs, tools=self.tools),
+            model_settings={} if attempt == 1 else retry_settings(attempt),
+            usage_limits=UsageLimits(request_limit=AGENT_REQUEST_LIMIT),
+        )
+        return result.output
+
+    def _agent(self) -> dict[str, Any]:
+        return dict((self.record.agents or {}).get(self.step.id) or {})
+
+    def _model(self) -> Model:
+        """The run's model, with tool-use aids when its kind takes them (the embedded local model)."""
+        model = self.resources.model
+        if not self.tools:
+            return model
+        aids = tool_aids(self.plan, self.step, self.tools, self.resources.workspace)
+        aided = None if aids is None else with_tool_aids(model.wrapped, aids)
+        return model if aided is None else BudgetedModel(aided, self.resources.ledger.check)
+
+    async def _ask_person(self, question: str) -> str:
+        """An agent's `ask_user` question as a stored request; waits until any process answers it."""
+        run_id, step_id, store = self.record.id, self.step.id, self.store
+        answered = await store.requests.pause(
+            run_id,
+            "ask_user",
+            {"question": question},
+            key=durable_key(),
+            step_id=step_id,
+            announce=lambda request: store.append_event(
+                run_id, "request_opened", step_id, {"request": request.id, "kind": "ask_user"}
+            ),
+        )
+        if answered.state != "answered" or answered.answer is None:
+            raise ToolError(f"the question was not answered (request {answered.id} is {answered.state})")
+        return str(answered.answer["text"])
+
+    def _tool_runner(self) -> ToolRunner:
+        catalog, options = self.resources.catalog, self.record.options
+        policies = self._agent().get("tool_policies")
+        return ToolCalls(
+            store=self.store,
+            run_id=self.record.id,
+            step_id=self.step.id,
+            policy=lambda name: options.policy(
+                name, catalog[name].approval if name in catalog else "ask", policies
+            ),
+        ).run
+
+
+def _describe(exc: BaseException) -> str:
+    """A step attempt's failure in our words: a library's advice and links never reach the person."""
+    if isinstance(exc, UsageLimitExceeded):
+        return f"the step agent used more than {AGENT_REQUEST_LIMIT} model requests"
+    if isinstance(exc, AgentRunError):
+        return failure_text(exc)
+    return str(exc) or type(exc).__name__
