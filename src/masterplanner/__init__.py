@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .plan import Plan, Step, validate_plan
     from .planner import PlanExample
     from .purpose import FIXED_PURPOSES, current_purpose, step_purpose, using_purpose, validate_purpose
-    from .service import RunService
+    from .service import RegistryService, RunService
     from .settings import Settings
     from .tools import Catalog, ToolSpec, builtin_catalog
     from .usage import PurposeUsage, UsageLedger
@@ -64,7 +64,7 @@ _HOMES = {
     ".planner": ("PlanExample",),
     ".tools": ("Catalog", "ToolSpec", "builtin_catalog"),
     ".purpose": ("FIXED_PURPOSES", "current_purpose", "step_purpose", "using_purpose", "validate_purpose"),
-    ".service": ("RunService",),
+    ".service": ("RegistryService", "RunService"),
     ".settings": ("Settings",),
     ".usage": ("PurposeUsage", "UsageLedger"),
 }
@@ -89,6 +89,7 @@ __all__ = [
     "PlanError",
     "PlanExample",
     "PurposeUsage",
+    "RegistryService",
     "Request",
     "RequestError",
     "RunError",

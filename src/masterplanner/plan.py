@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import PlanError
-from .tools.catalog import BUILTIN_TOOL_NAMES, Catalog
+from .tools.catalog import Catalog
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -182,6 +182,8 @@ def tool_problems(step: Step, catalog: Catalog) -> list[str]:
     missing = [tool for tool in step.tools if tool not in catalog]
     if not missing:
         return []
+    from .tools.builtin import BUILTIN_TOOL_NAMES  # imports pydantic-ai: only when a tool is missing
+
     explain = catalog.why_missing if isinstance(catalog, _ExplainsMissingTools) else None
     where, available = f"step {step.id!r}", ", ".join(catalog.names) or "none"
     unknown: list[str] = []

@@ -1,9 +1,10 @@
-"""The run service: the one thing front ends call — the CLI today, the web app and REST API next.
+"""The services front ends call — the CLI today, the web app and REST API next: runs and the registry.
 
 Everything a person does with runs goes through `RunService`: create a run and execute it (or
 resume it), read runs, their steps, events and reports, list and answer the requests a run
 waits on (plan review, tool approvals, agents' questions, whether to store the team), cancel,
-and give feedback. Front ends never touch the run store, DBOS or the engine's internals.
+and give feedback. `RegistryService` is the same for the registry: agents, stored teams and
+memories. Front ends never touch the stores, DBOS or the engine's internals.
 
 Every method is async and keeps blocking work (database reads and writes, the registry) off the
 event loop, so a web server can share the loop with running runs.
@@ -18,22 +19,29 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
 from .engine.records import FINISHED_RUN_STATUSES
 from .engine.reuse import remember_run
 from .engine.store import Lease
-from .errors import RequestError, RunError
+from .errors import ConfigError, RequestError, RunError
 from .plan import Plan, validate_plan
 from .settings import Settings
 from .tools import ToolSpec
 from .tools.catalog import Catalog
 
+if TYPE_CHECKING:
+    from .registry import AgentSpec, Cohort, RegistryStore
+    from .registry.memory import MemoryItem, MemoryKind, MemoryStore
+
+_T = TypeVar("_T")
+
 __all__ = [
     "Event",
     "FeedbackSummary",
     "Lease",
+    "RegistryService",
     "Request",
     "RunOptions",
     "RunRecord",
@@ -301,3 +309,125 @@ class RunService:
             model=resolve_model(model or run.model, self.settings),
         )
         return FeedbackSummary(result.rated_agents, result.cohort_rated, result.lessons)
+
+
+class RegistryService:
+    """The agent registry and memory as front ends work with them: agents, teams, memories.
+
+    Every method is async and keeps the registry's blocking work (database, embeddings) off the
+    event loop. The registry is opened on first use.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._registry: RegistryStore | None = None
+
+    def close(self) -> None:
+        """Release the registry's database connections."""
+        if self._registry is not None:
+            self._registry.close()
+            self._registry = None
+
+    def _store(self) -> RegistryStore:
+        if self._registry is None:
+            from .registry import open_registry
+
+            self.settings.ensure_home()
+            self._registry = open_registry(self.settings)
+        return self._registry
+
+    def _memory(self) -> MemoryStore:
+        from .registry.memory import MemoryStore
+
+        return MemoryStore(
+            self._store(), ttl_days=self.settings.memory_ttl_days, max_items=self.settings.memory_max_items
+        )
+
+    async def _run(self, action: Callable[[], _T]) -> _T:
+        return await asyncio.to_thread(action)
+
+    # ---- agents
+
+    async def agents(self) -> list[AgentSpec]:
+        """Every agent, most recently updated first."""
+        return await self._run(lambda: self._store().list_agents())
+
+    async def agent(self, agent_id: str, version: int | None = None) -> AgentSpec:
+        """One agent (its latest version, or `version`); `ConfigError` naming it if there is none."""
+        return await self._run(lambda: self._store().get_agent(agent_id, version))
+
+    async def versions(self, agent_id: str) -> list[int]:
+        """The agent's stored versions, oldest first."""
+        return await self._run(lambda: self._store().versions(agent_id))
+
+    async def search_agents(self, query: str, limit: int = 5) -> list[tuple[AgentSpec, float]]:
+        """Agents matching `query` (text index, with embeddings when configured, and a track-record prior)."""
+        return await self._run(lambda: self._store().search_agents(query, limit))
+
+    async def edit_agent(self, agent_id: str, edited: object) -> AgentSpec:
+        """Store `edited` (an agent's JSON form) as the agent's next version; its id and stats stay.
+
+        `ConfigError` naming every problem when the edit is not a valid agent; nothing changes then.
+        """
+        from pydantic import ValidationError
+
+        from .registry import AgentSpec
+
+        current = await self.agent(agent_id)
+        if not isinstance(edited, dict):
+            raise ConfigError("the edit is not a valid agent, nothing changed: it must be a JSON object")
+        try:
+            spec = AgentSpec.model_validate({**edited, "id": current.id, "stats": current.stats.model_dump()})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc']) or 'agent'}: {error['msg']}"
+                for error in exc.errors()
+            )
+            raise ConfigError(f"the edit is not a valid agent, nothing changed: {problems}") from None
+        return await self._run(lambda: self._store().put_agent(spec))
+
+    async def remove_agent(self, agent_id: str) -> None:
+        """Remove an agent and every version of it."""
+        await self._run(lambda: self._store().delete_agent(agent_id))
+
+    async def export_agents(self, path: Path) -> int:
+        """Write every agent to a JSON-lines file; returns how many."""
+        return await self._run(lambda: self._store().export_agents(path))
+
+    async def import_agents(self, path: Path) -> int:
+        """Read agents from a JSON-lines file: all of them, or none if any line is invalid."""
+
+        def read() -> int:
+            if not path.is_file():
+                raise ConfigError(f"{path} is not a file")
+            return self._store().import_agents(path)
+
+        return await self._run(read)
+
+    # ---- teams
+
+    async def cohorts(self) -> list[Cohort]:
+        """Every stored team (cohort), newest first."""
+        return await self._run(lambda: self._store().list_cohorts())
+
+    async def cohort(self, cohort_id: str) -> Cohort:
+        """One stored team."""
+        return await self._run(lambda: self._store().get_cohort(cohort_id))
+
+    async def remove_cohort(self, cohort_id: str) -> None:
+        """Remove a stored team (its agents stay)."""
+        await self._run(lambda: self._store().delete_cohort(cohort_id))
+
+    # ---- memory
+
+    async def memories(self, kind: MemoryKind | None = None) -> list[MemoryItem]:
+        """Every memory that has not expired, most recently used first."""
+        return await self._run(lambda: self._memory().list(kind))
+
+    async def recall(self, query: str, limit: int = 5, kind: MemoryKind | None = None) -> list[MemoryItem]:
+        """The memories most like `query`, as an agent's `recall` finds them (this renews them)."""
+        return await self._run(lambda: self._memory().recall(query, limit, kind))
+
+    async def forget(self, memory_id: str) -> None:
+        """Forget one memory."""
+        await self._run(lambda: self._memory().forget(memory_id))

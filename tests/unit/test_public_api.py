@@ -21,6 +21,7 @@ def test_all_is_pinned_and_importable() -> None:
         "PlanError",
         "PlanExample",
         "PurposeUsage",
+        "RegistryService",
         "Request",
         "RequestError",
         "RunError",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -13,8 +13,11 @@ from .runs import RunId
 from .terminal import json_text, shown
 
 if TYPE_CHECKING:
-    from ..registry import AgentSpec, RegistryStore
-    from ..registry.memory import MemoryItem, MemoryKind, MemoryStore
+    from collections.abc import Awaitable, Callable
+
+    from ..registry import AgentSpec
+    from ..registry.memory import MemoryItem, MemoryKind
+    from ..service import RegistryService
 
 agents_app = typer.Typer(
     help="List, inspect, search, edit, remove, export and import agents.", no_args_is_help=True
@@ -30,14 +33,24 @@ app.add_typer(cohorts_app, name="cohorts")
 app.add_typer(memory_app, name="memory")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+_T = TypeVar("_T")
 
 
-def _store() -> RegistryStore:
-    from ..registry import open_registry
+def _registry(call: Callable[[RegistryService], Awaitable[_T]]) -> _T:
+    """Run one call of the registry service (then close it)."""
+    import asyncio
 
-    settings = load_settings()
-    settings.ensure_home()
-    return open_registry(settings)
+    from ..service import RegistryService
+
+    service = RegistryService(load_settings())
+
+    async def run() -> _T:
+        return await call(service)
+
+    try:
+        return asyncio.run(run())
+    finally:
+        service.close()
 
 
 def _row(agent: AgentSpec) -> dict[str, object]:
@@ -52,7 +65,7 @@ def agents_list(as_json: JsonFlag = False) -> None:
     """Every agent, most recently updated first."""
     from rich.table import Table
 
-    agents = _store().list_agents()
+    agents = _registry(lambda service: service.agents())
     if as_json:
         typer.echo(json_text([_row(agent) for agent in agents]))
         return
@@ -78,9 +91,11 @@ def agents_show(
     as_json: JsonFlag = False,
 ) -> None:
     """One agent: prompt, tools, origin, stats, lessons, versions."""
-    store = _store()
-    agent = store.get_agent(agent_id, version)
-    versions = store.versions(agent_id)
+
+    async def read(service: RegistryService) -> tuple[AgentSpec, list[int]]:
+        return await service.agent(agent_id, version), await service.versions(agent_id)
+
+    agent, versions = _registry(read)
     if as_json:
         typer.echo(json_text(_row(agent) | {"versions": versions}))
         return
@@ -107,7 +122,7 @@ def agents_search(
     as_json: JsonFlag = False,
 ) -> None:
     """Agents whose role, description, keywords or prompt match QUERY (BM25 with a track-record prior)."""
-    results = _store().search_agents(query, limit)
+    results = _registry(lambda service: service.search_agents(query, limit))
     if as_json:
         typer.echo(json_text([_row(agent) | {"score": round(score, 4)} for agent, score in results]))
         return
@@ -122,14 +137,10 @@ def agents_search(
 @agents_app.command("edit")
 def agents_edit(agent_id: Annotated[str, typer.Argument(help="The agent's id.")]) -> None:
     """Edit an agent in $VISUAL or $EDITOR (JSON); saving makes a new version, older ones stay readable."""
-    from pydantic import ValidationError
-
     from ..errors import ConfigError
-    from ..registry import AgentSpec
     from ..review import edit_in_editor
 
-    store = _store()
-    agent = store.get_agent(agent_id)
+    agent = _registry(lambda service: service.agent(agent_id))
     editable = json_text(agent.model_dump(mode="json", exclude={"stats", "version"}))
     try:
         edited = edit_in_editor(editable, extension=".json")
@@ -140,18 +151,9 @@ def agents_edit(agent_id: Annotated[str, typer.Argument(help="The agent's id.")]
         return
     try:
         data = json.loads(edited)
-        if not isinstance(data, dict):
-            raise ConfigError("the edit is not a valid agent, nothing changed: it must be a JSON object")
-        spec = AgentSpec.model_validate({**data, "id": agent.id, "stats": agent.stats.model_dump()})
     except json.JSONDecodeError as exc:
         raise ConfigError(f"the edit is not valid JSON, nothing changed: {exc}") from None
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'agent'}: {error['msg']}"
-            for error in exc.errors()
-        )
-        raise ConfigError(f"the edit is not a valid agent, nothing changed: {problems}") from None
-    stored = store.put_agent(spec)
+    stored = _registry(lambda service: service.edit_agent(agent.id, data))
     console(stderr=True).print(
         f"agent {shown(stored.id)} is now version {stored.version}", highlight=False, soft_wrap=True
     )
@@ -160,14 +162,14 @@ def agents_edit(agent_id: Annotated[str, typer.Argument(help="The agent's id.")]
 @agents_app.command("rm")
 def agents_rm(agent_id: Annotated[str, typer.Argument(help="The agent's id.")]) -> None:
     """Remove an agent and every version of it."""
-    _store().delete_agent(agent_id)
+    _registry(lambda service: service.remove_agent(agent_id))
     console(stderr=True).print(f"removed agent {shown(agent_id)}", highlight=False, soft_wrap=True)
 
 
 @agents_app.command("export")
 def agents_export(path: Annotated[Path, typer.Argument(help="The JSON-lines file to write.")]) -> None:
     """Write every agent to a JSON-lines file (import reads it back exactly)."""
-    count = _store().export_agents(path)
+    count = _registry(lambda service: service.export_agents(path))
     console(stderr=True).print(f"exported {count} agent(s) to {shown(path)}", highlight=False, soft_wrap=True)
 
 
@@ -176,11 +178,7 @@ def agents_import(
     path: Annotated[Path, typer.Argument(help="A JSON-lines file from `agents export`.")],
 ) -> None:
     """Read agents from a JSON-lines file: all of them, or none if any line is invalid."""
-    from ..errors import ConfigError
-
-    if not path.is_file():
-        raise ConfigError(f"{path} is not a file")
-    count = _store().import_agents(path)
+    count = _registry(lambda service: service.import_agents(path))
     console(stderr=True).print(
         f"imported {count} agent(s) from {shown(path)}", highlight=False, soft_wrap=True
     )
@@ -189,7 +187,7 @@ def agents_import(
 @cohorts_app.command("list")
 def cohorts_list(as_json: JsonFlag = False) -> None:
     """Every cohort, newest first."""
-    cohorts = _store().list_cohorts()
+    cohorts = _registry(lambda service: service.cohorts())
     if as_json:
         typer.echo(json_text([cohort.model_dump(mode="json") for cohort in cohorts]))
         return
@@ -206,14 +204,14 @@ def cohorts_show(
     cohort_id: Annotated[str, typer.Argument(help="The cohort's id.")], as_json: JsonFlag = False
 ) -> None:
     """One cohort: task, plan shape, agents, outcome, rating."""
-    cohort = _store().get_cohort(cohort_id)
+    cohort = _registry(lambda service: service.cohort(cohort_id))
     typer.echo(json_text(cohort.model_dump(mode="json"), indent=2 if as_json else 1))
 
 
 @cohorts_app.command("rm")
 def cohorts_rm(cohort_id: Annotated[str, typer.Argument(help="The cohort's id.")]) -> None:
     """Remove a cohort (its agents stay)."""
-    _store().delete_cohort(cohort_id)
+    _registry(lambda service: service.remove_cohort(cohort_id))
     console(stderr=True).print(f"removed cohort {shown(cohort_id)}", highlight=False, soft_wrap=True)
 
 
@@ -262,13 +260,6 @@ def feedback(
             out.print(f"lesson for {shown(agent_id)}: {shown(lesson, lines=True)}", highlight=False)
 
 
-def _memory() -> MemoryStore:
-    from ..registry.memory import MemoryStore
-
-    settings = load_settings()
-    return MemoryStore(_store(), ttl_days=settings.memory_ttl_days, max_items=settings.memory_max_items)
-
-
 def _print_memories(items: list[MemoryItem], as_json: bool) -> None:
     if as_json:
         typer.echo(json_text([item.to_json_dict() for item in items]))
@@ -298,7 +289,8 @@ def _kind(kind: str | None) -> MemoryKind | None:
 @memory_app.command("list")
 def memory_list(kind: KindOption = None, as_json: JsonFlag = False) -> None:
     """Every memory that has not expired, most recently used first."""
-    _print_memories(_memory().list(_kind(kind)), as_json)
+    chosen = _kind(kind)
+    _print_memories(_registry(lambda service: service.memories(chosen)), as_json)
 
 
 @memory_app.command("search")
@@ -309,11 +301,12 @@ def memory_search(
     as_json: JsonFlag = False,
 ) -> None:
     """The memories most like QUERY (as an agent's recall finds them; this renews them too)."""
-    _print_memories(_memory().recall(query, limit, _kind(kind)), as_json)
+    chosen = _kind(kind)
+    _print_memories(_registry(lambda service: service.recall(query, limit, chosen)), as_json)
 
 
 @memory_app.command("rm")
 def memory_rm(memory_id: Annotated[str, typer.Argument(help="The memory's id.")]) -> None:
     """Forget one memory."""
-    _memory().forget(memory_id)
+    _registry(lambda service: service.forget(memory_id))
     console(stderr=True).print(f"forgot {shown(memory_id)}", highlight=False, soft_wrap=True)

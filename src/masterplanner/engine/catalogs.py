@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from ..sandbox import sandbox_problems
 from ..settings import Settings
-from ..tools import BUILTIN_TOOL_NAMES, Catalog, ToolSpec, builtin_catalog
+from ..tools import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS, Catalog, ToolSpec
+from ..tools.context import ToolContext
 from ..tools.http import HttpPolicy
 from ..tools.images import ImageConfig
 from ..tools.mcp import discover_tools
 from ..tools.web_search import SearchConfig
-from .step_agent import RUNNABLE_TOOLS
-from .step_tools import ToolContext
 
 __all__ = ["RunCatalog", "run_catalog", "tool_context", "with_mcp_tools"]
-
-_WEB_SEARCH_HOW_TO = (
-    "set web_search_backend to local (with web_search_folder), searxng (with searxng_url), "
-    "brave (with BRAVE_API_KEY) or tavily (with TAVILY_API_KEY), "
-    "e.g. MASTERPLANNER_WEB_SEARCH_BACKEND=local MASTERPLANNER_WEB_SEARCH_FOLDER=/path/to/notes"
-)
-_HTTP_HOW_TO = """set http_allowed_domains (e.g. MASTERPLANNER_HTTP_ALLOWED_DOMAINS='["example.com"]')"""
 
 
 class RunCatalog(Catalog):
@@ -66,31 +56,25 @@ class RunCatalog(Catalog):
 def run_catalog(settings: Settings | None = None) -> RunCatalog:
     """The tools a run's planner may assign: those step agents can run here.
 
-    With `settings`, tools that could only fail are left out, so the planner does not pick them:
-    `web_search` without a backend, `http_request` without allowed domains, `generate_image`
-    without an API key, `code_execution` where the sandbox cannot start. (The embedded model
-    otherwise planned a haiku in twelve steps and called `web_search` until its request cap.)
-    The catalog remembers what would enable each of them, for plan validation to say.
+    With `settings`, tools that could only fail are left out, so the planner does not pick them
+    (each tool's definition says what it needs: `BuiltinTool.unavailable`): `web_search` without
+    a backend, `http_request` without allowed domains, `generate_image` without an API key,
+    `code_execution` where the sandbox cannot start. (The embedded model otherwise planned a
+    haiku in twelve steps and called `web_search` until its request cap.) The catalog remembers
+    what would enable each of them, for plan validation to say.
     """
     if settings is None:
-        return RunCatalog(builtin_catalog().subset(RUNNABLE_TOOLS), missing={})
+        return RunCatalog((tool.spec for tool in BUILTIN_TOOLS), missing={})
     missing: dict[str, str] = {}
-    if settings.web_search_backend == "none":
-        missing["web_search"] = _WEB_SEARCH_HOW_TO
-    if not settings.http_allowed_domains:
-        missing["http_request"] = _HTTP_HOW_TO
-    key = ImageConfig().api_key_variable
-    if not os.environ.get(key):
-        missing["generate_image"] = (
-            f"set the environment variable {key} (the key of the images API; "
-            "image_base_url names another OpenAI-compatible one)"
-        )
-    if problems := sandbox_problems():
-        missing["code_execution"] = (
-            f"the sandbox cannot start here: {'; '.join(problems)} (masterplanner doctor checks it)"
-        )
-    names = [name for name in RUNNABLE_TOOLS if name not in missing]
-    return RunCatalog(builtin_catalog().subset(names), missing=missing, mcp_servers=settings.mcp_servers)
+    for tool in BUILTIN_TOOLS:
+        why = tool.unavailable(settings) if tool.unavailable is not None else None
+        if why is not None:
+            missing[tool.name] = why
+    return RunCatalog(
+        (tool.spec for tool in BUILTIN_TOOLS if tool.name not in missing),
+        missing=missing,
+        mcp_servers=settings.mcp_servers,
+    )
 
 
 def tool_context(settings: Settings) -> ToolContext:

@@ -22,13 +22,13 @@ from ..models import resolve_model
 from ..registry import RegistryStore, open_registry
 from ..registry.memory import MemoryStore
 from ..settings import Settings
+from ..tools.context import ToolContext
 from ..tools.workspace import Workspace
 from ..working_memory import ContextBudget
 from .budget import RunLedger
 from .catalogs import RunCatalog, run_catalog, tool_context, with_mcp_tools
 from .records import RunRecord
 from .step_agent import BudgetedModel, context_budget
-from .step_tools import ToolContext
 from .store import RunStore
 
 __all__ = ["RunResources", "hold", "release", "resources_of"]

@@ -30,7 +30,6 @@ from ..working_memory import ContextBudget, FittedInput
 from .records import RunOptions
 
 __all__ = [
-    "RUNNABLE_TOOLS",
     "BudgetedModel",
     "DirectCall",
     "DraftedWrite",
@@ -48,21 +47,6 @@ __all__ = [
 
 _UNGROUNDED_CALLS = 2
 """Tool calls (failed ones included) after which an ungrounded small model must answer."""
-
-RUNNABLE_TOOLS = (
-    "code_execution",
-    "read_file",
-    "write_file",
-    "list_files",
-    "delete_file",
-    "http_request",
-    "web_search",
-    "generate_image",
-    "ask_user",
-    "remember",
-    "recall",
-)
-"""The catalog tools step agents can run."""
 
 _FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{0,7})(?![\w/-])")
 

@@ -273,14 +273,14 @@ class RunStore:
     def abandoned_runs(self, *, lease_s: float) -> list[str]:
         """Runs whose executing process stopped renewing its lease without giving it up (it died).
 
-        Those `running`, and finished ones whose end was not fully recorded.
+        Those `running`, and succeeded or failed ones whose end may have been cut short.
         """
         with self.begin("list runs") as connection:
             now = _database_now(connection)
             rows = connection.execute(
                 sa.select(runs_table.c.id)
                 .where(
-                    runs_table.c.status.in_(("running", "succeeded", "failed", "cancelled")),
+                    runs_table.c.status.in_(("running", "succeeded", "failed")),
                     runs_table.c.owner.is_not(None),
                     runs_table.c.heartbeat_at < now - lease_s,
                 )

@@ -34,6 +34,7 @@ from ..models.labelled import labelled
 from ..plan import Plan, Step, sinks
 from ..purpose import step_purpose
 from ..registry.memory import episode_text
+from ..tools.context import StepDeps, ToolRunner
 from ..working_memory import FittedInput, Summarizer, fit_inputs, trimmer
 from .checkpoints import CheckpointedModel
 from .records import EventKind, RunRecord, utc_now
@@ -41,14 +42,13 @@ from .resources import RunResources, resources_of
 from .reuse import remember_run
 from .runtime import launched_host
 from .step_agent import (
-    RUNNABLE_TOOLS,
     BudgetedModel,
     dependency_context,
     step_brief,
     step_instructions,
     tool_aids,
 )
-from .step_tools import ToolRunner, step_tools
+from .step_tools import runnable_tools, step_tools
 from .tool_calls import ToolCalls, durable_key
 
 __all__ = ["AGENT_REQUEST_LIMIT", "aggregate_workflow", "end_workflow", "step_workflow"]
@@ -233,9 +233,7 @@ class _StepRun:
         self.plan = Plan.model_validate(run.plan)
         self.step = self.plan.step(step_id)
         self.outputs = outputs
-        self.tools = [
-            name for name in self.step.tools if name in RUNNABLE_TOOLS or name in resources.tools.mcp_specs
-        ]
+        self.tools = runnable_tools(self.step.tools, resources.tools)
 
     async def run(self) -> dict[str, Any]:
         """Attempts of the step agent until one succeeds, the attempts run out or an error ends it."""
@@ -309,20 +307,18 @@ class _StepRun:
     async def _attempt(self, inputs: list[FittedInput], attempt: int) -> str:
         """One try of the step agent; a retry samples (`retry_settings`)."""
         resources, step = self.resources, self.step
-        agent: Agent[None, str] = Agent(
+        context = replace(resources.tools, ask_person=self._ask_person)
+        agent: Agent[StepDeps, str] = Agent(
             CheckpointedModel(labelled(self._model(), step_purpose(step.id), resources.ledger)),
+            deps_type=StepDeps,
             instructions=step_instructions(step, self._agent().get("prompt")),
-            tools=step_tools(
-                resources.workspace,
-                replace(resources.tools, ask_person=self._ask_person),
-                self.tools,
-                self._tool_runner(),
-            ),
+            tools=step_tools(self.tools, context),
             retries=2,
             capabilities=[ProcessHistory(trimmer(resources.budget.history_chars))],
         )
         result = await agent.run(
             step_brief(self.plan, step, inputs, tools=self.tools),
+            deps=StepDeps(resources.workspace, context, self._tool_runner()),
             model_settings={} if attempt == 1 else retry_settings(attempt),
             usage_limits=UsageLimits(request_limit=AGENT_REQUEST_LIMIT),
         )
