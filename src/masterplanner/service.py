@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
-from .engine.records import FINISHED_RUN_STATUSES
+from .engine.records import FINISHED_RUN_STATUSES, briefs_json
 from .engine.reuse import remember_run
 from .engine.store import Lease
 from .errors import ConfigError, RequestError, RunError
-from .plan import Plan, validate_plan
+from .plan import validate_plan
 from .settings import Settings
 from .tools import ToolSpec
 from .tools.catalog import Catalog
@@ -275,8 +275,8 @@ class RunService:
             open_registry(self.settings),
             run_id=run.id,
             model=run.model,
-            plan=Plan.model_validate(run.plan),
-            agents=run.agents or {},
+            plan=run.plan,
+            agents=briefs_json(run.agents),
             succeeded=True,
             store_new=True,
             count_reused=False,
@@ -301,8 +301,8 @@ class RunService:
         result = await give_feedback(
             registry,
             run_id=run.id,
-            plan=Plan.model_validate(run.plan),
-            agents=run.agents or {},
+            plan=run.plan,
+            agents=briefs_json(run.agents),
             outputs=outputs,
             rating=rating,
             comment=comment,

@@ -140,7 +140,8 @@ def _assert_resumed_without_repeats(run_id: str) -> None:
 
 def test_kill_9_then_resume_never_repeats_finished_steps(write_script: Callable[..., Path]) -> None:
     run_id = _chain_killed_after_s2(write_script)
-    resumed = mp("runs", "resume", run_id, "--json")
+    # a lease long enough that the resume surely starts before the killed process's lease lapses
+    resumed = mp("runs", "resume", run_id, "--json", env={"MASTERPLANNER_RUN_LEASE_S": "8"})
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["output"] == "out5"
     # no process id is asked about: the killed process's lease lapses and the run is taken over

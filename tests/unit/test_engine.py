@@ -415,10 +415,11 @@ async def test_policies_edited_at_review_apply_per_run_and_per_agent(
     )
 
     async def review(run: Any, _catalog: Any) -> dict[str, Any]:
+        agents = {step_id: agent.to_json_dict() for step_id, agent in run.agents.items()}
         return {
             "action": "approve",
-            "plan": run.plan,
-            "agents": {**run.agents, "v": {**run.agents["v"], "tool_policies": {"write_file": "deny"}}},
+            "plan": run.plan.to_json_dict(),
+            "agents": agents | {"v": agents["v"] | {"tool_policies": {"write_file": "deny"}}},
             "tool_policies": {"write_file": "auto"},
         }
 
@@ -494,3 +495,63 @@ async def test_an_end_cut_short_is_finished_by_the_next_execution(
     again = await engine.execute(run.id)  # nothing is left to do: nothing happens twice
     assert again.status == "succeeded"
     assert [kind for kind, _ in _kinds(engine, run.id)] == kinds
+
+
+async def test_two_processes_executing_one_run_at_once_run_it_once(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            _planner(step("a", tools=[])),
+            {"purpose": "step:a", "output": "A", "delay_s": 3.0},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    first, second = Engine(Settings.load(run_lease_s=2)), Engine(Settings.load(run_lease_s=2))
+    try:
+        run = first.create_run("x", model=f"scripted:{script}", options=FAST)
+        outcomes = await asyncio.gather(first.execute(run.id), second.execute(run.id), return_exceptions=True)
+        errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        finished = [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
+        assert len(errors) == 1 and len(finished) == 1, outcomes
+        assert isinstance(errors[0], RunError)
+        assert "being executed by another process" in str(errors[0])
+        assert finished[0].status == "succeeded"
+        kinds = _kinds(first, run.id)
+        assert kinds.count(("step_started", "a")) == 1
+        assert kinds.count(("plan_ready", None)) == 1
+        assert first.report(run.id)["usage"]["by_purpose"]["step:a"]["calls"] == 1
+    finally:
+        first.close()
+        second.close()
+
+
+async def test_a_review_answer_that_does_not_fit_is_refused_naming_the_field(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    from masterplanner import RequestError, RunService
+
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
+    run = engine.create_run("x", model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    service = RunService(engine.settings)
+    try:
+        while not (pending := await service.pending(run.id)):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        review = pending[0]
+        with pytest.raises(RequestError) as misspelt:
+            await service.answer(review.id, {"action": "approve", "agnets": {}}, by="test")
+        assert str(misspelt.value) == (
+            f"request {review.id}: the answer does not fit a plan review: agnets: no such field"
+        )
+        with pytest.raises(RequestError, match=r"tool_policies\.write_file: Input should be 'auto', 'ask'"):
+            await service.answer(
+                review.id, {"action": "approve", "tool_policies": {"write_file": "sometimes"}}, by="test"
+            )
+        with pytest.raises(RequestError, match=r"agents\.a\.prompt: Input should be a valid string"):
+            await service.answer(review.id, {"action": "approve", "agents": {"a": {"prompt": 7}}}, by="test")
+        assert (await service.request(review.id)).state == "open"  # nothing was taken
+        await service.answer(review.id, {"action": "approve"}, by="test")
+        assert (await execution).status == "succeeded"
+    finally:
+        service.close()

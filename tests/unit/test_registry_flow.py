@@ -16,8 +16,8 @@ from _plans import step
 
 from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
+from masterplanner.engine.records import briefs_json
 from masterplanner.errors import RequestError
-from masterplanner.plan import Plan
 from masterplanner.registry import RegistryStore
 from masterplanner.service import RunService
 
@@ -85,13 +85,13 @@ async def test_a_paraphrase_reuses_the_stored_team(isolated: Path, write_script:
         ready = _ready(engine, second.id)
         assert ready["reused_cohort"] == first.id and ready["similarity"] >= 0.6
         assert ready["adaptation"] == "model"
-        assert [s["instruction"] for s in final.plan["steps"]] == [
+        assert [s.instruction for s in final.plan.steps] == [
             "Read sales.csv.",
             "Write the totals to report.md.",
         ]
-        assert [s["depends_on"] for s in final.plan["steps"]] == [[], ["load"]]
-        assert final.plan["task"] == T2
-        assert reviewed[1].agents["load"]["reused_from"] == first.id  # the review sees what was reused
+        assert [s.depends_on for s in final.plan.steps] == [[], ["load"]]
+        assert final.plan.task == T2
+        assert reviewed[1].agents["load"].reused_from == first.id  # the review sees what was reused
         assert registry.get_agent(f"{first.id}.load").stats.uses == 2
         assert len(registry.list_cohorts()) == 2
     finally:
@@ -126,11 +126,11 @@ async def test_a_repeat_with_other_parameters_needs_no_adaptation_call(
         assert final.status == "succeeded", final.error
         assert set(engine.report(second.id)["usage"]["by_purpose"]) == {"step:load", "step:report"}
         assert _ready(engine, second.id)["adaptation"] == "parameters"
-        assert [s["instruction"] for s in final.plan["steps"]] == [
+        assert [s.instruction for s in final.plan.steps] == [
             "Read orders.csv and total it by month.",
             "Write the totals to summary.md.",
         ]
-        assert final.agents["load"]["prompt"] == "You read orders.csv carefully."
+        assert final.agents["load"].prompt == "You read orders.csv carefully."
     finally:
         engine.close()
 
@@ -188,9 +188,9 @@ async def test_a_step_like_a_stored_agent_reuses_it_outside_its_team(
         assert (
             engine.report(second.id)["usage"]["by_purpose"]["prompt_creator"]["calls"] == 1
         )  # translate only
-        assert final.agents["report"]["agent_id"] == f"{first.id}.report"
-        assert final.agents["translate"]["prompt"] == "You write reports."
-        assert "agent_id" not in final.agents["translate"]
+        assert final.agents["report"].agent_id == f"{first.id}.report"
+        assert final.agents["translate"].prompt == "You write reports."
+        assert final.agents["translate"].agent_id is None
     finally:
         engine.close()
 
@@ -216,10 +216,10 @@ async def test_the_person_swaps_a_reused_agent_for_a_fresh_one(
     shown: list[str] = []
 
     async def swap(run: Any, catalog: Any) -> dict[str, Any]:
-        text = render_review_yaml(Plan.model_validate(run.plan), run.agents)
+        text = render_review_yaml(run.plan, briefs_json(run.agents))
         shown.append(text)
-        reused = f"agent: reused {run.agents['report']['agent_id']} from run {first.id}"
-        edit = parse_review_yaml(text.replace(reused, "agent: fresh"), catalog, run.agents)
+        reused = f"agent: reused {run.agents['report'].agent_id} from run {first.id}"
+        edit = parse_review_yaml(text.replace(reused, "agent: fresh"), catalog, briefs_json(run.agents))
         return {"action": "approve", "plan": edit.plan.to_json_dict(), "agents": edit.agents}
 
     try:
@@ -229,9 +229,9 @@ async def test_the_person_swaps_a_reused_agent_for_a_fresh_one(
         final = await execute_answering(engine, second.id, review=swap)
         assert final.status == "succeeded", final.error
         assert f"agent: reused {first.id}.report from run {first.id}" in shown[0]
-        assert final.agents["report"]["prompt"] == "You are careful. Do your step."
-        assert "agent_id" not in final.agents["report"]
-        assert final.agents["load"]["agent_id"] == f"{first.id}.load"
+        assert final.agents["report"].prompt == "You are careful. Do your step."
+        assert final.agents["report"].agent_id is None
+        assert final.agents["load"].agent_id == f"{first.id}.load"
         assert engine.report(second.id)["usage"]["by_purpose"]["prompt_creator"]["calls"] == 1
     finally:
         engine.close()
@@ -328,7 +328,7 @@ def test_a_low_rating_teaches_lessons_that_reach_the_next_prompt(
     second = json.loads(mp("run", T2, "--model", f"scripted:{script}", "--yes", "--json").stdout)
     engine = Engine(Settings.load())
     try:
-        prompt = engine.store.get_run(second["run_id"]).agents["report"]["prompt"]
+        prompt = engine.store.get_run(second["run_id"]).agents["report"].prompt
     finally:
         engine.close()
     assert prompt.endswith("Lessons from earlier runs:\n- Always include the totals.")
@@ -452,8 +452,9 @@ async def test_a_small_models_next_task_carries_nothing_of_the_one_before(
             "a small model plans a reworded task afresh rather than rewrite another task's plan"
         )
         first_agents = engine.store.get_run(first.id).agents
-        assert first_agents is not None and "about the sea" in json.dumps(first_agents)  # what could leak
-        shown = json.dumps([engine.report(second.id)["plan"], engine.store.get_run(second.id).agents])
+        assert "about the sea" in json.dumps(briefs_json(first_agents))  # what could leak
+        second_agents = briefs_json(engine.store.get_run(second.id).agents)
+        shown = json.dumps([engine.report(second.id)["plan"], second_agents])
         assert "sea" not in shown and "haiku.txt" not in shown
         assert "autumn leaves to leaves.txt" in shown
     finally:

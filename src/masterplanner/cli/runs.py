@@ -180,7 +180,8 @@ class _Terminal:
         plan = None
         if steps is not None and tuple(step.id for step in steps) != self._plan_ids:
             self._plan_ids = tuple(step.id for step in steps)
-            plan = (await self.service.get(self.run_id)).plan
+            planned = (await self.service.get(self.run_id)).plan
+            plan = None if planned is None else planned.to_json_dict()
         calls = (await self.service.usage(self.run_id))["llm_calls"]
         self.display.show(fresh, steps=steps, calls=calls, plan=plan)
 

@@ -20,8 +20,8 @@ from ..planner import plan as make_plan
 from ..prompting import create_prompts, prompts_to_json
 from ..registry import Cohort
 from .catalogs import RunCatalog
-from .records import RunRecord
-from .requests import Request
+from .records import AgentBrief, RunRecord, briefs, briefs_json
+from .requests import PlanDecision, Request
 from .resources import RunResources
 from .reuse import cohort_hints, reusable_agents, reusable_cohort
 
@@ -50,9 +50,10 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
     if team is not None:
         # a team that solved a task like this one before: its plan fitted to this task, its agents
         try:
-            plan, agents, how = await adapt_plan(
+            plan, adapted, how = await adapt_plan(
                 team.plan, team.agents, team.cohort.task, task, catalog, model=model, ledger=ledger
             )
+            agents = briefs(adapted)
             ready = {
                 "reused_cohort": team.cohort.id,
                 "similarity": round(team.similarity, 3),
@@ -83,14 +84,14 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
             only=[step_id for step_id in plan.ids if step_id not in reused],
         )
         written = prompts_to_json(prompts)
-        agents = {step_id: reused.get(step_id) or written[step_id] for step_id in plan.ids}
+        agents = briefs({step_id: reused.get(step_id) or written[step_id] for step_id in plan.ids})
         if hints:
             ready["hints"] = [hint.task for hint in hints]
         if reused:
             ready["reused_agents"] = {step_id: agent["agent_id"] for step_id, agent in reused.items()}
 
     def record() -> RunRecord:
-        store.set_status(run.id, "awaiting_approval", plan=plan.to_json_dict(), agents=agents)
+        store.set_status(run.id, "awaiting_approval", plan=plan, agents=agents)
         store.append_event(run.id, "plan_ready", data={"steps": plan.ids, **ready})
         return store.get_run(run.id)
 
@@ -105,8 +106,8 @@ def review_payload(run: RunRecord, catalog: RunCatalog) -> dict[str, Any]:
     """
     return {
         "task": run.task,
-        "plan": run.plan,
-        "agents": run.agents or {},
+        "plan": None if run.plan is None else run.plan.to_json_dict(),
+        "agents": briefs_json(run.agents),
         "tool_policies": dict(run.options.tool_policies),
         "tools": [asdict(spec) for spec in catalog],
         "missing_tools": dict(catalog.missing),
@@ -124,11 +125,11 @@ async def review_run(resources: RunResources, run: RunRecord) -> RunRecord:
     store = resources.store
     while True:
         if run.options.auto_approve:
-            decision, by = {"action": "approve"}, "auto"
+            decision, by = PlanDecision(action="approve"), "auto"
         else:
             decision, by = await _review_answer(resources, run)
-        if decision["action"] == "reject":
-            reason = str(decision.get("reason") or "rejected at review")
+        if decision.action == "reject":
+            reason = decision.reason or "rejected at review"
 
             def rejected(run_id: str = run.id, reason: str = reason, by: str = by) -> RunRecord:
                 store.append_event(run_id, "rejected", data={"reason": reason, "by": by})
@@ -176,7 +177,7 @@ async def _open_review(
     return request
 
 
-async def _review_answer(resources: RunResources, run: RunRecord) -> tuple[dict[str, Any], str]:
+async def _review_answer(resources: RunResources, run: RunRecord) -> tuple[PlanDecision, str]:
     """The answer to this run's latest plan-review request, opening one when none is open.
 
     A review answered before the process that asked died is taken as it is.
@@ -188,25 +189,26 @@ async def _review_answer(resources: RunResources, run: RunRecord) -> tuple[dict[
     answered = await resources.store.requests.wait(latest.id)
     if answered.state != "answered" or answered.answer is None:
         raise RunError(f"the plan review (request {answered.id}) was {answered.state}")
-    return answered.answer, answered.answered_by or "person"
+    return PlanDecision.model_validate(answered.answer), answered.answered_by or "person"
 
 
-async def _apply_edit(resources: RunResources, run: RunRecord, decision: dict[str, Any]) -> RunRecord:
+async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDecision) -> RunRecord:
     """Store an approved edit of the plan, the prompts or the tool policies (validated first)."""
-    if not ("plan" in decision or "agents" in decision or "tool_policies" in decision):
+    if not decision.edits:
         return run
-    plan = validate_plan(decision.get("plan", run.plan or {}), resources.catalog)
-    edited_agents = dict(decision.get("agents", run.agents) or {})
+    plan = validate_plan(decision.plan if decision.plan is not None else (run.plan or {}), resources.catalog)
+    edited_agents = dict(decision.agents if decision.agents is not None else run.agents)
     agents = await _write_missing_prompts(resources, run, plan, edited_agents)
     options = replace(
-        run.options, tool_policies=dict(decision.get("tool_policies", run.options.tool_policies))
+        run.options,
+        tool_policies=dict(
+            decision.tool_policies if decision.tool_policies is not None else run.options.tool_policies
+        ),
     )
     store = resources.store
 
     def record() -> RunRecord:
-        store.update_run(
-            run.id, plan=plan.to_json_dict(), agents=agents, options=json.dumps(options.to_json_dict())
-        )
+        store.update_run(run.id, plan=plan, agents=agents, options=json.dumps(options.to_json_dict()))
         store.append_event(
             run.id, "plan_edited", data={"steps": plan.ids, "tool_policies": options.tool_policies}
         )
@@ -216,13 +218,13 @@ async def _apply_edit(resources: RunResources, run: RunRecord, decision: dict[st
 
 
 async def _write_missing_prompts(
-    resources: RunResources, run: RunRecord, plan: Plan, agents: dict[str, Any]
-) -> dict[str, Any]:
+    resources: RunResources, run: RunRecord, plan: Plan, agents: dict[str, AgentBrief]
+) -> dict[str, AgentBrief]:
     """Have the Prompt Creator write prompts for the steps an edit left without one.
 
     Those are steps the person added, and steps whose reused agent they swapped for a fresh one.
     """
-    missing = [step_id for step_id in plan.ids if not (agents.get(step_id) or {}).get("prompt")]
+    missing = [step_id for step_id in plan.ids if step_id not in agents or not agents[step_id].prompt]
     if not missing:
         return agents
     written = prompts_to_json(
@@ -236,6 +238,6 @@ async def _write_missing_prompts(
         )
     )
     for step_id in missing:
-        policies = (agents.get(step_id) or {}).get("tool_policies")
-        agents[step_id] = written[step_id] | ({"tool_policies": policies} if policies else {})
+        policies = agents[step_id].tool_policies if step_id in agents else {}
+        agents[step_id] = AgentBrief.model_validate(written[step_id] | {"tool_policies": policies})
     return agents

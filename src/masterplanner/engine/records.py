@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from pydantic import BaseModel, ConfigDict
+
 from ..database import utc_now
+from ..plan import Plan
 
 __all__ = [
     "EVENT_KINDS",
     "FINISHED_RUN_STATUSES",
+    "AgentBrief",
     "Event",
     "EventKind",
     "RunOptions",
@@ -17,6 +22,8 @@ __all__ = [
     "RunStatus",
     "StepRecord",
     "StepStatus",
+    "briefs",
+    "briefs_json",
     "utc_now",
 ]
 
@@ -99,7 +106,7 @@ class RunOptions:
         """Plain JSON form."""
         return {**self.__dict__, "tool_policies": dict(self.tool_policies)}
 
-    def policy(self, tool: str, default: str, agent: dict[str, str] | None = None) -> str:
+    def policy(self, tool: str, default: str, agent: Mapping[str, str] | None = None) -> str:
         """The effective approval policy of `tool`: the agent's override, the run's, or `default`.
 
         With `--yes` (`auto_approve`), `ask` becomes `auto`.
@@ -112,6 +119,51 @@ class RunOptions:
         """Read the JSON form back (unknown keys are ignored, so old runs stay readable)."""
         known = {key: value for key, value in data.items() if key in cls.__dataclass_fields__}
         return cls(**known)
+
+
+class AgentBrief(BaseModel):
+    """A plan step's agent as a run holds it: its prompt and where the prompt came from.
+
+    Written by the Prompt Creator (`draft`, `critique`, `rounds`), taken from a stored agent
+    (`agent_id`, `reused_from`), or edited at review (`edited`, `fresh`, `tool_policies`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt: str = ""
+    """The instructions the step agent gets (empty: the Prompt Creator writes them before the run)."""
+    draft: str | None = None
+    critique: dict[str, Any] | None = None
+    """The Prompt Creator's last critique."""
+    rounds: list[dict[str, Any]] = []
+    """Each critique-and-revision round of the Prompt Creator."""
+    agent_id: str | None = None
+    """The stored agent this one is (a reused agent)."""
+    reused_from: str | None = None
+    """The run the reused agent was stored from ("" when unknown)."""
+    edited: bool = False
+    """The person edited the prompt at review (a reused agent then becomes a new one)."""
+    fresh: bool = False
+    """The person asked for a freshly written prompt at review."""
+    tool_policies: dict[str, Literal["auto", "ask", "deny"]] = {}
+    """Approval policies for this agent's tools, overriding the run's."""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON form, without fields left at their defaults."""
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+
+def briefs(agents: Mapping[str, Any] | None) -> dict[str, AgentBrief]:
+    """An `agents` map (step id -> JSON form or `AgentBrief`) as typed briefs."""
+    return {
+        step_id: agent if isinstance(agent, AgentBrief) else AgentBrief.model_validate(agent or {})
+        for step_id, agent in (agents or {}).items()
+    }
+
+
+def briefs_json(agents: Mapping[str, AgentBrief]) -> dict[str, dict[str, Any]]:
+    """The JSON form of an `agents` map (what the review, the registry and reports take)."""
+    return {step_id: agent.to_json_dict() for step_id, agent in agents.items()}
 
 
 @dataclass(frozen=True)
@@ -143,8 +195,9 @@ class RunRecord:
     created_at: str
     updated_at: str
     options: RunOptions = field(default_factory=RunOptions)
-    plan: dict[str, Any] | None = None
-    agents: dict[str, Any] | None = None
+    plan: Plan | None = None
+    agents: dict[str, AgentBrief] = field(default_factory=dict)
+    """Each plan step's agent, by step id (empty until the run is planned)."""
     output: str | None = None
     error: str | None = None
 

@@ -24,15 +24,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.engine import Connection
 
 from ..errors import RequestError
-from .records import utc_now
+from .records import AgentBrief, utc_now
 
 if TYPE_CHECKING:
     from .store import RunStore
 
 __all__ = [
+    "PlanDecision",
     "Request",
     "RequestKind",
     "RequestState",
@@ -47,6 +49,31 @@ _POLL_S = 0.2
 """How often a waiting step looks at its request (a read of one row by primary key)."""
 _MAX_TEXT = 20_000
 """Longest text answer (an `ask_user` reply, a rejection reason) taken."""
+
+
+class PlanDecision(BaseModel):
+    """The answer to a plan review: approve (perhaps with edits) or reject (with a reason)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    action: Literal["approve", "reject"]
+    reason: str | None = Field(default=None, max_length=_MAX_TEXT)
+    plan: dict[str, Any] | None = None
+    """An edited plan (public form); validated against the run's catalog when it is applied."""
+    agents: dict[str, AgentBrief] | None = None
+    """Edited agents by step id (prompts, per-agent tool policies)."""
+    tool_policies: dict[str, Literal["auto", "ask", "deny"]] | None = None
+    """The run's tool policies as edited."""
+
+    @property
+    def edits(self) -> bool:
+        """Whether the answer changes the plan, the agents or the tool policies."""
+        return self.plan is not None or self.agents is not None or self.tool_policies is not None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON form, without fields that were not given."""
+        return self.model_dump(mode="json", exclude_none=True)
+
 
 metadata = sa.MetaData()
 
@@ -118,6 +145,15 @@ class Request:
         return f"store this run's team ({self.payload.get('agents', 0)} agents) in the registry?"
 
 
+def _problems(error: ValidationError) -> str:
+    """A validation error's problems in our words: where, and what is wrong there."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in problem['loc'])}: "
+        + ("no such field" if problem["type"] == "extra_forbidden" else problem["msg"])
+        for problem in error.errors()
+    )
+
+
 def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
     """`answer` in the shape `request`'s kind takes, or `RequestError` naming what is wrong.
 
@@ -138,10 +174,12 @@ def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
                 f"request {request.id} is a plan review: answer approve or reject (--approve or --deny), "
                 f"got {action!r}"
             )
-        unknown = set(answer) - {"action", "reason", "plan", "agents", "tool_policies"}
-        if unknown:
-            raise RequestError(f"request {request.id}: unknown answer fields {', '.join(sorted(unknown))}")
-        return answer
+        try:
+            return PlanDecision.model_validate(answer).to_json_dict()
+        except ValidationError as exc:
+            raise RequestError(
+                f"request {request.id}: the answer does not fit a plan review: {_problems(exc)}"
+            ) from None
     if request.kind == "ask_user":
         text = answer.get("text")
         if not isinstance(text, str) or set(answer) != {"text"}:

@@ -115,7 +115,9 @@ class Engine:
         # outcome recorded, the registry not yet told); `_Drive` finishes it, or finds it done.
         await self._take_lease(run.id, on_wait)
         try:
-            launch_dbos(self.settings, self.store, executor_id=self.owner, debug=self.debug)
+            await asyncio.to_thread(
+                launch_dbos, self.settings, self.store, executor_id=self.owner, debug=self.debug
+            )
             self._launched = True
             hold(run.id, self.settings, self.store)
             try:
@@ -197,7 +199,7 @@ class Engine:
             "error": run.error,
             "workspace": run.workspace,
             "created_at": run.created_at,
-            "plan": run.plan,
+            "plan": None if run.plan is None else run.plan.to_json_dict(),
             "steps": [step.to_json_dict() for step in self.store.steps(run.id)],
             "usage": self.store.usage(run.id),
         }
@@ -281,7 +283,9 @@ class _Drive:
                 await DBOS.cancel_workflow_async(f"{self.run_id}.{step.id}")
 
     async def _run_steps(self, run: RunRecord, catalog: RunCatalog) -> None:
-        plan = Plan.model_validate(run.plan)
+        plan = run.plan
+        if plan is None:
+            raise RunError(f"run {run.id} has no plan to run")
         stored = await asyncio.to_thread(self.store.steps, run.id)
         finished = {
             step.id: StepOutcome(step.status, step.output, step.error)

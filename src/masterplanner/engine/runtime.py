@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 from typing import Any
 
 from dbos import DBOS, DBOSConfig
@@ -27,6 +28,8 @@ __all__ = ["dbos_launched", "launch_dbos", "launched_host", "shutdown_dbos"]
 
 _launched_url: str | None = None
 _host: tuple[Settings, RunStore] | None = None
+_lock = threading.RLock()
+"""Launching runs in a worker thread (it is blocking I/O); two runs starting at once launch once."""
 
 
 class _WalConnection(sqlite3.Connection):
@@ -49,6 +52,11 @@ def launch_dbos(settings: Settings, store: RunStore, *, executor_id: str, debug:
 
     `settings` and `store` become what workflows started in this process work with.
     """
+    with _lock:
+        _launch(settings, store, executor_id=executor_id, debug=debug)
+
+
+def _launch(settings: Settings, store: RunStore, *, executor_id: str, debug: bool) -> None:
     global _launched_url, _host
     database_url = settings.database_url
     _host = (settings, store)
@@ -90,7 +98,9 @@ def dbos_launched() -> bool:
 def shutdown_dbos() -> None:
     """Stop DBOS in this process (workflows not finished stay pending in the database)."""
     global _launched_url, _host
-    if _launched_url is not None:
+    with _lock:
+        if _launched_url is None:
+            return
         DBOS.destroy()
         _launched_url = None
         _host = None

@@ -27,7 +27,19 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..database import Migration, create_engine, engine_url, migrate, transaction
 from ..errors import RunError
-from .records import EVENT_KINDS, Event, EventKind, RunOptions, RunRecord, RunStatus, StepRecord, utc_now
+from ..plan import Plan
+from .records import (
+    EVENT_KINDS,
+    Event,
+    EventKind,
+    RunOptions,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    briefs,
+    briefs_json,
+    utc_now,
+)
 from .requests import Requests, create_requests_table
 
 __all__ = ["MIGRATIONS", "Lease", "RunStore", "engine_url", "process_identity"]
@@ -161,10 +173,11 @@ class RunStore:
             )
 
     def update_run(self, run_id: str, **values: Any) -> None:
-        """Set columns of a run (`plan` and `agents` are given as JSON-able values)."""
-        for key in ("plan", "agents"):
-            if key in values and values[key] is not None:
-                values[key] = json.dumps(values[key])
+        """Set columns of a run (`plan` as a `Plan`, `agents` as a map of `AgentBrief`s)."""
+        if values.get("plan") is not None:
+            values["plan"] = json.dumps(values["plan"].to_json_dict())
+        if values.get("agents") is not None:
+            values["agents"] = json.dumps(briefs_json(values["agents"]))
         with self.begin("update a run") as connection:
             connection.execute(
                 runs_table.update().where(runs_table.c.id == run_id).values(updated_at=utc_now(), **values)
@@ -481,8 +494,8 @@ def _run_record(row: Any) -> RunRecord:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         options=RunOptions.from_json_dict(json.loads(row["options"])),
-        plan=json.loads(row["plan"]) if row["plan"] else None,
-        agents=json.loads(row["agents"]) if row["agents"] else None,
+        plan=Plan.model_validate(json.loads(row["plan"])) if row["plan"] else None,
+        agents=briefs(json.loads(row["agents"])) if row["agents"] else {},
         output=row["output"],
         error=row["error"],
     )

@@ -28,7 +28,7 @@ from pydantic_ai.models import Model
 from pydantic_ai.usage import UsageLimits
 
 from ..agents import failure_text, retry_settings
-from ..errors import BudgetExceededError, MasterplannerError, ModelError, ToolError
+from ..errors import BudgetExceededError, MasterplannerError, ModelError, RunError, ToolError
 from ..models import with_tool_aids
 from ..models.labelled import labelled
 from ..plan import Plan, Step, sinks
@@ -37,7 +37,7 @@ from ..registry.memory import episode_text
 from ..tools.context import StepDeps, ToolRunner
 from ..working_memory import FittedInput, Summarizer, fit_inputs, trimmer
 from .checkpoints import CheckpointedModel
-from .records import EventKind, RunRecord, utc_now
+from .records import AgentBrief, EventKind, RunRecord, briefs_json, utc_now
 from .resources import RunResources, resources_of
 from .reuse import remember_run
 from .runtime import launched_host
@@ -99,7 +99,7 @@ async def aggregate_workflow(run_id: str) -> str:
     run = await _db(resources.store.get_run, run_id)
     done = await _db(resources.store.steps, run_id)
     outputs = {step.id: step.output or "" for step in done if step.status == "succeeded"}
-    plan = Plan.model_validate(run.plan)
+    plan = _plan_of(run)
     if plan.final_step:
         return outputs.get(plan.final_step, "")
     ends = sinks(plan.steps)
@@ -171,14 +171,14 @@ def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
             )
         except ToolError as error:
             store.append_event(run.id, "episode_not_kept", data={"reason": str(error)})
-    plan = Plan.model_validate(run.plan)
+    plan = run.plan
     store_new = succeeded and (policy == "always" or run.options.auto_approve)
     remember_run(
         registry,
         run_id=run.id,
         model=run.model,
         plan=plan,
-        agents=run.agents or {},
+        agents=briefs_json(run.agents),
         succeeded=succeeded,
         store_new=store_new,
     )
@@ -230,7 +230,7 @@ class _StepRun:
         self.resources = resources
         self.store = resources.store
         self.record = run
-        self.plan = Plan.model_validate(run.plan)
+        self.plan = _plan_of(run)
         self.step = self.plan.step(step_id)
         self.outputs = outputs
         self.tools = runnable_tools(self.step.tools, resources.tools)
@@ -311,7 +311,7 @@ class _StepRun:
         agent: Agent[StepDeps, str] = Agent(
             CheckpointedModel(labelled(self._model(), step_purpose(step.id), resources.ledger)),
             deps_type=StepDeps,
-            instructions=step_instructions(step, self._agent().get("prompt")),
+            instructions=step_instructions(step, self._agent().prompt or None),
             tools=step_tools(self.tools, context),
             retries=2,
             capabilities=[ProcessHistory(trimmer(resources.budget.history_chars))],
@@ -324,8 +324,8 @@ class _StepRun:
         )
         return result.output
 
-    def _agent(self) -> dict[str, Any]:
-        return dict((self.record.agents or {}).get(self.step.id) or {})
+    def _agent(self) -> AgentBrief:
+        return self.record.agents.get(self.step.id) or AgentBrief()
 
     def _model(self) -> Model:
         """The run's model, with tool-use aids when its kind takes them (the embedded local model)."""
@@ -355,7 +355,7 @@ class _StepRun:
 
     def _tool_runner(self) -> ToolRunner:
         catalog, options = self.resources.catalog, self.record.options
-        policies = self._agent().get("tool_policies")
+        policies = self._agent().tool_policies or None
         return ToolCalls(
             store=self.store,
             run_id=self.record.id,
@@ -364,6 +364,12 @@ class _StepRun:
                 name, catalog[name].approval if name in catalog else "ask", policies
             ),
         ).run
+
+
+def _plan_of(run: RunRecord) -> Plan:
+    if run.plan is None:
+        raise RunError(f"run {run.id} has no plan to run")
+    return run.plan
 
 
 def _describe(exc: BaseException) -> str:
