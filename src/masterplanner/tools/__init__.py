@@ -7,8 +7,9 @@ use: the shipped tools' module imports pydantic-ai, which settings and the catal
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from .builtin import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS, BuiltinTool, builtin_catalog, builtin_tool
@@ -29,17 +30,6 @@ _HOMES = {
     ".builtin": ("BUILTIN_TOOLS", "BUILTIN_TOOL_NAMES", "BuiltinTool", "builtin_catalog", "builtin_tool"),
     ".catalog": ("Catalog", "SideEffect", "ToolSpec"),
 }
-_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'masterplanner.tools' has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, __all__)
