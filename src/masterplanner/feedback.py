@@ -10,6 +10,7 @@ rating with a comment always teaches something.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -85,13 +86,18 @@ async def give_feedback(
     if not 1 <= rating <= 5:
         raise ConfigError(f"--rating must be between 1 and 5, got {rating}")
     result = FeedbackResult()
-    involved = involved_agents(registry, run_id, plan, agents)
+    # the registry's calls are database work (and may embed): off the event loop
+    involved = await asyncio.to_thread(involved_agents, registry, run_id, plan, agents)
     if not involved:
         raise RunError(f"run {run_id} has no agents in the registry to rate (was it approved and finished?)")
-    for agent_id in involved.values():
-        registry.rate(agent_id, rating)
-        result.rated_agents.append(agent_id)
-    result.cohort_rated = registry.rate_cohort(run_id, rating)
+
+    def rate() -> bool:
+        for agent_id in involved.values():
+            registry.rate(agent_id, rating)
+            result.rated_agents.append(agent_id)
+        return registry.rate_cohort(run_id, rating)
+
+    result.cohort_rated = await asyncio.to_thread(rate)
     if rating > LOW_RATING:
         return result
     lessons: dict[str, list[str]] = {}
@@ -105,12 +111,18 @@ async def give_feedback(
     said = " ".join(comment.split())
     if not lessons and said:
         lesson = _comment_lesson(rating, said)
-        names = {agent_id: registry.get_agent(agent_id).name for agent_id in involved.values()}
+        names = await asyncio.to_thread(
+            lambda: {agent_id: registry.get_agent(agent_id).name for agent_id in involved.values()}
+        )
         lessons = {involved[step_id]: [lesson] for step_id in _concerned_steps(said, plan, involved, names)}
         result.lessons_from = "comment"
-    for agent_id, texts in lessons.items():
-        for text in texts:
-            registry.add_lesson(agent_id, text)
+
+    def teach() -> None:
+        for agent_id, texts in lessons.items():
+            for text in texts:
+                registry.add_lesson(agent_id, text)
+
+    await asyncio.to_thread(teach)
     result.lessons = lessons
     return result
 
