@@ -142,21 +142,30 @@ class RunService:
         return await asyncio.to_thread(self._store.events, run_id, after)
 
     async def follow(self, run_id: str, after: int = 0) -> AsyncIterator[Event]:
-        """The run's events from `after` on, as they are appended, until the run has finished.
+        """The run's events from `after` on, as they are appended, until the run is over.
 
-        It stops at the first read after the run's status is final; the registry's events that
-        follow a run's end (`team_stored`, a `remember` request) may come after that: read them
-        with `events`.
+        Over means its status is final and no process is still ending it (recording its outcome,
+        then telling the registry: `team_stored` or the `remember` request come after the final
+        status), so the last events are never cut off. A finished run whose process died holding
+        it is over once that process's lease has lapsed.
         """
         while True:
-            finished = (await self.get(run_id)).status in FINISHED_RUN_STATUSES
+            over = await self._over(run_id)
             fresh = await self.events(run_id, after)
             for event in fresh:
                 after = event.seq
                 yield event
-            if finished:
+            if over:
                 return
             await asyncio.sleep(_FOLLOW_POLL_S)
+
+    async def _over(self, run_id: str) -> bool:
+        """Whether the run's status is final and no live process still holds it."""
+        run = await self.get(run_id)
+        if run.status not in FINISHED_RUN_STATUSES:
+            return False
+        lease = await asyncio.to_thread(self._store.lease, run.id)
+        return lease is None or lease.age_s > self.settings.run_lease_s
 
     async def cancel(self, run_id: str, *, wait_s: float = 0.0) -> RunRecord:
         """Ask a run to stop and wait up to `wait_s` for it to be cancelled.
