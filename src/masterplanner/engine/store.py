@@ -469,8 +469,8 @@ class RunStore:
         }
 
 
-# Plain SQL, the same in SQLite and Postgres, compiled once: built with SQLAlchemy's dialect
-# `insert().on_conflict_do_update` each call took 2.7 ms of a 13 ms step (bench/engine.py).
+# Plain SQL, the same in SQLite and Postgres, compiled once (they were SQLAlchemy dialect
+# constructs built per model request; see docs/benchmarks.md, engine, 2026-11-25).
 _ADD_USAGE = sa.text(
     "INSERT INTO mp_usage (run_id, purpose, calls, input_tokens, output_tokens, seconds) "
     "VALUES (:run_id, :purpose, 1, :input_tokens, :output_tokens, :seconds) "
