@@ -16,6 +16,9 @@ subprocess first, then the same shapes through masterplanner's engine with the s
     anchor's definition), the makespan as in (b); LangGraph's supersteps make E wait for a barrier;
 (d) load: N concurrent runs of 5 chained steps at 0.2 s each in one process: all must
     succeed; wall time and peak RSS.
+
+With --breakdown, the run store's calls during the chain runs of (a) are timed too and printed as
+ms per step (timed in the worker threads they run in, so lock waits are included).
 Targets: (a) ratio ≤ 1.0, (b) ≤ 1.05, (c) ≤ 1.05, (d) all succeed.
 
 The registry is left out (`remember_runs = never`, `embedder = none`): it is bench/registry.py's
@@ -104,18 +107,44 @@ async def bare_agent_ms(model: str, runs: int = 50) -> float:
     return (time.perf_counter() - started) * 1000 / runs
 
 
-async def measure(folder: Path, concurrent_runs: int) -> dict[str, Any]:
+_TIMED_STORE_CALLS = ("get_run", "steps", "step_event", "add_usage", "usage_totals", "heartbeat", "events")
+
+
+def _time_store_calls(seconds: dict[str, float]) -> None:
+    """Add each timed `RunStore` call's duration to `seconds` (for --breakdown)."""
+    from masterplanner.engine.store import RunStore
+
+    for name in _TIMED_STORE_CALLS:
+        call = getattr(RunStore, name)
+
+        def timed(*args: Any, _call: Any = call, _name: str = name, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return _call(*args, **kwargs)
+            finally:
+                seconds[_name] = seconds.get(_name, 0.0) + time.perf_counter() - started
+
+        setattr(RunStore, name, timed)
+
+
+async def measure(folder: Path, concurrent_runs: int, breakdown: bool = False) -> dict[str, Any]:
     engine = Engine(Settings.load(home=folder / "home", remember_runs="never", embedder="none"))
+    store_seconds: dict[str, float] = {}
     try:
         chain = [_step("s1")] + [_step(f"s{n}", f"s{n - 1}") for n in range(2, 13)]
         chain_model = _script(folder, "chain", chain, {})
         await _run(engine, chain_model, "warm-up")
+        if breakdown:
+            _time_store_calls(store_seconds)
         per_step = []
         for index in range(5):
             report = await _run(engine, chain_model, f"chain {index}")
             approved = next(e.at for e in report["events"] if e.kind == "approved")
             last = max(_seconds(step["finished_at"]) for step in report["steps"])
             per_step.append((last - _seconds(approved)) * 1000 / len(chain))
+        if breakdown:
+            chain_seconds = dict(store_seconds)
+            store_seconds.clear()
 
         agent_ms = await bare_agent_ms(_script(folder, "bare", [_step("x")], {}))
 
@@ -147,7 +176,11 @@ async def measure(folder: Path, concurrent_runs: int) -> dict[str, Any]:
         "load_succeeded": succeeded,
         "load_wall_s": round(load_wall, 2),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-    }
+    } | (
+        {"store_ms_per_chain_step": {k: round(v * 1000 / (5 * 12), 3) for k, v in chain_seconds.items()}}
+        if breakdown
+        else {}
+    )
 
 
 def anchor(path: Path) -> dict[str, Any]:
@@ -164,10 +197,11 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=100, help="concurrent runs for the load figure")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--breakdown", action="store_true", help="time the run store's calls in (a)")
     args = parser.parse_args()
     lang = anchor(args.anchor)
     with tempfile.TemporaryDirectory() as folder:
-        ours = asyncio.run(measure(Path(folder), args.runs))
+        ours = asyncio.run(measure(Path(folder), args.runs, args.breakdown))
     figures = {
         "ours": ours,
         "langgraph": lang,
@@ -196,6 +230,8 @@ def main() -> None:
         f"(d) {ours['load_runs']} concurrent runs x 5 steps x 0.2 s: {ours['load_succeeded']} succeeded in "
         f"{ours['load_wall_s']} s, peak RSS {ours['peak_rss_mb']} MB"
     )
+    for name, ms in sorted(ours.get("store_ms_per_chain_step", {}).items(), key=lambda item: -item[1]):
+        print(f"    (a) run store {name}: {ms} ms per step (planning's calls included)")
 
 
 if __name__ == "__main__":
