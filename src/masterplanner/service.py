@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -165,7 +166,7 @@ class RunService:
         if run.status not in FINISHED_RUN_STATUSES:
             return False
         lease = await asyncio.to_thread(self._store.lease, run.id)
-        return lease is None or lease.age_s > self.settings.run_lease_s
+        return lease is None or lease.left_s <= 0
 
     async def cancel(self, run_id: str, *, wait_s: float = 0.0) -> RunRecord:
         """Ask a run to stop and wait up to `wait_s` for it to be cancelled.
@@ -178,9 +179,10 @@ class RunService:
         deadline = time.monotonic() + wait_s
         while not record.finished and time.monotonic() < deadline:
             await asyncio.sleep(_FOLLOW_POLL_S)
-            record = await self.get(record.id)
-            if not record.finished:
+            try:  # again: a process that died holding the run lets go of it when its lease lapses
                 record = await asyncio.to_thread(self._engine.request_cancel, record.id)
+            except RunError:  # it ended meanwhile, cancelled or otherwise
+                record = await self.get(record.id)
         return record
 
     async def abandoned_runs(self) -> list[str]:
@@ -330,6 +332,7 @@ class RegistryService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._registry: RegistryStore | None = None
+        self._opening = threading.Lock()
 
     def close(self) -> None:
         """Release the registry's database connections."""
@@ -338,12 +341,13 @@ class RegistryService:
             self._registry = None
 
     def _store(self) -> RegistryStore:
-        if self._registry is None:
-            from .registry import open_registry
+        with self._opening:  # calls run in worker threads: the registry is opened once
+            if self._registry is None:
+                from .registry import open_registry
 
-            self.settings.ensure_home()
-            self._registry = open_registry(self.settings)
-        return self._registry
+                self.settings.ensure_home()
+                self._registry = open_registry(self.settings)
+            return self._registry
 
     def _memory(self) -> MemoryStore:
         from .registry.memory import MemoryStore

@@ -61,11 +61,11 @@ async def test_a_run_on_postgres(database: str, write_script: Callable[..., Path
         assert not engine.store.claim(run.id, "second:2:y", lease_s=10)
         assert engine.store.lease(run.id).owner == "first:1:x"  # type: ignore[union-attr]
         await asyncio.sleep(0.6)
-        assert engine.store.heartbeat(run.id, "first:1:x")
-        assert not engine.store.claim(run.id, "second:2:y", lease_s=0.5)  # renewed just now
+        assert engine.store.heartbeat(run.id, "first:1:x", lease_s=0.5)
+        assert not engine.store.claim(run.id, "second:2:y", lease_s=10)  # renewed just now, for 0.5 s
         await asyncio.sleep(0.6)
-        assert engine.store.claim(run.id, "second:2:y", lease_s=0.5)  # not renewed for 0.6 s
-        assert not engine.store.heartbeat(run.id, "first:1:x")  # the first holder lost it
+        assert engine.store.claim(run.id, "second:2:y", lease_s=10)  # its 0.5 s ran out
+        assert not engine.store.heartbeat(run.id, "first:1:x", lease_s=0.5)  # the first holder lost it
     finally:
         engine.close()
 

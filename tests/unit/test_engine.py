@@ -264,7 +264,7 @@ async def test_a_run_held_by_a_live_process_is_not_executed_twice(
     async def renew() -> None:  # the other process is alive: it keeps renewing its lease
         while True:
             await asyncio.sleep(0.1)
-            await asyncio.to_thread(engine.store.heartbeat, run.id, other)
+            await asyncio.to_thread(engine.store.heartbeat, run.id, other, lease_s=10)
 
     renewing = asyncio.ensure_future(renew())
     try:
@@ -555,3 +555,21 @@ async def test_a_review_answer_that_does_not_fit_is_refused_naming_the_field(
         assert (await execution).status == "succeeded"
     finally:
         service.close()
+
+
+async def test_a_cancel_from_the_process_executing_the_run_stops_it_once(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [_planner(step("slow", tools=[])), {"purpose": "step:slow", "output": "never", "delay_s": 30}, DRAFTS]
+    )
+    run = engine.create_run("slow", model=f"scripted:{script}", options=FAST)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    while engine.store.steps(run.id) == [] or engine.store.steps(run.id)[0].status != "running":  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    requested = await asyncio.to_thread(engine.request_cancel, run.id)
+    assert requested.status == "running"  # the execution holds the run: it stops it, not the cancel
+    final = await asyncio.wait_for(execution, 5)
+    assert final.status == "cancelled"
+    assert engine.store.steps(run.id)[0].status == "cancelled"
+    assert [kind for kind, _ in _kinds(engine, run.id)].count("run_cancelled") == 1

@@ -216,10 +216,9 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
         )
 
     def waiting(lease: Lease) -> None:
-        left = max(0.0, service.settings.run_lease_s - lease.age_s)
         terminal.out.print(
             f"run {shown(run_id)} was being executed by {shown(lease.owner)}, last heard from "
-            f"{lease.age_s:.1f} s ago: waiting up to {left:.1f} s for it to be heard from again "
+            f"{lease.age_s:.1f} s ago: waiting up to {lease.left_s:.1f} s for it to be heard from again "
             "or for its lease to lapse",
             highlight=False,
             soft_wrap=True,

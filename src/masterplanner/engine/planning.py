@@ -12,6 +12,8 @@ from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..adaptation import adapt_plan
 from ..clause_planner import uses_clause_plans
 from ..errors import ModelError, PlanError, RunError
@@ -189,7 +191,11 @@ async def _review_answer(resources: RunResources, run: RunRecord) -> tuple[PlanD
     answered = await resources.store.requests.wait(latest.id)
     if answered.state != "answered" or answered.answer is None:
         raise RunError(f"the plan review (request {answered.id}) was {answered.state}")
-    return PlanDecision.model_validate(answered.answer), answered.answered_by or "person"
+    try:
+        decision = PlanDecision.model_validate(answered.answer)
+    except ValidationError as exc:  # stored by an earlier version that checked less
+        raise RunError(f"the plan review's answer (request {answered.id}) cannot be applied: {exc}") from None
+    return decision, answered.answered_by or "person"
 
 
 async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDecision) -> RunRecord:

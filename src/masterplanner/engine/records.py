@@ -153,10 +153,19 @@ class AgentBrief(BaseModel):
         return self.model_dump(mode="json", exclude_defaults=True)
 
 
-def briefs(agents: Mapping[str, Any] | None) -> dict[str, AgentBrief]:
-    """An `agents` map (step id -> JSON form or `AgentBrief`) as typed briefs."""
+def briefs(agents: Mapping[str, Any] | None, *, stored: bool = False) -> dict[str, AgentBrief]:
+    """An `agents` map (step id -> JSON form or `AgentBrief`) as typed briefs.
+
+    `stored`: the map was read from the database, where an earlier version may have kept fields
+    this one does not know; those are left out instead of refused.
+    """
+    known = AgentBrief.model_fields
     return {
-        step_id: agent if isinstance(agent, AgentBrief) else AgentBrief.model_validate(agent or {})
+        step_id: agent
+        if isinstance(agent, AgentBrief)
+        else AgentBrief.model_validate(
+            {key: value for key, value in (agent or {}).items() if key in known} if stored else agent or {}
+        )
         for step_id, agent in (agents or {}).items()
     }
 

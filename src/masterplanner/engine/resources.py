@@ -60,7 +60,8 @@ class RunResources:
 
 
 async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunResources:
-    catalog, tools = run_catalog(settings), tool_context(settings)
+    # the catalog checks the sandbox (a probe process): off the event loop
+    catalog, tools = await asyncio.to_thread(lambda: (run_catalog(settings), tool_context(settings)))
     if settings.mcp_servers:
         catalog, tools = await with_mcp_tools(settings, tools)
     growth = run.options.workspace_max_growth_bytes
@@ -104,7 +105,7 @@ class _Kept:
     def trim(self) -> None:
         idle = [run_id for run_id in self.made if run_id not in self.holders]
         for run_id in idle[: max(0, len(idle) - _KEPT_IDLE)]:
-            del self.made[run_id]
+            _close(self.made.pop(run_id))
 
 
 _kept = _Kept()
@@ -138,7 +139,7 @@ def hold(run_id: str, settings: Settings, store: RunStore) -> None:
     """
     held = _kept.holders.get(run_id)
     if held is None:
-        _kept.made.pop(run_id, None)
+        _close(_kept.made.pop(run_id, None))
         _kept.holders[run_id] = (settings, store, 1)
     else:
         _kept.holders[run_id] = (held[0], held[1], held[2] + 1)
@@ -153,4 +154,10 @@ def release(run_id: str) -> None:
         _kept.holders[run_id] = (held[0], held[1], held[2] - 1)
         return
     del _kept.holders[run_id]
-    _kept.made.pop(run_id, None)
+    _close(_kept.made.pop(run_id, None))
+
+
+def _close(resources: RunResources | None) -> None:
+    """Release what dropped resources hold open (the registry's database connections)."""
+    if resources is not None and resources.registry is not None:
+        resources.registry.close()

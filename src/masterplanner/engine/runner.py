@@ -113,7 +113,10 @@ class Engine:
             return run  # a cancelled or rejected run has nothing left to do
         # A succeeded or failed run goes on below too: its end may have been cut short (the
         # outcome recorded, the registry not yet told); `_Drive` finishes it, or finds it done.
-        await self._take_lease(run.id, on_wait)
+        # each execution holds the lease under a name of its own: two executions of one run in
+        # this process exclude each other too, and a cancel never takes it for its own
+        owner = f"{self.owner}/{secrets.token_hex(3)}"
+        await self._take_lease(run.id, owner, on_wait)
         try:
             await asyncio.to_thread(
                 launch_dbos, self.settings, self.store, executor_id=self.owner, debug=self.debug
@@ -123,7 +126,7 @@ class Engine:
             try:
                 drive = _Drive(self, run.id)
                 work = asyncio.ensure_future(drive.run())
-                guard = asyncio.ensure_future(self._guard(run.id, work, drive))
+                guard = asyncio.ensure_future(self._guard(run.id, owner, work, drive))
                 try:
                     await work
                 finally:
@@ -132,14 +135,14 @@ class Engine:
             finally:
                 release(run.id)
         finally:
-            await asyncio.to_thread(self.store.release, run.id, self.owner)
+            await asyncio.to_thread(self.store.release, run.id, owner)
         return await asyncio.to_thread(self.store.get_run, run.id)
 
-    async def _take_lease(self, run_id: str, on_wait: Callable[[Lease], None] | None) -> None:
+    async def _take_lease(self, run_id: str, owner: str, on_wait: Callable[[Lease], None] | None) -> None:
         """Take the run's lease, waiting for a holder that stopped renewing it to lapse."""
         lease_s = self.settings.run_lease_s
         seen: Lease | None = None
-        while not await asyncio.to_thread(self.store.claim, run_id, self.owner, lease_s=lease_s):
+        while not await asyncio.to_thread(self.store.claim, run_id, owner, lease_s=lease_s):
             lease = await asyncio.to_thread(self.store.lease, run_id)
             if lease is None:
                 continue  # given up meanwhile: claim it now
@@ -152,11 +155,12 @@ class Engine:
                     f"run {run_id} is being executed by another process ({lease.owner}); "
                     "it cannot run twice at once"
                 )
-            await asyncio.sleep(min(0.25, max(0.02, lease_s - lease.age_s)))
+            await asyncio.sleep(min(0.25, max(0.02, lease.left_s)))
 
-    async def _guard(self, run_id: str, work: asyncio.Future[None], drive: _Drive) -> None:
+    async def _guard(self, run_id: str, owner: str, work: asyncio.Future[None], drive: _Drive) -> None:
         """Renew the lease and watch for a cancel request while the run executes."""
-        beat_every = self.settings.run_lease_s / 5
+        lease_s = self.settings.run_lease_s
+        beat_every = lease_s / 5
         last_beat = time.monotonic()
         while not work.done():
             await asyncio.sleep(_GUARD_INTERVAL_S)
@@ -166,7 +170,7 @@ class Engine:
                 return
             if time.monotonic() - last_beat >= beat_every:
                 last_beat = time.monotonic()
-                if not await asyncio.to_thread(self.store.heartbeat, run_id, self.owner):
+                if not await asyncio.to_thread(self.store.heartbeat, run_id, owner, lease_s=lease_s):
                     drive.stop_reason = "lease lost"
                     work.cancel()
                     return
@@ -177,16 +181,17 @@ class Engine:
         if run.finished:
             raise RunError(f"run {run.id} already {run.status}")
         self.store.update_run(run.id, cancel_requested=True)
-        if self.store.claim(run.id, self.owner, lease_s=self.settings.run_lease_s):
+        canceller = f"{self.owner}/cancel-{secrets.token_hex(3)}"  # never an execution's name
+        if self.store.claim(run.id, canceller, lease_s=self.settings.run_lease_s):
             try:
                 _mark_cancelled(self.store, run.id)
             finally:
-                self.store.release(run.id, self.owner)
+                self.store.release(run.id, canceller)
         return self.store.get_run(run.id)
 
     def abandoned_runs(self) -> list[str]:
         """Runs a process died executing: their lease lapsed without being given up."""
-        return self.store.abandoned_runs(lease_s=self.settings.run_lease_s)
+        return self.store.abandoned_runs()
 
     def report(self, run_id: str) -> dict[str, Any]:
         """The JSON report of a run: id, status, output, error, plan, steps, usage (and its workspace)."""
@@ -241,14 +246,17 @@ class _Drive:
         self.run_id = run_id
         self.interrupted: set[str] = set()
         self.stop_reason: str | None = None
+        self.ending = False
+        """Whether the run's end workflow has been started (it is never started twice)."""
 
     async def run(self) -> None:
         run = await asyncio.to_thread(self.store.get_run, self.run_id)
-        if run.finished:
-            await self._finish_end()
-            return
-        resources = await resources_of(run.id, self.engine.settings, self.store)
         try:
+            if run.finished:
+                self.ending = True
+                await self._finish_end()
+                return
+            resources = await resources_of(run.id, self.engine.settings, self.store)
             if run.status == "planning":
                 run = await plan_run(resources, run)
             if run.status == "awaiting_approval":
@@ -262,6 +270,8 @@ class _Drive:
                 return
             raise
         except MasterplannerError as exc:
+            if self.ending:
+                raise  # the end workflow itself failed: it records its own outcome
             await self._end("failed", str(exc), tell_registry=False)
 
     async def _finish_end(self) -> None:
@@ -273,6 +283,7 @@ class _Drive:
             await handle.get_result()
 
     async def _end(self, status: Literal["succeeded", "failed"], text: str, *, tell_registry: bool) -> None:
+        self.ending = True
         with SetWorkflowID(f"{self.run_id}.end"):
             await end_workflow(self.run_id, status, text, tell_registry)
 

@@ -5,10 +5,11 @@ changes go through the named migrations below, applied once each and recorded in
 `mp_migrations`. Every write is one transaction, so a failed write leaves earlier data intact.
 
 Ownership: a run is executed by at most one process. The executing process holds a lease
-(`owner`, `heartbeat_at`) that it renews every few seconds; another process may take the run
-over only when the lease has lapsed. Lease times are the database's clock, not a process's, so
-processes on several machines agree on them; no process asks the operating system whether
-another one is alive.
+(`owner`, `heartbeat_at`, `lease_until`) that it renews every few seconds; another process may
+take the run over only once `lease_until` has passed. The holder sets how long its lease lasts,
+so processes configured with other lease lengths still agree. Lease times are the database's
+clock, not a process's, so processes on several machines agree on them; no process asks the
+operating system whether another one is alive.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import ValidationError
 from sqlalchemy.engine import Connection, Engine
 
 from ..database import Migration, create_engine, engine_url, migrate, transaction
@@ -63,6 +65,7 @@ runs_table = sa.Table(
     sa.Column("updated_at", sa.String(32), nullable=False),
     sa.Column("owner", sa.String(200)),
     sa.Column("heartbeat_at", sa.Float),
+    sa.Column("lease_until", sa.Float),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
 )
 steps_table = sa.Table(
@@ -105,9 +108,16 @@ def _create_run_tables(connection: Connection) -> None:
         table.create(connection, checkfirst=True)
 
 
+def _add_lease_until(connection: Connection) -> None:
+    """The lease's end, set by its holder (databases made before it had only `heartbeat_at`)."""
+    if "lease_until" not in {column["name"] for column in sa.inspect(connection).get_columns("mp_runs")}:
+        connection.execute(sa.text("ALTER TABLE mp_runs ADD COLUMN lease_until FLOAT"))
+
+
 MIGRATIONS: list[Migration] = [
     ("0001_runs_steps_events_usage", _create_run_tables),
     ("0002_requests", create_requests_table),
+    ("0003_lease_until", _add_lease_until),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -119,11 +129,14 @@ def process_identity() -> str:
 
 @dataclass(frozen=True)
 class Lease:
-    """Who holds a run's lease and how long ago, by the database's clock, they renewed it."""
+    """Who holds a run's lease, how long ago they renewed it and when it runs out (database clock)."""
 
     owner: str
     renewed_at: float
     age_s: float
+    """Seconds since the holder last renewed the lease."""
+    left_s: float
+    """Seconds until the lease runs out (0 when it has: the run may be taken over)."""
 
 
 def _database_now(connection: Connection) -> float:
@@ -228,7 +241,7 @@ class RunStore:
     # ---- ownership
 
     def claim(self, run_id: str, owner: str, *, lease_s: float) -> bool:
-        """Take the run's lease for `owner`: free, already `owner`'s, or not renewed for `lease_s`.
+        """Take the run's lease for `owner` for `lease_s`: if free, already `owner`'s, or run out.
 
         One conditional update, so of two processes claiming at once exactly one gets it.
         """
@@ -241,10 +254,11 @@ class RunStore:
                     sa.or_(
                         runs_table.c.owner.is_(None),
                         runs_table.c.owner == owner,
-                        runs_table.c.heartbeat_at < now - lease_s,
+                        runs_table.c.lease_until < now,
+                        runs_table.c.lease_until.is_(None),  # held by a version before lease_until
                     ),
                 )
-                .values(owner=owner, heartbeat_at=now)
+                .values(owner=owner, heartbeat_at=now, lease_until=now + lease_s)
             )
             if updated.rowcount == 1:
                 return True
@@ -252,13 +266,14 @@ class RunStore:
                 raise RunError(f"no run {run_id!r}")
             return False
 
-    def heartbeat(self, run_id: str, owner: str) -> bool:
-        """Renew the lease; False if `owner` no longer holds it."""
+    def heartbeat(self, run_id: str, owner: str, *, lease_s: float) -> bool:
+        """Renew the lease for another `lease_s`; False if `owner` no longer holds it."""
         with self.begin("renew a lease") as connection:
+            now = _database_now(connection)
             updated = connection.execute(
                 runs_table.update()
                 .where(runs_table.c.id == run_id, runs_table.c.owner == owner)
-                .values(heartbeat_at=_database_now(connection))
+                .values(heartbeat_at=now, lease_until=now + lease_s)
             )
             return updated.rowcount == 1
 
@@ -268,7 +283,7 @@ class RunStore:
             connection.execute(
                 runs_table.update()
                 .where(runs_table.c.id == run_id, runs_table.c.owner == owner)
-                .values(owner=None, heartbeat_at=None)
+                .values(owner=None, heartbeat_at=None, lease_until=None)
             )
 
     def lease(self, run_id: str) -> Lease | None:
@@ -276,14 +291,19 @@ class RunStore:
         with self.begin("read a lease") as connection:
             now = _database_now(connection)
             row = connection.execute(
-                sa.select(runs_table.c.owner, runs_table.c.heartbeat_at).where(runs_table.c.id == run_id)
+                sa.select(runs_table.c.owner, runs_table.c.heartbeat_at, runs_table.c.lease_until).where(
+                    runs_table.c.id == run_id
+                )
             ).first()
         if row is None or row[0] is None:
             return None
         renewed = float(row[1] or 0.0)
-        return Lease(owner=row[0], renewed_at=renewed, age_s=max(0.0, now - renewed))
+        until = float(row[2] or 0.0)
+        return Lease(
+            owner=row[0], renewed_at=renewed, age_s=max(0.0, now - renewed), left_s=max(0.0, until - now)
+        )
 
-    def abandoned_runs(self, *, lease_s: float) -> list[str]:
+    def abandoned_runs(self) -> list[str]:
         """Runs whose executing process stopped renewing its lease without giving it up (it died).
 
         Those `running`, and succeeded or failed ones whose end may have been cut short.
@@ -295,7 +315,7 @@ class RunStore:
                 .where(
                     runs_table.c.status.in_(("running", "succeeded", "failed")),
                     runs_table.c.owner.is_not(None),
-                    runs_table.c.heartbeat_at < now - lease_s,
+                    sa.or_(runs_table.c.lease_until < now, runs_table.c.lease_until.is_(None)),
                 )
                 .order_by(runs_table.c.created_at)
             ).all()
@@ -485,6 +505,11 @@ _USAGE_TOTALS = sa.text(
 
 
 def _run_record(row: Any) -> RunRecord:
+    try:
+        plan = Plan.model_validate(json.loads(row["plan"])) if row["plan"] else None
+        agents = briefs(json.loads(row["agents"]), stored=True) if row["agents"] else {}
+    except (ValueError, ValidationError) as exc:  # written by another version, or by hand
+        raise RunError(f"run {row['id']}: its stored plan or agents cannot be read: {exc}") from None
     return RunRecord(
         id=row["id"],
         task=row["task"],
@@ -494,8 +519,8 @@ def _run_record(row: Any) -> RunRecord:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         options=RunOptions.from_json_dict(json.loads(row["options"])),
-        plan=Plan.model_validate(json.loads(row["plan"])) if row["plan"] else None,
-        agents=briefs(json.loads(row["agents"])) if row["agents"] else {},
+        plan=plan,
+        agents=agents,
         output=row["output"],
         error=row["error"],
     )

@@ -148,7 +148,14 @@ async def end_workflow(
 
     await _recorded(record, "run_ended")
     if tell_registry:
-        await _recorded(lambda: _tell_registry(resources, succeeded=status == "succeeded"), "registry_told")
+
+        def tell() -> None:
+            try:
+                _tell_registry(resources, succeeded=status == "succeeded")
+            except MasterplannerError as error:  # the run's outcome stands; say what was not stored
+                store.append_event(run_id, "team_not_stored", data={"reason": str(error)})
+
+        await _recorded(tell, "registry_told")
 
 
 def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
