@@ -189,10 +189,6 @@ class RunService:
         """Runs whose executing process died (its lease lapsed): `execute` takes them over."""
         return await asyncio.to_thread(self._engine.abandoned_runs)
 
-    async def holder(self, run_id: str) -> Lease | None:
-        """Which process holds the run's lease now, and how long ago it renewed it."""
-        return await asyncio.to_thread(self._store.lease, (await self.get(run_id)).id)
-
     # ---- requests
 
     async def pending(self, run_id: str | None = None) -> list[Request]:

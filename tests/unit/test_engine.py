@@ -13,7 +13,7 @@ from _answers import execute_answering
 from _plans import step
 
 from masterplanner import PlanError, RunError, Settings
-from masterplanner.engine import Engine, RunOptions
+from masterplanner.engine import Engine, RunOptions, RunRecord
 
 FAST = RunOptions(auto_approve=True, prompt_rounds=0, retry_backoff_s=0.01)
 
@@ -205,7 +205,10 @@ async def test_call_budget_fails_the_run_and_keeps_finished_outputs(
     assert engine.report(run.id)["usage"]["llm_calls"] == 4
 
 
-async def test_cancel_stops_running_steps_promptly(engine: Engine, write_script: Callable[..., Path]) -> None:
+async def _slow_step_running(
+    engine: Engine, write_script: Callable[..., Path]
+) -> tuple[RunRecord, asyncio.Future[RunRecord]]:
+    """A run executing in the background whose one step is running (and would take 30 s)."""
     script = write_script(
         [_planner(step("slow", tools=[])), {"purpose": "step:slow", "output": "never", "delay_s": 30}, DRAFTS]
     )
@@ -213,8 +216,17 @@ async def test_cancel_stops_running_steps_promptly(engine: Engine, write_script:
     execution = asyncio.ensure_future(engine.execute(run.id))
     while engine.store.steps(run.id) == [] or engine.store.steps(run.id)[0].status != "running":  # noqa: ASYNC110
         await asyncio.sleep(0.05)
+    return run, execution
+
+
+async def test_cancel_stops_running_steps_promptly(engine: Engine, write_script: Callable[..., Path]) -> None:
+    run, execution = await _slow_step_running(engine, write_script)
     started = time.monotonic()
-    Engine(Settings.load()).request_cancel(run.id)
+    other = Engine(Settings.load())  # another process's cancel
+    try:
+        other.request_cancel(run.id)
+    finally:
+        other.close()
     final = await asyncio.wait_for(execution, 5)
     assert time.monotonic() - started < 2
     assert final.status == "cancelled"
@@ -560,13 +572,7 @@ async def test_a_review_answer_that_does_not_fit_is_refused_naming_the_field(
 async def test_a_cancel_from_the_process_executing_the_run_stops_it_once(
     engine: Engine, write_script: Callable[..., Path]
 ) -> None:
-    script = write_script(
-        [_planner(step("slow", tools=[])), {"purpose": "step:slow", "output": "never", "delay_s": 30}, DRAFTS]
-    )
-    run = engine.create_run("slow", model=f"scripted:{script}", options=FAST)
-    execution = asyncio.ensure_future(engine.execute(run.id))
-    while engine.store.steps(run.id) == [] or engine.store.steps(run.id)[0].status != "running":  # noqa: ASYNC110
-        await asyncio.sleep(0.05)
+    run, execution = await _slow_step_running(engine, write_script)
     requested = await asyncio.to_thread(engine.request_cancel, run.id)
     assert requested.status == "running"  # the execution holds the run: it stops it, not the cancel
     final = await asyncio.wait_for(execution, 5)

@@ -16,8 +16,6 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from pydantic_ai.models import Model
-
 from ..models import resolve_model
 from ..registry import RegistryStore, open_registry
 from ..registry.memory import MemoryStore
@@ -52,11 +50,6 @@ class RunResources:
     budget: ContextBudget
     registry: RegistryStore | None
     memory: MemoryStore | None
-
-    @property
-    def base_model(self) -> Model:
-        """The run's model without the budget check (for its profile and window)."""
-        return self.model.wrapped
 
 
 async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunResources:

@@ -82,13 +82,18 @@ async def _recorded(action: Callable[[], Any], name: str) -> Any:
     return await DBOS.run_step_async({"name": name}, write)
 
 
+async def _run_and_outputs(resources: RunResources, run_id: str) -> tuple[RunRecord, dict[str, str]]:
+    """The run as stored, and the outputs of its steps that succeeded (by step id)."""
+    run = await _db(resources.store.get_run, run_id)
+    done = await _db(resources.store.steps, run_id)
+    return run, {step.id: step.output or "" for step in done if step.status == "succeeded"}
+
+
 @DBOS.workflow(name="masterplanner.step")
 async def step_workflow(run_id: str, step_id: str) -> dict[str, Any]:
     """Run one plan step: attempts of its agent, with retries; returns its status and output or error."""
     resources = await _resources(run_id)
-    run = await _db(resources.store.get_run, run_id)
-    done = await _db(resources.store.steps, run_id)
-    outputs = {step.id: step.output or "" for step in done if step.status == "succeeded"}
+    run, outputs = await _run_and_outputs(resources, run_id)
     return await _StepRun(resources, run, step_id, outputs).run()
 
 
@@ -96,9 +101,7 @@ async def step_workflow(run_id: str, step_id: str) -> dict[str, Any]:
 async def aggregate_workflow(run_id: str) -> str:
     """The run's answer: the final step's output, the only sink's, or an aggregator call over the sinks."""
     resources = await _resources(run_id)
-    run = await _db(resources.store.get_run, run_id)
-    done = await _db(resources.store.steps, run_id)
-    outputs = {step.id: step.output or "" for step in done if step.status == "succeeded"}
+    run, outputs = await _run_and_outputs(resources, run_id)
     plan = _plan_of(run)
     if plan.final_step:
         return outputs.get(plan.final_step, "")
