@@ -5,7 +5,8 @@ The JSON form is a public contract (export, import, edits, the scripted model, t
 ```json
 {"task": "…",
  "steps": [{"id": "load-data", "title": "…", "instruction": "…", "agent_role": "data analyst",
-            "tools": ["read_file", "code_execution"], "depends_on": [], "expected_output": "…"}],
+            "tools": ["read_file", "code_execution"], "depends_on": [], "expected_output": "…",
+            "expand": false}],
  "final_step": "write-report"}
 ```
 
@@ -67,6 +68,8 @@ class Step(BaseModel):
     tools: list[str] = Field(default_factory=list, max_length=12)
     depends_on: list[str] = Field(default_factory=list, max_length=64)
     expected_output: str = Field("", max_length=2000)
+    expand: bool = False
+    """Plan this step as a sub-plan when it becomes ready (its sub-steps are `<id>--<sub-id>`)."""
 
     @field_validator("id")
     @classmethod
@@ -103,8 +106,12 @@ class Plan(BaseModel):
         return [step.id for step in self.steps]
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The public JSON form (without `final_step` when it is not set)."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """The public JSON form (without `final_step` when it is not set, nor `expand` when false)."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        for step in data["steps"]:
+            if not step["expand"]:
+                del step["expand"]
+        return data
 
 
 def validate_task(task: str) -> str:
@@ -322,7 +329,8 @@ def plan_output_schema(
                 },
                 "after": after,
                 "expected_output": {"type": "string", "maxLength": _LIMITS["expected_output"]},
-            },
+            }
+            | ({} if step_tools else {"expand": {"type": "boolean"}}),
             "required": ["id", "title", "instruction", "agent_role", "tools", "after", "expected_output"],
             "additionalProperties": False,
         }

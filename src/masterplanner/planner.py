@@ -8,7 +8,7 @@ last problems. It never falls back to a plan nobody validated.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -336,16 +336,19 @@ async def expand(
     ledger: UsageLedger | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
     repairs: int = DEFAULT_REPAIRS,
+    inputs: Mapping[str, str] | None = None,
 ) -> Plan:
     """Hierarchical planning: replace one step by a sub-plan spliced into the graph.
 
     Sub-step ids are `<step-id>--<sub-id>`; expansion nests at most `MAX_EXPANSION_DEPTH` levels.
+    `inputs` (the outputs of the step's dependencies, by step id) are shown to the planner.
     """
     target = original.step(step_id)
     if _depth(step_id) >= MAX_EXPANSION_DEPTH:
         raise PlanError([f"step {step_id!r}: already expanded {MAX_EXPANSION_DEPTH} levels deep"])
     system = _system(catalog, max_steps, None)
-    prompt = render("planner_expand.j2", task=original.task, step=target)
+    shown = [(dep, (inputs or {}).get(dep, "")[:1500]) for dep in target.depends_on if dep in (inputs or {})]
+    prompt = render("planner_expand.j2", task=original.task, step=target, inputs=shown)
 
     def accept(steps: object) -> Plan:
         sub = validate_plan({"task": target.instruction, "steps": steps}, catalog, max_steps=max_steps)
@@ -354,6 +357,8 @@ async def expand(
                 update={
                     "id": f"{step_id}--{sub_step.id}"[:40],
                     "depends_on": [f"{step_id}--{d}"[:40] for d in sub_step.depends_on],
+                    # a sub-step may be expanded again, down to the deepest level allowed
+                    "expand": sub_step.expand and _depth(step_id) + 1 < MAX_EXPANSION_DEPTH,
                 }
             )
             for sub_step in sub.steps
@@ -387,8 +392,13 @@ async def replan(
     ledger: UsageLedger | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
     repairs: int = DEFAULT_REPAIRS,
+    taken: Collection[str] = (),
 ) -> Plan:
-    """A new sub-graph for the failed step and its dependents; completed steps stay exactly as they were."""
+    """A new sub-graph for the failed step and its dependents; completed steps stay exactly as they were.
+
+    New steps never reuse a step id of the plan or one in `taken` (the ids a run has recorded,
+    replaced steps' included).
+    """
     failed = original.step(failed_step_id)
     replaced = [failed_step_id, *dependents_of(original, failed_step_id)]
     completed = [step_id for step_id in original.ids if step_id in completed_outputs]
@@ -403,16 +413,20 @@ async def replan(
         error=error,
         replaced=[original.step(step_id) for step_id in replaced],
         completed=[(original.step(step_id), completed_outputs[step_id]) for step_id in completed],
+        used=sorted(set(replaced) | set(taken)),
     )
     kept_ids = set(original.ids) - set(replaced)
+    used_ids = (set(replaced) | set(taken)) - kept_ids
 
     def accept(steps: object) -> Plan:
         if not isinstance(steps, list):
             raise PlanError(["plan: 'steps' must be a list"])
         clashes = [s.get("id") for s in steps if isinstance(s, dict) and s.get("id") in kept_ids]
-        if clashes:
+        reused = [s.get("id") for s in steps if isinstance(s, dict) and s.get("id") in used_ids]
+        if clashes or reused:
             raise PlanError(
                 [f"step {c!r}: that id belongs to a step that is kept; choose a new id" for c in clashes]
+                + [f"step {r!r}: that id was used earlier in this run; choose a new id" for r in reused]
             )
         # New steps may depend on kept steps, so validate them together with those.
         kept_steps = [s.model_dump() for s in original.steps if s.id in kept_ids]

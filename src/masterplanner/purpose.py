@@ -2,8 +2,10 @@
 
 Usage accounting, traces and the scripted test model all key on the label. The fixed labels are
 `planner`, `replanner`, `adapter`, `prompt_creator`, `critic`, `aggregator`, `chat`, `feedback`
-(the failure analysis after a low rating) and `summarizer` (a long input summarised for the step
-that reads it); a step agent's calls are labelled `step:<step-id>`.
+(the failure analysis after a low rating), `summarizer` (a long input summarised for the step
+that reads it) and `checker` (whether a step's output meets its expected output); a step
+agent's calls are labelled `step:<step-id>`, and a finished step consulted by another one
+(`ask_agent`) answers under `consult:<step-id>`.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ FIXED_PURPOSES = frozenset(
         "chat",
         "feedback",
         "summarizer",
+        "checker",
     }
 )
-_STEP_PURPOSE = re.compile(r"step:[a-z0-9][a-z0-9_-]{0,63}")
+_STEP_PURPOSE = re.compile(r"(?:step|consult):[a-z0-9][a-z0-9_-]{0,63}")
 
 _current: ContextVar[str | None] = ContextVar("masterplanner_purpose", default=None)
 
@@ -38,7 +41,8 @@ def validate_purpose(label: str) -> str:
     if label in FIXED_PURPOSES or _STEP_PURPOSE.fullmatch(label):
         return label
     raise ValueError(
-        f"invalid purpose label {label!r}: use one of {', '.join(sorted(FIXED_PURPOSES))} or step:<step-id>"
+        f"invalid purpose label {label!r}: use one of {', '.join(sorted(FIXED_PURPOSES))}, "
+        "step:<step-id> or consult:<step-id>"
     )
 
 

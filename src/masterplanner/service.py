@@ -209,7 +209,7 @@ class RunService:
         Of two answers given at once exactly one is taken; the other gets a `RequestError`.
         """
         request = await self.request(request_id)
-        if request.state == "open" and request.kind == "plan_review" and "plan" in answer:
+        if request.state == "open" and request.kind in ("plan_review", "replan") and "plan" in answer:
             validate_plan(answer["plan"], catalog_of_review(request))
         answered = await asyncio.to_thread(self._store.requests.answer, request.id, answer, by=by)
         await asyncio.to_thread(
@@ -251,7 +251,7 @@ class RunService:
             answer = {"text": text}
         elif text is not None:
             raise RequestError(f"request {request.id} asks yes or no: answer it with --approve or --deny")
-        elif request.kind == "plan_review":
+        elif request.kind in ("plan_review", "replan"):
             answer = (
                 {"action": "approve"} if approve else {"action": "reject", "reason": reason or "rejected"}
             )

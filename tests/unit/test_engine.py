@@ -119,7 +119,18 @@ async def test_garbage_output_is_retried_then_fails_and_skips_dependents(
     assert final.error is not None and final.error.startswith(f"step a failed: {steps['a']['error']}")
     assert "step b skipped: dependency 'a' failed" in final.error
     kinds = [kind for kind, step_id in _kinds(engine, run.id) if step_id == "a"]
-    assert kinds == ["step_started", "step_retried", "step_retried", "step_failed"]
+    # a replan was tried; the script has no replanner answer, so the step stays failed
+    assert kinds == [
+        "step_started",
+        "step_retried",
+        "step_retried",
+        "step_failed",
+        "replan_requested",
+        "replan_failed",
+    ]
+    failed_replan = next(e for e in engine.store.events(run.id) if e.kind == "replan_failed")
+    assert failed_replan.data["n"] == 1
+    assert "no entry left for purpose 'replanner'" in failed_replan.data["error"]
 
 
 async def test_a_retried_step_samples_with_a_seed(

@@ -44,6 +44,7 @@ __all__ = [
     "step_line",
     "steps_tree",
     "summary_line",
+    "team_lines",
     "wants_live_view",
     "written_files",
 ]
@@ -57,6 +58,8 @@ _LOOK = {
     "failed": ("✗", "red", "failed"),
     "skipped": ("-", "dim", "skipped"),
     "cancelled": ("■", "red", "cancelled"),
+    "replaced": ("↻", "yellow", "replaced"),
+    "expanded": ("▾", "cyan", "expanded"),
     "interrupted": ("■", "red", "interrupted"),  # the header's, when this process stops early
 }
 _PHASES = {
@@ -69,6 +72,20 @@ _PHASES = {
     "run_failed": "failed",
     "run_cancelled": "cancelled",
 }
+_TEAM_NOTES = {
+    "message_sent": "[blue]sent ",
+    "message_delivered": "[blue]message ",
+    "question_answered": "[blue]answered ",
+    "question_closed": "[yellow]question ",
+    "note_set": "[blue]note ",
+    "replan_requested": "[yellow]",
+    "replanned": "[yellow]replaced ",
+    "replan_failed": "[red]replan failed ",
+    "step_expanded": "[cyan]expanded ",
+    "expand_failed": "[yellow]not expanded ",
+    "output_checked": "[dim]checked ",
+}
+"""Events shown as a step's latest notice in the live tree: the colour and word they start with."""
 _TITLE_CHARS = 48
 _FILES_SHOWN = 20
 _FILES_SCANNED = 100_000
@@ -103,6 +120,9 @@ def _event_detail(kind: str, data: dict[str, Any]) -> str:
         if "refused_edit" in data:
             detail += f" [red]edit refused: {shown(data['refused_edit'])}[/]"
         return detail
+    team = _team_detail(kind, data)
+    if team is not None:
+        return team
     if kind == "plan_ready" and "reused_cohort" in data:
         reuse = (
             f"reusing the team of run {data['reused_cohort']} (similarity {data['similarity']}, "
@@ -174,6 +194,56 @@ def one_line(markup: str) -> Text:
     text = Text.from_markup(markup, overflow="ellipsis")
     text.no_wrap = True
     return text
+
+
+def _team_detail(kind: str, data: dict[str, Any]) -> str | None:
+    """What a collaboration or plan-revision event says (None: not one of those)."""
+    if kind == "message_sent":
+        what = "question" if data.get("kind") == "question" else data.get("kind", "message")
+        to = ", ".join(str(step) for step in data.get("to", []))
+        return f" {shown(what)} to {shown(to)}: {shown(data.get('content', ''))}"
+    if kind == "message_delivered":
+        return f" #{shown(data.get('id'))} from {shown(data.get('from'))}"
+    if kind == "question_answered":
+        return f" #{shown(data.get('id'))} for {shown(data.get('from'))} (by {shown(data.get('by'))})"
+    if kind == "question_closed":
+        return f" #{shown(data.get('id'))} [yellow]{shown(data.get('reason', ''))}[/]"
+    if kind == "note_set":
+        return f" {shown(data.get('key'))} = {shown(data.get('value', ''))}"
+    if kind == "output_checked":
+        verdict = "[green]meets[/]" if data.get("meets") else "[red]falls short[/]"
+        return f" {verdict}: {shown(data.get('reason', ''))}"
+    if kind == "replan_requested":
+        return f" [yellow]replan {shown(data.get('n'))} after: {shown(data.get('error', ''))}[/]"
+    if kind in ("replanned", "step_expanded"):
+        into = ", ".join(str(step) for step in data.get("steps", []))
+        return f" into {shown(into)} (by {shown(data.get('by', ''))})"
+    if kind in ("replan_failed", "expand_failed"):
+        why = data.get("problems") or data.get("error") or data.get("rejected") or ""
+        why = "; ".join(why) if isinstance(why, list) else why
+        return f" [red]{shown(why)}[/]"
+    return None
+
+
+def team_lines(report: dict[str, Any]) -> list[str]:
+    """The messages between a run's steps and its notes, as lines of markup (`runs show`)."""
+    lines: list[str] = []
+    messages = report.get("messages") or []
+    if messages:
+        lines.append(f"[bold]messages[/] ({len(messages)})")
+    for message in messages:
+        answer = f" → {shown(message['answer'])}" if message.get("answer") else ""
+        how = f"[dim]{shown(message['kind'])}, {shown(message['state'])}[/]"
+        lines.append(
+            f"  #{message['id']} {shown(message['from'])} → {shown(message['to'])} {how}: "
+            f"{shown(message['content'])}{answer}"
+        )
+    notes = report.get("notes") or []
+    if notes:
+        lines.append(f"[bold]notes[/] ({len(notes)})")
+    for note in notes:
+        lines.append(f"  {shown(note['key'])} [dim](by {shown(note['step'])})[/]: {shown(note['value'])}")
+    return lines
 
 
 def step_line(
@@ -267,6 +337,8 @@ class RunView:
             now.note = f"[dim]input from {shown(data.get('dependency', ''))} {how}[/]"
         elif event.kind == "step_succeeded":
             now.tool, now.note = None, ""
+        elif event.kind in _TEAM_NOTES:
+            now.note = _TEAM_NOTES[event.kind] + (_team_detail(event.kind, data) or "").lstrip() + "[/]"
 
     def render(self, elapsed: float) -> Tree:
         """The tree as it is now; `elapsed` is the run's time so far in this process."""
@@ -423,9 +495,10 @@ def print_summary(
     """Print how the run ended; with `tree`, its steps' final states hang under the first line."""
     first = summary_line(report, run.model, seconds)
     if tree and report["steps"]:
+        from ..engine.records import flat_steps
         from ..service import StepRecord
 
-        steps = [StepRecord(**step) for step in report["steps"]]
+        steps = [StepRecord(**step) for step in flat_steps(report["steps"])]
         notes = {
             step.id: f"  [red]{shown(step.error)}[/]"
             for step in steps

@@ -16,7 +16,7 @@ import typer
 
 from .answering import TerminalAnswerer, how_to_answer
 from .common import app, console, load_settings
-from .live import EventLines, LiveTree, event_line, print_summary, wants_live_view
+from .live import EventLines, LiveTree, event_line, print_summary, team_lines, wants_live_view
 from .terminal import json_text, shown, visible
 
 if TYPE_CHECKING:
@@ -302,16 +302,23 @@ def runs_show(
         soft_wrap=True,
     )
     table = Table("step", "status", "attempts", "started", "finished", "error")
-    for step in report["steps"]:
-        table.add_row(
-            shown(step["id"]),
-            shown(step["status"]),
-            shown(step["attempts"]),
-            shown((step["started_at"] or "")[11:23]),
-            shown((step["finished_at"] or "")[11:23]),
-            shown(step["error"] or ""),
-        )
+
+    def add(steps: list[dict[str, Any]], depth: int) -> None:
+        for step in steps:
+            table.add_row(
+                ("  " * depth + "└ " if depth else "") + shown(step["id"]),
+                shown(step["status"]),
+                shown(step["attempts"]),
+                shown((step["started_at"] or "")[11:23]),
+                shown((step["finished_at"] or "")[11:23]),
+                shown(step["error"] or ""),
+            )
+            add(step.get("sub_steps", []), depth + 1)
+
+    add(report["steps"], 0)
     out.print(table, highlight=False)
+    for line in team_lines(report):
+        out.print(line, highlight=False, soft_wrap=True)
     for event in events:
         out.print(event_line(event), highlight=False, soft_wrap=True)
     if report["output"]:

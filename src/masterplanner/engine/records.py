@@ -24,12 +24,18 @@ __all__ = [
     "StepStatus",
     "briefs",
     "briefs_json",
+    "flat_steps",
+    "nested_steps",
     "utc_now",
 ]
 
 RunStatus = Literal["planning", "awaiting_approval", "running", "succeeded", "failed", "cancelled"]
 FINISHED_RUN_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "cancelled"]
+StepStatus = Literal[
+    "pending", "running", "succeeded", "failed", "skipped", "cancelled", "replaced", "expanded"
+]
+"""`replaced`: a failed step (or one depending on it) that a replan put new steps in place of;
+`expanded`: a step that ran as a sub-plan (its sub-steps are `<step>--<sub>`)."""
 
 EventKind = Literal[
     "run_created",
@@ -57,6 +63,17 @@ EventKind = Literal[
     "input_cut",
     "request_opened",
     "request_answered",
+    "message_sent",
+    "message_delivered",
+    "question_answered",
+    "question_closed",
+    "note_set",
+    "output_checked",
+    "replan_requested",
+    "replanned",
+    "replan_failed",
+    "step_expanded",
+    "expand_failed",
 ]
 EVENT_KINDS: frozenset[str] = frozenset(get_args(EventKind))
 
@@ -101,6 +118,23 @@ class RunOptions:
     """How many bytes the workspace may grow by in this run (None: the setting, when the run is created)."""
     workspace_start_bytes: int = 0
     """What the workspace held when the run was created (its growth is counted from there)."""
+    team_tools: bool | None = None
+    """Whether step agents get the team tools (messages, questions, notes) when the run has
+    more than one step. None: decided when the run is created, on unless the model is a small
+    local one (seven more tool schemas crowd its window and its choice of tools)."""
+    messages_per_step: int = 20
+    """Most sends (messages, questions, broadcasts) one step makes."""
+    messages_per_run: int = 200
+    """Most sends all of the run's steps make together."""
+    message_chars: int = 4000
+    """Longest message, question, answer or note."""
+    ask_timeout_s: float = 120.0
+    """Longest a step waits for another step's answer."""
+    max_replans: int = 2
+    """How many times a failed step (and its dependents) may be replanned in one run."""
+    check_outputs: bool = False
+    """Whether a checker model call compares each step's output with its expected output; one
+    that falls short counts as failed (and is replanned)."""
 
     def to_json_dict(self) -> dict[str, Any]:
         """Plain JSON form."""
@@ -214,3 +248,31 @@ class RunRecord:
     def finished(self) -> bool:
         """Whether the run reached succeeded, failed or cancelled."""
         return self.status in FINISHED_RUN_STATUSES
+
+
+SUB_STEP = "--"
+"""What joins an expanded step's id and its sub-step's (`research--sources`)."""
+
+
+def nested_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Steps in JSON form with each sub-step under the step it was expanded from (`sub_steps`)."""
+    by_id: dict[str, dict[str, Any]] = {}
+    top: list[dict[str, Any]] = []
+    for step in steps:
+        entry = dict(step)
+        by_id[entry["id"]] = entry
+        parent = entry["id"].rpartition(SUB_STEP)[0]
+        if parent and parent in by_id:
+            by_id[parent].setdefault("sub_steps", []).append(entry)
+        else:
+            top.append(entry)
+    return top
+
+
+def flat_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`nested_steps` undone: every step, sub-steps after their parent, without `sub_steps`."""
+    flat: list[dict[str, Any]] = []
+    for step in steps:
+        flat.append({key: value for key, value in step.items() if key != "sub_steps"})
+        flat.extend(flat_steps(step.get("sub_steps", [])))
+    return flat

@@ -1,8 +1,10 @@
 """Stored requests: every pause of a run is a row any process can answer.
 
-A run pauses for a person in four places: the plan review, a tool call under policy `ask`,
-an agent's `ask_user` question, and (after it succeeds, with `remember_runs = ask`) whether to
-store its team. Each pause opens a request row (`mp_requests`): id, run, step, kind, payload,
+A run pauses for a person in five places: the plan review, a tool call under policy `ask`,
+an agent's `ask_user` question, the new steps a replan proposes for a failed step, and (after
+it succeeds, with `remember_runs = ask`) whether to store its team.
+
+Each pause opens a request row (`mp_requests`): id, run, step, kind, payload,
 state (`open` → `answered` | `expired` | `cancelled`), answer, who answered and when.
 
 The waiting side polls the row, so the answer may come from any process — the terminal that
@@ -42,7 +44,7 @@ __all__ = [
     "create_requests_table",
 ]
 
-RequestKind = Literal["plan_review", "tool_approval", "ask_user", "remember"]
+RequestKind = Literal["plan_review", "tool_approval", "ask_user", "remember", "replan"]
 RequestState = Literal["open", "answered", "expired", "cancelled"]
 
 _POLL_S = 0.2
@@ -142,6 +144,9 @@ class Request:
             return f"allow a call to {self.payload.get('tool')}{where}?"
         if self.kind == "ask_user":
             return f"an agent asks{where}: {self.payload.get('question', '')}"
+        if self.kind == "replan":
+            new = ", ".join(self.payload.get("new_steps", []))
+            return f"step {self.step_id} failed: run new steps {new} in its place? approve, reject or edit"
         return f"store this run's team ({self.payload.get('agents', 0)} agents) in the registry?"
 
 
@@ -157,8 +162,8 @@ def _problems(error: ValidationError) -> str:
 def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
     """`answer` in the shape `request`'s kind takes, or `RequestError` naming what is wrong.
 
-    - plan review: `{"action": "approve" | "reject", "reason"?, "plan"?, "agents"?, "tool_policies"?}`
-      (an edited plan is validated again when the run applies it);
+    - plan review and a replan's review: `{"action": "approve" | "reject", "reason"?, "plan"?,
+      "agents"?, "tool_policies"?}` (an edited plan is validated again when the run applies it);
     - tool approval and the remember question: `{"approved": bool, "reason"?: str}`;
     - `ask_user`: `{"text": str}`.
     """
@@ -167,18 +172,19 @@ def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
     reason = answer.get("reason")
     if reason is not None and (not isinstance(reason, str) or len(reason) > _MAX_TEXT):
         raise RequestError(f"request {request.id}: the reason must be text of at most {_MAX_TEXT} characters")
-    if request.kind == "plan_review":
+    if request.kind in ("plan_review", "replan"):
+        what = "a plan review" if request.kind == "plan_review" else "a replan's review"
         action = answer.get("action")
         if action not in ("approve", "reject"):
             raise RequestError(
-                f"request {request.id} is a plan review: answer approve or reject (--approve or --deny), "
+                f"request {request.id} is {what}: answer approve or reject (--approve or --deny), "
                 f"got {action!r}"
             )
         try:
             return PlanDecision.model_validate(answer).to_json_dict()
         except ValidationError as exc:
             raise RequestError(
-                f"request {request.id}: the answer does not fit a plan review: {_problems(exc)}"
+                f"request {request.id}: the answer does not fit {what}: {_problems(exc)}"
             ) from None
     if request.kind == "ask_user":
         text = answer.get("text")

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from dbos import DBOS, SetWorkflowID
 
+from ..clause_planner import uses_clause_plans
 from ..errors import BudgetExceededError, MasterplannerError, PlanError, RunError
 from ..models import resolve_model
 from ..plan import Plan, Step, tool_problems, validate_task
@@ -34,8 +35,9 @@ from ..settings import Settings
 from ..tools.workspace import Workspace
 from .catalogs import RunCatalog, run_catalog
 from .planning import plan_run, review_run
-from .records import RunOptions, RunRecord, utc_now
-from .resources import hold, release, resources_of
+from .records import RunOptions, RunRecord, nested_steps, utc_now
+from .resources import RunResources, hold, release, resources_of
+from .revisions import PlanRevisions
 from .runtime import launch_dbos, shutdown_dbos
 from .scheduler import StepOutcome, run_dag
 from .store import Lease, RunStore, process_identity
@@ -84,7 +86,7 @@ class Engine:
         """Record a new run (status `planning`) after checking the task and model spec."""
         task = validate_task(task)
         spec = model or self.settings.model
-        resolve_model(spec, self.settings)
+        resolved = resolve_model(spec, self.settings)
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         folder = workspace or (self.settings.home / "workspaces" / run_id)
         self.settings.record_workspace(folder)
@@ -92,6 +94,7 @@ class Engine:
         growth = options.workspace_max_growth_bytes
         options = replace(
             options,
+            team_tools=not uses_clause_plans(resolved) if options.team_tools is None else options.team_tools,
             workspace_max_growth_bytes=self.settings.workspace_max_growth_bytes if growth is None else growth,
             workspace_start_bytes=Workspace(folder).create().allocated_bytes(),
         )
@@ -194,7 +197,11 @@ class Engine:
         return self.store.abandoned_runs()
 
     def report(self, run_id: str) -> dict[str, Any]:
-        """The JSON report of a run: id, status, output, error, plan, steps, usage (and its workspace)."""
+        """The JSON report of a run: id, status, output, error, plan, steps, usage (and its workspace).
+
+        An expanded step's sub-steps are under it (`sub_steps`); messages between steps and
+        the run's notes are there too.
+        """
         run = self.store.get_run(run_id)
         return {
             "run_id": run.id,
@@ -205,8 +212,10 @@ class Engine:
             "workspace": run.workspace,
             "created_at": run.created_at,
             "plan": None if run.plan is None else run.plan.to_json_dict(),
-            "steps": [step.to_json_dict() for step in self.store.steps(run.id)],
+            "steps": nested_steps([step.to_json_dict() for step in self.store.steps(run.id)]),
             "usage": self.store.usage(run.id),
+            "messages": [message.to_json_dict() for message in self.store.messages.of_run(run.id)],
+            "notes": [note.to_json_dict() for note in self.store.messages.notes(run.id)],
         }
 
 
@@ -262,7 +271,7 @@ class _Drive:
             if run.status == "awaiting_approval":
                 run = await review_run(resources, run)
             if run.status == "running":
-                await self._run_steps(run, resources.catalog)
+                await self._run_steps(run, resources)
         except asyncio.CancelledError:
             if self.stop_reason == "cancelled":
                 await self._cancel_step_workflows()
@@ -293,7 +302,7 @@ class _Drive:
             if step.status == "running":
                 await DBOS.cancel_workflow_async(f"{self.run_id}.{step.id}")
 
-    async def _run_steps(self, run: RunRecord, catalog: RunCatalog) -> None:
+    async def _run_steps(self, run: RunRecord, resources: RunResources) -> None:
         plan = run.plan
         if plan is None:
             raise RunError(f"run {run.id} has no plan to run")
@@ -303,7 +312,7 @@ class _Drive:
             for step in stored
             if step.status in ("succeeded", "failed", "skipped")
         }
-        _check_tools(plan, set(finished), catalog)
+        _check_tools(plan, set(finished), resources.catalog)
         resumed = bool(stored)
         if not resumed:
             await asyncio.to_thread(self.store.init_steps, run.id, plan.ids)
@@ -311,6 +320,7 @@ class _Drive:
         # unfinished step, not only a "running" one, may have a workflow a crash left pending:
         # starting it again under its id would wait on the dead process for ever.
         self.interrupted = {step.id for step in stored if resumed and step.id not in finished}
+        revisions = PlanRevisions(resources)
         try:
             async with asyncio.timeout(await self._wall_time_left(run)):
                 outcomes = await run_dag(
@@ -319,6 +329,8 @@ class _Drive:
                     max_parallel=run.options.max_parallel,
                     finished=finished,
                     on_skip=self._skip,
+                    on_failure=revisions.on_failure,
+                    on_expand=revisions.on_expand,
                 )
                 problems = [
                     f"step {step_id} {outcome.status}: {outcome.error}"

@@ -247,8 +247,13 @@ _INPUTS_HEADING = "Inputs from the steps before yours:\n\n"
 _CLOSING = "When you are done, reply with your step's result."
 
 
-def step_brief(plan: Plan, step: Step, inputs: Sequence[FittedInput], *, tools: list[str]) -> str:
-    """The user message of a step agent: the task, its step, what it must produce, and its inputs."""
+def step_brief(
+    plan: Plan, step: Step, inputs: Sequence[FittedInput], *, tools: list[str], team: str = ""
+) -> str:
+    """The user message of a step agent: the task, its step, what it must produce, and its inputs.
+
+    `team` (when the step works with others) names them and shows the messages waiting for it.
+    """
     lines = [
         f"Overall task: {plan.task}",
         f"Your step ({step.id}): {step.title}",
@@ -258,6 +263,8 @@ def step_brief(plan: Plan, step: Step, inputs: Sequence[FittedInput], *, tools: 
         lines.append(f"Expected output: {step.expected_output}")
     if tools:
         lines.append(f"Tools you can use: {', '.join(tools)}. Files live in the run's workspace.")
+    if team:
+        lines.append(team)
     context = dependency_context(inputs)
     if context:
         lines.append(_INPUTS_HEADING + context)

@@ -14,8 +14,9 @@ from pydantic_ai import RunContext, Tool
 from ..tools import BUILTIN_TOOL_NAMES, builtin_tool
 from ..tools.context import StepDeps, ToolContext
 from ..tools.mcp import call_mcp_tool, split_tool_name
+from ..tools.team import TEAM_TOOLS
 
-__all__ = ["runnable_tools", "step_tools"]
+__all__ = ["runnable_tools", "step_tools", "team_tools"]
 
 
 def runnable_tools(names: Sequence[str], context: ToolContext) -> list[str]:
@@ -48,3 +49,8 @@ def _mcp_tool(name: str, context: ToolContext) -> Tool[StepDeps] | None:
         return await ctx.deps.run_tool(name, arguments, lambda: call_mcp_tool(config, tool, arguments))
 
     return Tool.from_schema(call, name, spec.description, spec.args_schema, takes_ctx=True)
+
+
+def team_tools() -> list[Tool[StepDeps]]:
+    """The team tools of a step that works with others."""
+    return [shipped.tool for shipped in TEAM_TOOLS]

@@ -30,6 +30,7 @@ from sqlalchemy.engine import Connection, Engine
 from ..database import Migration, create_engine, engine_url, migrate, transaction
 from ..errors import RunError
 from ..plan import Plan
+from .messages import Messages, create_message_tables
 from .records import (
     EVENT_KINDS,
     Event,
@@ -118,6 +119,7 @@ MIGRATIONS: list[Migration] = [
     ("0001_runs_steps_events_usage", _create_run_tables),
     ("0002_requests", create_requests_table),
     ("0003_lease_until", _add_lease_until),
+    ("0004_messages_notes", create_message_tables),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -156,6 +158,8 @@ class RunStore:
         migrate(self.engine, url, MIGRATIONS)
         self.requests = Requests(self)
         """The runs' stored requests (plan reviews, tool approvals, questions)."""
+        self.messages = Messages(self)
+        """Messages between the runs' steps, and the runs' notes."""
 
     def begin(self, action: str) -> AbstractContextManager[Connection]:
         """One transaction; a database failure becomes a `RunError` naming `action`."""
@@ -340,6 +344,51 @@ class RunStore:
                         }
                         for index, step_id in enumerate(step_ids)
                     ],
+                )
+
+    def revise_steps(
+        self, run_id: str, plan: Plan, agents: dict[str, Any], *, added: list[str], retired: dict[str, str]
+    ) -> None:
+        """Store a revised plan (a replan, a sub-plan) in one transaction.
+
+        The plan and its agents replace the run's; the `added` steps are recorded as pending
+        after the steps there are, and each `retired` step takes its new status (`replaced`,
+        `expanded`): it stays in the record, with what it did.
+        """
+        with self.begin("revise the plan") as connection:
+            connection.execute(
+                runs_table.update()
+                .where(runs_table.c.id == run_id)
+                .values(
+                    plan=json.dumps(plan.to_json_dict()),
+                    agents=json.dumps(briefs_json(agents)),
+                    updated_at=utc_now(),
+                )
+            )
+            last = connection.scalar(
+                sa.select(sa.func.coalesce(sa.func.max(steps_table.c.position), -1)).where(
+                    steps_table.c.run_id == run_id
+                )
+            )
+            if added:
+                connection.execute(
+                    steps_table.insert(),
+                    [
+                        {
+                            "run_id": run_id,
+                            "step_id": step_id,
+                            "position": int(last or 0) + 1 + index,
+                            "status": "pending",
+                            "attempts": 0,
+                        }
+                        for index, step_id in enumerate(added)
+                    ],
+                )
+            for step_id, status in retired.items():
+                connection.execute(
+                    steps_table.update()
+                    .where(steps_table.c.run_id == run_id, steps_table.c.step_id == step_id)
+                    .values(status=status)
                 )
 
     def update_step(self, run_id: str, step_id: str, **values: Any) -> None:

@@ -15,15 +15,18 @@ finishes it (`Engine.execute`), so a succeeded run's team is stored exactly once
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Literal
 
 import pydantic_ai
 from dbos import DBOS
+from pydantic import BaseModel, Field
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.exceptions import AgentRunError, ModelHTTPError, UnexpectedModelBehavior, UsageLimitExceeded
+from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 from pydantic_ai.models import Model
 from pydantic_ai.usage import UsageLimits
 
@@ -34,9 +37,12 @@ from ..models.labelled import labelled
 from ..plan import Plan, Step, sinks
 from ..purpose import step_purpose
 from ..registry.memory import episode_text
+from ..tools.catalog import Catalog
 from ..tools.context import StepDeps, ToolRunner
+from ..tools.team import team_tool
 from ..working_memory import FittedInput, Summarizer, fit_inputs, trimmer
 from .checkpoints import CheckpointedModel
+from .collaboration import StepTeam, delivered_text, team_brief
 from .records import AgentBrief, EventKind, RunRecord, briefs_json, utc_now
 from .resources import RunResources, resources_of
 from .reuse import remember_run
@@ -48,7 +54,7 @@ from .step_agent import (
     step_instructions,
     tool_aids,
 )
-from .step_tools import runnable_tools, step_tools
+from .step_tools import runnable_tools, step_tools, team_tools
 from .tool_calls import ToolCalls, durable_key
 
 __all__ = ["AGENT_REQUEST_LIMIT", "aggregate_workflow", "end_workflow", "step_workflow"]
@@ -60,6 +66,19 @@ pydantic_ai.BANNER_ENABLED = False
 
 AGENT_REQUEST_LIMIT = 12
 """Most model requests one attempt of a step agent makes."""
+_CHECKER_INSTRUCTIONS = (
+    "Decide whether a step's output meets its expected output. Judge only what the output says, "
+    "against what was expected; give the reason in one sentence."
+)
+
+
+class OutputCheck(BaseModel):
+    """The checker's verdict on one step's output."""
+
+    meets: bool
+    reason: str = Field(max_length=500)
+
+
 _AGGREGATOR_INSTRUCTIONS = "Compose the final answer to the task from the results of its steps. Be complete."
 
 
@@ -244,6 +263,12 @@ class _StepRun:
         self.step = self.plan.step(step_id)
         self.outputs = outputs
         self.tools = runnable_tools(self.step.tools, resources.tools)
+        self.workflow_id = f"{run.id}.{step_id}"
+        self.team = (
+            StepTeam(resources, step_id, run.options)
+            if run.options.team_tools and len(self.plan.steps) > 1
+            else None
+        )
 
     async def run(self) -> dict[str, Any]:
         """Attempts of the step agent until one succeeds, the attempts run out or an error ends it."""
@@ -291,6 +316,10 @@ class _StepRun:
             except Exception as exc:  # a tool or provider bug must fail the step, not the engine
                 error = f"{type(exc).__name__}: {exc}"
                 break
+            shortfall = await self._check(output) if options.check_outputs else None
+            if shortfall is not None:
+                error = shortfall
+                break
             await _db(
                 self.store.step_event,
                 run_id,
@@ -316,18 +345,31 @@ class _StepRun:
 
     async def _attempt(self, inputs: list[FittedInput], attempt: int) -> str:
         """One try of the step agent; a retry samples (`retry_settings`)."""
-        resources, step = self.resources, self.step
-        context = replace(resources.tools, ask_person=self._ask_person)
+        resources, step, team = self.resources, self.step, self.team
+        context = replace(resources.tools, ask_person=self._ask_person, team=team)
+        tools = step_tools(self.tools, context)
+        capabilities: list[Any] = [ProcessHistory(trimmer(resources.budget.history_chars))]
+        brief = ""
+        if team is not None:
+            tools += team_tools()
+            # messages that waited for the step (a retry sees again those shown to earlier attempts)
+            earlier = (
+                [] if attempt == 1 else await _db(self.store.messages.delivered_to, self.record.id, step.id)
+            )
+            waiting = await team.deliver(f"{self.workflow_id}#brief{attempt}")
+            shown = {message.id: message for message in [*earlier, *waiting]}
+            brief = team_brief(self.plan, step.id, list(shown.values()))
+            capabilities.append(ProcessHistory(self._deliveries(attempt)))
         agent: Agent[StepDeps, str] = Agent(
             CheckpointedModel(labelled(self._model(), step_purpose(step.id), resources.ledger)),
             deps_type=StepDeps,
             instructions=step_instructions(step, self._agent().prompt or None),
-            tools=step_tools(self.tools, context),
+            tools=tools,
             retries=2,
-            capabilities=[ProcessHistory(trimmer(resources.budget.history_chars))],
+            capabilities=capabilities,
         )
         result = await agent.run(
-            step_brief(self.plan, step, inputs, tools=self.tools),
+            step_brief(self.plan, step, inputs, tools=self.tools, team=brief),
             deps=StepDeps(resources.workspace, context, self._tool_runner()),
             model_settings={} if attempt == 1 else retry_settings(attempt),
             usage_limits=UsageLimits(request_limit=AGENT_REQUEST_LIMIT),
@@ -336,6 +378,48 @@ class _StepRun:
 
     def _agent(self) -> AgentBrief:
         return self.record.agents.get(self.step.id) or AgentBrief()
+
+    async def _check(self, output: str) -> str | None:
+        """Whether the output meets the step's expected output (`check_outputs`): None, or why not."""
+        step, resources = self.step, self.resources
+        if not step.expected_output:
+            return None
+        checker: Agent[None, OutputCheck] = Agent(
+            CheckpointedModel(labelled(resources.model, "checker", resources.ledger)),
+            output_type=OutputCheck,
+            instructions=_CHECKER_INSTRUCTIONS,
+        )
+        budget = resources.budget.inputs_chars
+        shown = output if len(output) <= budget else output[:budget] + "\n[… cut]"
+        result = await checker.run(
+            f"Step: {step.title}\nInstruction: {step.instruction}\n"
+            f"Expected output: {step.expected_output}\n\nThe step's output:\n{shown}"
+        )
+        verdict = result.output
+        data = {"meets": verdict.meets, "reason": verdict.reason}
+        await _db(self.store.step_event, self.record.id, step.id, "output_checked", data)
+        if verdict.meets:
+            return None
+        return f"its output does not meet the expected output ({step.expected_output}): {verdict.reason}"
+
+    def _deliveries(self, attempt: int) -> Callable[[list[ModelMessage]], Awaitable[list[ModelMessage]]]:
+        """Before each model request: the messages that arrived since, added to the conversation.
+
+        Each delivery's key is its place in the workflow (attempt, request), so a replay after a
+        crash shows the same messages at the same request, and none twice.
+        """
+        team, requests = self.team, itertools.count(1)
+        assert team is not None
+
+        async def deliver(messages: list[ModelMessage]) -> list[ModelMessage]:
+            taken = await team.deliver(f"{self.workflow_id}#a{attempt}r{next(requests)}")
+            if not taken or not messages or not isinstance(messages[-1], ModelRequest):
+                return messages
+            last = messages[-1]
+            added = UserPromptPart(delivered_text(taken))
+            return [*messages[:-1], replace(last, parts=[*last.parts, added])]
+
+        return deliver
 
     def _model(self) -> Model:
         """The run's model, with tool-use aids when its kind takes them (the embedded local model)."""
@@ -370,10 +454,16 @@ class _StepRun:
             store=self.store,
             run_id=self.record.id,
             step_id=self.step.id,
-            policy=lambda name: options.policy(
-                name, catalog[name].approval if name in catalog else "ask", policies
-            ),
+            policy=lambda name: options.policy(name, _default_approval(name, catalog), policies),
         ).run
+
+
+def _default_approval(name: str, catalog: Catalog) -> str:
+    """A tool's approval policy when neither the agent nor the run sets one."""
+    if name in catalog:
+        return catalog[name].approval
+    team = team_tool(name)
+    return team.approval if team is not None else "ask"
 
 
 def _plan_of(run: RunRecord) -> Plan:

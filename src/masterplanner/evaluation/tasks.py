@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..engine.records import flat_steps
 from ..errors import ConfigError, MasterplannerError
 from ..tools.workspace import Workspace
 from ..usage import UsageLedger
@@ -266,7 +267,7 @@ async def _run_task(
         "seconds": seconds,
         "steps": len((plan or {}).get("steps", [])),
         "plan": plan,
-        "step_errors": {step["id"]: step["error"] for step in report["steps"] if step["error"]},
+        "step_errors": {step["id"]: step["error"] for step in flat_steps(report["steps"]) if step["error"]},
         "output": (report["output"] or "")[:_OUTPUT_KEPT],
         "files": sorted(entry.name for entry in workspace.list_files()),
         "usage": report["usage"].get("by_purpose", {}),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .catalog import ToolSpec
 from .http import HttpPolicy
@@ -16,11 +16,43 @@ from .workspace import Workspace
 if TYPE_CHECKING:
     from ..registry.memory import MemoryStore
 
-__all__ = ["StepDeps", "ToolContext", "ToolRunner"]
+__all__ = ["StepDeps", "Team", "ToolContext", "ToolRunner"]
 
 
 ToolRunner = Callable[[str, dict[str, Any], Callable[[], str | Awaitable[str]]], Awaitable[str]]
 """Runs one tool call (approval policy, checkpoint, events) and returns what the agent sees."""
+
+
+class Team(Protocol):
+    """One step's side of its run's team: what the team tools (`tools/team.py`) call."""
+
+    async def send(self, to: str, content: str) -> str:
+        """Send a message to a step; returns what the agent is told."""
+        ...
+
+    async def ask(self, to: str, question: str) -> str:
+        """Ask a step a question; returns its answer, or why there is none."""
+        ...
+
+    async def broadcast(self, content: str) -> str:
+        """Send a message to every step still to finish."""
+        ...
+
+    async def reply(self, question_id: int, answer: str) -> str:
+        """Answer a question asked of this step."""
+        ...
+
+    async def set_note(self, key: str, value: str) -> str:
+        """Write a note on the run's blackboard."""
+        ...
+
+    async def get_note(self, key: str) -> str:
+        """Read one note."""
+        ...
+
+    async def list_notes(self) -> str:
+        """List the notes."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -40,6 +72,8 @@ class ToolContext:
     """Long-term memory for `remember` / `recall` (None: not available in this run)."""
     memory_source: str = ""
     """What a remembered fact is recorded as coming from (the run id)."""
+    team: Team | None = None
+    """The step's messages, questions and notes (None: the step works alone)."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,310 @@
+"""A plan that changes while its run runs: a failed step replanned, a step expanded into a sub-plan.
+
+Both are proposed by a durable workflow (`<run>.replan-<n>`, `<run>.expand-<step>`) whose model
+calls are checkpointed, so a process that takes the run over after a crash gets the same
+proposal instead of planning again. A replan is shown to the person as a stored `replan`
+request (approve, edit, reject) unless the run approves everything (`--yes`); a sub-plan was
+approved at review, when its step was marked `expand`. The revised plan, its new steps' agents
+and the retired steps' statuses (`replaced`, `expanded`) are stored in one transaction; steps
+that finished are kept and never run again, and new step ids never reuse a recorded one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+from dbos import DBOS, SetWorkflowID
+from pydantic import ValidationError
+
+from ..errors import MasterplannerError, PlanError, RunError
+from ..plan import Plan, Step, validate_plan
+from ..planner import expand, replan
+from ..prompting import create_prompts, prompts_to_json
+from .checkpoints import CheckpointedModel
+from .planning import review_payload
+from .records import AgentBrief, EventKind, RunRecord, briefs
+from .requests import PlanDecision
+from .resources import RunResources, resources_of
+from .runtime import launched_host
+from .scheduler import StepOutcome
+
+__all__ = ["PlanRevisions", "expand_workflow", "replan_workflow"]
+
+
+async def _proposal_resources(run_id: str) -> tuple[RunResources, RunRecord, dict[str, str]]:
+    settings, store = launched_host()
+    resources = await resources_of(run_id, settings, store)
+    run = await asyncio.to_thread(store.get_run, run_id)
+    steps = await asyncio.to_thread(store.steps, run_id)
+    outputs = {step.id: step.output or "" for step in steps if step.status == "succeeded"}
+    return resources, run, outputs
+
+
+async def _with_prompts(
+    resources: RunResources, run: RunRecord, revised: Plan, new_ids: list[str]
+) -> dict[str, Any]:
+    """The proposal as a workflow returns it: the plan, and agents (prompts) for its new steps."""
+    written = prompts_to_json(
+        await create_prompts(
+            revised,
+            resources.catalog,
+            model=CheckpointedModel(resources.model),
+            ledger=resources.ledger,
+            rounds=run.options.prompt_rounds,
+            only=new_ids,
+        )
+    )
+    return {"plan": revised.to_json_dict(), "agents": {step_id: written[step_id] for step_id in new_ids}}
+
+
+@DBOS.workflow(name="masterplanner.replan")
+async def replan_workflow(run_id: str, step_id: str, error: str) -> dict[str, Any]:
+    """New steps in place of failed `step_id` and its dependents, or the planner's problems."""
+    resources, run, outputs = await _proposal_resources(run_id)
+    if run.plan is None:
+        raise RunError(f"run {run_id} has no plan to replan")
+    recorded = [step.id for step in await asyncio.to_thread(resources.store.steps, run_id)]
+    try:
+        revised = await replan(
+            run.plan,
+            step_id,
+            error,
+            {key: value for key, value in outputs.items() if key in run.plan.ids},
+            resources.catalog,
+            model=CheckpointedModel(resources.model),
+            ledger=resources.ledger,
+            taken=recorded,
+        )
+    except PlanError as problem:
+        return {"problems": problem.problems}
+    except MasterplannerError as problem:  # the model could not be asked (a budget, a provider error)
+        return {"error": str(problem)}
+    new_ids = [step.id for step in revised.steps if step.id not in run.plan.ids]
+    return await _with_prompts(resources, run, revised, new_ids)
+
+
+@DBOS.workflow(name="masterplanner.expand")
+async def expand_workflow(run_id: str, step_id: str) -> dict[str, Any]:
+    """`step_id` planned as a sub-plan, with its dependencies' outputs in view, or the problems."""
+    resources, run, outputs = await _proposal_resources(run_id)
+    if run.plan is None:
+        raise RunError(f"run {run_id} has no plan to expand")
+    try:
+        revised = await expand(
+            run.plan,
+            step_id,
+            resources.catalog,
+            model=CheckpointedModel(resources.model),
+            ledger=resources.ledger,
+            inputs=outputs,
+        )
+    except PlanError as problem:
+        return {"problems": problem.problems}
+    except MasterplannerError as problem:  # the model could not be asked (a budget, a provider error)
+        return {"error": str(problem)}
+    new_ids = [step.id for step in revised.steps if step.id not in run.plan.ids]
+    return await _with_prompts(resources, run, revised, new_ids)
+
+
+async def _proposal(workflow_id: str, workflow: Any, *args: Any) -> dict[str, Any]:
+    """A proposal workflow's result: recorded, resumed where a crash cut it, or made now."""
+    status = await DBOS.get_workflow_status_async(workflow_id)
+    if status is not None and status.status == "PENDING":
+        handle = await DBOS.resume_workflow_async(workflow_id)
+        result: dict[str, Any] = await handle.get_result()
+        return result
+    with SetWorkflowID(workflow_id):
+        result = await workflow(*args)
+    return result
+
+
+class PlanRevisions:
+    """What the scheduler calls when a step fails for good, or an `expand` step becomes ready."""
+
+    def __init__(self, resources: RunResources) -> None:
+        self.resources = resources
+        self.store = resources.store
+        self.run_id = resources.run_id
+
+    async def _run(self) -> RunRecord:
+        return await asyncio.to_thread(self.store.get_run, self.run_id)
+
+    async def on_failure(self, step: Step, outcome: StepOutcome) -> Plan | None:
+        """Replan a failed step (and its dependents), within the run's replan budget.
+
+        None when the budget is spent or the person rejects the new steps: the step stays
+        failed. A replan with no valid plan after its repairs fails the run with the planner's
+        problems (`PlanError`).
+        """
+        run = await self._run()
+        events = await asyncio.to_thread(self.store.events, self.run_id)
+        done = sum(1 for event in events if event.kind in ("replanned", "replan_failed"))
+        number = done + 1
+        if done >= run.options.max_replans or run.plan is None or step.id not in run.plan.ids:
+            return None
+        if any(event.kind == "replan_failed" and event.step == step.id for event in events):
+            return None  # its replan was rejected before this process took the run over
+        error = outcome.error or "failed"
+        if not any(event.kind == "replan_requested" and event.data.get("n") == number for event in events):
+            await asyncio.to_thread(
+                self.store.append_event,
+                self.run_id,
+                "replan_requested",
+                step.id,
+                {"n": number, "error": error},
+            )
+        proposal = await _proposal(
+            f"{self.run_id}.replan-{number}", replan_workflow, self.run_id, step.id, error
+        )
+        if "error" in proposal:  # the step stays failed, and so does the run
+            await self._failed(step.id, number, {"error": proposal["error"]})
+            return None
+        if "problems" in proposal:
+            await self._failed(step.id, number, {"problems": proposal["problems"]})
+            raise PlanError(proposal["problems"], context=f"replanning step {step.id} found no valid plan")
+        revised = Plan.model_validate(proposal["plan"])
+        agents = briefs(proposal["agents"])
+        by = "auto"
+        if not run.options.auto_approve:
+            decision, by = await self._review(run, step, error, revised, agents, number)
+            if decision.action == "reject":
+                await self._failed(step.id, number, {"rejected": decision.reason or "rejected", "by": by})
+                return None
+            if decision.edits:
+                revised, agents = await self._edited(run, revised, agents, decision)
+        return await self._store(
+            run, revised, agents, {step.id: "replaced"}, "replanned", step.id, number, by
+        )
+
+    async def on_expand(self, step: Step) -> Plan | None:
+        """Plan an `expand` step as a sub-plan; None (it runs as one step) when that fails."""
+        run = await self._run()
+        if run.plan is None or step.id not in run.plan.ids:
+            return None
+        proposal = await _proposal(f"{self.run_id}.expand-{step.id}", expand_workflow, self.run_id, step.id)
+        if "problems" in proposal or "error" in proposal:
+            why: dict[str, Any] = {key: proposal[key] for key in ("problems", "error") if key in proposal}
+            await asyncio.to_thread(self.store.append_event, self.run_id, "expand_failed", step.id, why)
+            return None
+        revised = Plan.model_validate(proposal["plan"])
+        return await self._store(
+            run,
+            revised,
+            briefs(proposal["agents"]),
+            {step.id: "expanded"},
+            "step_expanded",
+            step.id,
+            None,
+            "auto",
+        )
+
+    async def _failed(self, step_id: str, number: int, data: dict[str, Any]) -> None:
+        await asyncio.to_thread(
+            self.store.append_event, self.run_id, "replan_failed", step_id, {"n": number, **data}
+        )
+
+    async def _review(
+        self,
+        run: RunRecord,
+        step: Step,
+        error: str,
+        revised: Plan,
+        agents: dict[str, AgentBrief],
+        number: int,
+    ) -> tuple[PlanDecision, str]:
+        """The person's answer to the replan (a stored request any process may answer)."""
+        assert run.plan is not None
+        new = [step_id for step_id in revised.ids if step_id not in run.plan.ids]
+        replaced = [step_id for step_id in run.plan.ids if step_id not in revised.ids]
+        shown = dataclasses.replace(run, plan=revised, agents={**run.agents, **agents})
+        payload = review_payload(shown, self.resources.catalog) | {
+            "error": error,
+            "new_steps": new,
+            "replaced_steps": replaced,
+        }
+        store = self.store
+        answered = await store.requests.pause(
+            self.run_id,
+            "replan",
+            payload,
+            key=f"{self.run_id}#replan-{number}",
+            step_id=step.id,
+            announce=lambda request: store.append_event(
+                self.run_id, "request_opened", step.id, {"request": request.id, "kind": "replan"}
+            ),
+        )
+        if answered.state != "answered" or answered.answer is None:
+            raise RunError(f"the replan of step {step.id} (request {answered.id}) was {answered.state}")
+        try:
+            decision = PlanDecision.model_validate(answered.answer)
+        except ValidationError as exc:
+            raise RunError(f"the answer to request {answered.id} cannot be applied: {exc}") from None
+        return decision, answered.answered_by or "person"
+
+    async def _edited(
+        self, run: RunRecord, revised: Plan, agents: dict[str, AgentBrief], decision: PlanDecision
+    ) -> tuple[Plan, dict[str, AgentBrief]]:
+        """The person's edit of a replan, checked: finished steps must stay as they were."""
+        assert run.plan is not None
+        edited = validate_plan(
+            decision.plan if decision.plan is not None else revised, self.resources.catalog
+        )
+        records = await asyncio.to_thread(self.store.steps, self.run_id)
+        finished = {record.id for record in records if record.status != "pending"}
+        before = {step.id: step for step in run.plan.steps}
+        changed = [
+            step.id
+            for step in edited.steps
+            if step.id in finished and (step.id not in before or before[step.id] != step)
+        ]
+        gone = [step_id for step_id in finished if step_id in before and step_id not in edited.ids]
+        problems = [f"step {step_id!r}: it has run, so it cannot change" for step_id in changed]
+        problems += [f"step {step_id!r}: it has run, so it cannot be removed" for step_id in gone]
+        if problems:
+            raise PlanError(problems, context="the edited replan cannot be applied")
+        merged = {**agents, **(decision.agents or {})}
+        kept = {step_id: merged[step_id] for step_id in edited.ids if step_id in merged}
+        missing = [step_id for step_id in edited.ids if step_id not in before and step_id not in kept]
+        if missing:
+            written = prompts_to_json(
+                await create_prompts(
+                    edited,
+                    self.resources.catalog,
+                    model=self.resources.model,
+                    ledger=self.resources.ledger,
+                    rounds=run.options.prompt_rounds,
+                    only=missing,
+                )
+            )
+            kept |= briefs({step_id: written[step_id] for step_id in missing})
+        return edited, kept
+
+    async def _store(
+        self,
+        run: RunRecord,
+        revised: Plan,
+        agents: dict[str, AgentBrief],
+        retired: dict[str, str],
+        kind: EventKind,
+        step_id: str,
+        number: int | None,
+        by: str,
+    ) -> Plan:
+        """Store the revised plan: new steps pending, retired ones marked, one event saying what changed."""
+        assert run.plan is not None
+        new = [step.id for step in revised.steps if step.id not in run.plan.ids]
+        dropped = [step.id for step in run.plan.steps if step.id not in revised.ids]
+        retire = {sid: retired.get(sid, "replaced") for sid in dropped}
+        all_agents = {sid: brief for sid, brief in {**run.agents, **agents}.items() if sid in revised.ids}
+
+        def write() -> None:
+            self.store.revise_steps(self.run_id, revised, all_agents, added=new, retired=retire)
+            data: dict[str, Any] = {"retired": dropped, "steps": new, "by": by}
+            if number is not None:
+                data["n"] = number
+            self.store.append_event(self.run_id, kind, step_id, data)
+
+        await asyncio.to_thread(write)
+        return revised

@@ -1,0 +1,212 @@
+"""Step agents working together, through the engine with the scripted model: messages, questions, notes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _plans import step
+
+from masterplanner import Settings
+from masterplanner.engine import Engine, RunOptions
+
+FAST = RunOptions(auto_approve=True, prompt_rounds=0, retry_backoff_s=0.01)
+DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
+
+
+@pytest.fixture
+def engine(isolated: Path) -> Iterator[Engine]:
+    created = Engine(Settings.load())
+    yield created
+    created.close()
+
+
+def _planner(*steps: dict[str, Any]) -> dict[str, Any]:
+    return {"purpose": "planner", "output": {"steps": list(steps)}}
+
+
+def _call(purpose: str, tool: str, delay_s: float = 0.0, **args: Any) -> dict[str, Any]:
+    return {"purpose": purpose, "tool_calls": [{"name": tool, "args": args}], "delay_s": delay_s}
+
+
+def _events(engine: Engine, run_id: str, *kinds: str) -> list[tuple[str, str | None, dict[str, Any]]]:
+    return [
+        (event.kind, event.step, event.data) for event in engine.store.events(run_id) if event.kind in kinds
+    ]
+
+
+async def test_a_question_to_a_finished_step_and_a_message_to_a_running_one(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=[]), step("c", tools=[]), step("d", tools=[])),
+            {"purpose": "step:a", "output": "A found 42"},
+            _call("step:b", "ask_agent", to="a", question="What number did you find?"),
+            {
+                "purpose": "consult:a",
+                "expect": ["A found 42", "What number did you find?"],
+                "output": "It was 42.",
+            },
+            {"purpose": "step:b", "expect": ["step a answers: It was 42."], "output": "B-OUT"},
+            _call("step:c", "send_message", to="d", content="Use blue, not red."),
+            {"purpose": "step:c", "output": "C-OUT"},
+            # d is running (its first request takes a while) when c's message arrives
+            _call("step:d", "list_notes", delay_s=0.6),
+            {
+                "purpose": "step:d",
+                "expect": ["message #1 from step c: Use blue, not red."],
+                "output": "D-OUT",
+            },
+            {"purpose": "aggregator", "output": "ALL"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("work together", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    # each message shows once in the events (steps c and a run side by side: the order varies)
+    sent = _events(engine, run.id, "message_sent", "message_delivered", "question_answered")
+    assert sorted((kind, where) for kind, where, _ in sent) == [
+        ("message_delivered", "d"),
+        ("message_sent", "b"),
+        ("message_sent", "c"),
+        ("question_answered", "a"),
+    ]
+    by_kind = {(kind, where): data for kind, where, data in sent}
+    assert by_kind["message_sent", "c"] == {
+        "ids": [1],
+        "to": ["d"],
+        "kind": "message",
+        "chars": 18,
+        "content": "Use blue, not red.",
+    }
+    assert by_kind["message_delivered", "d"] == {"id": 1, "from": "c", "kind": "message"}
+    assert by_kind["question_answered", "a"] == {"id": 2, "from": "b", "by": "consult", "chars": 10}
+    messages = engine.store.messages.of_run(run.id)
+    assert [(m.sender, m.recipient, m.kind, m.state) for m in messages] == [
+        ("c", "d", "message", "delivered"),
+        ("b", "a", "question", "answered"),
+    ]
+    assert messages[1].answer == "It was 42."
+    assert engine.report(run.id)["usage"]["by_purpose"]["consult:a"]["calls"] == 1
+
+
+async def test_two_steps_asking_each_other_are_told_at_once(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", tools=[])),
+            _call("step:a", "ask_agent", delay_s=0.2, to="b", question="What is your result?"),
+            _call("step:b", "ask_agent", delay_s=0.6, to="a", question="And yours?"),
+            {"purpose": "step:a", "expect": ["not answered: steps would wait on each other"], "output": "A"},
+            {"purpose": "step:b", "expect": ["not answered: steps would wait on each other"], "output": "B"},
+            {"purpose": "aggregator", "output": "AB"},
+            DRAFTS,
+        ]
+    )
+    options = replace(FAST, ask_timeout_s=60.0)
+    run = engine.create_run("ask each other", model=f"scripted:{script}", options=options)
+    started = time.monotonic()
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert time.monotonic() - started < 30  # told when the cycle formed, not after the 60 s timeout
+    closed = _events(engine, run.id, "question_closed")
+    assert sorted(where for _, where, _ in closed) == ["a", "b"]
+    assert all("a → b → a" in data["reason"] or "b → a → b" in data["reason"] for _, _, data in closed)
+    assert [m.state for m in engine.store.messages.of_run(run.id)] == ["closed", "closed"]
+
+
+async def test_a_question_to_a_running_step_is_answered_with_reply(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", tools=[])),
+            _call("step:a", "ask_agent", delay_s=0.2, to="b", question="Which unit?"),
+            # b's second request shows the question; it answers with reply
+            _call("step:b", "list_notes", delay_s=0.6),
+            {
+                "purpose": "step:b",
+                "expect": ["question #1 from step a: Which unit?", "reply(question_id=1"],
+                "tool_calls": [{"name": "reply", "args": {"question_id": 1, "answer": "metres"}}],
+            },
+            {"purpose": "step:b", "output": "B"},
+            {"purpose": "step:a", "expect": ["step b answers: metres"], "output": "A"},
+            {"purpose": "aggregator", "output": "AB"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("reply", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    answered = _events(engine, run.id, "question_answered")
+    assert answered == [("question_answered", "b", {"id": 1, "from": "a", "by": "reply", "chars": 6})]
+
+
+async def test_bounds_and_bad_addresses_are_tool_results_not_crashes(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=[]), step("c", "b", tools=[])),
+            _call("step:a", "send_message", to="b", content="first"),
+            _call("step:a", "send_message", to="b", content="first"),
+            _call("step:a", "send_message", to="nobody", content="hello"),
+            _call("step:a", "send_message", to="c", content="x" * 5000),
+            _call("step:a", "ask_agent", to="b", question="ready?"),
+            _call("step:a", "send_message", to="c", content="second"),
+            _call("step:a", "broadcast", content="third"),
+            {
+                "purpose": "step:a",
+                "expect": [
+                    "not sent: you already sent step b exactly this message",
+                    "no step 'nobody' in this run; its other steps are: b, c",
+                    "the message has 5000 characters; at most 4000 are sent",
+                    "not asked: step b has not started",
+                    "not sent: this step has sent its 2 messages (the bound per step)",
+                ],
+                "output": "A",
+            },
+            {"purpose": "step:b", "expect": ["message #1 from step a: first"], "output": "B"},
+            {"purpose": "step:c", "expect": ["message #2 from step a: second"], "output": "C"},
+            DRAFTS,
+        ]
+    )
+    options = replace(FAST, messages_per_step=2)
+    run = engine.create_run("bounded", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert [(m.recipient, m.content) for m in engine.store.messages.of_run(run.id)] == [
+        ("b", "first"),
+        ("c", "second"),
+    ]
+    delivered = _events(engine, run.id, "message_delivered")
+    assert [(where, data["id"]) for _, where, data in delivered] == [("b", 1), ("c", 2)]
+
+
+async def test_notes_on_the_blackboard(engine: Engine, write_script: Callable[..., Path]) -> None:
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=[])),
+            _call("step:a", "set_note", key="format", value="CSV with a header"),
+            {"purpose": "step:a", "output": "A"},
+            _call("step:b", "get_note", key="format"),
+            {"purpose": "step:b", "expect": ["CSV with a header\n(written by step a)"], "output": "B"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("notes", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert [(n.key, n.value, n.step) for n in engine.store.messages.notes(run.id)] == [
+        ("format", "CSV with a header", "a")
+    ]
+    assert _events(engine, run.id, "note_set") == [
+        ("note_set", "a", {"key": "format", "chars": 17, "value": "CSV with a header"})
+    ]
