@@ -1,0 +1,181 @@
+"""A plan that changes while it runs: failed steps replanned, outputs checked, steps expanded into sub-plans."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _plans import step
+
+from masterplanner import Settings
+from masterplanner.engine import Engine, RunOptions
+
+FAST = RunOptions(auto_approve=True, prompt_rounds=0, retry_backoff_s=0.01, step_attempts=2)
+DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
+GARBAGE = {"tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True}
+
+
+@pytest.fixture
+def engine(isolated: Path) -> Iterator[Engine]:
+    created = Engine(Settings.load())
+    yield created
+    created.close()
+
+
+def _planner(*steps: dict[str, Any], purpose: str = "planner") -> dict[str, Any]:
+    return {"purpose": purpose, "output": {"steps": list(steps)}}
+
+
+def _events(engine: Engine, run_id: str, *kinds: str) -> list[tuple[str, str | None, dict[str, Any]]]:
+    events = engine.store.events(run_id)
+    return [(event.kind, event.step, event.data) for event in events if event.kind in kinds]
+
+
+def _started(engine: Engine, run_id: str) -> list[str | None]:
+    return [step for kind, step, _ in _events(engine, run_id, "step_started")]
+
+
+def replan_script(write_script: Callable[..., Path], *, new_ids: tuple[str, str] = ("c1", "c2")) -> Path:
+    """a and b succeed; c (after both) fails every attempt; the replanner puts c1 → c2 in its place."""
+    first, second = new_ids
+    return write_script(
+        [
+            _planner(step("a", tools=[]), step("b", tools=[]), step("c", "a", "b", tools=[])),
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:b", "output": "B"},
+            {"purpose": "step:c"} | GARBAGE,
+            # the same proposal however often it is asked to repair it
+            _planner(step(first, "a", "b", tools=[]), step(second, first, tools=[]), purpose="replanner")
+            | {"repeat": True},
+            {"purpose": f"step:{first}", "expect": ["A", "B"], "output": "C1"},
+            {"purpose": f"step:{second}", "expect": ["C1"], "output": "C2"},
+            DRAFTS,
+        ]
+    )
+
+
+async def test_a_failed_step_is_replanned_and_finished_steps_never_run_again(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    run = engine.create_run("replan it", model=f"scripted:{replan_script(write_script)}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert final.output == "C2"
+    assert sorted(_started(engine, run.id)) == ["a", "b", "c", "c1", "c2"]  # a and b once
+    report = engine.report(run.id)
+    assert [(s["id"], s["status"]) for s in report["steps"]] == [
+        ("a", "succeeded"),
+        ("b", "succeeded"),
+        ("c", "replaced"),
+        ("c1", "succeeded"),
+        ("c2", "succeeded"),
+    ]
+    assert report["steps"][2]["error"].startswith("the model called no_such_tool")
+    assert [s["id"] for s in report["plan"]["steps"]] == ["a", "b", "c1", "c2"]
+    revisions = _events(engine, run.id, "replan_requested", "replanned")
+    assert [(kind, where) for kind, where, _ in revisions] == [("replan_requested", "c"), ("replanned", "c")]
+    assert revisions[1][2] == {"retired": ["c"], "steps": ["c1", "c2"], "by": "auto", "n": 1}
+    assert report["usage"]["by_purpose"]["replanner"]["calls"] == 1
+    assert set(engine.store.get_run(run.id).agents) == {"a", "b", "c1", "c2"}
+
+
+async def test_a_replan_may_not_reuse_a_recorded_step_id(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    # the replanner proposes "c" again (the failed step's id): refused, repaired, then refused for good
+    script = replan_script(write_script, new_ids=("c", "c2"))
+    run = engine.create_run("same id", model=f"scripted:{script}", options=replace(FAST, max_replans=1))
+    final = await engine.execute(run.id)
+    assert final.status == "failed"
+    assert final.error is not None
+    assert final.error.startswith("replanning step c found no valid plan: ")
+    assert "step 'c': that id was used earlier in this run; choose a new id" in final.error
+    (failed,) = _events(engine, run.id, "replan_failed")
+    assert failed[2]["problems"] == ["step 'c': that id was used earlier in this run; choose a new id"]
+
+
+async def test_replans_stop_at_the_run_s_bound(engine: Engine, write_script: Callable[..., Path]) -> None:
+    script = replan_script(write_script)
+    run = engine.create_run("no replans", model=f"scripted:{script}", options=replace(FAST, max_replans=0))
+    final = await engine.execute(run.id)
+    assert final.status == "failed"
+    assert final.error is not None and final.error.startswith("step c failed: the model called no_such_tool")
+    assert _events(engine, run.id, "replan_requested", "replanned", "replan_failed") == []
+
+
+async def test_an_output_that_falls_short_of_its_expected_output_is_replanned(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=[])),
+            {"purpose": "step:a", "output": "a list of two colours"},
+            {"purpose": "checker", "output": {"meets": True, "reason": "it is done"}},
+            {"purpose": "step:b", "output": "nothing useful"},
+            {
+                "purpose": "checker",
+                "expect": ["Expected output: b done", "nothing useful"],
+                "output": {"meets": False, "reason": "it does not say b is done"},
+            },
+            _planner(step("b2", "a", tools=[]), purpose="replanner"),
+            {"purpose": "step:b2", "output": "b done"},
+            {"purpose": "checker", "output": {"meets": True, "reason": "says b is done"}},
+            DRAFTS,
+        ]
+    )
+    options = replace(FAST, check_outputs=True)
+    run = engine.create_run("checked", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert final.output == "b done"
+    checks = _events(engine, run.id, "output_checked")
+    assert [(where, data["meets"]) for _, where, data in checks] == [("a", True), ("b", False), ("b2", True)]
+    steps = {s["id"]: s for s in engine.report(run.id)["steps"]}
+    assert steps["b"]["status"] == "replaced"
+    assert steps["b"]["error"] == (
+        "its output does not meet the expected output (b done): it does not say b is done"
+    )
+
+
+async def test_an_expand_step_runs_as_a_sub_plan_shown_under_it(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=[]) | {"expand": True}, step("c", "b", tools=[])),
+            {"purpose": "step:a", "output": "A-DATA"},
+            # the sub-plan is made when b is ready, with a's output in view
+            {
+                "purpose": "planner",
+                "expect": ["Break this one step", "- a: A-DATA"],
+                "output": {"steps": [step("x", tools=[]), step("y", "x", tools=[])]},
+            },
+            {"purpose": "step:b--x", "expect": ["A-DATA"], "output": "X"},
+            {"purpose": "step:b--y", "expect": ["X"], "output": "Y"},
+            {"purpose": "step:c", "expect": ["Y"], "output": "C"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("expand b", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert final.output == "C"
+    report = engine.report(run.id)
+    assert [(s["id"], s["status"]) for s in report["steps"]] == [
+        ("a", "succeeded"),
+        ("b", "expanded"),
+        ("c", "succeeded"),
+    ]
+    assert [(s["id"], s["status"]) for s in report["steps"][1]["sub_steps"]] == [
+        ("b--x", "succeeded"),
+        ("b--y", "succeeded"),
+    ]
+    assert "b" not in _started(engine, run.id)
+    (expanded,) = _events(engine, run.id, "step_expanded")
+    assert expanded == ("step_expanded", "b", {"retired": ["b"], "steps": ["b--x", "b--y"], "by": "auto"})
+    plan = {s["id"]: s for s in report["plan"]["steps"]}
+    assert plan["c"]["depends_on"] == ["b--y"]
+    assert plan["b--x"]["depends_on"] == ["a"]
