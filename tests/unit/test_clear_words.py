@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli import mp
 from _plans import step
 
 from masterplanner import Settings
@@ -34,19 +33,19 @@ MCP_HOW_TO = (
 )
 
 
-def mp(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "masterplanner", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-        timeout=120,
-    )
-
-
 def _run(script: Path, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    result = mp("run", "do the thing", "--model", f"scripted:{script}", "--yes", "--json", env=env)
+    # no replans: the words of the failed step itself are what these tests read
+    result = mp(
+        "run",
+        "do the thing",
+        "--model",
+        f"scripted:{script}",
+        "--yes",
+        "--json",
+        "--max-replans",
+        "0",
+        env=env,
+    )
     return result.returncode, json.loads(result.stdout)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli import LEASE_S, mp
 from _plans import step
 
 from masterplanner import Settings
@@ -23,24 +24,10 @@ from masterplanner.engine import Engine
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
 
 
-LEASE_S = 2.0
-
-
 @pytest.fixture(autouse=True)
 def short_leases(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run whose process is killed may be taken over 2 s after it was last heard from."""
     monkeypatch.setenv("MASTERPLANNER_RUN_LEASE_S", str(LEASE_S))
-
-
-def mp(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "masterplanner", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-        timeout=120,
-    )
 
 
 def _planner(*steps: dict[str, Any]) -> dict[str, Any]:

@@ -94,13 +94,15 @@ def test_shape_problems_name_step_and_field() -> None:
     bad["instruction"] = "   "
     unnamed = step("x")
     del unnamed["id"]
-    raw = plan_dict(bad, unnamed, {**step("Bad Id")}, {**step("extra"), "colour": "red"})
+    raw = plan_dict(bad, unnamed, {**step("Bad Id")}, {**step("extra"), "colour": "red"}, "write it")
+    raw["steps"][1]["tools"] = "read_file"
     assert problems(raw) == [
-        "step 'ok': instruction: Value error, must not be empty",
-        "step #2: id: Field required",
-        "step 'Bad Id': id: Value error, must be a short slug of lowercase letters, digits and hyphens, "
-        "e.g. load-data",
+        "step 'ok': instruction: must not be empty",
+        "step #2: id: is missing",
+        "step #2: tools: should be a list, got text",
+        "step 'Bad Id': id: must be a short slug of lowercase letters, digits and hyphens, e.g. load-data",
         "step 'extra': colour: unknown field",
+        "step #5: should be an object with the fields of a step, got text",
     ]
 
 
@@ -111,11 +113,9 @@ def test_limits() -> None:
     long_instruction = step("a")
     long_instruction["instruction"] = "x" * 4001
     assert problems(plan_dict(long_instruction)) == [
-        "step 'a': instruction: String should have at most 4000 characters"
+        "step 'a': instruction: is 4,001 characters; the limit is 4,000"
     ]
-    assert problems({"task": "t", "steps": []}) == [
-        "plan: steps: List should have at least 1 item after validation, not 0"
-    ]
+    assert problems({"task": "t", "steps": []}) == ["plan: steps: must not be empty"]
 
 
 def test_not_an_object() -> None:

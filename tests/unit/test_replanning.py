@@ -1,4 +1,4 @@
-"""A plan that changes while it runs: failed steps replanned, outputs checked, steps expanded into sub-plans."""
+"""A plan that changes while it runs: failed steps replanned, outputs checked, steps expanded."""
 
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ async def test_a_replan_may_not_reuse_a_recorded_step_id(
     final = await engine.execute(run.id)
     assert final.status == "failed"
     assert final.error is not None
-    assert final.error.startswith("replanning step c found no valid plan: ")
+    assert final.error.startswith("step c failed (the model called no_such_tool")
+    assert ") and replanning it found no valid plan: step 'c': that id was used" in final.error
     assert "step 'c': that id was used earlier in this run; choose a new id" in final.error
     (failed,) = _events(engine, run.id, "replan_failed")
     assert failed[2]["problems"] == ["step 'c': that id was used earlier in this run; choose a new id"]
@@ -145,7 +146,9 @@ async def test_an_expand_step_runs_as_a_sub_plan_shown_under_it(
 ) -> None:
     script = write_script(
         [
-            _planner(step("a", tools=[]), step("b", "a", tools=[]) | {"expand": True}, step("c", "b", tools=[])),
+            _planner(
+                step("a", tools=[]), step("b", "a", tools=[]) | {"expand": True}, step("c", "b", tools=[])
+            ),
             {"purpose": "step:a", "output": "A-DATA"},
             # the sub-plan is made when b is ready, with a's output in view
             {

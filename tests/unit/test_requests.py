@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from _cli import LEASE_S, answer, mp, pending, run_events, start
 from _plans import step
 
 from masterplanner import Settings
@@ -24,60 +22,10 @@ needs_sandbox = pytest.mark.skipif(bool(sandbox_problems()), reason="the code sa
 CODE = {"name": "code_execution", "args": {"code": "print(6 * 7)"}}
 
 
-LEASE_S = 2.0
-
-
 @pytest.fixture(autouse=True)
 def short_leases(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run whose process is killed may be taken over 2 s after it was last heard from."""
     monkeypatch.setenv("MASTERPLANNER_RUN_LEASE_S", str(LEASE_S))
-
-
-def mp(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "masterplanner", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-        timeout=120,
-    )
-
-
-def _start(*args: str) -> subprocess.Popen[str]:
-    """`masterplanner ARGS` in the background with no terminal input (stdin is /dev/null)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "masterplanner", *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-
-
-def _pending(kind: str, timeout: float = 90.0) -> dict[str, Any]:
-    """Wait until `runs pending --json` lists an open request of `kind`; return it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        listed = mp("runs", "pending", "--json")
-        assert listed.returncode == 0, listed.stderr
-        found = [request for request in json.loads(listed.stdout) if request["kind"] == kind]
-        if found:
-            assert len(found) == 1
-            return dict(found[0])
-        time.sleep(0.2)
-    raise AssertionError(f"no open {kind} request within {timeout:g} s")
-
-
-def _answer(request_id: str, *flags: str) -> None:
-    answered = mp("runs", "answer", request_id, *flags)
-    assert answered.returncode == 0, answered.stderr
-    assert answered.stderr.strip().startswith(f"request {request_id} of run ")
-
-
-def _events(run_id: str) -> list[dict[str, Any]]:
-    return list(json.loads(mp("runs", "show", run_id, "--json").stdout)["events"])
 
 
 def _script(write_script: Callable[..., Path], *, delay_s: float = 0.0) -> Path:
@@ -103,18 +51,18 @@ def _script(write_script: Callable[..., Path], *, delay_s: float = 0.0) -> Path:
 def test_a_run_with_no_terminal_input_is_answered_from_another_process(
     write_script: Callable[..., Path],
 ) -> None:
-    run = _start("run", "note then compute", "--model", f"scripted:{_script(write_script)}", "--json")
+    run = start("run", "note then compute", "--model", f"scripted:{_script(write_script)}", "--json")
     try:
-        review = _pending("plan_review")
+        review = pending("plan_review")
         assert review["payload"]["plan"]["steps"][1]["tools"] == ["code_execution", "ask_user"]
         wrong = mp("runs", "answer", review["id"], "--text", "yes please")
         assert (wrong.returncode, wrong.stderr.strip()) == (
             2,
             f"error: request {review['id']} asks yes or no: answer it with --approve or --deny",
         )
-        _answer(review["id"], "--approve")
+        answer(review["id"], "--approve")
 
-        approval = _pending("tool_approval")
+        approval = pending("tool_approval")
         assert (approval["step_id"], approval["payload"]["tool"]) == ("b", "code_execution")
         assert approval["payload"]["arguments"] == {
             "code": "print(6 * 7)",
@@ -122,11 +70,11 @@ def test_a_run_with_no_terminal_input_is_answered_from_another_process(
             "stdin": "",
             "timeout_s": 30,
         }
-        _answer(approval["id"], "--approve")
+        answer(approval["id"], "--approve")
 
-        question = _pending("ask_user")
+        question = pending("ask_user")
         assert question["payload"] == {"question": "Which city?"}
-        _answer(question["id"], "--text", "Lisbon")
+        answer(question["id"], "--text", "Lisbon")
         out, err = run.communicate(timeout=90)
     finally:
         run.kill()
@@ -136,7 +84,7 @@ def test_a_run_with_no_terminal_input_is_answered_from_another_process(
     # this terminal could not ask: it said how to answer from elsewhere, once per request
     for request in (review, approval, question):
         assert err.count(f"waiting for an answer to request {request['id']}:") == 1
-    events = _events(report["run_id"])
+    events = run_events(report["run_id"])
     results = [e["data"] for e in events if e["kind"] == "tool_result"]
     assert [r["tool"] for r in results] == ["code_execution", "ask_user"]
     assert results[0]["result"].startswith("exit code 0") and "42" in results[0]["result"]
@@ -161,7 +109,7 @@ def test_a_run_with_no_terminal_input_is_answered_from_another_process(
         2,
         "error: answer with exactly one of --approve, --deny or --text",
     )
-    assert _events(report["run_id"]) == events
+    assert run_events(report["run_id"]) == events
     assert json.loads(mp("runs", "pending", "--json").stdout) == []
 
 
@@ -170,10 +118,10 @@ def test_kill_9_while_a_tool_approval_is_open_then_answer_then_resume(
     write_script: Callable[..., Path],
 ) -> None:
     script = _script(write_script)
-    run = _start("run", "note then compute", "--model", f"scripted:{script}")
+    run = start("run", "note then compute", "--model", f"scripted:{script}")
     try:
-        _answer(_pending("plan_review")["id"], "--approve")
-        approval = _pending("tool_approval")
+        answer(pending("plan_review")["id"], "--approve")
+        approval = pending("tool_approval")
     finally:
         os.kill(run.pid, signal.SIGKILL)
         run.wait()
@@ -183,18 +131,18 @@ def test_kill_9_while_a_tool_approval_is_open_then_answer_then_resume(
     script.write_text(json.dumps({"calls": [entry for entry in calls if entry.get("tool_calls") != [CODE]]}))
     run_id = approval["run_id"]
     assert json.loads(mp("runs", "show", run_id, "--json").stdout)["status"] == "running"
-    _answer(approval["id"], "--approve")  # the process that asked is gone; the answer is stored
+    answer(approval["id"], "--approve")  # the process that asked is gone; the answer is stored
 
-    resumed = _start("runs", "resume", run_id, "--json")
+    resumed = start("runs", "resume", run_id, "--json")
     try:
-        question = _pending("ask_user")
-        _answer(question["id"], "--text", "Porto")
+        question = pending("ask_user")
+        answer(question["id"], "--text", "Porto")
         out, err = resumed.communicate(timeout=90)
     finally:
         resumed.kill()
     assert resumed.returncode == 0, err
     assert json.loads(out)["status"] == "succeeded"
-    events = _events(run_id)
+    events = run_events(run_id)
     calls = [e["data"]["tool"] for e in events if e["kind"] == "tool_called"]
     assert calls == ["code_execution", "ask_user"]  # the approved code ran exactly once
     started = [e["step"] for e in events if e["kind"] == "step_started"]
@@ -207,12 +155,12 @@ def test_a_resumed_run_asks_for_an_ask_policy_tool_instead_of_denying_it(
     write_script: Callable[..., Path],
 ) -> None:
     script = _script(write_script, delay_s=10.0)
-    run = _start("run", "note then compute", "--model", f"scripted:{script}")
+    run = start("run", "note then compute", "--model", f"scripted:{script}")
     try:
-        review = _pending("plan_review")
+        review = pending("plan_review")
         store = RunStore(Settings.load().database_url)
         run_id = review["run_id"]
-        _answer(review["id"], "--approve")
+        answer(review["id"], "--approve")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # b has started; its model call takes 10 s
             if any(e.kind == "step_started" and e.step == "b" for e in store.events(run_id)):
@@ -223,20 +171,20 @@ def test_a_resumed_run_asks_for_an_ask_policy_tool_instead_of_denying_it(
         os.kill(run.pid, signal.SIGKILL)
         run.wait()
     script.write_text(script.read_text().replace('"delay_s": 10.0', '"delay_s": 0.0'))
-    assert not any(e["kind"] == "tool_approval_requested" for e in _events(run_id))
+    assert not any(e["kind"] == "tool_approval_requested" for e in run_events(run_id))
 
-    resumed = _start("runs", "resume", run_id, "--json")
+    resumed = start("runs", "resume", run_id, "--json")
     try:
-        approval = _pending("tool_approval")
+        approval = pending("tool_approval")
         assert approval["run_id"] == run_id
-        _answer(approval["id"], "--deny", "--reason", "not on this machine")
-        _answer(_pending("ask_user")["id"], "--text", "Rome")
+        answer(approval["id"], "--deny", "--reason", "not on this machine")
+        answer(pending("ask_user")["id"], "--text", "Rome")
         out, err = resumed.communicate(timeout=90)
     finally:
         resumed.kill()
     assert resumed.returncode == 0, err
     assert json.loads(out)["status"] == "succeeded"
-    events = _events(run_id)
+    events = run_events(run_id)
     denied = next(e["data"] for e in events if e["kind"] == "tool_denied")
     assert denied["reason"] == "not on this machine" and denied["by"].startswith("cli@")
     assert "code_execution" not in [e["data"]["tool"] for e in events if e["kind"] == "tool_called"]

@@ -163,6 +163,7 @@ class TerminalAnswerer:
 
         asked = {
             "plan_review": self._review,
+            "replan": self._replan,
             "tool_approval": self._approval,
             "ask_user": self._question,
             "remember": self._remember,
@@ -241,6 +242,17 @@ class TerminalAnswerer:
             default=True,
         )
         return None if store is None else {"approved": store}
+
+    async def _replan(self, request: Request) -> dict[str, Any] | None:
+        """Say which step failed and what replaces it, then review the revised plan."""
+        payload = request.payload
+        self._print(
+            f"[bold]step {shown(request.step_id)} failed:[/] {shown(payload.get('error', ''), lines=True)}"
+        )
+        replaced = ", ".join(payload.get("replaced_steps") or []) or "none"
+        new = ", ".join(payload.get("new_steps") or []) or "none"
+        self._print(f"[bold]replanned:[/] steps {shown(replaced)} replaced by {shown(new)}")
+        return await self._review(request)
 
     async def _review(self, request: Request) -> dict[str, Any] | None:
         """Show the plan and prompts; approve, reject or edit (an edit reopens until it validates)."""

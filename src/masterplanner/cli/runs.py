@@ -81,6 +81,24 @@ def run(
     max_seconds: Annotated[
         float, typer.Option("--max-seconds", help="Budget: seconds of execution.")
     ] = 3600.0,
+    max_replans: Annotated[
+        int, typer.Option("--max-replans", help="Replans of failed steps allowed in the run (0-10).")
+    ] = 2,
+    check_outputs: Annotated[
+        bool,
+        typer.Option(
+            "--check-outputs",
+            help="Check each step's output against its expected output; a shortfall is replanned.",
+        ),
+    ] = False,
+    team: Annotated[
+        bool | None,
+        typer.Option(
+            "--team/--no-team",
+            help="Give step agents the team tools: messages, questions, notes "
+            "(default: on, off for the embedded model).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run report as JSON.")] = False,
 ) -> None:
     """Plan TASK, show the plan for review (approve, reject or edit), then execute it.
@@ -88,10 +106,12 @@ def run(
     Steps run as soon as their dependencies finish, up to --max-parallel at once. Whenever the
     run needs a person (the review, a tool call under policy `ask`, an agent's question), it
     opens a request: this terminal asks, and `masterplanner runs answer` from another shell
-    answers too; with no terminal input the run waits for such an answer. Every model response
-    and tool result is checkpointed: after a crash, `masterplanner runs resume RUN_ID` continues
-    where it stopped. Exit code 0 when the run succeeded, 1 when it failed, was rejected or
-    cancelled, 2 for a usage or configuration error.
+    answers too; with no terminal input the run waits for such an answer. A step that fails all
+    its attempts is replanned (it and its dependents, up to --max-replans times; the new steps
+    are a request like the plan). Every model response and tool result is checkpointed: after
+    a crash, `masterplanner runs resume RUN_ID` continues where it stopped. Exit code 0 when
+    the run succeeded, 1 when it failed, was rejected or cancelled, 2 for a usage or
+    configuration error.
     """
     from ..errors import ConfigError
     from ..service import RunOptions
@@ -106,6 +126,8 @@ def run(
     for name, count in (("--max-calls", max_calls), ("--max-tokens", max_tokens)):
         if count < 1:
             raise ConfigError(f"{name} must be at least 1, got {count}")
+    if not 0 <= max_replans <= 10:
+        raise ConfigError(f"--max-replans must be between 0 and 10, got {max_replans}")
     settings = load_settings(model=model)
     service = _service(settings)
     options = RunOptions(
@@ -117,6 +139,9 @@ def run(
         max_tokens=max_tokens,
         max_wall_s=max_seconds,
         tool_policies=dict(settings.tool_policies),
+        max_replans=max_replans,
+        check_outputs=check_outputs,
+        team_tools=team,
     )
     try:
         record = asyncio.run(service.create(task, model=settings.model, options=options, workspace=workspace))

@@ -163,7 +163,10 @@ class PlanRevisions:
             return None
         if "problems" in proposal:
             await self._failed(step.id, number, {"problems": proposal["problems"]})
-            raise PlanError(proposal["problems"], context=f"replanning step {step.id} found no valid plan")
+            raise PlanError(
+                proposal["problems"],
+                context=f"step {step.id} failed ({error}) and replanning it found no valid plan",
+            )
         revised = Plan.model_validate(proposal["plan"])
         agents = briefs(proposal["agents"])
         by = "auto"
