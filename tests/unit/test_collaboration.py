@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -9,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli import LEASE_S, mp, run_events, shown, start
 from _plans import step
 
 from masterplanner import Settings
@@ -210,3 +214,61 @@ async def test_notes_on_the_blackboard(engine: Engine, write_script: Callable[..
     assert _events(engine, run.id, "note_set") == [
         ("note_set", "a", {"key": "format", "chars": 17, "value": "CSV with a header"})
     ]
+
+
+def test_a_message_sent_before_a_kill_is_delivered_once_after_resume(
+    write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MASTERPLANNER_RUN_LEASE_S", str(LEASE_S))
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("c", tools=[]), step("b", "c", tools=[])),
+            _call("step:a", "send_message", to="b", content="Round to two decimals."),
+            {"purpose": "step:a", "output": "A-OUT", "delay_s": 30.0},
+            {"purpose": "step:c", "output": "C-OUT", "delay_s": 30.0},  # b cannot start before c
+            {
+                "purpose": "step:b",
+                "expect": ["message #1 from step a: Round to two decimals."],
+                "output": "B",
+            },
+            {"purpose": "aggregator", "output": "ALL"},
+            DRAFTS,
+        ]
+    )
+    engine = Engine(Settings.load())
+    store = engine.store
+    run = start("run", "tell b", "--model", f"scripted:{script}", "--yes", "--rounds", "0", "--json")
+    try:
+        deadline = time.monotonic() + 60
+        sent: list[str] = []
+        while time.monotonic() < deadline and not sent and run.poll() is None:
+            sent = [
+                r.id for r in store.list_runs() if any(e.kind == "message_sent" for e in store.events(r.id))
+            ]
+            time.sleep(0.05)
+    finally:
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+    (run_id,) = sent
+    assert [(m.recipient, m.state) for m in store.messages.of_run(run_id)] == [("b", "pending")]
+    assert not any(e.step == "b" for e in store.events(run_id))  # b had not started
+    engine.close()
+    # a's first reply (the send) is checkpointed; the new process's model goes on from the rest
+    calls = json.loads(script.read_text())["calls"]
+    rest = [call | {"delay_s": 0.0} for call in calls if call.get("tool_calls") is None]
+    script.write_text(json.dumps({"calls": rest}))
+
+    resumed = mp("runs", "resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["status"] == "succeeded"
+    kinds = [(e["kind"], e["step"]) for e in run_events(run_id) if e["kind"].startswith("message_")]
+    assert kinds == [("message_sent", "a"), ("message_delivered", "b")]
+    (message,) = shown(run_id)["messages"]
+    assert {key: message[key] for key in ("id", "from", "to", "kind", "content", "state")} == {
+        "id": 1,
+        "from": "a",
+        "to": "b",
+        "kind": "message",
+        "content": "Round to two decimals.",
+        "state": "delivered",
+    }

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli import LEASE_S, answer, mp, pending, run_events, shown, start
 from _plans import step
 
 from masterplanner import Settings
@@ -182,3 +184,49 @@ async def test_an_expand_step_runs_as_a_sub_plan_shown_under_it(
     plan = {s["id"]: s for s in report["plan"]["steps"]}
     assert plan["c"]["depends_on"] == ["b--y"]
     assert plan["b--x"]["depends_on"] == ["a"]
+    # the CLI shows the same tree
+    listed = shown(run.id)["steps"]
+    assert [s["id"] for s in listed] == ["a", "b", "c"]
+    assert [s["id"] for s in listed[1]["sub_steps"]] == ["b--x", "b--y"]
+    text = mp("runs", "show", run.id).stdout
+    assert "│   └ b--x │ succeeded │" in text
+    assert "step_expanded b into b--x, b--y (by auto)" in text
+
+
+def test_without_yes_the_replan_is_a_request_answered_from_another_process(
+    write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MASTERPLANNER_RUN_LEASE_S", str(LEASE_S))
+    script = replan_script(write_script)
+    run = start("run", "replan it", "--model", f"scripted:{script}", "--rounds", "0", "--json")
+    try:
+        answer(pending("plan_review")["id"], "--approve")
+        request = pending("replan")
+        assert request["step_id"] == "c"
+        payload = request["payload"]
+        assert (payload["replaced_steps"], payload["new_steps"]) == (["c"], ["c1", "c2"])
+        assert payload["error"].startswith("the model called no_such_tool")
+        assert [s["id"] for s in payload["plan"]["steps"]] == ["a", "b", "c1", "c2"]
+        listed = mp("runs", "pending")
+        assert "step c failed: run new steps c1, c2 in its place? approve, reject or edit" in listed.stdout
+        answer(request["id"], "--approve")
+        out, err = run.communicate(timeout=90)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err
+    report = json.loads(out)
+    assert (report["status"], report["output"]) == ("succeeded", "C2")
+    started = [e["step"] for e in run_events(report["run_id"]) if e["kind"] == "step_started"]
+    assert sorted(started) == ["a", "b", "c", "c1", "c2"]  # a and b once
+    replanned = next(e for e in run_events(report["run_id"]) if e["kind"] == "replanned")
+    assert replanned["data"]["by"].startswith("cli@")
+    assert [(s["id"], s["status"]) for s in shown(report["run_id"])["steps"]] == [
+        ("a", "succeeded"),
+        ("b", "succeeded"),
+        ("c", "replaced"),
+        ("c1", "succeeded"),
+        ("c2", "succeeded"),
+    ]
+    text = mp("runs", "show", report["run_id"])
+    assert text.returncode == 0, text.stderr
+    assert "replanned c into c1, c2 (by cli@" in text.stdout
