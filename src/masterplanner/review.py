@@ -48,6 +48,7 @@ _HEADER = (
     "# Remove a step by deleting it; dependencies name step ids. Lines starting with # are ignored.\n"
     "# tool_policies (for the whole run, or in a step for its agent) map a tool to auto, ask or deny.\n"
     "# A step reusing a stored agent says so in `agent`; set it to `fresh` to have a new prompt written.\n"
+    "# `expand: true` on a step has it planned as a sub-plan of its own when it is ready to run.\n"
 )
 FRESH = "fresh"
 """What a person writes in a step's `agent` to replace a reused agent with a newly written one."""
@@ -85,6 +86,8 @@ def render_review_yaml(
     for step in plan.steps:
         data = step.model_dump(mode="json")
         entry = {key: data[key] for key in _STEP_KEYS}
+        if step.expand:
+            entry["expand"] = True
         agent = (agents or {}).get(step.id) or {}
         if agent.get("agent_id") and agent.get("reused_from") is not None:
             origin = f" from run {agent['reused_from']}" if agent["reused_from"] else ""

@@ -43,6 +43,15 @@ def test_edited_prompt_and_step_are_applied() -> None:
     assert agents["a"] == AGENTS["a"]
 
 
+def test_a_person_marks_a_step_to_expand_into_a_sub_plan() -> None:
+    text = render_review_yaml(PLAN, AGENTS)
+    assert "expand: true" not in text.split("\n", 5)[-1]  # only the header mentions it
+    marked = text.replace("  title: do b\n", "  title: do b\n  expand: true\n")
+    edit = parse_review_yaml(marked, run_catalog(), AGENTS)
+    assert [(step.id, step.expand) for step in edit.plan.steps] == [("a", False), ("b", True)]
+    assert "  expand: true\n" in render_review_yaml(edit.plan, edit.agents)  # and it stays shown
+
+
 @pytest.mark.parametrize(
     ("change", "problem"),
     [

@@ -198,6 +198,8 @@ def print_plan_dict(result: Plan, agents: dict[str, Any], *, stderr: bool = Fals
             if step.depends_on
             else " [dim](starts at once)[/]"
         )
+        if step.expand:
+            after += " [magenta](planned as a sub-plan when ready)[/]"
         branch = tree.add(f"[bold cyan]{shown(step.id)}[/] {shown(step.title)}{after}")
         tools = shown(", ".join(step.tools) or "—")
         branch.add(f"[dim]role[/] {shown(step.agent_role)}   [dim]tools[/] {tools}")
