@@ -234,6 +234,27 @@ def test_the_tree_shows_each_steps_status_tool_and_latest_notice() -> None:
     assert "→ write_file" not in text
 
 
+def test_a_replaced_step_and_an_expanded_one_with_its_sub_steps_under_it() -> None:
+    view = RunView(
+        "r2",
+        steps=[
+            StepRecord("a", "replaced", error="it broke"),
+            StepRecord("b", "expanded"),
+            StepRecord("a2", "pending"),
+            StepRecord("b--x", "pending"),
+        ],
+        titles={"a2": "do a again", "b--x": "part of b"},
+    )
+    view.apply(_event("replanned", "a", retired=["a"], steps=["a2"], by="auto", n=1))
+    lines = _text(view.render(1.0)).splitlines()
+    assert lines[1:] == [
+        "├── ↻ a    replaced             replaced into a2 (by auto)",
+        "├── ▾ b    expanded           ",
+        "│   └── · b--x waiting            part of b",
+        "└── · a2   waiting            do a again",
+    ]
+
+
 def test_a_tree_line_is_cut_never_wrapped() -> None:
     line = step_line(StepRecord("a", "pending"), "t" * 40, 1, now=0, activity="  " + "n" * 200)
     tree = Tree(one_line("root " + "r" * 100))

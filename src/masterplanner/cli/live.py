@@ -271,11 +271,16 @@ def steps_tree(label: Text, steps: list[StepRecord], titles: dict[str, str], **l
     """`steps` as the branches of a tree under `label`; `line` goes to `step_line`."""
     from rich.tree import Tree
 
+    from ..engine.records import SUB_STEP
+
     tree = Tree(label, guide_style="dim")
     width = max((len(visible(step.id)) for step in steps), default=0)
     notes: dict[str, str] = line.pop("notes", {})
+    branches: dict[str, Tree] = {}
     for step in steps:
-        tree.add(step_line(step, titles.get(step.id, ""), width, activity=notes.get(step.id, ""), **line))
+        parent = branches.get(step.id.rpartition(SUB_STEP)[0], tree)  # a sub-step under its step
+        shown_line = step_line(step, titles.get(step.id, ""), width, activity=notes.get(step.id, ""), **line)
+        branches[step.id] = parent.add(shown_line)
     return tree
 
 
