@@ -1,4 +1,6 @@
 import threading
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +50,21 @@ def test_ledger_adds_up_across_threads() -> None:
         "step:a": {"calls": 4000, "input_tokens": 8000, "output_tokens": 4000, "seconds": 4.0},
     }
     assert ledger.summary()["llm_calls"] == 4001
+
+
+async def test_a_counter_without_a_purpose_counts_under_the_label_outside_it(
+    write_script: Callable[..., Path],
+) -> None:
+    from pydantic_ai import Agent
+
+    from masterplanner import LabelledModel, ModelError, resolve_model
+
+    script = write_script([{"purpose": "critic", "output": "ok"}, {"purpose": "chat", "output": "ok"}])
+    model = resolve_model(f"scripted:{script}")
+    inner, outer = UsageLedger(), UsageLedger()
+    counted = LabelledModel(model, None, inner)
+    assert (await Agent(LabelledModel(counted, "critic", outer)).run("x")).output == "ok"
+    assert inner.by_purpose()["critic"]["calls"] == 1
+    assert outer.by_purpose()["critic"]["calls"] == 1
+    with pytest.raises(ModelError, match="a model request was made with no purpose label"):
+        await Agent(counted).run("x")

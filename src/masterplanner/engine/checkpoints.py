@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dbos import DBOS
 from pydantic_ai.messages import ModelMessage, ModelResponse
-from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 
-__all__ = ["CheckpointedModel"]
+from ..models import LabelledModel
+from ..usage import UsageLedger
+
+__all__ = ["CheckpointedModel", "checkpointed_and_counted"]
 
 
 class CheckpointedModel(WrapperModel):
@@ -34,3 +37,13 @@ class CheckpointedModel(WrapperModel):
             model_settings,
             model_request_parameters,
         )
+
+
+def checkpointed_and_counted(model: Model, ledger: UsageLedger) -> Model:
+    """`model` for code that labels it itself (the planner, the Prompt Creator) inside a workflow.
+
+    Each request is a DBOS step, and is counted in `ledger` under the purpose the caller's label
+    sets only when it is really made: a request replayed on recovery is not counted again. Give
+    the caller a ledger of its own (or none), so its labelling does not count the request too.
+    """
+    return CheckpointedModel(LabelledModel(model, None, ledger))

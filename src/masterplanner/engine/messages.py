@@ -280,22 +280,6 @@ class Messages:
             messages_table.c.delivery.is_not(None),
         )
 
-    def has_pending(self, run_id: str, recipient: str) -> bool:
-        """Whether a message waits for the step (one indexed read)."""
-        with self._store.begin("read messages") as connection:
-            return (
-                connection.scalar(
-                    sa.select(messages_table.c.id)
-                    .where(
-                        messages_table.c.run_id == run_id,
-                        messages_table.c.recipient == recipient,
-                        messages_table.c.state == "pending",
-                    )
-                    .limit(1)
-                )
-                is not None
-            )
-
     # ---- questions
 
     def get(self, message_id: int) -> Message | None:

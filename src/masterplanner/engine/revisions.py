@@ -22,7 +22,7 @@ from ..errors import MasterplannerError, PlanError, RunError
 from ..plan import Plan, Step, validate_plan
 from ..planner import expand, replan
 from ..prompting import create_prompts, prompts_to_json
-from .checkpoints import CheckpointedModel
+from .checkpoints import checkpointed_and_counted
 from .planning import review_payload
 from .records import AgentBrief, EventKind, RunRecord, briefs
 from .requests import PlanDecision
@@ -50,8 +50,7 @@ async def _with_prompts(
         await create_prompts(
             revised,
             resources.catalog,
-            model=CheckpointedModel(resources.model),
-            ledger=resources.ledger,
+            model=checkpointed_and_counted(resources.model, resources.ledger),
             rounds=run.options.prompt_rounds,
             only=new_ids,
         )
@@ -73,8 +72,7 @@ async def replan_workflow(run_id: str, step_id: str, error: str) -> dict[str, An
             error,
             {key: value for key, value in outputs.items() if key in run.plan.ids},
             resources.catalog,
-            model=CheckpointedModel(resources.model),
-            ledger=resources.ledger,
+            model=checkpointed_and_counted(resources.model, resources.ledger),
             taken=recorded,
         )
     except PlanError as problem:
@@ -96,8 +94,7 @@ async def expand_workflow(run_id: str, step_id: str) -> dict[str, Any]:
             run.plan,
             step_id,
             resources.catalog,
-            model=CheckpointedModel(resources.model),
-            ledger=resources.ledger,
+            model=checkpointed_and_counted(resources.model, resources.ledger),
             inputs=outputs,
         )
     except PlanError as problem:

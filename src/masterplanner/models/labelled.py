@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from functools import partial
 from typing import Any
 
@@ -15,7 +15,8 @@ from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 
-from ..purpose import using_purpose, validate_purpose
+from ..errors import ModelError
+from ..purpose import current_purpose, using_purpose, validate_purpose
 from ..usage import UsageLedger
 
 __all__ = ["LabelledModel", "labelled"]
@@ -26,12 +27,18 @@ class LabelledModel(WrapperModel):
 
     The purpose is visible to the wrapped model through `current_purpose()` (the scripted model
     picks its answer by it); calls, tokens and seconds land in the ledger under the same label.
+    With `purpose` None it sets no purpose and counts each request under the one in effect (set
+    by a labelled model further out): the engine puts such a counter inside its checkpoint, under
+    the planner's own labelling, so a request replayed after a crash is not counted again.
     """
 
-    def __init__(self, wrapped: Model, purpose: str, ledger: UsageLedger) -> None:
+    def __init__(self, wrapped: Model, purpose: str | None, ledger: UsageLedger) -> None:
         super().__init__(wrapped)
-        self.purpose = validate_purpose(purpose)
+        self.purpose = None if purpose is None else validate_purpose(purpose)
         self.ledger = ledger
+
+    def _labelling(self) -> AbstractContextManager[object]:
+        return nullcontext() if self.purpose is None else using_purpose(self.purpose)
 
     async def request(
         self,
@@ -41,7 +48,7 @@ class LabelledModel(WrapperModel):
     ) -> ModelResponse:
         """Make the request under this model's purpose and record its usage."""
         started = time.perf_counter()
-        with using_purpose(self.purpose):
+        with self._labelling():
             response = await self.wrapped.request(messages, model_settings, model_request_parameters)
         await self._recorded(response, time.perf_counter() - started)
         return response
@@ -56,7 +63,7 @@ class LabelledModel(WrapperModel):
     ) -> AsyncGenerator[StreamedResponse]:
         """Stream the request under this model's purpose; usage is recorded when the stream ends."""
         started = time.perf_counter()
-        with using_purpose(self.purpose):
+        with self._labelling():
             async with self.wrapped.request_stream(
                 messages, model_settings, model_request_parameters, run_context
             ) as stream:
@@ -65,9 +72,12 @@ class LabelledModel(WrapperModel):
 
     async def _recorded(self, response: ModelResponse, seconds: float) -> None:
         """Count the request in the ledger (in a worker thread when that writes to a database)."""
+        purpose = self.purpose or current_purpose()
+        if purpose is None:
+            raise ModelError("a model request was made with no purpose label (a bug: label the model)")
         record = partial(
             self.ledger.record,
-            self.purpose,
+            purpose,
             input_tokens=response.usage.input_tokens,
             output_tokens=response.usage.output_tokens,
             seconds=seconds,
