@@ -30,10 +30,10 @@ import itertools
 import json
 import statistics
 import tempfile
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from _plans import seconds, step
 from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
 
@@ -42,26 +42,10 @@ FAILING = 7
 OPTIONS = RunOptions(auto_approve=True, prompt_rounds=0, retry_backoff_s=0.01, team_tools=True)
 
 
-def _step(step_id: str, *deps: str) -> dict[str, Any]:
-    return {
-        "id": step_id,
-        "title": step_id,
-        "instruction": f"Do {step_id}.",
-        "agent_role": "worker",
-        "tools": [],
-        "depends_on": list(deps),
-        "expected_output": "",
-    }
-
-
 def _script(folder: Path, name: str, calls: list[dict[str, Any]]) -> str:
     path = folder / f"{name}.json"
     path.write_text(json.dumps({"calls": [*calls, {"purpose": "*", "repeat": True}]}))
     return f"scripted:{path}"
-
-
-def _seconds(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -88,12 +72,12 @@ async def delivery(engine: Engine, folder: Path, runs: int) -> dict[str, Any]:
         run_id = await _delivery_run(engine, folder, index)
         stored = engine.store.messages.of_run(run_id)
         latencies += [
-            (_seconds(m.delivered_at) - _seconds(m.created_at)) * 1000
+            (seconds(m.delivered_at) - seconds(m.created_at)) * 1000
             for m in stored
             if m.delivered_at is not None
         ]
         events = engine.store.events(run_id)
-        called = [_seconds(e.at) for e in events if e.kind == "tool_called" and e.step == "receiver"]
+        called = [seconds(e.at) for e in events if e.kind == "tool_called" and e.step == "receiver"]
         turns += [(b - a) * 1000 for a, b in itertools.pairwise(called)]
         delivered_events += sum(1 for e in events if e.kind == "message_delivered")
     turn_ms = statistics.median(turns)
@@ -110,7 +94,7 @@ async def delivery(engine: Engine, folder: Path, runs: int) -> dict[str, Any]:
 
 async def _delivery_run(engine: Engine, folder: Path, index: int) -> str:
     calls: list[dict[str, Any]] = [
-        {"purpose": "planner", "output": {"steps": [_step("sender"), _step("receiver")]}}
+        {"purpose": "planner", "output": {"steps": [step("sender"), step("receiver")]}}
     ]
     calls += [
         {
@@ -138,7 +122,7 @@ async def _delivery_run(engine: Engine, folder: Path, index: int) -> str:
 
 
 def _chain_calls(*, fail: bool) -> list[dict[str, Any]]:
-    chain = [_step("s1")] + [_step(f"s{n}", f"s{n - 1}") for n in range(2, CHAIN + 1)]
+    chain = [step("s1")] + [step(f"s{n}", f"s{n - 1}") for n in range(2, CHAIN + 1)]
     calls: list[dict[str, Any]] = [{"purpose": "planner", "output": {"steps": chain}}]
     for n in range(1, CHAIN + 1):
         if n == FAILING and fail:
@@ -152,7 +136,7 @@ def _chain_calls(*, fail: bool) -> list[dict[str, Any]]:
 async def replanning(engine: Engine, folder: Path) -> dict[str, Any]:
     """(b): one run that replans steps 7-10, against a failed run and a rerun of the whole plan."""
     new = [f"r{n}" for n in range(FAILING, CHAIN + 1)]
-    replacement = [_step(new[0], f"s{FAILING - 1}")] + [_step(b, a) for a, b in itertools.pairwise(new)]
+    replacement = [step(new[0], f"s{FAILING - 1}")] + [step(b, a) for a, b in itertools.pairwise(new)]
     calls = _chain_calls(fail=True)
     calls.append({"purpose": "replanner", "output": {"steps": replacement}})
     calls += [{"purpose": f"step:{step_id}", "output": f"{step_id} done"} for step_id in new]

@@ -38,26 +38,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from _plans import seconds, step
 from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
 
 DEFAULT_ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "langgraph_overhead.py"
-
-
-def _step(step_id: str, *deps: str) -> dict[str, Any]:
-    return {
-        "id": step_id,
-        "title": step_id,
-        "instruction": f"Do {step_id}.",
-        "agent_role": "worker",
-        "tools": [],
-        "depends_on": list(deps),
-        "expected_output": "",
-    }
 
 
 def _script(folder: Path, name: str, steps: list[dict[str, Any]], delays: dict[str, float]) -> str:
@@ -70,10 +58,6 @@ def _script(folder: Path, name: str, steps: list[dict[str, Any]], delays: dict[s
     path = folder / f"{name}.json"
     path.write_text(json.dumps({"calls": calls}))
     return f"scripted:{path}"
-
-
-def _seconds(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 async def _run(engine: Engine, model: str, task: str, max_parallel: int = 4) -> dict[str, Any]:
@@ -89,8 +73,8 @@ async def _run(engine: Engine, model: str, task: str, max_parallel: int = 4) -> 
 
 def _makespan(report: dict[str, Any]) -> float:
     """From the approval (the run phase starts) to the last step's end."""
-    approved = next(_seconds(event.at) for event in report["events"] if event.kind == "approved")
-    return max(_seconds(step["finished_at"]) for step in report["steps"]) - approved
+    approved = next(seconds(event.at) for event in report["events"] if event.kind == "approved")
+    return max(seconds(step["finished_at"]) for step in report["steps"]) - approved
 
 
 async def bare_agent_ms(model: str, runs: int = 50) -> float:
@@ -131,7 +115,7 @@ async def measure(folder: Path, concurrent_runs: int, breakdown: bool = False) -
     engine = Engine(Settings.load(home=folder / "home", remember_runs="never", embedder="none"))
     store_seconds: dict[str, float] = {}
     try:
-        chain = [_step("s1")] + [_step(f"s{n}", f"s{n - 1}") for n in range(2, 13)]
+        chain = [step("s1")] + [step(f"s{n}", f"s{n - 1}") for n in range(2, 13)]
         chain_model = _script(folder, "chain", chain, {})
         await _run(engine, chain_model, "warm-up")
         if breakdown:
@@ -140,22 +124,22 @@ async def measure(folder: Path, concurrent_runs: int, breakdown: bool = False) -
         for index in range(5):
             report = await _run(engine, chain_model, f"chain {index}")
             approved = next(e.at for e in report["events"] if e.kind == "approved")
-            last = max(_seconds(step["finished_at"]) for step in report["steps"])
-            per_step.append((last - _seconds(approved)) * 1000 / len(chain))
+            last = max(seconds(step["finished_at"]) for step in report["steps"])
+            per_step.append((last - seconds(approved)) * 1000 / len(chain))
         if breakdown:
             chain_seconds = dict(store_seconds)
             store_seconds.clear()
 
-        agent_ms = await bare_agent_ms(_script(folder, "bare", [_step("x")], {}))
+        agent_ms = await bare_agent_ms(_script(folder, "bare", [step("x")], {}))
 
-        fan = [_step(f"f{n}") for n in range(8)]
+        fan = [step(f"f{n}") for n in range(8)]
         fan_report = await _run(engine, _script(folder, "fan", fan, {s["id"]: 0.5 for s in fan}), "fan", 8)
 
-        uneven = [_step("a"), _step("b", "a"), _step("c", "b"), _step("d"), _step("e", "c", "d")]
+        uneven = [step("a"), step("b", "a"), step("c", "b"), step("d"), step("e", "c", "d")]
         delays = {"a": 0.1, "b": 0.1, "c": 0.1, "d": 0.3}
         uneven_report = await _run(engine, _script(folder, "uneven", uneven, delays), "uneven")
 
-        five = [_step("s1")] + [_step(f"s{n}", f"s{n - 1}") for n in range(2, 6)]
+        five = [step("s1")] + [step(f"s{n}", f"s{n - 1}") for n in range(2, 6)]
         five_model = _script(folder, "five", five, {s["id"]: 0.2 for s in five})
         started = time.perf_counter()
         results = await asyncio.gather(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable
 from typing import Any
 
 from dbos import DBOS, SetWorkflowID
@@ -65,8 +66,10 @@ async def replan_workflow(run_id: str, step_id: str, error: str) -> dict[str, An
     if run.plan is None:
         raise RunError(f"run {run_id} has no plan to replan")
     recorded = [step.id for step in await asyncio.to_thread(resources.store.steps, run_id)]
-    try:
-        revised = await replan(
+    return await _proposed(
+        resources,
+        run,
+        replan(
             run.plan,
             step_id,
             error,
@@ -74,13 +77,8 @@ async def replan_workflow(run_id: str, step_id: str, error: str) -> dict[str, An
             resources.catalog,
             model=checkpointed_and_counted(resources.model, resources.ledger),
             taken=recorded,
-        )
-    except PlanError as problem:
-        return {"problems": problem.problems}
-    except MasterplannerError as problem:  # the model could not be asked (a budget, a provider error)
-        return {"error": str(problem)}
-    new_ids = [step.id for step in revised.steps if step.id not in run.plan.ids]
-    return await _with_prompts(resources, run, revised, new_ids)
+        ),
+    )
 
 
 @DBOS.workflow(name="masterplanner.expand")
@@ -89,14 +87,17 @@ async def expand_workflow(run_id: str, step_id: str) -> dict[str, Any]:
     resources, run, outputs = await _proposal_resources(run_id)
     if run.plan is None:
         raise RunError(f"run {run_id} has no plan to expand")
+    model = checkpointed_and_counted(resources.model, resources.ledger)
+    return await _proposed(
+        resources, run, expand(run.plan, step_id, resources.catalog, model=model, inputs=outputs)
+    )
+
+
+async def _proposed(resources: RunResources, run: RunRecord, planning: Awaitable[Plan]) -> dict[str, Any]:
+    """What a proposal workflow returns: the revised plan with its new steps' prompts, or why not."""
+    assert run.plan is not None
     try:
-        revised = await expand(
-            run.plan,
-            step_id,
-            resources.catalog,
-            model=checkpointed_and_counted(resources.model, resources.ledger),
-            inputs=outputs,
-        )
+        revised = await planning
     except PlanError as problem:
         return {"problems": problem.problems}
     except MasterplannerError as problem:  # the model could not be asked (a budget, a provider error)
