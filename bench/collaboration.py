@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _plans import seconds, step
+from _steps import seconds, step
 from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
 

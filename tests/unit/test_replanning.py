@@ -198,6 +198,10 @@ def test_without_yes_the_replan_is_a_request_answered_from_another_process(
 ) -> None:
     monkeypatch.setenv("MASTERPLANNER_RUN_LEASE_S", str(LEASE_S))
     script = replan_script(write_script)
+    calls = json.loads(script.read_text())["calls"]
+    note = {"name": "set_note", "args": {"key": "unit", "value": "metres"}}
+    calls.insert(1, {"purpose": "step:a", "tool_calls": [note]})  # a leaves a note first
+    script.write_text(json.dumps({"calls": calls}))
     run = start("run", "replan it", "--model", f"scripted:{script}", "--rounds", "0", "--json")
     try:
         answer(pending("plan_review")["id"], "--approve")
@@ -207,6 +211,7 @@ def test_without_yes_the_replan_is_a_request_answered_from_another_process(
         assert (payload["replaced_steps"], payload["new_steps"]) == (["c"], ["c1", "c2"])
         assert payload["error"].startswith("the model called no_such_tool")
         assert [s["id"] for s in payload["plan"]["steps"]] == ["a", "b", "c1", "c2"]
+        assert [(n["key"], n["value"], n["step"]) for n in payload["notes"]] == [("unit", "metres", "a")]
         listed = mp("runs", "pending")
         assert "step c failed: run new steps c1, c2 in its place? approve, reject or edit" in listed.stdout
         answer(request["id"], "--approve")

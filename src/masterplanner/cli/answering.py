@@ -252,6 +252,9 @@ class TerminalAnswerer:
         replaced = ", ".join(payload.get("replaced_steps") or []) or "none"
         new = ", ".join(payload.get("new_steps") or []) or "none"
         self._print(f"[bold]replanned:[/] steps {shown(replaced)} replaced by {shown(new)}")
+        for note in payload.get("notes") or []:
+            by = f"note {shown(note['key'])} (by {shown(note['step'])})"
+            self._print(f"[dim]{by}:[/] {shown(note['value'])}")
         return await self._review(request)
 
     async def _review(self, request: Request) -> dict[str, Any] | None:

@@ -220,10 +220,12 @@ class PlanRevisions:
         new = [step_id for step_id in revised.ids if step_id not in run.plan.ids]
         replaced = [step_id for step_id in run.plan.ids if step_id not in revised.ids]
         shown = dataclasses.replace(run, plan=revised, agents={**run.agents, **agents})
+        notes = await asyncio.to_thread(self.store.messages.notes, self.run_id)
         payload = review_payload(shown, self.resources.catalog) | {
             "error": error,
             "new_steps": new,
             "replaced_steps": replaced,
+            "notes": [note.to_json_dict() for note in notes],
         }
         store = self.store
         answered = await store.requests.pause(
