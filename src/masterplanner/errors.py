@@ -27,7 +27,7 @@ hold them.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "BudgetExceededError",
@@ -45,6 +45,7 @@ __all__ = [
     "ScriptExhaustedError",
     "SettingsError",
     "ToolError",
+    "problem_in_our_words",
 ]
 
 
@@ -137,3 +138,58 @@ class RequestError(MasterplannerError):
     """A request of a run cannot be answered: unknown, no longer open, or the answer does not fit it."""
 
     exit_code = 2
+
+
+_SHAPES = {
+    "string_type": "should be text",
+    "list_type": "should be a list",
+    "bool_type": "should be true or false",
+    "bool_parsing": "should be true or false",
+    "int_type": "should be a whole number",
+    "int_parsing": "should be a whole number",
+    "missing": "is missing",
+    "extra_forbidden": "unknown field",
+}
+
+
+def problem_in_our_words(item: Any, *, what: str = "this") -> str:
+    """One problem of a pydantic `ValidationError` (an item of `errors()`) in our words.
+
+    The common kinds are worded here; pydantic's own message stays only for the rare ones.
+    `what` names the object a wrong-typed value should have been (`a step`).
+    """
+    kind, value = item["type"], item.get("input")
+    limit = (item.get("ctx") or {}).get("min_length") or (item.get("ctx") or {}).get("max_length")
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"should be an object with the fields of {what}, got {_json_kind(value)}"
+    if kind in ("missing", "extra_forbidden"):
+        return _SHAPES[kind]
+    if kind in _SHAPES:
+        return f"{_SHAPES[kind]}, got {_json_kind(value)}"
+    if kind == "string_too_short":
+        return "must not be empty" if limit == 1 else f"should have at least {limit} characters"
+    if kind == "string_too_long" and isinstance(value, str):
+        return f"is {len(value):,} characters; the limit is {limit:,}"
+    if kind == "too_short":
+        return "must not be empty" if limit == 1 else f"should have at least {limit} items"
+    if kind == "too_long":
+        return f"has {(item.get('ctx') or {}).get('actual_length')} items; the limit is {limit}"
+    if kind == "value_error":
+        return str(item["msg"]).removeprefix("Value error, ")
+    message = str(item["msg"])
+    return message[:1].lower() + message[1:]
+
+
+def _json_kind(value: Any) -> str:
+    """What kind of JSON value `value` is, as a person would say it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return "an object"

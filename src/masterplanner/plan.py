@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import PlanError
+from .errors import PlanError, problem_in_our_words
 from .tools.catalog import Catalog
 
 __all__ = [
@@ -140,61 +140,9 @@ def _shape_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[str]
             where = f"step {name!r}" if isinstance(name, str) and name else f"step #{index + 1}"
             location = location[2:]
         field = ".".join(str(part) for part in location)
-        message = _shape_message(item, step=not location)
+        message = problem_in_our_words(item, what="a step" if not location else "this")
         problems.append(f"{where}: {field + ': ' if field else ''}{message}")
     return problems
-
-
-_SHAPES = {
-    "string_type": "should be text",
-    "list_type": "should be a list",
-    "bool_type": "should be true or false",
-    "bool_parsing": "should be true or false",
-    "int_type": "should be a whole number",
-    "int_parsing": "should be a whole number",
-    "missing": "is missing",
-    "extra_forbidden": "unknown field",
-}
-
-
-def _shape_message(item: Any, *, step: bool) -> str:
-    """A validation problem in our words (pydantic's own message only for the rare kinds)."""
-    kind, value = item["type"], item.get("input")
-    limit = (item.get("ctx") or {}).get("min_length") or (item.get("ctx") or {}).get("max_length")
-    if kind in ("model_type", "dict_type", "model_attributes_type"):
-        what = "a step" if step else "this"
-        return f"should be an object with the fields of {what}, got {_json_kind(value)}"
-    if kind in ("missing", "extra_forbidden"):
-        return _SHAPES[kind]
-    if kind in _SHAPES:
-        return f"{_SHAPES[kind]}, got {_json_kind(value)}"
-    if kind == "string_too_short":
-        return "must not be empty" if limit == 1 else f"should have at least {limit} characters"
-    if kind == "string_too_long" and isinstance(value, str):
-        return f"is {len(value):,} characters; the limit is {limit:,}"
-    if kind == "too_short":
-        return "must not be empty" if limit == 1 else f"should have at least {limit} items"
-    if kind == "too_long":
-        return f"has {(item.get('ctx') or {}).get('actual_length')} items; the limit is {limit}"
-    if kind == "value_error":
-        return str(item["msg"]).removeprefix("Value error, ")
-    message = str(item["msg"])
-    return message[:1].lower() + message[1:]
-
-
-def _json_kind(value: Any) -> str:
-    """What kind of JSON value `value` is, as a person would say it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true/false"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "text"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    return "an object"
 
 
 def find_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:

@@ -2,12 +2,12 @@
 
 Thin commands over the run service and the library. The application object and what the
 commands share live in `common.py`; the commands in `commands.py` (doctor, chat, plan, eval),
-`runs.py` (run, runs) and `registry.py` (agents, cohorts, memory).
+`runs.py` (run, runs), `registry.py` (agents, cohorts, memory) and `serve.py` (serve).
 """
 
 from __future__ import annotations
 
-from . import commands, registry, runs
+from . import commands, registry, runs, serve
 from .common import app, console, load_settings
 
-__all__ = ["app", "commands", "console", "load_settings", "registry", "runs"]
+__all__ = ["app", "commands", "console", "load_settings", "registry", "runs", "serve"]

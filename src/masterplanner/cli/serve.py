@@ -1,0 +1,51 @@
+"""`masterplanner serve`: the REST API over the run service, for browsers and programs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .common import app, console, load_settings
+from .terminal import shown
+
+__all__ = ["serve"]
+
+
+@app.command(short_help="Serve the REST API (runs, events, requests) over HTTP.")
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (1-65535).")] = 8765,
+    auth: Annotated[
+        bool, typer.Option("--auth", help="Require the token in <home>/web-token (needed off loopback).")
+    ] = False,
+) -> None:
+    """Serve the API under /api/v1 (OpenAPI at /openapi.json) until Ctrl-C.
+
+    Runs started through it are executed by this server; runs started elsewhere (`masterplanner
+    run`) are listed, followed and answered the same way, since both go through the database.
+    Listening on an address other machines reach requires --auth: every request must then send
+    `Authorization: Bearer TOKEN`, with the token from the web-token file of the home directory.
+    """
+    import uvicorn
+
+    from ..errors import ConfigError
+    from ..service import RunService
+    from ..web import check_bind, create_app, web_token
+
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be between 1 and 65535, got {port}")
+    check_bind(host, auth=auth)
+    settings = load_settings()
+    token = None
+    out = console(stderr=True)
+    if auth:
+        token, path = web_token(settings.home)
+        out.print(f"token required: it is in {shown(str(path))}", highlight=False, soft_wrap=True)
+    service = RunService(settings)
+    try:
+        where = f"[{host}]" if ":" in host else host
+        out.print(f"serving on http://{shown(where)}:{port}/api/v1 (Ctrl-C stops)", highlight=False)
+        uvicorn.run(create_app(service, token=token), host=host, port=port, log_level="warning")
+    finally:
+        service.close()

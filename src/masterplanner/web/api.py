@@ -1,0 +1,281 @@
+"""The REST API under `/api/v1`: runs, their events (also as server-sent events) and requests.
+
+Every route is one or two calls of the run service; nothing here touches a store or the engine.
+A run created here is executed by this server's process (`Executions`); a run another process
+executes (`masterplanner run` in a terminal) is read, followed and answered the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.records import RunOptions, RunRecord, RunStatus
+from ..errors import RequestError, RunError
+from ..service import Request as StoredRequest
+from ..service import RunService, answerer_name
+
+__all__ = ["AnswerIn", "Executions", "RunIn", "RunOptionsIn", "router"]
+
+router = APIRouter(prefix="/api/v1")
+
+MAX_TASK_CHARS = 8_000
+
+
+class RunOptionsIn(BaseModel):
+    """How a new run executes (the `masterplanner run` flags)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_parallel: int = Field(default=4, ge=1, le=64, description="Steps running at once.")
+    auto_approve: bool = Field(default=False, description="Approve the plan, tool calls, storing the team.")
+    prompt_rounds: int = Field(default=1, ge=0, le=5, description="Critique-and-revise rounds a prompt.")
+    step_timeout_s: float = Field(default=600.0, gt=0, le=86_400, description="Seconds a step attempt.")
+    max_model_calls: int = Field(default=200, ge=1, le=1_000_000, description="Model calls in the run.")
+    max_tokens: int = Field(default=2_000_000, ge=1, le=10**10, description="Tokens in the run.")
+    max_wall_s: float = Field(default=3600.0, gt=0, le=7 * 86_400, description="Seconds of execution.")
+    max_replans: int = Field(default=2, ge=0, le=10, description="Replans of failed steps.")
+    check_outputs: bool = Field(default=False, description="Check outputs against expected outputs.")
+    team_tools: bool | None = Field(default=None, description="Team tools for step agents (None: by model).")
+    tool_policies: dict[str, Literal["auto", "ask", "deny"]] = Field(
+        default_factory=dict, description="Approval policy by tool name, over the settings'."
+    )
+
+
+class RunIn(BaseModel):
+    """A new run: the task, and optionally the model, the workspace folder and the options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(min_length=1, max_length=MAX_TASK_CHARS)
+    model: str | None = Field(default=None, max_length=2_000, description="Model spec (default: setting).")
+    workspace: str | None = Field(default=None, max_length=4_096, description="Folder on the server.")
+    options: RunOptionsIn = Field(default_factory=lambda: RunOptionsIn.model_validate({}))
+
+
+class AnswerIn(BaseModel):
+    """An answer: `approve` (with a `reason` when false), a `text`, or a whole `decision`.
+
+    A `decision` answers a plan review or a replan with edits: `{"action": "approve", "plan":
+    …, "agents": …, "tool_policies": …}` or `{"action": "reject", "reason": …}`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    approve: bool | None = None
+    text: str | None = Field(default=None, max_length=100_000)
+    reason: str | None = Field(default=None, max_length=4_000)
+    decision: dict[str, Any] | None = None
+
+
+class Executions:
+    """The runs this server executes, each as a task of its event loop until the run ends."""
+
+    def __init__(self, service: RunService) -> None:
+        self.service = service
+        self._tasks: dict[str, asyncio.Task[RunRecord]] = {}
+
+    def start(self, run_id: str) -> None:
+        """Execute the run in the background (nothing happens if this server already does)."""
+        running = self._tasks.get(run_id)
+        if running is not None and not running.done():
+            return
+        task = asyncio.create_task(self.service.execute(run_id), name=f"run {run_id}")
+        self._tasks[run_id] = task
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[RunRecord]) -> None:
+        # the run's outcome is stored with it; an error that stopped the execution is too (run_failed)
+        if not task.cancelled():
+            task.exception()
+
+    async def stop(self) -> None:
+        """Stop executing (the runs stay as they are: `runs resume` or a later server goes on)."""
+        tasks = [task for task in self._tasks.values() if not task.done()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+
+def _service(request: Request) -> RunService:
+    service: RunService = request.app.state.service
+    return service
+
+
+def _summary(record: RunRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "task": record.task,
+        "status": record.status,
+        "model": record.model,
+        "workspace": record.workspace,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        "output": record.output,
+        "error": record.error,
+    }
+
+
+async def _run(service: RunService, run_id: str) -> RunRecord:
+    """The run, or a 404 naming the id (the store's message names the database, which stays here)."""
+    try:
+        return await service.get(run_id)
+    except RunError:
+        raise HTTPException(404, f"no run {run_id!r}") from None
+
+
+@router.get("/health", summary="Whether the server answers")
+async def health() -> dict[str, str]:
+    """`{"status": "ok"}`."""
+    return {"status": "ok"}
+
+
+@router.get("/runs", summary="Runs, newest first")
+async def list_runs(
+    request: Request,
+    status: Annotated[RunStatus | None, Query(description="Only runs with this status.")] = None,
+    q: Annotated[str | None, Query(max_length=200, description="Only runs whose task has this text.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> list[dict[str, Any]]:
+    """The newest runs, filtered by status and by text in the task."""
+    records = await _service(request).list_runs(limit=1000 if status or q else limit)
+    wanted = [
+        record
+        for record in records
+        if (status is None or record.status == status) and (not q or q.lower() in record.task.lower())
+    ]
+    return [_summary(record) for record in wanted[:limit]]
+
+
+@router.post("/runs", status_code=201, summary="Start a run")
+async def create_run(request: Request, body: RunIn) -> dict[str, Any]:
+    """Record the run and execute it in this server: planning, then the review as a request."""
+    service = _service(request)
+    settings = service.settings
+    options = RunOptions(
+        **body.options.model_dump(exclude={"tool_policies"}),
+        tool_policies={**settings.tool_policies, **body.options.tool_policies},
+    )
+    workspace = Path(body.workspace) if body.workspace else None
+    record = await service.create(
+        body.task, model=body.model or settings.model, options=options, workspace=workspace
+    )
+    request.app.state.executions.start(record.id)
+    return _summary(record)
+
+
+@router.get("/runs/{run_id}", summary="A run's report")
+async def get_run(request: Request, run_id: str) -> dict[str, Any]:
+    """Status, plan, agents' prompts, steps (sub-steps under their step), usage, messages, notes."""
+    service = _service(request)
+    record = await _run(service, run_id)
+    report = await service.report(record.id)
+    return _summary(record) | report | {"agents": {k: v.to_json_dict() for k, v in record.agents.items()}}
+
+
+@router.get("/runs/{run_id}/events", summary="A run's events")
+async def run_events(
+    request: Request,
+    run_id: str,
+    after: Annotated[int, Query(ge=0, description="Events after this seq.")] = 0,
+) -> list[dict[str, Any]]:
+    """The run's events with a sequence number above `after`, in order."""
+    service = _service(request)
+    record = await _run(service, run_id)
+    return [event.to_json_dict() for event in await service.events(record.id, after)]
+
+
+@router.get(
+    "/runs/{run_id}/events/stream", response_class=EventSourceResponse, summary="A run's events, live"
+)
+async def stream_events(
+    request: Request,
+    run_id: str,
+    after: Annotated[int, Query(ge=0, description="Events after this seq.")] = 0,
+    last_event_id: Annotated[str | None, Header(description="Set by a reconnecting EventSource.")] = None,
+) -> AsyncIterator[ServerSentEvent]:
+    """Server-sent events, one per run event (`event` = its kind, `id` = its seq), until the run is over."""
+    service = _service(request)
+    record = await _run(service, run_id)
+    if last_event_id and last_event_id.isdigit():
+        after = max(after, int(last_event_id))
+    async for event in service.follow(record.id, after):
+        yield ServerSentEvent(data=event.to_json_dict(), event=event.kind, id=str(event.seq))
+
+
+@router.post("/runs/{run_id}/cancel", summary="Cancel a run")
+async def cancel_run(request: Request, run_id: str) -> dict[str, Any]:
+    """Ask the run to stop; its running steps stop within moments, wherever they run."""
+    service = _service(request)
+    record = await _run(service, run_id)
+    return _summary(await service.cancel(record.id, wait_s=2.0))
+
+
+@router.get("/requests", summary="Open requests")
+async def pending_requests(
+    request: Request, run_id: Annotated[str | None, Query(description="Only this run's.")] = None
+) -> list[dict[str, Any]]:
+    """The open requests runs wait on (plan reviews, tool approvals, questions, replans), oldest first."""
+    service = _service(request)
+    if run_id is not None:
+        run_id = (await _run(service, run_id)).id
+    return [{**item.to_json_dict(), "summary": item.summary()} for item in await service.pending(run_id)]
+
+
+@router.get("/requests/{request_id}", summary="A request")
+async def get_request(request: Request, request_id: str) -> dict[str, Any]:
+    """One request in whatever state it is."""
+    found = await _request(_service(request), request_id)
+    return {**found.to_json_dict(), "summary": found.summary()}
+
+
+@router.post("/requests/{request_id}/answer", summary="Answer a request")
+async def answer_request(request: Request, request_id: str, body: AnswerIn) -> dict[str, Any]:
+    """Answer an open request; the run waiting on it goes on in whichever process runs it."""
+    service = _service(request)
+    found = await _request(service, request_id)
+    if found.state != "open":
+        by = f" by {found.answered_by}" if found.answered_by else ""
+        raise HTTPException(409, f"request {found.id} is {found.state}{by}: it takes no answer now")
+    _check_fits(found, body)
+    by = answerer_name("web")
+    if body.decision is not None:
+        answered = await service.answer(found.id, body.decision, by=by)
+    else:
+        answered = await service.answer_plainly(
+            found.id, by=by, approve=body.approve, text=body.text, reason=body.reason
+        )
+    return {**answered.to_json_dict(), "summary": answered.summary()}
+
+
+async def _request(service: RunService, request_id: str) -> StoredRequest:
+    try:
+        return await service.request(request_id)
+    except RequestError:
+        raise HTTPException(404, f"no request {request_id!r}") from None
+
+
+def _check_fits(found: StoredRequest, body: AnswerIn) -> None:
+    """`RequestError` when the answer's form does not fit the request's kind (in the API's words)."""
+    given = [name for name in ("approve", "text", "decision") if getattr(body, name) is not None]
+    if len(given) != 1:
+        raise RequestError("answer with exactly one of approve (true or false), text, or decision")
+    if body.reason is not None and body.approve is not False:
+        raise RequestError("a reason goes with approve false")
+    if found.kind == "ask_user" and body.text is None:
+        raise RequestError(f"request {found.id} is an agent's question: answer it with a text")
+    if found.kind != "ask_user" and body.text is not None:
+        raise RequestError(f"request {found.id} asks yes or no: answer it with approve true or false")
+    if body.decision is not None and found.kind not in ("plan_review", "replan"):
+        raise RequestError(
+            f"request {found.id} is a {found.kind}: a decision answers a plan review or a replan"
+        )

@@ -1,0 +1,151 @@
+"""The web app: the REST API over the run service, with its errors in our words and its access rule."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .._version import __version__
+from ..errors import MasterplannerError, PlanError, RequestError, problem_in_our_words
+from ..service import RunService
+from .api import Executions, router
+from .auth import token_matches
+
+__all__ = ["MAX_BODY_BYTES", "create_app"]
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""The largest request body taken (a plan edit with every prompt is far smaller); larger is a 413."""
+
+_log = logging.getLogger("masterplanner.web")
+
+
+def create_app(service: RunService, *, token: str | None = None) -> FastAPI:
+    """The app over `service`; with `token`, every request must carry it (`Authorization: Bearer`)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await app.state.executions.stop()
+
+    app = FastAPI(
+        title="masterplanner",
+        version=__version__,
+        summary="Plan a task into cooperating agents, review it, run it.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.state.executions = Executions(service)
+    app.include_router(router)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(MasterplannerError, _our_error)
+    app.add_exception_handler(Exception, _unexpected)
+    if token is not None:
+        app.middleware("http")(_require(token))
+    app.add_middleware(_BodyLimit)
+    return app
+
+
+def _error(status: int, message: str, **more: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **more}, status_code=status)
+
+
+async def _invalid_request(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for item in exc.errors():
+        if item.get("type") == "json_invalid":
+            at = item.get("loc", ())[-1]
+            problems.append(f"the body is not valid JSON (near character {at})")
+            continue
+        where = ".".join(str(part) for part in item.get("loc", ()))
+        problems.append(f"{where}: {problem_in_our_words(item)}" if where else problem_in_our_words(item))
+    return _error(422, "the request is invalid: " + "; ".join(problems), problems=problems)
+
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    words = {
+        404: "no such page or resource",
+        405: "that method is not allowed here",
+        413: _TOO_LARGE,
+    }
+    detail = exc.detail if isinstance(exc.detail, str) and exc.status_code not in (405, 413) else None
+    if detail in (None, "Not Found"):
+        detail = words.get(exc.status_code, "the request was refused")
+    return _error(exc.status_code, str(detail))
+
+
+async def _our_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, MasterplannerError)
+    if isinstance(exc, PlanError):
+        return _error(422, str(exc), problems=exc.problems)
+    if isinstance(exc, RequestError):
+        return _error(422, str(exc))
+    return _error(400, str(exc))
+
+
+async def _unexpected(_: Request, exc: Exception) -> Response:
+    _log.exception("unexpected error", exc_info=exc)
+    return _error(500, "the server failed on this request; its log has the details")
+
+
+_Next = Callable[[Request], Awaitable[Response]]
+
+
+def _require(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
+    """Middleware that refuses every request without the token."""
+
+    async def check(request: Request, call_next: _Next) -> Response:
+        if token_matches(request.headers.get("authorization"), token):
+            return await call_next(request)
+        return _error(
+            401,
+            "this server needs its token: send `Authorization: Bearer TOKEN` (the token is in the "
+            "web-token file of the server's home directory)",
+        )
+
+    return check
+
+
+_TOO_LARGE = f"the request body is over {MAX_BODY_BYTES // (1024 * 1024)} MiB"
+
+
+class _BodyLimit:
+    """Refuses a body over `MAX_BODY_BYTES` with a 413.
+
+    At once when its declared length is over; else when the bytes read pass the limit, as an
+    HTTP error the app's handler words.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            await _error(413, _TOO_LARGE)(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > MAX_BODY_BYTES:
+                    raise HTTPException(413, _TOO_LARGE)
+            return message
+
+        await self.app(scope, limited, send)

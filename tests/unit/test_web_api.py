@@ -1,0 +1,247 @@
+"""The REST API through the ASGI app (httpx), over a real run service and the scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from _cli import mp, start
+from _plans import step
+
+from masterplanner import ConfigError, Settings
+from masterplanner.service import RunService
+from masterplanner.web import MAX_BODY_BYTES, check_bind, create_app, web_token
+
+DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
+
+
+@pytest.fixture
+async def service(isolated: Path) -> AsyncIterator[RunService]:
+    created = RunService(Settings.load())
+    yield created
+    created.close()
+
+
+@pytest.fixture
+async def client(service: RunService) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(service)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test/api/v1") as opened:
+        yield opened
+    await app.state.executions.stop()
+
+
+def _script(write_script: Callable[..., Path]) -> Path:
+    return write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("b", "a", tools=[])]}},
+            {"purpose": "step:a", "output": "A done"},
+            {"purpose": "step:b", "expect": ["A done"], "output": "B done"},
+            DRAFTS,
+        ]
+    )
+
+
+async def _wait_for(client: httpx.AsyncClient, path: str, test: Callable[[Any], bool]) -> Any:
+    for _ in range(600):
+        response = await client.get(path)
+        assert response.status_code == 200, response.text
+        if test(response.json()):
+            return response.json()
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} never met the condition: {response.text}")
+
+
+async def test_a_run_started_reviewed_and_followed_through_the_api(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    body = {
+        "task": "do a then b",
+        "model": f"scripted:{_script(write_script)}",
+        "options": {"prompt_rounds": 0},
+    }
+    created = await client.post("/runs", json=body)
+    assert created.status_code == 201, created.text
+    run = created.json()
+    assert (run["task"], run["status"]) == ("do a then b", "planning")
+
+    (review,) = await _wait_for(client, f"/requests?run_id={run['id']}", lambda found: len(found) == 1)
+    assert review["kind"] == "plan_review"
+    assert [s["id"] for s in review["payload"]["plan"]["steps"]] == ["a", "b"]
+    answered = await client.post(f"/requests/{review['id']}/answer", json={"approve": True})
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["state"] == "answered"
+    assert answered.json()["answered_by"].startswith("web@")
+
+    stream = await client.get(f"/runs/{run['id']}/events/stream")  # ends when the run is over
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    frames = [frame for frame in stream.text.split("\n\n") if frame.strip()]
+    events = []
+    for frame in frames:
+        fields = dict(line.split(": ", 1) for line in frame.splitlines() if ": " in line)
+        events.append((fields["event"], int(fields["id"]), json.loads(fields["data"])))
+    kinds = [kind for kind, _, _ in events]
+    assert kinds[0] == "run_created" and "run_succeeded" in kinds
+    assert [seq for _, seq, _ in events] == list(range(1, len(events) + 1))
+    assert all(data["kind"] == kind and data["seq"] == seq for kind, seq, data in events)
+
+    report = (await client.get(f"/runs/{run['id'][:12]}")).json()  # a unique prefix is enough
+    assert (report["status"], report["output"]) == ("succeeded", "B done")
+    assert [(s["id"], s["status"]) for s in report["steps"]] == [("a", "succeeded"), ("b", "succeeded")]
+    assert set(report["agents"]) == {"a", "b"}
+    later = (await client.get(f"/runs/{run['id']}/events", params={"after": len(events) - 2})).json()
+    assert [e["seq"] for e in later] == [len(events) - 1, len(events)]
+    listed = (await client.get("/runs", params={"status": "succeeded", "q": "A THEN"})).json()
+    assert [r["id"] for r in listed] == [run["id"]]
+    assert (await client.get("/runs", params={"status": "failed"})).json() == []
+    assert (await client.get(f"/requests?run_id={run['id']}")).json() == []
+
+    again = await client.post(f"/requests/{review['id']}/answer", json={"approve": False})
+    assert again.status_code == 409
+    assert again.json()["error"].startswith(f"request {review['id']} is answered by web@")
+
+
+@pytest.mark.parametrize(
+    ("body", "problems"),
+    [
+        ({}, ["body.task: is missing"]),
+        ({"task": ""}, ["body.task: must not be empty"]),
+        ({"task": "x", "colour": "red"}, ["body.colour: unknown field"]),
+        (
+            {"task": "x", "options": {"max_parallel": 0}},
+            ["body.options.max_parallel: input should be greater than or equal to 1"],
+        ),
+        (
+            {"task": "x", "options": {"tool_policies": {"code_execution": "maybe"}}},
+            ["body.options.tool_policies.code_execution: input should be 'auto', 'ask' or 'deny'"],
+        ),
+        ({"task": 5}, ["body.task: should be text, got a number"]),
+    ],
+)
+async def test_bad_requests_name_the_field_and_store_nothing(
+    client: httpx.AsyncClient, body: dict[str, Any], problems: list[str]
+) -> None:
+    response = await client.post("/runs", json=body)
+    assert response.status_code == 422
+    assert response.json()["problems"] == problems
+    assert response.json()["error"] == "the request is invalid: " + "; ".join(problems)
+    assert (await client.get("/runs")).json() == []
+
+
+async def test_unknown_ids_malformed_json_huge_bodies_and_bad_models(client: httpx.AsyncClient) -> None:
+    missing = await client.get("/runs/nosuchrun")
+    assert (missing.status_code, missing.json()) == (404, {"error": "no run 'nosuchrun'"})
+    assert (await client.post("/requests/nosuch/answer", json={"approve": True})).status_code == 404
+    assert (await client.get("/nowhere")).json() == {"error": "no such page or resource"}
+    malformed = await client.post("/runs", content=b'{"task": ', headers={"content-type": "application/json"})
+    assert malformed.status_code == 422
+    assert malformed.json()["problems"] == ["the body is not valid JSON (near character 9)"]
+    huge = await client.post("/runs", json={"task": "x" * (MAX_BODY_BYTES + 1)})
+    assert (huge.status_code, huge.json()) == (413, {"error": "the request body is over 4 MiB"})
+
+    async def chunks() -> AsyncIterator[bytes]:  # no length declared: cut off as it arrives
+        yield b'{"task": "'
+        for _ in range(5):
+            yield b"x" * (1024 * 1024)
+
+    streamed = await client.post("/runs", content=chunks(), headers={"content-type": "application/json"})
+    assert (streamed.status_code, streamed.json()) == (413, {"error": "the request body is over 4 MiB"})
+    model = await client.post("/runs", json={"task": "x", "model": "nonsense:thing"})
+    assert model.status_code == 400
+    assert "nonsense:thing" in model.json()["error"]
+    assert (await client.get("/runs")).json() == []
+
+
+async def test_answers_that_do_not_fit_the_request_are_refused(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    body = {
+        "task": "do a then b",
+        "model": f"scripted:{_script(write_script)}",
+        "options": {"prompt_rounds": 0},
+    }
+    run = (await client.post("/runs", json=body)).json()
+    (review,) = await _wait_for(client, f"/requests?run_id={run['id']}", lambda found: len(found) == 1)
+    cases = [
+        ({"text": "yes"}, f"request {review['id']} asks yes or no: answer it with approve true or false"),
+        ({}, "answer with exactly one of approve (true or false), text, or decision"),
+        ({"approve": True, "reason": "why"}, "a reason goes with approve false"),
+        (
+            {"decision": {"action": "approve", "plan": {"task": "t", "steps": []}}},
+            "invalid plan: plan: steps: must not be empty",
+        ),
+    ]
+    for answer, error in cases:
+        refused = await client.post(f"/requests/{review['id']}/answer", json=answer)
+        assert (refused.status_code, refused.json()["error"]) == (422, error)
+    assert (await client.get(f"/requests/{review['id']}")).json()["state"] == "open"  # nothing changed
+    rejected = await client.post(
+        f"/requests/{review['id']}/answer", json={"approve": False, "reason": "not now"}
+    )
+    assert rejected.json()["answer"] == {"action": "reject", "reason": "not now"}
+    final = await _wait_for(
+        client,
+        f"/runs/{run['id']}",
+        lambda report: report["status"] == "cancelled" or report["status"] == "failed",
+    )
+    assert final["error"]
+
+
+async def test_a_token_is_required_when_set(service: RunService) -> None:
+    app = create_app(service, token="t" * 43)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        refused = await client.get("/api/v1/runs")
+        assert refused.status_code == 401
+        assert refused.json()["error"].startswith("this server needs its token")
+        assert (
+            await client.get("/api/v1/runs", headers={"Authorization": "Bearer wrong"})
+        ).status_code == 401
+        allowed = await client.get("/api/v1/runs", headers={"Authorization": "Bearer " + "t" * 43})
+        assert (allowed.status_code, allowed.json()) == (200, [])
+
+
+def test_binding_off_loopback_needs_auth_and_the_token_file_is_private(tmp_path: Path) -> None:
+    for host in ("127.0.0.1", "::1", "localhost", "127.0.0.5"):
+        check_bind(host, auth=False)
+    for host in ("0.0.0.0", "192.168.1.4", "example.com", "::"):
+        with pytest.raises(ConfigError, match=f"--host {host} can be reached from other machines"):
+            check_bind(host, auth=False)
+        check_bind(host, auth=True)
+    token, path = web_token(tmp_path / "home")
+    assert len(token) >= 40 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert web_token(tmp_path / "home") == (token, path)  # the same token next time
+    os.chmod(path, 0o644)
+    with pytest.raises(ConfigError, match="can be read by other users: run `chmod 600"):
+        web_token(tmp_path / "home")
+
+
+def test_serve_refuses_a_public_address_without_auth() -> None:
+    result = mp("serve", "--host", "0.0.0.0")
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: --host 0.0.0.0 can be reached from other machines")
+
+
+async def test_a_run_started_in_the_terminal_is_approved_through_the_api(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    process = start(
+        "run", "do a then b", "--model", f"scripted:{_script(write_script)}", "--rounds", "0", "--json"
+    )
+    try:
+        (review,) = await _wait_for(client, "/requests", lambda found: len(found) == 1)
+        answered = await client.post(f"/requests/{review['id']}/answer", json={"approve": True})
+        assert answered.status_code == 200, answered.text
+        out, err = await asyncio.to_thread(process.communicate, timeout=90)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert json.loads(out)["output"] == "B done"
+    report = (await client.get(f"/runs/{review['run_id']}")).json()
+    assert report["status"] == "succeeded"
