@@ -33,7 +33,7 @@ async def service(isolated: Path) -> AsyncIterator[RunService]:
 async def client(service: RunService) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(service)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test/api/v1") as opened:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8765/api/v1") as opened:
         yield opened
     await app.state.executions.stop()
 
@@ -196,7 +196,9 @@ async def test_answers_that_do_not_fit_the_request_are_refused(
 
 async def test_a_token_is_required_when_set(service: RunService) -> None:
     app = create_app(service, token="t" * 43)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://example.test"
+    ) as client:
         refused = await client.get("/api/v1/runs")
         assert refused.status_code == 401
         assert refused.json()["error"].startswith("this server needs its token")
@@ -205,6 +207,23 @@ async def test_a_token_is_required_when_set(service: RunService) -> None:
         ).status_code == 401
         allowed = await client.get("/api/v1/runs", headers={"Authorization": "Bearer " + "t" * 43})
         assert (allowed.status_code, allowed.json()) == (200, [])
+
+
+async def test_other_sites_and_other_host_names_are_refused(client: httpx.AsyncClient) -> None:
+    body = {"task": "x"}
+    for headers, error in [
+        ({"sec-fetch-site": "cross-site"}, "a request from another site cannot change anything here"),
+        ({"origin": "http://evil.example"}, "a request from http://evil.example cannot change anything here"),
+        (
+            {"host": "rebound.example:8765"},
+            "this server answers only to a loopback address, not to host 'rebound.example:8765'",
+        ),
+    ]:
+        refused = await client.post("/runs", json=body, headers=headers)
+        assert (refused.status_code, refused.json()) == (403, {"error": error})
+    for host in ("localhost:8765", "[::1]:8765"):
+        assert (await client.get("/runs", headers={"host": host})).status_code == 200
+    assert (await client.get("/runs")).json() == []
 
 
 def test_binding_off_loopback_needs_auth_and_the_token_file_is_private(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,7 +18,7 @@ from .._version import __version__
 from ..errors import MasterplannerError, PlanError, RequestError, problem_in_our_words
 from ..service import RunService
 from .api import Executions, router
-from .auth import token_matches
+from .auth import is_loopback, token_matches
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
 
@@ -28,7 +29,12 @@ _log = logging.getLogger("masterplanner.web")
 
 
 def create_app(service: RunService, *, token: str | None = None) -> FastAPI:
-    """The app over `service`; with `token`, every request must carry it (`Authorization: Bearer`)."""
+    """The app over `service`; with `token`, every request must carry it (`Authorization: Bearer`).
+
+    Without a token the app answers only requests addressed to a loopback name (`Host`), so a
+    web page elsewhere cannot reach it through a name that resolves to 127.0.0.1; and it refuses
+    every state-changing request a browser marks as coming from another site.
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -48,9 +54,10 @@ def create_app(service: RunService, *, token: str | None = None) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(MasterplannerError, _our_error)
     app.add_exception_handler(Exception, _unexpected)
+    app.add_middleware(_BodyLimit)  # innermost: its error reaches the app's handlers as it is
     if token is not None:
         app.middleware("http")(_require(token))
-    app.add_middleware(_BodyLimit)
+    app.middleware("http")(_same_site_only(loopback_only=token is None))  # outermost
     return app
 
 
@@ -112,6 +119,27 @@ def _require(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
             "this server needs its token: send `Authorization: Bearer TOKEN` (the token is in the "
             "web-token file of the server's home directory)",
         )
+
+    return check
+
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _same_site_only(*, loopback_only: bool) -> Callable[[Request, _Next], Awaitable[Response]]:
+    """Middleware against cross-site request forgery and, on loopback, DNS rebinding."""
+
+    async def check(request: Request, call_next: _Next) -> Response:
+        host = request.headers.get("host", "")
+        if loopback_only and not is_loopback(urlsplit(f"//{host}").hostname or ""):
+            return _error(403, f"this server answers only to a loopback address, not to host {host!r}")
+        if request.method not in _SAFE_METHODS:
+            if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+                return _error(403, "a request from another site cannot change anything here")
+            origin = request.headers.get("origin")
+            if origin and origin != "null" and urlsplit(origin).netloc != host:
+                return _error(403, f"a request from {origin} cannot change anything here")
+        return await call_next(request)
 
     return check
 
