@@ -1,4 +1,4 @@
-"""The web app: the REST API over the run service, with its errors in our words and its access rule."""
+"""The web app: the pages and the REST API over the run service, errors in our words, its access rules."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._version import __version__
 from ..errors import MasterplannerError, PlanError, RequestError, problem_in_our_words
 from ..service import RunService
+from . import pages
 from .api import Executions, router
 from .auth import is_loopback, token_matches
 
@@ -50,6 +52,8 @@ def create_app(service: RunService, *, token: str | None = None) -> FastAPI:
     app.state.service = service
     app.state.executions = Executions(service)
     app.include_router(router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(packages=[("masterplanner.web", "static")]), name="static")
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(MasterplannerError, _our_error)

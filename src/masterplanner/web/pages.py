@@ -1,0 +1,285 @@
+"""The pages: runs, a new task, and a run's page (review, requests, steps, live events, files).
+
+Rendered on the server from Jinja templates (`StrictUndefined`); HTMX (vendored in `static/`)
+swaps the run's body when the run's server-sent `change` events arrive and posts the forms.
+Every action is a run service call, as in the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
+
+from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord
+from ..errors import MasterplannerError, PlanError
+from ..service import Request as StoredRequest
+from ..service import RunService, answerer_name
+from .graph import plan_svg
+
+__all__ = ["router", "templates"]
+
+router = APIRouter(include_in_schema=False)
+
+templates = Jinja2Templates(
+    env=Environment(
+        loader=PackageLoader("masterplanner.web", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        undefined=StrictUndefined,
+    )
+)
+
+STATUSES = ("planning", "awaiting_approval", "running", "succeeded", "failed", "cancelled")
+_MAX_FILES = 200
+
+
+def _service(request: Request) -> RunService:
+    service: RunService = request.app.state.service
+    return service
+
+
+async def _run(service: RunService, run_id: str) -> RunRecord:
+    try:
+        return await service.get(run_id)
+    except MasterplannerError:
+        raise HTTPException(404, f"no run {run_id!r}") from None
+
+
+@router.get("/")
+async def home() -> RedirectResponse:
+    """The runs page."""
+    return RedirectResponse("/runs", status_code=303)
+
+
+@router.get("/runs", response_class=HTMLResponse)
+async def runs_page(request: Request, status: str = "", q: str = "") -> Response:
+    """Runs, newest first, filtered by status and by text in the task."""
+    records = await _service(request).list_runs(limit=500)
+    shown = [
+        record
+        for record in records
+        if (not status or record.status == status) and (not q or q.lower() in record.task.lower())
+    ]
+    context = {"runs": shown[:100], "status": status, "q": q, "statuses": STATUSES}
+    return templates.TemplateResponse(request, "runs.html", context)
+
+
+@router.get("/new", response_class=HTMLResponse)
+async def new_page(request: Request) -> Response:
+    """The new-task form."""
+    settings = _service(request).settings
+    return templates.TemplateResponse(
+        request,
+        "new.html",
+        {"error": None, "task": "", "model": settings.model, "workspace": "", "yes": False},
+    )
+
+
+@router.post("/new", response_class=HTMLResponse)
+async def create_run(request: Request) -> Response:
+    """Start the run this server executes; its page shows the plan for review when it is ready."""
+    form = await request.form()
+    service = _service(request)
+    task, model = str(form.get("task", "")).strip(), str(form.get("model", "")).strip()
+    workspace, yes = str(form.get("workspace", "")).strip(), form.get("yes") == "on"
+    options = RunOptions(auto_approve=yes, tool_policies=dict(service.settings.tool_policies))
+    try:
+        record = await service.create(
+            task,
+            model=model or service.settings.model,
+            options=options,
+            workspace=Path(workspace) if workspace else None,
+        )
+    except MasterplannerError as error:
+        context = {"error": str(error), "task": task, "model": model, "workspace": workspace, "yes": yes}
+        return templates.TemplateResponse(request, "new.html", context, status_code=422)
+    request.app.state.executions.start(record.id)
+    return RedirectResponse(f"/runs/{record.id}", status_code=303)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+async def run_page(request: Request, run_id: str) -> Response:
+    """A run: its review or progress, requests answered inline, live while it runs."""
+    record = await _run(_service(request), run_id)
+    return templates.TemplateResponse(request, "run.html", await _body_context(request, record, None))
+
+
+@router.get("/runs/{run_id}/body", response_class=HTMLResponse)
+async def run_body(request: Request, run_id: str) -> Response:
+    """The run page's changing part (what `change` events refresh)."""
+    record = await _run(_service(request), run_id)
+    return templates.TemplateResponse(request, "_run_body.html", await _body_context(request, record, None))
+
+
+@router.get("/runs/{run_id}/changes", response_class=EventSourceResponse)
+async def run_changes(request: Request, run_id: str) -> AsyncIterator[ServerSentEvent]:
+    """A `change` event whenever the run has new events, then `over` when it has ended."""
+    service = _service(request)
+    record = await _run(service, run_id)
+    last = request.headers.get("last-event-id", "")
+    after = int(last) if last.isdigit() else 0
+    async for event in service.follow(record.id, after):
+        yield ServerSentEvent(data=event.kind, event="change", id=str(event.seq))
+    yield ServerSentEvent(data="over", event="over")
+
+
+@router.post("/runs/{run_id}/requests/{request_id}", response_class=HTMLResponse)
+async def answer(request: Request, run_id: str, request_id: str) -> Response:
+    """Answer a request from its inline form: yes, no (with a reason), or a text."""
+    service = _service(request)
+    record = await _run(service, run_id)
+    form = await request.form()
+    choice = str(form.get("choice", ""))
+    problem = None
+    try:
+        found = await service.request(request_id)
+        if found.run_id != record.id:
+            raise HTTPException(404, f"run {record.id} has no request {request_id!r}")
+        if found.kind in ("plan_review", "replan") and choice == "approve":
+            decision = _review_decision(found, form)
+            await service.answer(found.id, decision, by=answerer_name("web"))
+        elif found.kind == "ask_user":
+            await service.answer_plainly(found.id, by=answerer_name("web"), text=str(form.get("text", "")))
+        else:
+            reason = str(form.get("reason", "")).strip() or None
+            approve = choice == "approve"
+            await service.answer_plainly(
+                found.id, by=answerer_name("web"), approve=approve, reason=None if approve else reason
+            )
+    except PlanError as error:
+        problem = {"request": request_id, "message": str(error), "problems": error.problems}
+    except MasterplannerError as error:
+        problem = {"request": request_id, "message": str(error), "problems": []}
+    record = await service.get(record.id)
+    context = await _body_context(request, record, problem)
+    return templates.TemplateResponse(request, "_run_body.html", context, status_code=422 if problem else 200)
+
+
+@router.post("/runs/{run_id}/cancel", response_class=HTMLResponse)
+async def cancel(request: Request, run_id: str) -> Response:
+    """Cancel the run; the body shows it stopping."""
+    service = _service(request)
+    record = await service.cancel((await _run(service, run_id)).id, wait_s=2.0)
+    return templates.TemplateResponse(request, "_run_body.html", await _body_context(request, record, None))
+
+
+@router.get("/runs/{run_id}/file")
+async def workspace_file(request: Request, run_id: str, path: str) -> Response:
+    """One file of the run's workspace (images and text shown by the browser, others downloaded)."""
+    record = await _run(_service(request), run_id)
+    target = await asyncio.to_thread(_inside, record.workspace, path)
+    if target is None:
+        raise HTTPException(404, f"the workspace of run {record.id} has no file {path!r}")
+    inline = Path(target).suffix.lower() in (".png", ".jpg", ".jpeg", ".gif", ".webp", ".txt", ".md")
+    return FileResponse(
+        target, filename=Path(target).name, content_disposition_type="inline" if inline else "attachment"
+    )
+
+
+def _inside(workspace: str, path: str) -> str | None:
+    """The regular file `path` names inside `workspace` (links resolved, and still inside), or None."""
+    root = os.path.realpath(workspace)
+    target = os.path.realpath(os.path.join(root, path))
+    if os.path.commonpath([root, target]) != root or not os.path.isfile(target):
+        return None
+    return target
+
+
+def _files(workspace: str) -> list[dict[str, Any]]:
+    """The workspace's regular files (not following links), by path, at most `_MAX_FILES`."""
+    found: list[dict[str, Any]] = []
+    root = Path(workspace)
+    if not root.is_dir():
+        return found
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(name for name in dirs if not name.startswith("."))
+        for name in sorted(names):
+            info = os.lstat(os.path.join(folder, name))
+            if stat.S_ISREG(info.st_mode):
+                found.append({"path": str(Path(folder, name).relative_to(root)), "bytes": info.st_size})
+            if len(found) >= _MAX_FILES:
+                return found
+    return found
+
+
+def _review_decision(found: StoredRequest, form: Any) -> dict[str, Any]:
+    """The plan review's form as a decision: the plan and prompts as edited, the run's tool policies."""
+    payload = found.payload
+    plan = dict(payload["plan"])
+    agents: dict[str, Any] = {key: dict(value) for key, value in (payload.get("agents") or {}).items()}
+    steps = []
+    for step in plan["steps"]:
+        step_id = step["id"]
+        edited = dict(step)
+        for field in ("title", "instruction", "agent_role", "expected_output"):
+            if f"{field}.{step_id}" in form:
+                edited[field] = str(form.get(f"{field}.{step_id}", ""))
+        if f"tools-shown.{step_id}" in form:
+            edited["tools"] = [str(tool) for tool in form.getlist(f"tools.{step_id}")]
+        edited["expand"] = form.get(f"expand.{step_id}") == "on"
+        steps.append(edited)
+        prompt = form.get(f"prompt.{step_id}")
+        if (
+            prompt is not None
+            and step_id in agents
+            and str(prompt).strip() != str(agents[step_id].get("prompt", "")).strip()
+        ):
+            agents[step_id] = {**agents[step_id], "prompt": str(prompt), "edited": True}
+    policies = {
+        str(key).removeprefix("policy."): str(value)
+        for key, value in form.items()
+        if str(key).startswith("policy.") and value
+    }
+    return {
+        "action": "approve",
+        "plan": {**plan, "steps": steps},
+        "agents": agents,
+        "tool_policies": policies,
+    }
+
+
+async def _body_context(
+    request: Request, record: RunRecord, problem: dict[str, Any] | None
+) -> dict[str, Any]:
+    service = _service(request)
+    report = await service.report(record.id)
+    requests = await service.pending(record.id)
+    events = await service.events(record.id)
+    states = {step["id"]: step["status"] for step in report["steps"]}
+    review = next((item for item in requests if item.kind in ("plan_review", "replan")), None)
+    plan = review.payload["plan"] if review is not None else report["plan"]
+    agents = (review.payload.get("agents") if review is not None else None) or {
+        key: value.to_json_dict() for key, value in record.agents.items()
+    }
+    reused = {key for key, value in agents.items() if value.get("reused_from") is not None}
+    step_problems: dict[str, list[str]] = {}
+    for text in (problem or {}).get("problems", []):
+        head, _, rest = text.partition(": ")
+        step_id = head.removeprefix("step ").strip("'") if head.startswith("step ") else ""
+        step_problems.setdefault(step_id, []).append(rest if step_id else text)
+    return {
+        "run": record,
+        "report": report,
+        "finished": record.status in FINISHED_RUN_STATUSES,
+        "requests": requests,
+        "review": review,
+        "plan": plan,
+        "agents": agents,
+        "graph": Markup(plan_svg(plan, reused=reused, states=states)) if plan else None,
+        "catalog": (review.payload.get("tools") if review is not None else None) or [],
+        "policies": (review.payload.get("tool_policies") if review is not None else None) or {},
+        "events": events[-200:],
+        "files": await asyncio.to_thread(_files, record.workspace),
+        "problem": problem,
+        "step_problems": step_problems,
+    }

@@ -1,0 +1,158 @@
+"""The pages through the ASGI app (httpx): a task started, reviewed with edits, answered, and followed."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from _plans import step
+
+from masterplanner import Settings
+from masterplanner.service import RunService
+from masterplanner.web import create_app
+
+DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
+CRITIC = {
+    "purpose": "critic",
+    "output": {
+        "clarity": 4,
+        "completeness": 3,
+        "tool_fit": 5,
+        "output_format": 4,
+        "defects": ["say the file"],
+    },
+    "repeat": True,
+}
+WRITE = {"name": "write_file", "args": {"path": "out.txt", "content": "hello from b"}}
+
+
+@pytest.fixture
+async def client(isolated: Path) -> AsyncIterator[httpx.AsyncClient]:
+    service = RunService(Settings.load())
+    app = create_app(service)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8765") as opened:
+        yield opened
+    await app.state.executions.stop()
+    service.close()
+
+
+def _script(write_script: Callable[..., Path]) -> Path:
+    return write_script(
+        [
+            {
+                "purpose": "planner",
+                "output": {"steps": [step("a", tools=["read_file"]), step("b", "a", tools=["write_file"])]},
+            },
+            {"purpose": "step:a", "output": "A done"},
+            # b's prompt was edited at review: the step agent gets the person's words
+            {"purpose": "step:b", "expect": ["Write out.txt politely."], "tool_calls": [WRITE]},
+            {"purpose": "step:b", "output": "B done"},
+            DRAFTS,
+            CRITIC,
+        ]
+    )
+
+
+async def _body_until(client: httpx.AsyncClient, run_id: str, pattern: str) -> str:
+    for _ in range(600):
+        body = (await client.get(f"/runs/{run_id}/body")).text
+        if re.search(pattern, body):
+            return body
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the run's page never showed {pattern!r}:\n{body}")
+
+
+async def test_a_task_is_started_reviewed_with_edits_answered_and_followed(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    form = {"task": "write out.txt", "model": f"scripted:{_script(write_script)}"}
+    created = await client.post("/new", data=form)
+    assert created.status_code == 303
+    run_id = created.headers["location"].removeprefix("/runs/")
+    page = (await client.get(f"/runs/{run_id}")).text
+    assert 'sse-connect="/runs/' in page and "/static/htmx-2.0.11.min.js" in page
+
+    body = await _body_until(client, run_id, "Review the plan")
+    assert "<svg" in body and 'marker-end="url(#arrow)"' in body  # the graph, with an arrow a → b
+    assert "Critic: clarity 4, completeness 3, tool fit 5, output 4; defects: say the file" in body
+    review_id = re.search(r'hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', body)
+    assert review_id is not None
+
+    # an invalid edit is shown next to its step, and nothing changes
+    bad = {"choice": "approve", "tools-shown.b": "1", "tools.b": "write_file", "instruction.b": "  "}
+    refused = await client.post(f"/runs/{run_id}/requests/{review_id[1]}", data=bad)
+    assert refused.status_code == 422
+    assert "instruction: must not be empty" in refused.text and 'id="card-b"' in refused.text
+
+    # untick a's read_file, rewrite b's prompt, allow write_file for the run, approve
+    edit = {
+        "choice": "approve",
+        "tools-shown.a": "1",
+        "tools-shown.b": "1",
+        "tools.b": "write_file",
+        "prompt.b": "Write out.txt politely.",
+        "policy.write_file": "auto",
+    }
+    approved = await client.post(f"/runs/{run_id}/requests/{review_id[1]}", data=edit)
+    assert approved.status_code == 200, approved.text
+    body = await _body_until(client, run_id, r"status status-succeeded")
+    assert "B done" in body
+    assert 'href="/runs/' + run_id + '/file?path=out.txt"' in body
+    report = (await client.get(f"/api/v1/runs/{run_id}")).json()
+    assert [s["tools"] for s in report["plan"]["steps"]] == [[], ["write_file"]]
+    assert report["agents"]["b"]["prompt"] == "Write out.txt politely." and report["agents"]["b"]["edited"]
+    served = await client.get(f"/runs/{run_id}/file", params={"path": "out.txt"})
+    assert (served.status_code, served.text) == (200, "hello from b")
+    outside = await client.get(f"/runs/{run_id}/file", params={"path": "../../../etc/passwd"})
+    assert outside.status_code == 404
+
+    listed = (await client.get("/runs", params={"status": "succeeded"})).text
+    assert f'href="/runs/{run_id}"' in listed
+    assert "No runs match" in (await client.get("/runs", params={"q": "nothing like this"})).text
+
+
+async def test_a_bad_task_is_shown_on_the_form_and_nothing_is_stored(client: httpx.AsyncClient) -> None:
+    refused = await client.post("/new", data={"task": "   ", "model": "scripted:/nowhere.json"})
+    assert refused.status_code == 422
+    assert "invalid task: the task is empty" in refused.text
+    assert (await client.get("/api/v1/runs")).json() == []
+
+
+async def test_a_tool_approval_is_answered_inline(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=["delete_file"])]}},
+            {"purpose": "step:a", "tool_calls": [{"name": "delete_file", "args": {"path": "gone.txt"}}]},
+            {
+                "purpose": "step:a",
+                "expect": ["the call to delete_file was not approved"],
+                "output": "kept it",
+            },
+            DRAFTS,
+            CRITIC,
+        ]
+    )
+    run_id = (await client.post("/new", data={"task": "t", "model": f"scripted:{script}"})).headers[
+        "location"
+    ][6:]
+    body = await _body_until(client, run_id, "Review the plan")
+    review = re.search(r'hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', body)
+    assert review is not None
+    await client.post(f"/runs/{run_id}/requests/{review[1]}", data={"choice": "approve"})
+    body = await _body_until(client, run_id, "wants to call")
+    assert "<code>delete_file</code>" in body and "gone.txt" in body
+    approval = re.search(r'hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', body)
+    assert approval is not None
+    denied = await client.post(
+        f"/runs/{run_id}/requests/{approval[1]}", data={"choice": "deny", "reason": "not allowed here"}
+    )
+    assert denied.status_code == 200
+    body = await _body_until(client, run_id, r"status status-succeeded")
+    assert "kept it" in body
