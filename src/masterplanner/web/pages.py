@@ -225,7 +225,9 @@ def _review_decision(found: StoredRequest, form: Any) -> dict[str, Any]:
             if f"{field}.{step_id}" in form:
                 edited[field] = str(form.get(f"{field}.{step_id}", ""))
         if f"tools-shown.{step_id}" in form:
-            edited["tools"] = [str(tool) for tool in form.getlist(f"tools.{step_id}")]
+            ticked = [str(tool) for tool in form.getlist(f"tools.{step_id}")]
+            kept = [tool for tool in step["tools"] if tool in ticked]  # in the plan's order, new ones after
+            edited["tools"] = kept + [tool for tool in ticked if tool not in kept]
         edited["expand"] = form.get(f"expand.{step_id}") == "on"
         steps.append(edited)
         prompt = form.get(f"prompt.{step_id}")

@@ -1,0 +1,170 @@
+"""The web app in a real browser: Playwright driving Debian's Chromium headless, against `serve`.
+
+Screenshots of the review and the live run are saved in `test-artifacts/` (or
+MASTERPLANNER_TEST_ARTIFACTS) for a person to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(os.environ.get("MASTERPLANNER_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
+
+
+def _missing() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} is missing (apt-get install -y chromium)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "playwright is missing (pip install -e '.[dev]')"
+    return None
+
+
+@pytest.fixture
+def browser_page() -> Iterator[Any]:
+    missing = _missing()
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"the browser test cannot run in CI: {missing}")
+        pytest.skip(missing)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        browser = driver.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.set_default_timeout(60_000)
+        yield page
+        browser.close()
+
+
+@pytest.fixture
+def server(isolated: Path) -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "masterplanner", "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/api/v1/health", timeout=2) as answer:
+                if json.load(answer) == {"status": "ok"}:
+                    break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        process.kill()
+        raise AssertionError(f"the server did not start: {process.communicate()[0]}")
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def _step(step_id: str, *deps: str, tools: list[str]) -> dict[str, Any]:
+    return {
+        "id": step_id,
+        "title": f"Do {step_id}",
+        "instruction": f"Do {step_id}.",
+        "agent_role": "writer",
+        "tools": tools,
+        "depends_on": list(deps),
+        "expected_output": f"{step_id} done",
+    }
+
+
+def test_review_edit_approve_answer_inline_and_open_the_written_file(
+    server: str, browser_page: Any, write_script: Callable[..., Path]
+) -> None:
+    page = browser_page
+    script = write_script(
+        [
+            {
+                "purpose": "planner",
+                "output": {
+                    "steps": [
+                        _step("draft", tools=["read_file", "write_file"]),
+                        _step("report", "draft", tools=["delete_file", "write_file"]),
+                    ]
+                },
+            },
+            {"purpose": "prompt_creator", "output": "You are a careful writer. Do the step.", "repeat": True},
+            {
+                "purpose": "critic",
+                "output": {"clarity": 4, "completeness": 4, "tool_fit": 3, "output_format": 5, "defects": []},
+                "repeat": True,
+            },
+            {
+                "purpose": "step:draft",
+                "tool_calls": [{"name": "write_file", "args": {"path": "draft.txt", "content": "d"}}],
+            },
+            {"purpose": "step:draft", "output": "drafted"},
+            # the prompt edited in the browser is what the report step's agent gets
+            {
+                "purpose": "step:report",
+                "expect": ["Write the final report, politely."],
+                "tool_calls": [{"name": "delete_file", "args": {"path": "draft.txt"}}],
+            },
+            {
+                "purpose": "step:report",
+                "tool_calls": [
+                    {"name": "write_file", "args": {"path": "report.txt", "content": "the final report"}}
+                ],
+            },
+            {"purpose": "step:report", "output": "reported"},
+            {"purpose": "*", "output": "done", "repeat": True},
+        ]
+    )
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.goto(f"{server}/new")
+    page.get_by_label("Task").fill("Draft, then write the final report")
+    page.get_by_label("Model").fill(f"scripted:{script}")
+    page.get_by_role("button", name="Plan it").click()
+    page.get_by_role("heading", name="Review the plan").wait_for()
+    assert page.locator("svg.plan-graph g.node").count() == 2
+    assert page.locator("svg.plan-graph line.edge").count() == 1
+
+    draft_tools = page.locator("#card-draft")
+    draft_tools.get_by_role("checkbox", name="read_file").uncheck()
+    page.get_by_label("Agent prompt").nth(1).fill("Write the final report, politely.")
+    page.screenshot(path=str(ARTIFACTS / "review.png"), full_page=True)
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+
+    page.get_by_text("wants to call").wait_for()
+    assert page.locator("code", has_text="delete_file").count() == 1
+    page.screenshot(path=str(ARTIFACTS / "live.png"), full_page=True)
+    page.locator("section.request").get_by_role("button", name="Approve").click()
+
+    page.locator(".status-succeeded", has_text="succeeded").first.wait_for()
+    page.get_by_role("link", name="report.txt").click()
+    assert page.locator("body").inner_text().strip() == "the final report"
+
+    run_id = page.url.split("/")[4]
+    report = json.loads(urllib.request.urlopen(f"{server}/api/v1/runs/{run_id}").read())
+    assert report["status"] == "succeeded"
+    tools = [step["tools"] for step in report["plan"]["steps"]]
+    assert tools == [["write_file"], ["delete_file", "write_file"]]  # read_file unticked
+    events = json.loads(urllib.request.urlopen(f"{server}/api/v1/runs/{run_id}/events").read())
+    kinds = [event["kind"] for event in events]
+    assert kinds.count("tool_approved") == 1 and "tool_denied" not in kinds
