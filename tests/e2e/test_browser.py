@@ -159,6 +159,12 @@ def test_review_edit_approve_answer_inline_and_open_the_written_file(
     page.locator(".status-succeeded", has_text="succeeded").first.wait_for()
     page.get_by_role("link", name="report.txt").click()
     assert page.locator("body").inner_text().strip() == "the final report"
+    page.go_back()
+    page.get_by_role("radio", name="5").check()
+    page.get_by_label("What would you change? (optional)").fill("Just right.")
+    page.get_by_role("button", name="Rate").click()
+    page.get_by_role("status").filter(has_text="Rated 5/5").wait_for()
+    page.screenshot(path=str(ARTIFACTS / "done.png"), full_page=True)
 
     run_id = page.url.split("/")[4]
     report = json.loads(urllib.request.urlopen(f"{server}/api/v1/runs/{run_id}").read())

@@ -103,6 +103,11 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
     assert (await client.get("/runs", params={"status": "failed"})).json() == []
     assert (await client.get(f"/requests?run_id={run['id']}")).json() == []
 
+    rated = await client.post(f"/runs/{run['id']}/feedback", json={"rating": 4, "comment": "fine"})
+    assert rated.status_code == 200, rated.text
+    assert set(rated.json()) == {"rated_agents", "cohort_rated", "lessons"} and rated.json()["lessons"] == {}
+    assert (await client.post(f"/runs/{run['id']}/feedback", json={"rating": 6})).status_code == 422
+
     again = await client.post(f"/requests/{review['id']}/answer", json={"approve": False})
     assert again.status_code == 409
     assert again.json()["error"].startswith(f"request {review['id']} is answered by web@")

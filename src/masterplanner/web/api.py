@@ -17,12 +17,12 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine.records import RunOptions, RunRecord, RunStatus
+from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord, RunStatus
 from ..errors import RequestError, RunError
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 
-__all__ = ["AnswerIn", "Executions", "RunIn", "RunOptionsIn", "router"]
+__all__ = ["AnswerIn", "Executions", "FeedbackIn", "RunIn", "RunOptionsIn", "router"]
 
 router = APIRouter(prefix="/api/v1")
 
@@ -73,6 +73,15 @@ class AnswerIn(BaseModel):
     text: str | None = Field(default=None, max_length=100_000)
     reason: str | None = Field(default=None, max_length=4_000)
     decision: dict[str, Any] | None = None
+
+
+class FeedbackIn(BaseModel):
+    """A person's rating of a finished run (1-5) and, optionally, what they would change."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rating: int = Field(ge=1, le=5)
+    comment: str = Field(default="", max_length=4_000)
 
 
 class Executions:
@@ -218,6 +227,21 @@ async def cancel_run(request: Request, run_id: str) -> dict[str, Any]:
     service = _service(request)
     record = await _run(service, run_id)
     return _summary(await service.cancel(record.id, wait_s=2.0))
+
+
+@router.post("/runs/{run_id}/feedback", summary="Rate a finished run")
+async def rate_run(request: Request, run_id: str, body: FeedbackIn) -> dict[str, Any]:
+    """Rate the run's agents and team; at 2 or less, lessons are written for its agents."""
+    service = _service(request)
+    record = await _run(service, run_id)
+    if record.status not in FINISHED_RUN_STATUSES:
+        raise HTTPException(409, f"run {record.id} is {record.status}: rate it when it has finished")
+    summary = await service.feedback(record.id, rating=body.rating, comment=body.comment)
+    return {
+        "rated_agents": summary.rated_agents,
+        "cohort_rated": summary.cohort_rated,
+        "lessons": summary.lessons,
+    }
 
 
 @router.get("/requests", summary="Open requests")

@@ -165,6 +165,31 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
     return templates.TemplateResponse(request, "_run_body.html", context, status_code=422 if problem else 200)
 
 
+@router.post("/runs/{run_id}/feedback", response_class=HTMLResponse)
+async def rate(request: Request, run_id: str) -> Response:
+    """Rate the finished run from its page; the body says what the rating changed."""
+    service = _service(request)
+    record = await _run(service, run_id)
+    form = await request.form()
+    rating, comment = str(form.get("rating", "")), str(form.get("comment", "")).strip()
+    context = await _body_context(request, record, None)
+    if not rating.isdigit() or not 1 <= int(rating) <= 5:
+        context["rated"] = {"error": "choose a rating from 1 to 5"}
+        return templates.TemplateResponse(request, "_run_body.html", context, status_code=422)
+    try:
+        summary = await service.feedback(record.id, rating=int(rating), comment=comment[:4000])
+    except MasterplannerError as error:
+        context["rated"] = {"error": str(error)}
+        return templates.TemplateResponse(request, "_run_body.html", context, status_code=422)
+    lessons = sum(len(items) for items in summary.lessons.values())
+    context["rated"] = {
+        "message": f"Rated {rating}/5: {len(summary.rated_agents)} agents"
+        + (" and the team" if summary.cohort_rated else "")
+        + (f"; {lessons} lessons written for next time" if lessons else "")
+    }
+    return templates.TemplateResponse(request, "_run_body.html", context)
+
+
 @router.post("/runs/{run_id}/cancel", response_class=HTMLResponse)
 async def cancel(request: Request, run_id: str) -> Response:
     """Cancel the run; the body shows it stopping."""
@@ -284,4 +309,5 @@ async def _body_context(
         "files": await asyncio.to_thread(_files, record.workspace),
         "problem": problem,
         "step_problems": step_problems,
+        "rated": None,
     }
