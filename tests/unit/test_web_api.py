@@ -269,3 +269,36 @@ async def test_a_run_started_in_the_terminal_is_approved_through_the_api(
     assert json.loads(out)["output"] == "B done"
     report = (await client.get(f"/runs/{review['run_id']}")).json()
     assert report["status"] == "succeeded"
+
+
+async def test_a_run_started_through_the_api_is_answered_in_the_terminal(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=["delete_file"])]}},
+            {"purpose": "step:a", "tool_calls": [{"name": "delete_file", "args": {"path": "old.txt"}}]},
+            {"purpose": "step:a", "expect": ["the call to delete_file was not approved"], "output": "kept"},
+            DRAFTS,
+        ]
+    )
+    body = {"task": "tidy up", "model": f"scripted:{script}", "options": {"prompt_rounds": 0}}
+    run = (await client.post("/runs", json=body)).json()
+    (review,) = await _wait_for(client, f"/requests?run_id={run['id']}", lambda found: len(found) == 1)
+    await client.post(f"/requests/{review['id']}/answer", json={"approve": True})
+    await _wait_for(client, f"/requests?run_id={run['id']}", lambda found: len(found) == 1)
+
+    listed = await asyncio.to_thread(mp, "runs", "pending", "--json")
+    (approval,) = json.loads(listed.stdout)
+    assert (approval["kind"], approval["run_id"], approval["payload"]["tool"]) == (
+        "tool_approval",
+        run["id"],
+        "delete_file",
+    )
+    denied = await asyncio.to_thread(mp, "runs", "answer", approval["id"], "--deny", "--reason", "keep it")
+    assert denied.returncode == 0, denied.stderr
+    report = await _wait_for(client, f"/runs/{run['id']}", lambda report: report["status"] == "succeeded")
+    assert report["output"] == "kept"
+    events = (await client.get(f"/runs/{run['id']}/events")).json()
+    (refusal,) = [event["data"] for event in events if event["kind"] == "tool_denied"]
+    assert refusal["reason"] == "keep it" and refusal["by"].startswith("cli@")
