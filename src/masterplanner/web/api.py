@@ -15,33 +15,74 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord, RunStatus
 from ..errors import RequestError, RunError
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 
-__all__ = ["AnswerIn", "Executions", "FeedbackIn", "RunIn", "RunOptionsIn", "router"]
+__all__ = ["AnswerIn", "ErrorOut", "Executions", "FeedbackIn", "RunIn", "RunOptionsIn", "router", "streams"]
 
-router = APIRouter(prefix="/api/v1")
+
+class ErrorOut(BaseModel):
+    """What every refused request gets: the error in words, and each problem when there are several."""
+
+    error: str
+    problems: list[str] | None = None
+
+
+_REFUSALS = (
+    (400, "The request cannot be carried out (a model spec, a task, a run that cannot start)"),
+    (403, "A request from another site or to a host name other than loopback"),
+    (404, "No such run, request or route"),
+    (409, "The request or run is not in a state that takes this"),
+    (413, "The body is over 4 MiB"),
+    (422, "The body or a parameter is invalid; each problem names its field"),
+)
+
+router = APIRouter(
+    prefix="/api/v1",
+    responses={code: {"model": ErrorOut, "description": words} for code, words in _REFUSALS},
+)
+
+_JSON_REFUSALS: dict[int | str, dict[str, Any]] = {
+    code: {
+        "description": words,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}},
+    }
+    for code, words in _REFUSALS
+}
+"""The refusals of a route whose success is not JSON (the event stream): they still are."""
+
+streams = APIRouter(prefix="/api/v1")
+"""The event stream's route: apart, so its refusals are documented as JSON, not as events."""
 
 MAX_TASK_CHARS = 8_000
+
+
+def _integral(value: object) -> object:
+    """A float with no fraction as the whole number it is (JSON Schema counts 4.0 as an integer)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Whole = Annotated[int, BeforeValidator(_integral)]
+"""A whole number in the strict request models (anything else, text included, is refused)."""
 
 
 class RunOptionsIn(BaseModel):
     """How a new run executes (the `masterplanner run` flags)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_parallel: int = Field(default=4, ge=1, le=64, description="Steps running at once.")
+    max_parallel: Whole = Field(default=4, ge=1, le=64, description="Steps running at once.")
     auto_approve: bool = Field(default=False, description="Approve the plan, tool calls, storing the team.")
-    prompt_rounds: int = Field(default=1, ge=0, le=5, description="Critique-and-revise rounds a prompt.")
+    prompt_rounds: Whole = Field(default=1, ge=0, le=5, description="Critique-and-revise rounds a prompt.")
     step_timeout_s: float = Field(default=600.0, gt=0, le=86_400, description="Seconds a step attempt.")
-    max_model_calls: int = Field(default=200, ge=1, le=1_000_000, description="Model calls in the run.")
-    max_tokens: int = Field(default=2_000_000, ge=1, le=10**10, description="Tokens in the run.")
+    max_model_calls: Whole = Field(default=200, ge=1, le=1_000_000, description="Model calls in the run.")
+    max_tokens: Whole = Field(default=2_000_000, ge=1, le=10**10, description="Tokens in the run.")
     max_wall_s: float = Field(default=3600.0, gt=0, le=7 * 86_400, description="Seconds of execution.")
-    max_replans: int = Field(default=2, ge=0, le=10, description="Replans of failed steps.")
+    max_replans: Whole = Field(default=2, ge=0, le=10, description="Replans of failed steps.")
     check_outputs: bool = Field(default=False, description="Check outputs against expected outputs.")
     team_tools: bool | None = Field(default=None, description="Team tools for step agents (None: by model).")
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] = Field(
@@ -52,7 +93,7 @@ class RunOptionsIn(BaseModel):
 class RunIn(BaseModel):
     """A new run: the task, and optionally the model, the workspace folder and the options."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     task: str = Field(min_length=1, max_length=MAX_TASK_CHARS)
     model: str | None = Field(default=None, max_length=2_000, description="Model spec (default: setting).")
@@ -67,7 +108,7 @@ class AnswerIn(BaseModel):
     …, "agents": …, "tool_policies": …}` or `{"action": "reject", "reason": …}`.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     approve: bool | None = None
     text: str | None = Field(default=None, max_length=100_000)
@@ -78,9 +119,9 @@ class AnswerIn(BaseModel):
 class FeedbackIn(BaseModel):
     """A person's rating of a finished run (1-5) and, optionally, what they would change."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    rating: int = Field(ge=1, le=5)
+    rating: Whole = Field(ge=1, le=5)
     comment: str = Field(default="", max_length=4_000)
 
 
@@ -203,7 +244,7 @@ async def run_events(
     return [event.to_json_dict() for event in await service.events(record.id, after)]
 
 
-@router.get(
+@streams.get(
     "/runs/{run_id}/events/stream", response_class=EventSourceResponse, summary="A run's events, live"
 )
 async def stream_events(

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,7 +20,7 @@ from .._version import __version__
 from ..errors import MasterplannerError, PlanError, RequestError, problem_in_our_words
 from ..service import RunService
 from . import pages
-from .api import Executions, router
+from .api import Executions, router, streams
 from .auth import is_loopback, token_matches
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
@@ -52,6 +53,7 @@ def create_app(service: RunService, *, token: str | None = None) -> FastAPI:
     app.state.service = service
     app.state.executions = Executions(service)
     app.include_router(router)
+    app.include_router(streams)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(packages=[("masterplanner.web", "static")]), name="static")
     app.add_exception_handler(RequestValidationError, _invalid_request)
@@ -82,7 +84,7 @@ async def _invalid_request(_: Request, exc: Exception) -> Response:
     return _error(422, "the request is invalid: " + "; ".join(problems), problems=problems)
 
 
-async def _http_error(_: Request, exc: Exception) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     words = {
         404: "no such page or resource",
@@ -92,7 +94,20 @@ async def _http_error(_: Request, exc: Exception) -> Response:
     detail = exc.detail if isinstance(exc.detail, str) and exc.status_code not in (405, 413) else None
     if detail in (None, "Not Found"):
         detail = words.get(exc.status_code, "the request was refused")
-    return _error(exc.status_code, str(detail))
+    response = _error(exc.status_code, str(detail))
+    response.headers.update(exc.headers or {})
+    if exc.status_code == 405:  # every method of the path, not only the first route's
+        response.headers["Allow"] = ", ".join(sorted(_methods(request)))
+    return response
+
+
+def _methods(request: Request) -> set[str]:
+    path = request.url.path
+    found: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, APIRoute) and route.path_regex.match(path):
+            found |= route.methods or set()
+    return found
 
 
 async def _our_error(_: Request, exc: Exception) -> Response:
