@@ -26,7 +26,7 @@ from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
 from .engine.records import FINISHED_RUN_STATUSES, briefs_json
 from .engine.reuse import remember_run
 from .engine.store import Lease
-from .errors import ConfigError, RequestError, RunError
+from .errors import ConfigError, RequestError, RunError, problem_in_our_words
 from .plan import validate_plan
 from .settings import Settings
 from .tools import ToolSpec
@@ -389,7 +389,7 @@ class RegistryService:
             spec = AgentSpec.model_validate({**edited, "id": current.id, "stats": current.stats.model_dump()})
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(part) for part in error['loc']) or 'agent'}: {error['msg']}"
+                f"{'.'.join(str(part) for part in error['loc']) or 'agent'}: {problem_in_our_words(error)}"
                 for error in exc.errors()
             )
             raise ConfigError(f"the edit is not a valid agent, nothing changed: {problems}") from None

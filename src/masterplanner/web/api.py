@@ -22,7 +22,17 @@ from ..errors import RequestError, RunError
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 
-__all__ = ["AnswerIn", "ErrorOut", "Executions", "FeedbackIn", "RunIn", "RunOptionsIn", "router", "streams"]
+__all__ = [
+    "REFUSALS",
+    "AnswerIn",
+    "ErrorOut",
+    "Executions",
+    "FeedbackIn",
+    "RunIn",
+    "RunOptionsIn",
+    "router",
+    "streams",
+]
 
 
 class ErrorOut(BaseModel):
@@ -41,10 +51,12 @@ _REFUSALS = (
     (422, "The body or a parameter is invalid; each problem names its field"),
 )
 
-router = APIRouter(
-    prefix="/api/v1",
-    responses={code: {"model": ErrorOut, "description": words} for code, words in _REFUSALS},
-)
+REFUSALS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut, "description": words} for code, words in _REFUSALS
+}
+"""The refusals every JSON route documents."""
+
+router = APIRouter(prefix="/api/v1", responses=REFUSALS)
 
 _JSON_REFUSALS: dict[int | str, dict[str, Any]] = {
     code: {

@@ -18,8 +18,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._version import __version__
 from ..errors import MasterplannerError, PlanError, RequestError, problem_in_our_words
-from ..service import RunService
+from ..service import RegistryService, RunService
 from . import pages
+from . import registry as registry_routes
 from .api import Executions, router, streams
 from .auth import is_loopback, token_matches
 
@@ -31,7 +32,9 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 _log = logging.getLogger("masterplanner.web")
 
 
-def create_app(service: RunService, *, token: str | None = None) -> FastAPI:
+def create_app(
+    service: RunService, *, token: str | None = None, registry: RegistryService | None = None
+) -> FastAPI:
     """The app over `service`; with `token`, every request must carry it (`Authorization: Bearer`).
 
     Without a token the app answers only requests addressed to a loopback name (`Host`), so a
@@ -43,6 +46,7 @@ def create_app(service: RunService, *, token: str | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await app.state.executions.stop()
+        app.state.registry.close()
 
     app = FastAPI(
         title="masterplanner",
@@ -51,10 +55,13 @@ def create_app(service: RunService, *, token: str | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.service = service
+    app.state.registry = registry or RegistryService(service.settings)
     app.state.executions = Executions(service)
     app.include_router(router)
     app.include_router(streams)
     app.include_router(pages.router)
+    app.include_router(registry_routes.api)
+    app.include_router(registry_routes.pages)
     app.mount("/static", StaticFiles(packages=[("masterplanner.web", "static")]), name="static")
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(HTTPException, _http_error)

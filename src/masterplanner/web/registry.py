@@ -1,0 +1,238 @@
+"""The registry in the web app: agents (search, versions, edit, delete, lessons), teams and memory.
+
+`api` is the JSON side under `/api/v1`, `pages` the HTML side; both call `RegistryService` only.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from markupsafe import Markup
+
+from ..errors import MasterplannerError
+from ..registry import AgentSpec, Cohort
+from ..service import RegistryService
+from .api import REFUSALS
+from .graph import plan_svg
+from .pages import templates
+
+__all__ = ["api", "pages"]
+
+api = APIRouter(prefix="/api/v1", responses=REFUSALS)
+pages = APIRouter(include_in_schema=False)
+
+MemoryKind = Literal["fact", "episode"]
+
+
+def _registry(request: Request) -> RegistryService:
+    registry: RegistryService = request.app.state.registry
+    return registry
+
+
+async def _agent(registry: RegistryService, agent_id: str, version: int | None = None) -> AgentSpec:
+    try:
+        return await registry.agent(agent_id, version)
+    except MasterplannerError:
+        what = f"agent {agent_id!r}" + (f" version {version}" if version is not None else "")
+        raise HTTPException(404, f"no {what} in the registry") from None
+
+
+async def _team(registry: RegistryService, team_id: str) -> Cohort:
+    try:
+        return await registry.cohort(team_id)
+    except MasterplannerError:
+        raise HTTPException(404, f"no team {team_id!r} in the registry") from None
+
+
+def _agent_json(spec: AgentSpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json") | {
+        "success_rate": spec.stats.successes / spec.stats.uses if spec.stats.uses else None,
+        "mean_rating": spec.stats.mean_rating,
+    }
+
+
+# ---- JSON
+
+
+@api.get("/agents", summary="Stored agents, or those matching a search")
+async def list_agents(
+    request: Request, q: Annotated[str | None, Query(max_length=500, description="Search text.")] = None
+) -> list[dict[str, Any]]:
+    """Every agent (most recently updated first), or with `q` the best matches with their scores."""
+    registry = _registry(request)
+    if q and q.strip():
+        return [_agent_json(spec) | {"score": score} for spec, score in await registry.search_agents(q, 20)]
+    return [_agent_json(spec) for spec in await registry.agents()]
+
+
+@api.get("/agents/{agent_id}", summary="One agent")
+async def get_agent(
+    request: Request, agent_id: str, version: Annotated[int | None, Query(ge=1)] = None
+) -> dict[str, Any]:
+    """The agent (its latest version, or `version`) and the versions stored."""
+    registry = _registry(request)
+    spec = await _agent(registry, agent_id, version)
+    return _agent_json(spec) | {"versions": await registry.versions(spec.id)}
+
+
+@api.put("/agents/{agent_id}", summary="Edit an agent (a new version)")
+async def edit_agent(request: Request, agent_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Store the body (the agent's JSON form) as its next version; its id and stats stay."""
+    registry = _registry(request)
+    spec = await _agent(registry, agent_id)
+    edited = {
+        key: value for key, value in body.items() if key not in ("success_rate", "mean_rating", "versions")
+    }
+    return _agent_json(await registry.edit_agent(spec.id, edited))
+
+
+@api.delete("/agents/{agent_id}", status_code=204, summary="Delete an agent")
+async def delete_agent(request: Request, agent_id: str) -> Response:
+    """Remove the agent and every version of it (teams that used it keep their record)."""
+    registry = _registry(request)
+    await registry.remove_agent((await _agent(registry, agent_id)).id)
+    return Response(status_code=204)
+
+
+@api.get("/teams", summary="Stored teams")
+async def list_teams(request: Request) -> list[dict[str, Any]]:
+    """Every stored team (cohort), newest first."""
+    return [team.model_dump(mode="json") for team in await _registry(request).cohorts()]
+
+
+@api.get("/teams/{team_id}", summary="One team")
+async def get_team(request: Request, team_id: str) -> dict[str, Any]:
+    """The team: its task, plan, agents by step and outcome."""
+    return (await _team(_registry(request), team_id)).model_dump(mode="json")
+
+
+@api.delete("/teams/{team_id}", status_code=204, summary="Delete a team")
+async def delete_team(request: Request, team_id: str) -> Response:
+    """Remove the team (its agents stay)."""
+    registry = _registry(request)
+    await registry.remove_cohort((await _team(registry, team_id)).id)
+    return Response(status_code=204)
+
+
+@api.get("/memories", summary="Agents' long-term memory")
+async def list_memories(
+    request: Request,
+    q: Annotated[str | None, Query(max_length=500, description="Search text.")] = None,
+    kind: Annotated[MemoryKind | None, Query(description="Facts or accounts of runs.")] = None,
+) -> list[dict[str, str]]:
+    """Every memory that has not expired, or with `q` the closest (which renews them)."""
+    registry = _registry(request)
+    found = await registry.recall(q, 20, kind) if q and q.strip() else await registry.memories(kind)
+    return [item.to_json_dict() for item in found]
+
+
+@api.delete("/memories/{memory_id}", status_code=204, summary="Forget a memory")
+async def forget(request: Request, memory_id: str) -> Response:
+    """Forget one memory."""
+    try:
+        await _registry(request).forget(memory_id)
+    except MasterplannerError:
+        raise HTTPException(404, f"no memory {memory_id!r}") from None
+    return Response(status_code=204)
+
+
+# ---- pages
+
+
+@pages.get("/agents", response_class=HTMLResponse)
+async def agents_page(request: Request, q: str = "") -> Response:
+    """Agents, or a search of them."""
+    registry = _registry(request)
+    found: list[tuple[AgentSpec, float | None]]
+    if q.strip():
+        found = [(spec, score) for spec, score in await registry.search_agents(q, 20)]
+    else:
+        found = [(spec, None) for spec in await registry.agents()]
+    return templates.TemplateResponse(request, "agents.html", {"found": found, "q": q})
+
+
+@pages.get("/agents/{agent_id}", response_class=HTMLResponse)
+async def agent_page(request: Request, agent_id: str, version: int | None = None) -> Response:
+    """One agent: its prompt, tools, stats and lessons, its versions, and the edit form."""
+    registry = _registry(request)
+    spec = await _agent(registry, agent_id, version)
+    context = {"agent": spec, "versions": await registry.versions(spec.id), "error": None, "saved": False}
+    return templates.TemplateResponse(request, "agent.html", context)
+
+
+@pages.post("/agents/{agent_id}", response_class=HTMLResponse)
+async def agent_edit(request: Request, agent_id: str) -> Response:
+    """Save the edit form as the agent's next version, or show what is wrong with it."""
+    registry = _registry(request)
+    spec = await _agent(registry, agent_id)
+    form = await request.form()
+    if form.get("action") == "delete":
+        await registry.remove_agent(spec.id)
+        return RedirectResponse("/agents", status_code=303)
+
+    def lines(name: str, separator: str = "\n") -> list[str]:
+        return [item.strip() for item in str(form.get(name, "")).split(separator) if item.strip()]
+
+    edited = spec.model_dump(mode="json") | {
+        "name": str(form.get("name", "")).strip(),
+        "role": str(form.get("role", "")).strip(),
+        "description": str(form.get("description", "")),
+        "system_prompt": str(form.get("system_prompt", "")),
+        "tools": lines("tools", ","),
+        "keywords": lines("keywords", ","),
+        "lessons": lines("lessons"),
+    }
+    try:
+        saved = await registry.edit_agent(spec.id, edited)
+    except MasterplannerError as error:
+        context = {
+            "agent": spec,
+            "versions": await registry.versions(spec.id),
+            "error": str(error),
+            "saved": False,
+        }
+        return templates.TemplateResponse(request, "agent.html", context, status_code=422)
+    context = {"agent": saved, "versions": await registry.versions(saved.id), "error": None, "saved": True}
+    return templates.TemplateResponse(request, "agent.html", context)
+
+
+@pages.get("/teams", response_class=HTMLResponse)
+async def teams_page(request: Request) -> Response:
+    """Stored teams."""
+    return templates.TemplateResponse(request, "teams.html", {"teams": await _registry(request).cohorts()})
+
+
+@pages.get("/teams/{team_id}", response_class=HTMLResponse)
+async def team_page(request: Request, team_id: str) -> Response:
+    """One team: its plan drawn, and the agent of each step."""
+    team = await _team(_registry(request), team_id)
+    graph = Markup(plan_svg(team.plan))
+    return templates.TemplateResponse(request, "team.html", {"team": team, "graph": graph})
+
+
+@pages.post("/teams/{team_id}", response_class=HTMLResponse)
+async def team_delete(request: Request, team_id: str) -> Response:
+    """Delete the team."""
+    registry = _registry(request)
+    await registry.remove_cohort((await _team(registry, team_id)).id)
+    return RedirectResponse("/teams", status_code=303)
+
+
+@pages.get("/memory", response_class=HTMLResponse)
+async def memory_page(request: Request, q: str = "") -> Response:
+    """Agents' memories, or a search of them."""
+    registry = _registry(request)
+    found = await registry.recall(q, 20) if q.strip() else await registry.memories()
+    return templates.TemplateResponse(request, "memory.html", {"memories": found, "q": q})
+
+
+@pages.post("/memory/{memory_id}", response_class=HTMLResponse)
+async def memory_forget(request: Request, memory_id: str) -> Response:
+    """Forget one memory."""
+    try:
+        await _registry(request).forget(memory_id)
+    except MasterplannerError:
+        raise HTTPException(404, f"no memory {memory_id!r}") from None
+    return RedirectResponse("/memory", status_code=303)

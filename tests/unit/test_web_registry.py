@@ -1,0 +1,143 @@
+"""Agents, teams and memory in the web app (API and pages), over a team a finished run stored."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from _plans import step
+
+from masterplanner import Settings
+from masterplanner.service import RunService
+from masterplanner.web import create_app
+
+DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
+
+
+@pytest.fixture
+async def client(isolated: Path) -> AsyncIterator[httpx.AsyncClient]:
+    service = RunService(Settings.load())
+    app = create_app(service)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8765"
+    ) as opened:
+        yield opened
+    await app.state.executions.stop()
+    app.state.registry.close()
+    service.close()
+
+
+async def _finished_run(client: httpx.AsyncClient, write_script: Callable[..., Path]) -> dict[str, Any]:
+    script = write_script(
+        [
+            {
+                "purpose": "planner",
+                "output": {"steps": [step("gather", tools=[]), step("write", "gather", tools=[])]},
+            },
+            {"purpose": "step:gather", "output": "facts"},
+            {"purpose": "step:write", "output": "the summary"},
+            DRAFTS,
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    body = {
+        "task": "summarise the facts",
+        "model": f"scripted:{script}",
+        "options": {"auto_approve": True, "prompt_rounds": 0},
+    }
+    run = (await client.post("/api/v1/runs", json=body)).json()
+    for _ in range(600):
+        teams = (await client.get("/api/v1/teams")).json()
+        if teams:
+            return {"run": run, "team": teams[0]}
+        await asyncio.sleep(0.05)
+    raise AssertionError((await client.get(f"/api/v1/runs/{run['id']}")).text)
+
+
+async def test_agents_and_teams_through_the_api(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    stored = await _finished_run(client, write_script)
+    team = stored["team"]
+    assert team["run_id"] == stored["run"]["id"] and set(team["agents"]) == {"gather", "write"}
+    agents = (await client.get("/api/v1/agents")).json()
+    assert len(agents) == 2 and all(agent["stats"]["uses"] == 1 for agent in agents)
+    found = (await client.get("/api/v1/agents", params={"q": agents[0]["role"]})).json()
+    assert found and "score" in found[0]
+
+    agent_id = team["agents"]["write"]
+    agent = (await client.get(f"/api/v1/agents/{agent_id}")).json()
+    assert agent["versions"] == [1]
+    edited = await client.put(f"/api/v1/agents/{agent_id}", json=agent | {"system_prompt": "Write it short."})
+    assert edited.status_code == 200, edited.text
+    assert (edited.json()["version"], edited.json()["system_prompt"]) == (2, "Write it short.")
+    assert (await client.get(f"/api/v1/agents/{agent_id}", params={"version": 1})).json()["version"] == 1
+    bad = await client.put(f"/api/v1/agents/{agent_id}", json=agent | {"system_prompt": ""})
+    assert bad.status_code == 400
+    assert (
+        bad.json()["error"]
+        == "the edit is not a valid agent, nothing changed: system_prompt: must not be empty"
+    )
+    assert (await client.get(f"/api/v1/agents/{agent_id}")).json()["version"] == 2  # nothing changed
+
+    assert (await client.get("/api/v1/agents/nobody")).json() == {
+        "error": "no agent 'nobody' in the registry"
+    }
+    assert (await client.delete(f"/api/v1/teams/{team['id']}")).status_code == 204
+    assert (await client.get(f"/api/v1/teams/{team['id']}")).status_code == 404
+    assert (await client.delete(f"/api/v1/agents/{agent_id}")).status_code == 204
+    assert [a["id"] for a in (await client.get("/api/v1/agents")).json()] == [team["agents"]["gather"]]
+
+    memories = (await client.get("/api/v1/memories", params={"kind": "episode"})).json()
+    assert len(memories) == 1 and "summarise the facts" in memories[0]["text"]
+    assert (await client.delete(f"/api/v1/memories/{memories[0]['id']}")).status_code == 204
+    assert (await client.delete(f"/api/v1/memories/{memories[0]['id']}")).status_code == 404
+
+
+async def test_agents_teams_and_memory_pages(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    stored = await _finished_run(client, write_script)
+    team, agent_id = stored["team"], stored["team"]["agents"]["write"]
+    listed = (await client.get("/agents")).text
+    assert f'href="/agents/{agent_id}"' in listed
+    page = (await client.get(f"/agents/{agent_id}")).text
+    assert "Used 1 times, succeeded 1" in page and 'name="system_prompt"' in page
+
+    form = {
+        "action": "save",
+        "name": "writer",
+        "role": "writer",
+        "description": "",
+        "system_prompt": "Write it in one line.",
+        "tools": "",
+        "keywords": "summary, short",
+        "lessons": "Keep it short.\nName the source.",
+    }
+    saved = await client.post(f"/agents/{agent_id}", data=form)
+    assert saved.status_code == 200 and "Saved as version 2." in saved.text
+    spec = (await client.get(f"/api/v1/agents/{agent_id}")).json()
+    assert (spec["lessons"], spec["keywords"]) == (
+        ["Keep it short.", "Name the source."],
+        ["summary", "short"],
+    )
+    refused = await client.post(f"/agents/{agent_id}", data=form | {"role": ""})
+    assert refused.status_code == 422 and "role: must not be empty" in refused.text
+
+    team_page = (await client.get(f"/teams/{team['id']}")).text
+    assert "<svg" in team_page and f'href="/agents/{agent_id}"' in team_page
+    assert (await client.post(f"/teams/{team['id']}")).status_code == 303
+    assert "No teams yet" in (await client.get("/teams")).text
+
+    memory = (await client.get("/memory")).text
+    forget = re.search(r'action="/memory/([^"]+)"', memory)
+    assert forget is not None and "summarise the facts" in memory
+    assert (await client.post(f"/memory/{forget[1]}")).status_code == 303
+    assert "No memories" in (await client.get("/memory")).text
+    assert (await client.post(f"/agents/{agent_id}", data={"action": "delete"})).status_code == 303
+    assert (await client.get(f"/agents/{agent_id}")).status_code == 404
