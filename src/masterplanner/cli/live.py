@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..estimate import cost
 from .terminal import shown, visible
 
 if TYPE_CHECKING:
@@ -92,7 +93,6 @@ _FILES_SCANNED = 100_000
 # version-control folders: no tool may write in them (tools/protected.py), so they are not walked
 _NOT_WALKED = frozenset({".git", ".hg", ".svn"})
 # models that run on this machine (or not at all): their calls cost nothing
-_FREE_MODELS = ("local", "local:", "scripted:")
 
 
 def wants_live_view(out: Console) -> bool:
@@ -453,11 +453,6 @@ def written_files(workspace: Path, since: float) -> tuple[list[str], int, bool]:
             if stat.S_ISREG(info.st_mode) and info.st_mtime >= since:
                 found.append(path.relative_to(workspace).as_posix())
     return sorted(found)[:_FILES_SHOWN], len(found), False
-
-
-def cost(model: str) -> str | None:
-    """The run's cost when it is known: `$0.00` for local and scripted models, else None."""
-    return "$0.00" if model == "local" or model.startswith(_FREE_MODELS) else None
 
 
 def summary_line(report: dict[str, Any], model: str, seconds: float) -> str:

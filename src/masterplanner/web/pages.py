@@ -23,6 +23,7 @@ from markupsafe import Markup
 
 from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord
 from ..errors import MasterplannerError, PlanError
+from ..estimate import estimate_run
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 from .graph import plan_svg
@@ -289,6 +290,10 @@ async def _body_context(
         key: value.to_json_dict() for key, value in record.agents.items()
     }
     reused = {key for key, value in agents.items() if value.get("reused_from") is not None}
+    estimate = None
+    if review is not None and plan:
+        parallel = record.options.max_parallel
+        estimate = estimate_run(plan, report["usage"], record.model, max_parallel=parallel)
     step_problems: dict[str, list[str]] = {}
     for text in (problem or {}).get("problems", []):
         head, _, rest = text.partition(": ")
@@ -310,4 +315,5 @@ async def _body_context(
         "problem": problem,
         "step_problems": step_problems,
         "rated": None,
+        "estimate": estimate,
     }

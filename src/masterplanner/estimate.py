@@ -1,0 +1,74 @@
+"""What a plan will likely cost before it runs: model calls, tokens, time, and money when known.
+
+A rough guide for the review, from two things only: the plan's shape and the calls the run has
+made so far (planning and prompts), measured on this model and this machine. Each step is
+counted as one model request, plus one when it has tools (a call and the answer after it); a
+plan with several final steps adds the request that writes the answer. Tokens and seconds per
+request are the run's own so far. Money is known only for models that cost nothing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RunEstimate", "cost", "estimate_run"]
+
+_FREE_MODELS = ("local", "local:", "scripted:")
+
+
+def cost(model: str) -> str | None:
+    """A run's cost when it is known: `$0.00` for local and scripted models, else None."""
+    return "$0.00" if model == "local" or model.startswith(_FREE_MODELS) else None
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """The expected cost of running a plan's steps (planning already spent is not included)."""
+
+    model_calls: int
+    tokens: int | None
+    """None until the run has made a call to measure by."""
+    seconds: float | None
+    """Wall time with the steps' parallelism; None until the run has made a call to measure by."""
+    cost: str | None
+    """`$0.00` for models that cost nothing here; None when the price is not known."""
+
+
+def _levels(steps: list[Mapping[str, Any]]) -> list[int]:
+    """How many steps sit at each depth of the graph (what can run side by side)."""
+    ids = {step["id"] for step in steps}
+    after = {step["id"]: [dep for dep in step.get("depends_on", []) if dep in ids] for step in steps}
+    depth: dict[str, int] = {}
+    for _ in range(len(steps) + 1):  # relax until stable (a plan is acyclic; a cycle just stops)
+        for step_id, deps in after.items():
+            depth[step_id] = 1 + max((depth.get(dep, 0) for dep in deps), default=-1)
+    counts: dict[int, int] = {}
+    for level in depth.values():
+        counts[level] = counts.get(level, 0) + 1
+    return [counts[level] for level in sorted(counts)]
+
+
+def estimate_run(
+    plan: Mapping[str, Any], usage: Mapping[str, Any], model: str, *, max_parallel: int = 4
+) -> RunEstimate:
+    """The estimate for `plan` (public JSON form), measured by `usage` (a run's usage report)."""
+    steps: list[Mapping[str, Any]] = list(plan.get("steps") or [])
+    depended = {dep for step in steps for dep in step.get("depends_on", [])}
+    sinks = [step for step in steps if step["id"] not in depended]
+    per_step = [1 + (1 if step.get("tools") else 0) for step in steps]
+    calls = sum(per_step) + (1 if len(sinks) > 1 else 0)
+    made = int(usage.get("llm_calls") or 0)
+    if not made:
+        return RunEstimate(calls, None, None, cost(model))
+    tokens_per_call = (int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)) / made
+    seconds_so_far = sum(
+        float(entry.get("seconds") or 0) for entry in (usage.get("by_purpose") or {}).values()
+    )
+    seconds_per_call = seconds_so_far / made
+    # each level of the graph runs side by side, up to max_parallel steps at once
+    rounds = sum(-(-width // max(1, max_parallel)) for width in _levels(steps))
+    mean_requests = sum(per_step) / len(per_step) if per_step else 0
+    seconds = seconds_per_call * (rounds * mean_requests + (1 if len(sinks) > 1 else 0))
+    return RunEstimate(calls, round(tokens_per_call * calls), round(seconds, 1), cost(model))

@@ -1,0 +1,32 @@
+"""The estimate a review shows: calls from the plan's shape, tokens and time from the run so far."""
+
+from __future__ import annotations
+
+from _plans import step
+
+from masterplanner.estimate import RunEstimate, cost, estimate_run
+
+PLAN = {
+    "task": "t",
+    "steps": [step("a", tools=[]), step("b", tools=["read_file"]), step("c", "a", "b", tools=[])],
+}
+
+
+def test_calls_come_from_the_plan_and_cost_only_when_known() -> None:
+    assert estimate_run(PLAN, {"llm_calls": 0}, "openai:gpt-4o") == RunEstimate(4, None, None, None)
+    assert cost("local") == cost("scripted:/x.json") == "$0.00"
+    assert cost("anthropic:claude") is None
+
+
+def test_tokens_and_time_are_measured_by_the_calls_so_far() -> None:
+    usage = {
+        "llm_calls": 4,
+        "input_tokens": 300,
+        "output_tokens": 100,
+        "by_purpose": {"planner": {"seconds": 2.0}, "prompt_creator": {"seconds": 6.0}},
+    }
+    # 4 calls of 100 tokens; a and b side by side (1 round), then c: 2 rounds of 4/3 requests at 2 s
+    assert estimate_run(PLAN, usage, "local") == RunEstimate(4, 400, 5.3, "$0.00")
+    assert estimate_run(PLAN, usage, "local", max_parallel=1).seconds == 8.0
+    two_sinks = {"task": "t", "steps": [step("a", tools=[]), step("b", tools=[])]}
+    assert estimate_run(two_sinks, usage, "local").model_calls == 3  # and the answer
