@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
 import pytest
+from _cli import start
 from _plans import step
 
 from masterplanner import Settings
@@ -157,3 +159,33 @@ async def test_a_tool_approval_is_answered_inline(
     assert denied.status_code == 200
     body = await _body_until(client, run_id, r"status status-succeeded")
     assert "kept it" in body
+
+
+async def test_a_run_started_in_the_terminal_is_approved_on_its_page(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
+            {"purpose": "step:a", "output": "A done"},
+            DRAFTS,
+            CRITIC,
+        ]
+    )
+    process = start("run", "just a", "--model", f"scripted:{script}", "--json")
+    try:
+        for _ in range(600):
+            runs = re.findall(r'href="/runs/([0-9a-f-]{20,})"', (await client.get("/runs")).text)
+            if runs:
+                break
+            await asyncio.sleep(0.05)
+        body = await _body_until(client, runs[0], "Review the plan")
+        review = re.search(r'hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', body)
+        assert review is not None
+        approved = await client.post(f"/runs/{runs[0]}/requests/{review[1]}", data={"choice": "approve"})
+        assert approved.status_code == 200, approved.text
+        out, err = await asyncio.to_thread(process.communicate, timeout=90)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert json.loads(out)["output"] == "A done"

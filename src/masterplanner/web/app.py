@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
@@ -22,7 +22,7 @@ from ..service import RegistryService, RunService
 from . import pages
 from . import registry as registry_routes
 from .api import Executions, router, streams
-from .auth import is_loopback, token_matches
+from .auth import COOKIE, is_loopback, same_token, token_matches
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
 
@@ -55,6 +55,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = service
+    app.state.token = token
     app.state.registry = registry or RegistryService(service.settings)
     app.state.executions = Executions(service)
     app.include_router(router)
@@ -134,16 +135,29 @@ async def _unexpected(_: Request, exc: Exception) -> Response:
 _Next = Callable[[Request], Awaitable[Response]]
 
 
+_OPEN_PATHS = ("/login", "/static/", "/api/v1/health")
+
+
 def _require(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
-    """Middleware that refuses every request without the token."""
+    """Middleware that refuses every request without the token (header or login cookie).
+
+    A page a browser asks for without it is sent to the login page instead.
+    """
 
     async def check(request: Request, call_next: _Next) -> Response:
-        if token_matches(request.headers.get("authorization"), token):
+        path = request.url.path
+        if (
+            token_matches(request.headers.get("authorization"), token)
+            or same_token(request.cookies.get(COOKIE), token)
+            or path.startswith(_OPEN_PATHS)
+        ):
             return await call_next(request)
+        if request.method == "GET" and not path.startswith("/api/"):
+            return RedirectResponse("/login", status_code=303)
         return _error(
             401,
-            "this server needs its token: send `Authorization: Bearer TOKEN` (the token is in the "
-            "web-token file of the server's home directory)",
+            "this server needs its token: send `Authorization: Bearer TOKEN` or log in at /login "
+            "(the token is in the web-token file of the server's home directory)",
         )
 
     return check

@@ -1,8 +1,9 @@
 """Who may use the web app: loopback by default; elsewhere only with the token (`serve --auth`).
 
 The token is generated once into `<home>/web-token` (mode 0600, readable by its owner only) and
-sent as `Authorization: Bearer <token>`. Binding to an address other machines can reach without
-`--auth` is refused before the server starts.
+sent as `Authorization: Bearer <token>`, or by a browser as the login cookie `/login` sets.
+Binding to an address other machines can reach without `--auth` is refused before the server
+starts.
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-__all__ = ["TOKEN_FILE_NAME", "check_bind", "is_loopback", "token_matches", "web_token"]
+__all__ = [
+    "COOKIE",
+    "TOKEN_FILE_NAME",
+    "check_bind",
+    "is_loopback",
+    "same_token",
+    "token_matches",
+    "web_token",
+]
 
 TOKEN_FILE_NAME = "web-token"
+COOKIE = "masterplanner_token"
+"""The login cookie a browser sends instead of the bearer header (HttpOnly, SameSite=Strict)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -72,7 +83,12 @@ def _read_token(path: Path) -> str:
     return token
 
 
+def same_token(given: str | None, token: str) -> bool:
+    """Whether `given` is `token` (compared in constant time)."""
+    return given is not None and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
 def token_matches(authorization: str | None, token: str) -> bool:
     """Whether an `Authorization` header carries `token` (compared in constant time)."""
     scheme, _, given = (authorization or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+    return scheme.lower() == "bearer" and same_token(given, token)

@@ -26,6 +26,7 @@ from ..errors import MasterplannerError, PlanError
 from ..estimate import estimate_run
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
+from .auth import COOKIE, same_token
 from .graph import plan_svg
 
 __all__ = ["router", "templates"]
@@ -60,6 +61,29 @@ async def _run(service: RunService, run_id: str) -> RunRecord:
 async def home() -> RedirectResponse:
     """The runs page."""
     return RedirectResponse("/runs", status_code=303)
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_page(request: Request) -> Response:
+    """The token form (only a server started with --auth asks for one)."""
+    if request.app.state.token is None:
+        return RedirectResponse("/runs", status_code=303)
+    return templates.TemplateResponse(request, "login.html", {"error": None})
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request) -> Response:
+    """Check the token and keep it in an HttpOnly, same-site cookie for this browser."""
+    token: str | None = request.app.state.token
+    if token is None:
+        return RedirectResponse("/runs", status_code=303)
+    given = str((await request.form()).get("token", ""))
+    if not same_token(given, token):
+        context = {"error": "that is not this server's token (see the web-token file in its home directory)"}
+        return templates.TemplateResponse(request, "login.html", context, status_code=401)
+    response = RedirectResponse("/runs", status_code=303)
+    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", max_age=30 * 24 * 3600)
+    return response
 
 
 @router.get("/runs", response_class=HTMLResponse)
