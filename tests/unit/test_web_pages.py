@@ -100,6 +100,7 @@ async def test_a_task_is_started_reviewed_with_edits_answered_and_followed(
         "tools.b": "write_file",
         "prompt.b": "Write out.txt politely.",
         "policy.write_file": "auto",
+        "steppolicy.b.write_file": "auto",
     }
     approved = await client.post(f"/runs/{run_id}/requests/{review_id[1]}", data=edit)
     assert approved.status_code == 200, approved.text
@@ -109,6 +110,7 @@ async def test_a_task_is_started_reviewed_with_edits_answered_and_followed(
     report = (await client.get(f"/api/v1/runs/{run_id}")).json()
     assert [s["tools"] for s in report["plan"]["steps"]] == [[], ["write_file"]]
     assert report["agents"]["b"]["prompt"] == "Write out.txt politely." and report["agents"]["b"]["edited"]
+    assert report["agents"]["b"]["tool_policies"] == {"write_file": "auto"}
     served = await client.get(f"/runs/{run_id}/file", params={"path": "out.txt"})
     assert (served.status_code, served.text) == (200, "hello from b")
     outside = await client.get(f"/runs/{run_id}/file", params={"path": "../../../etc/passwd"})

@@ -287,6 +287,18 @@ def _review_decision(found: StoredRequest, form: Any) -> dict[str, Any]:
             and str(prompt).strip() != str(agents[step_id].get("prompt", "")).strip()
         ):
             agents[step_id] = {**agents[step_id], "prompt": str(prompt), "edited": True}
+    for step in steps:
+        prefix = f"steppolicy.{step['id']}."
+        chosen = {
+            str(key).removeprefix(prefix): str(value)
+            for key, value in form.items()
+            if str(key).startswith(prefix) and value and str(key).removeprefix(prefix) in step["tools"]
+        }
+        if step["id"] in agents or chosen:
+            agent = {
+                key: value for key, value in agents.get(step["id"], {}).items() if key != "tool_policies"
+            }
+            agents[step["id"]] = agent | ({"tool_policies": chosen} if chosen else {})
     policies = {
         str(key).removeprefix("policy."): str(value)
         for key, value in form.items()
