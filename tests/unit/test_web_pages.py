@@ -91,6 +91,9 @@ async def test_a_task_is_started_reviewed_with_edits_answered_and_followed(
     refused = await client.post(f"/runs/{run_id}/requests/{review_id[1]}", data=bad)
     assert refused.status_code == 422
     assert "instruction: must not be empty" in refused.text and 'id="card-b"' in refused.text
+    cycle = {"choice": "approve", "depends_on.a": "b", "depends_on.b": "a"}
+    refused = await client.post(f"/runs/{run_id}/requests/{review_id[1]}", data=cycle)
+    assert refused.status_code == 422 and "steps form a cycle" in refused.text
 
     # untick a's read_file, rewrite b's prompt, allow write_file for the run, approve
     edit = {

@@ -274,6 +274,9 @@ def _review_decision(found: StoredRequest, form: Any) -> dict[str, Any]:
         for field in ("title", "instruction", "agent_role", "expected_output"):
             if f"{field}.{step_id}" in form:
                 edited[field] = str(form.get(f"{field}.{step_id}", ""))
+        if f"depends_on.{step_id}" in form:
+            given = str(form.get(f"depends_on.{step_id}", "")).replace(",", " ").split()
+            edited["depends_on"] = list(dict.fromkeys(given))
         if f"tools-shown.{step_id}" in form:
             ticked = [str(tool) for tool in form.getlist(f"tools.{step_id}")]
             kept = [tool for tool in step["tools"] if tool in ticked]  # in the plan's order, new ones after
