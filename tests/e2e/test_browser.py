@@ -139,7 +139,7 @@ def test_review_edit_approve_answer_inline_and_open_the_written_file(
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.goto(f"{server}/new")
     page.get_by_label("Task").fill("Draft, then write the final report")
-    page.get_by_label("Model").fill(f"scripted:{script}")
+    page.get_by_label("Model", exact=True).fill(f"scripted:{script}")
     page.get_by_role("button", name="Plan it").click()
     page.get_by_role("heading", name="Review the plan").wait_for()
     assert page.locator("svg.plan-graph g.node").count() == 2

@@ -128,6 +128,8 @@ async def test_a_bad_task_is_shown_on_the_form_and_nothing_is_stored(client: htt
     refused = await client.post("/new", data={"task": "   ", "model": "scripted:/nowhere.json"})
     assert refused.status_code == 422
     assert "invalid task: the task is empty" in refused.text
+    bad = await client.post("/new", data={"task": "t", "max_parallel": "99"})
+    assert bad.status_code == 422 and "max parallel must be a whole number from 1 to 64" in bad.text
     assert (await client.get("/api/v1/runs")).json() == []
 
 

@@ -23,7 +23,7 @@ from markupsafe import Markup
 
 from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord
 from ..errors import MasterplannerError, PlanError
-from ..estimate import estimate_run
+from ..estimate import cost, estimate_run
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 from .auth import COOKIE, same_token
@@ -117,7 +117,21 @@ async def create_run(request: Request) -> Response:
     service = _service(request)
     task, model = str(form.get("task", "")).strip(), str(form.get("model", "")).strip()
     workspace, yes = str(form.get("workspace", "")).strip(), form.get("yes") == "on"
-    options = RunOptions(auto_approve=yes, tool_policies=dict(service.settings.tool_policies))
+    team = str(form.get("team", ""))
+    try:
+        options = RunOptions(
+            auto_approve=yes,
+            tool_policies=dict(service.settings.tool_policies),
+            max_parallel=_whole(form, "max_parallel", 4, 1, 64),
+            prompt_rounds=_whole(form, "prompt_rounds", 1, 0, 5),
+            max_model_calls=_whole(form, "max_model_calls", 200, 1, 1_000_000),
+            max_replans=_whole(form, "max_replans", 2, 0, 10),
+            check_outputs=form.get("check_outputs") == "on",
+            team_tools={"on": True, "off": False}.get(team),
+        )
+    except ValueError as problem:
+        context = {"error": str(problem), "task": task, "model": model, "workspace": workspace, "yes": yes}
+        return templates.TemplateResponse(request, "new.html", context, status_code=422)
     try:
         record = await service.create(
             task,
@@ -130,6 +144,16 @@ async def create_run(request: Request) -> Response:
         return templates.TemplateResponse(request, "new.html", context, status_code=422)
     request.app.state.executions.start(record.id)
     return RedirectResponse(f"/runs/{record.id}", status_code=303)
+
+
+def _whole(form: Any, name: str, default: int, lowest: int, highest: int) -> int:
+    """A whole-number field of a form (`default` when left empty); ValueError naming it otherwise."""
+    text = str(form.get(name, "")).strip()
+    if not text:
+        return default
+    if not text.isdigit() or not lowest <= int(text) <= highest:
+        raise ValueError(f"{name.replace('_', ' ')} must be a whole number from {lowest} to {highest}")
+    return int(text)
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
@@ -355,4 +379,5 @@ async def _body_context(
         "step_problems": step_problems,
         "rated": None,
         "estimate": estimate,
+        "cost": cost(record.model),
     }
