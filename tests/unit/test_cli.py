@@ -220,7 +220,7 @@ def test_agents_edit_with_a_failing_or_bad_editor_changes_nothing(tmp_path: Path
     assert result.returncode == 2
     assert result.stderr == (
         "error: the edit is not a valid agent, nothing changed: "
-        "name: String should have at least 1 character; role: Field required; system_prompt: Field required\n"
+        "name: must not be empty; role: is missing; system_prompt: is missing\n"
     )
 
     unchanged = _fake_editor(tmp_path, "true")
