@@ -59,12 +59,14 @@ def server(isolated: Path) -> Iterator[str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "masterplanner", "serve", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    log = isolated / "serve.log"  # a file, not a pipe: nobody reads a pipe while the test runs
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "masterplanner", "serve", "--port", str(port)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -76,10 +78,11 @@ def server(isolated: Path) -> Iterator[str]:
             time.sleep(0.2)
     else:
         process.kill()
-        raise AssertionError(f"the server did not start: {process.communicate()[0]}")
+        raise AssertionError(f"the server did not start: {log.read_text()}")
     yield url
     process.terminate()
     process.wait(timeout=30)
+    assert "Traceback" not in log.read_text(), log.read_text()
 
 
 def _step(step_id: str, *deps: str, tools: list[str]) -> dict[str, Any]:

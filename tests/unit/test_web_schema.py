@@ -28,14 +28,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
         port = probe.getsockname()[1]
     env = {key: value for key, value in os.environ.items() if not key.startswith("MASTERPLANNER_")}
     env |= {"MASTERPLANNER_HOME": str(folder / "home"), "MASTERPLANNER_MODEL": f"scripted:{script}"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "masterplanner", "serve", "--port", str(port)],
-        env=env,
-        cwd=folder,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    env["MASTERPLANNER_EMBEDDER"] = "none"  # agent search by text alone: no model to load per query
+    log = folder / "serve.log"  # a file, not a pipe: nobody reads a pipe while the tests run
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "masterplanner", "serve", "--port", str(port)],
+            env=env,
+            cwd=folder,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -46,11 +48,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
             time.sleep(0.2)
     else:
         process.kill()
-        raise AssertionError(f"the server did not start: {process.communicate()[0]}")
+        raise AssertionError(f"the server did not start: {log.read_text()}")
     yield url, f"scripted:{script}"
     process.terminate()
-    output = process.communicate(timeout=30)[0]
-    assert "Traceback" not in output, output  # no request made the server fail
+    process.wait(timeout=30)
+    assert "Traceback" not in log.read_text(), log.read_text()  # no request made the server fail
 
 
 @pytest.fixture
@@ -71,4 +73,4 @@ def test_the_api_keeps_to_its_schema(case: Any, served: tuple[str, str]) -> None
             value = case.body.get(field)
             if value is None or (isinstance(value, str) and len(value) <= longest):
                 case.body[field] = safe
-    case.call_and_validate(base_url=served[0])
+    case.call_and_validate(base_url=served[0], timeout=20)

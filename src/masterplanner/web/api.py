@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -30,6 +30,7 @@ __all__ = [
     "FeedbackIn",
     "RunIn",
     "RunOptionsIn",
+    "existing_run",
     "router",
     "streams",
 ]
@@ -195,6 +196,11 @@ async def _run(service: RunService, run_id: str) -> RunRecord:
         raise HTTPException(404, f"no run {run_id!r}") from None
 
 
+async def existing_run(request: Request, run_id: str) -> RunRecord:
+    """The run `run_id` names, or a 404 before a streaming route starts its stream."""
+    return await _run(_service(request), run_id)
+
+
 @router.get("/health", summary="Whether the server answers")
 async def health() -> dict[str, str]:
     """`{"status": "ok"}`."""
@@ -257,17 +263,19 @@ async def run_events(
 
 
 @streams.get(
-    "/runs/{run_id}/events/stream", response_class=EventSourceResponse, summary="A run's events, live"
+    "/runs/{run_id}/events/stream",
+    response_class=EventSourceResponse,
+    summary="A run's events, live",
+    responses=_JSON_REFUSALS,
 )
 async def stream_events(
     request: Request,
-    run_id: str,
+    record: Annotated[RunRecord, Depends(existing_run)],
     after: Annotated[int, Query(ge=0, description="Events after this seq.")] = 0,
     last_event_id: Annotated[str | None, Header(description="Set by a reconnecting EventSource.")] = None,
 ) -> AsyncIterator[ServerSentEvent]:
     """Server-sent events, one per run event (`event` = its kind, `id` = its seq), until the run is over."""
     service = _service(request)
-    record = await _run(service, run_id)
     if last_event_id and last_event_id.isdigit():
         after = max(after, int(last_event_id))
     async for event in service.follow(record.id, after):

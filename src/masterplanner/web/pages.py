@@ -12,9 +12,9 @@ import os
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.templating import Jinja2Templates
@@ -26,6 +26,7 @@ from ..errors import MasterplannerError, PlanError
 from ..estimate import cost, estimate_run
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
+from .api import existing_run
 from .auth import COOKIE, same_token
 from .graph import plan_svg
 
@@ -171,10 +172,11 @@ async def run_body(request: Request, run_id: str) -> Response:
 
 
 @router.get("/runs/{run_id}/changes", response_class=EventSourceResponse)
-async def run_changes(request: Request, run_id: str) -> AsyncIterator[ServerSentEvent]:
+async def run_changes(
+    request: Request, record: Annotated[RunRecord, Depends(existing_run)]
+) -> AsyncIterator[ServerSentEvent]:
     """A `change` event whenever the run has new events, then `over` when it has ended."""
     service = _service(request)
-    record = await _run(service, run_id)
     last = request.headers.get("last-event-id", "")
     after = int(last) if last.isdigit() else 0
     async for event in service.follow(record.id, after):
