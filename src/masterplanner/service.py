@@ -122,9 +122,11 @@ class RunService:
         """The run (a unique prefix of its id is enough); `RunError` if there is none."""
         return await asyncio.to_thread(self._store.get_run, run_id)
 
-    async def list_runs(self, limit: int = 50) -> list[RunRecord]:
-        """Runs, newest first."""
-        return await asyncio.to_thread(self._store.list_runs, limit)
+    async def list_runs(
+        self, limit: int = 50, *, status: str | None = None, text: str | None = None
+    ) -> list[RunRecord]:
+        """Runs, newest first; only those with `status`, and whose task holds `text` (any case)."""
+        return await asyncio.to_thread(self._store.list_runs, limit, status=status, text=text)
 
     async def steps(self, run_id: str) -> list[StepRecord]:
         """The run's steps in plan order."""

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from _serve import serving
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("MASTERPLANNER_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
@@ -56,33 +54,8 @@ def browser_page() -> Iterator[Any]:
 
 @pytest.fixture
 def server(isolated: Path) -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = isolated / "serve.log"  # a file, not a pipe: nobody reads a pipe while the test runs
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "masterplanner", "serve", "--port", str(port)],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/api/v1/health", timeout=2) as answer:
-                if json.load(answer) == {"status": "ok"}:
-                    break
-        except OSError:
-            time.sleep(0.2)
-    else:
-        process.kill()
-        raise AssertionError(f"the server did not start: {log.read_text()}")
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
-    assert "Traceback" not in log.read_text(), log.read_text()
+    with serving(isolated / "serve.log") as url:
+        yield url
 
 
 def _step(step_id: str, *deps: str, tools: list[str]) -> dict[str, Any]:

@@ -101,6 +101,7 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
     listed = (await client.get("/runs", params={"status": "succeeded", "q": "A THEN"})).json()
     assert [r["id"] for r in listed] == [run["id"]]
     assert (await client.get("/runs", params={"status": "failed"})).json() == []
+    assert (await client.get("/runs", params={"q": "a%b"})).json() == []  # % and _ are plain text
     assert (await client.get(f"/requests?run_id={run['id']}")).json() == []
 
     rated = await client.post(f"/runs/{run['id']}/feedback", json={"rating": 4, "comment": "fine"})

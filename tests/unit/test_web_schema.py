@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+
+from _serve import serving
 
 
 @pytest.fixture(scope="module")
@@ -23,36 +20,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     folder = tmp_path_factory.mktemp("schema")
     script = folder / "script.json"
     script.write_text(json.dumps({"calls": [{"purpose": "*", "repeat": True}]}))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     env = {key: value for key, value in os.environ.items() if not key.startswith("MASTERPLANNER_")}
     env |= {"MASTERPLANNER_HOME": str(folder / "home"), "MASTERPLANNER_MODEL": f"scripted:{script}"}
     env["MASTERPLANNER_EMBEDDER"] = "none"  # agent search by text alone: no model to load per query
-    log = folder / "serve.log"  # a file, not a pipe: nobody reads a pipe while the tests run
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "masterplanner", "serve", "--port", str(port)],
-            env=env,
-            cwd=folder,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/api/v1/health", timeout=2):
-                break
-        except OSError:
-            time.sleep(0.2)
-    else:
-        process.kill()
-        raise AssertionError(f"the server did not start: {log.read_text()}")
-    yield url, f"scripted:{script}"
-    process.terminate()
-    process.wait(timeout=30)
-    assert "Traceback" not in log.read_text(), log.read_text()  # no request made the server fail
+    with serving(folder / "serve.log", env=env, cwd=folder) as url:
+        yield url, f"scripted:{script}"
 
 
 @pytest.fixture

@@ -223,16 +223,18 @@ class RunStore:
             raise RunError(f"no run {run_id!r} in {self.url} (see `masterplanner runs list`)")
         return _run_record(row)
 
-    def list_runs(self, limit: int = 50) -> list[RunRecord]:
-        """The newest runs first."""
+    def list_runs(
+        self, limit: int = 50, *, status: str | None = None, text: str | None = None
+    ) -> list[RunRecord]:
+        """The newest runs first; only those with `status`, and whose task holds `text` (any case)."""
+        query = sa.select(runs_table).order_by(runs_table.c.created_at.desc()).limit(limit)
+        if status:
+            query = query.where(runs_table.c.status == status)
+        if text:
+            escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            query = query.where(sa.func.lower(runs_table.c.task).like(f"%{escaped}%", escape="\\"))
         with self.begin("list runs") as connection:
-            rows = (
-                connection.execute(
-                    sa.select(runs_table).order_by(runs_table.c.created_at.desc()).limit(limit)
-                )
-                .mappings()
-                .all()
-            )
+            rows = connection.execute(query).mappings().all()
         return [_run_record(row) for row in rows]
 
     def cancel_requested(self, run_id: str) -> bool:

@@ -215,13 +215,8 @@ async def list_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> list[dict[str, Any]]:
     """The newest runs, filtered by status and by text in the task."""
-    records = await _service(request).list_runs(limit=1000 if status or q else limit)
-    wanted = [
-        record
-        for record in records
-        if (status is None or record.status == status) and (not q or q.lower() in record.task.lower())
-    ]
-    return [_summary(record) for record in wanted[:limit]]
+    records = await _service(request).list_runs(limit, status=status, text=q)
+    return [_summary(record) for record in records]
 
 
 @router.post("/runs", status_code=201, summary="Start a run")

@@ -90,13 +90,8 @@ async def login(request: Request) -> Response:
 @router.get("/runs", response_class=HTMLResponse)
 async def runs_page(request: Request, status: str = "", q: str = "") -> Response:
     """Runs, newest first, filtered by status and by text in the task."""
-    records = await _service(request).list_runs(limit=500)
-    shown = [
-        record
-        for record in records
-        if (not status or record.status == status) and (not q or q.lower() in record.task.lower())
-    ]
-    context = {"runs": shown[:100], "status": status, "q": q, "statuses": STATUSES}
+    shown = await _service(request).list_runs(100, status=status or None, text=q.strip() or None)
+    context = {"runs": shown, "status": status, "q": q, "statuses": STATUSES}
     return templates.TemplateResponse(request, "runs.html", context)
 
 
