@@ -129,6 +129,7 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
             ["body.options.tool_policies.code_execution: input should be 'auto', 'ask' or 'deny'"],
         ),
         ({"task": 5}, ["body.task: should be text, got a number"]),
+        ({"task": "x" * 20_001}, ["body.task: is 20,001 characters; the limit is 20,000"]),
     ],
 )
 async def test_bad_requests_name_the_field_and_store_nothing(

@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord, RunStatus
 from ..errors import RequestError, RunError
+from ..plan import MAX_TASK_CHARS
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 
@@ -70,8 +71,6 @@ _JSON_REFUSALS: dict[int | str, dict[str, Any]] = {
 
 streams = APIRouter(prefix="/api/v1")
 """The event stream's route: apart, so its refusals are documented as JSON, not as events."""
-
-MAX_TASK_CHARS = 8_000
 
 
 def _integral(value: object) -> object:
