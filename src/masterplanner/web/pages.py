@@ -51,13 +51,6 @@ def _service(request: Request) -> RunService:
     return service
 
 
-async def _run(service: RunService, run_id: str) -> RunRecord:
-    try:
-        return await service.get(run_id)
-    except MasterplannerError:
-        raise HTTPException(404, f"no run {run_id!r}") from None
-
-
 @router.get("/")
 async def home() -> RedirectResponse:
     """The runs page."""
@@ -155,14 +148,14 @@ def _whole(form: Any, name: str, default: int, lowest: int, highest: int) -> int
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 async def run_page(request: Request, run_id: str) -> Response:
     """A run: its review or progress, requests answered inline, live while it runs."""
-    record = await _run(_service(request), run_id)
+    record = await existing_run(request, run_id)
     return templates.TemplateResponse(request, "run.html", await _body_context(request, record, None))
 
 
 @router.get("/runs/{run_id}/body", response_class=HTMLResponse)
 async def run_body(request: Request, run_id: str) -> Response:
     """The run page's changing part (what `change` events refresh)."""
-    record = await _run(_service(request), run_id)
+    record = await existing_run(request, run_id)
     return templates.TemplateResponse(request, "_run_body.html", await _body_context(request, record, None))
 
 
@@ -183,7 +176,7 @@ async def run_changes(
 async def answer(request: Request, run_id: str, request_id: str) -> Response:
     """Answer a request from its inline form: yes, no (with a reason), or a text."""
     service = _service(request)
-    record = await _run(service, run_id)
+    record = await existing_run(request, run_id)
     form = await request.form()
     choice = str(form.get("choice", ""))
     problem = None
@@ -215,7 +208,7 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
 async def rate(request: Request, run_id: str) -> Response:
     """Rate the finished run from its page; the body says what the rating changed."""
     service = _service(request)
-    record = await _run(service, run_id)
+    record = await existing_run(request, run_id)
     form = await request.form()
     rating, comment = str(form.get("rating", "")), str(form.get("comment", "")).strip()
     context = await _body_context(request, record, None)
@@ -240,14 +233,14 @@ async def rate(request: Request, run_id: str) -> Response:
 async def cancel(request: Request, run_id: str) -> Response:
     """Cancel the run; the body shows it stopping."""
     service = _service(request)
-    record = await service.cancel((await _run(service, run_id)).id, wait_s=2.0)
+    record = await service.cancel((await existing_run(request, run_id)).id, wait_s=2.0)
     return templates.TemplateResponse(request, "_run_body.html", await _body_context(request, record, None))
 
 
 @router.get("/runs/{run_id}/file")
 async def workspace_file(request: Request, run_id: str, path: str) -> Response:
     """One file of the run's workspace (images and text shown by the browser, others downloaded)."""
-    record = await _run(_service(request), run_id)
+    record = await existing_run(request, run_id)
     target = await asyncio.to_thread(_inside, record.workspace, path)
     if target is None:
         raise HTTPException(404, f"the workspace of run {record.id} has no file {path!r}")
