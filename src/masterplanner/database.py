@@ -20,6 +20,7 @@ __all__ = [
     "Migration",
     "apply_migrations",
     "create_engine",
+    "database_now",
     "engine_url",
     "migrate",
     "transaction",
@@ -41,6 +42,13 @@ def engine_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+def database_now(connection: Connection) -> float:
+    """The database's clock, in seconds since the epoch (leases are kept in it, not a process's)."""
+    if connection.dialect.name == "postgresql":
+        return float(connection.scalar(sa.text("SELECT extract(epoch FROM clock_timestamp())")))
+    return float(connection.scalar(sa.text("SELECT (julianday('now') - 2440587.5) * 86400.0")))
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

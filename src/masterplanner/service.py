@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
+from .engine.processes import ProcessRecord
 from .engine.records import FINISHED_RUN_STATUSES, briefs_json
 from .engine.reuse import remember_run
 from .engine.store import Lease
+from .engine.worker import Worker, WorkerSummary
 from .errors import ConfigError, RequestError, RunError, problem_in_our_words
 from .plan import validate_plan
 from .settings import Settings
@@ -42,12 +44,14 @@ __all__ = [
     "Event",
     "FeedbackSummary",
     "Lease",
+    "ProcessRecord",
     "RegistryService",
     "Request",
     "RunOptions",
     "RunRecord",
     "RunService",
     "StepRecord",
+    "WorkerSummary",
     "answerer_name",
     "catalog_of_review",
 ]
@@ -88,6 +92,7 @@ class RunService:
         self.settings = settings
         self._engine = Engine(settings, debug=debug)
         self._store = self._engine.store
+        self._debug = debug
 
     def close(self) -> None:
         """Stop what this service started (DBOS, database connections)."""
@@ -102,10 +107,20 @@ class RunService:
         model: str | None = None,
         options: RunOptions | None = None,
         workspace: Path | None = None,
+        for_workers: bool = False,
     ) -> RunRecord:
-        """Record a new run (status `planning`) after checking the task and the model spec."""
+        """Record a new run (status `planning`) after checking the task and the model spec.
+
+        `for_workers`: queued for the workers (`masterplanner worker`) instead of executed by
+        the caller; the first worker to claim it executes it.
+        """
         return await asyncio.to_thread(
-            self._engine.create_run, task, model=model, options=options, workspace=workspace
+            self._engine.create_run,
+            task,
+            model=model,
+            options=options,
+            workspace=workspace,
+            for_workers=for_workers,
         )
 
     async def execute(self, run_id: str, *, on_wait: Callable[[Lease], None] | None = None) -> RunRecord:
@@ -190,6 +205,39 @@ class RunService:
     async def abandoned_runs(self) -> list[str]:
         """Runs whose executing process died (its lease lapsed): `execute` takes them over."""
         return await asyncio.to_thread(self._engine.abandoned_runs)
+
+    # ---- workers
+
+    async def processes(self, *, include_dead: bool = False) -> list[ProcessRecord]:
+        """The processes executing workflows on this database (workers first); the dead ones too if asked."""
+        return await asyncio.to_thread(self._store.processes.listed, include_dead=include_dead)
+
+    async def work(
+        self,
+        stop: asyncio.Event,
+        *,
+        providers: list[str] | None = None,
+        max_runs: int = 64,
+        grace_s: float = 30.0,
+        note: Callable[[str], None] = lambda _line: None,
+    ) -> WorkerSummary:
+        """Be a worker until `stop` is set: take queued steps and runs, and those of dead processes.
+
+        `providers` limits the step queues it takes from (all by default); `note` is told what
+        it does, a line at a time. See `masterplanner.engine.worker`.
+        """
+        worker = Worker(
+            self.settings,
+            providers=providers,
+            max_runs=max_runs,
+            grace_s=grace_s,
+            note=note,
+            debug=self._debug,
+        )
+        try:
+            return await worker.run(stop)
+        finally:
+            await asyncio.to_thread(worker.close)
 
     # ---- requests
 

@@ -32,7 +32,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -47,10 +55,13 @@ from .tools.mcp import McpServer
 __all__ = [
     "CONFIG_FILE_NAME",
     "ENV_PREFIX",
+    "PROVIDERS",
     "WORKSPACES_FILE_NAME",
+    "ProviderLimit",
     "Settings",
     "default_home",
     "known_workspaces",
+    "provider_of",
     "record_workspace",
 ]
 
@@ -162,6 +173,24 @@ class _TomlFiles(PydanticBaseSettingsSource):
         return dict(self.data)
 
 
+PROVIDERS = ("anthropic", "local", "ollama", "openai", "scripted")
+"""The providers a model spec may name (its part before the first colon); each has a step queue."""
+
+
+def provider_of(spec: str) -> str:
+    """The provider a model spec names: `local` for `local` and `local:PATH`, else its prefix."""
+    return spec.strip().partition(":")[0]
+
+
+class ProviderLimit(BaseModel):
+    """How many steps using one provider's models may run at once and start per minute, on all workers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: int | None = Field(None, ge=1, le=100_000, description="steps running at once")
+    per_minute: int | None = Field(None, ge=1, le=1_000_000, description="steps started per minute")
+
+
 class Settings(BaseSettings):
     """Validated settings; build with `Settings.load()` so errors come out as `SettingsError`."""
 
@@ -225,6 +254,26 @@ class Settings(BaseSettings):
         le=600,
         description="seconds after its executing process was last heard from that a run may be taken over",
     )
+    worker_concurrency: int = Field(
+        4, ge=1, le=1000, description="steps one worker runs at once (masterplanner worker --concurrency)"
+    )
+    provider_limits: dict[str, ProviderLimit] = Field(
+        default_factory=dict,
+        description="per provider (openai, anthropic, local, ollama, scripted): steps at once and per "
+        "minute, across all workers",
+    )
+    queue_poll_s: float = Field(
+        0.05, ge=0.01, le=10, description="how often a worker looks for steps on its queues, in seconds"
+    )
+
+    @field_validator("provider_limits")
+    @classmethod
+    def _known_providers(cls, limits: dict[str, ProviderLimit]) -> dict[str, ProviderLimit]:
+        unknown = sorted(set(limits) - set(PROVIDERS))
+        if unknown:
+            raise ValueError(f"no provider {unknown[0]!r}; providers are {', '.join(PROVIDERS)}")
+        return limits
+
     mcp_servers: dict[str, McpServer] = Field(
         default_factory=dict, description="MCP servers whose tools steps may use, by name (see README)"
     )

@@ -62,9 +62,9 @@ def test_unknown_key_names_file_and_known_keys(isolated: Path) -> None:
     assert message.endswith(
         "known: agent_reuse_threshold, database_url, embedder, home, http_allow_loopback, "
         "http_allowed_domains, image_base_url, image_model, local_context_tokens, local_max_output_tokens, "
-        "local_threads, mcp_servers, memory_max_items, memory_ttl_days, model, remember_runs, "
-        "reuse_threshold, run_lease_s, searxng_url, tool_policies, web_search_backend, web_search_folder, "
-        "workspace_max_growth_bytes"
+        "local_threads, mcp_servers, memory_max_items, memory_ttl_days, model, provider_limits, "
+        "queue_poll_s, remember_runs, reuse_threshold, run_lease_s, searxng_url, tool_policies, "
+        "web_search_backend, web_search_folder, worker_concurrency, workspace_max_growth_bytes"
     )
 
 
@@ -108,3 +108,13 @@ def test_tool_policies_and_http_allowlist_from_toml(isolated: Path) -> None:
     write_toml(isolated, '[tool_policies]\ncode_execution = "maybe"\n')
     with pytest.raises(SettingsError, match=r"setting 'tool_policies\.code_execution'"):
         Settings.load()
+
+
+def test_provider_limits_name_a_known_provider(isolated: Path) -> None:
+    write_toml(isolated, "[provider_limits.openai]\nconcurrency = 8\nper_minute = 60\n")
+    limit = Settings.load().provider_limits["openai"]
+    assert (limit.concurrency, limit.per_minute) == (8, 60)
+    write_toml(isolated, "[provider_limits.opneai]\nconcurrency = 8\n")
+    with pytest.raises(SettingsError) as caught:
+        Settings.load()
+    assert "no provider 'opneai'; providers are anthropic, local, ollama, openai, scripted" in str(caught.value)

@@ -99,6 +99,13 @@ def run(
             "(default: on, off for the embedded model).",
         ),
     ] = None,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            help="Queue the run for workers (`masterplanner worker`) and return at once, printing its id.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run report as JSON.")] = False,
 ) -> None:
     """Plan TASK, show the plan for review (approve, reject or edit), then execute it.
@@ -111,7 +118,9 @@ def run(
     are a request like the plan). Every model response and tool result is checkpointed: after
     a crash, `masterplanner runs resume RUN_ID` continues where it stopped. Exit code 0 when
     the run succeeded, 1 when it failed, was rejected or cancelled, 2 for a usage or
-    configuration error.
+    configuration error. With --detach the run is queued for the workers sharing the database
+    and the command exits 0 once it is recorded; follow it with `runs show`, answer it with
+    `runs answer`.
     """
     from ..errors import ConfigError
     from ..service import RunOptions
@@ -144,16 +153,41 @@ def run(
         team_tools=team,
     )
     try:
-        record = asyncio.run(service.create(task, model=settings.model, options=options, workspace=workspace))
+        record = asyncio.run(
+            service.create(
+                task, model=settings.model, options=options, workspace=workspace, for_workers=detach
+            )
+        )
     except BaseException:
         service.close()
         raise
+    if detach:
+        _detached(service, record, as_json=as_json)
+        return
     console(stderr=True).print(
         f"[bold]run {shown(record.id)}[/] · workspace {shown(record.workspace)}",
         highlight=False,
         soft_wrap=True,
     )
     _execute(service, record.id, as_json=as_json)
+
+
+def _detached(service: RunService, record: RunRecord, *, as_json: bool) -> None:
+    """Say where a run queued for workers is, and whether any worker is there to take it."""
+    try:
+        workers = [process for process in asyncio.run(service.processes()) if process.kind == "worker"]
+    finally:
+        service.close()
+    if as_json:
+        typer.echo(json_text({"run_id": record.id, "status": record.status, "workspace": record.workspace}))
+    else:
+        typer.echo(record.id)
+    if not workers:
+        console(stderr=True).print(
+            "no worker is running on this database: the run waits until one starts (`masterplanner worker`)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _execute(service: RunService, run_id: str, *, as_json: bool) -> None:

@@ -45,6 +45,7 @@ EventKind = Literal[
     "rejected",
     "plan_edited",
     "step_started",
+    "step_recovered",
     "step_succeeded",
     "step_failed",
     "step_retried",
@@ -243,6 +244,8 @@ class RunRecord:
     """Each plan step's agent, by step id (empty until the run is planned)."""
     output: str | None = None
     error: str | None = None
+    for_workers: bool = False
+    """Queued for workers (`run --detach`): whichever worker claims it executes it."""
 
     @property
     def finished(self) -> bool:

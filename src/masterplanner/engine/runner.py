@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from dbos import DBOS, SetWorkflowID
+from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync
 
 from ..clause_planner import uses_clause_plans
 from ..errors import BudgetExceededError, MasterplannerError, PlanError, RunError
@@ -38,7 +38,7 @@ from .planning import plan_run, review_run
 from .records import RunOptions, RunRecord, nested_steps, utc_now
 from .resources import RunResources, hold, release, resources_of
 from .revisions import PlanRevisions
-from .runtime import launch_dbos, shutdown_dbos
+from .runtime import launch_dbos, recover_workflow, shutdown_dbos, step_queue
 from .scheduler import StepOutcome, run_dag
 from .store import Lease, RunStore, process_identity
 from .workflows import aggregate_workflow, end_workflow, step_workflow
@@ -46,6 +46,11 @@ from .workflows import aggregate_workflow, end_workflow, step_workflow
 __all__ = ["Engine", "run_catalog"]
 
 _GUARD_INTERVAL_S = 0.2
+_FOLLOW_INTERVAL_S = 0.1
+"""How often a coordinator looks at a step that runs in another process."""
+_LIVENESS_INTERVAL_S = 1.0
+"""How often it asks whether that process is still alive."""
+_ENDED = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
 
 def _parse_time(text: str) -> float:
@@ -55,9 +60,15 @@ def _parse_time(text: str) -> float:
 class Engine:
     """Creates, executes, resumes and cancels runs stored in the settings' database."""
 
-    def __init__(self, settings: Settings, *, debug: bool = False) -> None:
+    def __init__(self, settings: Settings, *, debug: bool = False, queued_steps: bool = False) -> None:
+        """An engine over the settings' database.
+
+        `queued_steps`: steps go through the provider's DBOS queue to whichever worker takes them
+        (a worker's engine); otherwise this process runs them itself.
+        """
         self.settings = settings
         self.debug = debug
+        self.queued_steps = queued_steps
         if settings.database_url.startswith("sqlite:///"):
             folder = Path(settings.database_url.removeprefix("sqlite:///")).parent
             try:
@@ -82,8 +93,13 @@ class Engine:
         model: str | None = None,
         options: RunOptions | None = None,
         workspace: Path | None = None,
+        for_workers: bool = False,
     ) -> RunRecord:
-        """Record a new run (status `planning`) after checking the task and model spec."""
+        """Record a new run (status `planning`) after checking the task and model spec.
+
+        `for_workers`: the run is queued for workers (`masterplanner worker`); the first to claim
+        it executes it.
+        """
         task = validate_task(task)
         spec = model or self.settings.model
         resolved = resolve_model(spec, self.settings)
@@ -98,7 +114,14 @@ class Engine:
             workspace_max_growth_bytes=self.settings.workspace_max_growth_bytes if growth is None else growth,
             workspace_start_bytes=Workspace(folder).create().allocated_bytes(),
         )
-        self.store.create_run(run_id, task, model=spec, workspace=str(folder.resolve()), options=options)
+        self.store.create_run(
+            run_id,
+            task,
+            model=spec,
+            workspace=str(folder.resolve()),
+            options=options,
+            for_workers=for_workers,
+        )
         self.store.append_event(run_id, "run_created", data={"task": task, "model": spec})
         return self.store.get_run(run_id)
 
@@ -120,6 +143,25 @@ class Engine:
         # this process exclude each other too, and a cancel never takes it for its own
         owner = f"{self.owner}/{secrets.token_hex(3)}"
         await self._take_lease(run.id, owner, on_wait)
+        return await self._drive(run, owner)
+
+    async def execute_if_free(self, run_id: str) -> RunRecord | None:
+        """Drive a run to its end if its lease is free or lapsed now; None if another process holds it.
+
+        How a worker takes a run: of two workers claiming the same run, one gets it and the other
+        moves on at once.
+        """
+        owner = f"{self.owner}/{secrets.token_hex(3)}"
+        if not await asyncio.to_thread(self.store.claim, run_id, owner, lease_s=self.settings.run_lease_s):
+            return None
+        run = await asyncio.to_thread(self.store.get_run, run_id)
+        if run.status == "cancelled":
+            await asyncio.to_thread(self.store.release, run.id, owner)
+            return run
+        return await self._drive(run, owner)
+
+    async def _drive(self, run: RunRecord, owner: str) -> RunRecord:
+        """Advance a run whose lease `owner` holds; the lease is given up at the end."""
         try:
             await asyncio.to_thread(
                 launch_dbos, self.settings, self.store, executor_id=self.owner, debug=self.debug
@@ -257,9 +299,12 @@ class _Drive:
         self.stop_reason: str | None = None
         self.ending = False
         """Whether the run's end workflow has been started (it is never started twice)."""
+        self.model = ""
+        """The run's model spec: which provider's queue its steps go through."""
 
     async def run(self) -> None:
         run = await asyncio.to_thread(self.store.get_run, self.run_id)
+        self.model = run.model
         try:
             if run.finished:
                 self.ending = True
@@ -297,10 +342,11 @@ class _Drive:
             await end_workflow(self.run_id, status, text, tell_registry)
 
     async def _cancel_step_workflows(self) -> None:
-        """Cancel the DBOS workflows of unfinished steps, so nothing resumes them later."""
+        """Cancel the DBOS workflows of unfinished steps (also those queued), so nothing runs them later."""
         for step in await asyncio.to_thread(self.store.steps, self.run_id):
-            if step.status == "running":
-                await DBOS.cancel_workflow_async(f"{self.run_id}.{step.id}")
+            workflow_id = f"{self.run_id}.{step.id}"
+            if step.status in ("running", "pending") and await DBOS.get_workflow_status_async(workflow_id):
+                await DBOS.cancel_workflow_async(workflow_id)
 
     async def _run_steps(self, run: RunRecord, resources: RunResources) -> None:
         plan = run.plan
@@ -362,12 +408,47 @@ class _Drive:
     async def _run_step(self, step: Step) -> StepOutcome:
         workflow_id = f"{self.run_id}.{step.id}"
         status = await DBOS.get_workflow_status_async(workflow_id) if step.id in self.interrupted else None
-        if status is None or status.status == "SUCCESS":
+        if status is not None and status.status in ("PENDING", "ENQUEUED"):
+            # started by an earlier execution of the run: it may be running in a live process
+            # (a worker) or have been left by a dead one; either way it is followed, never started twice
+            result = await self._follow(workflow_id)
+        elif self.engine.queued_steps and status is None:
+            with SetWorkflowID(workflow_id):
+                await step_queue(self.model).enqueue_async(step_workflow, self.run_id, step.id)
+            result = await self._follow(workflow_id)
+        else:
             # A new step runs here; a finished one returns its recorded outcome without running.
             with SetWorkflowID(workflow_id):
                 result = await step_workflow(self.run_id, step.id)
-        else:
-            # Interrupted in an earlier process: DBOS re-runs it from its last checkpoint.
-            handle = await DBOS.resume_workflow_async(workflow_id)
-            result = await handle.get_result()
         return StepOutcome(result["status"], result.get("output"), result.get("error"))
+
+    async def _follow(self, workflow_id: str) -> dict[str, Any]:
+        """The outcome of a step's workflow that runs (or waits to run) in another process.
+
+        If the process running it stops renewing its lease (it died), the workflow is handed back
+        to its queue, where a live worker takes it and replays it from its last checkpoint.
+        """
+        processes = self.store.processes
+        checked = 0.0
+        while True:
+            status = await DBOS.get_workflow_status_async(workflow_id)
+            if status is None:
+                raise RunError(f"step workflow {workflow_id} is not recorded")
+            if status.status in _ENDED:
+                if status.status == "CANCELLED":
+                    return {"status": "failed", "error": "its workflow was cancelled"}
+                handle: WorkflowHandleAsync[dict[str, Any]] = await DBOS.retrieve_workflow_async(workflow_id)
+                return dict(await handle.get_result())
+            executor = status.executor_id
+            if status.status == "PENDING" and executor and time.monotonic() - checked >= _LIVENESS_INTERVAL_S:
+                checked = time.monotonic()
+                if executor != self.engine.owner and not await asyncio.to_thread(processes.alive, executor):
+                    if await asyncio.to_thread(recover_workflow, workflow_id, executor):
+                        await asyncio.to_thread(
+                            self.store.append_event,
+                            self.run_id,
+                            "step_recovered",
+                            workflow_id.removeprefix(f"{self.run_id}."),
+                            {"from": executor},
+                        )
+            await asyncio.sleep(_FOLLOW_INTERVAL_S)

@@ -8,6 +8,13 @@ Read-only commands never launch DBOS at all.
 
 The workflows take only ids; the settings and run store they work with are those of the engine
 that launched DBOS in this process (`launched_host`).
+
+Steps shared between workers go through DBOS queues, one per provider (`steps-openai`,
+`steps-local`, …), so a provider's limits (`provider_limits`: steps at once and per minute)
+hold across every worker. Only workers dequeue them: every other process launches listening to
+none (DBOS's own internal queue, which recovery uses, is listened to by all). Each process that
+launches DBOS renews a lease of its own (`processes.py`), so the coordinator of a run can tell a
+step held by a dead process from one held by a live one, and hand the first back to its queue.
 """
 
 from __future__ import annotations
@@ -17,17 +24,31 @@ import sqlite3
 import threading
 from typing import Any
 
-from dbos import DBOS, DBOSConfig
+from dbos import DBOS, DBOSConfig, Queue
 
 from .._version import __version__
 from ..errors import RunError
-from ..settings import Settings
+from ..settings import PROVIDERS, Settings, provider_of
+from .processes import Heartbeat, ProcessKind
 from .store import RunStore, engine_url
 
-__all__ = ["dbos_launched", "launch_dbos", "launched_host", "shutdown_dbos"]
+__all__ = [
+    "dbos_launched",
+    "executor_id",
+    "launch_dbos",
+    "launched_host",
+    "process_lost",
+    "recover_workflow",
+    "shutdown_dbos",
+    "step_queue",
+    "step_queue_name",
+]
 
 _launched_url: str | None = None
 _host: tuple[Settings, RunStore] | None = None
+_heartbeat: Heartbeat | None = None
+_executor: str | None = None
+_queues: dict[str, Queue] = {}
 _lock = threading.RLock()
 """Launching runs in a worker thread (it is blocking I/O); two runs starting at once launch once."""
 
@@ -47,17 +68,40 @@ class _WalConnection(sqlite3.Connection):
         self.execute("PRAGMA synchronous=NORMAL")
 
 
-def launch_dbos(settings: Settings, store: RunStore, *, executor_id: str, debug: bool = False) -> None:
+def step_queue_name(model: str) -> str:
+    """The queue that steps of a run with this model spec go through."""
+    return f"steps-{provider_of(model)}"
+
+
+def launch_dbos(
+    settings: Settings,
+    store: RunStore,
+    *,
+    executor_id: str,
+    debug: bool = False,
+    kind: ProcessKind = "process",
+    listen: list[str] | None = None,
+) -> None:
     """Launch DBOS on the settings' database in this process (once; relaunches if the URL changes).
 
-    `settings` and `store` become what workflows started in this process work with.
+    `settings` and `store` become what workflows started in this process work with. A worker
+    (`kind`) dequeues the step queues of the providers in `listen` (all by default); any other
+    process dequeues none.
     """
     with _lock:
-        _launch(settings, store, executor_id=executor_id, debug=debug)
+        _launch(settings, store, executor_id=executor_id, debug=debug, kind=kind, listen=listen)
 
 
-def _launch(settings: Settings, store: RunStore, *, executor_id: str, debug: bool) -> None:
-    global _launched_url, _host
+def _launch(
+    settings: Settings,
+    store: RunStore,
+    *,
+    executor_id: str,
+    debug: bool,
+    kind: ProcessKind,
+    listen: list[str] | None,
+) -> None:
+    global _launched_url, _host, _heartbeat, _executor
     database_url = settings.database_url
     _host = (settings, store)
     if _launched_url == database_url:
@@ -78,9 +122,84 @@ def _launch(settings: Settings, store: RunStore, *, executor_id: str, debug: boo
         config["db_engine_kwargs"] = {"connect_args": {"factory": _WalConnection}}
     if not debug:
         logging.getLogger("dbos").setLevel(logging.ERROR)
+    providers = list(PROVIDERS) if listen is None else listen
+    queues = [step_queue_name(provider) for provider in providers] if kind == "worker" else []
     DBOS(config=config)
+    DBOS.listen_queues(queues)
     DBOS.launch()
     _launched_url = database_url
+    _executor = executor_id
+    if kind == "worker":
+        for provider in providers:
+            _register_queue(settings, provider, worker=True)
+    store.processes.register(
+        executor_id,
+        kind,
+        lease_s=settings.run_lease_s,
+        queues=queues,
+        concurrency=settings.worker_concurrency if kind == "worker" else None,
+    )
+    _heartbeat = Heartbeat(store.processes, executor_id, lease_s=settings.run_lease_s)
+    _heartbeat.start()
+
+
+def _register_queue(settings: Settings, provider: str, *, worker: bool) -> Queue:
+    """Register (or update) the provider's step queue with the settings' limits.
+
+    A worker's settings are written to the queue (DBOS keeps a queue's limits in the database,
+    shared by every process): the per-worker concurrency is the last started worker's.
+    A process that only enqueues keeps what the workers set.
+    """
+    name = step_queue_name(provider)
+    limit = settings.provider_limits.get(provider)
+    per_minute = None if limit is None or limit.per_minute is None else limit.per_minute
+    queue = DBOS.register_queue(
+        name,
+        worker_concurrency=settings.worker_concurrency,
+        global_concurrency=None if limit is None else limit.concurrency,
+        limiter=None if per_minute is None else {"limit": per_minute, "period": 60.0},
+        polling_interval_sec=settings.queue_poll_s,
+        on_conflict="always_update" if worker else "never_update",
+    )
+    _queues[name] = queue
+    return queue
+
+
+def step_queue(model: str) -> Queue:
+    """The step queue of this model spec's provider (registered on first use in this process)."""
+    name = step_queue_name(model)
+    with _lock:
+        queue = _queues.get(name)
+        if queue is None:
+            settings, _store = launched_host()
+            queue = _register_queue(settings, provider_of(model), worker=False)
+        return queue
+
+
+def recover_workflow(workflow_id: str, executor_id: str) -> bool:
+    """Hand a workflow left PENDING by a dead process back to its queue; whether it was.
+
+    DBOS's recovery re-enqueue (its queue kept, the internal one if it had none), conditional on
+    the workflow still being PENDING under that executor: a live worker dequeues it exactly once
+    and replays it from its last checkpoint, and a second call for the same dead process does
+    nothing. DBOS exposes this only for a whole executor at launch, so this uses its system
+    database's call for one workflow (pinned by the `dbos` version range in pyproject.toml).
+    """
+    from dbos._dbos import _get_dbos_instance
+    from dbos._utils import INTERNAL_QUEUE_NAME
+
+    dbos = _get_dbos_instance()
+    return bool(dbos._sys_db.reenqueue_for_recovery(workflow_id, [executor_id], INTERNAL_QUEUE_NAME))
+
+
+def executor_id() -> str | None:
+    """This process's DBOS executor id (its row in `mp_processes`), if DBOS runs here."""
+    return _executor
+
+
+def process_lost() -> bool:
+    """Whether this process failed to renew its lease in time (others may be taking its work)."""
+    return _heartbeat is not None and _heartbeat.lost.is_set()
 
 
 def launched_host() -> tuple[Settings, RunStore]:
@@ -95,12 +214,21 @@ def dbos_launched() -> bool:
     return _launched_url is not None
 
 
-def shutdown_dbos() -> None:
-    """Stop DBOS in this process (workflows not finished stay pending in the database)."""
-    global _launched_url, _host
+def shutdown_dbos(*, grace_s: float = 0) -> None:
+    """Stop DBOS in this process; workflows not finished stay pending in the database.
+
+    With `grace_s`, steps already running get that long to finish (no new ones are taken).
+    The process's lease is given up, so others may take what it left at once.
+    """
+    global _launched_url, _host, _heartbeat, _executor
     with _lock:
         if _launched_url is None:
             return
-        DBOS.destroy()
+        DBOS.destroy(workflow_completion_timeout_sec=int(grace_s))
+        if _heartbeat is not None:
+            _heartbeat.stop()
         _launched_url = None
         _host = None
+        _heartbeat = None
+        _executor = None
+        _queues.clear()

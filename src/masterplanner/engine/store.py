@@ -27,10 +27,11 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection, Engine
 
-from ..database import Migration, create_engine, engine_url, migrate, transaction
+from ..database import Migration, create_engine, database_now, engine_url, migrate, transaction
 from ..errors import RunError
 from ..plan import Plan
 from .messages import Messages, create_message_tables
+from .processes import Processes, create_process_table
 from .records import (
     EVENT_KINDS,
     Event,
@@ -68,6 +69,7 @@ runs_table = sa.Table(
     sa.Column("heartbeat_at", sa.Float),
     sa.Column("lease_until", sa.Float),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
+    sa.Column("executor", sa.String(16)),
 )
 steps_table = sa.Table(
     "mp_steps",
@@ -115,11 +117,19 @@ def _add_lease_until(connection: Connection) -> None:
         connection.execute(sa.text("ALTER TABLE mp_runs ADD COLUMN lease_until FLOAT"))
 
 
+def _add_run_executor(connection: Connection) -> None:
+    """Who executes the run: NULL, the process that started it; `workers`, whichever worker claims it."""
+    if "executor" not in {column["name"] for column in sa.inspect(connection).get_columns("mp_runs")}:
+        connection.execute(sa.text("ALTER TABLE mp_runs ADD COLUMN executor VARCHAR(16)"))
+
+
 MIGRATIONS: list[Migration] = [
     ("0001_runs_steps_events_usage", _create_run_tables),
     ("0002_requests", create_requests_table),
     ("0003_lease_until", _add_lease_until),
     ("0004_messages_notes", create_message_tables),
+    ("0005_processes", create_process_table),
+    ("0006_run_executor", _add_run_executor),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -141,11 +151,13 @@ class Lease:
     """Seconds until the lease runs out (0 when it has: the run may be taken over)."""
 
 
-def _database_now(connection: Connection) -> float:
-    """The database's clock, in seconds since the epoch."""
-    if connection.dialect.name == "postgresql":
-        return float(connection.scalar(sa.text("SELECT extract(epoch FROM clock_timestamp())")))
-    return float(connection.scalar(sa.text("SELECT (julianday('now') - 2440587.5) * 86400.0")))
+def _abandoned(now: float) -> sa.ColumnElement[bool]:
+    """Runs whose holder stopped renewing the lease without giving it up: running, or ending."""
+    return sa.and_(
+        runs_table.c.status.in_(("running", "succeeded", "failed")),
+        runs_table.c.owner.is_not(None),
+        sa.or_(runs_table.c.lease_until < now, runs_table.c.lease_until.is_(None)),
+    )
 
 
 class RunStore:
@@ -160,6 +172,8 @@ class RunStore:
         """The runs' stored requests (plan reviews, tool approvals, questions)."""
         self.messages = Messages(self)
         """Messages between the runs' steps, and the runs' notes."""
+        self.processes = Processes(self)
+        """The processes executing workflows, and whether each is alive."""
 
     def begin(self, action: str) -> AbstractContextManager[Connection]:
         """One transaction; a database failure becomes a `RunError` naming `action`."""
@@ -171,8 +185,17 @@ class RunStore:
 
     # ---- runs
 
-    def create_run(self, run_id: str, task: str, *, model: str, workspace: str, options: RunOptions) -> None:
-        """Record a new run in status `planning`."""
+    def create_run(
+        self,
+        run_id: str,
+        task: str,
+        *,
+        model: str,
+        workspace: str,
+        options: RunOptions,
+        for_workers: bool = False,
+    ) -> None:
+        """Record a new run in status `planning` (`for_workers`: queued for whichever worker claims it)."""
         now = utc_now()
         with self.begin("create a run") as connection:
             connection.execute(
@@ -186,6 +209,7 @@ class RunStore:
                     created_at=now,
                     updated_at=now,
                     cancel_requested=False,
+                    executor="workers" if for_workers else None,
                 )
             )
 
@@ -252,7 +276,7 @@ class RunStore:
         One conditional update, so of two processes claiming at once exactly one gets it.
         """
         with self.begin("claim a run") as connection:
-            now = _database_now(connection)
+            now = database_now(connection)
             updated = connection.execute(
                 runs_table.update()
                 .where(
@@ -275,7 +299,7 @@ class RunStore:
     def heartbeat(self, run_id: str, owner: str, *, lease_s: float) -> bool:
         """Renew the lease for another `lease_s`; False if `owner` no longer holds it."""
         with self.begin("renew a lease") as connection:
-            now = _database_now(connection)
+            now = database_now(connection)
             updated = connection.execute(
                 runs_table.update()
                 .where(runs_table.c.id == run_id, runs_table.c.owner == owner)
@@ -295,7 +319,7 @@ class RunStore:
     def lease(self, run_id: str) -> Lease | None:
         """The run's lease, or None when no process holds it."""
         with self.begin("read a lease") as connection:
-            now = _database_now(connection)
+            now = database_now(connection)
             row = connection.execute(
                 sa.select(runs_table.c.owner, runs_table.c.heartbeat_at, runs_table.c.lease_until).where(
                     runs_table.c.id == run_id
@@ -309,21 +333,38 @@ class RunStore:
             owner=row[0], renewed_at=renewed, age_s=max(0.0, now - renewed), left_s=max(0.0, until - now)
         )
 
+    def claimable_runs(self, limit: int) -> list[str]:
+        """Runs a worker may take, oldest first: queued for workers and held by nobody, or abandoned.
+
+        Queued ones in any unfinished status (planning, awaiting approval, running); abandoned
+        ones as `abandoned_runs` finds them. A worker still claims each (`claim`): of two
+        workers taking the same run, one gets it.
+        """
+        with self.begin("list runs") as connection:
+            now = database_now(connection)
+            free = sa.or_(runs_table.c.owner.is_(None), runs_table.c.lease_until < now)
+            queued = sa.and_(
+                runs_table.c.executor == "workers",
+                runs_table.c.status.not_in(("succeeded", "failed", "cancelled")),
+                free,
+            )
+            rows = connection.execute(
+                sa.select(runs_table.c.id)
+                .where(sa.or_(queued, _abandoned(now)))
+                .order_by(runs_table.c.created_at)
+                .limit(limit)
+            ).all()
+        return [row[0] for row in rows]
+
     def abandoned_runs(self) -> list[str]:
         """Runs whose executing process stopped renewing its lease without giving it up (it died).
 
         Those `running`, and succeeded or failed ones whose end may have been cut short.
         """
         with self.begin("list runs") as connection:
-            now = _database_now(connection)
+            now = database_now(connection)
             rows = connection.execute(
-                sa.select(runs_table.c.id)
-                .where(
-                    runs_table.c.status.in_(("running", "succeeded", "failed")),
-                    runs_table.c.owner.is_not(None),
-                    sa.or_(runs_table.c.lease_until < now, runs_table.c.lease_until.is_(None)),
-                )
-                .order_by(runs_table.c.created_at)
+                sa.select(runs_table.c.id).where(_abandoned(now)).order_by(runs_table.c.created_at)
             ).all()
         return [row[0] for row in rows]
 
@@ -574,4 +615,5 @@ def _run_record(row: Any) -> RunRecord:
         agents=agents,
         output=row["output"],
         error=row["error"],
+        for_workers=row["executor"] == "workers",
     )

@@ -46,7 +46,7 @@ from .collaboration import StepTeam, delivered_text, team_brief
 from .records import AgentBrief, EventKind, RunRecord, briefs_json, utc_now
 from .resources import RunResources, resources_of
 from .reuse import remember_run
-from .runtime import launched_host
+from .runtime import executor_id, launched_host
 from .step_agent import (
     BudgetedModel,
     dependency_context,
@@ -280,7 +280,7 @@ class _StepRun:
             run_id,
             step_id,
             "step_started",
-            {"tools": self.tools},
+            {"tools": self.tools, "process": executor_id()},
             status="running",
             started_at=utc_now(),
             attempts=1,

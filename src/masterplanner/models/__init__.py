@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import MissingCredentialError, ModelSpecError
+from ..settings import PROVIDERS, provider_of
 from .labelled import LabelledModel, labelled
 
 if TYPE_CHECKING:
@@ -26,7 +27,16 @@ if TYPE_CHECKING:
 
     from ..settings import Settings
 
-__all__ = ["MODEL_FORMS", "LabelledModel", "context_window", "labelled", "resolve_model", "with_tool_aids"]
+__all__ = [
+    "MODEL_FORMS",
+    "PROVIDERS",
+    "LabelledModel",
+    "context_window",
+    "labelled",
+    "provider_of",
+    "resolve_model",
+    "with_tool_aids",
+]
 
 MODEL_FORMS = (
     "local",

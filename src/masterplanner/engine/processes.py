@@ -1,0 +1,226 @@
+"""Which processes executing workflows are alive, told by a lease each renews in database time.
+
+Every process that launches DBOS (a `run`, a web server executing runs, a worker) has a row in
+`mp_processes` under its DBOS executor id, renewed every `run_lease_s`/5 for another
+`run_lease_s`, in the database's clock like a run's lease. A process whose lease lapsed died (or
+was suspended past it); one that stopped cleanly says so (`stopped`) and is dead at once.
+
+Why: DBOS re-runs, at launch, only the pending workflows of its own executor id, and every
+process launches under an id of its own, so the steps a dead worker had taken off a queue stay
+PENDING under an id nobody launches again. The coordinator of their run (the holder of the
+run's lease) asks `alive` about a step it waits for that is PENDING, and hands a dead process's
+step back to its queue (`runtime.recover_workflow`), where a live worker takes it and replays it
+from its last checkpoint. Nothing is recovered for a run nobody coordinates: a run stopped with
+Ctrl-C waits for `runs resume`, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..database import database_now
+from ..errors import RunError
+
+if TYPE_CHECKING:
+    from .store import RunStore
+
+__all__ = ["Heartbeat", "ProcessKind", "ProcessRecord", "Processes", "create_process_table"]
+
+ProcessKind = Literal["worker", "process"]
+"""A worker takes steps and runs from queues; any other process executes the runs it was given."""
+
+metadata = sa.MetaData()
+
+processes_table = sa.Table(
+    "mp_processes",
+    metadata,
+    sa.Column("id", sa.String(200), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("host", sa.String(200), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("queues", sa.Text, nullable=False),
+    sa.Column("concurrency", sa.Integer),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("heartbeat_at", sa.Float, nullable=False),
+    sa.Column("lease_until", sa.Float, nullable=False),
+    sa.Column("stopped", sa.Boolean, nullable=False, default=False),
+)
+
+
+def create_process_table(connection: Connection) -> None:
+    """Migration `0005_processes`: the processes executing workflows, and their leases."""
+    processes_table.create(connection, checkfirst=True)
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """One process as `masterplanner workers` lists it."""
+
+    id: str
+    kind: ProcessKind
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int | None
+    age_s: float
+    """Seconds since it last renewed its lease."""
+    alive: bool
+    stopped: bool
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON form `workers --json` prints."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "host": self.host,
+            "pid": self.pid,
+            "queues": self.queues,
+            "concurrency": self.concurrency,
+            "heard_from_s": round(self.age_s, 1),
+            "alive": self.alive,
+            "stopped": self.stopped,
+        }
+
+
+class Processes:
+    """The `mp_processes` rows of the run store's database."""
+
+    def __init__(self, store: RunStore) -> None:
+        self._store = store
+
+    def register(
+        self,
+        process_id: str,
+        kind: ProcessKind,
+        *,
+        lease_s: float,
+        queues: list[str] | None = None,
+        concurrency: int | None = None,
+    ) -> None:
+        """Record this process as alive for `lease_s` (again, if it registered before)."""
+        with self._store.begin("register a process") as connection:
+            now = database_now(connection)
+            values = {
+                "kind": kind,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "queues": json.dumps(queues or []),
+                "concurrency": concurrency,
+                "heartbeat_at": now,
+                "lease_until": now + lease_s,
+                "stopped": False,
+            }
+            updated = connection.execute(
+                processes_table.update().where(processes_table.c.id == process_id).values(**values)
+            )
+            if updated.rowcount == 0:
+                connection.execute(processes_table.insert().values(id=process_id, started_at=now, **values))
+
+    def renew(self, process_id: str, *, lease_s: float) -> bool:
+        """Renew the lease for another `lease_s`; False once it lapsed (others may be taking its work)."""
+        with self._store.begin("renew a process's lease") as connection:
+            now = database_now(connection)
+            updated = connection.execute(
+                processes_table.update()
+                .where(
+                    processes_table.c.id == process_id,
+                    processes_table.c.lease_until >= now,
+                    processes_table.c.stopped.is_(False),
+                )
+                .values(heartbeat_at=now, lease_until=now + lease_s)
+            )
+            return updated.rowcount == 1
+
+    def stop(self, process_id: str) -> None:
+        """This process stops: its unfinished workflows may be taken by others at once."""
+        with self._store.begin("record a process's stop") as connection:
+            connection.execute(
+                processes_table.update()
+                .where(processes_table.c.id == process_id)
+                .values(stopped=True, lease_until=database_now(connection))
+            )
+
+    def alive(self, process_id: str) -> bool:
+        """Whether the process holds a lease that has not lapsed (an unknown one is not alive)."""
+        with self._store.begin("read a process's lease") as connection:
+            now = database_now(connection)
+            row = connection.execute(
+                sa.select(processes_table.c.lease_until, processes_table.c.stopped).where(
+                    processes_table.c.id == process_id
+                )
+            ).first()
+        return row is not None and not row[1] and float(row[0]) >= now
+
+    def listed(self, *, include_dead: bool = False) -> list[ProcessRecord]:
+        """The processes, workers first, newest first; the dead ones only with `include_dead`."""
+        with self._store.begin("list processes") as connection:
+            now = database_now(connection)
+            rows = connection.execute(
+                sa.select(processes_table).order_by(
+                    processes_table.c.kind.desc(), processes_table.c.started_at.desc()
+                )
+            ).mappings()
+            records = [
+                ProcessRecord(
+                    id=row["id"],
+                    kind=row["kind"],
+                    host=row["host"],
+                    pid=int(row["pid"]),
+                    queues=list(json.loads(row["queues"])),
+                    concurrency=row["concurrency"],
+                    age_s=max(0.0, now - float(row["heartbeat_at"])),
+                    alive=not row["stopped"] and float(row["lease_until"]) >= now,
+                    stopped=bool(row["stopped"]),
+                )
+                for row in rows
+            ]
+        return [record for record in records if include_dead or record.alive]
+
+
+class Heartbeat:
+    """Renews this process's lease from a thread of its own, whatever its event loops are doing.
+
+    A renewal that finds the lease lapsed means others may already be taking this process's
+    work: `on_lost` is told once (a worker stops; a run's own lease guard stops the run).
+    """
+
+    def __init__(self, processes: Processes, process_id: str, *, lease_s: float) -> None:
+        self._processes = processes
+        self._id = process_id
+        self._lease_s = lease_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="masterplanner-heartbeat", daemon=True)
+        self.lost = threading.Event()
+
+    def start(self) -> None:
+        """Start renewing."""
+        self._thread.start()
+
+    def _beat(self) -> None:
+        every = self._lease_s / 5
+        while not self._stop.wait(every):
+            try:
+                renewed = self._processes.renew(self._id, lease_s=self._lease_s)
+            except RunError:  # the database is away for a moment: try again on the next beat
+                continue
+            if not renewed:
+                self.lost.set()
+                return
+
+    def stop(self) -> None:
+        """Stop renewing and record the stop, so others may take unfinished work at once."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        try:
+            self._processes.stop(self._id)
+        except RunError:  # the database is away: the lease lapses by itself
+            pass

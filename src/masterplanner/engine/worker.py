@@ -1,0 +1,152 @@
+"""A worker: executes runs and steps from the shared database until it is told to stop.
+
+`masterplanner worker` launches DBOS listening to the step queues of its providers, so it runs
+steps that any coordinator put there, and in a loop claims runs: those queued for workers
+(`run --detach`, the web app) and those whose executing process died (their lease lapsed without
+being given up). It coordinates each claimed run with an engine whose steps go through the queues,
+so the steps of one run may execute on several workers, and a step left by a dead worker is
+handed back to its queue by the run's coordinator (`Engine`, `processes.py`).
+
+Stopping (SIGTERM, Ctrl-C): no new runs are claimed; the runs it coordinates give their leases
+up at once (another worker takes them over, attaching to their queued and running steps); the
+steps running here get `grace_s` to finish — every model request and tool call inside them is
+already checkpointed — and what has not finished by then is left pending, recorded as this
+worker's, and taken over by the others as soon as the worker records its stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import MasterplannerError, RunError
+from ..settings import PROVIDERS, Settings
+from .records import RunRecord
+from .runner import Engine
+from .runtime import launch_dbos, process_lost, shutdown_dbos, step_queue_name
+
+__all__ = ["Worker", "WorkerSummary"]
+
+_CLAIM_INTERVAL_S = 0.25
+"""How often a worker looks for runs to take."""
+
+
+@dataclass
+class WorkerSummary:
+    """What a worker did before it stopped."""
+
+    runs: dict[str, str] = field(default_factory=dict)
+    """Each run it coordinated to an end, with the status it ended in."""
+    handed_over: list[str] = field(default_factory=list)
+    """Runs it was coordinating when it stopped (their leases given up for another worker)."""
+
+
+class Worker:
+    """One worker process's loop over the settings' database."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        providers: list[str] | None = None,
+        max_runs: int = 64,
+        grace_s: float = 30.0,
+        note: Callable[[str], None] = lambda _line: None,
+        debug: bool = False,
+    ) -> None:
+        unknown = sorted(set(providers or []) - set(PROVIDERS))
+        if unknown:
+            raise RunError(
+                f"no provider {unknown[0]!r} to take steps for; providers are {', '.join(PROVIDERS)}"
+            )
+        self.settings = settings
+        self.providers = list(providers) if providers else list(PROVIDERS)
+        self.max_runs = max(1, max_runs)
+        self.grace_s = grace_s
+        self.note = note
+        self.engine = Engine(settings, debug=debug, queued_steps=True)
+
+    @property
+    def id(self) -> str:
+        """The worker's process id in `mp_processes` (its DBOS executor id)."""
+        return self.engine.owner
+
+    @property
+    def queues(self) -> list[str]:
+        """The step queues it takes from."""
+        return [step_queue_name(provider) for provider in self.providers]
+
+    async def run(self, stop: asyncio.Event) -> WorkerSummary:
+        """Work until `stop` is set; then hand over, let running steps finish, and return."""
+        engine, summary = self.engine, WorkerSummary()
+        await asyncio.to_thread(
+            launch_dbos,
+            self.settings,
+            engine.store,
+            executor_id=self.id,
+            debug=engine.debug,
+            kind="worker",
+            listen=self.providers,
+        )
+        engine._launched = True  # the engine's close stops DBOS in this process
+        self.note(
+            f"worker {self.id}: steps from {', '.join(self.queues)}, "
+            f"{self.settings.worker_concurrency} at once; runs queued for workers or left by dead processes"
+        )
+        runs: dict[str, asyncio.Task[RunRecord | None]] = {}
+        try:
+            while not stop.is_set():
+                if process_lost():
+                    raise RunError(
+                        f"worker {self.id} was not heard from for longer than its lease "
+                        f"({self.settings.run_lease_s:g} s); others may be taking its steps, so it stops"
+                    )
+                self._reap(runs, summary)
+                if len(runs) < self.max_runs:
+                    for run_id in await asyncio.to_thread(engine.store.claimable_runs, self.max_runs):
+                        if run_id not in runs and len(runs) < self.max_runs:
+                            runs[run_id] = asyncio.ensure_future(engine.execute_if_free(run_id))
+                try:
+                    await asyncio.wait_for(stop.wait(), _CLAIM_INTERVAL_S)
+                except TimeoutError:
+                    pass
+        finally:
+            self._reap(runs, summary)
+            for run_id, task in runs.items():
+                task.cancel()
+                summary.handed_over.append(run_id)
+            await asyncio.gather(*runs.values(), return_exceptions=True)
+            if summary.handed_over:
+                self.note(f"handed over: {', '.join(summary.handed_over)}")
+            await asyncio.to_thread(shutdown_dbos, grace_s=self.grace_s)
+            engine._launched = False
+        return summary
+
+    def _reap(self, runs: dict[str, asyncio.Task[RunRecord | None]], summary: WorkerSummary) -> None:
+        """Note the runs whose coordination here ended, and forget them."""
+        for run_id, task in list(runs.items()):
+            if not task.done():
+                continue
+            del runs[run_id]
+            if task.cancelled():
+                continue
+            error = task.exception()
+            if error is not None:
+                reason = (
+                    str(error)
+                    if isinstance(error, MasterplannerError)
+                    else f"{type(error).__name__}: {error}"
+                )
+                self.note(f"run {run_id}: stopped here: {reason}")
+                continue
+            record = task.result()
+            if record is None:
+                continue  # another worker took it first
+            if record.finished:
+                summary.runs[run_id] = record.status
+                self.note(f"run {run_id}: {record.status}")
+
+    def close(self) -> None:
+        """Stop DBOS here and release database connections."""
+        self.engine.close()
