@@ -237,7 +237,8 @@ class RunService:
         try:
             return await worker.run(stop)
         finally:
-            await asyncio.to_thread(worker.close)
+            # not in a thread: DBOS's shutdown (at the end of `run`) closed the loop's thread pool
+            worker.close()
 
     # ---- requests
 

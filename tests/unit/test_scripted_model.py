@@ -123,6 +123,28 @@ async def test_repeat_and_wildcard(write_script: WriteScript) -> None:
     assert model.remaining() == {"critic": 1}
 
 
+async def test_turn_entries_answer_by_place_in_the_conversation(write_script: WriteScript) -> None:
+    script = write_script(
+        [
+            {"purpose": "step:w", "turn": 2, "output": "second: done", "repeat": True},
+            {"purpose": "step:w", "turn": 1, "tool_calls": [{"name": "note", "args": {}}], "repeat": True},
+        ]
+    )
+    noted: list[str] = []
+
+    def note() -> str:
+        """Take a note."""
+        noted.append("noted")
+        return "ok"
+
+    agent = agent_for(script, "step:w", tools=[note])
+    # two conversations at once: each one's first request calls the tool, its second answers
+    first, second = await asyncio.gather(agent.run("x"), agent.run("y"))
+    assert (first.output, second.output, noted) == ("second: done", "second: done", ["noted", "noted"])
+    with pytest.raises(ScriptExhaustedError, match="'step:v'"):
+        await agent_for(script, "step:v").run("x")
+
+
 async def test_structured_output_from_script(write_script: WriteScript) -> None:
     plan = {"title": "T", "steps": [{"id": "ab", "kind": "write", "weight": 4}]}
     script = write_script([{"purpose": "planner", "output": plan}])

@@ -117,4 +117,5 @@ def test_provider_limits_name_a_known_provider(isolated: Path) -> None:
     write_toml(isolated, "[provider_limits.opneai]\nconcurrency = 8\n")
     with pytest.raises(SettingsError) as caught:
         Settings.load()
-    assert "no provider 'opneai'; providers are anthropic, local, ollama, openai, scripted" in str(caught.value)
+    message = str(caught.value)
+    assert "no provider 'opneai'; providers are anthropic, local, ollama, openai, scripted" in message

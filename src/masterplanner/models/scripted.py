@@ -22,7 +22,10 @@ what a model was shown. `"cut_off": true` ends the reply as a model that reached
 limit does (finish reason `length`), for a text `output` such as a JSON reply cut short. A call
 with no entry left fails with `ScriptExhaustedError` naming its purpose. `"small_model": true`
 beside `"calls"` makes the model plan as a small local model does (`clause_planner`: the planner
-call only fills in each step's title and role).
+call only fills in each step's title and role). `"turn": N` makes an entry answer only the N-th
+request of a conversation (one that already holds N-1 replies): a step's first request can call
+a tool and its second answer, whatever order steps of several runs ask in, in any process, and
+when a step is replayed after a crash.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class _Entry(BaseModel):
     repeat: bool = False
     expect: list[str] = Field(default_factory=list)
     cut_off: bool = False
+    turn: int | None = Field(None, ge=1, le=1000)
 
     @model_validator(mode="after")
     def _one_kind_of_answer(self) -> _Entry:
@@ -154,12 +158,15 @@ class ScriptedModel(Model):
         with self._lock:
             return {purpose: len(queue) for purpose, queue in self._queues.items() if queue}
 
-    def _take(self, purpose: str) -> _Entry:
+    def _take(self, purpose: str, turn: int) -> _Entry:
         with self._lock:
             for key in (purpose, "*"):
-                queue = self._queues.get(key)
-                if queue:
-                    return queue[0] if queue[0].repeat else queue.popleft()
+                for entry in self._queues.get(key, ()):
+                    if entry.turn not in (None, turn):
+                        continue
+                    if not entry.repeat:
+                        self._queues[key].remove(entry)
+                    return entry
         raise ScriptExhaustedError(purpose, str(self.path))
 
     async def request(
@@ -171,7 +178,7 @@ class ScriptedModel(Model):
         """Answer one call with the next script entry for its purpose."""
         model_settings, params = self.prepare_request(model_settings, model_request_parameters)
         purpose = current_purpose() or "chat"
-        entry = self._take(purpose)
+        entry = self._take(purpose, 1 + sum(isinstance(message, ModelResponse) for message in messages))
         if entry.expect:
             self._check_expected(entry, purpose, messages)
         if entry.delay_s:

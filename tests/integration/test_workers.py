@@ -1,0 +1,310 @@
+"""Workers sharing a Postgres database: real `masterplanner worker` processes, runs enqueued from another."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from masterplanner.engine.store import RunStore
+
+pytestmark = pytest.mark.postgres
+
+LEASE_S = 3.0
+
+
+def plan_step(step_id: str, *deps: str, tools: list[str] | None = None) -> dict[str, Any]:
+    return {
+        "id": step_id,
+        "title": step_id,
+        "instruction": f"Do {step_id}.",
+        "agent_role": "worker",
+        "tools": tools or [],
+        "depends_on": list(deps),
+        "expected_output": "",
+    }
+
+
+class Cluster:
+    """Worker processes and enqueuing processes over one Postgres database, with their logs in files."""
+
+    def __init__(self, database: str, home: Path) -> None:
+        self.database = database
+        self.home = home
+        self.env = {
+            **os.environ,
+            "MASTERPLANNER_HOME": str(home),
+            "MASTERPLANNER_DATABASE_URL": database,
+            "MASTERPLANNER_RUN_LEASE_S": str(LEASE_S),
+            "MASTERPLANNER_REUSE_THRESHOLD": "1.01",
+            "MASTERPLANNER_EMBEDDER": "none",
+            "MASTERPLANNER_REMEMBER_RUNS": "never",
+            "COLUMNS": "200",
+        }
+        self.workers: list[subprocess.Popen[str]] = []
+        home.mkdir(parents=True, exist_ok=True)
+        self.store = RunStore(database)
+
+    def worker(self, *flags: str) -> subprocess.Popen[str]:
+        log = (self.home / f"worker{len(self.workers)}.log").open("w")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "masterplanner", "worker", *flags],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+        )
+        self.workers.append(process)
+        return process
+
+    def log(self, index: int) -> str:
+        return (self.home / f"worker{index}.log").read_text()
+
+    def worker_ids(self, count: int, timeout: float = 60) -> list[str]:
+        """The ids of the live workers, once `count` of them are registered."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            live = [record.id for record in self.store.processes.listed() if record.kind == "worker"]
+            if len(live) >= count:
+                return live
+            time.sleep(0.2)
+        raise AssertionError(f"{count} workers did not start within {timeout:g} s")
+
+    def enqueue(self, script: Path, tasks: list[str]) -> list[str]:
+        """Queue runs for the workers from a process of its own (the library's RunService); their ids."""
+        code = (
+            "import asyncio, json, sys\n"
+            "from masterplanner import RunOptions, RunService, Settings\n"
+            "async def main():\n"
+            "    service = RunService(Settings.load())\n"
+            "    ids = []\n"
+            "    for task in json.loads(sys.argv[2]):\n"
+            "        run = await service.create(task, model='scripted:' + sys.argv[1],\n"
+            "                                   options=RunOptions(auto_approve=True), for_workers=True)\n"
+            "        ids.append(run.id)\n"
+            "    service.close()\n"
+            "    print(json.dumps(ids))\n"
+            "asyncio.run(main())\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(script), json.dumps(tasks)],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return list(json.loads(done.stdout))
+
+    def wait_finished(self, run_ids: list[str], timeout: float = 180) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            statuses = {run_id: self.store.get_run(run_id).status for run_id in run_ids}
+            if all(status in ("succeeded", "failed", "cancelled") for status in statuses.values()):
+                return statuses
+            time.sleep(0.25)
+        raise AssertionError(f"runs not finished within {timeout:g} s: {statuses}")
+
+    def events(self, run_id: str, *kinds: str) -> list[tuple[str, str | None, dict[str, Any]]]:
+        return [
+            (event.kind, event.step, event.data) for event in self.store.events(run_id) if event.kind in kinds
+        ]
+
+    def close(self) -> None:
+        for process in self.workers:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=30)
+        self.store.close()
+
+
+@pytest.fixture
+def cluster(postgres_database: str, tmp_path: Path) -> Iterator[Cluster]:
+    started = Cluster(postgres_database, tmp_path / "home")
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def test_two_workers_share_twenty_runs_enqueued_from_a_third_process(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    steps = [
+        plan_step("a"),
+        plan_step("b", "a"),
+        plan_step("c", "a"),
+        plan_step("d", "a"),
+        plan_step("e", "b", "c", "d"),
+    ]
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": steps}, "repeat": True},
+            *[
+                {
+                    "purpose": f"step:{step['id']}",
+                    "output": step["id"].upper(),
+                    "delay_s": 0.2,
+                    "repeat": True,
+                }
+                for step in steps
+            ],
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    cluster.worker()
+    cluster.worker()
+    workers = cluster.worker_ids(2)
+    run_ids = cluster.enqueue(script, [f"task number {n}" for n in range(20)])
+    statuses = cluster.wait_finished(run_ids)
+    assert statuses == dict.fromkeys(run_ids, "succeeded")
+    executed_by: Counter[str] = Counter()
+    for run_id in run_ids:
+        started = cluster.events(run_id, "step_started")
+        assert sorted(step for _kind, step, _data in started) == ["a", "b", "c", "d", "e"]  # each once
+        executed_by.update(data["process"] for _kind, _step, data in started)
+        assert cluster.store.get_run(run_id).output == "E"
+    assert set(executed_by) == set(workers)  # both workers executed steps
+    assert sum(executed_by.values()) == 100
+
+
+def test_a_worker_killed_mid_run_leaves_every_run_to_the_other_and_no_tool_call_twice(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    ids = ["a", "b", "c"]
+    steps = [plan_step("a", tools=["write_file"]), plan_step("b", "a", tools=["write_file"])]
+    steps.append(plan_step("c", "b", tools=["write_file"]))
+    calls: list[dict[str, Any]] = [{"purpose": "planner", "output": {"steps": steps}, "repeat": True}]
+    for step_id in ids:
+        write = {"name": "write_file", "args": {"path": f"{step_id}.txt", "content": f"from {step_id}"}}
+        calls.append({"purpose": f"step:{step_id}", "turn": 1, "tool_calls": [write], "repeat": True})
+        # the step's second request is slow: the kill lands there, after its tool call was recorded
+        calls.append(
+            {"purpose": f"step:{step_id}", "turn": 2, "output": "ok", "delay_s": 1.5, "repeat": True}
+        )
+    calls.append({"purpose": "*", "repeat": True})
+    script = write_script(calls)
+    first, second = cluster.worker("--concurrency", "1"), cluster.worker("--concurrency", "1")
+    cluster.worker_ids(2)
+    run_ids = cluster.enqueue(script, [f"write three files, run {n}" for n in range(4)])
+    # kill the worker whose step has made its tool call and waits on its second model request
+    victim_id = _wait_for_a_step_past_its_tool_call(cluster, run_ids)
+    by_pid = {record.id: record.pid for record in cluster.store.processes.listed()}
+    victim = first if by_pid[victim_id] == first.pid else second
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=30)
+    statuses = cluster.wait_finished(run_ids)
+    assert statuses == dict.fromkeys(run_ids, "succeeded")
+    recovered = [
+        (run_id, step, data["from"])
+        for run_id in run_ids
+        for _kind, step, data in cluster.events(run_id, "step_recovered")
+    ]
+    assert recovered and {source for _run, _step, source in recovered} == {victim_id}
+    for run_id in run_ids:
+        called = Counter(step for _kind, step, _data in cluster.events(run_id, "tool_called"))
+        assert called == dict.fromkeys(ids, 1), (run_id, called)  # no tool call repeated, none lost
+        workspace = Path(cluster.store.get_run(run_id).workspace)
+        assert {path.name: path.read_text() for path in workspace.iterdir()} == {
+            f"{step_id}.txt": f"from {step_id}" for step_id in ids
+        }
+    assert victim_id not in {record.id for record in cluster.store.processes.listed()}
+
+
+def _wait_for_a_step_past_its_tool_call(cluster: Cluster, run_ids: list[str], timeout: float = 120) -> str:
+    """The worker running a step that recorded its tool result and has not finished yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run_id in run_ids:
+            running: dict[str, str] = {}
+            past_tool: set[str] = set()
+            for kind, step, data in cluster.events(run_id, "step_started", "tool_result", "step_succeeded"):
+                assert step is not None
+                if kind == "step_started":
+                    running[step] = data["process"]
+                elif kind == "tool_result":
+                    past_tool.add(step)
+                else:
+                    running.pop(step, None)
+            for step in past_tool & set(running):
+                return running[step]
+        time.sleep(0.05)
+    raise AssertionError("no step reached its second model request")
+
+
+def test_sigterm_hands_runs_over_and_lets_the_running_step_finish(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    steps = [plan_step("a", tools=["write_file"]), plan_step("b", "a", tools=["write_file"])]
+    calls: list[dict[str, Any]] = [{"purpose": "planner", "output": {"steps": steps}, "repeat": True}]
+    for step_id in "ab":
+        write = {"name": "write_file", "args": {"path": f"{step_id}.txt", "content": step_id}}
+        calls.append({"purpose": f"step:{step_id}", "turn": 1, "tool_calls": [write], "repeat": True})
+        calls.append(
+            {"purpose": f"step:{step_id}", "turn": 2, "output": "ok", "delay_s": 1.5, "repeat": True}
+        )
+    calls.append({"purpose": "*", "repeat": True})
+    script = write_script(calls)
+    first, second = cluster.worker("--concurrency", "1"), cluster.worker("--concurrency", "1")
+    cluster.worker_ids(2)
+    run_ids = cluster.enqueue(script, [f"two files, run {n}" for n in range(3)])
+    stopping_id = _wait_for_a_step_past_its_tool_call(cluster, run_ids)
+    by_pid = {record.id: record.pid for record in cluster.store.processes.listed()}
+    stopping = first if by_pid[stopping_id] == first.pid else second
+    stopping.send_signal(signal.SIGTERM)
+    assert stopping.wait(timeout=60) == 0
+    log = cluster.log(cluster.workers.index(stopping))
+    assert "stopped:" in log, log
+    statuses = cluster.wait_finished(run_ids)
+    assert statuses == dict.fromkeys(run_ids, "succeeded")
+    for run_id in run_ids:
+        # the step it was running finished there (no recovery), and no tool call ran twice
+        assert cluster.events(run_id, "step_recovered") == []
+        called = Counter(step for _kind, step, _data in cluster.events(run_id, "tool_called"))
+        assert called == {"a": 1, "b": 1}
+    record = {record.id: record for record in cluster.store.processes.listed(include_dead=True)}[stopping_id]
+    assert (record.alive, record.stopped) == (False, True)
+
+
+def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [plan_step("a")]}, "repeat": True},
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    mp = [sys.executable, "-m", "masterplanner"]
+    queued = subprocess.run(
+        [*mp, "run", "one step", "-m", f"scripted:{script}", "--yes", "--detach"],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+    )
+    assert queued.returncode == 0, queued.stderr
+    run_id = queued.stdout.strip()
+    assert "no worker is running on this database: the run waits until one starts" in queued.stderr
+    assert cluster.store.get_run(run_id).status == "planning"
+    cluster.worker("--queues", "scripted")
+    assert cluster.wait_finished([run_id]) == {run_id: "succeeded"}
+    listed = subprocess.run(
+        [*mp, "workers", "--json"], capture_output=True, text=True, env=cluster.env, timeout=60
+    )
+    assert listed.returncode == 0, listed.stderr
+    (worker,) = json.loads(listed.stdout)
+    assert (worker["kind"], worker["queues"], worker["concurrency"]) == ("worker", ["steps-scripted"], 4)
+    started = cluster.events(run_id, "step_started")
+    assert [(step, data["process"]) for _kind, step, data in started] == [("a", worker["id"])]
