@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .errors import (
         BudgetExceededError,
         ConfigError,
+        DatabaseUnavailableError,
         MasterplannerError,
         MissingCredentialError,
         ModelError,
@@ -46,6 +47,7 @@ _HOMES = {
     ".errors": (
         "BudgetExceededError",
         "ConfigError",
+        "DatabaseUnavailableError",
         "MasterplannerError",
         "MissingCredentialError",
         "ModelError",
@@ -76,6 +78,7 @@ __all__ = [
     "Catalog",
     "ChatResult",
     "ConfigError",
+    "DatabaseUnavailableError",
     "Engine",
     "Event",
     "LabelledModel",

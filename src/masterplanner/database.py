@@ -5,16 +5,23 @@ URLs, timestamps, SQLite settings, transactions with readable errors, and named 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from .errors import RunError
+from .errors import DatabaseUnavailableError, RunError
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+RECONNECT_S = 60.0
+"""How long a store call waits for a Postgres server that went away (a restart) before failing."""
 
 __all__ = [
     "Migration",
@@ -23,6 +30,9 @@ __all__ = [
     "database_now",
     "engine_url",
     "migrate",
+    "reconnecting",
+    "reconnecting_methods",
+    "shown_url",
     "transaction",
     "utc_now",
 ]
@@ -61,8 +71,11 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 def create_engine(url: str) -> Engine:
     """An engine for a settings database URL; SQLite connections in WAL with `synchronous=NORMAL`."""
+    full_url = engine_url(url)
+    # Postgres: a pooled connection the server dropped (it restarted) is found at checkout and replaced
+    options: dict[str, Any] = {"pool_pre_ping": True} if full_url.startswith("postgresql") else {}
     try:
-        engine = sa.create_engine(engine_url(url))
+        engine = sa.create_engine(full_url, **options)
     except (sa.exc.ArgumentError, ImportError) as exc:
         raise RunError(f"database URL {url!r} is not usable: {exc}") from None
     if engine.dialect.name == "sqlite":
@@ -74,7 +87,9 @@ def create_engine(url: str) -> Engine:
 def transaction(engine: Engine, url: str, action: str) -> Iterator[Connection]:
     """One transaction; database failures become a `RunError` naming the database and the action.
 
-    `IntegrityError` passes through: callers that race on a key handle it.
+    `IntegrityError` passes through: callers that race on a key handle it. A Postgres server that
+    cannot be reached or dropped the connection is a `DatabaseUnavailableError`: the transaction
+    did not commit, so the store call may be made again (`reconnecting`).
     """
     try:
         with engine.begin() as connection:
@@ -82,7 +97,62 @@ def transaction(engine: Engine, url: str, action: str) -> Iterator[Connection]:
     except sa.exc.IntegrityError:
         raise
     except sa.exc.DBAPIError as exc:  # unreachable, unwritable, full, locked or not a database
-        raise RunError(f"database {url}: cannot {action}: {exc.orig}") from None
+        message = f"database {shown_url(url)}: cannot {action}: {_first_line(exc.orig)}"
+        if engine.dialect.name == "postgresql" and (
+            exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError)
+        ):
+            raise DatabaseUnavailableError(message) from None
+        raise RunError(message) from None
+
+
+def reconnecting(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A store call made again, with growing pauses, while the database is unavailable (up to `RECONNECT_S`).
+
+    For calls that are one transaction, or several that are each safe to make again (keyed
+    writes, reads): a transaction the server dropped never committed.
+    """
+
+    @functools.wraps(method)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        deadline = time.monotonic() + RECONNECT_S
+        pause = 0.1
+        while True:
+            try:
+                return method(*args, **kwargs)
+            except DatabaseUnavailableError:
+                if time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
+
+    return call
+
+
+_C = TypeVar("_C", bound=type)
+
+
+def reconnecting_methods(cls: _C) -> _C:
+    """Every public method of a store class made `reconnecting` (its calls are each safe to repeat)."""
+    for name, value in list(vars(cls).items()):
+        if name.startswith("_") or name == "begin" or not callable(value):
+            continue
+        setattr(cls, name, reconnecting(value))
+    return cls
+
+
+def _first_line(error: object) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def shown_url(url: str) -> str:
+    """A database URL as it may be shown in a message or log: a password in it is replaced by `***`."""
+    try:
+        parsed = sa.engine.make_url(engine_url(url))
+    except sa.exc.ArgumentError:
+        return url
+    if parsed.password is None:
+        return url
+    return url.replace(f":{parsed.password}@", ":***@", 1)
 
 
 def apply_migrations(connection: Connection, migrations: list[Migration]) -> None:

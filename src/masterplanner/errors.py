@@ -13,7 +13,9 @@ MasterplannerError                 anything masterplanner raises on purpose
 ├── PlanError                      a plan (from a model, a file or an edit) is invalid (exit code 2)
 ├── ToolError                      a tool refused or failed a call (the agent is told; exit code 1)
 ├── RunError                       a run cannot be found, resumed, cancelled or stored (exit code 1)
-│   └── BudgetExceededError        a run went over its model-call, token or wall-time budget
+│   ├── BudgetExceededError        a run went over its model-call, token or wall-time budget
+│   └── DatabaseUnavailableError   the Postgres server could not be reached (store calls retry
+│                                  for a while before raising it)
 ├── RequestError                   a run's request does not exist, is closed, or the answer does
 │                                  not fit it (exit code 2; nothing changes)
 └── ModelError                     a model call failed at run time (CLI exit code 1)
@@ -32,6 +34,7 @@ from typing import Any, ClassVar
 __all__ = [
     "BudgetExceededError",
     "ConfigError",
+    "DatabaseUnavailableError",
     "MasterplannerError",
     "MissingCredentialError",
     "ModelError",
@@ -116,6 +119,10 @@ class RunError(MasterplannerError):
 
 class BudgetExceededError(RunError):
     """A run used more model calls, tokens or wall time than its budget allows."""
+
+
+class DatabaseUnavailableError(RunError):
+    """The database server could not be reached, or dropped the connection (it restarted)."""
 
 
 class ModelError(MasterplannerError):

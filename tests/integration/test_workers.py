@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -237,6 +238,9 @@ def _wait_for_a_step_past_its_tool_call(cluster: Cluster, run_ids: list[str], ti
                 else:
                     running.pop(step, None)
             for step in past_tool & set(running):
+                # the call's checkpoint is written just after its tool_result event: let it land
+                # (the step's next request then waits 1.5 s)
+                time.sleep(0.3)
                 return running[step]
         time.sleep(0.05)
     raise AssertionError("no step reached its second model request")
@@ -308,3 +312,54 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
     assert (worker["kind"], worker["queues"], worker["concurrency"]) == ("worker", ["steps-scripted"], 4)
     started = cluster.events(run_id, "step_started")
     assert [(step, data["process"]) for _kind, step, data in started] == [("a", worker["id"])]
+
+
+def _postgres_cluster() -> list[str] | None:
+    """`[version, name]` of the local Postgres cluster on port 5432, when this process may restart it."""
+    if shutil.which("pg_lsclusters") is None or shutil.which("pg_ctlcluster") is None or os.geteuid() != 0:
+        return None
+    listed = subprocess.run(["pg_lsclusters", "--no-header"], capture_output=True, text=True, timeout=30)
+    for line in listed.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "5432" and fields[3] == "online":
+            return fields[:2]
+    return None
+
+
+def test_runs_finish_when_postgres_restarts_mid_run(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    server = _postgres_cluster()
+    if server is None:
+        pytest.skip("needs root and the local Postgres cluster on port 5432 (pg_ctlcluster)")
+    steps = [plan_step("a"), plan_step("b", "a"), plan_step("c", "b")]
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": steps}, "repeat": True},
+            *[
+                {"purpose": f"step:{step_id}", "output": step_id.upper(), "delay_s": 0.5, "repeat": True}
+                for step_id in "abc"
+            ],
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    cluster.worker()
+    cluster.worker()
+    cluster.worker_ids(2)
+    run_ids = cluster.enqueue(script, [f"three steps, run {n}" for n in range(6)])
+    deadline = time.monotonic() + 120
+    while not any(cluster.events(run_id, "step_succeeded") for run_id in run_ids):
+        assert time.monotonic() < deadline, "no step finished"
+        time.sleep(0.1)
+    cluster.store.close()  # its pooled connections would be dropped by the restart anyway
+    restarted = subprocess.run(
+        ["pg_ctlcluster", *server, "restart", "-m", "fast"], capture_output=True, text=True, timeout=120
+    )
+    assert restarted.returncode == 0, restarted.stderr
+    statuses = cluster.wait_finished(run_ids)
+    assert statuses == dict.fromkeys(run_ids, "succeeded")
+    for run_id in run_ids:
+        succeeded = [step for _kind, step, _data in cluster.events(run_id, "step_succeeded")]
+        assert sorted(succeeded) == ["a", "b", "c"]
+        assert cluster.store.get_run(run_id).output == "C"
+    assert all(process.poll() is None for process in cluster.workers)  # the workers lived through it

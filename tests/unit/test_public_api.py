@@ -9,6 +9,7 @@ def test_all_is_pinned_and_importable() -> None:
         "Catalog",
         "ChatResult",
         "ConfigError",
+        "DatabaseUnavailableError",
         "Engine",
         "Event",
         "LabelledModel",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..database import reconnecting_methods
 from .records import utc_now
 
 if TYPE_CHECKING:
@@ -141,6 +142,7 @@ def _message(row: Any) -> Message:
     )
 
 
+@reconnecting_methods
 class Messages:
     """The messages and notes of the runs in one run store's database."""
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..database import database_now
+from ..database import database_now, reconnecting_methods
 from ..errors import RunError
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ class ProcessRecord:
         }
 
 
+@reconnecting_methods
 class Processes:
     """The `mp_processes` rows of the run store's database."""
 

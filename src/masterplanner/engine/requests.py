@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.engine import Connection
 
+from ..database import reconnecting_methods
 from ..errors import RequestError
 from .records import AgentBrief, utc_now
 
@@ -201,6 +202,7 @@ def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
     return {"approved": approved} | ({"reason": reason} if reason else {})
 
 
+@reconnecting_methods
 class Requests:
     """The requests of the runs in one run store's database."""
 

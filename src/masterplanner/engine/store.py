@@ -27,7 +27,16 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection, Engine
 
-from ..database import Migration, create_engine, database_now, engine_url, migrate, transaction
+from ..database import (
+    Migration,
+    create_engine,
+    database_now,
+    engine_url,
+    migrate,
+    reconnecting_methods,
+    shown_url,
+    transaction,
+)
 from ..errors import RunError
 from ..plan import Plan
 from .messages import Messages, create_message_tables
@@ -160,6 +169,7 @@ def _abandoned(now: float) -> sa.ColumnElement[bool]:
     )
 
 
+@reconnecting_methods
 class RunStore:
     """Reads and writes runs; safe to share between tasks and threads of one process."""
 
@@ -244,7 +254,7 @@ class RunStore:
                 )
                 row = rows[0] if len(rows) == 1 else None
         if row is None:
-            raise RunError(f"no run {run_id!r} in {self.url} (see `masterplanner runs list`)")
+            raise RunError(f"no run {run_id!r} in {shown_url(self.url)} (see `masterplanner runs list`)")
         return _run_record(row)
 
     def list_runs(

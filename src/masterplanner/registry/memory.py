@@ -22,6 +22,7 @@ from typing import Literal
 
 from sqlalchemy.engine import Connection
 
+from ..database import reconnecting_methods
 from ..errors import ToolError
 from .store import RegistryStore, _count_write, _sql, _text_index
 
@@ -68,6 +69,7 @@ def _now(days: float = 0) -> str:
 _COLUMNS = "id, kind, text, source, created_at, last_used_at, expires_at"
 
 
+@reconnecting_methods
 class MemoryStore:
     """Facts and episodes in the registry's database, with a time to live and a size cap."""
 

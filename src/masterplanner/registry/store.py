@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 
-from ..database import Migration, create_engine, migrate, transaction, utc_now
+from ..database import Migration, create_engine, migrate, reconnecting_methods, transaction, utc_now
 from ..errors import ConfigError, RunError
 from .embedders import TextEmbedder
 from .specs import AgentSpec, AgentStats, Cohort
@@ -361,6 +361,7 @@ class _Vectors:
         return [(self.ids[n], float(scores[n])) for n in top]
 
 
+@reconnecting_methods
 class RegistryStore:
     """Agents and cohorts; safe to share between tasks and threads of one process."""
 

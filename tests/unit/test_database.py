@@ -1,0 +1,44 @@
+"""The database layer: unreachable servers named without their password, calls made again after a drop."""
+
+from __future__ import annotations
+
+import pytest
+
+from masterplanner import DatabaseUnavailableError, RunError
+from masterplanner.database import reconnecting
+from masterplanner.engine.store import RunStore
+
+
+def test_an_unreachable_postgres_server_is_named_without_its_password() -> None:
+    with pytest.raises(DatabaseUnavailableError) as caught:
+        RunStore("postgresql://planner:s3cret-pw@127.0.0.1:1/nowhere")
+    message = str(caught.value)
+    assert message.startswith(
+        "database postgresql://planner:***@127.0.0.1:1/nowhere: cannot create its tables: "
+    )
+    assert "s3cret-pw" not in message
+    assert "\n" not in message
+
+
+def test_a_call_is_made_again_while_the_database_is_unavailable() -> None:
+    attempts: list[int] = []
+
+    @reconnecting
+    def write(value: int) -> int:
+        attempts.append(value)
+        if len(attempts) < 3:
+            raise DatabaseUnavailableError("database x: cannot write: server closed the connection")
+        return value * 2
+
+    assert write(21) == 42
+    assert attempts == [21, 21, 21]
+
+    @reconnecting
+    def broken() -> None:
+        attempts.append(0)
+        raise RunError("database x: cannot write: disk full")
+
+    attempts.clear()
+    with pytest.raises(RunError, match="disk full"):
+        broken()
+    assert attempts == [0]  # other failures are not retried
