@@ -13,7 +13,9 @@ from pathlib import Path
 
 
 @contextmanager
-def serving(log: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> Iterator[str]:
+def serving(
+    log: Path, *flags: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Iterator[str]:
     """Start the server on a free loopback port; yield its URL once it answers; stop it.
 
     Its output goes to `log` (a file, not a pipe: nobody reads a pipe while tests run, and a full
@@ -26,7 +28,7 @@ def serving(log: Path, *, env: dict[str, str] | None = None, cwd: Path | None = 
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "masterplanner", "serve", "--port", str(port)],
+            [sys.executable, "-m", "masterplanner", "serve", "--port", str(port), *flags],
             env=env,
             cwd=cwd,
             stdout=output,

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from _serve import serving
 from masterplanner.engine.store import RunStore
 
 pytestmark = pytest.mark.postgres
@@ -363,3 +365,33 @@ def test_runs_finish_when_postgres_restarts_mid_run(
         assert sorted(succeeded) == ["a", "b", "c"]
         assert cluster.store.get_run(run_id).output == "C"
     assert all(process.poll() is None for process in cluster.workers)  # the workers lived through it
+
+
+def test_the_web_app_with_workers_queues_a_run_and_returns_at_once(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [plan_step("a")]}, "repeat": True},
+            {"purpose": "step:a", "output": "from a worker"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    with serving(cluster.home / "serve.log", "--workers", env=cluster.env) as url:
+        body = json.dumps(
+            {"task": "one step", "model": f"scripted:{script}", "options": {"auto_approve": True}}
+        )
+        request = urllib.request.Request(
+            f"{url}/api/v1/runs", data=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 201
+            created = json.loads(response.read())
+        assert created["status"] == "planning"
+        time.sleep(1.0)
+        assert cluster.store.get_run(created["id"]).status == "planning"  # the server executes nothing
+        assert cluster.store.lease(created["id"]) is None
+        cluster.worker()
+        assert cluster.wait_finished([created["id"]]) == {created["id"]: "succeeded"}
+        with urllib.request.urlopen(f"{url}/api/v1/runs/{created['id']}", timeout=30) as response:
+            assert json.loads(response.read())["output"] == "from a worker"

@@ -19,10 +19,15 @@ def serve(
     auth: Annotated[
         bool, typer.Option("--auth", help="Require the token in <home>/web-token (needed off loopback).")
     ] = False,
+    workers: Annotated[
+        bool,
+        typer.Option("--workers", help="Queue new runs for the workers (`masterplanner worker`) instead."),
+    ] = False,
 ) -> None:
     """Serve the API under /api/v1 (OpenAPI at /openapi.json) until Ctrl-C.
 
-    Runs started through it are executed by this server; runs started elsewhere (`masterplanner
+    Runs started through it are executed by this server, or with --workers queued for the workers
+    sharing its database (the request returns at once); runs started elsewhere (`masterplanner
     run`) are listed, followed and answered the same way, since both go through the database.
     Listening on an address other machines reach requires --auth: every request must then send
     `Authorization: Bearer TOKEN`, with the token from the web-token file of the home directory.
@@ -46,6 +51,8 @@ def serve(
     try:
         where = f"[{host}]" if ":" in host else host
         out.print(f"serving on http://{shown(where)}:{port}/api/v1 (Ctrl-C stops)", highlight=False)
-        uvicorn.run(create_app(service, token=token), host=host, port=port, log_level="warning")
+        uvicorn.run(
+            create_app(service, token=token, for_workers=workers), host=host, port=port, log_level="warning"
+        )
     finally:
         service.close()

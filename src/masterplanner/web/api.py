@@ -1,8 +1,9 @@
 """The REST API under `/api/v1`: runs, their events (also as server-sent events) and requests.
 
 Every route is one or two calls of the run service; nothing here touches a store or the engine.
-A run created here is executed by this server's process (`Executions`); a run another process
-executes (`masterplanner run` in a terminal) is read, followed and answered the same way.
+A run created here is executed by this server's process (`Executions`), or queued for the
+workers (`serve --workers`); a run another process executes (`masterplanner run` in a terminal,
+a worker) is read, followed and answered the same way.
 """
 
 from __future__ import annotations
@@ -138,14 +139,21 @@ class FeedbackIn(BaseModel):
 
 
 class Executions:
-    """The runs this server executes, each as a task of its event loop until the run ends."""
+    """The runs this server executes, each as a task of its event loop until the run ends.
 
-    def __init__(self, service: RunService) -> None:
+    With `for_workers`, the server executes nothing: the runs it creates are queued for the
+    workers sharing its database (`masterplanner worker`), and it only follows and answers them.
+    """
+
+    def __init__(self, service: RunService, *, for_workers: bool = False) -> None:
         self.service = service
+        self.for_workers = for_workers
         self._tasks: dict[str, asyncio.Task[RunRecord]] = {}
 
     def start(self, run_id: str) -> None:
-        """Execute the run in the background (nothing happens if this server already does)."""
+        """Execute the run in the background (not if this server already does, or workers do)."""
+        if self.for_workers:
+            return
         running = self._tasks.get(run_id)
         if running is not None and not running.done():
             return
@@ -220,7 +228,7 @@ async def list_runs(
 
 @router.post("/runs", status_code=201, summary="Start a run")
 async def create_run(request: Request, body: RunIn) -> dict[str, Any]:
-    """Record the run and execute it in this server: planning, then the review as a request."""
+    """Record the run and execute it in this server (or queue it for the workers, `serve --workers`)."""
     service = _service(request)
     settings = service.settings
     options = RunOptions(
@@ -228,10 +236,15 @@ async def create_run(request: Request, body: RunIn) -> dict[str, Any]:
         tool_policies={**settings.tool_policies, **body.options.tool_policies},
     )
     workspace = Path(body.workspace) if body.workspace else None
+    executions: Executions = request.app.state.executions
     record = await service.create(
-        body.task, model=body.model or settings.model, options=options, workspace=workspace
+        body.task,
+        model=body.model or settings.model,
+        options=options,
+        workspace=workspace,
+        for_workers=executions.for_workers,
     )
-    request.app.state.executions.start(record.id)
+    executions.start(record.id)
     return _summary(record)
 
 

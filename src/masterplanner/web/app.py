@@ -33,9 +33,16 @@ _log = logging.getLogger("masterplanner.web")
 
 
 def create_app(
-    service: RunService, *, token: str | None = None, registry: RegistryService | None = None
+    service: RunService,
+    *,
+    token: str | None = None,
+    registry: RegistryService | None = None,
+    for_workers: bool = False,
 ) -> FastAPI:
     """The app over `service`; with `token`, every request must carry it (`Authorization: Bearer`).
+
+    With `for_workers`, runs created through it are queued for the workers (`masterplanner
+    worker`) and the request returns at once; otherwise this server executes them.
 
     Without a token the app answers only requests addressed to a loopback name (`Host`), so a
     web page elsewhere cannot reach it through a name that resolves to 127.0.0.1; and it refuses
@@ -57,7 +64,7 @@ def create_app(
     app.state.service = service
     app.state.token = token
     app.state.registry = registry or RegistryService(service.settings)
-    app.state.executions = Executions(service)
+    app.state.executions = Executions(service, for_workers=for_workers)
     app.include_router(router)
     app.include_router(streams)
     app.include_router(pages.router)

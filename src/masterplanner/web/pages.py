@@ -127,6 +127,7 @@ async def create_run(request: Request) -> Response:
             model=model or service.settings.model,
             options=options,
             workspace=Path(workspace) if workspace else None,
+            for_workers=request.app.state.executions.for_workers,
         )
     except MasterplannerError as error:
         context = {"error": str(error), "task": task, "model": model, "workspace": workspace, "yes": yes}
