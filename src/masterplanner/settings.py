@@ -136,6 +136,45 @@ def _workspace_holding(path: Path, home: Path) -> Path | None:
     return None
 
 
+_SYSTEM_TREES = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/sbin",
+    "/sys",
+    "/usr",
+)
+"""The operating system's own folders: no workspace may be one of them or inside one."""
+_SYSTEM_FOLDERS = ("/home", "/media", "/mnt", "/opt", "/root", "/run", "/srv", "/tmp", "/var", "/var/tmp")
+"""Folders shared by the whole system: a workspace may be inside one, never one itself."""
+
+
+def _unsafe_workspace(folder: Path) -> str | None:
+    """Why `folder` (resolved) may not be a workspace, or None."""
+    if folder == Path(folder.anchor):
+        return "is the root of the file system"
+    for tree in _SYSTEM_TREES:
+        system = Path(tree)
+        if folder == system or system in folder.parents:
+            return (
+                f"is the system folder {tree}" if folder == system else f"is inside the system folder {tree}"
+            )
+    homes = {Path.home().resolve()}
+    if os.environ.get("HOME"):
+        homes.add(Path(os.environ["HOME"]).resolve())
+    if folder in homes or folder.parent in (Path("/home"), Path("/Users")):
+        return "is a home folder itself"
+    if str(folder) in _SYSTEM_FOLDERS:
+        return "is a folder the whole system shares"
+    return None
+
+
 def _base_home(flag_home: object) -> Path:
     """The home named by flag, environment or default: never by a file a step might have written."""
     return Path(str(flag_home or os.environ.get(f"{ENV_PREFIX}HOME") or default_home())).expanduser()
@@ -331,9 +370,16 @@ class Settings(BaseSettings):
         """Record `folder` as a run's workspace, so no settings are read from it from now on.
 
         A workspace that is masterplanner's home, or holds it, is refused: steps could then
-        rewrite the settings, the registry and the runs of every later run.
+        rewrite the settings, the registry and the runs of every later run. So is one that is
+        `/`, a system folder (or inside one of the operating system's own), or a home folder itself.
         """
         folder = folder.resolve()
+        refusal = _unsafe_workspace(folder)
+        if refusal is not None:
+            raise SettingsError(
+                f"workspace {folder} {refusal}; steps write and delete files there. Choose a folder of "
+                "its own"
+            )
         homes = {self.home.resolve(), (self._trusted_home or _base_home(None)).resolve()}
         for home in homes:
             if home == folder or folder in home.parents:

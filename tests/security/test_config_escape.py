@@ -165,7 +165,7 @@ def test_a_planted_file_cannot_move_the_home_away_from_the_workspace_list(tmp_pa
 
 def test_a_workspace_holding_the_home_is_refused(isolated: Path) -> None:
     settings = Settings.load()
-    for folder in (isolated, isolated.parent, Path("/")):
+    for folder in (isolated, isolated.parent):
         with pytest.raises(SettingsError, match="holds masterplanner's home"):
             settings.record_workspace(folder)
     assert known_workspaces(isolated) == []
@@ -173,6 +173,33 @@ def test_a_workspace_holding_the_home_is_refused(isolated: Path) -> None:
     settings.record_workspace(isolated / "workspaces" / "r1")
     assert known_workspaces(isolated) == [(isolated / "workspaces" / "r1").resolve()]
     assert (isolated / WORKSPACES_FILE_NAME).stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize(
+    ("folder", "why"),
+    [
+        ("/", "is the root of the file system"),
+        ("/etc", "is the system folder /etc"),
+        ("/usr/local/bin", "is inside the system folder /usr"),
+        ("/tmp", "is a folder the whole system shares"),
+        ("/var", "is a folder the whole system shares"),
+        ("~", "is a home folder itself"),
+        ("/home/someone", "is a home folder itself"),
+    ],
+)
+def test_a_workspace_that_is_the_root_a_system_folder_or_a_home_is_refused(
+    isolated: Path, folder: str, why: str
+) -> None:
+    settings = Settings.load()
+    path = Path(folder).expanduser()
+    with pytest.raises(SettingsError) as caught:
+        settings.record_workspace(path)
+    assert str(caught.value) == (
+        f"workspace {path.resolve()} {why}; steps write and delete files there. Choose a folder of its own"
+    )
+    assert known_workspaces(isolated) == []
+    settings.record_workspace(Path("/tmp") / "a-run-of-its-own")  # inside a shared folder is fine
+    assert known_workspaces(isolated) == [Path("/tmp/a-run-of-its-own").resolve()]
 
 
 def test_a_symlinked_workspace_list_is_not_followed(isolated: Path, tmp_path: Path) -> None:
