@@ -314,6 +314,16 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
     assert (worker["kind"], worker["queues"], worker["concurrency"]) == ("worker", ["steps-scripted"], 4)
     started = cluster.events(run_id, "step_started")
     assert [(step, data["process"]) for _kind, step, data in started] == [("a", worker["id"])]
+    drawn = subprocess.run(
+        [*mp, "runs", "show", run_id, "--timeline"],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=60,
+    )
+    assert drawn.returncode == 0, drawn.stderr
+    (row,) = [line for line in drawn.stdout.splitlines() if line.startswith("a ")]
+    assert "█" in row and "succeeded" in row and row.endswith(worker["id"])
 
 
 def _postgres_cluster() -> list[str] | None:

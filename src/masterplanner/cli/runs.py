@@ -342,6 +342,9 @@ def runs_list(
 def runs_show(
     run_id: RunId,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    timeline: Annotated[
+        bool, typer.Option("--timeline", help="Draw the steps on a time line (where each ran, how long).")
+    ] = False,
 ) -> None:
     """Show a run (reads only; never resumes or executes anything)."""
     from rich.table import Table
@@ -355,6 +358,22 @@ def runs_show(
         typer.echo(json_text(report | {"events": [event.to_json_dict() for event in events]}))
         return
     out = console()
+    if timeline:
+        from .timeline import timeline_lines
+
+        processes = {
+            event.step: str(event.data.get("process") or "")
+            for event in events
+            if event.kind == "step_started" and event.step
+        }
+        out.print(
+            f"[bold]run {shown(report['run_id'])}[/] · {shown(report['status'])} · {shown(report['task'])}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        for line in timeline_lines(report["steps"], processes, width=out.width, now=time.time()):
+            out.print(line, highlight=False, soft_wrap=True)
+        return
     out.print(
         f"[bold]run {shown(report['run_id'])}[/] · {shown(report['status'])} · {shown(report['task'])}",
         highlight=False,

@@ -1,0 +1,43 @@
+"""`runs show --timeline`: the steps as bars on one time scale."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from masterplanner.cli.timeline import timeline_lines
+
+
+def step(step_id: str, status: str, start: int | None, end: int | None, **more: Any) -> dict[str, Any]:
+    def at(second: int | None) -> str | None:
+        return None if second is None else f"2026-11-25T10:00:{second:02d}.000Z"
+
+    return {"id": step_id, "status": status, "started_at": at(start), "finished_at": at(end)} | more
+
+
+def test_bars_share_one_scale_and_name_where_each_step_ran() -> None:
+    steps = [
+        step("a", "succeeded", 0, 2),
+        step("b", "failed", 2, 6, sub_steps=[step("b--x", "succeeded", 2, 4)]),
+        step("c", "skipped", None, None),
+    ]
+    lines = timeline_lines(steps, {"a": "host:1:w1", "b": "host:2:w2"}, width=80, now=0.0)
+    assert lines == [
+        "        0 s                          6.0 s",
+        "a       ███████████                         succeeded    2.0 s  host:1:w1",
+        "b                  ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓  failed       4.0 s  host:2:w2",
+        "  b--x             ████████████             succeeded    2.0 s",
+        "c                                           skipped",
+    ]
+
+
+def test_a_running_step_ends_now_and_a_run_with_no_start_says_so() -> None:
+    now = datetime(2026, 11, 25, 10, 0, 4, tzinfo=UTC).timestamp()
+    assert timeline_lines([step("a", "running", 0, None)], {}, width=50, now=now) == [
+        "   0 s  4.0 s",
+        "a  ▒▒▒▒▒▒▒▒▒▒  running      4.0 s",
+    ]
+    assert timeline_lines([step("a", "pending", None, None)], {}, width=50, now=now) == [
+        "no step has started"
+    ]
+    assert timeline_lines([], {}, width=50, now=now) == ["no steps"]
