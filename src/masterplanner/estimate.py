@@ -4,23 +4,21 @@ A rough guide for the review, from two things only: the plan's shape and the cal
 made so far (planning and prompts), measured on this model and this machine. Each step is
 counted as one model request, plus one when it has tools (a call and the answer after it); a
 plan with several final steps adds the request that writes the answer. Tokens and seconds per
-request are the run's own so far. Money is known only for models that cost nothing here.
+request are the run's own so far, split into input and output as the run's calls were. Money is
+those tokens at the model's price (`models.pricing`: nothing for models that run here, the
+maintained price table for hosted ones; unknown when the table lacks the model).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RunEstimate", "cost", "estimate_run"]
+from .usage import money
 
-_FREE_MODELS = ("local", "local:", "scripted:")
-
-
-def cost(model: str) -> str | None:
-    """A run's cost when it is known: `$0.00` for local and scripted models, else None."""
-    return "$0.00" if model == "local" or model.startswith(_FREE_MODELS) else None
+__all__ = ["RunEstimate", "estimate_run"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +31,15 @@ class RunEstimate:
     seconds: float | None
     """Wall time with the steps' parallelism; None until the run has made a call to measure by."""
     cost: str | None
-    """`$0.00` for models that cost nothing here; None when the price is not known."""
+    """What those tokens cost (`$0.0123`; `$0.00` for models that run here); None when not known."""
+
+    def text(self) -> str:
+        """`about 4 model calls, 400 tokens, 5.3 s, cost $0.00`, as the reviews show it."""
+        parts = [f"about {self.model_calls} model calls"]
+        if self.tokens is not None:
+            parts += [f"{self.tokens:,} tokens", f"{self.seconds} s"]
+        parts.append(f"cost {self.cost}" if self.cost else "cost not known for this model")
+        return ", ".join(parts)
 
 
 def _levels(steps: list[Mapping[str, Any]]) -> list[int]:
@@ -61,8 +67,9 @@ def estimate_run(
     calls = sum(per_step) + (1 if len(sinks) > 1 else 0)
     made = int(usage.get("llm_calls") or 0)
     if not made:
-        return RunEstimate(calls, None, None, cost(model))
-    tokens_per_call = (int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)) / made
+        return RunEstimate(calls, None, None, _money(model, 0, 0))
+    input_tokens, output_tokens = int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)
+    tokens_per_call = (input_tokens + output_tokens) / made
     seconds_so_far = sum(
         float(entry.get("seconds") or 0) for entry in (usage.get("by_purpose") or {}).values()
     )
@@ -71,4 +78,17 @@ def estimate_run(
     rounds = sum(-(-width // max(1, max_parallel)) for width in _levels(steps))
     mean_requests = sum(per_step) / len(per_step) if per_step else 0
     seconds = seconds_per_call * (rounds * mean_requests + (1 if len(sinks) > 1 else 0))
-    return RunEstimate(calls, round(tokens_per_call * calls), round(seconds, 1), cost(model))
+    scale = calls / made
+    spent = _money(model, round(input_tokens * scale), round(output_tokens * scale))
+    return RunEstimate(calls, round(tokens_per_call * calls), round(seconds, 1), spent)
+
+
+def _money(model: str, input_tokens: int, output_tokens: int) -> str | None:
+    from .models.pricing import estimated_cost
+
+    base_url = os.environ.get("OPENAI_BASE_URL")
+    if not input_tokens + output_tokens:  # nothing measured yet: only a model that costs nothing is known
+        free = estimated_cost(model, 1_000, 1_000, base_url=base_url) == 0
+        return money(0.0) if free else None
+    dollars = estimated_cost(model, input_tokens, output_tokens, base_url=base_url)
+    return None if dollars is None else money(dollars)

@@ -1,4 +1,4 @@
-"""Usage accounting per purpose: calls, tokens and seconds spent in the model."""
+"""Usage accounting per purpose: calls, tokens, seconds spent in the model, and money."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-__all__ = ["PurposeUsage", "UsageLedger"]
+__all__ = ["PurposeUsage", "UsageLedger", "money"]
+
+
+def money(cost_usd: float, unpriced_calls: int = 0) -> str | None:
+    """`$0.0123`, saying how many calls had no known price; None when none had one."""
+    if unpriced_calls and not cost_usd:
+        return None
+    text = f"${cost_usd:.2f}" if cost_usd == 0 or cost_usd >= 1 else f"${cost_usd:.4f}"
+    return f"{text} + {unpriced_calls} calls of unknown price" if unpriced_calls else text
 
 
 @dataclass
@@ -17,6 +25,10 @@ class PurposeUsage:
     input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
+    cost_usd: float = 0.0
+    """What the calls with a known price cost, in US dollars (0 for models that run here)."""
+    unpriced_calls: int = 0
+    """Calls of a hosted model whose price is not known."""
 
 
 class UsageLedger:
@@ -30,14 +42,26 @@ class UsageLedger:
         self._lock = threading.Lock()
         self._by_purpose: dict[str, PurposeUsage] = {}
 
-    def record(self, purpose: str, *, input_tokens: int, output_tokens: int, seconds: float) -> None:
-        """Count one model call."""
+    def record(
+        self,
+        purpose: str,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        seconds: float,
+        cost_usd: float | None = 0.0,
+    ) -> None:
+        """Count one model call (`cost_usd` None: its price is not known)."""
         with self._lock:
             entry = self._by_purpose.setdefault(purpose, PurposeUsage())
             entry.calls += 1
             entry.input_tokens += input_tokens
             entry.output_tokens += output_tokens
             entry.seconds += seconds
+            if cost_usd is None:
+                entry.unpriced_calls += 1
+            else:
+                entry.cost_usd += cost_usd
 
     def merge(self, by_purpose: Mapping[str, Mapping[str, int | float]]) -> None:
         """Add usage reported elsewhere in the `by_purpose` form (e.g. read back from a results file)."""
@@ -48,12 +72,18 @@ class UsageLedger:
                 entry.input_tokens += int(usage.get("input_tokens", 0))
                 entry.output_tokens += int(usage.get("output_tokens", 0))
                 entry.seconds += float(usage.get("seconds", 0.0))
+                entry.cost_usd += float(usage.get("cost_usd", 0.0))
+                entry.unpriced_calls += int(usage.get("unpriced_calls", 0))
 
     def by_purpose(self) -> dict[str, dict[str, int | float]]:
-        """`{"<purpose>": {"calls", "input_tokens", "output_tokens", "seconds"}}`, sorted by purpose."""
+        """Each purpose's usage, sorted by purpose.
+
+        `{"<purpose>": {"calls", "input_tokens", "output_tokens", "seconds", "cost_usd", "unpriced_calls"}}`.
+        """
         with self._lock:
             return {
-                purpose: asdict(entry) | {"seconds": round(entry.seconds, 3)}
+                purpose: asdict(entry)
+                | {"seconds": round(entry.seconds, 3), "cost_usd": round(entry.cost_usd, 6)}
                 for purpose, entry in sorted(self._by_purpose.items())
             }
 
@@ -66,6 +96,8 @@ class UsageLedger:
                 total.input_tokens += entry.input_tokens
                 total.output_tokens += entry.output_tokens
                 total.seconds += entry.seconds
+                total.cost_usd += entry.cost_usd
+                total.unpriced_calls += entry.unpriced_calls
             return total
 
     def summary(self) -> dict[str, object]:
@@ -75,5 +107,7 @@ class UsageLedger:
             "llm_calls": total.calls,
             "input_tokens": total.input_tokens,
             "output_tokens": total.output_tokens,
+            "cost_usd": round(total.cost_usd, 6),
+            "unpriced_calls": total.unpriced_calls,
             "by_purpose": self.by_purpose(),
         }

@@ -93,6 +93,8 @@ def test_chat_scripted_json(write_script: Callable[..., Path]) -> None:
         "input_tokens",
         "output_tokens",
         "seconds",
+        "cost_usd",
+        "unpriced_calls",
     }
 
 

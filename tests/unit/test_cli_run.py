@@ -47,7 +47,25 @@ def test_three_independent_steps_of_one_second_overlap(write_script: Callable[..
     report = json.loads(result.stdout)
     assert report["status"] == "succeeded"
     assert set(report) >= {"run_id", "status", "output", "plan", "steps", "usage"}
-    assert set(report["usage"]) == {"llm_calls", "input_tokens", "output_tokens", "by_purpose"}
+    usage = report["usage"]
+    assert set(usage) == {
+        "llm_calls",
+        "input_tokens",
+        "output_tokens",
+        "cost_usd",
+        "unpriced_calls",
+        "by_purpose",
+    }
+    # money per purpose: the scripted model costs nothing, and every call has that known price
+    assert usage["by_purpose"]["step:a"] | {"seconds": 0} == {
+        "calls": 1,
+        "input_tokens": usage["by_purpose"]["step:a"]["input_tokens"],
+        "output_tokens": 1,
+        "seconds": 0,
+        "cost_usd": 0.0,
+        "unpriced_calls": 0,
+    }
+    assert (usage["cost_usd"], usage["unpriced_calls"]) == (0.0, 0)
     starts = [datetime.fromisoformat(s["started_at"]) for s in report["steps"]]
     ends = [datetime.fromisoformat(s["finished_at"]) for s in report["steps"]]
     assert all(s["started_at"].endswith("Z") and s["attempts"] == 1 for s in report["steps"])
@@ -362,3 +380,25 @@ def test_without_a_terminal_events_are_plain_lines_and_the_summary_comes_last(
     totals = r"\d+\.\d s · \d+ model calls · \d+ in / \d+ out tokens · \$0\.00"
     assert re.fullmatch(rf"run {run_id} succeeded · {totals}", lines[-4])
     assert lines[-3:] == [f"2 files written in {workspace}:", "  b.txt", "  z/a.md"]
+
+
+def test_the_review_shows_an_estimate_and_runs_show_the_cost_per_purpose(
+    write_script: Callable[..., Path],
+) -> None:
+    script = write_script(
+        [_planner(step("a", tools=[]), step("b", "a", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}]
+    )
+    result = mp("run", "two things", "--model", f"scripted:{script}", "--json", stdin="a\n")
+    assert result.returncode == 0, result.stderr
+    # two steps without tools: a request each; tokens and seconds as the planning calls measured
+    assert re.search(
+        r"estimate for the steps: about 2 model calls, [\d,]+ tokens, [\d.]+ s, cost \$0\.00\n", result.stderr
+    )
+    report = json.loads(result.stdout)
+    assert report["usage"]["by_purpose"]["step:b"]["cost_usd"] == 0.0
+    shown = mp("runs", "show", report["run_id"])
+    assert shown.returncode == 0, shown.stderr
+    rows = {line.split("│")[1].strip(): line for line in shown.stdout.splitlines() if line.count("│") == 7}
+    assert set(rows) >= {"planner", "step:a", "step:b", "all"}
+    assert rows["step:b"].split("│")[2].strip() == "1"  # one call
+    assert rows["all"].split("│")[6].strip() == "$0.00"

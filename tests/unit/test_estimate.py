@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from _plans import step
 
-from masterplanner.estimate import RunEstimate, cost, estimate_run
+from masterplanner.estimate import RunEstimate, estimate_run
 
 PLAN = {
     "task": "t",
@@ -12,10 +12,22 @@ PLAN = {
 }
 
 
-def test_calls_come_from_the_plan_and_cost_only_when_known() -> None:
+def test_calls_come_from_the_plan_and_cost_from_the_price_table() -> None:
     assert estimate_run(PLAN, {"llm_calls": 0}, "openai:gpt-4o") == RunEstimate(4, None, None, None)
-    assert cost("local") == cost("scripted:/x.json") == "$0.00"
-    assert cost("anthropic:claude") is None
+    assert estimate_run(PLAN, {"llm_calls": 0}, "scripted:/x.json").cost == "$0.00"
+    usage = {
+        "llm_calls": 2,
+        "input_tokens": 2000,
+        "output_tokens": 1000,
+        "by_purpose": {"planner": {"seconds": 1}},
+    }
+    # 4 calls like the 2 so far: 4,000 in and 2,000 out at gpt-4o's $2.50 and $10 per million
+    assert estimate_run(PLAN, usage, "openai:gpt-4o").cost == "$0.0300"
+    assert estimate_run(PLAN, usage, "ollama:qwen2.5").cost == "$0.00"
+    assert estimate_run(PLAN, usage, "openai:no-such-model-here").cost is None
+    assert estimate_run(PLAN, usage, "openai:gpt-4o").text() == (
+        "about 4 model calls, 6,000 tokens, 1.3 s, cost $0.0300"
+    )
 
 
 def test_tokens_and_time_are_measured_by_the_calls_so_far() -> None:

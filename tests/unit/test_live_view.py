@@ -21,7 +21,6 @@ from rich.tree import Tree
 
 from masterplanner.cli.live import (
     RunView,
-    cost,
     one_line,
     print_summary,
     step_line,
@@ -113,7 +112,7 @@ def test_a_terminal_shows_a_live_tree_then_the_summary(write_script: Callable[..
     assert re.search(r"· publish\s+waiting\s+publish them", screen)
     assert re.search(rf"check\s+running\s+\d+\.\d s  check {re.escape(OSC52_SHOWN)} it", screen)
     assert f"  read_file failed: the path 'r{OSC52_SHOWN}'" in screen  # cut at the terminal's edge
-    assert re.search(rf"run {run_id} · running · \d+\.\d s · \d+ model calls\n", screen)
+    assert re.search(rf"run {run_id} · running · \d+\.\d s · \d+ model calls · \$0\.00\n", screen)
     # the summary the tree collapses to: status and totals, each step's final state, the files
     summary = screen[screen.rindex(f"run {run_id} succeeded") :]
     lines = summary.splitlines()
@@ -163,7 +162,7 @@ def test_questions_pause_the_tree_and_it_resumes_after_them(write_script: Callab
     # after each answer the tree comes back, and the run goes on to its summary
     assert re.search(r"ask\s+running\s+\d+\.\d s  ask and delete", between)
     assert "\nan agent asks: which colour?\n" in between
-    assert re.search(r"run \S+ · running · \d+\.\d s · \d+ model calls\n", after)
+    assert re.search(r"run \S+ · running · \d+\.\d s · \d+ model calls · \$0\.00\n", after)
     assert re.search(r"\n└── ✓ slow\s+succeeded\s+\d+\.\d s  take a while\n", after)
     assert re.search(r"\nno files written in \S+\n$", after)
     run_id = re.search(r"run (\S+) succeeded", after).group(1)  # type: ignore[union-attr]
@@ -298,12 +297,18 @@ def _report(status: str, workspace: Path, created_at: str, **usage: int) -> dict
 
 
 @pytest.mark.parametrize(
-    ("model", "price"),
-    [("scripted:/x.json", "$0.00"), ("local", "$0.00"), ("local:/m.gguf", "$0.00"), ("openai:gpt", None)],
+    ("spent", "price"),
+    [
+        ({"cost_usd": 0.0, "unpriced_calls": 0}, "$0.00"),
+        ({"cost_usd": 0.01234, "unpriced_calls": 0}, "$0.0123"),
+        ({"cost_usd": 2.5, "unpriced_calls": 3}, "$2.50 + 3 calls of unknown price"),
+        ({"cost_usd": 0.0, "unpriced_calls": 1}, None),
+    ],
 )
-def test_the_cost_is_shown_only_when_known(model: str, price: str | None) -> None:
-    assert cost(model) == price
-    line = summary_line(_report("succeeded", Path("/w"), "2026-01-01T00:00:00.000Z"), model, 4.25)
+def test_the_cost_is_shown_when_known(spent: dict[str, Any], price: str | None) -> None:
+    report = _report("succeeded", Path("/w"), "2026-01-01T00:00:00.000Z")
+    report["usage"] |= spent
+    line = summary_line(report, 4.25)
     expected = "[bold green]run r1 succeeded[/] · 4.2 s · 1 model call · 1,234 in / 5 out tokens"
     assert line == (f"{expected} · {price}" if price else expected)
 
@@ -318,7 +323,7 @@ def test_the_summary_lists_the_files_and_hangs_the_steps_under_it(tmp_path: Path
     console = Console(width=200, record=True, color_system=None, file=io.StringIO())
     print_summary(console, report, run, 75.0, tree=tree)
     lines = console.export_text().splitlines()
-    first = "run r1 failed · 1m 15s · 2 model calls · 1,234 in / 5 out tokens"
+    first = "run r1 failed · 1m 15s · 2 model calls · 1,234 in / 5 out tokens · $0.00"
     steps = [f"└── ✗ a failed             do {OSC52_SHOWN}  it broke"] if tree else []
     files = [f"  {OSC52_SHOWN}{index:02d}.txt" for index in range(20)]
     assert lines == [first, *steps, f"25 files written in {tmp_path}:", *files, "  and 5 more"]
@@ -339,5 +344,5 @@ def test_ctrl_c_leaves_the_tree_where_the_run_stopped(write_script: Callable[...
     assert status == 130
     assert "\x1b[?25h" in raw  # the cursor is shown again
     last = _plain(raw.split("\x1b[?25h")[-1]).strip().splitlines()
-    assert re.fullmatch(r"■ run \S+ · interrupted · \d+\.\d s · \d+ model calls", last[-2])
+    assert re.fullmatch(r"■ run \S+ · interrupted · \d+\.\d s · \d+ model calls · \$0\.00", last[-2])
     assert re.fullmatch(r"└── . long running\s+\d+\.\d s  take long", last[-1])

@@ -44,12 +44,28 @@ def test_ledger_adds_up_across_threads() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    ledger.record("planner", input_tokens=10, output_tokens=5, seconds=1.23456)
+    ledger.record("planner", input_tokens=10, output_tokens=5, seconds=1.23456, cost_usd=0.0125)
+    ledger.record("planner", input_tokens=1, output_tokens=1, seconds=0.0, cost_usd=None)  # no known price
     assert ledger.by_purpose() == {
-        "planner": {"calls": 1, "input_tokens": 10, "output_tokens": 5, "seconds": 1.235},
-        "step:a": {"calls": 4000, "input_tokens": 8000, "output_tokens": 4000, "seconds": 4.0},
+        "planner": {
+            "calls": 2,
+            "input_tokens": 11,
+            "output_tokens": 6,
+            "seconds": 1.235,
+            "cost_usd": 0.0125,
+            "unpriced_calls": 1,
+        },
+        "step:a": {
+            "calls": 4000,
+            "input_tokens": 8000,
+            "output_tokens": 4000,
+            "seconds": 4.0,
+            "cost_usd": 0.0,
+            "unpriced_calls": 0,
+        },
     }
-    assert ledger.summary()["llm_calls"] == 4001
+    summary = ledger.summary()
+    assert (summary["llm_calls"], summary["cost_usd"], summary["unpriced_calls"]) == (4002, 0.0125, 1)
 
 
 async def test_a_counter_without_a_purpose_counts_under_the_label_outside_it(

@@ -26,6 +26,7 @@ from .terminal import shown
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..plan import Plan
     from ..service import Request, RunService
 
 __all__ = ["Input", "TerminalAnswerer", "how_to_answer"]
@@ -257,6 +258,15 @@ class TerminalAnswerer:
             self._print(f"[dim]{by}:[/] {shown(note['value'])}")
         return await self._review(request)
 
+    async def _estimate(self, plan: Plan) -> str:
+        """What running the plan's steps will likely take and cost (`estimate.estimate_run`)."""
+        from ..estimate import estimate_run
+
+        run = await self.service.get(self.run_id)
+        usage = await self.service.usage(self.run_id)
+        parallel = run.options.max_parallel
+        return estimate_run(plan.to_json_dict(), usage, run.model, max_parallel=parallel).text()
+
     async def _review(self, request: Request) -> dict[str, Any] | None:
         """Show the plan and prompts; approve, reject or edit (an edit reopens until it validates)."""
         from ..errors import ConfigError, PlanError
@@ -275,6 +285,7 @@ class TerminalAnswerer:
         decision: dict[str, Any] = {"action": "approve"}
         while True:
             print_plan_dict(plan, agents, stderr=True)
+            self._print(f"[dim]estimate for the steps:[/] {shown(await self._estimate(plan))}")
             line = await self._line("approve, reject or edit? [a/r/e]", request)
             if line is None:
                 return None

@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..estimate import cost
+from ..usage import money
 from .terminal import shown, visible
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ __all__ = [
     "EventLines",
     "LiveTree",
     "RunView",
-    "cost",
     "duration",
     "event_line",
     "one_line",
@@ -92,7 +91,6 @@ _FILES_SHOWN = 20
 _FILES_SCANNED = 100_000
 # version-control folders: no tool may write in them (tools/protected.py), so they are not walked
 _NOT_WALKED = frozenset({".git", ".hg", ".svn"})
-# models that run on this machine (or not at all): their calls cost nothing
 
 
 def wants_live_view(out: Console) -> bool:
@@ -307,6 +305,8 @@ class RunView:
     titles: dict[str, str] = field(default_factory=dict)
     activity: dict[str, _Activity] = field(default_factory=dict)
     calls: int = 0
+    cost: str | None = None
+    """What the run's calls cost so far, when known."""
 
     def apply(self, event: Event) -> None:
         """Take in one event: the run's phase, or a step's current tool and latest notice."""
@@ -349,7 +349,7 @@ class RunView:
         """The tree as it is now; `elapsed` is the run's time so far in this process."""
         now = time.time()
         frame = _SPINNER[int(now * 8) % len(_SPINNER)]
-        calls = _plural(self.calls, "model call")
+        calls = _plural(self.calls, "model call") + (f" · {self.cost}" if self.cost else "")
         note = f" · {self.note}" if self.note else ""
         symbol, style, _ = _LOOK.get(self.phase, (frame, "yellow", ""))
         label = one_line(
@@ -382,6 +382,7 @@ class LiveTree:
         *,
         steps: list[StepRecord] | None = None,
         calls: int | None = None,
+        cost: str | None = None,
         plan: dict[str, Any] | None = None,
     ) -> None:
         """Take in `events` and what changed, and redraw (about 5 times a second, also with no news)."""
@@ -389,6 +390,8 @@ class LiveTree:
             self.view.apply(event)
         if calls is not None:
             self.view.calls = calls
+        if cost is not None:
+            self.view.cost = cost
         if steps is not None:
             self.view.steps = steps
         if plan is not None:
@@ -455,7 +458,7 @@ def written_files(workspace: Path, since: float) -> tuple[list[str], int, bool]:
     return sorted(found)[:_FILES_SHOWN], len(found), False
 
 
-def summary_line(report: dict[str, Any], model: str, seconds: float) -> str:
+def summary_line(report: dict[str, Any], seconds: float) -> str:
     """`run ID succeeded · 4.2 s · 11 model calls · 463 in / 59 out tokens · $0.00`, as markup."""
     status = report["status"]
     colour = "green" if status == "succeeded" else "red"
@@ -466,7 +469,7 @@ def summary_line(report: dict[str, Any], model: str, seconds: float) -> str:
         _plural(usage["llm_calls"], "model call"),
         f"{usage['input_tokens']:,} in / {usage['output_tokens']:,} out tokens",
     ]
-    price = cost(model)
+    price = money(usage.get("cost_usd", 0.0), usage.get("unpriced_calls", 0))
     return " · ".join([*parts, price] if price else parts)
 
 
@@ -493,7 +496,7 @@ def print_summary(
     out: Console, report: dict[str, Any], run: RunRecord, seconds: float, *, tree: bool
 ) -> None:
     """Print how the run ended; with `tree`, its steps' final states hang under the first line."""
-    first = summary_line(report, run.model, seconds)
+    first = summary_line(report, seconds)
     if tree and report["steps"]:
         from ..engine.records import flat_steps
         from ..service import StepRecord

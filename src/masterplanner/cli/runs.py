@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from ..usage import money
 from .answering import TerminalAnswerer, how_to_answer
 from .common import app, console, load_settings
 from .live import EventLines, LiveTree, event_line, print_summary, team_lines, wants_live_view
@@ -81,6 +82,10 @@ def run(
     max_seconds: Annotated[
         float, typer.Option("--max-seconds", help="Budget: seconds of execution.")
     ] = 3600.0,
+    max_cost: Annotated[
+        float | None,
+        typer.Option("--max-cost", help="Budget: US dollars the run's model calls may cost (default: none)."),
+    ] = None,
     max_replans: Annotated[
         int, typer.Option("--max-replans", help="Replans of failed steps allowed in the run (0-10).")
     ] = 2,
@@ -132,6 +137,10 @@ def run(
     for name, value in (("--step-timeout", step_timeout), ("--max-seconds", max_seconds)):
         if value <= 0:
             raise ConfigError(f"{name} must be positive, got {value:g}")
+    if max_cost is not None and not 0 < max_cost <= 1_000_000:
+        raise ConfigError(
+            f"--max-cost must be more than 0 and at most 1000000 (US dollars), got {max_cost:g}"
+        )
     for name, count in (("--max-calls", max_calls), ("--max-tokens", max_tokens)):
         if count < 1:
             raise ConfigError(f"{name} must be at least 1, got {count}")
@@ -147,6 +156,7 @@ def run(
         max_model_calls=max_calls,
         max_tokens=max_tokens,
         max_wall_s=max_seconds,
+        max_cost_usd=max_cost,
         tool_policies=dict(settings.tool_policies),
         max_replans=max_replans,
         check_outputs=check_outputs,
@@ -241,8 +251,9 @@ class _Terminal:
             self._plan_ids = tuple(step.id for step in steps)
             planned = (await self.service.get(self.run_id)).plan
             plan = None if planned is None else planned.to_json_dict()
-        calls = (await self.service.usage(self.run_id))["llm_calls"]
-        self.display.show(fresh, steps=steps, calls=calls, plan=plan)
+        usage = await self.service.usage(self.run_id)
+        cost = money(usage["cost_usd"], usage["unpriced_calls"])
+        self.display.show(fresh, steps=steps, calls=usage["llm_calls"], cost=cost, plan=plan)
 
     async def follow(self) -> None:
         while True:
@@ -395,12 +406,44 @@ def runs_show(
 
     add(report["steps"], 0)
     out.print(table, highlight=False)
+    out.print(_usage_table(report["usage"]), highlight=False)
     for line in team_lines(report):
         out.print(line, highlight=False, soft_wrap=True)
     for event in events:
         out.print(event_line(event), highlight=False, soft_wrap=True)
     if report["output"]:
         typer.echo(visible(report["output"], lines=True))
+
+
+def _usage_table(usage: dict[str, Any]) -> Any:
+    """Model calls, tokens, seconds and cost per purpose (a step's agent is `step:<id>`), and in all."""
+    from rich.table import Table
+
+    table = Table("purpose", "calls", "tokens in", "tokens out", "seconds", "cost")
+
+    def price(entry: dict[str, Any]) -> str:
+        return money(entry.get("cost_usd", 0.0), entry.get("unpriced_calls", 0)) or "unknown"
+
+    for purpose, entry in usage["by_purpose"].items():
+        table.add_row(
+            shown(purpose),
+            f"{entry['calls']:,}",
+            f"{entry['input_tokens']:,}",
+            f"{entry['output_tokens']:,}",
+            f"{entry['seconds']:.1f}",
+            price(entry),
+        )
+    seconds = sum(entry["seconds"] for entry in usage["by_purpose"].values())
+    table.add_row(
+        "all",
+        f"{usage['llm_calls']:,}",
+        f"{usage['input_tokens']:,}",
+        f"{usage['output_tokens']:,}",
+        f"{seconds:.1f}",
+        price(usage),
+        style="bold",
+    )
+    return table
 
 
 @runs_app.command("pending", short_help="List the open requests runs wait on.")

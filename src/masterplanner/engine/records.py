@@ -108,6 +108,8 @@ class RunOptions:
     max_model_calls: int | None = 200
     max_tokens: int | None = 2_000_000
     max_wall_s: float | None = 3600.0
+    max_cost_usd: float | None = None
+    """Most US dollars the run's model calls may cost (calls of unknown price count as nothing)."""
     context_chars: int = 12_000
     """Most characters of its dependencies' outputs a step sees, all together; longer ones are
     summarised for it (cut, marked, only when summarising fails). Clamped to a local model's window."""

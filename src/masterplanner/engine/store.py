@@ -112,12 +112,25 @@ usage_table = sa.Table(
     sa.Column("input_tokens", sa.Integer, nullable=False),
     sa.Column("output_tokens", sa.Integer, nullable=False),
     sa.Column("seconds", sa.Float, nullable=False),
+    sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("unpriced_calls", sa.Integer, nullable=False, server_default="0"),
 )
 
 
 def _create_run_tables(connection: Connection) -> None:
     for table in (runs_table, steps_table, events_table, usage_table):
         table.create(connection, checkfirst=True)
+
+
+def _add_usage_cost(connection: Connection) -> None:
+    """What a purpose's calls cost in US dollars, and how many had no known price."""
+    columns = {column["name"] for column in sa.inspect(connection).get_columns("mp_usage")}
+    if "cost_usd" not in columns:
+        connection.execute(sa.text("ALTER TABLE mp_usage ADD COLUMN cost_usd FLOAT NOT NULL DEFAULT 0"))
+    if "unpriced_calls" not in columns:
+        connection.execute(
+            sa.text("ALTER TABLE mp_usage ADD COLUMN unpriced_calls INTEGER NOT NULL DEFAULT 0")
+        )
 
 
 def _add_lease_until(connection: Connection) -> None:
@@ -139,6 +152,7 @@ MIGRATIONS: list[Migration] = [
     ("0004_messages_notes", create_message_tables),
     ("0005_processes", create_process_table),
     ("0006_run_executor", _add_run_executor),
+    ("0007_usage_cost", _add_usage_cost),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -543,27 +557,39 @@ class RunStore:
     # ---- usage
 
     def add_usage(
-        self, run_id: str, purpose: str, *, input_tokens: int, output_tokens: int, seconds: float
+        self,
+        run_id: str,
+        purpose: str,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        seconds: float,
+        cost_usd: float | None = 0.0,
     ) -> None:
-        """Count one model call of `purpose` against the run (one upsert)."""
+        """Count one model call of `purpose` against the run (one upsert; `cost_usd` None: unpriced)."""
         values = {
             "run_id": run_id,
             "purpose": purpose,
             "input_tokens": input_tokens,
             "output_tokens": output_tokens,
             "seconds": seconds,
+            "cost_usd": cost_usd or 0.0,
+            "unpriced": 1 if cost_usd is None else 0,
         }
         with self.begin("record usage") as connection:
             connection.execute(_ADD_USAGE, values)
 
-    def usage_totals(self, run_id: str) -> tuple[int, int]:
-        """`(model calls, tokens)` the run has used so far, by every process working on it."""
+    def usage_totals(self, run_id: str) -> tuple[int, int, float]:
+        """`(model calls, tokens, US dollars)` the run has used so far, by every process working on it."""
         with self.begin("read usage") as connection:
             row = connection.execute(_USAGE_TOTALS, {"run_id": run_id}).one()
-        return int(row[0]), int(row[1])
+        return int(row[0]), int(row[1]), float(row[2])
 
     def usage(self, run_id: str) -> dict[str, Any]:
-        """`{"llm_calls", "input_tokens", "output_tokens", "by_purpose": {purpose: {...}}}`."""
+        """`{"llm_calls", "input_tokens", "output_tokens", "cost_usd", "unpriced_calls", "by_purpose"}`.
+
+        `by_purpose` has the same fields per purpose (`step:<id>` is a step's agent).
+        """
         with self.begin("read usage") as connection:
             rows = (
                 connection.execute(
@@ -580,6 +606,8 @@ class RunStore:
                 "input_tokens": row["input_tokens"],
                 "output_tokens": row["output_tokens"],
                 "seconds": round(row["seconds"], 3),
+                "cost_usd": round(row["cost_usd"], 6),
+                "unpriced_calls": row["unpriced_calls"],
             }
             for row in rows
         }
@@ -587,6 +615,8 @@ class RunStore:
             "llm_calls": sum(entry["calls"] for entry in by_purpose.values()),
             "input_tokens": sum(entry["input_tokens"] for entry in by_purpose.values()),
             "output_tokens": sum(entry["output_tokens"] for entry in by_purpose.values()),
+            "cost_usd": round(sum(row["cost_usd"] for row in rows), 6),
+            "unpriced_calls": sum(entry["unpriced_calls"] for entry in by_purpose.values()),
             "by_purpose": by_purpose,
         }
 
@@ -594,15 +624,16 @@ class RunStore:
 # Plain SQL, the same in SQLite and Postgres, compiled once (they were SQLAlchemy dialect
 # constructs built per model request; see docs/benchmarks.md, engine, 2026-11-25).
 _ADD_USAGE = sa.text(
-    "INSERT INTO mp_usage (run_id, purpose, calls, input_tokens, output_tokens, seconds) "
-    "VALUES (:run_id, :purpose, 1, :input_tokens, :output_tokens, :seconds) "
-    "ON CONFLICT (run_id, purpose) DO UPDATE SET calls = mp_usage.calls + 1, "
+    "INSERT INTO mp_usage (run_id, purpose, calls, input_tokens, output_tokens, seconds, cost_usd, "
+    "unpriced_calls) VALUES (:run_id, :purpose, 1, :input_tokens, :output_tokens, :seconds, :cost_usd, "
+    ":unpriced) ON CONFLICT (run_id, purpose) DO UPDATE SET calls = mp_usage.calls + 1, "
     "input_tokens = mp_usage.input_tokens + :input_tokens, "
-    "output_tokens = mp_usage.output_tokens + :output_tokens, seconds = mp_usage.seconds + :seconds"
+    "output_tokens = mp_usage.output_tokens + :output_tokens, seconds = mp_usage.seconds + :seconds, "
+    "cost_usd = mp_usage.cost_usd + :cost_usd, unpriced_calls = mp_usage.unpriced_calls + :unpriced"
 )
 _USAGE_TOTALS = sa.text(
-    "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(input_tokens + output_tokens), 0) "
-    "FROM mp_usage WHERE run_id = :run_id"
+    "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(input_tokens + output_tokens), 0), "
+    "COALESCE(SUM(cost_usd), 0) FROM mp_usage WHERE run_id = :run_id"
 )
 
 

@@ -18,6 +18,7 @@ from pydantic_ai.settings import ModelSettings
 from ..errors import ModelError
 from ..purpose import current_purpose, using_purpose, validate_purpose
 from ..usage import UsageLedger
+from .pricing import request_cost
 
 __all__ = ["LabelledModel", "labelled"]
 
@@ -26,7 +27,7 @@ class LabelledModel(WrapperModel):
     """Wraps a model so every request is made under `purpose` and counted in `ledger`.
 
     The purpose is visible to the wrapped model through `current_purpose()` (the scripted model
-    picks its answer by it); calls, tokens and seconds land in the ledger under the same label.
+    picks its answer by it); calls, tokens, seconds and cost land in the ledger under the same label.
     With `purpose` None it sets no purpose and counts each request under the one in effect (set
     by a labelled model further out): the engine puts such a counter inside its checkpoint, under
     the planner's own labelling, so a request replayed after a crash is not counted again.
@@ -81,6 +82,7 @@ class LabelledModel(WrapperModel):
             input_tokens=response.usage.input_tokens,
             output_tokens=response.usage.output_tokens,
             seconds=seconds,
+            cost_usd=request_cost(self.wrapped, response),
         )
         if self.ledger.records_blocking:
             await asyncio.to_thread(record)

@@ -95,6 +95,9 @@ class RunOptionsIn(BaseModel):
     max_model_calls: Whole = Field(default=200, ge=1, le=1_000_000, description="Model calls in the run.")
     max_tokens: Whole = Field(default=2_000_000, ge=1, le=10**10, description="Tokens in the run.")
     max_wall_s: float = Field(default=3600.0, gt=0, le=7 * 86_400, description="Seconds of execution.")
+    max_cost_usd: float | None = Field(
+        default=None, gt=0, le=1_000_000, description="US dollars the run's model calls may cost."
+    )
     max_replans: Whole = Field(default=2, ge=0, le=10, description="Replans of failed steps.")
     check_outputs: bool = Field(default=False, description="Check outputs against expected outputs.")
     team_tools: bool | None = Field(default=None, description="Team tools for step agents (None: by model).")

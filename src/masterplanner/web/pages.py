@@ -23,9 +23,10 @@ from markupsafe import Markup
 
 from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord
 from ..errors import MasterplannerError, PlanError
-from ..estimate import cost, estimate_run
+from ..estimate import estimate_run
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
+from ..usage import money
 from .api import existing_run
 from .auth import COOKIE, same_token
 from .graph import plan_svg
@@ -370,5 +371,5 @@ async def _body_context(
         "step_problems": step_problems,
         "rated": None,
         "estimate": estimate,
-        "cost": cost(record.model),
+        "cost": money(report["usage"]["cost_usd"], report["usage"]["unpriced_calls"]),
     }

@@ -1,0 +1,73 @@
+"""What model requests cost, in US dollars.
+
+Models that run on this machine or not at all cost nothing: the embedded and other GGUF models
+(llama.cpp), the scripted model, Ollama, and any OpenAI-compatible server on a loopback address.
+Hosted models are priced from `genai-prices`, the maintained price table pydantic-ai uses, by
+provider and model name at the time of the request; a model it does not know has no price
+(None), which reports say rather than count as free (`usage.money`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urlsplit
+
+from genai_prices import Usage, calc_price
+from pydantic_ai.messages import ModelResponse
+from pydantic_ai.models import Model
+from pydantic_ai.models.wrapper import WrapperModel
+
+from ..settings import provider_of
+
+__all__ = ["estimated_cost", "request_cost"]
+
+_FREE_SYSTEMS = frozenset({"llama.cpp", "scripted", "ollama"})
+"""Providers (a model's `system`) that run here: their requests cost nothing."""
+_FREE_PROVIDERS = frozenset({"local", "scripted", "ollama"})
+"""The same, as the provider part of a model spec."""
+
+
+def _loopback(url: str | None) -> bool:
+    host = urlsplit(url or "").hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _priced(provider: str, model_name: str, input_tokens: int, output_tokens: int) -> float | None:
+    try:
+        calculation = calc_price(
+            Usage(input_tokens=input_tokens, output_tokens=output_tokens), model_name, provider_id=provider
+        )
+    except LookupError:
+        return None
+    return float(calculation.total_price)
+
+
+def request_cost(model: Model, response: ModelResponse) -> float | None:
+    """What `response` cost: 0 for a model that runs here, the price table's figure, or None."""
+    inner = model
+    while isinstance(inner, WrapperModel):
+        inner = inner.wrapped
+    if inner.system in _FREE_SYSTEMS or _loopback(inner.base_url):
+        return 0.0
+    usage = response.usage
+    return _priced(
+        inner.system, response.model_name or inner.model_name, usage.input_tokens, usage.output_tokens
+    )
+
+
+def estimated_cost(
+    spec: str, input_tokens: int, output_tokens: int, *, base_url: str | None = None
+) -> float | None:
+    """What that many tokens would cost with the model `spec` names (None: its price is not known).
+
+    `base_url`: where an `openai:` spec is served (OPENAI_BASE_URL); a loopback server costs nothing.
+    """
+    provider = provider_of(spec)
+    if provider in _FREE_PROVIDERS or (provider == "openai" and _loopback(base_url)):
+        return 0.0
+    return _priced(provider, spec.partition(":")[2].strip(), input_tokens, output_tokens)

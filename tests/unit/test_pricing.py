@@ -1,0 +1,67 @@
+"""Money: what requests cost (price table for hosted models, nothing for local ones) and the money budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic_ai.messages import ModelResponse, TextPart
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.usage import RequestUsage
+
+from masterplanner import BudgetExceededError, Settings, labelled, resolve_model
+from masterplanner.engine import RunOptions
+from masterplanner.engine.budget import RunLedger
+from masterplanner.engine.store import RunStore
+from masterplanner.models.pricing import estimated_cost, request_cost
+
+
+def response(model_name: str, input_tokens: int, output_tokens: int) -> ModelResponse:
+    usage = RequestUsage(input_tokens=input_tokens, output_tokens=output_tokens)
+    return ModelResponse(parts=[TextPart("x")], usage=usage, model_name=model_name)
+
+
+def openai_model(name: str, base_url: str) -> OpenAIChatModel:
+    return OpenAIChatModel(name, provider=OpenAIProvider(base_url=base_url, api_key="not-used"))
+
+
+def test_hosted_requests_are_priced_from_the_table_and_local_ones_cost_nothing(tmp_path: Path) -> None:
+    hosted = openai_model("gpt-4o-mini", "https://api.openai.com/v1")
+    # gpt-4o-mini: $0.15 per million input tokens, $0.60 per million output tokens
+    assert request_cost(hosted, response("gpt-4o-mini", 1000, 500)) == pytest.approx(0.00045)
+    assert request_cost(hosted, response("no-such-model-anywhere", 1000, 500)) is None
+    local_server = openai_model("gpt-4o-mini", "http://127.0.0.1:8080/v1")
+    assert request_cost(local_server, response("gpt-4o-mini", 1000, 500)) == 0.0
+    script = tmp_path / "s.json"
+    script.write_text('{"calls": [{"purpose": "*", "repeat": true}]}')
+    from masterplanner import UsageLedger
+
+    scripted = labelled(resolve_model(f"scripted:{script}"), "planner", UsageLedger())
+    assert request_cost(scripted, response("x", 1000, 500)) == 0.0  # through the wrapper
+    assert estimated_cost("anthropic:claude-sonnet-4-5", 100_000, 0) == pytest.approx(0.3)  # $3 a million
+    assert estimated_cost("local", 10**9, 10**9) == estimated_cost("scripted:/x.json", 5, 5) == 0.0
+    assert estimated_cost("openai:qwen", 1000, 1000, base_url="http://localhost:8080/v1") == 0.0
+    assert estimated_cost("openai:qwen", 1000, 1000) is None
+
+
+def test_the_money_budget_stops_the_run_once_spent(isolated: Path) -> None:
+    settings = Settings.load()
+    settings.ensure_home()
+    store = RunStore(settings.database_url)
+    try:
+        store.create_run("r1", "t", model="openai:gpt-4o", workspace=str(isolated), options=RunOptions())
+        ledger = RunLedger(store, "r1", RunOptions(max_cost_usd=0.05))
+        ledger.record("planner", input_tokens=1000, output_tokens=100, seconds=1.0, cost_usd=0.03)
+        ledger.check()  # $0.03 of $0.05
+        ledger.record("step:a", input_tokens=1000, output_tokens=100, seconds=1.0, cost_usd=0.025)
+        ledger.record("step:a", input_tokens=10, output_tokens=1, seconds=0.1, cost_usd=None)
+        with pytest.raises(BudgetExceededError) as caught:
+            ledger.check()
+        assert str(caught.value) == "the run used its money budget of $0.05 ($0.0550 spent)"
+        usage = store.usage("r1")
+        assert (usage["cost_usd"], usage["unpriced_calls"]) == (0.055, 1)
+        assert usage["by_purpose"]["step:a"]["cost_usd"] == 0.025
+        assert usage["by_purpose"]["step:a"]["unpriced_calls"] == 1
+    finally:
+        store.close()
