@@ -81,7 +81,7 @@ def _events(run_id: str) -> list[dict[str, Any]]:
         engine.close()
 
 
-def _chain_killed_after_s2(write_script: Callable[..., Path]) -> str:
+def _chain_killed_after_s2(write_script: Callable[..., Path], *, lease_s: float = LEASE_S) -> str:
     """Start a 5-step scripted chain, `kill -9` it while s3 runs (s2 finished); return the run id."""
     chain = [step("s1", tools=[])] + [step(f"s{n}", f"s{n - 1}", tools=[]) for n in range(2, 6)]
     script = write_script(
@@ -108,6 +108,7 @@ def _chain_killed_after_s2(write_script: Callable[..., Path]) -> str:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "MASTERPLANNER_RUN_LEASE_S": str(lease_s)},
     )
     run_id = None
     deadline = time.monotonic() + 60
@@ -144,9 +145,10 @@ def _assert_resumed_without_repeats(run_id: str) -> None:
 
 
 def test_kill_9_then_resume_never_repeats_finished_steps(write_script: Callable[..., Path]) -> None:
-    run_id = _chain_killed_after_s2(write_script)
-    # a lease long enough that the resume surely starts before the killed process's lease lapses
-    resumed = mp("runs", "resume", run_id, "--json", env={"MASTERPLANNER_RUN_LEASE_S": "8"})
+    # the killed process holds its lease long enough that the resume surely finds it still held
+    # (its holder sets how long it lasts; a 2 s lease could lapse while the resume starts up)
+    run_id = _chain_killed_after_s2(write_script, lease_s=8)
+    resumed = mp("runs", "resume", run_id, "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["output"] == "out5"
     # no process id is asked about: the killed process's lease lapses and the run is taken over

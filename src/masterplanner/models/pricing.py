@@ -12,7 +12,6 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
-from genai_prices import Usage, calc_price
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.models import Model
 from pydantic_ai.models.wrapper import WrapperModel
@@ -38,6 +37,8 @@ def _loopback(url: str | None) -> bool:
 
 
 def _priced(provider: str, model_name: str, input_tokens: int, output_tokens: int) -> float | None:
+    from genai_prices import Usage, calc_price  # on first use: it is a fifth of a second to import
+
     try:
         calculation = calc_price(
             Usage(input_tokens=input_tokens, output_tokens=output_tokens), model_name, provider_id=provider
