@@ -301,6 +301,11 @@ class Settings(BaseSettings):
         description="per provider (openai, anthropic, local, ollama, scripted): steps at once and per "
         "minute, across all workers",
     )
+    otel_endpoint: str = Field(
+        "",
+        max_length=2_000,
+        description="OTLP/HTTP base URL runs' traces go to (empty: OTEL_EXPORTER_OTLP_ENDPOINT, else none)",
+    )
     queue_poll_s: float = Field(
         0.05, ge=0.01, le=10, description="how often a worker looks for steps on its queues, in seconds"
     )

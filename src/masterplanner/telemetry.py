@@ -25,6 +25,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -124,10 +125,11 @@ def span(name: str, attributes: dict[str, Any], *, context: Context | None = Non
             raise
 
 
-def record_run(run_id: str, *, status: str, started_ns: int, model: str) -> None:
-    """Emit the run's span, from `started_ns` (its creation) to now, with the id its steps named."""
+def record_run(run_id: str, *, status: str, created_at: str, model: str) -> None:
+    """Emit the run's span, from its creation (`created_at`, ISO 8601) to now, with the id its steps named."""
     if _provider is None:
         return
+    started_ns = int(datetime.fromisoformat(created_at.replace("Z", "+00:00")).timestamp() * 1e9)
     token = _pinned.set(_ids(run_id))
     try:
         run_span = tracer().start_span(

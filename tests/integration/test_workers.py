@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from _otlp import otlp_receiver
 from _serve import serving
 from masterplanner.engine.store import RunStore
 
@@ -405,3 +406,51 @@ def test_the_web_app_with_workers_queues_a_run_and_returns_at_once(
         assert cluster.wait_finished([created["id"]]) == {created["id"]: "succeeded"}
         with urllib.request.urlopen(f"{url}/api/v1/runs/{created['id']}", timeout=30) as response:
             assert json.loads(response.read())["output"] == "from a worker"
+
+
+def test_a_run_whose_steps_ran_on_two_workers_is_one_trace(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    steps = [plan_step("a"), plan_step("b"), plan_step("c")]  # side by side
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": steps}, "repeat": True},
+            *[
+                {"purpose": f"step:{step_id}", "output": step_id, "delay_s": 0.5, "repeat": True}
+                for step_id in "abc"
+            ],
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    with otlp_receiver() as (url, spans):
+        cluster.env["MASTERPLANNER_OTEL_ENDPOINT"] = url
+        cluster.worker("--concurrency", "1")
+        cluster.worker("--concurrency", "1")
+        workers = set(cluster.worker_ids(2))
+        run_ids = cluster.enqueue(script, ["three at once, run 1", "three at once, run 2"])
+        assert cluster.wait_finished(run_ids) == dict.fromkeys(run_ids, "succeeded")
+        for process in cluster.workers:
+            process.send_signal(signal.SIGTERM)  # a worker that stops sends what it has not sent
+            assert process.wait(timeout=60) == 0
+        received = list(spans)
+    spread = False
+    for run_id in run_ids:
+        (run,) = [
+            span
+            for span in received
+            if span.name == "invoke_workflow masterplanner"
+            and span.attributes["masterplanner.run.id"] == run_id
+        ]
+        agents = [
+            span
+            for span in received
+            if span.name.startswith("invoke_agent ") and span.attributes["masterplanner.run.id"] == run_id
+        ]
+        assert sorted(span.attributes["gen_ai.agent.id"] for span in agents) == ["a", "b", "c"]
+        assert {span.trace_id for span in agents} == {run.trace_id}
+        assert {span.parent_id for span in agents} == {run.span_id}
+        processes = {span.attributes["masterplanner.process"] for span in agents}
+        assert processes <= workers
+        spread = spread or len(processes) == 2
+    assert spread  # with one step at a time each, some run's steps ran on both workers
+    assert len({span.trace_id for span in received if span.name == "invoke_workflow masterplanner"}) == 2

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync
+from opentelemetry import context as otel_context
 
+from .. import telemetry
 from ..clause_planner import uses_clause_plans
 from ..errors import BudgetExceededError, MasterplannerError, PlanError, RunError
 from ..models import resolve_model
@@ -78,12 +80,14 @@ class Engine:
         self.store = RunStore(settings.database_url)
         self.owner = process_identity()
         self._launched = False
+        telemetry.configure(settings)
 
     def close(self) -> None:
         """Stop DBOS in this process (if this engine started it) and release database connections."""
         if self._launched:
             shutdown_dbos()
             self._launched = False
+        telemetry.flush()
         self.store.close()
 
     def create_run(
@@ -272,6 +276,8 @@ def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on re
     store.set_status(run_id, "cancelled", error=reason)
     store.requests.close_run(run_id, "cancelled", keep_remember=False)
     store.append_event(run_id, "run_cancelled", data={"reason": reason})
+    run = store.get_run(run_id)
+    telemetry.record_run(run_id, status="cancelled", created_at=run.created_at, model=run.model)
 
 
 def _check_tools(plan: Plan, done: set[str], catalog: RunCatalog) -> None:
@@ -303,6 +309,14 @@ class _Drive:
         """The run's model spec: which provider's queue its steps go through."""
 
     async def run(self) -> None:
+        # this task's spans (planning, the review, inline steps) join the run's trace
+        token = otel_context.attach(telemetry.run_context(self.run_id))
+        try:
+            await self._run()
+        finally:
+            otel_context.detach(token)
+
+    async def _run(self) -> None:
         run = await asyncio.to_thread(self.store.get_run, self.run_id)
         self.model = run.model
         try:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import pydantic_ai
 from dbos import DBOS
+from opentelemetry.trace import Status, StatusCode
 from pydantic import BaseModel, Field
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import ProcessHistory
@@ -30,6 +31,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 from pydantic_ai.models import Model
 from pydantic_ai.usage import UsageLimits
 
+from .. import telemetry
 from ..agents import failure_text, retry_settings
 from ..errors import BudgetExceededError, MasterplannerError, ModelError, RunError, ToolError
 from ..models import with_tool_aids
@@ -113,7 +115,21 @@ async def step_workflow(run_id: str, step_id: str) -> dict[str, Any]:
     """Run one plan step: attempts of its agent, with retries; returns its status and output or error."""
     resources = await _resources(run_id)
     run, outputs = await _run_and_outputs(resources, run_id)
-    return await _StepRun(resources, run, step_id, outputs).run()
+    step_run = _StepRun(resources, run, step_id, outputs)
+    attributes = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": step_run.step.agent_role,
+        "gen_ai.agent.id": step_id,
+        "masterplanner.run.id": run_id,
+        "masterplanner.process": executor_id() or "",
+    }
+    context = telemetry.run_context(run_id)
+    with telemetry.span(f"invoke_agent {step_run.step.agent_role}", attributes, context=context) as span:
+        outcome = await step_run.run()
+        span.set_attribute("masterplanner.step.status", outcome["status"])
+        if outcome["status"] != "succeeded":
+            span.set_status(Status(StatusCode.ERROR, "the step failed"))
+        return outcome
 
 
 @DBOS.workflow(name="masterplanner.aggregate")
@@ -155,6 +171,8 @@ async def end_workflow(
     store = resources.store
 
     def record() -> None:
+        run = store.get_run(run_id)
+        telemetry.record_run(run_id, status=status, created_at=run.created_at, model=run.model)
         if status == "succeeded":
             store.set_status(run_id, "succeeded", output=text)
             store.requests.close_run(run_id, "expired", keep_remember=True)

@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from functools import partial
 from typing import Any
 
+from opentelemetry.trace import Span
 from pydantic_ai import RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse
 from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
@@ -17,6 +18,7 @@ from pydantic_ai.settings import ModelSettings
 
 from ..errors import ModelError
 from ..purpose import current_purpose, using_purpose, validate_purpose
+from ..telemetry import span as traced
 from ..usage import UsageLedger
 from .pricing import request_cost
 
@@ -49,9 +51,10 @@ class LabelledModel(WrapperModel):
     ) -> ModelResponse:
         """Make the request under this model's purpose and record its usage."""
         started = time.perf_counter()
-        with self._labelling():
+        with self._labelling(), self._span() as span:
             response = await self.wrapped.request(messages, model_settings, model_request_parameters)
-        await self._recorded(response, time.perf_counter() - started)
+            cost = await self._recorded(response, time.perf_counter() - started)
+            _usage_attributes(span, response, cost)
         return response
 
     @asynccontextmanager
@@ -64,30 +67,55 @@ class LabelledModel(WrapperModel):
     ) -> AsyncGenerator[StreamedResponse]:
         """Stream the request under this model's purpose; usage is recorded when the stream ends."""
         started = time.perf_counter()
-        with self._labelling():
+        with self._labelling(), self._span() as span:
             async with self.wrapped.request_stream(
                 messages, model_settings, model_request_parameters, run_context
             ) as stream:
                 yield stream
-        await self._recorded(stream.get(), time.perf_counter() - started)
+            cost = await self._recorded(stream.get(), time.perf_counter() - started)
+            _usage_attributes(span, stream.get(), cost)
 
-    async def _recorded(self, response: ModelResponse, seconds: float) -> None:
-        """Count the request in the ledger (in a worker thread when that writes to a database)."""
+    def _span(self) -> AbstractContextManager[Span]:
+        """The request's `chat` span (GenAI conventions: operation, provider, model, purpose)."""
+        inner = self.wrapped
+        while isinstance(inner, WrapperModel):
+            inner = inner.wrapped
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": inner.system,
+            "gen_ai.request.model": inner.model_name,
+            "masterplanner.purpose": self.purpose or current_purpose() or "",
+        }
+        return traced(f"chat {inner.model_name}", attributes)
+
+    async def _recorded(self, response: ModelResponse, seconds: float) -> float | None:
+        """Count the request in the ledger (in a worker thread when that writes to a database); its cost."""
         purpose = self.purpose or current_purpose()
         if purpose is None:
             raise ModelError("a model request was made with no purpose label (a bug: label the model)")
+        cost = request_cost(self.wrapped, response)
         record = partial(
             self.ledger.record,
             purpose,
             input_tokens=response.usage.input_tokens,
             output_tokens=response.usage.output_tokens,
             seconds=seconds,
-            cost_usd=request_cost(self.wrapped, response),
+            cost_usd=cost,
         )
         if self.ledger.records_blocking:
             await asyncio.to_thread(record)
         else:
             record()
+        return cost
+
+
+def _usage_attributes(span: Span, response: ModelResponse, cost: float | None) -> None:
+    span.set_attribute("gen_ai.usage.input_tokens", response.usage.input_tokens)
+    span.set_attribute("gen_ai.usage.output_tokens", response.usage.output_tokens)
+    if response.model_name:
+        span.set_attribute("gen_ai.response.model", response.model_name)
+    if cost is not None:
+        span.set_attribute("masterplanner.cost_usd", cost)
 
 
 def labelled(model: Model, purpose: str, ledger: UsageLedger) -> LabelledModel:
