@@ -12,6 +12,8 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -454,3 +456,35 @@ def test_a_run_whose_steps_ran_on_two_workers_is_one_trace(
         spread = spread or len(processes) == 2
     assert spread  # with one step at a time each, some run's steps ran on both workers
     assert len({span.trace_id for span in received if span.name == "invoke_workflow masterplanner"}) == 2
+
+
+def test_a_provider_limit_holds_across_all_workers(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    steps = [plan_step("a"), plan_step("b")]  # side by side
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": steps}, "repeat": True},
+            {"purpose": "step:a", "output": "A", "delay_s": 0.4, "repeat": True},
+            {"purpose": "step:b", "output": "B", "delay_s": 0.4, "repeat": True},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    # one scripted step at a time on all workers together, though each may run four
+    cluster.env["MASTERPLANNER_PROVIDER_LIMITS"] = json.dumps({"scripted": {"concurrency": 1}})
+    cluster.worker()
+    cluster.worker()
+    cluster.worker_ids(2)
+    run_ids = cluster.enqueue(script, [f"two at once, run {n}" for n in range(3)])
+    assert cluster.wait_finished(run_ids) == dict.fromkeys(run_ids, "succeeded")
+    spans: list[tuple[datetime, datetime]] = []
+    for run_id in run_ids:
+        for record in cluster.store.steps(run_id):
+            assert record.started_at is not None and record.finished_at is not None
+            spans.append(
+                (datetime.fromisoformat(record.started_at), datetime.fromisoformat(record.finished_at))
+            )
+    spans.sort()
+    assert len(spans) == 6
+    for (_start, end), (next_start, _end) in pairwise(spans):
+        assert next_start >= end  # never two at once

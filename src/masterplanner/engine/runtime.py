@@ -153,10 +153,14 @@ def _register_queue(settings: Settings, provider: str, *, worker: bool) -> Queue
     name = step_queue_name(provider)
     limit = settings.provider_limits.get(provider)
     per_minute = None if limit is None or limit.per_minute is None else limit.per_minute
+    overall = None if limit is None else limit.concurrency
     queue = DBOS.register_queue(
         name,
-        worker_concurrency=settings.worker_concurrency,
-        global_concurrency=None if limit is None else limit.concurrency,
+        # a worker never runs more of a provider's steps than all workers together may
+        worker_concurrency=settings.worker_concurrency
+        if overall is None
+        else min(settings.worker_concurrency, overall),
+        global_concurrency=overall,
         limiter=None if per_minute is None else {"limit": per_minute, "period": 60.0},
         polling_interval_sec=settings.queue_poll_s,
         on_conflict="always_update" if worker else "never_update",
