@@ -19,9 +19,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .audit import AuditEntry, audit_entries
 from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
 from .engine.processes import ProcessRecord
 from .engine.records import FINISHED_RUN_STATUSES, briefs_json
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 __all__ = [
+    "AuditEntry",
     "Event",
     "FeedbackSummary",
     "Lease",
@@ -185,14 +188,16 @@ class RunService:
         lease = await asyncio.to_thread(self._store.lease, run.id)
         return lease is None or lease.left_s <= 0
 
-    async def cancel(self, run_id: str, *, wait_s: float = 0.0) -> RunRecord:
+    async def cancel(self, run_id: str, *, wait_s: float = 0.0, by: str | None = None) -> RunRecord:
         """Ask a run to stop and wait up to `wait_s` for it to be cancelled.
 
         The process executing the run stops its steps within moments; a run no process holds is
         cancelled at once, and one whose process died is cancelled when that process's lease
-        lapses (`run_lease_s`), if that comes within `wait_s`.
+        lapses (`run_lease_s`), if that comes within `wait_s`. `by` (`answerer_name(front end)`,
+        the library's by default) is who asked, for the audit log.
         """
-        record = await asyncio.to_thread(self._engine.request_cancel, run_id)
+        who = by or answerer_name("library")
+        record = await asyncio.to_thread(partial(self._engine.request_cancel, run_id, by=who))
         deadline = time.monotonic() + wait_s
         while not record.finished and time.monotonic() < deadline:
             await asyncio.sleep(_FOLLOW_POLL_S)
@@ -201,6 +206,13 @@ class RunService:
             except RunError:  # it ended meanwhile, cancelled or otherwise
                 record = await self.get(record.id)
         return record
+
+    async def audit(self, run_id: str) -> list[AuditEntry]:
+        """Who approved, edited, answered or cancelled what in the run, when, from which front end."""
+        record = await self.get(run_id)
+        requests = await asyncio.to_thread(self._store.requests.find, record.id, state=None)
+        events = await self.events(record.id)
+        return audit_entries(requests, events)
 
     async def abandoned_runs(self) -> list[str]:
         """Runs whose executing process died (its lease lapsed): `execute` takes them over."""

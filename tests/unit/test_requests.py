@@ -221,3 +221,59 @@ async def test_follow_yields_every_event_once_in_order_until_the_run_ends(
     assert kinds[0] == ("run_created", None)
     assert kinds.index(("step_succeeded", "a")) < kinds.index(("step_started", "b"))
     assert kinds[-2:] == [("run_succeeded", None), ("team_stored", None)]  # the end is never cut off
+
+
+def test_runs_audit_says_who_did_what_and_when_with_secrets_removed(
+    write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MASTERPLANNER_TOOL_POLICIES", '{"write_file": "ask"}')
+    write = {"name": "write_file", "args": {"path": "k.txt", "content": "x"}}
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=["ask_user", "write_file"])]}},
+            {
+                "purpose": "step:a",
+                "turn": 1,
+                "tool_calls": [{"name": "ask_user", "args": {"question": "Key?"}}],
+            },
+            {"purpose": "step:a", "turn": 2, "tool_calls": [write]},
+            {"purpose": "step:a", "turn": 3, "output": "done"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    run = start("run", "ask then write", "--model", f"scripted:{script}", "--json")
+    try:
+        answer(pending("plan_review")["id"], "--approve")
+        question = pending("ask_user")
+        answer(question["id"], "--text", "it is sk-abcdefghijklmnop1234, keep it")
+        approval = pending("tool_approval")
+        answer(approval["id"], "--deny", "--reason", "not that file")
+        out, err = run.communicate(timeout=90)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err
+    run_id = json.loads(out)["run_id"]
+    audited = mp("runs", "audit", run_id, "--json")
+    assert audited.returncode == 0, audited.stderr
+    entries = json.loads(audited.stdout)
+    assert [(entry["action"], entry["step"], entry["front_end"]) for entry in entries] == [
+        ("approved the plan", None, "cli"),
+        ("answered the question 'Key?': 'it is [secret removed], keep it'", "a", "cli"),
+        ("denied a call to write_file: not that file", "a", "cli"),
+    ]
+    assert all(entry["by"].startswith("cli@") for entry in entries)
+    assert entries[2]["request"] == approval["id"]
+    assert [entry["at"] for entry in entries] == sorted(entry["at"] for entry in entries)
+    assert "sk-abcdef" not in mp("runs", "audit", run_id).stdout
+
+    # a cancel is in the log too, with who asked for it
+    waiting = start("run", "ask then write", "--model", f"scripted:{script}", "--json")
+    try:
+        review = pending("plan_review")
+        cancelled = mp("runs", "cancel", review["run_id"], "--wait", "20")
+        assert cancelled.returncode == 0, cancelled.stderr
+        waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()
+    (cancel,) = json.loads(mp("runs", "audit", review["run_id"], "--json").stdout)
+    assert (cancel["action"], cancel["front_end"]) == ("asked to cancel the run", "cli")

@@ -1,4 +1,4 @@
-"""`masterplanner run` and `masterplanner runs list|show|pending|answer|resume|cancel`.
+"""`masterplanner run` and `masterplanner runs list|show|pending|answer|audit|resume|cancel`.
 
 Every command goes through the run service (`masterplanner.service.RunService`).
 """
@@ -542,12 +542,43 @@ def runs_resume(
     _execute(service, record.id, as_json=as_json)
 
 
+@runs_app.command("audit", short_help="Who approved, edited, answered or cancelled what, and when.")
+def runs_audit(
+    run_id: RunId,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The run's audit log: each answered request and cancel, who (front end@host:pid) and when.
+
+    What people typed is shown with anything shaped like a credential removed.
+    """
+    entries = _call(_service(load_settings()), lambda service: service.audit(run_id))
+    if as_json:
+        typer.echo(json_text([entry.to_json_dict() for entry in entries]))
+        return
+    out = console()
+    if not entries:
+        out.print("nobody has answered or cancelled anything in this run")
+        return
+    for entry in entries:
+        where = f" · step {shown(entry.step)}" if entry.step else ""
+        request = f" · request {shown(entry.request)}" if entry.request else ""
+        when = entry.at[:19].replace("T", " ")
+        out.print(
+            f"{shown(when)} · {shown(entry.by)}{where} · {shown(entry.action)}{request}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 @runs_app.command("cancel", short_help="Stop a run.")
 def runs_cancel(
     run_id: RunId,
     wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for running steps to stop.")] = 15.0,
 ) -> None:
     """Cancel a run: running steps stop promptly, no new step starts, its open requests close."""
-    record = _call(_service(load_settings()), lambda service: service.cancel(run_id, wait_s=wait))
+    from ..service import answerer_name
+
+    by = answerer_name("cli")
+    record = _call(_service(load_settings()), lambda service: service.cancel(run_id, wait_s=wait, by=by))
     console(stderr=True).print(f"run {shown(record.id)} {shown(record.status)}", highlight=False)
     raise typer.Exit(0 if record.status == "cancelled" else 1)

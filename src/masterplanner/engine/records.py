@@ -57,6 +57,7 @@ EventKind = Literal[
     "run_succeeded",
     "run_failed",
     "run_cancelled",
+    "cancel_requested",
     "team_stored",
     "team_not_stored",
     "episode_not_kept",

@@ -224,11 +224,16 @@ class Engine:
                     work.cancel()
                     return
 
-    def request_cancel(self, run_id: str) -> RunRecord:
-        """Ask for a run to stop; one no process holds (or whose holder's lease lapsed) is cancelled now."""
+    def request_cancel(self, run_id: str, *, by: str | None = None) -> RunRecord:
+        """Ask for a run to stop; one no process holds (or whose holder's lease lapsed) is cancelled now.
+
+        `by`: who asks (`front end@host:pid`), recorded for the audit log the first time they ask.
+        """
         run = self.store.get_run(run_id)
         if run.finished:
             raise RunError(f"run {run.id} already {run.status}")
+        if by is not None:
+            self.store.append_event(run.id, "cancel_requested", data={"by": by})
         self.store.update_run(run.id, cancel_requested=True)
         canceller = f"{self.owner}/cancel-{secrets.token_hex(3)}"  # never an execution's name
         if self.store.claim(run.id, canceller, lease_s=self.settings.run_lease_s):

@@ -14,7 +14,6 @@ so secrets never reach the database or a later prompt through memory.
 
 from __future__ import annotations
 
-import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -24,23 +23,13 @@ from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
 from ..errors import ToolError
+from ..redaction import looks_secret
 from .store import RegistryStore, _count_write, _sql, _text_index
 
 __all__ = ["MAX_MEMORY_CHARS", "MemoryItem", "MemoryKind", "MemoryStore", "episode_text", "looks_secret"]
 
 MemoryKind = Literal["fact", "episode"]
 MAX_MEMORY_CHARS = 2000
-_SECRET = re.compile(
-    r"(?i)\b(sk|pk|rk|ghp|gho|github_pat|xox[abpr]|AKIA|AIza)[-_A-Za-z0-9]{12,}"
-    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
-    r"|\b(api[_-]?key|secret|token|password|passwd)\b\s*[:=]\s*\S{6,}"
-    r"|\bBearer\s+[A-Za-z0-9._~+/-]{16,}"
-)
-
-
-def looks_secret(text: str) -> bool:
-    """Whether `text` contains something shaped like a credential (a key, token, password, private key)."""
-    return _SECRET.search(text) is not None
 
 
 @dataclass(frozen=True)

@@ -297,7 +297,7 @@ async def cancel_run(request: Request, run_id: str) -> dict[str, Any]:
     """Ask the run to stop; its running steps stop within moments, wherever they run."""
     service = _service(request)
     record = await _run(service, run_id)
-    return _summary(await service.cancel(record.id, wait_s=2.0))
+    return _summary(await service.cancel(record.id, wait_s=2.0, by=answerer_name("web")))
 
 
 @router.post("/runs/{run_id}/feedback", summary="Rate a finished run")

@@ -235,7 +235,9 @@ async def rate(request: Request, run_id: str) -> Response:
 async def cancel(request: Request, run_id: str) -> Response:
     """Cancel the run; the body shows it stopping."""
     service = _service(request)
-    record = await service.cancel((await existing_run(request, run_id)).id, wait_s=2.0)
+    record = await service.cancel(
+        (await existing_run(request, run_id)).id, wait_s=2.0, by=answerer_name("web")
+    )
     return templates.TemplateResponse(request, "_run_body.html", await _body_context(request, record, None))
 
 

@@ -1,0 +1,34 @@
+"""What looks like a credential in text (a key, token, password, private key), and text with it taken out.
+
+Agents' memories refuse such text; the audit log shows what people answered with it removed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+__all__ = ["looks_secret", "redacted"]
+
+_SECRET = re.compile(
+    r"(?i)\b(sk|pk|rk|ghp|gho|github_pat|xox[abpr]|AKIA|AIza)[-_A-Za-z0-9]{12,}"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+    r"|\b(api[_-]?key|secret|token|password|passwd)\b\s*[:=]\s*\S{6,}"
+    r"|\bBearer\s+[A-Za-z0-9._~+/-]{16,}"
+)
+_SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$")
+"""Environment variables whose values are secrets by their name (OPENAI_API_KEY, …)."""
+REMOVED = "[secret removed]"
+
+
+def looks_secret(text: str) -> bool:
+    """Whether `text` contains something shaped like a credential (a key, token, password, private key)."""
+    return _SECRET.search(text) is not None
+
+
+def redacted(text: str) -> str:
+    """`text` with every credential-shaped part, and every value of a secret variable here, removed."""
+    for name, value in os.environ.items():
+        if len(value) >= 8 and _SECRET_VARIABLE.search(name.upper()) and value in text:
+            text = text.replace(value, REMOVED)
+    return _SECRET.sub(REMOVED, text)
