@@ -29,7 +29,7 @@ from .engine.processes import ProcessRecord
 from .engine.records import FINISHED_RUN_STATUSES, briefs_json
 from .engine.reuse import remember_run
 from .engine.store import Lease
-from .engine.worker import Worker, WorkerSummary
+from .engine.worker import Note, Worker, WorkerSummary
 from .errors import ConfigError, RequestError, RunError, problem_in_our_words
 from .plan import validate_plan
 from .settings import Settings
@@ -60,6 +60,10 @@ __all__ = [
 ]
 
 _FOLLOW_POLL_S = 0.2
+
+
+def _silent_note(message: str, **fields: Any) -> None:
+    return None
 
 
 def answerer_name(front_end: str) -> str:
@@ -231,12 +235,12 @@ class RunService:
         providers: list[str] | None = None,
         max_runs: int = 64,
         grace_s: float = 30.0,
-        note: Callable[[str], None] = lambda _line: None,
+        note: Note = _silent_note,
     ) -> WorkerSummary:
         """Be a worker until `stop` is set: take queued steps and runs, and those of dead processes.
 
         `providers` limits the step queues it takes from (all by default); `note` is told what
-        it does, a line at a time. See `masterplanner.engine.worker`.
+        it does, a line at a time with fields for a log collector. See `masterplanner.engine.worker`.
         """
         worker = Worker(
             self.settings,

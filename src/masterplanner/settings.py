@@ -301,6 +301,9 @@ class Settings(BaseSettings):
         description="per provider (openai, anthropic, local, ollama, scripted): steps at once and per "
         "minute, across all workers",
     )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="how worker and serve log to stderr: text, or one JSON object a line"
+    )
     otel_endpoint: str = Field(
         "",
         max_length=2_000,

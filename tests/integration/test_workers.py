@@ -307,10 +307,22 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
     run_id = queued.stdout.strip()
     assert "no worker is running on this database: the run waits until one starts" in queued.stderr
     assert cluster.store.get_run(run_id).status == "planning"
-    cluster.worker("--queues", "scripted")
+    cluster.env["MASTERPLANNER_LOG_FORMAT"] = "json"
+    worker_process = cluster.worker("--queues", "scripted")
     assert cluster.wait_finished([run_id]) == {run_id: "succeeded"}
+    worker_process.send_signal(signal.SIGTERM)
+    assert worker_process.wait(timeout=60) == 0
+    logged = [json.loads(line) for line in cluster.log(0).splitlines()]  # every line is one JSON object
+    assert [entry["event"] for entry in logged] == ["worker_started", "run_ended", "worker_stopped"]
+    assert {entry["logger"] for entry in logged} == {"masterplanner.worker"}
+    assert (logged[1]["run"], logged[1]["status"], logged[1]["message"]) == (
+        run_id,
+        "succeeded",
+        f"run {run_id}: succeeded",
+    )
+    assert logged[0]["queues"] == ["steps-scripted"] and logged[0]["time"].endswith("Z")
     listed = subprocess.run(
-        [*mp, "workers", "--json"], capture_output=True, text=True, env=cluster.env, timeout=60
+        [*mp, "workers", "--all", "--json"], capture_output=True, text=True, env=cluster.env, timeout=60
     )
     assert listed.returncode == 0, listed.stderr
     (worker,) = json.loads(listed.stdout)

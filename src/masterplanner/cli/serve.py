@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from .common import app, console, load_settings
-from .terminal import shown
+from .terminal import shown, visible
 
 __all__ = ["serve"]
 
@@ -41,7 +41,10 @@ def serve(
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port must be between 1 and 65535, got {port}")
     check_bind(host, auth=auth)
+    from ..logs import configure_logging
+
     settings = load_settings()
+    configure_logging(settings.log_format, printable=visible)
     token = None
     out = console(stderr=True)
     if auth:

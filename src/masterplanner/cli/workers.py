@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from .common import app, console, load_settings
-from .terminal import json_text, shown
+from .terminal import json_text, shown, visible
 
 __all__ = ["worker", "workers"]
 
@@ -57,12 +57,14 @@ def worker(
     providers = None if queues is None else [name.strip() for name in queues.split(",") if name.strip()]
     if providers is not None and not providers:
         raise ConfigError("--queues names no provider")
+    from ..logs import configure_logging, log
+
     settings = load_settings(**({} if concurrency is None else {"worker_concurrency": concurrency}))
-    out = console(stderr=True)
+    configure_logging(settings.log_format, printable=visible)
     service = RunService(settings, debug="--debug" in sys.argv)
 
-    def note(line: str) -> None:
-        out.print(shown(line), highlight=False, soft_wrap=True)
+    def note(message: str, **fields: Any) -> None:
+        log("worker", message, **fields)
 
     async def work() -> None:
         stop = asyncio.Event()
@@ -70,7 +72,12 @@ def worker(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         summary = await service.work(stop, providers=providers, max_runs=max_runs, grace_s=grace, note=note)
-        note(f"stopped: {len(summary.runs)} runs ended here, {len(summary.handed_over)} handed over")
+        note(
+            f"stopped: {len(summary.runs)} runs ended here, {len(summary.handed_over)} handed over",
+            event="worker_stopped",
+            runs_ended=len(summary.runs),
+            handed_over=len(summary.handed_over),
+        )
 
     try:
         asyncio.run(work())

@@ -17,8 +17,8 @@ worker's, and taken over by the others as soon as the worker records its stop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from ..errors import MasterplannerError, RunError
 from ..settings import PROVIDERS, Settings
@@ -26,10 +26,21 @@ from .records import RunRecord
 from .runner import Engine
 from .runtime import launch_dbos, process_lost, shutdown_dbos, step_queue_name
 
-__all__ = ["Worker", "WorkerSummary"]
+__all__ = ["Note", "Worker", "WorkerSummary"]
 
 _CLAIM_INTERVAL_S = 0.25
 """How often a worker looks for runs to take."""
+
+
+class Note(Protocol):
+    """Told what a worker does: a line for a person, and fields for a log collector."""
+
+    def __call__(self, message: str, **fields: Any) -> None:
+        """Take in one thing the worker did."""
+
+
+def _silent(message: str, **fields: Any) -> None:
+    return None
 
 
 @dataclass
@@ -52,7 +63,7 @@ class Worker:
         providers: list[str] | None = None,
         max_runs: int = 64,
         grace_s: float = 30.0,
-        note: Callable[[str], None] = lambda _line: None,
+        note: Note = _silent,
         debug: bool = False,
     ) -> None:
         unknown = sorted(set(providers or []) - set(PROVIDERS))
@@ -92,7 +103,11 @@ class Worker:
         engine._launched = True  # the engine's close stops DBOS in this process
         self.note(
             f"worker {self.id}: steps from {', '.join(self.queues)}, "
-            f"{self.settings.worker_concurrency} at once; runs queued for workers or left by dead processes"
+            f"{self.settings.worker_concurrency} at once; runs queued for workers or left by dead processes",
+            event="worker_started",
+            worker=self.id,
+            queues=self.queues,
+            concurrency=self.settings.worker_concurrency,
         )
         runs: dict[str, asyncio.Task[RunRecord | None]] = {}
         try:
@@ -118,7 +133,12 @@ class Worker:
                 summary.handed_over.append(run_id)
             await asyncio.gather(*runs.values(), return_exceptions=True)
             if summary.handed_over:
-                self.note(f"handed over: {', '.join(summary.handed_over)}")
+                self.note(
+                    f"handed over: {', '.join(summary.handed_over)}",
+                    event="runs_handed_over",
+                    worker=self.id,
+                    runs=summary.handed_over,
+                )
             await asyncio.to_thread(shutdown_dbos, grace_s=self.grace_s)
             engine._launched = False
         return summary
@@ -138,14 +158,18 @@ class Worker:
                     if isinstance(error, MasterplannerError)
                     else f"{type(error).__name__}: {error}"
                 )
-                self.note(f"run {run_id}: stopped here: {reason}")
+                self.note(
+                    f"run {run_id}: stopped here: {reason}", event="run_stopped", run=run_id, reason=reason
+                )
                 continue
             record = task.result()
             if record is None:
                 continue  # another worker took it first
             if record.finished:
                 summary.runs[run_id] = record.status
-                self.note(f"run {run_id}: {record.status}")
+                self.note(
+                    f"run {run_id}: {record.status}", event="run_ended", run=run_id, status=record.status
+                )
 
     def close(self) -> None:
         """Stop DBOS here and release database connections."""

@@ -1,0 +1,71 @@
+"""What long-running processes (`worker`, `serve`) log, as text or as JSON lines (`log_format`).
+
+Everything goes through the `masterplanner` logger to stderr. With `log_format = "json"` each
+record is one JSON object a line: `time` (ISO 8601 UTC), `level`, `logger`, `message`, and the
+fields the caller attached (`run`, `status`, `worker`, …), for a log collector to index.
+Messages name runs, steps and processes, never secrets (database URLs hide their password).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+__all__ = ["JsonLines", "configure_logging", "log"]
+
+LOGGER = "masterplanner"
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per record."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON."""
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry |= getattr(record, "fields", {})
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        return json.dumps(entry, ensure_ascii=True, default=str)
+
+
+class _Text(logging.Formatter):
+    """The message alone, made safe to print by `printable` (control characters shown, not obeyed)."""
+
+    def __init__(self, printable: Callable[[str], str]) -> None:
+        super().__init__()
+        self._printable = printable
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record's message, printable."""
+        return self._printable(record.getMessage())
+
+
+def configure_logging(log_format: Literal["text", "json"], *, printable: Callable[[str], str] = str) -> None:
+    """Send the `masterplanner` logger's records (INFO and up) to stderr in `log_format`.
+
+    JSON lines are pure ASCII (every control character escaped); text goes through `printable`.
+    """
+    logger = logging.getLogger(LOGGER)
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines() if log_format == "json" else _Text(printable))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def log(name: str, message: str, **fields: Any) -> None:
+    """Log `message` at INFO under `masterplanner.<name>`, with `fields` for JSON lines."""
+    logging.getLogger(f"{LOGGER}.{name}").info(message, extra={"fields": fields})
