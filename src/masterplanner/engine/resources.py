@@ -13,6 +13,7 @@ that recovers a step's workflow can build what the step needs.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -65,7 +66,7 @@ async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunReso
     )
     ledger = RunLedger(store, run.id, run.options)
     model = BudgetedModel(resolve_model(run.model, settings), ledger.check)
-    registry = await asyncio.to_thread(open_registry, settings)
+    registry = await asyncio.to_thread(_registry, settings)
     memory = (
         None
         if registry is None
@@ -88,6 +89,32 @@ async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunReso
     )
 
 
+_REGISTRIES_KEPT = 4
+"""Registries (one per database and embedder) a process keeps open; the least recently used goes first."""
+_registries: OrderedDict[tuple[str, str], RegistryStore] = OrderedDict()
+_registries_lock = threading.Lock()
+
+
+def _registry(settings: Settings) -> RegistryStore:
+    """The registry of the settings' database, shared by every run this process works on.
+
+    One per process, not one per run: each holds a pool of database connections, and a worker
+    coordinating dozens of runs with one each ran Postgres out of connections (bench/scale.py).
+    A registry is safe to share between tasks and threads.
+    """
+    key = (settings.database_url, settings.embedder)
+    with _registries_lock:
+        if key in _registries:
+            _registries.move_to_end(key)
+            return _registries[key]
+        registry = open_registry(settings)
+        _registries[key] = registry
+        while len(_registries) > _REGISTRIES_KEPT:
+            _key, dropped = _registries.popitem(last=False)
+            dropped.close()  # its pooled connections; a run still using it opens new ones
+        return registry
+
+
 class _Kept:
     """The resources this process made, and which settings and store each held run is executed with."""
 
@@ -98,7 +125,7 @@ class _Kept:
     def trim(self) -> None:
         idle = [run_id for run_id in self.made if run_id not in self.holders]
         for run_id in idle[: max(0, len(idle) - _KEPT_IDLE)]:
-            _close(self.made.pop(run_id))
+            del self.made[run_id]
 
 
 _kept = _Kept()
@@ -132,7 +159,7 @@ def hold(run_id: str, settings: Settings, store: RunStore) -> None:
     """
     held = _kept.holders.get(run_id)
     if held is None:
-        _close(_kept.made.pop(run_id, None))
+        _kept.made.pop(run_id, None)
         _kept.holders[run_id] = (settings, store, 1)
     else:
         _kept.holders[run_id] = (held[0], held[1], held[2] + 1)
@@ -147,10 +174,4 @@ def release(run_id: str) -> None:
         _kept.holders[run_id] = (held[0], held[1], held[2] - 1)
         return
     del _kept.holders[run_id]
-    _close(_kept.made.pop(run_id, None))
-
-
-def _close(resources: RunResources | None) -> None:
-    """Release what dropped resources hold open (the registry's database connections)."""
-    if resources is not None and resources.registry is not None:
-        resources.registry.close()
+    _kept.made.pop(run_id, None)
