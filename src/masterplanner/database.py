@@ -20,6 +20,8 @@ from .errors import DatabaseUnavailableError, RunError
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
+POOL_SIZE = 4
+"""Connections a store keeps open to Postgres (as many more while busy): runs and registry, per process."""
 RECONNECT_S = 60.0
 """How long a store call waits for a Postgres server that went away (a restart) before failing."""
 
@@ -72,8 +74,13 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 def create_engine(url: str) -> Engine:
     """An engine for a settings database URL; SQLite connections in WAL with `synchronous=NORMAL`."""
     full_url = engine_url(url)
-    # Postgres: a pooled connection the server dropped (it restarted) is found at checkout and replaced
-    options: dict[str, Any] = {"pool_pre_ping": True} if full_url.startswith("postgresql") else {}
+    # Postgres: a pooled connection the server dropped (it restarted) is found at checkout and
+    # replaced; at most 8 connections a store, so several workers stay within a server's 100
+    options: dict[str, Any] = (
+        {"pool_pre_ping": True, "pool_size": POOL_SIZE, "max_overflow": POOL_SIZE}
+        if full_url.startswith("postgresql")
+        else {}
+    )
     try:
         engine = sa.create_engine(full_url, **options)
     except (sa.exc.ArgumentError, ImportError) as exc:

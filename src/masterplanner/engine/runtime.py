@@ -117,6 +117,8 @@ def _launch(
         "log_level": level,
         "console_log_level": level,
         "notification_listener_polling_interval_sec": 0.05,
+        # DBOS's own connections, beside the run store's and the registry's (8 each at most)
+        "sys_db_pool_size": 8,
     }
     if engine_url(database_url).startswith("sqlite"):
         config["db_engine_kwargs"] = {"connect_args": {"factory": _WalConnection}}
