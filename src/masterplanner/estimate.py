@@ -84,11 +84,10 @@ def estimate_run(
 
 
 def _money(model: str, input_tokens: int, output_tokens: int) -> str | None:
-    from .models.pricing import estimated_cost
+    from .models.pricing import costs_nothing, estimated_cost
 
     base_url = os.environ.get("OPENAI_BASE_URL")
     if not input_tokens + output_tokens:  # nothing measured yet: only a model that costs nothing is known
-        free = estimated_cost(model, 1_000, 1_000, base_url=base_url) == 0
-        return money(0.0) if free else None
+        return money(0.0) if costs_nothing(model, base_url=base_url) else None
     dollars = estimated_cost(model, input_tokens, output_tokens, base_url=base_url)
     return None if dollars is None else money(dollars)

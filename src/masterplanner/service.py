@@ -62,10 +62,6 @@ __all__ = [
 _FOLLOW_POLL_S = 0.2
 
 
-def _silent_note(message: str, **fields: Any) -> None:
-    return None
-
-
 def answerer_name(front_end: str) -> str:
     """Who answers, as requests and events record it: `front end@host:pid`."""
     return f"{front_end}@{socket.gethostname()}:{os.getpid()}"
@@ -235,7 +231,7 @@ class RunService:
         providers: list[str] | None = None,
         max_runs: int = 64,
         grace_s: float = 30.0,
-        note: Note = _silent_note,
+        note: Note | None = None,
     ) -> WorkerSummary:
         """Be a worker until `stop` is set: take queued steps and runs, and those of dead processes.
 

@@ -35,7 +35,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status,
 if TYPE_CHECKING:
     from .settings import Settings
 
-__all__ = ["configure", "flush", "record_run", "run_context", "span", "tracer"]
+__all__ = ["configure", "exporting", "flush", "record_run", "run_context", "span", "tracer"]
 
 _lock = threading.Lock()
 _provider: Any = None
@@ -91,6 +91,11 @@ def configure(settings: Settings) -> None:
         _provider, _endpoint = provider, endpoint
 
 
+def exporting() -> bool:
+    """Whether this process sends spans (callers skip work done only for them when not)."""
+    return _provider is not None
+
+
 def tracer() -> trace.Tracer:
     """This process's tracer (one that records nothing when export is off)."""
     provider = _provider
@@ -127,8 +132,6 @@ def span(name: str, attributes: dict[str, Any], *, context: Context | None = Non
 
 def record_run(run_id: str, *, status: str, created_at: str, model: str) -> None:
     """Emit the run's span, from its creation (`created_at`, ISO 8601) to now, with the id its steps named."""
-    if _provider is None:
-        return
     started_ns = int(datetime.fromisoformat(created_at.replace("Z", "+00:00")).timestamp() * 1e9)
     token = _pinned.set(_ids(run_id))
     try:

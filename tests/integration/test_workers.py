@@ -188,25 +188,13 @@ def test_a_worker_killed_mid_run_leaves_every_run_to_the_other_and_no_tool_call_
     cluster: Cluster, write_script: Callable[..., Path]
 ) -> None:
     ids = ["a", "b", "c"]
-    steps = [plan_step("a", tools=["write_file"]), plan_step("b", "a", tools=["write_file"])]
-    steps.append(plan_step("c", "b", tools=["write_file"]))
-    calls: list[dict[str, Any]] = [{"purpose": "planner", "output": {"steps": steps}, "repeat": True}]
-    for step_id in ids:
-        write = {"name": "write_file", "args": {"path": f"{step_id}.txt", "content": f"from {step_id}"}}
-        calls.append({"purpose": f"step:{step_id}", "turn": 1, "tool_calls": [write], "repeat": True})
-        # the step's second request is slow: the kill lands there, after its tool call was recorded
-        calls.append(
-            {"purpose": f"step:{step_id}", "turn": 2, "output": "ok", "delay_s": 1.5, "repeat": True}
-        )
-    calls.append({"purpose": "*", "repeat": True})
-    script = write_script(calls)
-    first, second = cluster.worker("--concurrency", "1"), cluster.worker("--concurrency", "1")
+    script = _file_writing_chain(write_script, ids)
+    cluster.worker("--concurrency", "1")
+    cluster.worker("--concurrency", "1")
     cluster.worker_ids(2)
     run_ids = cluster.enqueue(script, [f"write three files, run {n}" for n in range(4)])
     # kill the worker whose step has made its tool call and waits on its second model request
-    victim_id = _wait_for_a_step_past_its_tool_call(cluster, run_ids)
-    by_pid = {record.id: record.pid for record in cluster.store.processes.listed()}
-    victim = first if by_pid[victim_id] == first.pid else second
+    victim_id, victim = _worker_past_a_tool_call(cluster, run_ids)
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=30)
     statuses = cluster.wait_finished(run_ids)
@@ -225,6 +213,29 @@ def test_a_worker_killed_mid_run_leaves_every_run_to_the_other_and_no_tool_call_
             f"{step_id}.txt": f"from {step_id}" for step_id in ids
         }
     assert victim_id not in {record.id for record in cluster.store.processes.listed()}
+
+
+def _file_writing_chain(write_script: Callable[..., Path], ids: list[str]) -> Path:
+    """A chain of steps, each writing `<id>.txt` ("from <id>") first, then answering slowly."""
+    steps = [plan_step(ids[0], tools=["write_file"])]
+    steps += [plan_step(step_id, before, tools=["write_file"]) for before, step_id in pairwise(ids)]
+    calls: list[dict[str, Any]] = [{"purpose": "planner", "output": {"steps": steps}, "repeat": True}]
+    for step_id in ids:
+        write = {"name": "write_file", "args": {"path": f"{step_id}.txt", "content": f"from {step_id}"}}
+        calls.append({"purpose": f"step:{step_id}", "turn": 1, "tool_calls": [write], "repeat": True})
+        # the second request is slow: a worker stopped then has its tool call recorded
+        slow = {"turn": 2, "output": "ok", "delay_s": 1.5, "repeat": True}
+        calls.append({"purpose": f"step:{step_id}", **slow})
+    calls.append({"purpose": "*", "repeat": True})
+    return write_script(calls)
+
+
+def _worker_past_a_tool_call(cluster: Cluster, run_ids: list[str]) -> tuple[str, subprocess.Popen[str]]:
+    """The id and process of a worker running a step that recorded its tool call and is not done."""
+    worker_id = _wait_for_a_step_past_its_tool_call(cluster, run_ids)
+    pid = {record.id: record.pid for record in cluster.store.processes.listed()}[worker_id]
+    (process,) = [process for process in cluster.workers if process.pid == pid]
+    return worker_id, process
 
 
 def _wait_for_a_step_past_its_tool_call(cluster: Cluster, run_ids: list[str], timeout: float = 120) -> str:
@@ -254,22 +265,12 @@ def _wait_for_a_step_past_its_tool_call(cluster: Cluster, run_ids: list[str], ti
 def test_sigterm_hands_runs_over_and_lets_the_running_step_finish(
     cluster: Cluster, write_script: Callable[..., Path]
 ) -> None:
-    steps = [plan_step("a", tools=["write_file"]), plan_step("b", "a", tools=["write_file"])]
-    calls: list[dict[str, Any]] = [{"purpose": "planner", "output": {"steps": steps}, "repeat": True}]
-    for step_id in "ab":
-        write = {"name": "write_file", "args": {"path": f"{step_id}.txt", "content": step_id}}
-        calls.append({"purpose": f"step:{step_id}", "turn": 1, "tool_calls": [write], "repeat": True})
-        calls.append(
-            {"purpose": f"step:{step_id}", "turn": 2, "output": "ok", "delay_s": 1.5, "repeat": True}
-        )
-    calls.append({"purpose": "*", "repeat": True})
-    script = write_script(calls)
-    first, second = cluster.worker("--concurrency", "1"), cluster.worker("--concurrency", "1")
+    script = _file_writing_chain(write_script, ["a", "b"])
+    cluster.worker("--concurrency", "1")
+    cluster.worker("--concurrency", "1")
     cluster.worker_ids(2)
     run_ids = cluster.enqueue(script, [f"two files, run {n}" for n in range(3)])
-    stopping_id = _wait_for_a_step_past_its_tool_call(cluster, run_ids)
-    by_pid = {record.id: record.pid for record in cluster.store.processes.listed()}
-    stopping = first if by_pid[stopping_id] == first.pid else second
+    stopping_id, stopping = _worker_past_a_tool_call(cluster, run_ids)
     stopping.send_signal(signal.SIGTERM)
     assert stopping.wait(timeout=60) == 0
     log = cluster.log(cluster.workers.index(stopping))

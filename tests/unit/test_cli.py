@@ -250,3 +250,12 @@ def test_a_config_error_inside_an_exception_group_is_one_line(
         main(["chat", "hi"])
     assert exited.value.code == 2
     assert capsys.readouterr().err == "error: bad [/] setting\\x1b]0;pwned\\x07\\nx\n"
+
+
+def test_a_worker_for_an_unknown_provider_is_refused_in_our_words() -> None:
+    result = run("worker", "--queues", "scripted,opneai")
+    assert (result.returncode, result.stderr.strip()) == (
+        2,
+        "error: no provider 'opneai' to take steps for; "
+        "providers are anthropic, local, ollama, openai, scripted",
+    )

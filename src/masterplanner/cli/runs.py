@@ -369,6 +369,11 @@ def runs_show(
         typer.echo(json_text(report | {"events": [event.to_json_dict() for event in events]}))
         return
     out = console()
+    out.print(
+        f"[bold]run {shown(report['run_id'])}[/] · {shown(report['status'])} · {shown(report['task'])}",
+        highlight=False,
+        soft_wrap=True,
+    )
     if timeline:
         from .timeline import timeline_lines
 
@@ -377,19 +382,9 @@ def runs_show(
             for event in events
             if event.kind == "step_started" and event.step
         }
-        out.print(
-            f"[bold]run {shown(report['run_id'])}[/] · {shown(report['status'])} · {shown(report['task'])}",
-            highlight=False,
-            soft_wrap=True,
-        )
         for line in timeline_lines(report["steps"], processes, width=out.width, now=time.time()):
             out.print(line, highlight=False, soft_wrap=True)
         return
-    out.print(
-        f"[bold]run {shown(report['run_id'])}[/] · {shown(report['status'])} · {shown(report['task'])}",
-        highlight=False,
-        soft_wrap=True,
-    )
     table = Table("step", "status", "attempts", "started", "finished", "error")
 
     def add(steps: list[dict[str, Any]], depth: int) -> None:

@@ -37,6 +37,7 @@ from ..settings import Settings
 from ..tools.workspace import Workspace
 from .catalogs import RunCatalog, run_catalog
 from .planning import plan_run, review_run
+from .processes import ProcessKind
 from .records import RunOptions, RunRecord, nested_steps, utc_now
 from .resources import RunResources, hold, release, resources_of
 from .revisions import PlanRevisions
@@ -84,11 +85,26 @@ class Engine:
 
     def close(self) -> None:
         """Stop DBOS in this process (if this engine started it) and release database connections."""
-        if self._launched:
-            shutdown_dbos()
-            self._launched = False
+        self.stop()
         telemetry.flush()
         self.store.close()
+
+    def launch(self, *, worker_of: list[str] | None = None) -> None:
+        """Launch DBOS in this process for this engine (once); `close` or `stop` stops it.
+
+        `worker_of`: as a worker, taking the steps of those providers from their queues.
+        """
+        kind: ProcessKind = "process" if worker_of is None else "worker"
+        launch_dbos(
+            self.settings, self.store, executor_id=self.owner, debug=self.debug, kind=kind, listen=worker_of
+        )
+        self._launched = True
+
+    def stop(self, *, grace_s: float = 0) -> None:
+        """Stop DBOS in this process if this engine launched it; running steps get `grace_s` to finish."""
+        if self._launched:
+            shutdown_dbos(grace_s=grace_s)
+            self._launched = False
 
     def create_run(
         self,
@@ -167,10 +183,7 @@ class Engine:
     async def _drive(self, run: RunRecord, owner: str) -> RunRecord:
         """Advance a run whose lease `owner` holds; the lease is given up at the end."""
         try:
-            await asyncio.to_thread(
-                launch_dbos, self.settings, self.store, executor_id=self.owner, debug=self.debug
-            )
-            self._launched = True
+            await asyncio.to_thread(self.launch)
             hold(run.id, self.settings, self.store)
             try:
                 drive = _Drive(self, run.id)
@@ -281,8 +294,9 @@ def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on re
     store.set_status(run_id, "cancelled", error=reason)
     store.requests.close_run(run_id, "cancelled", keep_remember=False)
     store.append_event(run_id, "run_cancelled", data={"reason": reason})
-    run = store.get_run(run_id)
-    telemetry.record_run(run_id, status="cancelled", created_at=run.created_at, model=run.model)
+    if telemetry.exporting():
+        run = store.get_run(run_id)
+        telemetry.record_run(run_id, status="cancelled", created_at=run.created_at, model=run.model)
 
 
 def _check_tools(plan: Plan, done: set[str], catalog: RunCatalog) -> None:

@@ -154,7 +154,7 @@ def _register_queue(settings: Settings, provider: str, *, worker: bool) -> Queue
     """
     name = step_queue_name(provider)
     limit = settings.provider_limits.get(provider)
-    per_minute = None if limit is None or limit.per_minute is None else limit.per_minute
+    per_minute = None if limit is None else limit.per_minute
     overall = None if limit is None else limit.concurrency
     queue = DBOS.register_queue(
         name,

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
-from ..errors import MasterplannerError, RunError
+from ..errors import ConfigError, MasterplannerError, RunError
 from ..settings import PROVIDERS, Settings
 from .records import RunRecord
 from .runner import Engine
-from .runtime import launch_dbos, process_lost, shutdown_dbos, step_queue_name
+from .runtime import process_lost, step_queue_name
 
 __all__ = ["Note", "Worker", "WorkerSummary"]
 
@@ -63,19 +64,19 @@ class Worker:
         providers: list[str] | None = None,
         max_runs: int = 64,
         grace_s: float = 30.0,
-        note: Note = _silent,
+        note: Note | None = None,
         debug: bool = False,
     ) -> None:
         unknown = sorted(set(providers or []) - set(PROVIDERS))
         if unknown:
-            raise RunError(
+            raise ConfigError(
                 f"no provider {unknown[0]!r} to take steps for; providers are {', '.join(PROVIDERS)}"
             )
         self.settings = settings
         self.providers = list(providers) if providers else list(PROVIDERS)
         self.max_runs = max(1, max_runs)
         self.grace_s = grace_s
-        self.note = note
+        self.note: Note = note or _silent
         self.engine = Engine(settings, debug=debug, queued_steps=True)
 
     @property
@@ -91,16 +92,7 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> WorkerSummary:
         """Work until `stop` is set; then hand over, let running steps finish, and return."""
         engine, summary = self.engine, WorkerSummary()
-        await asyncio.to_thread(
-            launch_dbos,
-            self.settings,
-            engine.store,
-            executor_id=self.id,
-            debug=engine.debug,
-            kind="worker",
-            listen=self.providers,
-        )
-        engine._launched = True  # the engine's close stops DBOS in this process
+        await asyncio.to_thread(partial(engine.launch, worker_of=self.providers))
         self.note(
             f"worker {self.id}: steps from {', '.join(self.queues)}, "
             f"{self.settings.worker_concurrency} at once; runs queued for workers or left by dead processes",
@@ -118,10 +110,10 @@ class Worker:
                         f"({self.settings.run_lease_s:g} s); others may be taking its steps, so it stops"
                     )
                 self._reap(runs, summary)
-                if len(runs) < self.max_runs:
-                    for run_id in await asyncio.to_thread(engine.store.claimable_runs, self.max_runs):
-                        if run_id not in runs and len(runs) < self.max_runs:
-                            runs[run_id] = asyncio.ensure_future(engine.execute_if_free(run_id))
+                room = self.max_runs - len(runs)
+                if room > 0:  # the runs it holds are not claimable: their leases are live
+                    for run_id in await asyncio.to_thread(engine.store.claimable_runs, room):
+                        runs[run_id] = asyncio.ensure_future(engine.execute_if_free(run_id))
                 try:
                     await asyncio.wait_for(stop.wait(), _CLAIM_INTERVAL_S)
                 except TimeoutError:
@@ -139,8 +131,7 @@ class Worker:
                     worker=self.id,
                     runs=summary.handed_over,
                 )
-            await asyncio.to_thread(shutdown_dbos, grace_s=self.grace_s)
-            engine._launched = False
+            await asyncio.to_thread(partial(engine.stop, grace_s=self.grace_s))
         return summary
 
     def _reap(self, runs: dict[str, asyncio.Task[RunRecord | None]], summary: WorkerSummary) -> None:

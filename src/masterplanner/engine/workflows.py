@@ -171,8 +171,9 @@ async def end_workflow(
     store = resources.store
 
     def record() -> None:
-        run = store.get_run(run_id)
-        telemetry.record_run(run_id, status=status, created_at=run.created_at, model=run.model)
+        if telemetry.exporting():
+            run = store.get_run(run_id)
+            telemetry.record_run(run_id, status=status, created_at=run.created_at, model=run.model)
         if status == "succeeded":
             store.set_status(run_id, "succeeded", output=text)
             store.requests.close_run(run_id, "expired", keep_remember=True)

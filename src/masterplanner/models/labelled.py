@@ -20,7 +20,7 @@ from ..errors import ModelError
 from ..purpose import current_purpose, using_purpose, validate_purpose
 from ..telemetry import span as traced
 from ..usage import UsageLedger
-from .pricing import request_cost
+from .pricing import innermost, request_cost
 
 __all__ = ["LabelledModel", "labelled"]
 
@@ -77,9 +77,7 @@ class LabelledModel(WrapperModel):
 
     def _span(self) -> AbstractContextManager[Span]:
         """The request's `chat` span (GenAI conventions: operation, provider, model, purpose)."""
-        inner = self.wrapped
-        while isinstance(inner, WrapperModel):
-            inner = inner.wrapped
+        inner = innermost(self.wrapped)
         attributes = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": inner.system,

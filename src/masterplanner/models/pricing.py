@@ -18,7 +18,7 @@ from pydantic_ai.models.wrapper import WrapperModel
 
 from ..settings import provider_of
 
-__all__ = ["estimated_cost", "request_cost"]
+__all__ = ["costs_nothing", "estimated_cost", "innermost", "request_cost"]
 
 _FREE_SYSTEMS = frozenset({"llama.cpp", "scripted", "ollama"})
 """Providers (a model's `system`) that run here: their requests cost nothing."""
@@ -48,11 +48,16 @@ def _priced(provider: str, model_name: str, input_tokens: int, output_tokens: in
     return float(calculation.total_price)
 
 
+def innermost(model: Model) -> Model:
+    """The model behind its wrappers (purpose labels, checkpoints, budgets): who answers."""
+    while isinstance(model, WrapperModel):
+        model = model.wrapped
+    return model
+
+
 def request_cost(model: Model, response: ModelResponse) -> float | None:
     """What `response` cost: 0 for a model that runs here, the price table's figure, or None."""
-    inner = model
-    while isinstance(inner, WrapperModel):
-        inner = inner.wrapped
+    inner = innermost(model)
     if inner.system in _FREE_SYSTEMS or _loopback(inner.base_url):
         return 0.0
     usage = response.usage
@@ -68,7 +73,12 @@ def estimated_cost(
 
     `base_url`: where an `openai:` spec is served (OPENAI_BASE_URL); a loopback server costs nothing.
     """
-    provider = provider_of(spec)
-    if provider in _FREE_PROVIDERS or (provider == "openai" and _loopback(base_url)):
+    if costs_nothing(spec, base_url=base_url):
         return 0.0
-    return _priced(provider, spec.partition(":")[2].strip(), input_tokens, output_tokens)
+    return _priced(provider_of(spec), spec.partition(":")[2].strip(), input_tokens, output_tokens)
+
+
+def costs_nothing(spec: str, *, base_url: str | None = None) -> bool:
+    """Whether the model `spec` names runs here or on a loopback server (OPENAI_BASE_URL for `openai:`)."""
+    provider = provider_of(spec)
+    return provider in _FREE_PROVIDERS or (provider == "openai" and _loopback(base_url))
