@@ -19,6 +19,8 @@ MasterplannerError                 anything masterplanner raises on purpose
 ├── RequestError                   a run's request does not exist, is closed, or the answer does
 │                                  not fit it (exit code 2; nothing changes)
 └── ModelError                     a model call failed at run time (CLI exit code 1)
+    ├── ModelRetriesExhaustedError a model server kept failing in passing (rate limits, server
+    │                              errors, no answer) until its tries ran out
     └── ScriptExhaustedError       the scripted model has no entry left for a call's purpose
 ```
 
@@ -39,6 +41,7 @@ __all__ = [
     "MissingCredentialError",
     "ModelError",
     "ModelFileError",
+    "ModelRetriesExhaustedError",
     "ModelSpecError",
     "PlanError",
     "RequestError",
@@ -127,6 +130,10 @@ class DatabaseUnavailableError(RunError):
 
 class ModelError(MasterplannerError):
     """A model call failed while running."""
+
+
+class ModelRetriesExhaustedError(ModelError):
+    """A model server failed in passing (rate limit, server error, no answer) on every try."""
 
 
 class ScriptExhaustedError(ModelError):

@@ -312,6 +312,16 @@ class Settings(BaseSettings):
     queue_poll_s: float = Field(
         0.05, ge=0.01, le=10, description="how often a worker looks for steps on its queues, in seconds"
     )
+    model_attempts: int = Field(
+        4,
+        ge=1,
+        le=20,
+        description="tries of a model server request that fails in passing (429, 5xx, no answer, "
+        "dropped connection), waiting as the server asks or 1, 2, 4 … s between",
+    )
+    model_timeout_s: float = Field(
+        600.0, gt=0, le=86_400, description="seconds a model server has to answer one request"
+    )
 
     @field_validator("provider_limits")
     @classmethod

@@ -8,8 +8,10 @@ from masterplanner import (
     ModelFileError,
     ModelSpecError,
     ScriptError,
+    Settings,
     resolve_model,
 )
+from masterplanner.models.retries import RetriedModel
 
 
 def test_local_resolves_to_the_embedded_gguf() -> None:
@@ -93,15 +95,24 @@ def test_openai_with_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
     model = resolve_model("openai:gpt-4o")
-    assert isinstance(model, OpenAICompatibleModel)
+    assert isinstance(model, RetriedModel) and isinstance(model.wrapped, OpenAICompatibleModel)
+    assert (model.attempts, model.timeout_s) == (4, 600.0)  # the settings' defaults
     assert model.model_name == "gpt-4o"
     assert model.profile.get("default_structured_output_mode") != "native"
+
+
+def test_model_servers_take_their_tries_and_timeout_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    model = resolve_model("openai:m", Settings.load(model_attempts=2, model_timeout_s=5))
+    assert isinstance(model, RetriedModel)
+    assert (model.attempts, model.timeout_s) == (2, 5.0)
 
 
 def test_openai_base_url_needs_no_key_and_prefers_native_output(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     model = resolve_model("openai:my-local-model")
-    assert model.base_url == "http://127.0.0.1:9/v1/"
+    assert isinstance(model, RetriedModel)
+    assert model.wrapped.base_url == "http://127.0.0.1:9/v1/"
     assert model.profile.get("default_structured_output_mode") == "native"
 
 
@@ -110,7 +121,7 @@ def test_anthropic_with_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-not-used")
     model = resolve_model("anthropic:claude-sonnet-4-5")
-    assert isinstance(model, AnthropicModel)
+    assert isinstance(model, RetriedModel) and isinstance(model.wrapped, AnthropicModel)
     assert model.model_name == "claude-sonnet-4-5"
 
 
@@ -118,8 +129,8 @@ def test_ollama_defaults_to_the_local_daemon(monkeypatch: pytest.MonkeyPatch) ->
     from pydantic_ai.models.ollama import OllamaModel
 
     model = resolve_model("ollama:llama3.2")
-    assert isinstance(model, OllamaModel)
-    assert model.base_url == "http://127.0.0.1:11434/v1/"
+    assert isinstance(model, RetriedModel) and isinstance(model.wrapped, OllamaModel)
+    assert model.wrapped.base_url == "http://127.0.0.1:11434/v1/"
     monkeypatch.setenv("OLLAMA_BASE_URL", "http://127.0.0.1:9999/v1")
     assert resolve_model("ollama:llama3.2").base_url == "http://127.0.0.1:9999/v1/"
 

@@ -17,6 +17,7 @@ def test_all_is_pinned_and_importable() -> None:
         "MissingCredentialError",
         "ModelError",
         "ModelFileError",
+        "ModelRetriesExhaustedError",
         "ModelSpecError",
         "Plan",
         "PlanError",
@@ -68,5 +69,6 @@ def test_error_hierarchy_and_exit_codes() -> None:
     assert issubclass(errors.MissingCredentialError, errors.ConfigError)
     assert issubclass(errors.ModelFileError, errors.ConfigError)
     assert issubclass(errors.ScriptExhaustedError, errors.ModelError)
+    assert issubclass(errors.ModelRetriesExhaustedError, errors.ModelError)
     assert errors.ConfigError.exit_code == 2
     assert errors.ModelError.exit_code == 1

@@ -62,9 +62,10 @@ def test_unknown_key_names_file_and_known_keys(isolated: Path) -> None:
     assert message.endswith(
         "known: agent_reuse_threshold, database_url, embedder, home, http_allow_loopback, "
         "http_allowed_domains, image_base_url, image_model, local_context_tokens, local_max_output_tokens, "
-        "local_threads, log_format, mcp_servers, memory_max_items, memory_ttl_days, model, otel_endpoint, "
-        "provider_limits, queue_poll_s, remember_runs, reuse_threshold, run_lease_s, searxng_url, "
-        "tool_policies, web_search_backend, web_search_folder, worker_concurrency, workspace_max_growth_bytes"
+        "local_threads, log_format, mcp_servers, memory_max_items, memory_ttl_days, model, model_attempts, "
+        "model_timeout_s, otel_endpoint, provider_limits, queue_poll_s, remember_runs, reuse_threshold, "
+        "run_lease_s, searxng_url, tool_policies, web_search_backend, web_search_folder, worker_concurrency, "
+        "workspace_max_growth_bytes"
     )
 
 

@@ -8,7 +8,9 @@ printed through `terminal.shown` / `terminal.visible`: escape sequences are show
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from types import FrameType
 from typing import NoReturn
 
 __all__ = ["main"]
@@ -21,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    terminated = _stop_on_sigterm()
     # pydantic-ai's first-run console banner is not ours to show (it landed inside the live view)
     os.environ.setdefault("PYDANTIC_AI_NO_BANNER", "1")
     try:
@@ -36,8 +39,32 @@ def main(argv: list[str] | None = None) -> None:
             first = first.exceptions[0]
         _fail(first, debug, trace=group)
     except KeyboardInterrupt:
+        if terminated:
+            console(stderr=True).print("[bold red]terminated[/] (SIGTERM)")
+            sys.exit(128 + signal.SIGTERM)
         console(stderr=True).print("[bold red]interrupted[/]")
         sys.exit(130)
+
+
+def _stop_on_sigterm() -> list[int]:
+    """Make SIGTERM stop a command as Ctrl-C does; the list returned gets the signal when it comes.
+
+    Without this a SIGTERM (`kill`, a service manager stopping the process) ended the process
+    where it stood, without the clean stop Ctrl-C gets: the run's hold released, open requests
+    left open for `runs resume`. `worker` and `serve` put their own handlers in its place.
+    """
+    received: list[int] = []
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        ctrl_c = signal.getsignal(signal.SIGINT)  # asyncio's own while a loop runs
+        if callable(ctrl_c):
+            ctrl_c(signal.SIGINT, frame)  # raises KeyboardInterrupt, or cancels the loop's main task
+            return
+        raise KeyboardInterrupt  # Ctrl-C ignored here (a background job of a shell)
+
+    signal.signal(signal.SIGTERM, stop)
+    return received
 
 
 def _fail(error: BaseException, debug: bool, trace: BaseException | None = None) -> NoReturn:

@@ -109,6 +109,8 @@ def _event_detail(kind: str, data: dict[str, Any]) -> str:
         return f" {shown(data.get('tool'))}" + (f" (by {shown(data['by'])})" if "by" in data else "")
     if kind in ("step_failed", "step_retried"):
         return f" [red]{shown(data.get('error', ''))}[/]"
+    if kind == "model_retried":
+        return f" [yellow]{_retry_wait(data)}[/]"
     if kind in ("run_failed", "run_cancelled", "rejected"):
         return f" {shown(data.get('reason', ''))}"
     if kind in ("approval_requested", "request_opened", "request_answered") and "request" in data:
@@ -192,6 +194,14 @@ def one_line(markup: str) -> Text:
     text = Text.from_markup(markup, overflow="ellipsis")
     text.no_wrap = True
     return text
+
+
+def _retry_wait(data: dict[str, Any]) -> str:
+    """A `model_retried` event: what the model server did, and when the next try comes."""
+    attempt, attempts = shown(data.get("attempt", "")), shown(data.get("attempts", ""))
+    delay = data.get("delay_s")
+    wait = f"{delay:g} s" if isinstance(delay, int | float) else "a moment"
+    return f"{shown(data.get('error', ''))}; try {attempt} of {attempts} in {wait}"
 
 
 def _team_detail(kind: str, data: dict[str, Any]) -> str | None:
@@ -335,6 +345,8 @@ class RunView:
         elif event.kind == "step_retried":
             attempt = shown(data.get("attempt", ""))
             now.note = f"[yellow]attempt {attempt} after: {shown(data.get('error', ''))}[/]"
+        elif event.kind == "model_retried":
+            now.note = f"[yellow]{_retry_wait(data)}[/]"
         elif event.kind == "step_failed":
             now.tool, now.note = None, f"[red]{shown(data.get('error', ''))}[/]"
         elif event.kind in ("input_summarized", "input_cut"):

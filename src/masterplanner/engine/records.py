@@ -49,6 +49,7 @@ EventKind = Literal[
     "step_succeeded",
     "step_failed",
     "step_retried",
+    "model_retried",
     "tool_called",
     "tool_result",
     "tool_approval_requested",

@@ -18,6 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from ..models import resolve_model
+from ..models.retries import Reporter, RetriedModel, RetryNote
+from ..purpose import current_purpose
 from ..registry import RegistryStore, open_registry
 from ..registry.memory import MemoryStore
 from ..settings import Settings
@@ -65,7 +67,10 @@ async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunReso
         ).create
     )
     ledger = RunLedger(store, run.id, run.options)
-    model = BudgetedModel(resolve_model(run.model, settings), ledger.check)
+    resolved = resolve_model(run.model, settings)
+    if isinstance(resolved, RetriedModel):
+        resolved = resolved.reporting(_retry_events(store, run.id))
+    model = BudgetedModel(resolved, ledger.check)
     registry = await asyncio.to_thread(_registry, settings)
     memory = (
         None
@@ -87,6 +92,24 @@ async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunReso
         registry=registry,
         memory=memory,
     )
+
+
+def _retry_events(store: RunStore, run_id: str) -> Reporter:
+    """Each wait before a model request is tried again, as a `model_retried` event of the run."""
+
+    async def report(note: RetryNote) -> None:
+        purpose = current_purpose() or ""
+        data = {
+            "purpose": purpose,
+            "error": note.problem,
+            "delay_s": round(note.delay_s, 3),
+            "attempt": note.attempt,
+            "attempts": note.attempts,
+        }
+        step = purpose.removeprefix("step:") if purpose.startswith("step:") else None
+        await asyncio.to_thread(store.append_event, run_id, "model_retried", step, data)
+
+    return report
 
 
 _REGISTRIES_KEPT = 4

@@ -33,7 +33,14 @@ from pydantic_ai.usage import UsageLimits
 
 from .. import telemetry
 from ..agents import failure_text, retry_settings
-from ..errors import BudgetExceededError, MasterplannerError, ModelError, RunError, ToolError
+from ..errors import (
+    BudgetExceededError,
+    MasterplannerError,
+    ModelError,
+    ModelRetriesExhaustedError,
+    RunError,
+    ToolError,
+)
 from ..models import with_tool_aids
 from ..models.labelled import labelled
 from ..plan import Plan, Step, sinks
@@ -315,6 +322,9 @@ class _StepRun:
                 break
             except BudgetExceededError:
                 raise
+            except ModelRetriesExhaustedError as exc:  # its tries were the model layer's (`model_retried`)
+                error = _describe(exc)
+                break
             except (ModelError, UnexpectedModelBehavior, ModelHTTPError) as exc:
                 error = _describe(exc)
                 if attempt == attempts:

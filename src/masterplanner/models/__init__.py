@@ -97,12 +97,21 @@ def resolve_model(spec: str, settings: Settings | None = None) -> Model:
 
             return ScriptedModel(Path(name).expanduser())
         case "openai":
-            return _openai(spec, name)
+            return _retried(_openai(spec, name), settings)
         case "anthropic":
-            return _anthropic(spec, name)
+            return _retried(_anthropic(spec, name), settings)
         case "ollama":
-            return _ollama(name)
+            return _retried(_ollama(name), settings)
     raise _unknown(spec, f"no provider {provider!r}")
+
+
+def _retried(model: Model, settings: Settings | None) -> Model:
+    """A model server's model, its requests tried again on failures in passing (`retries`)."""
+    from ..settings import Settings
+    from .retries import RetriedModel
+
+    settings = settings or Settings.load()
+    return RetriedModel(model, attempts=settings.model_attempts, timeout_s=settings.model_timeout_s)
 
 
 def _local(path: Path | None, settings: Settings | None) -> Model:

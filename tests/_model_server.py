@@ -1,0 +1,173 @@
+"""An OpenAI-compatible model server on 127.0.0.1 for tests, which misbehaves when told to.
+
+It answers `POST …/chat/completions` from rules. A rule answers a request whose text (the
+request's JSON: messages, tools, response format) contains every string of its `match`, and whose
+conversation already holds `turn - 1` assistant replies when it gives `turn`. Its `reply` is text,
+a JSON value (sent as the message's text, as a model answering in a schema does), or
+`{"tool_calls": [{"name": …, "args": {…}}]}`. Before answering, a rule plays its `faults` one per
+request, in order, and then `always` on every request if given:
+
+| fault | what the client gets |
+| --- | --- |
+| `429` / `429:S` | HTTP 429, with `Retry-After: S` when S is given |
+| `500` | HTTP 500 with an error body |
+| `hang` | nothing: the connection stays open and silent until the server stops |
+| `malformed` | HTTP 200 whose body is cut-off JSON |
+| `wrong_schema` | a well-formed completion whose text is `{"unexpected": true}` |
+| `crash` | the connection closed with no reply |
+
+Every request is logged (`requests`): when, which rule and what it was given.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Rule:
+    match: list[str]
+    reply: Any = "ok"
+    faults: list[str] = field(default_factory=list)
+    always: str | None = None
+    turn: int | None = None
+
+
+@dataclass(frozen=True)
+class Served:
+    at: float
+    rule: int
+    given: str
+
+
+class ModelServer:
+    """The server's rules and log (see the module docstring); `base_url` once started."""
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = rules
+        self.requests: list[Served] = []
+        self.unmatched: list[str] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.base_url = ""
+
+    def served(self, text: str) -> list[Served]:
+        """The requests answered by the rules that match on `text`, in order."""
+        rules = {index for index, rule in enumerate(self.rules) if text in rule.match}
+        return [served for served in self.requests if served.rule in rules]
+
+    def given(self, text: str) -> list[str]:
+        """What the requests answered by the rules matching on `text` were given, in order."""
+        return [served.given for served in self.served(text)]
+
+    def _choose(self, text: str, turn: int) -> tuple[int, str] | None:
+        with self._lock:
+            for index, rule in enumerate(self.rules):
+                if all(wanted in text for wanted in rule.match) and rule.turn in (None, turn):
+                    given = rule.faults.pop(0) if rule.faults else rule.always or "reply"
+                    self.requests.append(Served(time.monotonic(), index, given))
+                    return index, given
+            self.unmatched.append(text[-2000:])
+            return None
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:
+                self._send(200, {"object": "list", "data": [{"id": "faulty", "object": "model"}]})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                turn = 1 + sum(message.get("role") == "assistant" for message in body.get("messages", []))
+                chosen = server._choose(json.dumps(body), turn)
+                if chosen is None:
+                    self._send(404, {"error": {"message": "no rule of the test server matches this request"}})
+                    return
+                index, given = chosen
+                kind, _, seconds = given.partition(":")
+                if kind == "429":
+                    headers = {"Retry-After": seconds} if seconds else {}
+                    self._send(
+                        429, {"error": {"message": "rate limit reached", "type": "rate_limit"}}, headers
+                    )
+                elif kind == "500":
+                    self._send(500, {"error": {"message": "the server had an error", "type": "server_error"}})
+                elif kind == "hang":
+                    server._stopping.wait(600)
+                    self.close_connection = True
+                elif kind == "crash":
+                    self.close_connection = True
+                elif kind == "malformed":
+                    self._send_raw(200, b'{"id": "x", "choices": [{"index": 0, "message": {"role": "assist')
+                else:
+                    reply = {"unexpected": True} if kind == "wrong_schema" else server.rules[index].reply
+                    self._send(200, _completion(reply, body.get("model", "faulty")))
+
+            def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+                self._send_raw(status, json.dumps(payload).encode(), headers)
+
+            def _send_raw(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+
+def _completion(reply: Any, model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    if isinstance(reply, dict) and "tool_calls" in reply:
+        message["tool_calls"] = [
+            {
+                "id": f"call_{number}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(call.get("args", {}))},
+            }
+            for number, call in enumerate(reply["tool_calls"])
+        ]
+        finish = "tool_calls"
+    else:
+        message["content"] = reply if isinstance(reply, str) else json.dumps(reply)
+        finish = "stop"
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
+@contextmanager
+def model_server(rules: list[Rule]) -> Iterator[ModelServer]:
+    """Serve `rules` on a free port of 127.0.0.1 until the block ends."""
+    server = ModelServer(rules)
+    http = ThreadingHTTPServer(("127.0.0.1", 0), server.handler())
+    http.daemon_threads = True
+    thread = threading.Thread(target=http.serve_forever, daemon=True)
+    thread.start()
+    server.base_url = f"http://127.0.0.1:{http.server_address[1]}/v1"
+    try:
+        yield server
+    finally:
+        server._stopping.set()
+        http.shutdown()
+        http.server_close()

@@ -1,0 +1,44 @@
+"""An MCP server (stdio) for the fault tests: tools that leave a trace, take their time, or crash.
+
+Each call appends a line to the file named by `FAULTS_TALLY`, so a test can count side effects.
+"""
+
+import os
+import time
+from pathlib import Path
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("faults")
+
+
+def _tally(line: str) -> None:
+    with Path(os.environ["FAULTS_TALLY"]).open("a") as tally:
+        tally.write(line + "\n")
+
+
+@server.tool()
+def tally(label: str) -> str:
+    """Count one call under the label."""
+    _tally(label)
+    return f"counted {label}"
+
+
+@server.tool()
+def slow(label: str) -> str:
+    """Count the start of the call, take a while, count its end."""
+    _tally(f"start {label}")
+    time.sleep(float(os.environ.get("FAULTS_SLOW_S", "30")))
+    _tally(f"end {label}")
+    return f"done {label}"
+
+
+@server.tool()
+def crash(label: str) -> str:
+    """Count the call, then end the server's process without a reply."""
+    _tally(f"crash {label}")
+    os._exit(3)
+
+
+if __name__ == "__main__":
+    server.run()

@@ -1,0 +1,145 @@
+"""The retry layer of model-server requests: what is tried again, how long it waits, what it says."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic_ai import exceptions as api
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.settings import ModelSettings
+
+from masterplanner import ModelRetriesExhaustedError
+from masterplanner.models.retries import MAX_WAIT_S, RetriedModel, RetryNote
+
+
+class Failing(Model):
+    """Raises each of `failures` in turn (a number: never answers), then answers "ok"; records the
+    settings it was sent."""
+
+    def __init__(self, *failures: BaseException | float) -> None:
+        super().__init__()
+        self.failures = list(failures)
+        self.sent: list[ModelSettings | None] = []
+
+    @property
+    def model_name(self) -> str:
+        return "failing"
+
+    @property
+    def system(self) -> str:
+        return "test"
+
+    async def request(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> ModelResponse:
+        self.sent.append(model_settings)
+        if self.failures:
+            failure = self.failures.pop(0)
+            if isinstance(failure, float):
+                await asyncio.Event().wait()  # a server that never answers
+            else:
+                raise failure
+        return ModelResponse(parts=[TextPart("ok")])
+
+
+def rate_limited(retry_after: float | None = None) -> api.ModelHTTPError:
+    return api.ModelHTTPError.for_category(
+        api.ModelRateLimitError,
+        status_code=429,
+        model_name="m",
+        body={"error": {"message": "slow down"}},
+        retry_after=retry_after,
+    )
+
+
+def http(status: int, category: Any, message: str = "bad") -> api.ModelHTTPError:
+    return api.ModelHTTPError.for_category(
+        category, status_code=status, model_name="m", body={"error": {"message": message}}
+    )
+
+
+async def ask(model: RetriedModel) -> str:
+    response = await model.request([], None, ModelRequestParameters())
+    part = response.parts[0]
+    assert isinstance(part, TextPart)
+    return part.content
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The waits between tries (not slept)."""
+    slept: list[float] = []
+    real = asyncio.sleep
+
+    async def sleep(delay: float, *args: Any) -> None:
+        slept.append(delay)
+        await real(0)
+
+    monkeypatch.setattr("masterplanner.models.retries.asyncio.sleep", sleep)
+    return slept
+
+
+async def test_waits_as_the_server_asks_at_most_a_minute_and_reports_each_wait(waits: list[float]) -> None:
+    notes: list[RetryNote] = []
+
+    async def report(note: RetryNote) -> None:
+        notes.append(note)
+
+    inner = Failing(
+        rate_limited(3.0), rate_limited(600.0), http(503, api.ModelUnavailableError, "overloaded")
+    )
+    model = RetriedModel(inner, attempts=4, timeout_s=None).reporting(report)
+    assert await ask(model) == "ok"
+    assert waits == [3.0, MAX_WAIT_S, 4.0]  # the third has no Retry-After: 1, 2, 4 s
+    assert notes == [
+        RetryNote("the model provider is rate limiting requests (HTTP 429)", 3.0, 2, 4),
+        RetryNote("the model provider is rate limiting requests (HTTP 429)", MAX_WAIT_S, 3, 4),
+        RetryNote("the model server failed (HTTP 503: overloaded)", 4.0, 4, 4),
+    ]
+    # the SDK's own retries are off for every try
+    assert [settings and settings.get("max_retries") for settings in inner.sent] == [0, 0, 0, 0]
+
+
+async def test_gives_up_after_its_tries_saying_what_the_server_kept_doing(waits: list[float]) -> None:
+    model = RetriedModel(
+        Failing(*(http(500, api.ModelServerError, "boom") for _ in range(3))), attempts=3, timeout_s=None
+    )
+    with pytest.raises(ModelRetriesExhaustedError) as caught:
+        await ask(model)
+    assert str(caught.value) == "the model server failed (HTTP 500: boom); gave up after 3 tries"
+    assert waits == [1.0, 2.0]
+
+
+async def test_a_request_that_does_not_answer_in_time_is_tried_again(waits: list[float]) -> None:
+    model = RetriedModel(Failing(5.0), attempts=2, timeout_s=0.05)
+    assert await ask(model) == "ok"
+    model = RetriedModel(Failing(5.0), attempts=1, timeout_s=0.05)
+    with pytest.raises(
+        ModelRetriesExhaustedError,
+        match=r"^the model server did not answer within 0.05 s; gave up after one try$",
+    ):
+        await ask(model)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        http(400, api.ModelRequestRejectedError),
+        http(401, api.ModelAuthenticationError),
+        http(429, api.ModelQuotaExceededError),  # credits ran out: waiting does not help
+        ValueError("a bug"),
+    ],
+)
+async def test_failures_that_another_try_cannot_fix_are_raised_at_once(
+    waits: list[float], failure: BaseException
+) -> None:
+    inner = Failing(failure)
+    with pytest.raises(type(failure)):
+        await ask(RetriedModel(inner, attempts=4, timeout_s=None))
+    assert (waits, len(inner.sent)) == ([], 1)
