@@ -41,11 +41,20 @@ def step(step_id: str, *deps: str, tools: list[str] | None = None) -> dict[str, 
 
 
 def rules(
-    *steps: dict[str, Any], faults: dict[str, list[str]] | None = None, always: dict[str, str] | None = None
+    *steps: dict[str, Any],
+    faults: dict[str, list[str]] | None = None,
+    always: dict[str, str] | None = None,
+    calls: dict[str, list[dict[str, Any]]] | None = None,
 ) -> list[Rule]:
     """Rules answering the planner with `steps`, the prompt writer, the aggregator, and each step with
-    `<id> done`; `faults` and `always` by rule: `planner`, `aggregator` or a step's id."""
+    `<id> done`; `faults` and `always` by rule: `planner`, `aggregator` or a step's id. `calls`: the
+    tool calls a step's agent makes, one a turn, before it answers."""
     faults, always = faults or {}, always or {}
+    turns = [
+        Rule([f"Do {step_id}."], {"tool_calls": [call]}, turn=turn)
+        for step_id, made in (calls or {}).items()
+        for turn, call in enumerate(made, 1)
+    ]
     keyed = {
         "planner": Rule([PLANNER], {"steps": list(steps)}),
         "prompts": Rule([PROMPT_WRITER], "You do the step you are given."),
@@ -54,7 +63,8 @@ def rules(
     }
     for key, rule in keyed.items():
         rule.faults, rule.always = list(faults.get(key, [])), always.get(key)
-    return list(keyed.values())
+    rules = list(keyed.values())
+    return [*rules[:3], *turns, *rules[3:]]  # the prompt writer is shown a step's instruction too
 
 
 class Scene:
@@ -74,14 +84,23 @@ class Scene:
             "MASTERPLANNER_MODEL_ATTEMPTS": "3",
             "MASTERPLANNER_MODEL_TIMEOUT_S": "3",
             "MASTERPLANNER_MCP_SERVERS": json.dumps(
-                {"faults": {"command": sys.executable, "args": [FAULTS_SERVER]}}
+                {
+                    "faults": {
+                        "command": sys.executable,
+                        "args": [FAULTS_SERVER],
+                        "env": {"FAULTS_TALLY": str(self.tally), "FAULTS_SLOW_S": "30"},
+                    }
+                }
             ),
             "MASTERPLANNER_TOOL_POLICIES": json.dumps(
-                {"faults_tally": "auto", "faults_slow": "auto", "faults_crash": "auto"}
+                {
+                    "faults_tally": "auto",
+                    "faults_slow": "auto",
+                    "faults_crash": "auto",
+                    "code_execution": "auto",
+                }
             ),
             "OPENAI_BASE_URL": server.base_url,
-            "FAULTS_TALLY": str(self.tally),
-            "FAULTS_SLOW_S": "30",
             "COLUMNS": "200",
         }
         self.env.pop("OPENAI_API_KEY", None)
@@ -136,6 +155,26 @@ class Scene:
 
     def tallied(self) -> list[str]:
         return self.tally.read_text().splitlines() if self.tally.exists() else []
+
+    def pending(self, kind: str) -> dict[str, Any]:
+        """The one open request of `kind`, once `runs pending` lists it."""
+        found: list[dict[str, Any]] = []
+
+        def listed() -> bool:
+            shown = self.run("runs", "pending", "--json")
+            assert shown.returncode == 0, shown.stderr
+            found[:] = [request for request in json.loads(shown.stdout) if request["kind"] == kind]
+            return bool(found)
+
+        self.wait_for(listed, why=f"an open {kind} request")
+        assert len(found) == 1
+        return found[0]
+
+    def resume(self, run_id: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+        """`runs resume RUN --json` to the run's end (a stopped process's hold lapses first): its report."""
+        done = self.run("runs", "resume", run_id, "--json", env=env)
+        assert done.returncode == 0, done.stderr
+        return dict(json.loads(done.stdout))
 
     def wait_for(self, what: Callable[[], bool], timeout: float = 60, why: str = "") -> None:
         deadline = time.monotonic() + timeout
@@ -265,3 +304,112 @@ def test_a_plan_in_the_wrong_form_fails_the_run_at_planning_and_says_why(
     assert here.server.given("Do fetch.") == []
     assert [kind for kind, _, _ in here.events(report["run_id"])] == ["run_created", "run_failed"]
     assert f"\n{error}" in done.stderr
+
+
+# --- tools fail ----------------------------------------------------------------------------------
+
+
+def test_a_tool_whose_server_crashes_mid_call_is_an_error_the_agent_sees(
+    scene: Callable[[list[Rule]], Scene],
+) -> None:
+    crash = {"name": "faults_crash", "args": {"label": "c1"}}
+    tally = {"name": "faults_tally", "args": {"label": "t1"}}
+    here = scene(
+        rules(
+            step("fetch", tools=["faults_crash"]),
+            step("count", "fetch", tools=["faults_tally"]),
+            calls={"fetch": [crash], "count": [tally]},
+        )
+    )
+    done = here.run_task()
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["status"], report["output"]) == ("succeeded", "count done")
+    results = [(step, data) for kind, step, data in here.events(report["run_id"]) if kind == "tool_result"]
+    assert results == [
+        (
+            "fetch",
+            {
+                "tool": "faults_crash",
+                "error": "the MCP server stopped or failed before it replied (Connection closed)",
+            },
+        ),
+        ("count", {"tool": "faults_tally", "result": "counted t1"}),
+    ]
+    assert here.tallied() == ["crash c1", "t1"]  # each call once; the server started again for count
+
+
+@pytest.mark.security
+def test_a_program_past_its_time_in_the_sandbox_is_killed_and_the_agent_told(
+    scene: Callable[[list[Rule]], Scene],
+) -> None:
+    forever = {
+        "name": "code_execution",
+        "args": {"code": "open('started.txt', 'w').write('x')\nwhile True:\n    pass\n", "timeout_s": 1},
+    }
+    here = scene(rules(step("compute", tools=["code_execution"]), calls={"compute": [forever]}))
+    done = here.run_task()
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["status"], report["output"]) == ("succeeded", "compute done")
+    results = [(step, data) for kind, step, data in here.events(report["run_id"]) if kind == "tool_result"]
+    killed = "killed: the program ran longer than 1 s"
+    assert results == [
+        (
+            "compute",
+            {"tool": "code_execution", "result": f"exit code -9 ({killed})\n--- stderr ---\n{killed}"},
+        )
+    ]
+    assert (Path(report["workspace"]) / "started.txt").read_text() == "x"  # what it did before stays
+    assert here.server.given("Do compute.") == ["reply", "reply"]  # the agent was told, and answered
+
+
+def test_a_full_disk_is_a_tool_error_and_nothing_stored_is_lost(
+    scene: Callable[[list[Rule]], Scene], tmp_path: Path
+) -> None:
+    big = {"name": "write_file", "args": {"path": "big.txt", "content": "x" * 200_000}}
+    small = {"name": "write_file", "args": {"path": "small.txt", "content": "fits"}}
+    here = scene(rules(step("write", tools=["write_file"]), calls={"write": [small, big]}))
+    disk, listing = tmp_path / "disk", tmp_path / "listing.txt"
+    disk.mkdir()
+    # a 64 KiB file system for the workspace, mounted in a mount namespace of the run's own; what
+    # the workspace holds is listed from inside it once the run has ended
+    script = (
+        f'mount -t tmpfs -o size=64k tmpfs {disk} && "$@"; ended=$?; ls -A {disk}/ws > {listing}; exit $ended'
+    )
+    flags = ["--yes", "--json", "--rounds", "0", "--max-replans", "0", "--workspace", str(disk / "ws")]
+    done = subprocess.run(
+        [
+            "unshare",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            sys.executable,
+            "-m",
+            "masterplanner",
+            "run",
+            "Do the faulty task.",
+            "--model",
+            "openai:faulty",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        env=here.env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["status"], report["output"]) == ("succeeded", "write done")
+    results = [(step, data) for kind, step, data in here.events(report["run_id"]) if kind == "tool_result"]
+    assert results == [
+        ("write", {"tool": "write_file", "result": "wrote 4 bytes to small.txt"}),
+        ("write", {"tool": "write_file", "error": "cannot write 'big.txt': the disk is full"}),
+    ]
+    assert listing.read_text().split() == ["small.txt"]  # no half-written file left behind
+    shown = here.run("runs", "show", report["run_id"], "--json")  # the run's record reads back whole
+    assert json.loads(shown.stdout)["status"] == "succeeded"

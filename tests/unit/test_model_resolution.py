@@ -101,7 +101,7 @@ def test_openai_with_key(monkeypatch: pytest.MonkeyPatch) -> None:
     assert model.profile.get("default_structured_output_mode") != "native"
 
 
-def test_model_servers_take_their_tries_and_timeout_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_model_servers_take_tries_and_timeout_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     model = resolve_model("openai:m", Settings.load(model_attempts=2, model_timeout_s=5))
     assert isinstance(model, RetriedModel)

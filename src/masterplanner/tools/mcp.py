@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ToolError
 from .catalog import ToolSpec
 
 __all__ = ["McpServer", "discover_tools", "mcp_client", "mcp_tool_name", "split_tool_name"]
@@ -93,9 +93,17 @@ async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
 
 
 async def call_mcp_tool(server: McpServer, tool: str, arguments: dict[str, Any]) -> str:
-    """Call one tool and return its text content; a tool-level error is returned as text, marked."""
-    async with mcp_client(server) as client:
-        result = await client.call_tool(tool, arguments, raise_on_error=False)
+    """Call one tool and return its text content; a tool-level error is returned as text, marked.
+
+    A server that cannot be started, or that stops or fails before it replies, is a `ToolError`
+    saying so (the call's server is started afresh for the next call).
+    """
+    try:
+        async with mcp_client(server) as client:
+            result = await client.call_tool(tool, arguments, raise_on_error=False)
+    except Exception as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ToolError(f"the MCP server stopped or failed before it replied ({detail})") from None
     texts = [getattr(block, "text", "") for block in result.content]
     text = "\n".join(part for part in texts if part) or str(result.structured_content or "")
     return f"[the tool reported an error] {text}" if result.is_error else text
