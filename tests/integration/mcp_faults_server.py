@@ -26,9 +26,18 @@ def tally(label: str) -> str:
 
 @server.tool()
 def slow(label: str) -> str:
-    """Count the start of the call, take a while, count its end."""
+    """Count the start of the call, take a while, count its end.
+
+    Like a server that notices its client is gone, it ends (without counting the end) once the
+    process that started it has died.
+    """
     _tally(f"start {label}")
-    time.sleep(float(os.environ.get("FAULTS_SLOW_S", "30")))
+    parent = os.getppid()
+    deadline = time.monotonic() + float(os.environ.get("FAULTS_SLOW_S", "30"))
+    while time.monotonic() < deadline:
+        if os.getppid() != parent:
+            os._exit(0)
+        time.sleep(0.05)
     _tally(f"end {label}")
     return f"done {label}"
 

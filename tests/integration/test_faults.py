@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +27,18 @@ FAULTS_SERVER = str(Path(__file__).with_name("mcp_faults_server.py"))
 PLANNER = "You are the Master Planner"
 PROMPT_WRITER = "You write system prompts"
 AGGREGATOR = "Compose the final answer to the task from the results"
+RUN_ARGS = (
+    "run",
+    "Do the faulty task.",
+    "--model",
+    "openai:faulty",
+    "--json",
+    "--max-replans",
+    "0",
+    "--rounds",
+    "0",
+)
+"""`masterplanner run` on the test server's model, without the review (--yes) unless added."""
 
 
 def step(step_id: str, *deps: str, tools: list[str] | None = None) -> dict[str, Any]:
@@ -122,21 +135,8 @@ class Scene:
         out, err = process.communicate(timeout=timeout)
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
-    def run_task(self, *flags: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return self.run(
-            "run",
-            "Do the faulty task.",
-            "--model",
-            "openai:faulty",
-            "--yes",
-            "--json",
-            "--max-replans",
-            "0",
-            "--rounds",
-            "0",
-            *flags,
-            timeout=timeout,
-        )
+    def run_task(self, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return self.run(*RUN_ARGS, "--yes", timeout=timeout)
 
     @property
     def store(self) -> RunStore:
@@ -413,3 +413,83 @@ def test_a_full_disk_is_a_tool_error_and_nothing_stored_is_lost(
     assert listing.read_text().split() == ["small.txt"]  # no half-written file left behind
     shown = here.run("runs", "show", report["run_id"], "--json")  # the run's record reads back whole
     assert json.loads(shown.stdout)["status"] == "succeeded"
+
+
+# --- the run's process is stopped ---------------------------------------------------------------
+
+STOPS = [pytest.param(signal.SIGTERM, id="sigterm"), pytest.param(signal.SIGKILL, id="kill-9")]
+
+
+def stopped(process: subprocess.Popen[str], signum: int) -> str:
+    """Send `signum`; check the process ends as it should (SIGTERM: cleanly, exit 143); its stderr."""
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=60)
+    if signum == signal.SIGTERM:
+        assert process.returncode == 143, err
+        assert err.rstrip().endswith("terminated (SIGTERM)")
+    else:
+        assert process.returncode == -signal.SIGKILL
+    return err
+
+
+@pytest.mark.parametrize("signum", STOPS)
+def test_stopped_while_the_plan_waits_for_review_the_review_stays_open_for_any_process(
+    scene: Callable[[list[Rule]], Scene], signum: int
+) -> None:
+    here = scene(rules(step("fetch"), step("report", "fetch")))
+    running = here.start(*RUN_ARGS)  # no --yes: the plan waits for a review
+    review = here.pending("plan_review")
+    stopped(running, signum)
+    run_id = review["run_id"]
+    assert here.store.get_run(run_id).status == "awaiting_approval"
+    assert here.pending("plan_review")["id"] == review["id"]  # the same request, still open
+    answered = here.run("runs", "answer", review["id"], "--approve")
+    assert answered.returncode == 0, answered.stderr
+    report = here.resume(run_id)
+    assert (report["status"], report["output"]) == ("succeeded", "report done")
+    kinds = here.kinds(run_id)
+    assert kinds[("approval_requested", None)] == kinds[("approved", None)] == 1
+    for one in ("fetch", "report"):
+        assert kinds[("step_started", one)] == kinds[("step_succeeded", one)] == 1
+    assert here.server.given(PLANNER) == ["reply"]  # planned once
+
+
+@pytest.mark.parametrize("signum", STOPS)
+def test_stopped_during_a_tool_call_only_that_call_runs_again(
+    scene: Callable[[list[Rule]], Scene], signum: int
+) -> None:
+    first = {"name": "faults_tally", "args": {"label": "first"}}
+    second = {"name": "faults_slow", "args": {"label": "second"}}
+    here = scene(rules(step("work", tools=["faults_tally", "faults_slow"]), calls={"work": [first, second]}))
+    running = here.start(*RUN_ARGS, "--yes")
+    here.wait_for(lambda: "start second" in here.tallied(), why="the slow call to start")
+    stopped(running, signum)
+    run_id = here.only_run()
+    quick = json.loads(here.env["MASTERPLANNER_MCP_SERVERS"])
+    quick["faults"]["env"]["FAULTS_SLOW_S"] = "0.1"
+    report = here.resume(run_id, env={"MASTERPLANNER_MCP_SERVERS": json.dumps(quick)})
+    assert (report["status"], report["output"]) == ("succeeded", "work done")
+    # the finished call is not made again; the one cut short is (its server was stopped with the run)
+    assert here.tallied() == ["first", "start second", "start second", "end second"]
+    calls = [data["tool"] for kind, _, data in here.events(run_id) if kind == "tool_called"]
+    assert calls == ["faults_tally", "faults_slow", "faults_slow"]
+    results = [data["tool"] for kind, _, data in here.events(run_id) if kind == "tool_result"]
+    assert results == ["faults_tally", "faults_slow"]
+    assert here.kinds(run_id)[("step_succeeded", "work")] == 1
+
+
+@pytest.mark.parametrize("signum", STOPS)
+def test_stopped_while_the_answer_is_being_composed_the_steps_are_not_run_again(
+    scene: Callable[[list[Rule]], Scene], signum: int
+) -> None:
+    here = scene(rules(step("fetch"), step("other"), faults={"aggregator": ["hang"]}))
+    running = here.start(*RUN_ARGS, "--yes", env={"MASTERPLANNER_MODEL_TIMEOUT_S": "120"})
+    here.wait_for(lambda: here.server.given(AGGREGATOR) == ["hang"], why="the aggregator's request")
+    stopped(running, signum)
+    report = here.resume(here.only_run())
+    assert (report["status"], report["output"]) == ("succeeded", "all done")
+    assert here.server.given(AGGREGATOR) == ["hang", "reply"]
+    kinds = here.kinds(report["run_id"])
+    for one in ("fetch", "other"):
+        assert here.server.given(f"Do {one}.") == ["reply"]
+        assert kinds[("step_started", one)] == kinds[("step_succeeded", one)] == 1

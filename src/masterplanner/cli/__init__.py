@@ -19,7 +19,7 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `masterplanner` console script."""
     from ..errors import MasterplannerError
-    from .app import app, console
+    from .app import app
 
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
@@ -39,11 +39,22 @@ def main(argv: list[str] | None = None) -> None:
             first = first.exceptions[0]
         _fail(first, debug, trace=group)
     except KeyboardInterrupt:
-        if terminated:
-            console(stderr=True).print("[bold red]terminated[/] (SIGTERM)")
-            sys.exit(128 + signal.SIGTERM)
-        console(stderr=True).print("[bold red]interrupted[/]")
-        sys.exit(130)
+        _interrupted(bool(terminated))
+    except SystemExit as ended:
+        if ended.code == 130:  # typer's exit for a KeyboardInterrupt inside a command
+            _interrupted(bool(terminated))
+        raise
+
+
+def _interrupted(by_sigterm: bool) -> NoReturn:
+    """Say the command was stopped (Ctrl-C, or SIGTERM) and exit with the shell's code for it."""
+    from .app import console
+
+    if by_sigterm:
+        console(stderr=True).print("[bold red]terminated[/] (SIGTERM)")
+        sys.exit(128 + signal.SIGTERM)
+    console(stderr=True).print("[bold red]interrupted[/]")
+    sys.exit(128 + signal.SIGINT)
 
 
 def _stop_on_sigterm() -> list[int]:

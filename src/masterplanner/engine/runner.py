@@ -371,7 +371,12 @@ class _Drive:
 
     async def _end(self, status: Literal["succeeded", "failed"], text: str, *, tell_registry: bool) -> None:
         self.ending = True
-        with SetWorkflowID(f"{self.run_id}.end"):
+        end_id = f"{self.run_id}.end"
+        earlier = await DBOS.get_workflow_status_async(end_id)
+        if earlier is not None and earlier.status in ("PENDING", "ENQUEUED"):
+            await self._follow(end_id, None)  # a crash cut it short before it recorded the outcome
+            return
+        with SetWorkflowID(end_id):
             await end_workflow(self.run_id, status, text, tell_registry)
 
     async def _cancel_step_workflows(self) -> None:
@@ -419,13 +424,21 @@ class _Drive:
                 if problems:
                     await self._end("failed", "; ".join(problems), tell_registry=True)
                     return
-                with SetWorkflowID(f"{run.id}.aggregate"):
-                    output = await aggregate_workflow(run.id)
+                output = await self._aggregate()
         except TimeoutError:
             raise BudgetExceededError(
                 f"the run used its wall-time budget of {run.options.max_wall_s:g} s"
             ) from None
         await self._end("succeeded", output, tell_registry=True)
+
+    async def _aggregate(self) -> str:
+        """The run's answer, from the aggregate workflow (one an earlier execution left is followed)."""
+        workflow_id = f"{self.run_id}.aggregate"
+        status = await DBOS.get_workflow_status_async(workflow_id)
+        if status is not None and status.status in ("PENDING", "ENQUEUED"):
+            return str(await self._follow(workflow_id, None))
+        with SetWorkflowID(workflow_id):
+            return await aggregate_workflow(self.run_id)
 
     async def _wall_time_left(self, run: RunRecord) -> float | None:
         if run.options.max_wall_s is None:
@@ -444,22 +457,24 @@ class _Drive:
         if status is not None and status.status in ("PENDING", "ENQUEUED"):
             # started by an earlier execution of the run: it may be running in a live process
             # (a worker) or have been left by a dead one; either way it is followed, never started twice
-            result = await self._follow(workflow_id)
+            result = await self._follow(workflow_id, step.id)
         elif self.engine.queued_steps and status is None:
             with SetWorkflowID(workflow_id):
                 await step_queue(self.model).enqueue_async(step_workflow, self.run_id, step.id)
-            result = await self._follow(workflow_id)
+            result = await self._follow(workflow_id, step.id)
         else:
             # A new step runs here; a finished one returns its recorded outcome without running.
             with SetWorkflowID(workflow_id):
                 result = await step_workflow(self.run_id, step.id)
         return StepOutcome(result["status"], result.get("output"), result.get("error"))
 
-    async def _follow(self, workflow_id: str) -> dict[str, Any]:
-        """The outcome of a step's workflow that runs (or waits to run) in another process.
+    async def _follow(self, workflow_id: str, step_id: str | None) -> Any:
+        """The result of a run's workflow (a step's, the aggregate, the end) another process runs.
 
-        If the process running it stops renewing its lease (it died), the workflow is handed back
-        to its queue, where a live worker takes it and replays it from its last checkpoint.
+        It may also still wait to run, or have been left by a process that died: if the process
+        running it stops renewing its lease, the workflow is handed back to its queue, where a
+        live process takes it and replays it from its last checkpoint. A step's cancelled
+        workflow is the step's failure; any other's is the run's error.
         """
         processes = self.store.processes
         checked = 0.0
@@ -469,19 +484,19 @@ class _Drive:
                 raise RunError(f"step workflow {workflow_id} is not recorded")
             if status.status in _ENDED:
                 if status.status == "CANCELLED":
+                    if step_id is None:
+                        raise RunError(f"workflow {workflow_id} was cancelled")
                     return {"status": "failed", "error": "its workflow was cancelled"}
-                handle: WorkflowHandleAsync[dict[str, Any]] = await DBOS.retrieve_workflow_async(workflow_id)
-                return dict(await handle.get_result())
+                handle: WorkflowHandleAsync[Any] = await DBOS.retrieve_workflow_async(workflow_id)
+                return await handle.get_result()
             executor = status.executor_id
             if status.status == "PENDING" and executor and time.monotonic() - checked >= _LIVENESS_INTERVAL_S:
                 checked = time.monotonic()
                 if executor != self.engine.owner and not await asyncio.to_thread(processes.alive, executor):
-                    if await asyncio.to_thread(recover_workflow, workflow_id, executor):
+                    recovered = await asyncio.to_thread(recover_workflow, workflow_id, executor)
+                    if recovered and step_id is not None:
+                        data = {"from": executor}
                         await asyncio.to_thread(
-                            self.store.append_event,
-                            self.run_id,
-                            "step_recovered",
-                            workflow_id.removeprefix(f"{self.run_id}."),
-                            {"from": executor},
+                            self.store.append_event, self.run_id, "step_recovered", step_id, data
                         )
             await asyncio.sleep(_FOLLOW_INTERVAL_S)

@@ -62,7 +62,12 @@ def mcp_client(server: McpServer) -> Any:
     from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
 
     if server.command is not None:
-        transport: Any = StdioTransport(server.command, list(server.args), env=dict(server.env) or None)
+        # keep_alive off: the server ends with its call. fastmcp's default keeps it running, so a
+        # run stopped mid-call (SIGTERM, Ctrl-C) waited for the server to finish the call, dropped
+        # its result, and made the call again on resume: its side effect twice.
+        transport: Any = StdioTransport(
+            server.command, list(server.args), env=dict(server.env) or None, keep_alive=False
+        )
     else:
         transport = StreamableHttpTransport(str(server.url))
     return Client(transport, timeout=server.timeout_s)
@@ -95,8 +100,9 @@ async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
 async def call_mcp_tool(server: McpServer, tool: str, arguments: dict[str, Any]) -> str:
     """Call one tool and return its text content; a tool-level error is returned as text, marked.
 
-    A server that cannot be started, or that stops or fails before it replies, is a `ToolError`
-    saying so (the call's server is started afresh for the next call).
+    Each call starts the server and stops it when the call ends (also when the call is
+    cancelled: the run stopped, or the step timed out). A server that cannot be started, or that
+    stops or fails before it replies, is a `ToolError` saying so.
     """
     try:
         async with mcp_client(server) as client:
