@@ -73,10 +73,13 @@ async def test_openai_path_text(openai_env: str) -> None:
 
 async def test_openai_path_structured_output(openai_env: str) -> None:
     from masterplanner.models.openai_compat import OpenAICompatibleModel
+    from masterplanner.models.retries import RetriedModel
 
-    model = resolve_model("openai:smollm2")
+    resolved = resolve_model("openai:smollm2")
+    assert isinstance(resolved, RetriedModel)
+    model = resolved.wrapped
     assert isinstance(model, OpenAICompatibleModel)
-    agent = Agent(model, output_type=Palette, retries=0)
+    agent = Agent(resolved, output_type=Palette, retries=0)
     result = await agent.run("A cool palette called Ocean", model_settings={"max_tokens": 400})
     assert isinstance(result.output, Palette)
     # This server refuses json_schema; the model switched to json_object with the schema.
