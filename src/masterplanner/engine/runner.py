@@ -37,11 +37,11 @@ from ..settings import Settings
 from ..tools.workspace import Workspace
 from .catalogs import RunCatalog, run_catalog
 from .planning import plan_run, review_run
-from .processes import ProcessKind
+from .processes import Processes, ProcessKind
 from .records import RunOptions, RunRecord, nested_steps, utc_now
 from .resources import RunResources, hold, release, resources_of
 from .revisions import PlanRevisions
-from .runtime import launch_dbos, recover_workflow, shutdown_dbos, step_queue
+from .runtime import launch_dbos, next_status, recover_workflow, shutdown_dbos, step_queue
 from .scheduler import StepOutcome, run_dag
 from .store import Lease, RunStore, process_identity
 from .workflows import aggregate_workflow, end_workflow, step_workflow
@@ -49,10 +49,10 @@ from .workflows import aggregate_workflow, end_workflow, step_workflow
 __all__ = ["Engine", "run_catalog"]
 
 _GUARD_INTERVAL_S = 0.2
-_FOLLOW_INTERVAL_S = 0.1
-"""How often a coordinator looks at a step that runs in another process."""
 _LIVENESS_INTERVAL_S = 1.0
-"""How often it asks whether that process is still alive."""
+"""How often a coordinator asks whether the process running a workflow it follows is alive (one
+answer per process and interval serves every workflow of that process followed here)."""
+_liveness: dict[str, tuple[float, bool]] = {}
 _ENDED = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
 
@@ -80,6 +80,7 @@ class Engine:
                 raise RunError(f"database folder {folder}: cannot create: {exc.strerror}") from None
         self.store = RunStore(settings.database_url)
         self.owner = process_identity()
+        self._guards = _Guards(self.store, settings.run_lease_s)
         self._launched = False
         telemetry.configure(settings)
 
@@ -188,12 +189,11 @@ class Engine:
             try:
                 drive = _Drive(self, run.id)
                 work = asyncio.ensure_future(drive.run())
-                guard = asyncio.ensure_future(self._guard(run.id, owner, work, drive))
+                self._guards.watch(run.id, owner, work, drive)
                 try:
                     await work
                 finally:
-                    guard.cancel()
-                    await asyncio.gather(guard, return_exceptions=True)
+                    self._guards.forget(run.id)
             finally:
                 release(run.id)
         finally:
@@ -218,24 +218,6 @@ class Engine:
                     "it cannot run twice at once"
                 )
             await asyncio.sleep(min(0.25, max(0.02, lease.left_s)))
-
-    async def _guard(self, run_id: str, owner: str, work: asyncio.Future[None], drive: _Drive) -> None:
-        """Renew the lease and watch for a cancel request while the run executes."""
-        lease_s = self.settings.run_lease_s
-        beat_every = lease_s / 5
-        last_beat = time.monotonic()
-        while not work.done():
-            await asyncio.sleep(_GUARD_INTERVAL_S)
-            if await asyncio.to_thread(self.store.cancel_requested, run_id):
-                drive.stop_reason = "cancelled"
-                work.cancel()
-                return
-            if time.monotonic() - last_beat >= beat_every:
-                last_beat = time.monotonic()
-                if not await asyncio.to_thread(self.store.heartbeat, run_id, owner, lease_s=lease_s):
-                    drive.stop_reason = "lease lost"
-                    work.cancel()
-                    return
 
     def request_cancel(self, run_id: str, *, by: str | None = None) -> RunRecord:
         """Ask for a run to stop; one no process holds (or whose holder's lease lapsed) is cancelled now.
@@ -281,6 +263,64 @@ class Engine:
             "messages": [message.to_json_dict() for message in self.store.messages.of_run(run.id)],
             "notes": [note.to_json_dict() for note in self.store.messages.notes(run.id)],
         }
+
+
+class _Guards:
+    """The leases and cancel flags of every run an engine executes, watched in one loop.
+
+    Each run renews its lease every fifth of `run_lease_s` and stops when someone asks to
+    cancel it or another process took its lease. One read of all of them every
+    `_GUARD_INTERVAL_S`, and one renewal for all every beat: a loop per run made the queries grow
+    with the runs a worker coordinates (bench/scale.py: 200 runs on one worker starved it).
+    """
+
+    def __init__(self, store: RunStore, lease_s: float) -> None:
+        self.store = store
+        self.lease_s = lease_s
+        self.runs: dict[str, tuple[str, asyncio.Future[None], _Drive]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def watch(self, run_id: str, owner: str, work: asyncio.Future[None], drive: _Drive) -> None:
+        self.runs[run_id] = (owner, work, drive)
+        if self.task is None or self.task.done() or self.task.get_loop() is not asyncio.get_running_loop():
+            self.task = asyncio.ensure_future(self._loop())
+
+    def forget(self, run_id: str) -> None:
+        self.runs.pop(run_id, None)
+
+    async def _loop(self) -> None:
+        last_beat = time.monotonic()
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(_GUARD_INTERVAL_S)
+            runs = {run_id: held for run_id, held in self.runs.items() if held[1].get_loop() is loop}
+            if not runs:
+                return
+            owners = {run_id: held[0] for run_id, held in runs.items()}
+            try:
+                if time.monotonic() - last_beat >= self.lease_s / 5:
+                    last_beat = time.monotonic()
+                    await asyncio.to_thread(self.store.heartbeats, owners, lease_s=self.lease_s)
+                watched = await asyncio.to_thread(self.store.watched, owners)
+            except MasterplannerError:  # the database is away: the next round tries again
+                continue
+            for run_id, (held, cancel) in watched.items():
+                _owner, work, drive = runs[run_id]
+                if work.done() or (held and not cancel):
+                    continue
+                drive.stop_reason = "cancelled" if cancel else "lease lost"
+                work.cancel()
+
+
+async def _alive(processes: Processes, executor: str) -> bool:
+    """Whether the process `executor` is alive, asked at most once per `_LIVENESS_INTERVAL_S`."""
+    now = time.monotonic()
+    seen = _liveness.get(executor)
+    if seen is not None and now - seen[0] < _LIVENESS_INTERVAL_S:
+        return seen[1]
+    alive = await asyncio.to_thread(processes.alive, executor)
+    _liveness[executor] = (now, alive)
+    return alive
 
 
 def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on request") -> None:
@@ -478,8 +518,8 @@ class _Drive:
         """
         processes = self.store.processes
         checked = 0.0
+        status = await DBOS.get_workflow_status_async(workflow_id)
         while True:
-            status = await DBOS.get_workflow_status_async(workflow_id)
             if status is None:
                 raise RunError(f"step workflow {workflow_id} is not recorded")
             if status.status in _ENDED:
@@ -492,11 +532,11 @@ class _Drive:
             executor = status.executor_id
             if status.status == "PENDING" and executor and time.monotonic() - checked >= _LIVENESS_INTERVAL_S:
                 checked = time.monotonic()
-                if executor != self.engine.owner and not await asyncio.to_thread(processes.alive, executor):
+                if executor != self.engine.owner and not await _alive(processes, executor):
                     recovered = await asyncio.to_thread(recover_workflow, workflow_id, executor)
                     if recovered and step_id is not None:
                         data = {"from": executor}
                         await asyncio.to_thread(
                             self.store.append_event, self.run_id, "step_recovered", step_id, data
                         )
-            await asyncio.sleep(_FOLLOW_INTERVAL_S)
+            status = await next_status(workflow_id)  # one read for every workflow followed here

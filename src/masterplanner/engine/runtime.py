@@ -19,12 +19,14 @@ step held by a dead process from one held by a live one, and hand the first back
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import threading
+import weakref
 from typing import Any
 
-from dbos import DBOS, DBOSConfig, Queue
+from dbos import DBOS, DBOSConfig, Queue, WorkflowStatus
 
 from .._version import __version__
 from ..errors import RunError
@@ -33,10 +35,12 @@ from .processes import Heartbeat, ProcessKind
 from .store import RunStore, engine_url
 
 __all__ = [
+    "STATUS_POLL_S",
     "dbos_launched",
     "executor_id",
     "launch_dbos",
     "launched_host",
+    "next_status",
     "process_lost",
     "recover_workflow",
     "shutdown_dbos",
@@ -196,6 +200,63 @@ def recover_workflow(workflow_id: str, executor_id: str) -> bool:
 
     dbos = _get_dbos_instance()
     return bool(dbos._sys_db.reenqueue_for_recovery(workflow_id, [executor_id], INTERNAL_QUEUE_NAME))
+
+
+STATUS_POLL_S = 0.1
+"""How often the statuses of the workflows this process follows are read (all in one query)."""
+
+
+class _StatusPoll:
+    """The statuses of every workflow followed in one event loop, read in one query per interval.
+
+    A coordinator follows each step it queued until a worker finishes it. Each following its own
+    workflow with its own query every 0.1 s made the queries grow with the steps in flight: one
+    worker coordinating 200 runs spent itself polling (0.4 steps/s, bench/scale.py). Here every
+    follower waits for the next read, and one read answers them all.
+    """
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, list[asyncio.Future[WorkflowStatus | None]]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    async def next(self, workflow_id: str) -> WorkflowStatus | None:
+        future: asyncio.Future[WorkflowStatus | None] = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(workflow_id, []).append(future)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._poll())
+        return await future
+
+    async def _poll(self) -> None:
+        while self.waiting:
+            await asyncio.sleep(STATUS_POLL_S)
+            waiting, self.waiting = self.waiting, {}
+            try:
+                found = await DBOS.list_workflows_async(
+                    workflow_ids=list(waiting), load_input=False, load_output=False
+                )
+            except Exception as error:  # each follower gets it, as its own query would have raised it
+                for futures in waiting.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(error)
+                continue
+            statuses = {status.workflow_id: status for status in found}
+            for workflow_id, futures in waiting.items():
+                for future in futures:
+                    if not future.done():
+                        future.set_result(statuses.get(workflow_id))
+
+
+_status_polls: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _StatusPoll] = weakref.WeakKeyDictionary()
+
+
+async def next_status(workflow_id: str) -> WorkflowStatus | None:
+    """The workflow's status at the process's next read (at most `STATUS_POLL_S` from now)."""
+    loop = asyncio.get_running_loop()
+    poll = _status_polls.get(loop)
+    if poll is None:
+        poll = _status_polls[loop] = _StatusPoll()
+    return await poll.next(workflow_id)
 
 
 def executor_id() -> str | None:

@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -330,6 +331,36 @@ class RunStore:
                 .values(heartbeat_at=now, lease_until=now + lease_s)
             )
             return updated.rowcount == 1
+
+    def watched(self, owners: Mapping[str, str]) -> dict[str, tuple[bool, bool]]:
+        """Per run (by id, with the owner that should hold it): (held by that owner, cancel asked).
+
+        One query for all the runs a process executes.
+        """
+        if not owners:
+            return {}
+        with self.begin("read leases") as connection:
+            rows = connection.execute(
+                sa.select(runs_table.c.id, runs_table.c.owner, runs_table.c.cancel_requested).where(
+                    runs_table.c.id.in_(list(owners))
+                )
+            ).all()
+        return {row[0]: (row[1] == owners[row[0]], bool(row[2])) for row in rows}
+
+    def heartbeats(self, owners: Mapping[str, str], *, lease_s: float) -> None:
+        """Renew the leases of many runs, each for the owner given, in one statement.
+
+        A run another owner holds now is left alone (`watched` says it was lost).
+        """
+        if not owners:
+            return
+        with self.begin("renew leases") as connection:
+            now = database_now(connection)
+            connection.execute(
+                runs_table.update()
+                .where(sa.tuple_(runs_table.c.id, runs_table.c.owner).in_(list(owners.items())))
+                .values(heartbeat_at=now, lease_until=now + lease_s)
+            )
 
     def release(self, run_id: str, owner: str) -> None:
         """Give the lease up."""
