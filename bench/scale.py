@@ -84,7 +84,7 @@ def _configuration(count: int, args: argparse.Namespace, folder: Path) -> dict[s
             log = (folder / f"worker-{count}-{index}.log").open("w")
             workers.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "masterplanner", "worker", "--max-runs", str(args.runs)],
+                    [sys.executable, "-m", "masterplanner", "worker", "--max-runs", str(args.max_runs)],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -153,6 +153,9 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.05)
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--max-runs", type=int, default=64, help="runs each worker coordinates at once (its default)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     counts = [int(part) for part in args.workers.split(",")]

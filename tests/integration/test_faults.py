@@ -117,9 +117,10 @@ class Scene:
             "COLUMNS": "200",
         }
         self.env.pop("OPENAI_API_KEY", None)
+        self.processes: list[subprocess.Popen[str]] = []
 
     def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, "-m", "masterplanner", *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -127,12 +128,19 @@ class Scene:
             text=True,
             env={**self.env, **(env or {})},
         )
+        self.processes.append(process)
+        return process
 
     def run(
         self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         process = self.start(*args, env=env)
-        out, err = process.communicate(timeout=timeout)
+        try:
+            out, err = process.communicate(timeout=timeout)
+        finally:
+            if process.poll() is None:  # timed out: not left running after the test
+                process.kill()
+                process.communicate()
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
     def run_task(self, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -188,14 +196,21 @@ class Scene:
 @pytest.fixture
 def scene(tmp_path: Path) -> Iterator[Callable[[list[Rule]], Scene]]:
     servers: list[Any] = []
+    scenes: list[Scene] = []
 
     def make(served: list[Rule]) -> Scene:
         context = model_server(served)
         server = context.__enter__()
         servers.append(context)
-        return Scene(tmp_path / "home", server)
+        scenes.append(Scene(tmp_path / "home", server))
+        return scenes[-1]
 
     yield make
+    for here in scenes:
+        for process in here.processes:
+            if process.poll() is None:  # a test that failed midway leaves nothing running
+                process.kill()
+                process.communicate()
     for context in servers:
         context.__exit__(None, None, None)
 
