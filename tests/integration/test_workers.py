@@ -485,6 +485,9 @@ def test_a_provider_limit_holds_across_all_workers(
     )
     # one scripted step at a time on all workers together, though each may run four
     cluster.env["MASTERPLANNER_PROVIDER_LIMITS"] = json.dumps({"scripted": {"concurrency": 1}})
+    # no worker is killed here: a lease long enough that a loaded machine (CI) never makes a
+    # live worker look dead, which would hand its running step to the other one
+    cluster.env["MASTERPLANNER_RUN_LEASE_S"] = "15"
     cluster.worker()
     cluster.worker()
     cluster.worker_ids(2)
