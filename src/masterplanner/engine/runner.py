@@ -521,7 +521,7 @@ class _Drive:
         status = await DBOS.get_workflow_status_async(workflow_id)
         while True:
             if status is None:
-                raise RunError(f"step workflow {workflow_id} is not recorded")
+                raise RunError(f"workflow {workflow_id} is not recorded")
             if status.status in _ENDED:
                 if status.status == "CANCELLED":
                     if step_id is None:
