@@ -8,6 +8,7 @@ from masterplanner.engine.step_agent import (
     StepAids,
     direct_call,
     drafted_write,
+    program_text,
     shape_text,
     tool_aids,
 )
@@ -78,3 +79,65 @@ def test_a_write_after_its_read_step_is_drafted_only_when_it_cannot_read_the_fil
     )
     both = tool_aids(plan, write, ["read_file", "write_file"], Workspace(tmp_path))
     assert isinstance(both, StepAids) and both.drafted_write is None  # it can read the file itself
+
+
+def test_a_script_to_a_new_file_is_drafted_as_a_program() -> None:
+    script = _step("write", "Write a Python script hello.py that prints Hello, world.", ["write_file"])
+    assert drafted_write(script, ["write_file", "code_execution"], ["hello.py"]) == DraftedWrite(
+        "hello.py", "Write a Python script hello.py that prints Hello, world.", language="python"
+    )
+    shell = _step("shell", "Write a bash script count.sh that prints how many lines notes.txt has.", [])
+    assert drafted_write(shell, ["write_file"], ["count.sh"]) == DraftedWrite(
+        "count.sh", "Write a bash script count.sh that prints how many lines notes.txt has.", language="bash"
+    )
+    # the file the program writes is the program's; a program file only mentioned is the model's
+    both = _step("y", "Write a Python script primes.py that writes primes to primes.txt.", [])
+    assert drafted_write(both, ["write_file"], ["primes.py", "primes.txt"]) == DraftedWrite(
+        "primes.py", "Write a Python script primes.py that writes primes to primes.txt.", language="python"
+    )
+    assert drafted_write(_step("x", "Explain what hello.py does.", []), ["write_file"], ["hello.py"]) is None
+    two = _step("z", "Write the script a.py and the script b.py.", [])
+    assert drafted_write(two, ["write_file"], ["a.py", "b.py"]) is None
+
+
+def test_the_program_is_taken_out_of_the_models_reply() -> None:
+    fenced = '```python\nprint("Hello, World!")\n```\n\nThis will print "Hello, World!" to the console.'
+    assert program_text(fenced) == 'print("Hello, World!")\n'
+    assert program_text("```bash\nwc -l < notes.txt") == "wc -l < notes.txt\n"  # a fence cut off
+    bare = "import sys\n\nprint(len(sys.argv))\n\nThis script prints how many arguments it got."
+    assert program_text(bare) == "import sys\n\nprint(len(sys.argv))\n"
+    closed = "#!/bin/bash\nwc -l < notes.txt\n```\n\nThis counts the lines."
+    assert program_text(closed) == "#!/bin/bash\nwc -l < notes.txt\n"
+    introduced = "Here is the script:\n```\nprint(1)\n```\nIt prints 1."
+    assert program_text(introduced) == "print(1)\n"
+
+
+def test_running_the_script_a_step_before_wrote_is_one_direct_call(tmp_path: Path) -> None:
+    (tmp_path / "hello.py").write_text('print("hi")\n')
+    (tmp_path / "notes.txt").write_text("a\n")
+    write = _step("write-it", "Write a Python script hello.py that prints hi.", ["write_file"])
+    run = _step("run-it", "Run it. Use the result of Write it.", ["code_execution"], "write-it")
+    plan = Plan(task="Write a Python script hello.py that prints hi, and run it.", steps=[write, run])
+    aids = tool_aids(plan, run, ["code_execution"], Workspace(tmp_path))
+    assert isinstance(aids, StepAids)
+    assert aids.direct_call == DirectCall("code_execution", {"language": "bash", "code": "python3 hello.py"})
+    named = _step("run-count", "Run count.sh.", ["code_execution"])
+    assert direct_call(named, ["code_execution"], ["count.sh"]) == DirectCall(
+        "code_execution", {"language": "bash", "code": "bash count.sh"}
+    )
+    # not a script, not there, or more to do than running it: the model's to handle
+    assert direct_call(_step("r", "Run notes.txt.", []), ["code_execution"], ["notes.txt"]) is None
+    assert direct_call(_step("r", "Run count.sh.", []), ["code_execution"], []) is None
+    two = ["a.py", "b.py"]
+    assert direct_call(_step("r", "Run it.", []), ["code_execution"], two, two) is None
+    assert direct_call(_step("r", "Run it and fix it.", []), ["code_execution"], ["a.py"], ["a.py"]) is None
+    assert direct_call(_step("r", "Run it.", []), ["read_file"], ["a.py"], ["a.py"]) is None
+
+
+def test_a_script_that_reads_a_workspace_file_is_still_drafted(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("buy milk\ncall mum\n")
+    write = _step("write-count", "Write a bash script count.sh that prints how many lines notes.txt has.", [])
+    plan = Plan(task=write.instruction, steps=[write])
+    aids = tool_aids(plan, write, ["read_file", "write_file", "code_execution"], Workspace(tmp_path))
+    assert isinstance(aids, StepAids) and aids.drafted_write is not None
+    assert (aids.drafted_write.path, aids.drafted_write.language) == ("count.sh", "bash")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic_ai.messages import (
     ModelMessage,
@@ -39,6 +41,7 @@ __all__ = [
     "direct_call",
     "drafted_write",
     "mentioned_file_names",
+    "program_text",
     "shape_text",
     "step_brief",
     "step_instructions",
@@ -83,6 +86,8 @@ class DraftedWrite:
     """The form's line count (the text is cut or split to it)."""
     sentences: int | None = None
     """The form's sentence count (the text is cut to it)."""
+    language: str = ""
+    """For a program file (`.py`, `.sh`): its language; the model is asked for the program alone."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,8 @@ class DirectCall:
     by the grammar) and then answered with a sentence about the task instead of the notes, so the
     next step summarised nothing; on "List the files in the workspace" it called `list_files`
     with a made-up path. Here the engine makes the one call through the normal tool path and the
-    step's result is what it returned.
+    step's result is what it returned. "Run it." after a step that wrote `hello.py` is the same:
+    `code_execution` of that one script (the model asked to run it wrote a program of its own).
     """
 
     tool: str
@@ -111,6 +117,14 @@ class StepAids(ToolAids):
 
 
 _TEXT_FILE = re.compile(r"\.(?:txt|md|markdown|rst|text)$", re.IGNORECASE)
+_PROGRAM_FILES = {".py": "python", ".sh": "bash"}
+"""Program files whose text is drafted as a program, by extension, and the language that runs them."""
+
+
+def _program_language(name: str) -> str:
+    return _PROGRAM_FILES.get(Path(name).suffix.lower(), "")
+
+
 _FORMS = (
     (re.compile(r"\bhaikus?\b", re.IGNORECASE), "A haiku is three short lines.", 3, None),
     (re.compile(r"\blimericks?\b", re.IGNORECASE), "A limerick is five lines.", 5, None),
@@ -125,8 +139,16 @@ _SAVE_NOTE = re.compile(r"\s*Save the result to [^.]*? with write_file\.")
 _USE_NOTE = re.compile(r"\s*Use the result of [^.]*\.")
 
 
+_PROGRAM_WORDS = r"(?:\w+\s+){0,2}(?:script|program|file|code)"
+
+
 def drafted_write(step: Step, tools: Sequence[str], fresh: Sequence[str]) -> DraftedWrite | None:
-    """The drafted-write aid for a step that must write one new text file, else None."""
+    """The drafted-write aid for a step that must write one new text or program file, else None.
+
+    A text file is named after "to", "into", "as" or "in" ("… to haiku.txt"); a program file
+    after what it is ("a Python script hello.py", "the program primes.py"). A step that writes a
+    program drafts the program, even when it names the file the program writes.
+    """
     if "write_file" not in tools:
         return None
     targets = [
@@ -135,7 +157,16 @@ def drafted_write(step: Step, tools: Sequence[str], fresh: Sequence[str]) -> Dra
         if _TEXT_FILE.search(name)
         and re.search(rf"\b(?:to|into|as|in)\s+['\"`]?{re.escape(name)}", step.instruction)
     ]
-    if len(targets) != 1:
+    programs = [
+        name
+        for name in fresh
+        if _program_language(name)
+        and re.search(rf"\b(?:a|an|the)\s+{_PROGRAM_WORDS}\s+['\"`]?{re.escape(name)}", step.instruction)
+    ]
+    if len(programs) == 1:  # a text file it names is the program's to write ("… to primes.txt")
+        request = _USE_NOTE.sub("", _SAVE_NOTE.sub("", step.instruction)).strip()
+        return DraftedWrite(programs[0], request, language=_program_language(programs[0]))
+    if len(targets) != 1 or programs:
         return None
     path = targets[0]
     request = _USE_NOTE.sub("", _SAVE_NOTE.sub("", step.instruction))
@@ -167,11 +198,22 @@ _LIST_ONLY = re.compile(
 )
 
 
-def direct_call(step: Step, tools: Sequence[str], existing: Sequence[str]) -> DirectCall | None:
-    """The direct-call aid for a step that only reads an existing file or lists the workspace.
+_RUN_ONLY = re.compile(
+    r"(?:run|execute|test)\s+(?:it|(?:the|this|that)\s+(?:\w+\s+)?(?:script|program|code)"
+    r"|['\"`]?(?P<path>[\w./-]*\w)['\"`]?)[.!]?",
+    re.IGNORECASE,
+)
+_RUN_COMMANDS = {"python": "python3", "bash": "bash"}
 
-    The instruction (without its "Use the result of …" note) must be just "Read FILE." or
-    "List the files in the workspace."
+
+def direct_call(
+    step: Step, tools: Sequence[str], existing: Sequence[str], programs: Sequence[str] = ()
+) -> DirectCall | None:
+    """The direct-call aid for a step that only reads an existing file, lists the workspace or runs a script.
+
+    The instruction (without its "Use the result of …" note) must be just "Read FILE.", "List the
+    files in the workspace." or "Run it." / "Run FILE." / "Run the script."; `programs` are the
+    existing program files the step may mean by "it" (one, or the aid does not apply).
     """
     instruction = _USE_NOTE.sub("", step.instruction).strip()
     match = _READ_ONLY.fullmatch(instruction)
@@ -179,6 +221,12 @@ def direct_call(step: Step, tools: Sequence[str], existing: Sequence[str]) -> Di
         return DirectCall("read_file", {"path": match["path"]})
     if "list_files" in tools and _LIST_ONLY.fullmatch(instruction):
         return DirectCall("list_files", {})
+    run = _RUN_ONLY.fullmatch(instruction)
+    if "code_execution" in tools and run is not None:
+        named = [run["path"]] if run["path"] else list(dict.fromkeys(programs))
+        if len(named) == 1 and named[0] in existing and (language := _program_language(named[0])):
+            command = f"{_RUN_COMMANDS[language]} {shlex.quote(named[0])}"
+            return DirectCall("code_execution", {"language": "bash", "code": command})
     return None
 
 
@@ -206,10 +254,20 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
         values["write_file"] = {"path": fresh}
     # A step that names a file it can read must read it; one that cannot (a clause plan's write
     # after its read step) has the file's content among its inputs, so its text can be drafted.
+    # A program is drafted either way: the files it names are the program's to read when it runs.
     own = mentioned_file_names(step.instruction)
     readable = set(own) & set(existing) and "read_file" in tools
-    draft = None if readable else drafted_write(step, tools, fresh)
-    direct = direct_call(step, tools, existing)
+    draft = drafted_write(step, tools, fresh)
+    if draft is not None and readable and not draft.language:
+        draft = None
+    # "Run it." means the program a step it depends on wrote (or one its own texts name)
+    before = [other.instruction for other in plan.steps if other.id in step.depends_on]
+    programs = [
+        name
+        for name in mentioned_file_names(*before, *texts)
+        if _program_language(name) and workspace.is_file(name)
+    ]
+    direct = direct_call(step, tools, (*existing, *programs), programs)
     if not values:
         # nothing to ground: at least stop the model from calling tools until the request cap
         return StepAids(max_tool_calls=_UNGROUNDED_CALLS, direct_call=direct)
@@ -330,6 +388,33 @@ def shape_text(text: str, *, lines: int | None = None, sentences: int | None = N
     return "\n".join(kept)
 
 
+_FENCE_LINE = re.compile(r"^```[\w+-]*[ \t]*$", re.MULTILINE)
+
+
+def program_text(text: str) -> str:
+    """The program in a drafted reply: its first fenced block, else the reply without the prose after it.
+
+    Small models wrap the program in a Markdown fence and explain it after ("This script uses …"),
+    sometimes close a fence they never opened, or leave the fence out; then the program ends at
+    the closing fence or at the first blank line before a line of prose.
+    """
+    first = _FENCE_LINE.search(text)
+    before = text[: first.start()].strip() if first is not None else ""
+    if first is not None and (not before or ("\n" not in before and before.endswith(":"))):
+        body = text[first.end() :].lstrip("\n")
+        closing = _FENCE_LINE.search(body)
+        return (body[: closing.start()] if closing else body).strip("\n") + "\n"
+    if first is not None:  # a fence closed, not opened: the program is what comes before it
+        text = text[: first.start()]
+    blocks = re.split(r"\n\s*\n", text.strip("\n"))
+    kept = [blocks[0]]
+    for block in blocks[1:]:
+        if re.match(r"(?:This|The|It|Here|Note|When|You)\b[^\n]*\s\w+\s\w+", block):
+            break
+        kept.append(block)
+    return "\n\n".join(kept).strip("\n") + "\n"
+
+
 class BudgetedModel(WrapperModel):
     """Checks the run's budget before every request (`check` raises when it is used up).
 
@@ -398,20 +483,26 @@ class BudgetedModel(WrapperModel):
     async def _draft(
         self, draft: DraftedWrite, messages: list[ModelMessage], settings: ModelSettings | None
     ) -> ModelResponse:
-        """Ask for the text alone and answer with the `write_file` call that saves it."""
-        prompt = render(
-            "step_draft_user.j2", request=draft.request, form=draft.form, inputs=_brief_inputs(messages)
-        )
-        request = ModelRequest(
-            parts=[SystemPromptPart(render("step_draft_system.j2")), UserPromptPart(prompt)]
-        )
-        cap = 32 * draft.lines if draft.lines else 96 * draft.sentences if draft.sentences else 512
+        """Ask for the text (or program) alone and answer with the `write_file` call that saves it."""
+        inputs = _brief_inputs(messages)
+        if draft.language:
+            system = render("step_program_system.j2", language=draft.language)
+            prompt = render("step_draft_user.j2", request=draft.request, form="", inputs=inputs)
+            cap = 512
+        else:
+            system = render("step_draft_system.j2")
+            prompt = render("step_draft_user.j2", request=draft.request, form=draft.form, inputs=inputs)
+            cap = 32 * draft.lines if draft.lines else 96 * draft.sentences if draft.sentences else 512
+        request = ModelRequest(parts=[SystemPromptPart(system), UserPromptPart(prompt)])
         reply = await self.wrapped.request(
             [request],
             {**(settings or {}), "max_tokens": cap},
             ModelRequestParameters(output_mode="text", allow_text_output=True),
         )
         written = "".join(part.content for part in reply.parts if isinstance(part, TextPart))
-        content = shape_text(written, lines=draft.lines, sentences=draft.sentences)
+        if draft.language:
+            content = program_text(written)
+        else:
+            content = shape_text(written, lines=draft.lines, sentences=draft.sentences)
         call = ToolCallPart("write_file", {"path": draft.path, "content": content})
         return ModelResponse(parts=[call], usage=reply.usage, model_name=reply.model_name)
