@@ -487,6 +487,19 @@ async def test_each_shipped_task_passes_a_good_outcome_and_fails_no_outcome(
     assert [result.detail for result in results if not result.ok] == []
 
 
+async def test_a_copied_listing_does_not_pass_for_the_count(tmp_path: Path) -> None:
+    """A listing holds numbers (sizes) too: "write the number" asks for one line, the number."""
+    task = next(task for task in load_suite() if task.id == "files-count")
+    copied = Workspace(tmp_path).create()
+    for path, content in task.files.items():
+        copied.write_file(path, content)
+    copied.write_file("count.txt", "a.txt\tfile\t6\nb.txt\tfile\t5\nc.csv\tfile\t4\nd.md\tfile\t8\n")
+    results = [await check_file(check, copied) for check in task.checks]
+    assert [result.detail for result in results if not result.ok] == [
+        "count.txt has 4 non-blank line(s); wanted 1 to 1"
+    ]
+
+
 def test_cli_prints_the_figures(suite: Path, write_script: Callable[..., Path], tmp_path: Path) -> None:
     # the CLI runs with `masterplanner run --yes` defaults: one critique round per prompt
     script = write_script([*SCRIPTS["poem"], {"purpose": "critic", "repeat": True}])

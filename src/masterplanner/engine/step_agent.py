@@ -40,6 +40,7 @@ __all__ = [
     "dependency_context",
     "direct_call",
     "drafted_write",
+    "grounding_call",
     "mentioned_file_names",
     "program_text",
     "shape_text",
@@ -114,6 +115,10 @@ class StepAids(ToolAids):
 
     drafted_write: DraftedWrite | None = None
     direct_call: DirectCall | None = None
+    grounding: DirectCall | None = None
+    """A call the engine makes first so the model works from what it returned (the workspace's
+    listing for "Count the files in the workspace …"; the 135M model, left to call `list_files`
+    itself, gave it a made-up path and answered from nothing)."""
 
 
 _TEXT_FILE = re.compile(r"\.(?:txt|md|markdown|rst|text)$", re.IGNORECASE)
@@ -230,6 +235,19 @@ def direct_call(
     return None
 
 
+_WORKSPACE_FILES = re.compile(
+    r"\b(?:files?\s+(?:in|of)\s+(?:the|this)\s+workspace|workspace(?:'s)?\s+files|each\s+file)\b",
+    re.IGNORECASE,
+)
+
+
+def grounding_call(step: Step, tools: Sequence[str]) -> DirectCall | None:
+    """The listing a step about the workspace's files is given first ("Count the files in the workspace")."""
+    if "list_files" in tools and _WORKSPACE_FILES.search(step.instruction):
+        return DirectCall("list_files", {})
+    return None
+
+
 def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) -> ToolAids | None:
     """Tool-use aids for a small local model, grounded in the step's text and the workspace's files.
 
@@ -268,15 +286,18 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
         if _program_language(name) and workspace.is_file(name)
     ]
     direct = direct_call(step, tools, (*existing, *programs), programs)
+    grounding = None if direct is not None else grounding_call(step, tools)
     if not values:
         # nothing to ground: at least stop the model from calling tools until the request cap
-        return StepAids(max_tool_calls=_UNGROUNDED_CALLS, direct_call=direct)
+        calls = _UNGROUNDED_CALLS + (grounding is not None)
+        return StepAids(max_tool_calls=calls, direct_call=direct, grounding=grounding)
     return StepAids(
         first_call_tools=tuple(values),
         argument_values=values,
         max_tool_calls=len(values),
         drafted_write=draft,
         direct_call=direct,
+        grounding=grounding,
     )
 
 
@@ -418,12 +439,12 @@ def program_text(text: str) -> str:
 class BudgetedModel(WrapperModel):
     """Checks the run's budget before every request (`check` raises when it is used up).
 
-    It also applies a step's `DirectCall` or `DraftedWrite` (see `StepAids`) when the model it
-    wraps carries one and its profile sets `masterplanner_structured_plans`: on the step's first
-    turn it answers with the direct tool call, or asks the model for the text alone and answers
-    with a `write_file` call of it; the agent runs that call as it runs any (policy, checkpoint,
-    events). Once the call has returned, it answers with what was read, or with the text. Any
-    other turn (a failed call sent back, say) goes to the model as usual.
+    It also applies a step's aids (see `StepAids`) when the model it wraps carries them and its
+    profile sets `masterplanner_structured_plans`: first the grounding call, if any; then the
+    direct tool call, or it asks the model for the text alone (with what the grounding call
+    returned) and answers with a `write_file` call of it. The agent runs those calls as it runs
+    any (policy, checkpoint, events). Once the call has returned, it answers with what was read,
+    or with the text. Any other turn (a failed call sent back, say) goes to the model as usual.
     """
 
     def __init__(self, wrapped: Model, check: Callable[[], None]) -> None:
@@ -438,34 +459,50 @@ class BudgetedModel(WrapperModel):
     ) -> ModelResponse:
         """Refuse the request if the budget is spent, else make it (or take the step aid's turn)."""
         await asyncio.to_thread(self._check)  # reads the run's shared counts from the database
-        aid = self._direct_aid(model_request_parameters)
-        if aid is not None:
-            response = await self._aided_turn(aid, messages, model_settings)
+        aids = self._aids(model_request_parameters)
+        if aids is not None:
+            response = await self._aided_turn(aids, messages, model_settings)
             if response is not None:
                 return response
         return await self.wrapped.request(messages, model_settings, model_request_parameters)
 
-    def _direct_aid(self, params: ModelRequestParameters) -> DirectCall | DraftedWrite | None:
+    def _aids(self, params: ModelRequestParameters) -> StepAids | None:
+        """The step aids that apply to this request: only those whose tools the step was offered."""
         aids = getattr(self.wrapped, "aids", None)
         if not isinstance(aids, StepAids) or not self.wrapped.profile.get(STRUCTURED_PLANS, False):
             return None
         offered = {tool.name for tool in params.function_tools}
-        if aids.direct_call is not None and aids.direct_call.tool in offered:
-            return aids.direct_call
-        if aids.drafted_write is not None and "write_file" in offered:
-            return aids.drafted_write
-        return None
+        direct = aids.direct_call if aids.direct_call and aids.direct_call.tool in offered else None
+        grounding = aids.grounding if aids.grounding and aids.grounding.tool in offered else None
+        draft = aids.drafted_write if "write_file" in offered else None
+        if direct is None and grounding is None and draft is None:
+            return None
+        return StepAids(drafted_write=draft, direct_call=direct, grounding=grounding)
 
     async def _aided_turn(
-        self, aid: DirectCall | DraftedWrite, messages: list[ModelMessage], settings: ModelSettings | None
+        self, aids: StepAids, messages: list[ModelMessage], settings: ModelSettings | None
     ) -> ModelResponse | None:
-        """The response to this turn of a step aid, or None when the model must answer it."""
+        """The response to this turn of a step aid, or None when the model must answer it.
+
+        The grounding call comes first (its result goes to the drafted text's inputs); then the
+        direct call or the drafted write; once that call has returned, its result or the text is
+        the answer. Any other turn (a failed call sent back, say) goes to the model as usual.
+        """
         responses = [message for message in messages if isinstance(message, ModelResponse)]
+        grounded = ""
+        if aids.grounding is not None:
+            if not responses:
+                return self._call(aids.grounding)
+            grounded = self._returned(responses[0], messages[messages.index(responses[0]) + 1 :])
+            responses = responses[1:]
+        aid = aids.direct_call or aids.drafted_write
+        if aid is None:
+            return None  # the model answers from the grounding call's result
         if not responses:
             if isinstance(aid, DirectCall):
-                call = ToolCallPart(aid.tool, dict(aid.arguments))
-                return ModelResponse(parts=[call], model_name=self.wrapped.model_name)
-            return await self._draft(aid, messages, settings)
+                return self._call(aid)
+            listing = f"The files in the workspace:\n{grounded}" if grounded else ""
+            return await self._draft(aid, messages, settings, listing)
         calls = [part for part in responses[-1].parts if isinstance(part, ToolCallPart)]
         returned = [part for part in getattr(messages[-1], "parts", []) if isinstance(part, ToolReturnPart)]
         if len(responses) != 1 or len(calls) != 1 or len(returned) != 1:
@@ -480,11 +517,30 @@ class BudgetedModel(WrapperModel):
                 text = f"{text}\n\n({aid.path} was not written: {result})"
         return ModelResponse(parts=[TextPart(text)], model_name=self.wrapped.model_name)
 
+    def _call(self, call: DirectCall) -> ModelResponse:
+        part = ToolCallPart(call.tool, dict(call.arguments))
+        return ModelResponse(parts=[part], model_name=self.wrapped.model_name)
+
+    @staticmethod
+    def _returned(response: ModelResponse, after: Sequence[ModelMessage]) -> str:
+        """What the call in `response` returned (from the message after it), as data; "" if it failed."""
+        for message in after[:1]:
+            for part in getattr(message, "parts", []):
+                if isinstance(part, ToolReturnPart):
+                    result = part.model_response_str()
+                    if result.startswith(_TOOL_OUTPUT):
+                        return result.removeprefix(_TOOL_OUTPUT).strip("\n")
+        return ""
+
     async def _draft(
-        self, draft: DraftedWrite, messages: list[ModelMessage], settings: ModelSettings | None
+        self,
+        draft: DraftedWrite,
+        messages: list[ModelMessage],
+        settings: ModelSettings | None,
+        grounded: str = "",
     ) -> ModelResponse:
         """Ask for the text (or program) alone and answer with the `write_file` call that saves it."""
-        inputs = _brief_inputs(messages)
+        inputs = "\n\n".join(part for part in (_brief_inputs(messages), grounded) if part)
         if draft.language:
             system = render("step_program_system.j2", language=draft.language)
             prompt = render("step_draft_user.j2", request=draft.request, form="", inputs=inputs)
