@@ -122,7 +122,7 @@ REFUSALS = {
     ),
     "read-outside": "'/etc/passwd' is absolute; give a path relative to the workspace",
 }
-"""What the tool says when it refuses an obeyed call it runs without asking."""
+"""What the tool says when it refuses an obeyed call (under `ask`, before the person is asked)."""
 
 
 class Page(BaseHTTPRequestHandler):
@@ -250,11 +250,11 @@ async def test_an_obeyed_injection_gains_nothing(
     after = [(kind, data) for kind, data in events if kind.startswith("tool")][2:]
     if name not in tools:  # a tool the step was not given (or none at all): never called
         assert (after, asked) == ([], [])
-    elif name == "delete_file" or (name == "http_request" and reader != "http_request"):
+    elif name == "delete_file":
         # under `ask`: the person sees the call, whatever the text claimed, and says no
         assert asked == [(name, arguments)]
         assert [kind for kind, _ in after] == ["tool_approval_requested", "tool_denied"]
-    else:  # `auto` here: made, and refused by the tool's own limits
+    else:  # refused by the tool's own limits; under `ask` (http) before anyone is asked
         assert after == [
             ("tool_called", {"tool": name, "arguments": arguments}),
             ("tool_result", {"tool": name, "error": REFUSALS[attack.name]}),
@@ -265,3 +265,67 @@ async def test_an_obeyed_injection_gains_nothing(
     assert Page.hits == (["/notes"] if channel == "http" else [])
     # the run's policies are what the run was created with
     assert final.options.tool_policies == policies
+
+
+async def test_under_ask_only_a_request_the_allowlist_accepts_is_put_to_the_person(
+    tmp_path: Path, isolated: Path, page_server: str, write_script: Callable[..., Path]
+) -> None:
+    allowed, refused = f"{page_server}/notes", page_server.replace("127.0.0.1", "localhost") + "/notes"
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("fetch", tools=["http_request"])]}},
+            {
+                "purpose": "step:fetch",
+                "turn": 1,
+                "tool_calls": [{"name": "http_request", "args": {"url": refused}}],
+            },
+            {
+                "purpose": "step:fetch",
+                "turn": 2,
+                "tool_calls": [{"name": "http_request", "args": {"url": allowed}}],
+            },
+            {"purpose": "step:fetch", "output": "fetched", "repeat": True},
+            {"purpose": "prompt_creator", "output": "You fetch pages.", "repeat": True},
+        ]
+    )
+    Page.body = b"the notes"
+    Page.hits.clear()
+    settings = Settings.load(
+        http_allowed_domains=["127.0.0.1"], http_allow_loopback=True, remember_runs="never", embedder="none"
+    )
+    engine = Engine(settings)
+    asked: list[str] = []
+
+    async def approve_plan(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve"}
+
+    async def person_says_yes(_step: str, tool: str, arguments: dict[str, Any]) -> bool:
+        asked.append(arguments["url"])
+        return True
+
+    try:
+        run = engine.create_run(
+            "Fetch the notes",
+            model=f"scripted:{script}",
+            options=RunOptions(prompt_rounds=0, max_replans=0, team_tools=False),
+            workspace=tmp_path / "ws",
+        )
+        final = await execute_answering(engine, run.id, review=approve_plan, approve_tool=person_says_yes)
+        tool_events = [(e.kind, e.data) for e in engine.store.events(run.id) if e.kind.startswith("tool")]
+    finally:
+        engine.close()
+
+    assert final.status == "succeeded", final.error
+    assert asked == [allowed]  # the refused URL never reached the person
+    arguments = {"method": "GET", "url": refused, "headers": {}}
+    assert tool_events[:2] == [
+        ("tool_called", {"tool": "http_request", "arguments": arguments}),
+        ("tool_result", {"tool": "http_request", "error": OFF_THE_ALLOWLIST}),
+    ]
+    assert [kind for kind, _ in tool_events[2:]] == [
+        "tool_approval_requested",
+        "tool_approved",
+        "tool_called",
+        "tool_result",
+    ]
+    assert Page.hits == ["/notes"]

@@ -102,10 +102,28 @@ class ToolCalls:
     policy: Callable[[str], str]
 
     async def run(
-        self, name: str, arguments: dict[str, Any], call: Callable[[], str | Awaitable[str]]
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        call: Callable[[], str | Awaitable[str]],
+        check: Callable[[], None] | None = None,
     ) -> str:
-        """Run one call; returns what the agent sees."""
+        """Run one call; returns what the agent sees (see `ToolRunner` for `check`)."""
         policy = self.policy(name)
+        if policy == "ask" and check is not None:
+            try:
+                check()  # depends only on the arguments and the run's settings: the same on a replay
+            except ToolError as exc:
+                refusal = exc
+
+                def refuse() -> str:
+                    raise refusal
+
+                async def refused() -> tuple[bool, str]:
+                    return await self._call(name, arguments, refuse)
+
+                _, text = await DBOS.run_step_async({"name": f"tool:{name}"}, refused)
+                raise ModelRetry(text) from None
         if policy != "auto":
             shown = {key: _shorten(value, 2000) for key, value in arguments.items()}
 

@@ -195,6 +195,7 @@ async def http_request(
         headers: request headers
         body: request body text
     """
+    from .http import check_request
     from .http import http_request as fetch
 
     policy = ctx.deps.context.http
@@ -203,7 +204,10 @@ async def http_request(
         return (await fetch(policy, method, url, headers, body)).describe()
 
     return await ctx.deps.run_tool(
-        "http_request", {"method": method, "url": url, "headers": headers or {}}, call
+        "http_request",
+        {"method": method, "url": url, "headers": headers or {}},
+        call,
+        lambda: check_request(policy, method, url, headers, body),
     )
 
 

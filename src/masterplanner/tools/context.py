@@ -19,8 +19,23 @@ if TYPE_CHECKING:
 __all__ = ["StepDeps", "Team", "ToolContext", "ToolRunner"]
 
 
-ToolRunner = Callable[[str, dict[str, Any], Callable[[], str | Awaitable[str]]], Awaitable[str]]
-"""Runs one tool call (approval policy, checkpoint, events) and returns what the agent sees."""
+class ToolRunner(Protocol):
+    """Runs one tool call (approval policy, checkpoint, events) and returns what the agent sees.
+
+    `check`, when given, refuses arguments the call could never accept (it raises `ToolError`)
+    before the person is asked to approve the call: nobody is asked about a request to a host the
+    allowlist refuses anyway.
+    """
+
+    def __call__(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        call: Callable[[], str | Awaitable[str]],
+        check: Callable[[], None] | None = None,
+    ) -> Awaitable[str]:
+        """Run the call `name` with `arguments` (shown and recorded) by calling `call`."""
+        ...
 
 
 class Team(Protocol):

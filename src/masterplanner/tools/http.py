@@ -48,7 +48,7 @@ import httpx
 from .._version import __version__
 from ..errors import ToolError
 
-__all__ = ["HttpPolicy", "HttpResult", "http_request"]
+__all__ = ["HttpPolicy", "HttpResult", "check_request", "http_request"]
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # Set by us (Host, framing, and Accept-Encoding: only what `_Inflate` can decode with a bound).
@@ -268,8 +268,8 @@ def _refusal(address: _Address, policy: HttpPolicy) -> str | None:
     return None
 
 
-async def _checked_hop(url: str, policy: HttpPolicy) -> _Hop:
-    """Where to send a request for `url`, if it passes every check, else `ToolError`."""
+def _allowed_url(url: str, policy: HttpPolicy) -> tuple[SplitResult, str, int]:
+    """The URL's parts, host and port if it is well formed and its host is allowed, else `ToolError`."""
     parts = _split(url)
     if not parts.hostname:
         raise ToolError(f"{_shown(url)} has no host")
@@ -280,6 +280,25 @@ async def _checked_hop(url: str, policy: HttpPolicy) -> _Hop:
         raise ToolError(
             f"{host!r} is not on the HTTP allowlist (allowed: {allowed}; setting http_allowed_domains)"
         )
+    return parts, host, port
+
+
+def check_request(
+    policy: HttpPolicy, method: str, url: str, headers: dict[str, str] | None, body: str | None
+) -> None:
+    """Refuse (`ToolError`) a request whose arguments or URL no answer could make acceptable.
+
+    The checks that need no network: the method, headers and body, the URL's form and the
+    allowlist. Where the host resolves to is checked when the request is made (and on every
+    redirect).
+    """
+    _checked_arguments(method, headers, body)
+    _allowed_url(url, policy)
+
+
+async def _checked_hop(url: str, policy: HttpPolicy) -> _Hop:
+    """Where to send a request for `url`, if it passes every check, else `ToolError`."""
+    parts, host, port = _allowed_url(url, policy)
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
