@@ -29,6 +29,7 @@ __all__ = [
     "Migration",
     "apply_migrations",
     "create_engine",
+    "database_failure",
     "database_now",
     "engine_url",
     "migrate",
@@ -145,6 +146,16 @@ def reconnecting_methods(cls: _C) -> _C:
             continue
         setattr(cls, name, reconnecting(value))
     return cls
+
+
+def database_failure(exc: BaseException) -> str | None:
+    """A database driver's error raised outside our stores (DBOS's own writes) in our words, else None.
+
+    Its first line only: never the statement, its parameters (a step's whole output) or a link.
+    """
+    if isinstance(exc, sa.exc.DBAPIError):
+        return f"the run's database failed: {_first_line(exc.orig)}"
+    return None
 
 
 def _first_line(error: object) -> str:

@@ -430,6 +430,57 @@ def test_a_full_disk_is_a_tool_error_and_nothing_stored_is_lost(
     assert json.loads(shown.stdout)["status"] == "succeeded"
 
 
+def test_a_full_disk_under_the_database_fails_the_step_in_our_words_and_keeps_the_record(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The home (SQLite) fills up mid-run: DBOS cannot checkpoint step b's 3 MB reply."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a"), step("b", "a")]}},
+            {"purpose": "step:a", "output": "a done"},
+            {"purpose": "step:b", "output": "B" * 3_000_000},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    disk, copy = tmp_path / "disk", tmp_path / "home-after"
+    disk.mkdir()
+    home = disk / "home"
+    # a 2 MiB file system for the home, in a mount namespace of the run's own; the home is copied
+    # out once the run has ended (no process has the database open then) and read back from there
+    script_text = (
+        f'mount -t tmpfs -o size=2m tmpfs {disk} && "$@"; ended=$?; cp -r {home} {copy}; exit $ended'
+    )
+
+    flags = ["--yes", "--json", "--rounds", "0", "--max-replans", "0", "--workspace", str(tmp_path / "ws")]
+    namespace = ["unshare", "--map-root-user", "--mount", "sh", "-c", script_text, "sh", sys.executable]
+    done = subprocess.run(
+        [*namespace, "-m", "masterplanner", "run", "Do a and b.", "--model", f"scripted:{script}", *flags],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MASTERPLANNER_HOME": str(home), "COLUMNS": "200"},
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    error = "step b failed: the run's database failed: database or disk is full"
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["error"] == error
+    assert "INSERT" not in done.stderr and "sqlalche.me" not in done.stderr
+    run_id = json.loads(done.stdout)["run_id"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "masterplanner", "runs", "show", run_id, "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MASTERPLANNER_HOME": str(copy)},
+        timeout=60,
+    )
+    record = json.loads(shown.stdout)
+    assert (record["status"], record["error"]) == ("failed", error)
+    assert [(s["id"], s["status"], s["output"]) for s in record["steps"]] == [
+        ("a", "succeeded", "a done"),
+        ("b", "failed", None),
+    ]
+
+
 # --- the run's process is stopped ---------------------------------------------------------------
 
 STOPS = [pytest.param(signal.SIGTERM, id="sigterm"), pytest.param(signal.SIGKILL, id="kill-9")]

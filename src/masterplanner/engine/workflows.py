@@ -33,6 +33,7 @@ from pydantic_ai.usage import UsageLimits
 
 from .. import telemetry
 from ..agents import failure_text, retry_settings
+from ..database import database_failure
 from ..errors import (
     BudgetExceededError,
     MasterplannerError,
@@ -343,7 +344,7 @@ class _StepRun:
                 error = _describe(exc)
                 break
             except Exception as exc:  # a tool or provider bug must fail the step, not the engine
-                error = f"{type(exc).__name__}: {exc}"
+                error = database_failure(exc) or f"{type(exc).__name__}: {exc}"
                 break
             shortfall = await self._check(output) if options.check_outputs else None
             if shortfall is not None:
