@@ -430,17 +430,27 @@ def test_a_full_disk_is_a_tool_error_and_nothing_stored_is_lost(
     assert json.loads(shown.stdout)["status"] == "succeeded"
 
 
-def test_a_full_disk_under_the_database_fails_the_step_in_our_words_and_keeps_the_record(
-    write_script: Callable[..., Path], tmp_path: Path
+FULL = "the run's database failed: database or disk is full"
+FILLS = [
+    # DBOS cannot checkpoint step b's reply: the step fails, the run fails with it
+    pytest.param("step:b", f"step b failed: {FULL}", [("a", "succeeded"), ("b", "failed")], id="step"),
+    # the steps are done, DBOS cannot record the aggregate answer: the run ends failed, not running
+    pytest.param("aggregator", FULL, [("a", "succeeded"), ("b", "succeeded")], id="aggregate"),
+]
+
+
+@pytest.mark.parametrize(("filler", "error", "steps"), FILLS)
+def test_a_full_disk_under_the_database_ends_the_run_in_our_words_and_keeps_the_record(
+    filler: str, error: str, steps: list[tuple[str, str]], write_script: Callable[..., Path], tmp_path: Path
 ) -> None:
-    """The home (SQLite) fills up mid-run: DBOS cannot checkpoint step b's 3 MB reply."""
+    """The home (SQLite) fills up mid-run with a 3 MB reply."""
+    independent = filler == "aggregator"  # two sinks: their outputs are composed by the aggregator
+    plan = [step("a"), step("b") if independent else step("b", "a")]
+    replies = {"step:a": "a done", "step:b": "b done", filler: "B" * 3_000_000}
     script = write_script(
-        [
-            {"purpose": "planner", "output": {"steps": [step("a"), step("b", "a")]}},
-            {"purpose": "step:a", "output": "a done"},
-            {"purpose": "step:b", "output": "B" * 3_000_000},
-            {"purpose": "*", "repeat": True},
-        ]
+        [{"purpose": "planner", "output": {"steps": plan}}]
+        + [{"purpose": purpose, "output": output} for purpose, output in replies.items()]
+        + [{"purpose": "*", "repeat": True}]
     )
     disk, copy = tmp_path / "disk", tmp_path / "home-after"
     disk.mkdir()
@@ -450,7 +460,6 @@ def test_a_full_disk_under_the_database_fails_the_step_in_our_words_and_keeps_th
     script_text = (
         f'mount -t tmpfs -o size=2m tmpfs {disk} && "$@"; ended=$?; cp -r {home} {copy}; exit $ended'
     )
-
     flags = ["--yes", "--json", "--rounds", "0", "--max-replans", "0", "--workspace", str(tmp_path / "ws")]
     namespace = ["unshare", "--map-root-user", "--mount", "sh", "-c", script_text, "sh", sys.executable]
     done = subprocess.run(
@@ -461,10 +470,9 @@ def test_a_full_disk_under_the_database_fails_the_step_in_our_words_and_keeps_th
         timeout=120,
         stdin=subprocess.DEVNULL,
     )
-    error = "step b failed: the run's database failed: database or disk is full"
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["error"] == error
-    assert "INSERT" not in done.stderr and "sqlalche.me" not in done.stderr
+    assert "INSERT" not in done.stderr and "sqlalche.me" not in done.stderr and "Traceback" not in done.stderr
     run_id = json.loads(done.stdout)["run_id"]
     shown = subprocess.run(
         [sys.executable, "-m", "masterplanner", "runs", "show", run_id, "--json"],
@@ -475,10 +483,8 @@ def test_a_full_disk_under_the_database_fails_the_step_in_our_words_and_keeps_th
     )
     record = json.loads(shown.stdout)
     assert (record["status"], record["error"]) == ("failed", error)
-    assert [(s["id"], s["status"], s["output"]) for s in record["steps"]] == [
-        ("a", "succeeded", "a done"),
-        ("b", "failed", None),
-    ]
+    assert [(s["id"], s["status"]) for s in record["steps"]] == steps
+    assert record["steps"][0]["output"] == "a done"
 
 
 # --- the run's process is stopped ---------------------------------------------------------------

@@ -25,11 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import sqlalchemy as sa
 from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync
 from opentelemetry import context as otel_context
 
 from .. import telemetry
 from ..clause_planner import uses_clause_plans
+from ..database import database_failure
 from ..errors import BudgetExceededError, MasterplannerError, PlanError, RunError
 from ..models import resolve_model
 from ..plan import Plan, Step, tool_problems, validate_task
@@ -400,6 +402,11 @@ class _Drive:
             if self.ending:
                 raise  # the end workflow itself failed: it records its own outcome
             await self._end("failed", str(exc), tell_registry=False)
+        except sa.exc.DBAPIError as exc:  # DBOS's own writes (a full disk, say); our stores raise RunError
+            text = database_failure(exc) or type(exc).__name__
+            if self.ending:
+                raise RunError(text) from None
+            await self._end("failed", text, tell_registry=False)
 
     async def _finish_end(self) -> None:
         """Finish the end of a run that a crash cut short (its outcome recorded, the registry not told)."""
