@@ -151,6 +151,7 @@ def test_a_step_about_the_workspaces_files_is_given_their_listing_first(tmp_path
     assert isinstance(aids, StepAids)
     assert aids.grounding == DirectCall("list_files", {})
     assert aids.drafted_write is not None and aids.drafted_write.path == "count.txt"
+    assert aids.max_tool_calls == 2  # the listing, then the write
     largest = _step("find", "Find the largest file in the workspace.", [])
     found = tool_aids(Plan(task="t", steps=[largest]), largest, ["list_files"], Workspace(tmp_path))
     assert isinstance(found, StepAids) and found.grounding == DirectCall("list_files", {})

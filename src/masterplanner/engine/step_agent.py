@@ -294,7 +294,7 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
     return StepAids(
         first_call_tools=tuple(values),
         argument_values=values,
-        max_tool_calls=len(values),
+        max_tool_calls=len(values) + (grounding is not None),  # the grounding call counts as one
         drafted_write=draft,
         direct_call=direct,
         grounding=grounding,
