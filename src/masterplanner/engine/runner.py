@@ -403,6 +403,8 @@ class _Drive:
                 raise  # the end workflow itself failed: it records its own outcome
             await self._end("failed", str(exc), tell_registry=False)
         except sa.exc.DBAPIError as exc:  # DBOS's own writes (a full disk, say); our stores raise RunError
+            if exc.connection_invalidated:
+                raise  # a lost connection (Postgres restarting): the run's lease and recovery go on
             text = database_failure(exc) or type(exc).__name__
             if self.ending:
                 raise RunError(text) from None
