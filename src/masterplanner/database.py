@@ -148,14 +148,12 @@ def reconnecting_methods(cls: _C) -> _C:
     return cls
 
 
-def database_failure(exc: BaseException) -> str | None:
-    """A database driver's error raised outside our stores (DBOS's own writes) in our words, else None.
+def database_failure(exc: sa.exc.DBAPIError) -> str:
+    """A database driver's error raised outside our stores (DBOS's own writes) in our words.
 
     Its first line only: never the statement, its parameters (a step's whole output) or a link.
     """
-    if isinstance(exc, sa.exc.DBAPIError):
-        return f"the run's database failed: {_first_line(exc.orig)}"
-    return None
+    return f"the run's database failed: {_first_line(exc.orig)}"
 
 
 def _first_line(error: object) -> str:

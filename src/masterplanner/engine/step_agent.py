@@ -168,13 +168,12 @@ def drafted_write(step: Step, tools: Sequence[str], fresh: Sequence[str]) -> Dra
         if _program_language(name)
         and re.search(rf"\b(?:a|an|the)\s+{_PROGRAM_WORDS}\s+['\"`]?{re.escape(name)}", step.instruction)
     ]
+    request = _USE_NOTE.sub("", _SAVE_NOTE.sub("", step.instruction))
     if len(programs) == 1:  # a text file it names is the program's to write ("… to primes.txt")
-        request = _USE_NOTE.sub("", _SAVE_NOTE.sub("", step.instruction)).strip()
-        return DraftedWrite(programs[0], request, language=_program_language(programs[0]))
+        return DraftedWrite(programs[0], request.strip(), language=_program_language(programs[0]))
     if len(targets) != 1 or programs:
         return None
     path = targets[0]
-    request = _USE_NOTE.sub("", _SAVE_NOTE.sub("", step.instruction))
     request = re.sub(
         rf"\s+(?:to|into|as|in)\s+(?:(?:a|the)\s+file\s+(?:named|called\s+)?)?['\"`]?{re.escape(path)}['\"`]?",
         "",
@@ -351,6 +350,11 @@ def step_brief(
     return "\n".join(lines)
 
 
+def _ran(result: str) -> str | None:
+    """What a call that ran returned, without `ToolCalls.run`'s marker; None if refused or failed."""
+    return result.removeprefix(_TOOL_OUTPUT).removeprefix("\n") if result.startswith(_TOOL_OUTPUT) else None
+
+
 def _brief_inputs(messages: Sequence[ModelMessage]) -> str:
     """The dependencies' outputs as the step brief (the first user message) shows them."""
     for message in messages:
@@ -493,7 +497,9 @@ class BudgetedModel(WrapperModel):
         if aids.grounding is not None:
             if not responses:
                 return self._call(aids.grounding)
-            grounded = self._returned(responses[0], messages[messages.index(responses[0]) + 1 :])
+            after = messages[messages.index(responses[0]) + 1 :][:1]  # the grounding call's return
+            returns = [part for part in getattr(after[0], "parts", []) if isinstance(part, ToolReturnPart)]
+            grounded = (_ran(returns[0].model_response_str()) or "") if after and returns else ""
             responses = responses[1:]
         aid = aids.direct_call or aids.drafted_write
         if aid is None:
@@ -508,29 +514,18 @@ class BudgetedModel(WrapperModel):
         if len(responses) != 1 or len(calls) != 1 or len(returned) != 1:
             return None
         result = returned[0].model_response_str()
-        done = result.startswith(_TOOL_OUTPUT)
+        data = _ran(result)
         if isinstance(aid, DirectCall):
-            text = result.removeprefix(_TOOL_OUTPUT).removeprefix("\n") if done else result
+            text = result if data is None else data
         else:
             text = str(calls[0].args_as_dict().get("content", ""))
-            if not done:
+            if data is None:
                 text = f"{text}\n\n({aid.path} was not written: {result})"
         return ModelResponse(parts=[TextPart(text)], model_name=self.wrapped.model_name)
 
     def _call(self, call: DirectCall) -> ModelResponse:
         part = ToolCallPart(call.tool, dict(call.arguments))
         return ModelResponse(parts=[part], model_name=self.wrapped.model_name)
-
-    @staticmethod
-    def _returned(response: ModelResponse, after: Sequence[ModelMessage]) -> str:
-        """What the call in `response` returned (from the message after it), as data; "" if it failed."""
-        for message in after[:1]:
-            for part in getattr(message, "parts", []):
-                if isinstance(part, ToolReturnPart):
-                    result = part.model_response_str()
-                    if result.startswith(_TOOL_OUTPUT):
-                        return result.removeprefix(_TOOL_OUTPUT).strip("\n")
-        return ""
 
     async def _draft(
         self,
@@ -541,14 +536,13 @@ class BudgetedModel(WrapperModel):
     ) -> ModelResponse:
         """Ask for the text (or program) alone and answer with the `write_file` call that saves it."""
         inputs = "\n\n".join(part for part in (_brief_inputs(messages), grounded) if part)
-        if draft.language:
-            system = render("step_program_system.j2", language=draft.language)
-            prompt = render("step_draft_user.j2", request=draft.request, form="", inputs=inputs)
-            cap = 512
-        else:
-            system = render("step_draft_system.j2")
-            prompt = render("step_draft_user.j2", request=draft.request, form=draft.form, inputs=inputs)
-            cap = 32 * draft.lines if draft.lines else 96 * draft.sentences if draft.sentences else 512
+        system = (
+            render("step_program_system.j2", language=draft.language)
+            if draft.language
+            else render("step_draft_system.j2")
+        )
+        prompt = render("step_draft_user.j2", request=draft.request, form=draft.form, inputs=inputs)
+        cap = 32 * draft.lines if draft.lines else 96 * draft.sentences if draft.sentences else 512
         request = ModelRequest(parts=[SystemPromptPart(system), UserPromptPart(prompt)])
         reply = await self.wrapped.request(
             [request],

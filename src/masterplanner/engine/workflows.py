@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 import pydantic_ai
+import sqlalchemy as sa
 from dbos import DBOS
 from opentelemetry.trace import Status, StatusCode
 from pydantic import BaseModel, Field
@@ -343,8 +344,11 @@ class _StepRun:
             except (MasterplannerError, UsageLimitExceeded, AgentRunError) as exc:
                 error = _describe(exc)
                 break
+            except sa.exc.DBAPIError as exc:  # DBOS's own writes (a full disk); our stores raise RunError
+                error = database_failure(exc)
+                break
             except Exception as exc:  # a tool or provider bug must fail the step, not the engine
-                error = database_failure(exc) or f"{type(exc).__name__}: {exc}"
+                error = f"{type(exc).__name__}: {exc}"
                 break
             shortfall = await self._check(output) if options.check_outputs else None
             if shortfall is not None:

@@ -35,7 +35,6 @@ class ToolRunner(Protocol):
         check: Callable[[], None] | None = None,
     ) -> Awaitable[str]:
         """Run the call `name` with `arguments` (shown and recorded) by calling `call`."""
-        ...
 
 
 class Team(Protocol):
