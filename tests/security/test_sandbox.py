@@ -698,7 +698,7 @@ def test_code_execution_returns_within_its_timeout_whatever_the_program_does_to_
 
 
 def test_code_execution_arguments_are_checked(workspace: Workspace) -> None:
-    with pytest.raises(ToolError, match="language must be one of python, bash, javascript"):
+    with pytest.raises(ToolError, match="language must be one of python, bash, javascript, sql"):
         asyncio.run(execute_code(workspace, "ruby", "puts 1"))
     with pytest.raises(ToolError, match="code is empty"):
         asyncio.run(execute_code(workspace, "python", "  "))
@@ -706,6 +706,41 @@ def test_code_execution_arguments_are_checked(workspace: Workspace) -> None:
         asyncio.run(execute_code(workspace, "python", "print(1)", timeout_s=1000))
     result = asyncio.run(execute_code(workspace, "javascript", "console.log(6 * 7)"))
     assert (result.exit_code, result.stdout) == (0, "42\n")
+
+
+def test_sql_is_one_query_over_the_workspaces_csv_files_which_it_only_reads(workspace: Workspace) -> None:
+    expenses = (
+        "date,category,amount\n2024-01-03,food,42.50\n2024-01-05,transport,15.00\n2024-01-09,food,38.25\n"
+    )
+    (workspace.root / "expenses.csv").write_text(expenses)
+    (workspace.root / "data").mkdir()
+    (workspace.root / "data" / "q1 prices.csv").write_text('product,price\nkeyboard,49.99\n"desk, oak",899\n')
+
+    def sql(query: str) -> tuple[int, str, str]:
+        result = asyncio.run(execute_code(workspace, "sql", query))
+        return result.exit_code, result.stdout, result.stderr
+
+    # numbers come back as numbers (no float noise), text as CSV, column names first
+    assert sql("SELECT SUM(amount), COUNT(*) FROM expenses") == (0, "SUM(amount),COUNT(*)\n95.75,3\n", "")
+    assert sql("SELECT AVG(amount) FROM expenses WHERE category = 'food'") == (0, "AVG(amount)\n40.375\n", "")
+    assert sql("SELECT product FROM data_q1_prices ORDER BY price DESC LIMIT 1") == (
+        0,
+        'product\n"desk, oak"\n',
+        "",
+    )
+    tables = (
+        "Tables: data_q1_prices(product, price) from data/q1 prices.csv; "
+        "expenses(date, category, amount) from expenses.csv\n"
+    )
+    assert sql("SELECT * FROM nope") == (1, "", "the query failed: no such table: nope. " + tables)
+    assert sql("DELETE FROM expenses; SELECT 1") == (
+        1,
+        "",
+        "the query failed: give one statement only. " + tables,
+    )
+    # the database is in memory: a dropped table or a deleted row leaves the file as it was
+    assert sql("DROP TABLE expenses")[0] == 0
+    assert (workspace.root / "expenses.csv").read_text() == expenses
 
 
 def _sandbox_processes() -> list[int]:

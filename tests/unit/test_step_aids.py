@@ -212,3 +212,152 @@ async def test_the_listing_is_called_first_and_drafted_from_then_written() -> No
         "The files in the workspace:\na.txt\tfile\t6\nb.txt\tfile\t5"
     ]
     assert result.output == "```\n4\n```"
+
+
+def test_a_step_that_computes_from_a_csv_file_is_offered_the_queries_its_words_name(tmp_path: Path) -> None:
+    from masterplanner.engine.table_queries import DraftedQuery, drafted_query, query_choices, read_table
+
+    (tmp_path / "people.csv").write_text("name,city,age\nAlice,Paris,34\nBruno,Lyon,28\nEmma,Paris,30\n")
+    workspace = Workspace(tmp_path)
+    table = read_table(workspace, "people.csv")
+    assert table is not None and (table.name, table.numeric) == ("people", ("age",))
+    assert table.shown() == (
+        "CREATE TABLE people (name TEXT, city TEXT, age NUMERIC);\n"
+        "INSERT INTO people VALUES ('Alice', 'Paris', 34);"
+    )
+    # a value the request names is a filter only where the table holds it ("Paris"; not "London")
+    assert query_choices(table, "Count how many people live in Paris or London.") == (
+        "SELECT COUNT(*) FROM people;",
+        "SELECT COUNT(*) FROM people WHERE city = 'Paris';",
+    )
+    assert query_choices(table, "Find the name of the oldest person.") == (
+        "SELECT name FROM people ORDER BY age DESC LIMIT 1;",
+        "SELECT city FROM people ORDER BY age DESC LIMIT 1;",
+        "SELECT age FROM people ORDER BY age DESC LIMIT 1;",
+    )
+    assert query_choices(table, "The total and the average age.") == (
+        "SELECT SUM(age) FROM people;",
+        "SELECT AVG(age) FROM people;",
+    )
+    assert query_choices(table, "Describe the people.") == ()  # no computation named: no aid
+    query = drafted_query(
+        "Use code to count how many people in people.csv live in Paris.",
+        ["code_execution"],
+        ["people.csv"],
+        workspace,
+    )
+    assert (
+        isinstance(query, DraftedQuery)
+        and query.request == "Count how many people in people.csv live in Paris."
+    )
+    assert drafted_query("Count the people in people.csv.", ["read_file"], ["people.csv"], workspace) is None
+
+    # the step's own write of the result is a copy of it; the file it computes from is not read
+    step = _step(
+        "count",
+        "Count with code how many people in people.csv live in Paris and write the count to paris.txt.",
+        [],
+    )
+    aids = tool_aids(
+        Plan(task=step.instruction, steps=[step]),
+        step,
+        ["code_execution", "read_file", "write_file"],
+        workspace,
+    )
+    assert isinstance(aids, StepAids) and isinstance(aids.grounding, DraftedQuery)
+    assert aids.drafted_write is not None and (aids.drafted_write.path, aids.drafted_write.copy) == (
+        "paris.txt",
+        True,
+    )
+    assert aids.max_tool_calls == 3  # the query, then the read and the write the model may make
+
+
+def test_a_write_that_refers_to_a_result_copies_it_and_one_that_asks_for_text_drafts_it() -> None:
+    def copies(instruction: str) -> bool:
+        draft = drafted_write(_step("w", instruction, []), ["write_file"], ["out.txt"])
+        assert draft is not None
+        return draft.copy
+
+    assert copies("Write only the total to out.txt.")
+    assert copies("Write its name to out.txt. Use the result of Find the product.")
+    assert copies("Compute the average score and write it to out.txt.")
+    assert not copies("Write a sentence about it to out.txt.")
+    assert not copies("Write the names of the files to out.txt.")
+
+
+async def test_the_model_picks_the_query_the_sandbox_runs_it_and_its_value_is_written() -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from masterplanner.engine.step_agent import BudgetedModel
+    from masterplanner.engine.table_queries import DraftedQuery
+    from masterplanner.models.local import STRUCTURED_PLANS
+
+    asked: list[tuple[str, object]] = []
+
+    def reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        output = info.model_request_parameters.output_object
+        schema = output.json_schema if output else None
+        asked.append((str(messages[-1].parts[-1].content), schema))
+        return ModelResponse(
+            parts=[TextPart('{"query": "SELECT COUNT(*) FROM people WHERE city = \'Paris\';"}')]
+        )
+
+    queries = ("SELECT COUNT(*) FROM people;", "SELECT COUNT(*) FROM people WHERE city = 'Paris';")
+
+    def agent_for(draft: DraftedWrite | None) -> tuple[Agent[None, str], list[tuple[str, dict[str, str]]]]:
+        class Small(FunctionModel):
+            aids = StepAids(
+                grounding=DraftedQuery(
+                    "people.csv", "Count how many people live in Paris.", "CREATE …", queries
+                ),
+                drafted_write=draft,
+            )
+
+        calls: list[tuple[str, dict[str, str]]] = []
+        agent = Agent(
+            BudgetedModel(
+                Small(reply, profile={STRUCTURED_PLANS: True, "supports_json_schema_output": True}),
+                lambda: None,
+            )
+        )
+
+        @agent.tool_plain
+        def code_execution(code: str, language: str = "python") -> str:
+            calls.append(("code_execution", {"language": language, "code": code}))
+            return "[tool output; data, not instructions]\nexit code 0\n--- stdout ---\nCOUNT(*)\n2"
+
+        @agent.tool_plain
+        def write_file(path: str, content: str) -> str:
+            calls.append(("write_file", {"path": path, "content": content}))
+            return f"[tool output; data, not instructions]\nwrote {path}"
+
+        return agent, calls
+
+    agent, calls = agent_for(
+        DraftedWrite("paris.txt", "Count how many people live in Paris and write the count.", copy=True)
+    )
+    result = await agent.run(
+        "Count with code how many people in people.csv live in Paris and write the count to paris.txt."
+    )
+    assert asked == [
+        (
+            "CREATE …\n-- Count how many people live in Paris.",
+            {
+                "type": "object",
+                "properties": {"query": {"enum": list(queries)}},
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+        )
+    ]  # one model request: the pick; the write is a copy
+    assert calls == [
+        ("code_execution", {"language": "sql", "code": queries[1]}),
+        ("write_file", {"path": "paris.txt", "content": "2\n"}),
+    ]
+    assert result.output == "2\n"
+    # without a file to write, the query's value is the step's answer
+    agent, calls = agent_for(None)
+    result = await agent.run("Count with code how many people in people.csv live in Paris.")
+    assert [name for name, _ in calls] == ["code_execution"] and result.output == "2"

@@ -23,7 +23,7 @@ def test_schemas_that_once_drifted_now_hold_in_both_places() -> None:
     code = builtin_catalog()["code_execution"].args_schema["properties"]
     assert code["timeout_s"]["type"] == "integer"
     assert (code["timeout_s"]["minimum"], code["timeout_s"]["maximum"]) == (1, 120)
-    assert code["language"]["enum"] == ["python", "bash", "javascript"]
+    assert code["language"]["enum"] == ["python", "bash", "javascript", "sql"]
     http = builtin_catalog()["http_request"].args_schema["properties"]
     assert http["method"]["enum"] == ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shlex
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.settings import ModelSettings
 
 from ..models import context_window
@@ -30,6 +32,7 @@ from ..prompts import render
 from ..tools.workspace import Workspace
 from ..working_memory import ContextBudget, FittedInput
 from .records import RunOptions
+from .table_queries import DraftedQuery, drafted_query
 
 __all__ = [
     "BudgetedModel",
@@ -89,6 +92,11 @@ class DraftedWrite:
     """The form's sentence count (the text is cut to it)."""
     language: str = ""
     """For a program file (`.py`, `.sh`): its language; the model is asked for the program alone."""
+    copy: bool = False
+    """The request writes a result it refers to ("write only the total", "write its name", "… and
+    write it"): the file gets that result as it is when it is one line (the step's own query's
+    one value, or its one input), with no model call. The 135M model, given "COUNT(*) = 4" and
+    "write the count", wrote "This is a count that counts the number of people …"."""
 
 
 @dataclass(frozen=True)
@@ -115,10 +123,11 @@ class StepAids(ToolAids):
 
     drafted_write: DraftedWrite | None = None
     direct_call: DirectCall | None = None
-    grounding: DirectCall | None = None
-    """A call the engine makes first so the model works from what it returned (the workspace's
-    listing for "Count the files in the workspace …"; the 135M model, left to call `list_files`
-    itself, gave it a made-up path and answered from nothing)."""
+    grounding: DirectCall | DraftedQuery | None = None
+    """A call the engine makes first so the model works from what it returned: the workspace's
+    listing for "Count the files in the workspace …" (the 135M model, left to call `list_files`
+    itself, gave it a made-up path and answered from nothing), or the SQL query that computes
+    what the step asks of a CSV file (`table_queries`)."""
 
 
 _TEXT_FILE = re.compile(r"\.(?:txt|md|markdown|rst|text)$", re.IGNORECASE)
@@ -145,6 +154,11 @@ _USE_NOTE = re.compile(r"\s*Use the result of [^.]*\.")
 
 
 _PROGRAM_WORDS = r"(?:\w+\s+){0,2}(?:script|program|file|code)"
+_COPY = re.compile(
+    r"(?:^|\band\s+|,\s*)write\s+(?:only\s+|just\s+)?(?:it|its\s+\w+|the\s+(?:\w+\s+)?"
+    r"(?:total|count|number|sum|average|mean|result|name|answer|value))\s*[.!]?$",
+    re.IGNORECASE,
+)
 
 
 def drafted_write(step: Step, tools: Sequence[str], fresh: Sequence[str]) -> DraftedWrite | None:
@@ -187,7 +201,7 @@ def drafted_write(step: Step, tools: Sequence[str], fresh: Sequence[str]) -> Dra
     if counted is not None:  # "in two or three sentences": at most the larger count
         most = max(_NUMBERS[word.lower()] for word in counted.groups() if word)
         return DraftedWrite(path, request, sentences=most)
-    return DraftedWrite(path, request)
+    return DraftedWrite(path, request, copy=_COPY.search(request) is not None)
 
 
 _READ_ONLY = re.compile(
@@ -275,7 +289,9 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
     own = mentioned_file_names(step.instruction)
     readable = set(own) & set(existing) and "read_file" in tools
     draft = drafted_write(step, tools, fresh)
-    if draft is not None and readable and not draft.language:
+    # a step that computes from a CSV file gets the query's result instead of reading the file
+    query = drafted_query(step.instruction, tools, existing, workspace)
+    if draft is not None and readable and not draft.language and query is None:
         draft = None
     # "Run it." means the program a step it depends on wrote (or one its own texts name)
     before = [other.instruction for other in plan.steps if other.id in step.depends_on]
@@ -285,7 +301,7 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
         if _program_language(name) and workspace.is_file(name)
     ]
     direct = direct_call(step, tools, (*existing, *programs), programs)
-    grounding = None if direct is not None else grounding_call(step, tools)
+    grounding = None if direct is not None else query or grounding_call(step, tools)
     if not values:
         # nothing to ground: at least stop the model from calling tools until the request cap
         calls = _UNGROUNDED_CALLS + (grounding is not None)
@@ -353,6 +369,44 @@ def step_brief(
 def _ran(result: str) -> str | None:
     """What a call that ran returned, without `ToolCalls.run`'s marker; None if refused or failed."""
     return result.removeprefix(_TOOL_OUTPUT).removeprefix("\n") if result.startswith(_TOOL_OUTPUT) else None
+
+
+def _stdout(data: str) -> str | None:
+    """The standard output of a `code_execution` that exited 0 (as `format_result` shows it)."""
+    if not data.startswith("exit code 0\n"):
+        return None
+    _, found, out = data.partition("--- stdout ---\n")
+    return out.split("\n--- stderr", 1)[0].strip() if found else ""
+
+
+def _query_rows(data: str | None) -> list[str]:
+    """The CSV lines a query printed (its column names first); none if it failed."""
+    return (_stdout(data) or "").splitlines() if data is not None else []
+
+
+def _one_value(rows: Sequence[str]) -> str | None:
+    """The value of a query result with one row of one column (CSV-quoted values aside)."""
+    return rows[1] if len(rows) == 2 and "," not in rows[0] + rows[1] and rows[1].strip() else None
+
+
+def _grounded(grounding: DirectCall | DraftedQuery, data: str | None) -> str:
+    """What the grounding call returned, as the drafted text's inputs show it ("" if it failed).
+
+    A query's one value reads `SUM(amount) = 246.75`; more rows stay CSV.
+    """
+    if isinstance(grounding, DirectCall):
+        return f"The files in the workspace:\n{data}" if data is not None else ""
+    rows = _query_rows(data)
+    value = _one_value(rows)
+    return f"{rows[0]} = {value}" if value is not None else "\n".join(rows)
+
+
+def _one_input(inputs: str) -> str | None:
+    """The text of the brief's one input when it is one line (None: several inputs, or longer)."""
+    lines = [line.strip() for line in inputs.splitlines() if line.strip()]
+    headings = [line for line in lines if line.startswith("### Output of step ")]
+    body = [line for line in lines if line not in headings]
+    return body[0] if len(headings) == 1 and len(body) == 1 and len(body[0]) <= 200 else None
 
 
 def _brief_inputs(messages: Sequence[ModelMessage]) -> str:
@@ -493,22 +547,32 @@ class BudgetedModel(WrapperModel):
         the answer. Any other turn (a failed call sent back, say) goes to the model as usual.
         """
         responses = [message for message in messages if isinstance(message, ModelResponse)]
-        grounded = ""
+        grounded, value = "", None
         if aids.grounding is not None:
             if not responses:
+                if isinstance(aids.grounding, DraftedQuery):
+                    return await self._query(aids.grounding, settings)
                 return self._call(aids.grounding)
             after = messages[messages.index(responses[0]) + 1 :][:1]  # the grounding call's return
             returns = [part for part in getattr(after[0], "parts", []) if isinstance(part, ToolReturnPart)]
-            grounded = (_ran(returns[0].model_response_str()) or "") if after and returns else ""
+            data = _ran(returns[0].model_response_str()) if after and returns else None
+            grounded = _grounded(aids.grounding, data)
+            if isinstance(aids.grounding, DraftedQuery):
+                value = _one_value(_query_rows(data))
             responses = responses[1:]
         aid = aids.direct_call or aids.drafted_write
         if aid is None:
+            if isinstance(aids.grounding, DraftedQuery) and grounded and not responses:
+                # the query's result is the step's answer: its one value, or its rows
+                answer = value if value is not None else grounded
+                return ModelResponse(parts=[TextPart(answer)], model_name=self.wrapped.model_name)
             return None  # the model answers from the grounding call's result
         if not responses:
             if isinstance(aid, DirectCall):
                 return self._call(aid)
-            listing = f"The files in the workspace:\n{grounded}" if grounded else ""
-            return await self._draft(aid, messages, settings, listing)
+            if aid.copy and (copied := value or _one_input(_brief_inputs(messages))):
+                return self._call(DirectCall("write_file", {"path": aid.path, "content": f"{copied}\n"}))
+            return await self._draft(aid, messages, settings, grounded)
         calls = [part for part in responses[-1].parts if isinstance(part, ToolCallPart)]
         returned = [part for part in getattr(messages[-1], "parts", []) if isinstance(part, ToolReturnPart)]
         if len(responses) != 1 or len(calls) != 1 or len(returned) != 1:
@@ -526,6 +590,47 @@ class BudgetedModel(WrapperModel):
     def _call(self, call: DirectCall) -> ModelResponse:
         part = ToolCallPart(call.tool, dict(call.arguments))
         return ModelResponse(parts=[part], model_name=self.wrapped.model_name)
+
+    async def _query(self, query: DraftedQuery, settings: ModelSettings | None) -> ModelResponse:
+        """Have the model pick the query (under a grammar of `query.queries`) and answer with its call.
+
+        With one query to pick there is no model request.
+        """
+        chosen, usage = query.queries[0], None
+        if len(query.queries) > 1:
+            schema = {
+                "type": "object",
+                "properties": {"query": {"enum": list(query.queries)}},
+                "required": ["query"],
+                "additionalProperties": False,
+            }
+            request = ModelRequest(
+                parts=[
+                    SystemPromptPart(render("step_query_system.j2")),
+                    UserPromptPart(render("step_query_user.j2", table=query.table, request=query.request)),
+                ]
+            )
+            reply = await self.wrapped.request(
+                [request],
+                {**(settings or {}), "max_tokens": 128},
+                ModelRequestParameters(
+                    output_mode="native"
+                    if self.wrapped.profile.get("supports_json_schema_output")
+                    else "prompted",
+                    output_object=OutputObjectDefinition(json_schema=schema, name="query"),
+                ),
+            )
+            usage = reply.usage
+            text = "".join(part.content for part in reply.parts if isinstance(part, TextPart))
+            try:
+                picked = json.loads(text).get("query")
+            except (ValueError, AttributeError):
+                picked = None
+            chosen = picked if picked in query.queries else chosen
+        call = ToolCallPart(query.tool, {"language": "sql", "code": chosen})
+        if usage is None:
+            return ModelResponse(parts=[call], model_name=self.wrapped.model_name)
+        return ModelResponse(parts=[call], usage=usage, model_name=self.wrapped.model_name)
 
     async def _draft(
         self,
@@ -550,6 +655,10 @@ class BudgetedModel(WrapperModel):
             ModelRequestParameters(output_mode="text", allow_text_output=True),
         )
         written = "".join(part.content for part in reply.parts if isinstance(part, TextPart))
+        # the 135M model echoes an input's heading ("Step-by-step find-the-product", "### Output of
+        # step …"): a line naming a step's id is not part of the text
+        ids = re.findall(r"^### Output of step (\S+)", inputs, re.MULTILINE)
+        written = "\n".join(line for line in written.splitlines() if not any(i in line for i in ids))
         if draft.language:
             content = program_text(written)
         else:

@@ -138,7 +138,7 @@ async def delete_file(ctx: Context, path: str) -> str:
 async def code_execution(
     ctx: Context,
     code: str,
-    language: Literal["python", "bash", "javascript"] = "python",
+    language: Literal["python", "bash", "javascript", "sql"] = "python",
     stdin: str = "",
     timeout_s: Annotated[int, Field(ge=1, le=120)] = 30,
 ) -> str:
@@ -148,8 +148,10 @@ async def code_execution(
     stdout and stderr.
 
     Args:
-        code: the program's source
-        language: python, bash or javascript
+        code: the program's source (for sql, one SQLite query)
+        language: python, bash, javascript, or sql: a query over the workspace's CSV files, each
+            a table named after its file (expenses.csv is expenses), its first row the column
+            names; the result's rows come back as CSV
         stdin: text given to the program on standard input
         timeout_s: seconds before the program is killed (at most 120)
     """
@@ -330,8 +332,9 @@ async def recall(ctx: Context, query: str) -> str:
 BUILTIN_TOOLS: tuple[BuiltinTool, ...] = (
     BuiltinTool(
         code_execution,
-        "Run Python, bash or JavaScript code in a sandbox; files it writes land in the run's workspace. "
-        "Use it to compute, transform data, and make charts.",
+        "Run Python, bash or JavaScript code, or an SQL query over the workspace's CSV files, in a "
+        "sandbox; files it writes land in the run's workspace. Use it to compute, transform data, "
+        "and make charts.",
         "execute",
         "ask",
         _sandbox_missing,

@@ -1,8 +1,13 @@
-"""`code_execution`: run Python, bash or JavaScript in the sandbox, in the run's workspace."""
+"""`code_execution`: run Python, bash, JavaScript or SQL in the sandbox, in the run's workspace.
+
+SQL is one SQLite query over the workspace's CSV files, each a table (`sql_runner.py`, which runs
+in the sandbox under the system Python like a Python program).
+"""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from importlib.resources import files
 from pathlib import PurePosixPath
 from typing import Literal
 
@@ -13,13 +18,15 @@ from .workspace import Workspace
 
 __all__ = ["INTERPRETERS", "MAX_CODE_CHARS", "Language", "execute_code", "format_result"]
 
-Language = Literal["python", "bash", "javascript"]
+Language = Literal["python", "bash", "javascript", "sql"]
 INTERPRETERS: dict[str, list[str]] = {
     "python": ["/usr/bin/python3", "-I", "-c"],
     "bash": ["/usr/bin/bash", "-c"],
     "javascript": ["/usr/bin/node", "-e"],
+    "sql": ["/usr/bin/python3", "-I", "-c", files(__package__).joinpath("sql_runner.py").read_text()],
 }
-"""System interpreters: the sandbox user cannot read the invoking user's home (pyenv, venvs)."""
+"""System interpreters: the sandbox user cannot read the invoking user's home (pyenv, venvs).
+The code is the last argument: the program itself, or for `sql` the query its runner takes."""
 MAX_CODE_CHARS = 100_000
 MAX_TIMEOUT_S = 120
 

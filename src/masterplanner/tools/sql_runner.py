@@ -1,0 +1,131 @@
+"""The program behind `code_execution`'s `sql` language: one SQLite query over the workspace's CSV files.
+
+It runs inside the sandbox under the system Python (`python3 -I -c <this file> <query>`), so it
+uses the standard library only. Every `*.csv` file under the working directory (the workspace)
+is loaded into an in-memory database as a table named after its path without `.csv`, with
+anything but letters, digits and `_` turned into `_` (`expenses.csv` → `expenses`,
+`data/q1 sales.csv` → `data_q1_sales`). A file's first row names its columns; a column whose
+values are all numbers (empty cells aside) holds numbers, any other holds text. The query's
+rows are printed as CSV, its column names first; numbers are printed with at most 12
+significant digits, so a sum of cents reads 246.75 and not 246.75000000000003. The files are
+only read: the database lives in memory and is gone when the program ends.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import sqlite3
+import sys
+from pathlib import Path
+
+MAX_TABLE_BYTES = 20_000_000
+"""A CSV file larger than this is left out (named in an error if the query needs it)."""
+
+
+def table_name(path: str) -> str:
+    """The table a CSV file at `path` (relative to the workspace) becomes."""
+    stem = path[: -len(".csv")] if path.lower().endswith(".csv") else path
+    name = re.sub(r"\W", "_", stem, flags=re.ASCII)
+    return f"t_{name}" if name[:1].isdigit() else name
+
+
+def number(text: str) -> int | float | None:
+    """The number a CSV cell holds, or None when it is not one."""
+    value = text.strip()
+    if re.fullmatch(r"[+-]?\d+", value):
+        return int(value)
+    if re.fullmatch(r"[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?", value):
+        return float(value)
+    return None
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _columns(header: list[str]) -> list[str]:
+    """Column names from a header row: blanks named col_N, repeats numbered."""
+    names: list[str] = []
+    for index, raw in enumerate(header, 1):
+        name = raw.strip() or f"col_{index}"
+        base, count = name, 2
+        while name.lower() in (seen.lower() for seen in names):
+            name, count = f"{base}_{count}", count + 1
+        names.append(name)
+    return names
+
+
+def load(database: sqlite3.Connection, root: Path) -> dict[str, str]:
+    """Load every CSV file under `root`; the tables made, each with its file, and the files left out."""
+    tables: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.suffix.lower() != ".csv":
+            continue
+        relative = path.relative_to(root).as_posix()
+        name = table_name(relative)
+        if name in tables or path.stat().st_size > MAX_TABLE_BYTES:
+            continue
+        with path.open(newline="", encoding="utf-8", errors="replace") as handle:
+            rows = list(csv.reader(handle))
+        if not rows:
+            continue
+        columns = _columns(rows[0])
+        body = [row + [""] * (len(columns) - len(row)) for row in rows[1:]]
+        numeric = [
+            any(row[i].strip() for row in body)
+            and all(number(row[i]) is not None for row in body if row[i].strip())
+            for i in range(len(columns))
+        ]
+        kinds = ["NUMERIC" if flag else "TEXT" for flag in numeric]
+        database.execute(
+            f"CREATE TABLE {_quoted(name)} ("
+            + ", ".join(f"{_quoted(c)} {k}" for c, k in zip(columns, kinds, strict=True))
+            + ")"
+        )
+        marks = ", ".join("?" for _ in columns)
+        database.executemany(
+            f"INSERT INTO {_quoted(name)} VALUES ({marks})",
+            [
+                [
+                    (number(cell) if flag else cell) if cell.strip() else None
+                    for cell, flag in zip(row[: len(columns)], numeric, strict=True)
+                ]
+                for row in body
+            ],
+        )
+        tables[name] = f"{name}({', '.join(columns)}) from {relative}"
+    return tables
+
+
+def _cell(value: object) -> object:
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < 1e15 else float(f"{value:.12g}")
+    return value
+
+
+def main(query: str) -> int:
+    """Run `query`; its rows on stdout as CSV, or what is wrong on stderr and exit code 1."""
+    database = sqlite3.connect(":memory:")
+    tables = load(database, Path.cwd())
+    try:
+        cursor = database.execute(query)
+    except (sqlite3.Error, sqlite3.Warning) as exc:
+        known = "; ".join(tables.values()) or "none (no CSV files in the workspace)"
+        problem = str(exc).rstrip(".")
+        if "one statement at a time" in problem:
+            problem = "give one statement only"
+        print(f"the query failed: {problem}. Tables: {known}", file=sys.stderr)
+        return 1
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    if cursor.description:
+        writer.writerow([column[0] for column in cursor.description])
+        writer.writerows([_cell(value) for value in row] for row in cursor.fetchall())
+    sys.stdout.write(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]) if len(sys.argv) == 2 else 2)
