@@ -22,6 +22,7 @@ import io
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..errors import ToolError
 from ..tools.sql_runner import number, table_name
@@ -94,7 +95,7 @@ class DraftedQuery:
     """The table as the model is shown it (`Table.shown`)."""
     queries: tuple[str, ...]
     """The queries it may pick (one: no model call is needed)."""
-    tool: str = "code_execution"
+    tool: ClassVar[str] = "code_execution"
 
 
 def _ident(name: str) -> str:

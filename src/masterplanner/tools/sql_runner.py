@@ -1,14 +1,14 @@
 """The program behind `code_execution`'s `sql` language: one SQLite query over the workspace's CSV files.
 
 It runs inside the sandbox under the system Python (`python3 -I -c <this file> <query>`), so it
-uses the standard library only. Every `*.csv` file under the working directory (the workspace)
-is loaded into an in-memory database as a table named after its path without `.csv`, with
-anything but letters, digits and `_` turned into `_` (`expenses.csv` → `expenses`,
-`data/q1 sales.csv` → `data_q1_sales`). A file's first row names its columns; a column whose
-values are all numbers (empty cells aside) holds numbers, any other holds text. The query's
-rows are printed as CSV, its column names first; numbers are printed with at most 12
-significant digits, so a sum of cents reads 246.75 and not 246.75000000000003. The files are
-only read: the database lives in memory and is gone when the program ends.
+uses the standard library only. Each `*.csv` file under the working directory (the workspace)
+is a table named after its path without `.csv`, with anything but letters, digits and `_`
+turned into `_` (`expenses.csv` → `expenses`, `data/q1 sales.csv` → `data_q1_sales`); the
+tables the query names are loaded into an in-memory database. A file's first row names its
+columns; a column whose values are all numbers (empty cells aside) holds numbers, any other
+holds text. The query's rows are printed as CSV, its column names first; numbers are printed
+with at most 12 significant digits, so a sum of cents reads 246.75 and not 246.75000000000003.
+The files are only read: the database lives in memory and is gone when the program ends.
 """
 
 from __future__ import annotations
@@ -57,46 +57,57 @@ def _columns(header: list[str]) -> list[str]:
     return names
 
 
-def load(database: sqlite3.Connection, root: Path) -> dict[str, str]:
-    """Load every CSV file under `root`; the tables made, each with its file, and the files left out."""
+def load(database: sqlite3.Connection, root: Path, query: str) -> dict[str, str]:
+    """Load the CSV files under `root` that `query` names; every table there is, each with its file.
+
+    Only the tables the query mentions are loaded (a workspace may hold many large files); of the
+    others only the header is read, for the error message that lists them.
+    """
     tables: dict[str, str] = {}
     for path in sorted(root.rglob("*")):
-        if not path.is_file() or path.suffix.lower() != ".csv":
+        if not path.is_file() or path.suffix.lower() != ".csv" or path.stat().st_size > MAX_TABLE_BYTES:
             continue
         relative = path.relative_to(root).as_posix()
         name = table_name(relative)
-        if name in tables or path.stat().st_size > MAX_TABLE_BYTES:
+        if name in tables:
             continue
+        wanted = re.search(rf"(?<![\w\"]){re.escape(name)}(?![\w\"])|\"{re.escape(name)}\"", query, re.I)
         with path.open(newline="", encoding="utf-8", errors="replace") as handle:
-            rows = list(csv.reader(handle))
-        if not rows:
+            rows = list(csv.reader(handle)) if wanted else [next(csv.reader(handle), [])]
+        if not rows or not rows[0]:
             continue
         columns = _columns(rows[0])
-        body = [row + [""] * (len(columns) - len(row)) for row in rows[1:]]
-        numeric = [
-            any(row[i].strip() for row in body)
-            and all(number(row[i]) is not None for row in body if row[i].strip())
-            for i in range(len(columns))
-        ]
-        kinds = ["NUMERIC" if flag else "TEXT" for flag in numeric]
-        database.execute(
-            f"CREATE TABLE {_quoted(name)} ("
-            + ", ".join(f"{_quoted(c)} {k}" for c, k in zip(columns, kinds, strict=True))
-            + ")"
-        )
-        marks = ", ".join("?" for _ in columns)
-        database.executemany(
-            f"INSERT INTO {_quoted(name)} VALUES ({marks})",
-            [
-                [
-                    (number(cell) if flag else cell) if cell.strip() else None
-                    for cell, flag in zip(row[: len(columns)], numeric, strict=True)
-                ]
-                for row in body
-            ],
-        )
         tables[name] = f"{name}({', '.join(columns)}) from {relative}"
+        if wanted:
+            _create(database, name, columns, rows[1:])
     return tables
+
+
+def _create(database: sqlite3.Connection, name: str, columns: list[str], rows: list[list[str]]) -> None:
+    """A table of `rows`: a column whose cells are all numbers (blanks aside) holds numbers."""
+    body = [row + [""] * (len(columns) - len(row)) for row in rows]
+    numeric = [
+        any(row[i].strip() for row in body)
+        and all(number(row[i]) is not None for row in body if row[i].strip())
+        for i in range(len(columns))
+    ]
+    kinds = ["NUMERIC" if flag else "TEXT" for flag in numeric]
+    database.execute(
+        f"CREATE TABLE {_quoted(name)} ("
+        + ", ".join(f"{_quoted(c)} {k}" for c, k in zip(columns, kinds, strict=True))
+        + ")"
+    )
+    marks = ", ".join("?" for _ in columns)
+    database.executemany(
+        f"INSERT INTO {_quoted(name)} VALUES ({marks})",
+        [
+            [
+                (number(cell) if flag else cell) if cell.strip() else None
+                for cell, flag in zip(row[: len(columns)], numeric, strict=True)
+            ]
+            for row in body
+        ],
+    )
 
 
 def _cell(value: object) -> object:
@@ -108,7 +119,7 @@ def _cell(value: object) -> object:
 def main(query: str) -> int:
     """Run `query`; its rows on stdout as CSV, or what is wrong on stderr and exit code 1."""
     database = sqlite3.connect(":memory:")
-    tables = load(database, Path.cwd())
+    tables = load(database, Path.cwd(), query)
     try:
         cursor = database.execute(query)
     except (sqlite3.Error, sqlite3.Warning) as exc:
