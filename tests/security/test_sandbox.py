@@ -733,13 +733,27 @@ def test_sql_is_one_query_over_the_workspaces_csv_files_which_it_only_reads(work
         "expenses(date, category, amount) from expenses.csv\n"
     )
     assert sql("SELECT * FROM nope") == (1, "", "the query failed: no such table: nope. " + tables)
-    assert sql("DELETE FROM expenses; SELECT 1") == (
+    assert sql("SELECT 1; SELECT 2") == (
         1,
         "",
         "the query failed: give one statement only. " + tables,
     )
-    # the database is in memory: a dropped table or a deleted row leaves the file as it was
-    assert sql("DROP TABLE expenses")[0] == 0
+    # a query only reads: nothing that changes a table, sets a pragma or makes a file runs
+    reads = "the query failed: only a query that reads (SELECT … or WITH … SELECT …) can run. "
+    for statement in (
+        "DROP TABLE expenses",
+        "DELETE FROM expenses",
+        "ATTACH DATABASE 'made.db' AS made",
+        "VACUUM INTO 'copy.db'",
+        "PRAGMA journal_mode = WAL",
+    ):
+        assert sql(statement) == (1, "", reads + tables), statement
+    assert sql("WITH t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < 3) SELECT SUM(n) FROM t") == (
+        0,
+        "SUM(n)\n6\n",
+        "",
+    )
+    assert sorted(path.name for path in workspace.root.iterdir()) == ["data", "expenses.csv"]
     assert (workspace.root / "expenses.csv").read_text() == expenses
 
 

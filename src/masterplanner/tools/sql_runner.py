@@ -8,7 +8,8 @@ tables the query names are loaded into an in-memory database. A file's first row
 columns; a column whose values are all numbers (empty cells aside) holds numbers, any other
 holds text. The query's rows are printed as CSV, its column names first; numbers are printed
 with at most 12 significant digits, so a sum of cents reads 246.75 and not 246.75000000000003.
-The files are only read: the database lives in memory and is gone when the program ends.
+The files are only read: the database lives in memory and is gone when the program ends, and
+the query may only read it (no `ATTACH`, `VACUUM INTO`, pragma or change).
 """
 
 from __future__ import annotations
@@ -116,10 +117,22 @@ def _cell(value: object) -> object:
     return value
 
 
+_READING = frozenset(
+    {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+)
+"""What a query may do: read the tables and call functions. Nothing that writes (`ATTACH` or
+`VACUUM INTO` would make a file), changes a table or sets a pragma."""
+
+
+def _only_reading(action: int, *_: object) -> int:
+    return sqlite3.SQLITE_OK if action in _READING else sqlite3.SQLITE_DENY
+
+
 def main(query: str) -> int:
     """Run `query`; its rows on stdout as CSV, or what is wrong on stderr and exit code 1."""
     database = sqlite3.connect(":memory:")
     tables = load(database, Path.cwd(), query)
+    database.set_authorizer(_only_reading)
     try:
         cursor = database.execute(query)
     except (sqlite3.Error, sqlite3.Warning) as exc:
@@ -127,6 +140,8 @@ def main(query: str) -> int:
         problem = str(exc).rstrip(".")
         if "one statement at a time" in problem:
             problem = "give one statement only"
+        elif "not authorized" in problem or "authorization denied" in problem:
+            problem = "only a query that reads (SELECT … or WITH … SELECT …) can run"
         print(f"the query failed: {problem}. Tables: {known}", file=sys.stderr)
         return 1
     out = io.StringIO()
