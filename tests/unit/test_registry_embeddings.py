@@ -437,7 +437,13 @@ def test_smollm2_gives_a_text_the_same_vector_batched_or_alone_and_cuts_long_tex
 @pytest.mark.local_model
 def test_smollm2_shipped_centre_is_the_mean_state_of_the_reference_tasks(smol: SmolLM2Embedder) -> None:
     recomputed = smol.states(REFERENCE_TASKS).mean(axis=0)
-    assert float(np.max(np.abs(recomputed - smol.centre))) < 1e-3 * float(np.abs(smol.centre).max())
+    # llama.cpp's sums come out a little differently on different CPUs with the same build: on
+    # the machine the centre was computed on the two agreed to 1e-3 of its largest component, on
+    # an AVX-512 machine (2026-11-26) to 1.2e-3 (cosine 0.999994). A centre of half the tasks is
+    # off by 1.3e-2 (cosine 0.998).
+    assert float(np.max(np.abs(recomputed - smol.centre))) < 5e-3 * float(np.abs(smol.centre).max())
+    cosine = float(recomputed @ smol.centre) / float(np.linalg.norm(recomputed) * np.linalg.norm(smol.centre))
+    assert cosine > 0.9999
 
 
 @pytest.mark.local_model
