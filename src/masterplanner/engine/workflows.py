@@ -43,7 +43,7 @@ from ..errors import (
     RunError,
     ToolError,
 )
-from ..models import with_tool_aids
+from ..models import takes_tool_aids, with_tool_aids
 from ..models.labelled import labelled
 from ..plan import Plan, Step, sinks
 from ..purpose import step_purpose
@@ -458,8 +458,8 @@ class _StepRun:
     def _model(self) -> Model:
         """The run's model, with tool-use aids when its kind takes them (the embedded local model)."""
         model = self.resources.model
-        if not self.tools:
-            return model
+        if not self.tools or not takes_tool_aids(model.wrapped):
+            return model  # the aids read the workspace (a CSV file's rows): only for a model that takes them
         aids = tool_aids(self.plan, self.step, self.tools, self.resources.workspace)
         aided = None if aids is None else with_tool_aids(model.wrapped, aids)
         return model if aided is None else BudgetedModel(aided, self.resources.ledger.check)

@@ -35,6 +35,7 @@ __all__ = [
     "labelled",
     "provider_of",
     "resolve_model",
+    "takes_tool_aids",
     "with_tool_aids",
 ]
 
@@ -65,6 +66,13 @@ def context_window(model: Model) -> tuple[int, int] | None:
     if isinstance(tokens, int) and isinstance(output, int) and tokens > 0 and output > 0:
         return tokens, output
     return None
+
+
+def takes_tool_aids(model: Model) -> bool:
+    """Whether tool-use aids apply to `model` (the in-process llama.cpp model; others take none)."""
+    from .local import LocalModel
+
+    return isinstance(model, LocalModel)
 
 
 def with_tool_aids(model: Model, aids: object) -> Model | None:
