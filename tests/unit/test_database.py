@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from masterplanner import DatabaseUnavailableError, RunError
@@ -42,3 +44,28 @@ def test_a_call_is_made_again_while_the_database_is_unavailable() -> None:
     with pytest.raises(RunError, match="disk full"):
         broken()
     assert attempts == [0]  # other failures are not retried
+
+
+def test_a_process_stopping_while_the_database_is_away_does_not_wait_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from masterplanner.engine.processes import Heartbeat
+
+    store = RunStore(f"sqlite:///{tmp_path / 'runs.sqlite'}")
+    store.processes.register("p1", "worker", lease_s=30)
+    heartbeat = Heartbeat(store.processes, "p1", lease_s=30)
+    heartbeat.start()
+    attempts: list[str] = []
+
+    def away(action: str) -> None:
+        attempts.append(action)
+        raise DatabaseUnavailableError(f"database x: cannot {action}: connection refused")
+
+    monkeypatch.setattr(store, "begin", away)
+    heartbeat.stop()  # one try; `Processes.stop` itself would keep trying for RECONNECT_S (60 s)
+    assert attempts == ["record a process's stop"]
+    monkeypatch.undo()
+    assert [record.alive for record in store.processes.listed(include_dead=True)] == [
+        True
+    ]  # lapses by itself
+    store.close()

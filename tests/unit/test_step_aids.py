@@ -59,6 +59,19 @@ def test_a_poem_to_a_new_file_is_drafted_in_its_form() -> None:
     assert shape_text(
         "Here is your haiku:\nWaves fold on the shore, salt wind sings\nthe gulls wheel away", lines=3
     ) == ("Waves fold on the shore,\nsalt wind sings\nthe gulls wheel away")
+    steps = _step("steps", "Summarize the steps of recipe.txt as a short numbered list in steps.md.", [])
+    assert drafted_write(steps, ["write_file"], ["steps.md"]) == DraftedWrite(
+        "steps.md",
+        "Summarize the steps of recipe.txt as a short numbered list.",
+        "Put each item on its own line: 1., 2., 3.",
+        numbered=True,
+    )
+    # a numbered list written as a paragraph gets a numbered line per sentence
+    assert shape_text("Mix the batter. Let it rest! Cook both sides.", numbered=True) == (
+        "1. Mix the batter.\n2. Let it rest!\n3. Cook both sides."
+    )
+    listed = shape_text("Here are the steps:\n1) Mix\n- Rest. Heat the pan.\nCook", numbered=True)
+    assert listed == "1. Mix\n2. Rest.\n3. Heat the pan.\n4. Cook"
 
 
 def test_a_write_after_its_read_step_is_drafted_only_when_it_cannot_read_the_file(tmp_path: Path) -> None:

@@ -142,6 +142,10 @@ class Processes:
 
     def stop(self, process_id: str) -> None:
         """This process stops: its unfinished workflows may be taken by others at once."""
+        self._stop_once(process_id)
+
+    def _stop_once(self, process_id: str) -> None:
+        """`stop` without waiting for a database that is away (not `reconnecting`)."""
         with self._store.begin("record a process's stop") as connection:
             connection.execute(
                 processes_table.update()
@@ -222,6 +226,8 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         try:
-            self._processes.stop(self._id)
-        except RunError:  # the database is away: the lease lapses by itself
+            # one try: a process stopping while the database is away would otherwise wait for it
+            # for up to RECONNECT_S (60 s); unrecorded, the stop is told by the lease lapsing
+            self._processes._stop_once(self._id)
+        except RunError:
             pass

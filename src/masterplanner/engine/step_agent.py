@@ -94,6 +94,8 @@ class DraftedWrite:
     """The form's sentence count (the text is cut to it)."""
     language: str = ""
     """For a program file (`.py`, `.sh`): its language; the model is asked for the program alone."""
+    numbered: bool = False
+    """The form is a numbered list ("as a short numbered list"): one item per line, numbered."""
     copy: bool = False
     """The request writes a result it refers to ("write only the total", "write its name", "… and
     write it"): the file gets that result as it is when it is one line (the step's own query's
@@ -146,6 +148,7 @@ _FORMS = (
     (re.compile(r"\blimericks?\b", re.IGNORECASE), "A limerick is five lines.", 5, None),
     (re.compile(r"\b(?:one|single)[- ]sentence\b|\bin one sentence\b", re.IGNORECASE), "", None, 1),
 )
+_NUMBERED = re.compile(r"\bnumbered\s+list\b", re.IGNORECASE)
 _NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
 _SENTENCES = re.compile(
     r"\b(one|two|three|four|five|six)(?:\s+or\s+(one|two|three|four|five|six))?[- ]sentences?\b",
@@ -230,6 +233,8 @@ def drafted_write(
     for pattern, form, lines, sentences in _FORMS:
         if pattern.search(request):
             return DraftedWrite(path, request, form, lines, sentences)
+    if _NUMBERED.search(request):
+        return DraftedWrite(path, request, "Put each item on its own line: 1., 2., 3.", numbered=True)
     copy = _COPY.search(request) is not None
     if len(before) == 1:
         request = resolved_references(request, before[0])
@@ -481,16 +486,24 @@ def _split_longest(lines: list[str]) -> list[str] | None:
     return [*lines[:index], line[:cut].strip(), line[cut:].strip(), *lines[index + 1 :]]
 
 
-def shape_text(text: str, *, lines: int | None = None, sentences: int | None = None) -> str:
+def shape_text(
+    text: str, *, lines: int | None = None, sentences: int | None = None, numbered: bool = False
+) -> str:
     """A drafted text held to its form: no preamble or comment lines, `lines` lines, `sentences` sentences.
 
     Too few lines are made by splitting the longest at a comma or sentence end; extra lines
-    and sentences are dropped. Text with nothing left after that is returned stripped.
+    and sentences are dropped. A numbered list gets a numbered line per sentence (the model
+    writes it as a paragraph, or as an item that holds the rest). Text with nothing left after that is
+    returned stripped.
     """
     kept = [line.strip().strip('"\u201c\u201d') for line in text.strip().splitlines()]
     kept = [line for line in kept if line and not _META_LINE.match(line) and not line.endswith(":")]
     if not kept:
         return text.strip()
+    if numbered:  # an item a sentence: a paragraph, or a line of several sentences, is split
+        items = [re.sub(r"^(?:\d{1,2}[.)]|[-*\u2022])\s*", "", line) for line in kept]
+        items = [part for item in items for part in re.split(r"(?<=[.!?])\s+", item) if part]
+        return "\n".join(f"{number}. {item}" for number, item in enumerate(items, 1))
     if sentences:
         return " ".join(re.split(r"(?<=[.!?])\s+", " ".join(kept))[:sentences])
     if lines:
@@ -701,6 +714,8 @@ class BudgetedModel(WrapperModel):
         if draft.language:
             content = program_text(written)
         else:
-            content = shape_text(written, lines=draft.lines, sentences=draft.sentences)
+            content = shape_text(
+                written, lines=draft.lines, sentences=draft.sentences, numbered=draft.numbered
+            )
         call = ToolCallPart("write_file", {"path": draft.path, "content": content})
         return ModelResponse(parts=[call], usage=reply.usage, model_name=reply.model_name)
