@@ -73,6 +73,10 @@ class ContextBudget:
         )
 
 
+INPUT_HEADING = "### Output of step "
+"""How the heading above a dependency's output in a step's brief begins (the step id follows)."""
+
+
 @dataclass(frozen=True)
 class FittedInput:
     """One dependency's output as a step sees it."""
@@ -88,8 +92,8 @@ class FittedInput:
     def heading(self) -> str:
         """The section heading the brief shows above this input."""
         if self.how == "summarized":
-            return f"### Output of step {self.step_id} (summarised from {self.original_chars:,} characters)"
-        return f"### Output of step {self.step_id}"
+            return f"{INPUT_HEADING}{self.step_id} (summarised from {self.original_chars:,} characters)"
+        return f"{INPUT_HEADING}{self.step_id}"
 
 
 def input_shares(lengths: Mapping[str, int], budget: int) -> dict[str, int]:

@@ -1,17 +1,26 @@
 """Step aids for small models: which steps are one direct tool call, which get their text drafted."""
 
+from collections.abc import Callable
 from pathlib import Path
 
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
 from masterplanner.engine.step_agent import (
+    BudgetedModel,
     DirectCall,
     DraftedWrite,
     StepAids,
     direct_call,
     drafted_write,
     program_text,
+    resolved_references,
     shape_text,
     tool_aids,
 )
+from masterplanner.engine.table_queries import DraftedQuery
+from masterplanner.models.local import STRUCTURED_PLANS
 from masterplanner.plan import Plan, Step
 from masterplanner.tools.workspace import Workspace
 
@@ -25,6 +34,17 @@ def _step(step_id: str, instruction: str, tools: list[str], *deps: str) -> Step:
         tools=tools,
         depends_on=list(deps),
     )
+
+
+def _aided_agent(reply: Callable[..., ModelResponse], aids: StepAids) -> Agent[None, str]:
+    """An agent on a small model (a `FunctionModel` answering with `reply`) that carries `aids`."""
+
+    class Small(FunctionModel):
+        def __init__(self) -> None:
+            super().__init__(reply, profile={STRUCTURED_PLANS: True, "supports_json_schema_output": True})
+            self.aids = aids
+
+    return Agent(BudgetedModel(Small(), lambda: None))
 
 
 def test_a_step_that_only_reads_or_lists_is_one_direct_call() -> None:
@@ -182,28 +202,18 @@ def test_a_step_about_the_workspaces_files_is_given_their_listing_first(tmp_path
 
 
 async def test_the_listing_is_called_first_and_drafted_from_then_written() -> None:
-    from pydantic_ai import Agent
-    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
-    from pydantic_ai.models.function import AgentInfo, FunctionModel
-
-    from masterplanner.engine.step_agent import BudgetedModel
-    from masterplanner.models.local import STRUCTURED_PLANS
-
     prompts: list[str] = []
 
     def reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         prompts.append(str(messages[-1].parts[-1].content))
         return ModelResponse(parts=[TextPart("```\n4\n```")])
 
-    class Small(FunctionModel):
-        aids = StepAids(
-            grounding=DirectCall("list_files", {}),
-            drafted_write=DraftedWrite("count.txt", "Count the files in the workspace."),
-        )
-
-    small = Small(reply, profile={STRUCTURED_PLANS: True})
+    aids = StepAids(
+        grounding=DirectCall("list_files", {}),
+        drafted_write=DraftedWrite("count.txt", "Count the files in the workspace."),
+    )
     calls: list[tuple[str, dict[str, str]]] = []
-    agent = Agent(BudgetedModel(small, lambda: None))
+    agent = _aided_agent(reply, aids)
 
     @agent.tool_plain
     def list_files(path: str = ".") -> str:
@@ -228,7 +238,7 @@ async def test_the_listing_is_called_first_and_drafted_from_then_written() -> No
 
 
 def test_a_step_that_computes_from_a_csv_file_is_offered_the_queries_its_words_name(tmp_path: Path) -> None:
-    from masterplanner.engine.table_queries import DraftedQuery, drafted_query, query_choices, read_table
+    from masterplanner.engine.table_queries import drafted_query, query_choices, read_table
 
     (tmp_path / "people.csv").write_text("name,city,age\nAlice,Paris,34\nBruno,Lyon,28\nEmma,Paris,30\n")
     workspace = Workspace(tmp_path)
@@ -299,14 +309,6 @@ def test_a_write_that_refers_to_a_result_copies_it_and_one_that_asks_for_text_dr
 
 
 async def test_the_model_picks_the_query_the_sandbox_runs_it_and_its_value_is_written() -> None:
-    from pydantic_ai import Agent
-    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
-    from pydantic_ai.models.function import AgentInfo, FunctionModel
-
-    from masterplanner.engine.step_agent import BudgetedModel
-    from masterplanner.engine.table_queries import DraftedQuery
-    from masterplanner.models.local import STRUCTURED_PLANS
-
     asked: list[tuple[str, object]] = []
 
     def reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -320,21 +322,9 @@ async def test_the_model_picks_the_query_the_sandbox_runs_it_and_its_value_is_wr
     queries = ("SELECT COUNT(*) FROM people;", "SELECT COUNT(*) FROM people WHERE city = 'Paris';")
 
     def agent_for(draft: DraftedWrite | None) -> tuple[Agent[None, str], list[tuple[str, dict[str, str]]]]:
-        class Small(FunctionModel):
-            aids = StepAids(
-                grounding=DraftedQuery(
-                    "people.csv", "Count how many people live in Paris.", "CREATE …", queries
-                ),
-                drafted_write=draft,
-            )
-
+        query = DraftedQuery("people.csv", "Count how many people live in Paris.", "CREATE …", queries)
         calls: list[tuple[str, dict[str, str]]] = []
-        agent = Agent(
-            BudgetedModel(
-                Small(reply, profile={STRUCTURED_PLANS: True, "supports_json_schema_output": True}),
-                lambda: None,
-            )
-        )
+        agent = _aided_agent(reply, StepAids(grounding=query, drafted_write=draft))
 
         @agent.tool_plain
         def code_execution(code: str, language: str = "python") -> str:
@@ -377,23 +367,15 @@ async def test_the_model_picks_the_query_the_sandbox_runs_it_and_its_value_is_wr
 
 
 async def test_one_input_is_drafted_from_without_its_heading_and_an_echoed_step_id_is_dropped() -> None:
-    from pydantic_ai import Agent
-    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
-    from pydantic_ai.models.function import AgentInfo, FunctionModel
-
-    from masterplanner.engine.step_agent import BudgetedModel
-    from masterplanner.models.local import STRUCTURED_PLANS
-
     prompts: list[str] = []
 
     def reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         prompts.append(str(messages[-1].parts[-1].content))
         return ModelResponse(parts=[TextPart("Step-by-step read-article\nBees carry pollen.")])
 
-    class Small(FunctionModel):
-        aids = StepAids(drafted_write=DraftedWrite("summary.txt", "Summarize it.", sentences=1))
-
-    agent = Agent(BudgetedModel(Small(reply, profile={STRUCTURED_PLANS: True}), lambda: None))
+    agent = _aided_agent(
+        reply, StepAids(drafted_write=DraftedWrite("summary.txt", "Summarize it.", sentences=1))
+    )
     written: list[str] = []
 
     @agent.tool_plain
@@ -411,7 +393,6 @@ async def test_one_input_is_drafted_from_without_its_heading_and_an_echoed_step_
 
 
 def test_what_a_drafted_write_refers_to_is_named_from_the_step_before() -> None:
-    from masterplanner.engine.step_agent import resolved_references
 
     total = "Compute the total of the amount column in expenses.csv."
     assert resolved_references("Write a sentence about it.", total) == (

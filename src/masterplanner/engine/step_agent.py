@@ -24,13 +24,14 @@ from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.settings import ModelSettings
+from pydantic_ai.usage import RequestUsage
 
 from ..models import context_window
 from ..models.local import STRUCTURED_PLANS, ToolAids
 from ..plan import Plan, Step, sinks
 from ..prompts import render
 from ..tools.workspace import Workspace
-from ..working_memory import ContextBudget, FittedInput
+from ..working_memory import INPUT_HEADING, ContextBudget, FittedInput
 from .records import RunOptions
 from .table_queries import DraftedQuery, drafted_query
 from .tool_calls import TOOL_OUTPUT
@@ -428,22 +429,10 @@ def _one_value(rows: Sequence[str]) -> str | None:
     return rows[1] if len(rows) == 2 and "," not in rows[0] + rows[1] and rows[1].strip() else None
 
 
-def _grounded(grounding: DirectCall | DraftedQuery, data: str | None) -> str:
-    """What the grounding call returned, as the drafted text's inputs show it ("" if it failed).
-
-    A query's one value reads `SUM(amount) = 246.75`; more rows stay CSV.
-    """
-    if isinstance(grounding, DirectCall):
-        return f"The files in the workspace:\n{data}" if data is not None else ""
-    rows = _query_rows(data)
-    value = _one_value(rows)
-    return f"{rows[0]} = {value}" if value is not None else "\n".join(rows)
-
-
 def _one_input(inputs: str) -> str | None:
     """The text of the brief's one input when it is one line (None: several inputs, or longer)."""
     lines = [line.strip() for line in inputs.splitlines() if line.strip()]
-    headings = [line for line in lines if line.startswith("### Output of step ")]
+    headings = [line for line in lines if line.startswith(INPUT_HEADING)]
     body = [line for line in lines if line not in headings]
     return body[0] if len(headings) == 1 and len(body) == 1 and len(body[0]) <= 200 else None
 
@@ -605,9 +594,12 @@ class BudgetedModel(WrapperModel):
             after = messages[messages.index(responses[0]) + 1 :][:1]  # the grounding call's return
             returns = [part for part in getattr(after[0], "parts", []) if isinstance(part, ToolReturnPart)]
             data = _ran(returns[0].model_response_str()) if after and returns else None
-            grounded = _grounded(aids.grounding, data)
-            if isinstance(aids.grounding, DraftedQuery):
-                value = _one_value(_query_rows(data))
+            if isinstance(aids.grounding, DraftedQuery):  # one value reads `SUM(amount) = 246.75`
+                rows = _query_rows(data)
+                value = _one_value(rows)
+                grounded = f"{rows[0]} = {value}" if value is not None else "\n".join(rows)
+            elif data is not None:
+                grounded = f"The files in the workspace:\n{data}"
             responses = responses[1:]
         aid = aids.direct_call or aids.drafted_write
         if aid is None:
@@ -645,7 +637,7 @@ class BudgetedModel(WrapperModel):
 
         With one query to pick there is no model request.
         """
-        chosen, usage = query.queries[0], None
+        chosen, usage = query.queries[0], RequestUsage()
         if len(query.queries) > 1:
             schema = {
                 "type": "object",
@@ -677,8 +669,6 @@ class BudgetedModel(WrapperModel):
                 picked = None
             chosen = picked if picked in query.queries else chosen
         call = ToolCallPart(query.tool, {"language": "sql", "code": chosen})
-        if usage is None:
-            return ModelResponse(parts=[call], model_name=self.wrapped.model_name)
         return ModelResponse(parts=[call], usage=usage, model_name=self.wrapped.model_name)
 
     async def _draft(
@@ -690,9 +680,10 @@ class BudgetedModel(WrapperModel):
     ) -> ModelResponse:
         """Ask for the text (or program) alone and answer with the `write_file` call that saves it."""
         brief = _brief_inputs(messages)
-        ids = re.findall(r"^### Output of step (\S+)", brief, re.MULTILINE)
+        heading = re.compile(rf"^{re.escape(INPUT_HEADING)}(\S+).*\n?", re.MULTILINE)
+        ids = heading.findall(brief)
         if len(ids) == 1:  # one input needs no heading, which the 135M model echoes ("### Step-by-step: …")
-            brief = re.sub(r"^### Output of step .*\n?", "", brief, count=1, flags=re.MULTILINE).strip()
+            brief = heading.sub("", brief, count=1).strip()
         inputs = "\n\n".join(part for part in (brief, grounded) if part)
         system = (
             render("step_program_system.j2", language=draft.language)

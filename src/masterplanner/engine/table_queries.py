@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import ToolError
-from ..tools.sql_runner import number, table_name
+from ..tools.sql_runner import holds_numbers, number, table_name
 from ..tools.workspace import Workspace
 
 __all__ = ["MAX_QUERIES", "DraftedQuery", "Table", "drafted_query", "query_choices", "read_table"]
@@ -119,12 +119,7 @@ def read_table(workspace: Workspace, path: str, *, max_rows: int = 5000) -> Tabl
     if len(set(map(str.lower, columns))) != len(columns) or not all(columns):
         return None  # the runner renames such columns; not worth guessing here
     body = tuple(tuple(row + [""] * (len(columns) - len(row))) for row in rows[1 : max_rows + 1])
-    numeric = tuple(
-        column
-        for index, column in enumerate(columns)
-        if any(row[index].strip() for row in body)
-        and all(number(row[index]) is not None for row in body if row[index].strip())
-    )
+    numeric = tuple(column for i, column in enumerate(columns) if holds_numbers(row[i] for row in body))
     return Table(path, table_name(path), columns, numeric, body)
 
 
@@ -141,8 +136,10 @@ def _filters(table: Table, request: str) -> list[str]:
             found += [f"{_ident(c)} {op} {value}" for c in table.numeric for op in (">", "<", "=")]
             continue
         for index, column in enumerate(table.columns):
-            cells = {row[index].strip() for row in table.rows if column not in table.numeric}
-            match = next((cell for cell in sorted(cells) if cell.lower() == value.lower()), None)
+            if column in table.numeric:
+                continue
+            cells = sorted({row[index].strip() for row in table.rows})
+            match = next((cell for cell in cells if cell.lower() == value.lower()), None)
             if match is not None:
                 found.append(f"{_ident(column)} = {_literal(match)}")
     return found
@@ -169,7 +166,8 @@ def query_choices(table: Table, request: str) -> tuple[str, ...]:
                 for c in numeric
             ]
     plain = [f"{head}{tail};" for head, tail in heads]
-    filtered = [f"{head} WHERE {where}{tail};" for head, tail in heads for where in _filters(table, request)]
+    filters = _filters(table, request) if heads else []
+    filtered = [f"{head} WHERE {where}{tail};" for head, tail in heads for where in filters]
     queries = plain + filtered if len(plain) + len(filtered) <= MAX_QUERIES else plain[:MAX_QUERIES]
     return tuple(dict.fromkeys(queries))
 

@@ -19,6 +19,7 @@ import io
 import re
 import sqlite3
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 MAX_TABLE_BYTES = 20_000_000
@@ -40,6 +41,12 @@ def number(text: str) -> int | float | None:
     if re.fullmatch(r"[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?", value):
         return float(value)
     return None
+
+
+def holds_numbers(cells: Iterable[str]) -> bool:
+    """Whether a column holds numbers: some cell is filled, and every filled one is a number."""
+    filled = [cell for cell in cells if cell.strip()]
+    return bool(filled) and all(number(cell) is not None for cell in filled)
 
 
 def _quoted(name: str) -> str:
@@ -87,11 +94,7 @@ def load(database: sqlite3.Connection, root: Path, query: str) -> dict[str, str]
 def _create(database: sqlite3.Connection, name: str, columns: list[str], rows: list[list[str]]) -> None:
     """A table of `rows`: a column whose cells are all numbers (blanks aside) holds numbers."""
     body = [row + [""] * (len(columns) - len(row)) for row in rows]
-    numeric = [
-        any(row[i].strip() for row in body)
-        and all(number(row[i]) is not None for row in body if row[i].strip())
-        for i in range(len(columns))
-    ]
+    numeric = [holds_numbers(row[i] for row in body) for i in range(len(columns))]
     kinds = ["NUMERIC" if flag else "TEXT" for flag in numeric]
     database.execute(
         f"CREATE TABLE {_quoted(name)} ("
