@@ -124,6 +124,10 @@ _CLAUSE_TOOLS = (
 )
 """Built-in tools a clause's words call for outright ("run it": the code it wrote; "the files
 in the workspace": their list), before any match of descriptions."""
+_ABOUT_EACH = re.compile(r"\b(?:about|describe|describing|summari[sz]e)\s+(?:each|every)\b", re.IGNORECASE)
+"""A clause about each of several files ("Describe each file in the workspace", "one sentence
+about each") also gets `read_file`: what a file is about is in it, not in its name (the embedded
+model, given trip.csv's name alone, described a trip to the Amazon)."""
 
 
 def tool_candidates(clause: str, catalog: Catalog, limit: int) -> list[str]:
@@ -200,9 +204,9 @@ def draft_steps(task: str, catalog: Catalog, max_steps: int) -> list[DraftStep]:
             drafts += [DraftStep(f"Read {reads[0]}", ["read_file"]), DraftStep(text, ["write_file"])]
             added = True
             continue
-        for needed, tool in ((reads, "read_file"), (writes, "write_file")):
-            if needed and tool in catalog and tool not in tools:
-                tools = [*tools, tool]
+        # what each of several files is about is in the files ("one sentence about each")
+        wanted = {"read_file": bool(reads or _ABOUT_EACH.search(text)), "write_file": bool(writes)}
+        tools = [*tools, *(t for t, on in wanted.items() if on and t in catalog and t not in tools)]
         drafts.append(DraftStep(text, tools))
     return drafts
 

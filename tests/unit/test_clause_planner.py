@@ -64,6 +64,17 @@ def test_a_file_to_file_clause_is_read_first_then_written() -> None:
     assert len(draft_steps("Summarize article.txt to summary.txt", CATALOG, 1)) == 1
 
 
+def test_a_clause_about_each_file_may_read_them() -> None:
+    drafts = draft_steps(
+        "Describe each file in the workspace in one line and save the descriptions to index.md.", CATALOG, 8
+    )
+    assert [draft.tools for draft in drafts] == [["list_files", "read_file", "write_file"]]
+    drafts = draft_steps(
+        "List the CSV files in the workspace, then write one sentence about each to notes.md.", CATALOG, 8
+    )
+    assert [draft.tools for draft in drafts] == [["list_files"], ["write_file", "read_file"]]
+
+
 async def test_the_haiku_is_one_step_in_the_tasks_own_words(write_script: WriteScript) -> None:
     ledger = UsageLedger()
     model = _small(

@@ -7,7 +7,8 @@ import json
 import re
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 
 from pydantic_ai.messages import (
@@ -29,9 +30,10 @@ from pydantic_ai.usage import RequestUsage
 from ..models import context_window
 from ..models.local import STRUCTURED_PLANS, ToolAids
 from ..plan import Plan, Step, sinks
-from ..prompts import render
+from ..prompts import load_examples, render
 from ..tools.workspace import Workspace
 from ..working_memory import INPUT_HEADING, ContextBudget, FittedInput
+from .file_questions import CountedFile, ListingQuestion, counted_file, listing_question
 from .records import RunOptions
 from .table_queries import DraftedQuery, drafted_query
 from .tool_calls import TOOL_OUTPUT
@@ -46,6 +48,7 @@ __all__ = [
     "direct_call",
     "drafted_write",
     "grounding_call",
+    "listed_names",
     "mentioned_file_names",
     "program_text",
     "resolved_references",
@@ -57,6 +60,14 @@ __all__ = [
 
 _UNGROUNDED_CALLS = 2
 """Tool calls (failed ones included) after which an ungrounded small model must answer."""
+MAX_EACH = 20
+"""A text with a line for each file is written for at most this many files (a model request each)."""
+EACH_CONTENT_CHARS = 400
+"""Of each file a text has a line about, the model is shown this much."""
+MAX_TRANSLATED_LINES = 60
+"""A translation is asked for at most this many lines of its input (a model request a sentence)."""
+MAX_COUNTED_LINES = 50
+"""A text with "that many lines" is held to a count it is given up to this."""
 
 _FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{0,7})(?![\w/-])")
 
@@ -70,6 +81,26 @@ def mentioned_file_names(*texts: str) -> tuple[str, ...]:
             if not re.fullmatch(r"\d+\.\d+", name):
                 names.setdefault(name, None)
     return tuple(names)
+
+
+def listed_names(text: str) -> list[str]:
+    """The file names a text lists one a line (a `list_files` listing's files, or plain names), else none.
+
+    Every non-blank line must be a file name (or a listing's line of a file): otherwise the text
+    is not a list of files, and nothing is returned.
+    """
+    names: list[str] = []
+    for line in (line.strip() for line in text.splitlines()):
+        if not line:
+            continue
+        fields = line.split("\t")
+        if len(fields) == 3 and fields[1] != "file":
+            continue  # a directory or link of a listing
+        name = fields[0].strip().lstrip("-*\u2022 ").strip()
+        if not _FILE_NAME.fullmatch(name):
+            return []
+        names.append(name)
+    return names
 
 
 @dataclass(frozen=True)
@@ -97,6 +128,18 @@ class DraftedWrite:
     """For a program file (`.py`, `.sh`): its language; the model is asked for the program alone."""
     numbered: bool = False
     """The form is a numbered list ("as a short numbered list"): one item per line, numbered."""
+    counted_lines: bool = False
+    """The text has as many lines as the number it is given ("a poem with that many lines")."""
+    translate_to: str = ""
+    """The text is its one input translated into this language ("Translate hello.txt into
+    French"), a sentence at a time, after example pairs (`prompts/translation_examples.json`).
+    Asked for the whole text, the 135M model wrote French of its own ("Je suis le début de la
+    nuit") or copied the English; a sentence at a time after examples, it gets short common
+    sentences right ("Bonjour.", "Hola, mi amigo.") and longer ones still wrong."""
+    each: bool = False
+    """The text has a line for each file it is given ("one sentence about each", "describe each
+    file"): the model writes one sentence per file, asked about that file alone, and the line
+    names it. Asked for all of them at once, the 135M model copied the listing."""
     copy: bool = False
     """The request writes a result it refers to ("write only the total", "write its name", "… and
     write it"): the file gets that result as it is when it is one line (the step's own query's
@@ -122,17 +165,25 @@ class DirectCall:
     arguments: dict[str, str]
 
 
+Grounding = DirectCall | DraftedQuery | ListingQuestion | CountedFile
+"""A call the engine makes before the model works (see `StepAids.grounding`)."""
+
+
 @dataclass(frozen=True)
 class StepAids(ToolAids):
     """`ToolAids` and the step aids that need more than a grammar (only for small models)."""
 
     drafted_write: DraftedWrite | None = None
     direct_call: DirectCall | None = None
-    grounding: DirectCall | DraftedQuery | None = None
+    grounding: Grounding | None = None
     """A call the engine makes first so the model works from what it returned: the workspace's
-    listing for "Count the files in the workspace …" (the 135M model, left to call `list_files`
-    itself, gave it a made-up path and answered from nothing), or the SQL query that computes
-    what the step asks of a CSV file (`table_queries`)."""
+    listing for "Describe each file in the workspace …" (the 135M model, left to call
+    `list_files` itself, gave it a made-up path and answered from nothing), the SQL query that
+    computes what the step asks of a CSV file (`table_queries`), or the call whose result
+    answers a question about files (`file_questions`: how many, the largest, those of a type)."""
+    reads_each: bool = False
+    """The step may read files: a text about each of several files is drafted from their contents
+    (read by one `read_file` call each, before the drafts), not from their names alone."""
 
 
 _TEXT_FILE = re.compile(r"\.(?:txt|md|markdown|rst|text)$", re.IGNORECASE)
@@ -155,6 +206,27 @@ _SENTENCES = re.compile(
     r"\b(one|two|three|four|five|six)(?:\s+or\s+(one|two|three|four|five|six))?[- ]sentences?\b",
     re.IGNORECASE,
 )
+_TRANSLATE = re.compile(r"\btranslat(?:e|es|ed|ing|ion)\b", re.IGNORECASE)
+_INTO = re.compile(r"\b(?:in|into|to)\s+([A-Za-z]+)\b", re.IGNORECASE)
+
+
+@cache
+def _translation_examples() -> dict[str, list[tuple[str, str]]]:
+    """Example pairs (English, the language) by language, shown before each sentence to translate."""
+    return {
+        entry["language"]: [(english, other) for english, other in entry["pairs"]]
+        for entry in load_examples("translation_examples.json")
+    }
+
+
+_THAT_MANY_LINES = re.compile(r"\b(?:that|as)\s+many\s+lines\b", re.IGNORECASE)
+_EACH = re.compile(r"\b(?:about|describe|describing|for)\s+(?:each|every)\b", re.IGNORECASE)
+_EACH_OBJECT = re.compile(
+    r"\b(?:each|every)\b(?:\s+of)?(?:\s+(?:the|these|those))?(?:\s+[\w.]+)?\s+files?\b"
+    r"(?:\s+(?:in|of)\s+(?:the|this)\s+workspace)?|\b(?:each|every)(?:\s+(?:one|item|file))?\b",
+    re.IGNORECASE,
+)
+_SAVE_CLAUSE = re.compile(r"\s+(?:and|then)\s+(?:save|write|put|store)\b[^.]*", re.IGNORECASE)
 _SAVE_NOTE = re.compile(r"\s*Save the result to [^.]*? with write_file\.")
 _USE_NOTE = re.compile(r"\s*Use the result of [^.]*\.")
 
@@ -230,13 +302,25 @@ def drafted_write(
         "",
         request,
     ).strip()
-    request = request if request.endswith((".", "!", "?")) else f"{request}."
+    request = request if request.endswith((".", "!", "?")) else f"{request.rstrip(',;: ')}."
+    if _TRANSLATE.search(request):  # "… into French": a language there are examples of
+        languages = [word.capitalize() for word in _INTO.findall(request)]
+        known = [language for language in languages if language in _translation_examples()]
+        if known:
+            return DraftedWrite(path, request, translate_to=known[0])
+    if _EACH.search(request):
+        if len(before) == 1:
+            request = resolved_references(request, before[0])
+        return DraftedWrite(path, request, each=True)
     for pattern, form, lines, sentences in _FORMS:
         if pattern.search(request):
             return DraftedWrite(path, request, form, lines, sentences)
     if _NUMBERED.search(request):
         return DraftedWrite(path, request, "Put each item on its own line: 1., 2., 3.", numbered=True)
-    copy = _COPY.search(request) is not None
+    if _THAT_MANY_LINES.search(request):
+        return DraftedWrite(path, request, counted_lines=True)
+    # "Translate it into Klingon and write it" is no copy, even in a language without examples
+    copy = _COPY.search(request) is not None and not _TRANSLATE.search(request)
     if len(before) == 1:
         request = resolved_references(request, before[0])
     counted = _SENTENCES.search(request)
@@ -342,8 +426,12 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
         for name in mentioned_file_names(*before, *texts)
         if _program_language(name) and workspace.is_file(name)
     ]
-    direct = direct_call(step, tools, (*existing, *programs), programs)
-    grounding = None if direct is not None else query or grounding_call(step, tools)
+    # a question about files is answered from the call that shows them (`file_questions`)
+    question = listing_question(step.instruction) if "list_files" in tools else None
+    counted = counted_file(_USE_NOTE.sub("", step.instruction), existing) if "read_file" in tools else None
+    answered = question or counted
+    direct = None if answered is not None else direct_call(step, tools, (*existing, *programs), programs)
+    grounding = None if direct is not None else query or answered or grounding_call(step, tools)
     if not values:
         # nothing to ground: at least stop the model from calling tools until the request cap
         calls = _UNGROUNDED_CALLS + (grounding is not None)
@@ -435,6 +523,72 @@ def _one_input(inputs: str) -> str | None:
     headings = [line for line in lines if line.startswith(INPUT_HEADING)]
     body = [line for line in lines if line not in headings]
     return body[0] if len(headings) == 1 and len(body) == 1 and len(body[0]) <= 200 else None
+
+
+@dataclass(frozen=True)
+class _Grounded:
+    """What a grounding call returned, as an aided turn uses it."""
+
+    text: str = ""
+    """As the model is shown it with a drafted text's inputs (`SUM(amount) = 246.75`)."""
+    value: str | None = None
+    """Its one-line result, which a write that refers to it copies."""
+    result: str = ""
+    """The step's answer when the step has nothing else to do: the value, or lines."""
+    files: tuple[str, ...] = ()
+    """The files it lists, which a text about each of them is about."""
+
+
+def _grounded(grounding: Grounding, data: str | None) -> _Grounded:
+    """What the grounding call's output (`data`, None when it did not run) gives the aided turn."""
+    if data is None:
+        return _Grounded()
+    if isinstance(grounding, DraftedQuery):  # one value reads `SUM(amount) = 246.75`
+        rows = _query_rows(data)
+        value = _one_value(rows)
+        if value is not None:
+            return _Grounded(f"{rows[0]} = {value}", value, value)
+        return _Grounded("\n".join(rows), None, "\n".join(rows))
+    if isinstance(grounding, ListingQuestion | CountedFile):
+        result = grounding.answer(data)  # "4", "big.txt", or names a line
+        if "\n" not in result:
+            return _Grounded(f"{grounding.heading()}: {result}", result, result, tuple(listed_names(result)))
+        return _Grounded(f"{grounding.heading()}:\n{result}", None, result, tuple(listed_names(result)))
+    return _Grounded(f"The files in the workspace:\n{data}", files=tuple(listed_names(data)))
+
+
+def _reads_of(response: ModelResponse) -> list[str]:
+    """The paths of a response's calls when every one of them is a `read_file` call."""
+    calls = [part for part in response.parts if isinstance(part, ToolCallPart)]
+    if len(calls) != len(response.parts) or any(call.tool_name != "read_file" for call in calls):
+        return []
+    return [str(call.args_as_dict().get("path", "")) for call in calls]
+
+
+def _returned_contents(response: ModelResponse, messages: Sequence[ModelMessage]) -> dict[str, str]:
+    """What each `read_file` call of `response` returned, by path (calls that failed left out)."""
+    paths = {
+        part.tool_call_id: str(part.args_as_dict().get("path", ""))
+        for part in response.parts
+        if isinstance(part, ToolCallPart)
+    }
+    after = messages[messages.index(response) + 1 :][:1]
+    contents: dict[str, str] = {}
+    for part in getattr(after[0], "parts", []) if after else []:
+        if isinstance(part, ToolReturnPart) and part.tool_call_id in paths:
+            data = _ran(part.model_response_str())
+            if data is not None:
+                contents[paths[part.tool_call_id]] = data
+    return contents
+
+
+def _only_input(inputs: str) -> str | None:
+    """The text of the brief's one input, without its heading (None: several inputs, or none)."""
+    headings = [line for line in inputs.splitlines() if line.startswith(INPUT_HEADING)]
+    if len(headings) != 1:
+        return None
+    body = "\n".join(line for line in inputs.splitlines() if not line.startswith(INPUT_HEADING)).strip()
+    return body or None
 
 
 def _brief_inputs(messages: Sequence[ModelMessage]) -> str:
@@ -573,7 +727,8 @@ class BudgetedModel(WrapperModel):
         draft = aids.drafted_write if "write_file" in offered else None
         if direct is None and grounding is None and draft is None:
             return None
-        return StepAids(drafted_write=draft, direct_call=direct, grounding=grounding)
+        reads = "read_file" in offered
+        return StepAids(drafted_write=draft, direct_call=direct, grounding=grounding, reads_each=reads)
 
     async def _aided_turn(
         self, aids: StepAids, messages: list[ModelMessage], settings: ModelSettings | None
@@ -585,35 +740,73 @@ class BudgetedModel(WrapperModel):
         the answer. Any other turn (a failed call sent back, say) goes to the model as usual.
         """
         responses = [message for message in messages if isinstance(message, ModelResponse)]
-        grounded, value = "", None
+        grounded = _Grounded()
         if aids.grounding is not None:
             if not responses:
                 if isinstance(aids.grounding, DraftedQuery):
                     return await self._query(aids.grounding, settings)
-                return self._call(aids.grounding)
+                return self._call(DirectCall(aids.grounding.tool, aids.grounding.arguments))
             after = messages[messages.index(responses[0]) + 1 :][:1]  # the grounding call's return
             returns = [part for part in getattr(after[0], "parts", []) if isinstance(part, ToolReturnPart)]
             data = _ran(returns[0].model_response_str()) if after and returns else None
-            if isinstance(aids.grounding, DraftedQuery):  # one value reads `SUM(amount) = 246.75`
-                rows = _query_rows(data)
-                value = _one_value(rows)
-                grounded = f"{rows[0]} = {value}" if value is not None else "\n".join(rows)
-            elif data is not None:
-                grounded = f"The files in the workspace:\n{data}"
+            grounded = _grounded(aids.grounding, data)
             responses = responses[1:]
         aid = aids.direct_call or aids.drafted_write
         if aid is None:
-            if isinstance(aids.grounding, DraftedQuery) and grounded and not responses:
-                # the query's result is the step's answer: its one value, or its rows
-                answer = value if value is not None else grounded
-                return ModelResponse(parts=[TextPart(answer)], model_name=self.wrapped.model_name)
+            if grounded.result and not responses:
+                # the query's or the question's result is the step's answer: its one value, or its lines
+                return ModelResponse(parts=[TextPart(grounded.result)], model_name=self.wrapped.model_name)
             return None  # the model answers from the grounding call's result
+        inputs = _brief_inputs(messages)
+        if isinstance(aid, DraftedWrite) and aid.each:  # the files it has a line each about
+            bodies = "\n".join(line for line in inputs.splitlines() if not line.startswith(INPUT_HEADING))
+            items = list(grounded.files or listed_names(bodies))[:MAX_EACH]
+            if items:
+                return await self._each_turn(aid, items, aids.reads_each, responses, messages, settings)
         if not responses:
             if isinstance(aid, DirectCall):
                 return self._call(aid)
-            if aid.copy and (copied := value or _one_input(_brief_inputs(messages))):
+            if aid.copy and (copied := grounded.value or _one_input(inputs)):
                 return self._call(DirectCall("write_file", {"path": aid.path, "content": f"{copied}\n"}))
-            return await self._draft(aid, messages, settings, grounded)
+            if aid.translate_to and (source := _only_input(inputs)):
+                return await self._translate(aid, source, settings)
+            return await self._draft(aid, messages, settings, grounded.text)
+        return self._returned(aid, responses, messages)
+
+    async def _each_turn(
+        self,
+        aid: DraftedWrite,
+        items: list[str],
+        reads: bool,
+        responses: list[ModelResponse],
+        messages: list[ModelMessage],
+        settings: ModelSettings | None,
+    ) -> ModelResponse | None:
+        """A turn of a text with a line about each file.
+
+        First the files' reads (when the step may read), then the drafts and their `write_file`
+        call, then the text as the answer.
+        """
+        if not responses:
+            if reads:
+                parts = [ToolCallPart("read_file", {"path": item}) for item in items]
+                return ModelResponse(parts=list(parts), model_name=self.wrapped.model_name)
+            return await self._draft_each(aid, items, {}, settings)
+        if reads and _reads_of(responses[0]) == items:
+            if len(responses) == 1:  # the reads have returned
+                return await self._draft_each(
+                    aid, items, _returned_contents(responses[0], messages), settings
+                )
+            responses = responses[1:]
+        return self._returned(aid, responses, messages)
+
+    def _returned(
+        self, aid: DirectCall | DraftedWrite, responses: list[ModelResponse], messages: list[ModelMessage]
+    ) -> ModelResponse | None:
+        """The answer once the aid's one call has returned: what it read, or the text it wrote.
+
+        None (the model answers) when that is not where the conversation is.
+        """
         calls = [part for part in responses[-1].parts if isinstance(part, ToolCallPart)]
         returned = [part for part in getattr(messages[-1], "parts", []) if isinstance(part, ToolReturnPart)]
         if len(responses) != 1 or len(calls) != 1 or len(returned) != 1:
@@ -680,6 +873,11 @@ class BudgetedModel(WrapperModel):
     ) -> ModelResponse:
         """Ask for the text (or program) alone and answer with the `write_file` call that saves it."""
         brief = _brief_inputs(messages)
+        count = _one_input(brief) if draft.counted_lines else None
+        if count is not None and count.isdigit() and 0 < int(count) <= MAX_COUNTED_LINES:
+            # "a poem with that many lines" given 4: "a poem with 4 lines", held to 4 lines
+            asked = _THAT_MANY_LINES.sub(f"{int(count)} lines", draft.request)
+            draft, brief = replace(draft, request=asked, lines=int(count)), ""
         heading = re.compile(rf"^{re.escape(INPUT_HEADING)}(\S+).*\n?", re.MULTILINE)
         ids = heading.findall(brief)
         if len(ids) == 1:  # one input needs no heading, which the 135M model echoes ("### Step-by-step: …")
@@ -710,3 +908,74 @@ class BudgetedModel(WrapperModel):
             )
         call = ToolCallPart("write_file", {"path": draft.path, "content": content})
         return ModelResponse(parts=[call], usage=reply.usage, model_name=reply.model_name)
+
+    async def _translate(
+        self, draft: DraftedWrite, source: str, settings: ModelSettings | None
+    ) -> ModelResponse:
+        """Translate `source` a sentence at a time; answer with the `write_file` call of the translation.
+
+        Each sentence is asked after the language's example pairs (as earlier turns of the chat);
+        the source's lines are kept.
+        """
+        language = draft.translate_to
+        examples: list[ModelMessage] = [
+            ModelRequest(parts=[SystemPromptPart(render("step_translate_system.j2", language=language))])
+        ]
+        for english, other in _translation_examples()[language]:
+            examples += [
+                ModelRequest(parts=[UserPromptPart(english)]),
+                ModelResponse(parts=[TextPart(other)]),
+            ]
+        usage = RequestUsage()
+        lines: list[str] = []
+        for line in source.splitlines()[:MAX_TRANSLATED_LINES]:
+            sentences: list[str] = []
+            for sentence in re.split(r"(?<=[.!?])\s+", line.strip()) if line.strip() else []:
+                reply = await self.wrapped.request(
+                    [*examples, ModelRequest(parts=[UserPromptPart(sentence)])],
+                    {**(settings or {}), "max_tokens": 16 + 3 * len(sentence.split()) * 2},
+                    ModelRequestParameters(output_mode="text", allow_text_output=True),
+                )
+                usage += reply.usage
+                text = "".join(part.content for part in reply.parts if isinstance(part, TextPart))
+                sentences.append(next((part.strip() for part in text.splitlines() if part.strip()), ""))
+            lines.append(" ".join(part for part in sentences if part))
+        content = "\n".join(lines).strip() + "\n"
+        call = ToolCallPart("write_file", {"path": draft.path, "content": content})
+        return ModelResponse(parts=[call], usage=usage, model_name=self.wrapped.model_name)
+
+    async def _draft_each(
+        self,
+        draft: DraftedWrite,
+        items: Sequence[str],
+        contents: dict[str, str],
+        settings: ModelSettings | None,
+    ) -> ModelResponse:
+        """Ask for one sentence about each file alone; answer with the `write_file` call of their lines.
+
+        "Describe each file in the workspace in one line" is asked as "Describe trip.csv in one
+        line." for each file, with its start when it was read (`contents`); a line that does not
+        name its file is headed by its name.
+        """
+        system = render("step_draft_system.j2")
+        lines: list[str] = []
+        usage = RequestUsage()
+        for item in items:
+            request = _SAVE_CLAUSE.sub("", _EACH_OBJECT.sub(item, draft.request, count=1))
+            start = contents.get(item, "")[:EACH_CONTENT_CHARS].strip()
+            prompt = render("step_each_user.j2", item=item, content=start, request=request)
+            reply = await self.wrapped.request(
+                [ModelRequest(parts=[SystemPromptPart(system), UserPromptPart(prompt)])],
+                {**(settings or {}), "max_tokens": 64},
+                ModelRequestParameters(output_mode="text", allow_text_output=True),
+            )
+            usage += reply.usage
+            text = "".join(part.content for part in reply.parts if isinstance(part, TextPart))
+            # its first line, to its first sentence: a line that introduces more ("… the following
+            # structure:") is the sentence, the structure it introduces is not kept
+            first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+            sentence = shape_text(re.sub(r":$", ".", first), sentences=1)
+            line = sentence if item in sentence else f"{item}: {sentence}"
+            lines.append(f"- {line}" if draft.path.lower().endswith((".md", ".markdown")) else line)
+        call = ToolCallPart("write_file", {"path": draft.path, "content": "\n".join(lines) + "\n"})
+        return ModelResponse(parts=[call], usage=usage, model_name=self.wrapped.model_name)
