@@ -4,7 +4,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, SystemPromptPart, TextPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from masterplanner.engine.file_questions import CountedFile, ListingQuestion, counted_file, listing_question
@@ -529,6 +529,9 @@ async def test_the_engine_answers_a_question_about_files_and_writes_the_answer_w
     assert calls == [("read_file", {"path": "a.txt"})] and result.output == "1"
 
 
+_KIND_OF_CONTENT = "Say what kind of content it holds."
+
+
 async def test_a_text_about_each_file_reads_each_and_asks_the_model_about_one_at_a_time() -> None:
     files = {"trip.csv": "day,city\n1,Rome\n", "todo.md": "- renew passport\n"}
     prompts: list[str] = []
@@ -560,8 +563,8 @@ async def test_a_text_about_each_file_reads_each_and_asks_the_model_about_one_at
         ("write_file", {"path": "index.md", "content": written}),
     ]
     assert prompts == [
-        "trip.csv holds:\nday,city\n1,Rome\nDescribe trip.csv in one line. Say what kind of content it holds.",
-        "todo.md holds:\n- renew passport\nDescribe todo.md in one line. Say what kind of content it holds.",
+        "trip.csv holds:\nday,city\n1,Rome\nDescribe trip.csv in one line. " + _KIND_OF_CONTENT,
+        "todo.md holds:\n- renew passport\nDescribe todo.md in one line. " + _KIND_OF_CONTENT,
     ]
     assert result.output == written
     # the files listed by the step before, and a step that may not read: asked by their names
@@ -612,3 +615,77 @@ async def test_a_text_with_that_many_lines_has_as_many_lines_as_the_count_it_is_
     )
     assert prompts == ["Write a poem with 4 lines."]
     assert written == ["Stars at night,\nthe sea,\nthe moon above the hill,\nand all is still"]
+
+
+_ONE_INPUT = (
+    "Overall task: t\nInputs from the steps before yours:\n\n### Output of step read\n{}\n"
+    "When you are done, reply with your step's result."
+)
+
+
+async def test_a_translation_is_asked_a_sentence_at_a_time_after_example_pairs() -> None:
+    asked: list[list[tuple[str, str]]] = []
+
+    def reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turns = [
+            (type(part).__name__, str(part.content))
+            for message in messages
+            for part in message.parts
+            if isinstance(part, SystemPromptPart | UserPromptPart | TextPart)
+        ]
+        asked.append(turns)
+        return ModelResponse(
+            parts=[TextPart({"Good morning.": "Bonjour.\nNote: …", "Thanks.": "Merci."}[turns[-1][1]])]
+        )
+
+    draft = drafted_write(
+        _step("t", "Translate hello.txt into French and write it to hello_fr.txt.", ["write_file"]),
+        ["write_file"],
+        ["hello_fr.txt"],
+    )
+    assert draft == DraftedWrite(
+        "hello_fr.txt", "Translate hello.txt into French and write it.", translate_to="French"
+    )
+    agent = _aided_agent(reply, StepAids(drafted_write=draft))
+    calls: list[tuple[str, dict[str, str]]] = []
+    _tools_of(agent, calls, {}, read=False)
+    result = await agent.run(_ONE_INPUT.format("Good morning. Thanks.\n\nThanks."))
+    examples = [
+        ("SystemPromptPart", "You translate English into French. Reply with the French text only."),
+        ("UserPromptPart", "Good night."),
+        ("TextPart", "Bonne nuit."),
+    ]
+    assert [turns[:3] for turns in asked] == [examples] * 3
+    assert [turns[-1] for turns in asked] == [
+        ("UserPromptPart", s) for s in ("Good morning.", "Thanks.", "Thanks.")
+    ]
+    assert calls == [("write_file", {"path": "hello_fr.txt", "content": "Bonjour. Merci.\n\nMerci.\n"})]
+    assert result.output == "Bonjour. Merci.\n\nMerci.\n"
+    # a language without examples is drafted as any text, and never copied
+    klingon = drafted_write(
+        _step("t", "Translate hello.txt into Klingon and write it to k.txt.", ["write_file"]),
+        ["write_file"],
+        ["k.txt"],
+    )
+    assert klingon == DraftedWrite("k.txt", "Translate hello.txt into Klingon and write it.")
+
+
+async def test_the_lines_a_label_opens_are_what_a_write_of_the_things_recorded_takes() -> None:
+    draft = drafted_write(
+        _step("w", "Write the three decisions recorded in meeting.txt to decisions.md.", ["write_file"]),
+        ["write_file"],
+        ["decisions.md"],
+    )
+    assert draft == DraftedWrite(
+        "decisions.md", "Write the three decisions recorded in meeting.txt.", labelled="decision"
+    )
+    notes = (
+        "Meeting\n- Ben showed mock-ups.\n- Decision: budget approved.\n"
+        "- Plants (no decision needed).\nDecision - launch in June."
+    )
+    agent = _aided_agent(_no_model, StepAids(drafted_write=draft))
+    calls: list[tuple[str, dict[str, str]]] = []
+    _tools_of(agent, calls, {}, read=False)
+    await agent.run(_ONE_INPUT.format(notes))
+    written = "- Decision: budget approved.\n- Decision - launch in June.\n"
+    assert calls == [("write_file", {"path": "decisions.md", "content": written})]

@@ -136,6 +136,11 @@ class DraftedWrite:
     Asked for the whole text, the 135M model wrote French of its own ("Je suis le début de la
     nuit") or copied the English; a sentence at a time after examples, it gets short common
     sentences right ("Bonjour.", "Hola, mi amigo.") and longer ones still wrong."""
+    labelled: str = ""
+    """The text is the lines of its one input that this label opens ("Decision: …"): asked for
+    "the three decisions recorded in meeting.txt", the 135M model copied the whole of the notes.
+    Only lines the label opens are taken (a line that mentions it in passing, "no decision
+    needed", is not one); with none, the text is drafted."""
     each: bool = False
     """The text has a line for each file it is given ("one sentence about each", "describe each
     file"): the model writes one sentence per file, asked about that file alone, and the line
@@ -219,6 +224,12 @@ def _translation_examples() -> dict[str, list[tuple[str, str]]]:
     }
 
 
+_PICKED = re.compile(
+    r"^(?:write|list|copy|extract|collect|put)\s+(?:down\s+)?(?:all\s+|only\s+)?(?:the\s+)?(?:\w+\s+)?"
+    r"(?P<noun>[a-z]+?)s\s+(?:that\s+are\s+|that\s+were\s+)?(?:recorded|listed|noted|written|made|taken)\s+"
+    r"(?:in|from)\s+\S+\.\w+\s*[.!]?$",
+    re.IGNORECASE,
+)
 _THAT_MANY_LINES = re.compile(r"\b(?:that|as)\s+many\s+lines\b", re.IGNORECASE)
 _EACH = re.compile(r"\b(?:about|describe|describing|for)\s+(?:each|every)\b", re.IGNORECASE)
 _EACH_OBJECT = re.compile(
@@ -308,6 +319,8 @@ def drafted_write(
         known = [language for language in languages if language in _translation_examples()]
         if known:
             return DraftedWrite(path, request, translate_to=known[0])
+    if (picked := _PICKED.match(request)) is not None:
+        return DraftedWrite(path, request, labelled=picked["noun"].lower())
     if _EACH.search(request):
         if len(before) == 1:
             request = resolved_references(request, before[0])
@@ -582,6 +595,15 @@ def _returned_contents(response: ModelResponse, messages: Sequence[ModelMessage]
     return contents
 
 
+def _labelled_lines(text: str, label: str) -> list[str]:
+    """The lines of `text` that `label` opens ("Decision: …", "- decision - …"), without a bullet."""
+    opens = re.compile(
+        rf"^(?:[-*\u2022]|\d+[.)])?\s*{re.escape(label)}s?\s*[:\u2013\u2014-]\s*\S", re.IGNORECASE
+    )
+    lines = (re.sub(r"^(?:[-*\u2022]|\d+[.)])\s*", "", line.strip()) for line in text.splitlines())
+    return [line for line in lines if opens.match(line)]
+
+
 def _only_input(inputs: str) -> str | None:
     """The text of the brief's one input, without its heading (None: several inputs, or none)."""
     headings = [line for line in inputs.splitlines() if line.startswith(INPUT_HEADING)]
@@ -770,6 +792,9 @@ class BudgetedModel(WrapperModel):
                 return self._call(DirectCall("write_file", {"path": aid.path, "content": f"{copied}\n"}))
             if aid.translate_to and (source := _only_input(inputs)):
                 return await self._translate(aid, source, settings)
+            if aid.labelled and (lines := _labelled_lines(_only_input(inputs) or "", aid.labelled)):
+                content = "\n".join(f"- {line}" for line in lines) + "\n"
+                return self._call(DirectCall("write_file", {"path": aid.path, "content": content}))
             return await self._draft(aid, messages, settings, grounded.text)
         return self._returned(aid, responses, messages)
 
