@@ -31,6 +31,7 @@ from ..models import context_window
 from ..models.local import STRUCTURED_PLANS, ToolAids
 from ..plan import Plan, Step, sinks
 from ..prompts import load_examples, render
+from ..tools.code_execution import succeeded_output
 from ..tools.workspace import Workspace
 from ..working_memory import INPUT_HEADING, ContextBudget, FittedInput
 from .file_questions import CountedFile, ListingQuestion, counted_file, listing_question
@@ -512,17 +513,9 @@ def _ran(result: str) -> str | None:
     return result.removeprefix(TOOL_OUTPUT).removeprefix("\n") if result.startswith(TOOL_OUTPUT) else None
 
 
-def _stdout(data: str) -> str | None:
-    """The standard output of a `code_execution` that exited 0 (as `format_result` shows it)."""
-    if not data.startswith("exit code 0\n"):
-        return None
-    _, found, out = data.partition("--- stdout ---\n")
-    return out.split("\n--- stderr", 1)[0].strip() if found else ""
-
-
 def _query_rows(data: str | None) -> list[str]:
     """The CSV lines a query printed (its column names first); none if it failed."""
-    return (_stdout(data) or "").splitlines() if data is not None else []
+    return (succeeded_output(data) or "").splitlines() if data is not None else []
 
 
 def _one_value(rows: Sequence[str]) -> str | None:

@@ -25,6 +25,7 @@ from pydantic_ai import RunContext, Tool
 
 from ..errors import ToolError
 from .catalog import Approval, Catalog, SideEffect, ToolSpec
+from .code_execution import Language
 from .context import StepDeps
 from .images import ImageConfig
 
@@ -138,7 +139,7 @@ async def delete_file(ctx: Context, path: str) -> str:
 async def code_execution(
     ctx: Context,
     code: str,
-    language: Literal["python", "bash", "javascript", "sql"] = "python",
+    language: Language = "python",
     stdin: str = "",
     timeout_s: Annotated[int, Field(ge=1, le=120)] = 30,
 ) -> str:

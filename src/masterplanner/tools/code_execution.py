@@ -16,7 +16,7 @@ from ..sandbox import SandboxLimits, SandboxResult, run_in_sandbox
 from .protected import protected_component, protection_notice
 from .workspace import Workspace
 
-__all__ = ["INTERPRETERS", "MAX_CODE_CHARS", "Language", "execute_code", "format_result"]
+__all__ = ["INTERPRETERS", "MAX_CODE_CHARS", "Language", "execute_code", "format_result", "succeeded_output"]
 
 Language = Literal["python", "bash", "javascript", "sql"]
 INTERPRETERS: dict[str, list[str]] = {
@@ -74,3 +74,16 @@ def format_result(result: SandboxResult) -> str:
         if text or cut:
             lines.append(f"--- {name}{' (truncated)' if cut else ''} ---\n{text.rstrip()}")
     return "\n".join(lines)
+
+
+def succeeded_output(answer: str) -> str | None:
+    """The standard output in a `format_result` answer of a program that exited 0.
+
+    None for any other answer, and when the output was cut short (truncated).
+    """
+    if not answer.startswith("exit code 0\n") and answer != "exit code 0":
+        return None
+    if "\n--- stdout (truncated) ---\n" in answer:
+        return None
+    _, found, out = answer.partition("--- stdout ---\n")
+    return out.split("\n--- stderr", 1)[0].strip() if found else ""
