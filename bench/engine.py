@@ -15,11 +15,12 @@ subprocess first, then the same shapes through masterplanner's engine with the s
 (c) uneven: A→B→C at 0.1 s each beside D at 0.3 s, E joining C and D: makespan / 0.3 s (the
     anchor's definition), the makespan as in (b); LangGraph's supersteps make E wait for a barrier;
 (d) load: N concurrent runs of 5 chained steps at 0.2 s each in one process: all must
-    succeed; wall time and peak RSS.
+    succeed; wall time and peak RSS, and the wall time as a ratio to LangGraph's for the same
+    shape (`bench/langgraph_load.py`, in a subprocess of the same job; ideal wall 1.0 s).
 
 With --breakdown, the run store's calls during the chain runs of (a) are timed too and printed as
 ms per step (timed in the worker threads they run in, so lock waits are included).
-Targets: (a) ratio ≤ 1.0, (b) ≤ 1.05, (c) ≤ 1.05, (d) all succeed.
+Targets: (a) ratio ≤ 1.0, (b) ≤ 1.05, (c) ≤ 1.05, (d) all succeed and the wall ratio ≤ 1.0.
 
 The registry is left out (`remember_runs = never`, `embedder = none`): it is bench/registry.py's
 to measure, and with it runs reuse each other's stored teams (a fan-out run once reused a chain's
@@ -46,6 +47,7 @@ from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
 
 DEFAULT_ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "langgraph_overhead.py"
+LOAD_ANCHOR = Path(__file__).resolve().parent / "langgraph_load.py"
 
 
 def _script(folder: Path, name: str, steps: list[dict[str, Any]], delays: dict[str, float]) -> str:
@@ -167,8 +169,8 @@ async def measure(folder: Path, concurrent_runs: int, breakdown: bool = False) -
     )
 
 
-def anchor(path: Path) -> dict[str, Any]:
-    result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600)
+def anchor(path: Path, *args: str) -> dict[str, Any]:
+    result = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         raise SystemExit(f"anchor {path} failed: {result.stderr.strip()[-500:]}")
     return dict(json.loads(result.stdout.strip().splitlines()[-1]))
@@ -183,7 +185,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--breakdown", action="store_true", help="time the run store's calls in (a)")
     args = parser.parse_args()
-    lang = anchor(args.anchor)
+    lang = anchor(args.anchor) | anchor(LOAD_ANCHOR, str(args.runs))
     with tempfile.TemporaryDirectory() as folder:
         ours = asyncio.run(measure(Path(folder), args.runs, args.breakdown))
     figures = {
@@ -192,6 +194,7 @@ def main() -> None:
         "chain_ratio_to_langgraph_durable": round(
             ours["chain_ms_per_step"] / lang["chain_ms_per_step_durable"], 3
         ),
+        "load_ratio_to_langgraph": round(ours["load_wall_s"] / lang["load_wall_s"], 3),
     }
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -212,7 +215,8 @@ def main() -> None:
     print(f"(c) uneven DAG: makespan/0.3 s = {ours['uneven_ratio']} (LangGraph {lang['uneven_ratio']})")
     print(
         f"(d) {ours['load_runs']} concurrent runs x 5 steps x 0.2 s: {ours['load_succeeded']} succeeded in "
-        f"{ours['load_wall_s']} s, peak RSS {ours['peak_rss_mb']} MB"
+        f"{ours['load_wall_s']} s, peak RSS {ours['peak_rss_mb']} MB; LangGraph {lang['load_wall_s']} s "
+        f"-> ratio {figures['load_ratio_to_langgraph']} (target <= 1.0)"
     )
     for name, ms in sorted(ours.get("store_ms_per_chain_step", {}).items(), key=lambda item: -item[1]):
         print(f"    (a) run store {name}: {ms} ms per step (planning's calls included)")
