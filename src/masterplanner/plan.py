@@ -293,15 +293,16 @@ def sinks(steps: Iterable[Step]) -> list[str]:
 
 
 def plan_output_schema(
-    catalog: Catalog,
+    tool_names: Sequence[str],
     *,
     max_steps: int = DEFAULT_MAX_STEPS,
     step_tools: Sequence[Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """The JSON schema a model fills in to propose a plan.
 
-    This is the model-facing form, not the public one. Without `step_tools` it starts with
-    `actions`, the separate actions the task asks for, and offers every tool to every step. With
+    This is the model-facing form, not the public one, over the catalog's `tool_names`. Without
+    `step_tools` it starts with `actions`, the separate actions the task asks for, and offers
+    every tool to every step. With
     `step_tools` (one list of catalog names per action listed before) it asks for exactly one
     step per list, each choosing its `tools` from its own list. Instead of `depends_on` ids,
     step k lists in `after` the numbers (1-based) of earlier steps whose output it needs. The
@@ -324,7 +325,7 @@ def plan_output_schema(
                 "agent_role": text | {"maxLength": _LIMITS["agent_role"]},
                 "tools": {
                     "type": "array",
-                    "items": {"enum": list(step_tools[number - 1]) if step_tools else catalog.names},
+                    "items": {"enum": list(step_tools[number - 1]) if step_tools else list(tool_names)},
                     "maxItems": 4,
                 },
                 "after": after,

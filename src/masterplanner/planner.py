@@ -7,9 +7,10 @@ last problems. It never falls back to a plan nobody validated.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic_ai import RunContext
@@ -38,6 +39,7 @@ from .tools.selection import best_tools
 from .usage import UsageLedger
 
 if TYPE_CHECKING:
+    from pydantic_ai import Agent
     from pydantic_ai.models import Model
 
 __all__ = [
@@ -77,14 +79,14 @@ def _examples(catalog: Catalog, hints: Sequence[PlanExample] | None) -> list[Pla
 
 
 @dataclass
-class _VaryOnRepair(AbstractCapability[None]):
+class _VaryOnRepair(AbstractCapability[Any]):
     """Greedy on the first try; each repair samples, seeded so runs stay reproducible.
 
     A greedy model given its own invalid plan and the problems tends to repeat it word for word
     (seen with the embedded model), so a repair must be allowed to come out differently.
     """
 
-    def get_model_settings(self) -> Callable[[RunContext[None]], ModelSettings]:
+    def get_model_settings(self) -> Callable[[RunContext[Any]], ModelSettings]:
         return lambda ctx: {} if ctx.run_step <= 1 else retry_settings(ctx.run_step)
 
 
@@ -122,55 +124,98 @@ class _Proposer:
         `repairs` times; each such ask has its own `repairs` for invalid plans.
         Returns the plan and the actions the model listed before its steps (if it did).
         """
-        from pydantic_ai import Agent, ModelRetry, NativeOutput, StructuredDict
         from pydantic_ai.exceptions import OutputTokenLimitExceeded, UnexpectedModelBehavior
 
         from .models import labelled
 
-        schema = plan_output_schema(self.catalog, max_steps=self.max_steps, step_tools=step_tools)
-        output: Any = StructuredDict(schema, name="plan", description="the steps of the plan")
-        if self.model.profile.get("supports_json_schema_output", False):
-            output = NativeOutput(output)  # grammar-enforced on local models and compatible servers
-        agent: Agent[None, dict[str, Any]] = Agent(
-            labelled(self.model, self.purpose, self.ledger),
-            output_type=output,
-            instructions=self.system,
-            retries=self.repairs,
-            capabilities=[_VaryOnRepair()],
+        agent = _planner_agent(
+            tuple(self.catalog.names),
+            self.max_steps,
+            None if step_tools is None else tuple(tuple(names) for names in step_tools),
+            bool(self.model.profile.get("supports_json_schema_output", False)),
+            self.repairs,
         )
-        accepted: list[Plan] = []
-        actions: list[str] = []
-        last_problems: list[str] = []
-
-        @agent.output_validator
-        def check(output: dict[str, Any]) -> dict[str, Any]:
-            listed = output.get("actions")
-            actions[:] = (
-                [item for item in listed if isinstance(item, str)] if isinstance(listed, list) else []
-            )
-            try:
-                accepted.append(self.accept(steps_from_output(output.get("steps"))))
-            except PlanError as error:
-                last_problems[:] = error.problems
-                raise ModelRetry(render("planner_repair.j2", problems=error.problems)) from None
-            return output
-
+        proposal = _Proposal(self.accept)
+        options: dict[str, Any] = {
+            "model": labelled(self.model, self.purpose, self.ledger),
+            "instructions": self.system,
+            "deps": proposal,
+        }
         for attempt in range(self.repairs + 1):
             try:
                 if attempt == 0:
-                    await run_agent(agent, prompt)
+                    await run_agent(agent, prompt, **options)
                 else:
                     too_long = render("planner_too_long.j2", fixed_count=step_tools is not None)
-                    await run_agent(agent, f"{prompt}\n\n{too_long}", model_settings=retry_settings(attempt))
+                    await run_agent(
+                        agent, f"{prompt}\n\n{too_long}", model_settings=retry_settings(attempt), **options
+                    )
                 break
             except ModelError as error:
-                if last_problems and isinstance(error.__cause__, UnexpectedModelBehavior):
+                if proposal.problems and isinstance(error.__cause__, UnexpectedModelBehavior):
                     raise PlanError(
-                        last_problems, context=f"no valid plan after {self.repairs} repairs"
+                        proposal.problems, context=f"no valid plan after {self.repairs} repairs"
                     ) from None
                 if not isinstance(error.__cause__, OutputTokenLimitExceeded) or attempt == self.repairs:
                     raise
-        return accepted[-1], actions
+        return proposal.accepted[-1], proposal.actions
+
+
+@dataclass
+class _Proposal:
+    """What one ask of the planner collects while its proposals are checked (the agent's deps)."""
+
+    accept: Callable[[object], Plan]
+    accepted: list[Plan] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    """The actions the model listed before its steps (if it did)."""
+    problems: list[str] = field(default_factory=list)
+    """The last invalid proposal's problems."""
+
+
+def _check_proposal(ctx: RunContext[_Proposal], output: dict[str, Any]) -> dict[str, Any]:
+    """Accept a proposal that makes a valid plan; send an invalid one back with its problems."""
+    from pydantic_ai import ModelRetry
+
+    proposal = ctx.deps
+    listed = output.get("actions")
+    listed = listed if isinstance(listed, list) else []
+    proposal.actions[:] = [item for item in listed if isinstance(item, str)]
+    try:
+        proposal.accepted.append(proposal.accept(steps_from_output(output.get("steps"))))
+    except PlanError as error:
+        proposal.problems[:] = error.problems
+        raise ModelRetry(render("planner_repair.j2", problems=error.problems)) from None
+    return output
+
+
+@functools.lru_cache(maxsize=32)
+def _planner_agent(
+    tool_names: tuple[str, ...],
+    max_steps: int,
+    step_tools: tuple[tuple[str, ...], ...] | None,
+    native: bool,
+    repairs: int,
+) -> Agent[_Proposal, dict[str, Any]]:
+    """The planner's agent for one output schema; the model, instructions and deps come per run.
+
+    Built once per schema: the output schema's JSON-schema walk and the agent's output processor
+    cost more than a scripted model request, and every run plans.
+    """
+    from pydantic_ai import Agent, NativeOutput, StructuredDict
+
+    schema = plan_output_schema(tool_names, max_steps=max_steps, step_tools=step_tools)
+    output: Any = StructuredDict(schema, name="plan", description="the steps of the plan")
+    if native:
+        output = NativeOutput(output)  # grammar-enforced on local models and compatible servers
+    agent: Agent[_Proposal, dict[str, Any]] = Agent(
+        deps_type=_Proposal,
+        output_type=output,
+        retries=repairs,
+        capabilities=[_VaryOnRepair()],
+    )
+    agent.output_validator(_check_proposal)
+    return agent
 
 
 _FILE = r"[\w./-]*\w\.[A-Za-z][A-Za-z0-9]{0,7}\b"

@@ -16,7 +16,7 @@ characters (`ContextBudget`), clamped to the model's window when the window is k
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -34,8 +34,10 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "ContextBudget",
     "FittedInput",
+    "HistoryProcessor",
     "Summarizer",
     "fit_inputs",
+    "history_processor",
     "input_shares",
     "trim_history",
     "trimmer",
@@ -258,10 +260,25 @@ def trim_history(messages: Sequence[ModelMessage], budget_chars: int) -> list[Mo
     return kept
 
 
-def trimmer(budget_chars: int) -> Callable[[list[ModelMessage]], list[ModelMessage]]:
+HistoryProcessor = Callable[[list[ModelMessage]], Awaitable[list[ModelMessage]]]
+"""What `ProcessHistory` calls before each model request of an agent."""
+
+
+def history_processor(processor: HistoryProcessor) -> HistoryProcessor:
+    """`processor` as pydantic-ai calls it cheaply: async, its annotations types, not strings.
+
+    pydantic-ai reads a history processor's signature before every model request (does it take
+    the run context?) and runs a plain `def` on a worker thread; with this module's postponed
+    annotations each read evaluated them again. Measured in bench/engine.py's load figure.
+    """
+    processor.__annotations__ = {"messages": list[ModelMessage], "return": list[ModelMessage]}
+    return processor
+
+
+def trimmer(budget_chars: int) -> HistoryProcessor:
     """`trim_history` at `budget_chars`, as a history processor for a pydantic-ai agent."""
 
-    def trim(messages: list[ModelMessage]) -> list[ModelMessage]:
+    async def trim(messages: list[ModelMessage]) -> list[ModelMessage]:
         return trim_history(messages, budget_chars)
 
-    return trim
+    return history_processor(trim)

@@ -205,7 +205,19 @@ def test_a_worker_killed_mid_run_leaves_every_run_to_the_other_and_no_tool_call_
         for _kind, step, data in cluster.events(run_id, "step_recovered")
     ]
     assert recovered and {source for _run, _step, source in recovered} == {victim_id}
+    resumed = [
+        (run_id, step, data["process"])
+        for run_id in run_ids
+        for _kind, step, data in cluster.events(run_id, "step_resumed")
+    ]
+    # a step the victim had started is resumed by the other worker, not started again
+    assert resumed and {(run, step) for run, step, _ in resumed} <= {
+        (run, step) for run, step, _ in recovered
+    }
+    assert victim_id not in {process for _run, _step, process in resumed}
     for run_id in run_ids:
+        started = Counter(step for _kind, step, _data in cluster.events(run_id, "step_started"))
+        assert started == dict.fromkeys(ids, 1), (run_id, started)
         called = Counter(step for _kind, step, _data in cluster.events(run_id, "tool_called"))
         assert called == dict.fromkeys(ids, 1), (run_id, called)  # no tool call repeated, none lost
         workspace = Path(cluster.store.get_run(run_id).workspace)

@@ -132,11 +132,12 @@ def _chain_killed_after_s2(write_script: Callable[..., Path], *, lease_s: float 
     return run_id
 
 
-def _assert_resumed_without_repeats(run_id: str) -> None:
+def _assert_resumed_without_repeats(run_id: str, resumed: tuple[str, ...] = ("s3",)) -> None:
+    """Every step started once, `resumed` (cut short by the kill) resumed once, the answer right."""
     shown = json.loads(mp("runs", "show", run_id, "--json").stdout)
     started = [e["step"] for e in shown["events"] if e["kind"] == "step_started"]
-    assert started.count("s1") == 1
-    assert started.count("s2") == 1
+    assert started == ["s1", "s2", "s3", "s4", "s5"]  # s3, running when killed, was not started again
+    assert tuple(e["step"] for e in shown["events"] if e["kind"] == "step_resumed") == resumed
     assert [s["status"] for s in shown["steps"]] == ["succeeded"] * 5
     assert [s["output"] for s in shown["steps"]] == [f"out{n}" for n in range(1, 6)]
     kinds = [e["kind"] for e in shown["events"]]
@@ -158,6 +159,12 @@ def test_kill_9_then_resume_never_repeats_finished_steps(write_script: Callable[
         resumed.stderr,
     ), resumed.stderr
     _assert_resumed_without_repeats(run_id)
+    # the timeline says where s3 started and where it was resumed
+    shown = mp("runs", "show", run_id, "--timeline").stdout
+    timeline = {line.split()[0]: line for line in shown.splitlines()}
+    where = re.search(r"succeeded +[\d.]+ s +(\S+) → (\S+)$", timeline["s3"])
+    assert where is not None and where[1] != where[2] and where[2] in timeline["s4"], shown
+    assert "→" not in timeline["s2"], shown
 
 
 def test_the_next_run_resumes_a_crashed_run(write_script: Callable[..., Path]) -> None:
@@ -200,7 +207,7 @@ def test_a_step_killed_before_its_first_event_is_resumed_not_waited_on(
     resumed = mp("runs", "resume", run_id, "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["output"] == "out5"
-    _assert_resumed_without_repeats(run_id)
+    _assert_resumed_without_repeats(run_id, resumed=())  # s3 had not started: it starts here
 
 
 EDITOR = """

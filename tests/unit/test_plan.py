@@ -154,7 +154,7 @@ def test_model_facing_form_round_trips() -> None:
 
 
 def test_output_schema_only_allows_earlier_steps_and_catalog_tools() -> None:
-    schema = plan_output_schema(CATALOG, max_steps=3)
+    schema = plan_output_schema(CATALOG.names, max_steps=3)
     assert schema["required"] == ["actions", "steps"]
     assert [len(option["prefixItems"]) for option in schema["properties"]["steps"]["anyOf"]] == [1, 2, 3]
     third = schema["$defs"]["step3"]["properties"]
@@ -164,7 +164,7 @@ def test_output_schema_only_allows_earlier_steps_and_catalog_tools() -> None:
 
 def test_output_schema_with_tools_per_step_asks_for_those_steps_each_with_its_tools() -> None:
     choices = [["read_file"], ["write_file", "code_execution"]]
-    schema = plan_output_schema(CATALOG, step_tools=choices)
+    schema = plan_output_schema(CATALOG.names, step_tools=choices)
     assert schema["required"] == ["steps"]
     assert schema["properties"]["steps"]["minItems"] == schema["properties"]["steps"]["maxItems"] == 2
     assert sorted(schema["$defs"]) == ["step1", "step2"]

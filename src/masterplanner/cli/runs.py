@@ -377,11 +377,14 @@ def runs_show(
     if timeline:
         from .timeline import timeline_lines
 
-        processes = {
-            event.step: str(event.data.get("process") or "")
-            for event in events
-            if event.kind == "step_started" and event.step
-        }
+        processes: dict[str, str] = {}
+        for event in events:  # where each step started, and any process that resumed it
+            if event.kind in ("step_started", "step_resumed") and event.step:
+                where = str(event.data.get("process") or "")
+                earlier = processes.get(event.step)
+                processes[event.step] = (
+                    f"{earlier} → {where}" if earlier and event.kind == "step_resumed" else where
+                )
         for line in timeline_lines(report["steps"], processes, width=out.width, now=time.time()):
             out.print(line, highlight=False, soft_wrap=True)
         return

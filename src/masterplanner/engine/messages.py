@@ -243,35 +243,30 @@ class Messages:
         message goes to exactly one delivery; the same delivery repeated (a replay after a crash)
         gets the rows it took before, and any that arrived since.
         """
+        mine = sa.and_(messages_table.c.run_id == run_id, messages_table.c.recipient == recipient)
+        this_delivery = sa.select(messages_table).where(mine, messages_table.c.delivery == delivery)
         with self._store.begin("deliver messages") as connection:
-            fresh = set(
-                connection.scalars(
-                    sa.select(messages_table.c.id).where(
-                        messages_table.c.run_id == run_id,
-                        messages_table.c.recipient == recipient,
-                        messages_table.c.state == "pending",
-                    )
-                ).all()
-            )
-            if fresh:
-                connection.execute(
-                    messages_table.update()
-                    .where(messages_table.c.id.in_(fresh), messages_table.c.state == "pending")
-                    .values(state="delivered", delivery=delivery, delivered_at=utc_now())
-                )
+            # one read in the usual case, nothing waiting: no write
             rows = (
                 connection.execute(
                     sa.select(messages_table)
                     .where(
-                        messages_table.c.run_id == run_id,
-                        messages_table.c.recipient == recipient,
-                        messages_table.c.delivery == delivery,
+                        mine,
+                        sa.or_(messages_table.c.state == "pending", messages_table.c.delivery == delivery),
                     )
                     .order_by(messages_table.c.id)
                 )
                 .mappings()
                 .all()
             )
+            fresh = {row["id"] for row in rows if row["state"] == "pending"}
+            if fresh:
+                connection.execute(
+                    messages_table.update()
+                    .where(messages_table.c.id.in_(fresh), messages_table.c.state == "pending")
+                    .values(state="delivered", delivery=delivery, delivered_at=utc_now())
+                )
+                rows = connection.execute(this_delivery.order_by(messages_table.c.id)).mappings().all()
         return [_message(row) for row in rows], fresh
 
     def delivered_to(self, run_id: str, recipient: str) -> list[Message]:

@@ -46,6 +46,7 @@ EventKind = Literal[
     "plan_edited",
     "step_started",
     "step_recovered",
+    "step_resumed",
     "step_succeeded",
     "step_failed",
     "step_retried",

@@ -46,7 +46,7 @@ from .revisions import PlanRevisions
 from .runtime import launch_dbos, next_status, recover_workflow, shutdown_dbos, step_queue
 from .scheduler import StepOutcome, run_dag
 from .store import Lease, RunStore, process_identity
-from .workflows import aggregate_workflow, end_workflow, step_workflow
+from .workflows import aggregate_workflow, end_workflow, plain_answer, step_workflow
 
 __all__ = ["Engine", "run_catalog"]
 
@@ -473,15 +473,25 @@ class _Drive:
                 if problems:
                     await self._end("failed", "; ".join(problems), tell_registry=True)
                     return
-                output = await self._aggregate()
+                output = await self._aggregate(outcomes)
         except TimeoutError:
             raise BudgetExceededError(
                 f"the run used its wall-time budget of {run.options.max_wall_s:g} s"
             ) from None
         await self._end("succeeded", output, tell_registry=True)
 
-    async def _aggregate(self) -> str:
-        """The run's answer, from the aggregate workflow (one an earlier execution left is followed)."""
+    async def _aggregate(self, outcomes: dict[str, StepOutcome]) -> str:
+        """The run's answer: a step's output as it is, or composed by the aggregate workflow.
+
+        A final step's or an only sink's output is the answer with no model request, so no
+        workflow records it (a run that resumes takes it again from the stored outputs); an
+        aggregate workflow an earlier execution left is followed.
+        """
+        run = await asyncio.to_thread(self.store.get_run, self.run_id)
+        outputs = {step_id: outcome.output or "" for step_id, outcome in outcomes.items()}
+        answer = plain_answer(run.plan, outputs) if run.plan is not None else None
+        if answer is not None:
+            return answer
         workflow_id = f"{self.run_id}.aggregate"
         status = await DBOS.get_workflow_status_async(workflow_id)
         if status is not None and status.status in ("PENDING", "ENQUEUED"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -51,10 +51,10 @@ from ..registry.memory import episode_text
 from ..tools.catalog import Catalog
 from ..tools.context import StepDeps, ToolRunner
 from ..tools.team import team_tool
-from ..working_memory import FittedInput, Summarizer, fit_inputs, trimmer
+from ..working_memory import FittedInput, HistoryProcessor, Summarizer, fit_inputs, history_processor, trimmer
 from .checkpoints import CheckpointedModel
 from .collaboration import StepTeam, delivered_text, team_brief
-from .records import AgentBrief, EventKind, RunRecord, briefs_json, utc_now
+from .records import AgentBrief, EventKind, RunRecord, StepRecord, briefs_json, utc_now
 from .resources import RunResources, resources_of
 from .reuse import remember_run
 from .runtime import executor_id, launched_host
@@ -68,7 +68,7 @@ from .step_agent import (
 from .step_tools import runnable_tools, step_tools, team_tools
 from .tool_calls import ToolCalls, durable_key
 
-__all__ = ["AGENT_REQUEST_LIMIT", "aggregate_workflow", "end_workflow", "step_workflow"]
+__all__ = ["AGENT_REQUEST_LIMIT", "aggregate_workflow", "end_workflow", "plain_answer", "step_workflow"]
 
 # Step agents run inside our workflows and their output is ours to show: pydantic-ai's first-run
 # console banner would land in a live view or a program's output (the CLI also sets
@@ -112,19 +112,24 @@ async def _recorded(action: Callable[[], Any], name: str) -> Any:
     return await DBOS.run_step_async({"name": name}, write)
 
 
-async def _run_and_outputs(resources: RunResources, run_id: str) -> tuple[RunRecord, dict[str, str]]:
-    """The run as stored, and the outputs of its steps that succeeded (by step id)."""
-    run = await _db(resources.store.get_run, run_id)
-    done = await _db(resources.store.steps, run_id)
-    return run, {step.id: step.output or "" for step in done if step.status == "succeeded"}
+async def _run_and_steps(resources: RunResources, run_id: str) -> tuple[RunRecord, list[StepRecord]]:
+    """The run and its steps as stored."""
+    return await _db(resources.store.get_run, run_id), await _db(resources.store.steps, run_id)
+
+
+def _outputs(steps: list[StepRecord]) -> dict[str, str]:
+    """The outputs of the steps that succeeded, by step id."""
+    return {step.id: step.output or "" for step in steps if step.status == "succeeded"}
 
 
 @DBOS.workflow(name="masterplanner.step")
 async def step_workflow(run_id: str, step_id: str) -> dict[str, Any]:
     """Run one plan step: attempts of its agent, with retries; returns its status and output or error."""
     resources = await _resources(run_id)
-    run, outputs = await _run_and_outputs(resources, run_id)
-    step_run = _StepRun(resources, run, step_id, outputs)
+    run, steps = await _run_and_steps(resources, run_id)
+    # "running" already: an execution in a process that stopped started it, and this one resumes it
+    resumed = any(step.id == step_id and step.status == "running" for step in steps)
+    step_run = _StepRun(resources, run, step_id, _outputs(steps))
     attributes = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": step_run.step.agent_role,
@@ -134,24 +139,34 @@ async def step_workflow(run_id: str, step_id: str) -> dict[str, Any]:
     }
     context = telemetry.run_context(run_id)
     with telemetry.span(f"invoke_agent {step_run.step.agent_role}", attributes, context=context) as span:
-        outcome = await step_run.run()
+        outcome = await step_run.run(resumed=resumed)
         span.set_attribute("masterplanner.step.status", outcome["status"])
         if outcome["status"] != "succeeded":
             span.set_status(Status(StatusCode.ERROR, "the step failed"))
         return outcome
 
 
+def plain_answer(plan: Plan, outputs: dict[str, str]) -> str | None:
+    """The run's answer when no model composes it: its final step's output, or its only sink's.
+
+    None when the plan has several sinks and no final step: then `aggregate_workflow` composes it.
+    """
+    if plan.final_step:
+        return outputs.get(plan.final_step, "")
+    ends = sinks(plan.steps)
+    return outputs.get(ends[0], "") if len(ends) == 1 else None
+
+
 @DBOS.workflow(name="masterplanner.aggregate")
 async def aggregate_workflow(run_id: str) -> str:
     """The run's answer: the final step's output, the only sink's, or an aggregator call over the sinks."""
     resources = await _resources(run_id)
-    run, outputs = await _run_and_outputs(resources, run_id)
-    plan = _plan_of(run)
-    if plan.final_step:
-        return outputs.get(plan.final_step, "")
+    run, steps = await _run_and_steps(resources, run_id)
+    plan, outputs = _plan_of(run), _outputs(steps)
+    answer = plain_answer(plan, outputs)
+    if answer is not None:
+        return answer
     ends = sinks(plan.steps)
-    if len(ends) == 1:
-        return outputs.get(ends[0], "")
     # The answer is written from every sink's output: they share the working-memory budget
     # as a step's inputs do (summarised when too long), as if one more step read them all.
     reader = Step(
@@ -298,21 +313,28 @@ class _StepRun:
             else None
         )
 
-    async def run(self) -> dict[str, Any]:
-        """Attempts of the step agent until one succeeds, the attempts run out or an error ends it."""
+    async def run(self, *, resumed: bool) -> dict[str, Any]:
+        """Attempts of the step agent until one succeeds, the attempts run out or an error ends it.
+
+        `resumed`: an execution in a process that stopped started the step (its workflow replays
+        from its checkpoints here); the step is not started again, it is resumed in this process.
+        """
         run_id, step_id, options = self.record.id, self.step.id, self.record.options
         # Plain writes, not DBOS steps: a workflow that runs again after a crash really starts
         # again, and a finished one is never run again (its outcome is stored before it returns).
-        await _db(
-            self.store.step_event,
-            run_id,
-            step_id,
-            "step_started",
-            {"tools": self.tools, "process": executor_id()},
-            status="running",
-            started_at=utc_now(),
-            attempts=1,
-        )
+        if resumed:
+            await _db(self.store.append_event, run_id, "step_resumed", step_id, {"process": executor_id()})
+        else:
+            await _db(
+                self.store.step_event,
+                run_id,
+                step_id,
+                "step_started",
+                {"tools": self.tools, "process": executor_id()},
+                status="running",
+                started_at=utc_now(),
+                attempts=1,
+            )
         inputs = await _fitted_inputs(self.resources, self.step, self.outputs, step_id)
         attempts, error = options.step_attempts, ""
         for attempt in range(1, attempts + 1):
@@ -436,7 +458,7 @@ class _StepRun:
             return None
         return f"its output does not meet the expected output ({step.expected_output}): {verdict.reason}"
 
-    def _deliveries(self, attempt: int) -> Callable[[list[ModelMessage]], Awaitable[list[ModelMessage]]]:
+    def _deliveries(self, attempt: int) -> HistoryProcessor:
         """Before each model request: the messages that arrived since, added to the conversation.
 
         Each delivery's key is its place in the workflow (attempt, request), so a replay after a
@@ -453,7 +475,7 @@ class _StepRun:
             added = UserPromptPart(delivered_text(taken))
             return [*messages[:-1], replace(last, parts=[*last.parts, added])]
 
-        return deliver
+        return history_processor(deliver)
 
     def _model(self) -> Model:
         """The run's model, with tool-use aids when its kind takes them (the embedded local model)."""
