@@ -499,6 +499,27 @@ def test_cancellation_budget_and_configuration_errors_still_stop_the_step(error:
         asyncio.run(_calls(events)._call("code_execution", {}, _raise(error)))
 
 
+def test_a_call_the_fence_stops_is_not_made_and_leaves_no_event() -> None:
+    from dbos._error import DBOSWorkflowConflictIDError
+
+    events, made = _Events(), []
+
+    def lapsed() -> None:  # runtime.keep_lease in a worker whose lease lapsed
+        raise DBOSWorkflowConflictIDError("r.s")
+
+    calls = ToolCalls(store=events, run_id="r", step_id="s", policy=lambda name: "auto", fence=lapsed)  # type: ignore[arg-type]
+    with pytest.raises(DBOSWorkflowConflictIDError):  # a BaseException: no DBOS step records it
+        asyncio.run(calls._call("write_file", {"path": "a.txt"}, lambda: made.append(1) or "written"))
+    assert made == [] and events.appended == []
+    # a fence that lets it through: the call is made as before
+    calls.fence = lambda: None
+    assert asyncio.run(calls._call("write_file", {"path": "a.txt"}, lambda: made.append(1) or "written")) == (
+        True,
+        "written",
+    )
+    assert made == [1] and [kind for kind, _data in events.appended] == ["tool_called", "tool_result"]
+
+
 async def test_a_tool_failure_does_not_fail_the_step(
     isolated: Path, write_script: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -69,3 +69,23 @@ def test_a_process_stopping_while_the_database_is_away_does_not_wait_for_it(
         True
     ]  # lapses by itself
     store.close()
+
+
+def test_a_lease_that_lapsed_is_not_renewed_and_the_heartbeat_is_told(tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    from masterplanner.engine.processes import Heartbeat, processes_table
+
+    store = RunStore(f"sqlite:///{tmp_path / 'runs.sqlite'}")
+    store.processes.register("p1", "worker", lease_s=30)
+    heartbeat = Heartbeat(store.processes, "p1", lease_s=30)  # renewed by hand here, no thread
+    assert heartbeat.renew() and not heartbeat.lost.is_set()
+    with store.begin("let the lease lapse") as connection:
+        connection.execute(sa.update(processes_table).values(lease_until=0.0))
+    # a worker suspended past its lease: others may be taking its steps; it stays lost
+    assert not heartbeat.renew() and heartbeat.lost.is_set()
+    with store.begin("a renewal in time") as connection:
+        connection.execute(sa.update(processes_table).values(lease_until=1e12))
+    assert not heartbeat.renew()
+    assert [record.alive for record in store.processes.listed(include_dead=True)] == [True]
+    store.close()

@@ -213,12 +213,19 @@ class Heartbeat:
         every = self._lease_s / 5
         while not self._stop.wait(every):
             try:
-                renewed = self._processes.renew(self._id, lease_s=self._lease_s)
+                if not self.renew():
+                    return
             except RunError:  # the database is away for a moment: try again on the next beat
                 continue
-            if not renewed:
-                self.lost.set()
-                return
+
+    def renew(self) -> bool:
+        """Renew the lease now (also from outside the thread); False, and `lost` set, once it lapsed."""
+        if self.lost.is_set():
+            return False
+        renewed = self._processes.renew(self._id, lease_s=self._lease_s)
+        if not renewed:
+            self.lost.set()
+        return renewed
 
     def stop(self) -> None:
         """Stop renewing and record the stop, so others may take unfinished work at once."""

@@ -27,6 +27,7 @@ import weakref
 from typing import Any
 
 from dbos import DBOS, DBOSConfig, Queue, WorkflowStatus
+from dbos._error import DBOSWorkflowConflictIDError
 
 from .._version import __version__
 from ..errors import RunError
@@ -38,6 +39,7 @@ __all__ = [
     "STATUS_POLL_S",
     "dbos_launched",
     "executor_id",
+    "keep_lease",
     "launch_dbos",
     "launched_host",
     "next_status",
@@ -52,6 +54,8 @@ _launched_url: str | None = None
 _host: tuple[Settings, RunStore] | None = None
 _heartbeat: Heartbeat | None = None
 _executor: str | None = None
+_worker = False
+"""Whether this process launched DBOS as a worker."""
 _queues: dict[str, Queue] = {}
 _lock = threading.RLock()
 """Launching runs in a worker thread (it is blocking I/O); two runs starting at once launch once."""
@@ -105,7 +109,7 @@ def _launch(
     kind: ProcessKind,
     listen: list[str] | None,
 ) -> None:
-    global _launched_url, _host, _heartbeat, _executor
+    global _launched_url, _host, _heartbeat, _executor, _worker
     database_url = settings.database_url
     _host = (settings, store)
     if _launched_url == database_url:
@@ -135,6 +139,7 @@ def _launch(
     DBOS.launch()
     _launched_url = database_url
     _executor = executor_id
+    _worker = kind == "worker"
     if kind == "worker":
         for provider in providers:
             _register_queue(settings, provider, worker=True)
@@ -264,6 +269,27 @@ def executor_id() -> str | None:
     return _executor
 
 
+def keep_lease() -> None:
+    """In a worker, before a tool call's side effect: renew the worker's lease, or stop this execution.
+
+    A worker whose lease lapsed (suspended or starved past it, its heartbeat thread included)
+    may already have had its steps handed to another worker (`recover_workflow`), which replays
+    them and makes their calls: a call made here as well would be made twice. A renewal
+    succeeds only while the lease has not lapsed, and after it no coordinator hands this
+    worker's steps over for another `run_lease_s`. When it has lapsed, the heartbeat is told
+    (the worker stops and hands over) and this execution of the step stops without recording
+    anything: it raises DBOS's own `DBOSWorkflowConflictIDError` (a `BaseException`, so no step
+    records it as its outcome), on which DBOS waits for the outcome recorded by the execution
+    that owns the workflow instead of writing one.
+
+    Other processes (`run`, `serve`) are not fenced: their steps run inline, nobody else
+    follows them while their run's lease holds, and a laptop that slept past its lease must
+    carry on (their process lease cannot be renewed once lapsed).
+    """
+    if _heartbeat is not None and _worker and not _heartbeat.renew():
+        raise DBOSWorkflowConflictIDError(DBOS.workflow_id or "")
+
+
 def process_lost() -> bool:
     """Whether this process failed to renew its lease in time (others may be taking its work)."""
     return _heartbeat is not None and _heartbeat.lost.is_set()
@@ -287,7 +313,7 @@ def shutdown_dbos(*, grace_s: float = 0) -> None:
     With `grace_s`, steps already running get that long to finish (no new ones are taken).
     The process's lease is given up, so others may take what it left at once.
     """
-    global _launched_url, _host, _heartbeat, _executor
+    global _launched_url, _host, _heartbeat, _executor, _worker
     with _lock:
         if _launched_url is None:
             return
@@ -298,4 +324,5 @@ def shutdown_dbos(*, grace_s: float = 0) -> None:
         _host = None
         _heartbeat = None
         _executor = None
+        _worker = False
         _queues.clear()

@@ -103,6 +103,9 @@ class ToolCalls:
     run_id: str
     step_id: str
     policy: Callable[[str], str]
+    fence: Callable[[], None] | None = None
+    """Called (on a worker thread) before each call is made: raises to stop this execution of
+    the step instead (`runtime.keep_lease`: this process no longer holds its workflows)."""
 
     async def run(
         self,
@@ -157,6 +160,8 @@ class ToolCalls:
     async def _run_call(
         self, name: str, arguments: dict[str, Any], call: Callable[[], str | Awaitable[str]]
     ) -> tuple[bool, str]:
+        if self.fence is not None:
+            await asyncio.to_thread(self.fence)
         shown = {key: _shorten(value, 200) for key, value in arguments.items()}
         await self._event("tool_called", {"tool": name, "arguments": shown})
         try:

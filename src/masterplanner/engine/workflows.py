@@ -57,7 +57,7 @@ from .collaboration import StepTeam, delivered_text, team_brief
 from .records import AgentBrief, EventKind, RunRecord, StepRecord, briefs_json, utc_now
 from .resources import RunResources, resources_of
 from .reuse import remember_run
-from .runtime import executor_id, launched_host
+from .runtime import executor_id, keep_lease, launched_host
 from .step_agent import (
     BudgetedModel,
     dependency_context,
@@ -511,6 +511,7 @@ class _StepRun:
             run_id=self.record.id,
             step_id=self.step.id,
             policy=lambda name: options.policy(name, _default_approval(name, catalog), policies),
+            fence=keep_lease,
         ).run
 
 
