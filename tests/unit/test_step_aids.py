@@ -3,6 +3,7 @@
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, SystemPromptPart, TextPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -21,6 +22,7 @@ from masterplanner.engine.step_agent import (
     tool_aids,
 )
 from masterplanner.engine.table_queries import DraftedQuery
+from masterplanner.errors import BudgetExceededError
 from masterplanner.models.local import STRUCTURED_PLANS
 from masterplanner.plan import Plan, Step
 from masterplanner.tools.workspace import Workspace
@@ -37,15 +39,20 @@ def _step(step_id: str, instruction: str, tools: list[str], *deps: str) -> Step:
     )
 
 
-def _aided_agent(reply: Callable[..., ModelResponse], aids: StepAids) -> Agent[None, str]:
-    """An agent on a small model (a `FunctionModel` answering with `reply`) that carries `aids`."""
+def _aided_agent(
+    reply: Callable[..., ModelResponse], aids: StepAids, check: Callable[[], None] = lambda: None
+) -> Agent[None, str]:
+    """An agent on a small model (a `FunctionModel` answering with `reply`) that carries `aids`.
+
+    `check` is the run's budget check, made before each request.
+    """
 
     class Small(FunctionModel):
         def __init__(self) -> None:
             super().__init__(reply, profile={STRUCTURED_PLANS: True, "supports_json_schema_output": True})
             self.aids = aids
 
-    return Agent(BudgetedModel(Small(), lambda: None))
+    return Agent(BudgetedModel(Small(), check))
 
 
 def test_a_step_that_only_reads_or_lists_is_one_direct_call() -> None:
@@ -668,6 +675,28 @@ async def test_a_translation_is_asked_a_sentence_at_a_time_after_example_pairs()
         ["k.txt"],
     )
     assert klingon == DraftedWrite("k.txt", "Translate hello.txt into Klingon and write it.")
+
+
+async def test_the_budget_is_checked_before_each_request_of_a_turn_of_many() -> None:
+    asked: list[str] = []
+
+    def reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(str(messages[-1].parts[-1].content))
+        return ModelResponse(parts=[TextPart("Merci.")])
+
+    checks: list[int] = []
+
+    def check() -> None:  # the run's budget: spent after the turn's first request
+        checks.append(1)
+        if len(checks) > 2:
+            raise BudgetExceededError("the run used its budget of 2 model calls")
+
+    draft = DraftedWrite("fr.txt", "Translate thanks.txt into French and write it.", translate_to="French")
+    agent = _aided_agent(reply, StepAids(drafted_write=draft), check)
+    _tools_of(agent, [], {}, read=False)
+    with pytest.raises(BudgetExceededError):
+        await agent.run(_ONE_INPUT.format("Thanks. Thanks. Thanks."))
+    assert asked == ["Thanks."]  # one sentence asked; the second stopped by the budget
 
 
 async def test_the_lines_a_label_opens_are_what_a_write_of_the_things_recorded_takes() -> None:

@@ -523,12 +523,17 @@ def _one_value(rows: Sequence[str]) -> str | None:
     return rows[1] if len(rows) == 2 and "," not in rows[0] + rows[1] and rows[1].strip() else None
 
 
+def _input_bodies(inputs: str) -> tuple[int, str]:
+    """How many inputs the brief's inputs hold, and their text without the input headings."""
+    lines = inputs.splitlines()
+    bodies = [line for line in lines if not line.startswith(INPUT_HEADING)]
+    return len(lines) - len(bodies), "\n".join(bodies).strip()
+
+
 def _one_input(inputs: str) -> str | None:
     """The text of the brief's one input when it is one line (None: several inputs, or longer)."""
-    lines = [line.strip() for line in inputs.splitlines() if line.strip()]
-    headings = [line for line in lines if line.startswith(INPUT_HEADING)]
-    body = [line for line in lines if line not in headings]
-    return body[0] if len(headings) == 1 and len(body) == 1 and len(body[0]) <= 200 else None
+    count, body = _input_bodies(inputs)
+    return body if count == 1 and body and "\n" not in body and len(body) <= 200 else None
 
 
 @dataclass(frozen=True)
@@ -599,11 +604,8 @@ def _labelled_lines(text: str, label: str) -> list[str]:
 
 def _only_input(inputs: str) -> str | None:
     """The text of the brief's one input, without its heading (None: several inputs, or none)."""
-    headings = [line for line in inputs.splitlines() if line.startswith(INPUT_HEADING)]
-    if len(headings) != 1:
-        return None
-    body = "\n".join(line for line in inputs.splitlines() if not line.startswith(INPUT_HEADING)).strip()
-    return body or None
+    count, body = _input_bodies(inputs)
+    return body or None if count == 1 else None
 
 
 def _brief_inputs(messages: Sequence[ModelMessage]) -> str:
@@ -774,8 +776,7 @@ class BudgetedModel(WrapperModel):
             return None  # the model answers from the grounding call's result
         inputs = _brief_inputs(messages)
         if isinstance(aid, DraftedWrite) and aid.each:  # the files it has a line each about
-            bodies = "\n".join(line for line in inputs.splitlines() if not line.startswith(INPUT_HEADING))
-            items = list(grounded.files or listed_names(bodies))[:MAX_EACH]
+            items = list(grounded.files or listed_names(_input_bodies(inputs)[1]))[:MAX_EACH]
             if items:
                 return await self._each_turn(aid, items, aids.reads_each, responses, messages, settings)
         if not responses:
@@ -896,10 +897,9 @@ class BudgetedModel(WrapperModel):
             # "a poem with that many lines" given 4: "a poem with 4 lines", held to 4 lines
             asked = _THAT_MANY_LINES.sub(f"{int(count)} lines", draft.request)
             draft, brief = replace(draft, request=asked, lines=int(count)), ""
-        heading = re.compile(rf"^{re.escape(INPUT_HEADING)}(\S+).*\n?", re.MULTILINE)
-        ids = heading.findall(brief)
+        ids = re.findall(rf"^{re.escape(INPUT_HEADING)}(\S+)", brief, re.MULTILINE)
         if len(ids) == 1:  # one input needs no heading, which the 135M model echoes ("### Step-by-step: …")
-            brief = heading.sub("", brief, count=1).strip()
+            brief = _input_bodies(brief)[1]
         inputs = "\n\n".join(part for part in (brief, grounded) if part)
         system = (
             render("step_program_system.j2", language=draft.language)
@@ -949,6 +949,7 @@ class BudgetedModel(WrapperModel):
         for line in source.splitlines()[:MAX_TRANSLATED_LINES]:
             sentences: list[str] = []
             for sentence in re.split(r"(?<=[.!?])\s+", line.strip()) if line.strip() else []:
+                await asyncio.to_thread(self._check)  # one turn, many requests: the budget before each
                 reply = await self.wrapped.request(
                     [*examples, ModelRequest(parts=[UserPromptPart(sentence)])],
                     {**(settings or {}), "max_tokens": 16 + 3 * len(sentence.split()) * 2},
@@ -982,6 +983,7 @@ class BudgetedModel(WrapperModel):
             request = _SAVE_CLAUSE.sub("", _EACH_OBJECT.sub(item, draft.request, count=1))
             start = contents.get(item, "")[:EACH_CONTENT_CHARS].strip()
             prompt = render("step_each_user.j2", item=item, content=start, request=request)
+            await asyncio.to_thread(self._check)  # one turn, many requests: the budget before each
             reply = await self.wrapped.request(
                 [ModelRequest(parts=[SystemPromptPart(system), UserPromptPart(prompt)])],
                 {**(settings or {}), "max_tokens": 64},
