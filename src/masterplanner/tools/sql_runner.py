@@ -14,12 +14,13 @@ the query may only read it (no `ATTACH`, `VACUUM INTO`, pragma or change).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import re
 import sqlite3
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 MAX_TABLE_BYTES = 20_000_000
@@ -79,22 +80,40 @@ def load(database: sqlite3.Connection, root: Path, query: str) -> dict[str, str]
         name = table_name(relative)
         if name in tables:
             continue
-        wanted = re.search(rf"(?<![\w\"]){re.escape(name)}(?![\w\"])|\"{re.escape(name)}\"", query, re.I)
-        with path.open(newline="", encoding="utf-8", errors="replace") as handle:
-            rows = list(csv.reader(handle)) if wanted else [next(csv.reader(handle), [])]
-        if not rows or not rows[0]:
+        with _rows(path) as rows:
+            header = next(rows, [])
+        if not header:
             continue
-        columns = _columns(rows[0])
+        columns = _columns(header)
         tables[name] = f"{name}({', '.join(columns)}) from {relative}"
-        if wanted:
-            _create(database, name, columns, rows[1:])
+        if re.search(rf"(?<![\w\"]){re.escape(name)}(?![\w\"])|\"{re.escape(name)}\"", query, re.I):
+            _create(database, name, columns, path)
     return tables
 
 
-def _create(database: sqlite3.Connection, name: str, columns: list[str], rows: list[list[str]]) -> None:
-    """A table of `rows`: a column whose cells are all numbers (blanks aside) holds numbers."""
-    body = [row + [""] * (len(columns) - len(row)) for row in rows]
-    numeric = [holds_numbers(row[i] for row in body) for i in range(len(columns))]
+@contextlib.contextmanager
+def _rows(path: Path) -> Iterator[Iterator[list[str]]]:
+    """The rows of a CSV file, read as they are taken."""
+    with path.open(newline="", encoding="utf-8", errors="replace") as handle:
+        yield csv.reader(handle)
+
+
+def _create(database: sqlite3.Connection, name: str, columns: list[str], path: Path) -> None:
+    """A table of the file's rows: a column whose cells are all numbers (blanks aside) holds numbers.
+
+    The file is read twice, a row at a time (once for the columns' kinds, once to insert), so a
+    large file takes the memory of its table and not of its rows held as Python lists three times
+    over (a 20 MB file went past the sandbox's 1 GiB that way, and the query was killed).
+    """
+    width = len(columns)
+    seen: list[bool | None] = [None] * width  # None: no filled cell yet; then whether all are numbers
+    with _rows(path) as rows:
+        next(rows, None)
+        for row in rows:
+            for index, cell in enumerate(row[:width]):
+                if seen[index] is not False and cell.strip():
+                    seen[index] = number(cell) is not None
+    numeric = [flag is True for flag in seen]
     kinds = ["NUMERIC" if flag else "TEXT" for flag in numeric]
     database.execute(
         f"CREATE TABLE {_quoted(name)} ("
@@ -102,16 +121,18 @@ def _create(database: sqlite3.Connection, name: str, columns: list[str], rows: l
         + ")"
     )
     marks = ", ".join("?" for _ in columns)
-    database.executemany(
-        f"INSERT INTO {_quoted(name)} VALUES ({marks})",
-        [
-            [
-                (number(cell) if flag else cell) if cell.strip() else None
-                for cell, flag in zip(row[: len(columns)], numeric, strict=True)
-            ]
-            for row in body
-        ],
-    )
+    with _rows(path) as rows:
+        next(rows, None)
+        database.executemany(
+            f"INSERT INTO {_quoted(name)} VALUES ({marks})",
+            (
+                [
+                    (number(cell) if flag else cell) if cell.strip() else None
+                    for cell, flag in zip((row + [""] * width)[:width], numeric, strict=True)
+                ]
+                for row in rows
+            ),
+        )
 
 
 def _cell(value: object) -> object:
@@ -134,7 +155,11 @@ def _only_reading(action: int, *_: object) -> int:
 def main(query: str) -> int:
     """Run `query`; its rows on stdout as CSV, or what is wrong on stderr and exit code 1."""
     database = sqlite3.connect(":memory:")
-    tables = load(database, Path.cwd(), query)
+    try:
+        tables = load(database, Path.cwd(), query)
+    except MemoryError:
+        print("the query failed: the CSV files it reads do not fit in the sandbox's memory", file=sys.stderr)
+        return 1
     database.set_authorizer(_only_reading)
     try:
         cursor = database.execute(query)

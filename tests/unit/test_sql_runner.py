@@ -1,0 +1,52 @@
+"""The sql language's program (tools/sql_runner.py) in the memory a sandbox gives it."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from masterplanner.tools import sql_runner
+
+_WIDE = 20
+_ROWS = 300_000
+
+
+def _query(folder: Path, query: str, address_space_mb: int) -> subprocess.CompletedProcess[str]:
+    """Run the program as the sandbox does (`python -I FILE QUERY` in the workspace), its memory capped."""
+    limit = address_space_mb << 20
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return subprocess.run(
+        [sys.executable, "-I", sql_runner.__file__, query],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        preexec_fn=cap,
+        timeout=120,
+    )
+
+
+def _wide_table(folder: Path) -> None:
+    """18 MB of short text cells: six million of them, the most a file under the limit holds."""
+    header = ",".join(f"c{n}" for n in range(_WIDE))
+    row = ",".join(f"x{chr(97 + n)}" for n in range(_WIDE))
+    (folder / "wide.csv").write_text(header + "\n" + (row + "\n") * _ROWS)
+    assert 15_000_000 < (folder / "wide.csv").stat().st_size < sql_runner.MAX_TABLE_BYTES
+
+
+def test_a_file_near_the_size_limit_loads_a_row_at_a_time(tmp_path: Path) -> None:
+    # held as lists of Python strings three times over it took 640 MB, and failed under 256 MB
+    _wide_table(tmp_path)
+    done = _query(tmp_path, "SELECT COUNT(*), MAX(c19) FROM wide WHERE c3 = 'xd'", address_space_mb=128)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"COUNT(*),MAX(c19)\n{_ROWS},xt\n", "")
+
+
+def test_files_that_do_not_fit_in_memory_are_said_so(tmp_path: Path) -> None:
+    _wide_table(tmp_path)
+    done = _query(tmp_path, "SELECT COUNT(*) FROM wide", address_space_mb=30)
+    message = "the query failed: the CSV files it reads do not fit in the sandbox's memory\n"
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", message)
