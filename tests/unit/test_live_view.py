@@ -21,6 +21,7 @@ from rich.tree import Tree
 
 from masterplanner.cli.live import (
     RunView,
+    event_line,
     one_line,
     print_summary,
     step_line,
@@ -231,6 +232,14 @@ def test_the_tree_shows_each_steps_status_tool_and_latest_notice() -> None:
     text = _text(view.render(3725))
     assert text.splitlines()[0] == f"✗ run r1 · failed · 1h 02m · 0 model calls · out of {OSC52_SHOWN}"
     assert "→ write_file" not in text
+
+
+def test_a_step_resumed_in_another_process_says_where() -> None:
+    view = RunView("r1", steps=[StepRecord("fetch", "running", started_at="2026-01-01T00:00:00.000Z")])
+    resumed = _event("step_resumed", "fetch", process="w2-" + OSC52)
+    view.apply(resumed)
+    assert _text(view.render(1)).splitlines()[1].endswith(f"resumed in w2-{OSC52_SHOWN}")
+    assert _text(one_line(event_line(resumed))).strip() == f"00:00:00 step_resumed fetch in w2-{OSC52_SHOWN}"
 
 
 def test_a_replaced_step_and_an_expanded_one_with_its_sub_steps_under_it() -> None:

@@ -84,6 +84,7 @@ _TEAM_NOTES = {
     "step_expanded": "[cyan]expanded ",
     "expand_failed": "[yellow]not expanded ",
     "output_checked": "[dim]checked ",
+    "step_resumed": "[yellow]resumed ",
 }
 """Events shown as a step's latest notice in the live tree: the colour and word they start with."""
 _TITLE_CHARS = 48
@@ -205,7 +206,9 @@ def _retry_wait(data: dict[str, Any]) -> str:
 
 
 def _team_detail(kind: str, data: dict[str, Any]) -> str | None:
-    """What a collaboration or plan-revision event says (None: not one of those)."""
+    """What a collaboration, plan-revision or resumption event says (None: not one of those)."""
+    if kind == "step_resumed":  # a process that stopped had started the step
+        return f" in {shown(data.get('process', ''))}"
     if kind == "message_sent":
         what = "question" if data.get("kind") == "question" else data.get("kind", "message")
         to = ", ".join(str(step) for step in data.get("to", []))
