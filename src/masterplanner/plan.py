@@ -302,12 +302,12 @@ def plan_output_schema(
 
     This is the model-facing form, not the public one, over the catalog's `tool_names`. Without
     `step_tools` it starts with `actions`, the separate actions the task asks for, and offers
-    every tool to every step. With
-    `step_tools` (one list of catalog names per action listed before) it asks for exactly one
-    step per list, each choosing its `tools` from its own list. Instead of `depends_on` ids,
-    step k lists in `after` the numbers (1-based) of earlier steps whose output it needs. The
-    schema allows only smaller numbers, so a grammar-constrained model cannot name a missing step
-    or make a cycle (the embedded model did both, and repeated them when asked to repair).
+    every tool to every step. With `step_tools` (one list of catalog names per action listed
+    before) it asks for exactly one step per list, each choosing its `tools` from its own list.
+    Instead of `depends_on` ids, step k lists in `after` the numbers (1-based) of earlier steps
+    whose output it needs. The schema allows only smaller numbers, so a grammar-constrained model
+    cannot name a missing step or make a cycle (the embedded model did both, and repeated them
+    when asked to repair).
     `steps_from_output` turns the answer into the public form.
     """
     step_count = len(step_tools) if step_tools is not None else None

@@ -244,7 +244,6 @@ class Messages:
         gets the rows it took before, and any that arrived since.
         """
         mine = sa.and_(messages_table.c.run_id == run_id, messages_table.c.recipient == recipient)
-        this_delivery = sa.select(messages_table).where(mine, messages_table.c.delivery == delivery)
         with self._store.begin("deliver messages") as connection:
             # one read in the usual case, nothing waiting: no write
             rows = (
@@ -266,7 +265,8 @@ class Messages:
                     .where(messages_table.c.id.in_(fresh), messages_table.c.state == "pending")
                     .values(state="delivered", delivery=delivery, delivered_at=utc_now())
                 )
-                rows = connection.execute(this_delivery.order_by(messages_table.c.id)).mappings().all()
+                taken = sa.select(messages_table).where(mine, messages_table.c.delivery == delivery)
+                rows = connection.execute(taken.order_by(messages_table.c.id)).mappings().all()
         return [_message(row) for row in rows], fresh
 
     def delivered_to(self, run_id: str, recipient: str) -> list[Message]:

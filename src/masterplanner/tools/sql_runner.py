@@ -101,9 +101,10 @@ def _rows(path: Path) -> Iterator[Iterator[list[str]]]:
 def _create(database: sqlite3.Connection, name: str, columns: list[str], path: Path) -> None:
     """A table of the file's rows: a column whose cells are all numbers (blanks aside) holds numbers.
 
-    The file is read twice, a row at a time (once for the columns' kinds, once to insert), so a
-    large file takes the memory of its table and not of its rows held as Python lists three times
-    over (a 20 MB file went past the sandbox's 1 GiB that way, and the query was killed).
+    The kinds are `holds_numbers`'s, worked out a row at a time. The file is read twice (once for
+    the columns' kinds, once to insert), so a large file takes the memory of its table, not of its
+    rows held as Python lists three times over (18 MB of short text cells took 640 MB that way,
+    and failed with a MemoryError under a 256 MB address-space limit; now 45 MB).
     """
     width = len(columns)
     seen: list[bool | None] = [None] * width  # None: no filled cell yet; then whether all are numbers
