@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,3 +102,45 @@ async def test_workers_sharing_postgres_share_the_registry(
     finally:
         first_worker.close()
         second_worker.close()
+
+
+async def test_a_worker_stopped_as_its_run_ends_reports_the_run_ended_not_handed_over(
+    database: str, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from masterplanner.engine.store import RunStore
+    from masterplanner.engine.worker import Worker
+
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    settings = Settings.load(database_url=database, remember_runs="never", embedder="none")
+    released = asyncio.Event()
+    release = RunStore.release
+
+    def slow_release(store: RunStore, run_id: str, owner: str) -> None:
+        # the status is written, the lease not given up yet: the stop comes in between
+        loop.call_soon_threadsafe(released.set)
+        time.sleep(0.5)
+        release(store, run_id, owner)
+
+    monkeypatch.setattr(RunStore, "release", slow_release)
+    loop = asyncio.get_running_loop()
+    worker = Worker(settings, providers=["scripted"], grace_s=10)
+    try:
+        run = worker.engine.create_run(
+            "one step", model=f"scripted:{script}", options=RunOptions(auto_approve=True), for_workers=True
+        )
+        stop = asyncio.Event()
+        working = asyncio.ensure_future(worker.run(stop))
+        await asyncio.wait_for(released.wait(), 60)
+        assert worker.engine.store.get_run(run.id).status == "succeeded"
+        stop.set()
+        summary = await asyncio.wait_for(working, 60)
+        assert (summary.runs, summary.handed_over) == ({run.id: "succeeded"}, [])
+        assert worker.engine.store.lease(run.id) is None  # given up, not left to lapse
+    finally:
+        worker.close()

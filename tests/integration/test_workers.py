@@ -454,7 +454,8 @@ def test_a_run_whose_steps_ran_on_two_workers_is_one_trace(
         cluster.worker("--concurrency", "1")
         cluster.worker("--concurrency", "1")
         workers = set(cluster.worker_ids(2))
-        run_ids = cluster.enqueue(script, ["three at once, run 1", "three at once, run 2"])
+        # four runs: that no run at all has steps on both workers is then far-fetched
+        run_ids = cluster.enqueue(script, [f"three at once, run {n}" for n in range(1, 5)])
         assert cluster.wait_finished(run_ids) == dict.fromkeys(run_ids, "succeeded")
         for process in cluster.workers:
             process.send_signal(signal.SIGTERM)  # a worker that stops sends what it has not sent
@@ -480,7 +481,7 @@ def test_a_run_whose_steps_ran_on_two_workers_is_one_trace(
         assert processes <= workers
         spread = spread or len(processes) == 2
     assert spread  # with one step at a time each, some run's steps ran on both workers
-    assert len({span.trace_id for span in received if span.name == "invoke_workflow masterplanner"}) == 2
+    assert len({span.trace_id for span in received if span.name == "invoke_workflow masterplanner"}) == 4
 
 
 def test_a_provider_limit_holds_across_all_workers(

@@ -7,7 +7,8 @@ being given up). It coordinates each claimed run with an engine whose steps go t
 so the steps of one run may execute on several workers, and a step left by a dead worker is
 handed back to its queue by the run's coordinator (`Engine`, `processes.py`).
 
-Stopping (SIGTERM, Ctrl-C): no new runs are claimed; the runs it coordinates give their leases
+Stopping (SIGTERM, Ctrl-C): no new runs are claimed; a run that has already ended is let
+finish its bookkeeping (reported as ended, not handed over); the runs it coordinates give their leases
 up at once (another worker takes them over, attaching to their queued and running steps); the
 steps running here get `grace_s` to finish — every model request and tool call inside them is
 already checkpointed — and what has not finished by then is left pending, recorded as this
@@ -119,6 +120,7 @@ class Worker:
                 except TimeoutError:
                     pass
         finally:
+            await self._let_finished_runs_end(runs)
             self._reap(runs, summary)
             for run_id, task in runs.items():
                 task.cancel()
@@ -133,6 +135,21 @@ class Worker:
                 )
             await asyncio.to_thread(partial(engine.stop, grace_s=self.grace_s))
         return summary
+
+    async def _let_finished_runs_end(self, runs: dict[str, asyncio.Task[RunRecord | None]]) -> None:
+        """Wait (up to `grace_s`) for the coordination of runs that already ended in the store.
+
+        A run's status is written before its coordinator gives its lease up; a stop that comes
+        between the two would otherwise cancel a finished run and report it as handed over.
+        """
+        pending = {run_id: task for run_id, task in runs.items() if not task.done()}
+        if not pending:
+            return
+        store = self.engine.store
+        records = await asyncio.gather(*(asyncio.to_thread(store.get_run, run_id) for run_id in pending))
+        ending = [pending[record.id] for record in records if record.finished]
+        if ending:
+            await asyncio.wait(ending, timeout=self.grace_s)
 
     def _reap(self, runs: dict[str, asyncio.Task[RunRecord | None]], summary: WorkerSummary) -> None:
         """Note the runs whose coordination here ended, and forget them."""
