@@ -61,6 +61,22 @@ class MasterplannerError(Exception):
     exit_code: ClassVar[int] = 1
     """The CLI's exit code for this error: 2 for usage and configuration, 1 for failures."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickle (DBOS stores a workflow's or step's exception so) rebuilds an exception by
+        # calling its class with `args`, the message, which errors whose `__init__` takes other
+        # fields refuse. Rebuilt without `__init__` instead, with the message and fields kept.
+        return (_rebuilt, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuilt(
+    cls: type[MasterplannerError], args: tuple[Any, ...], fields: dict[str, Any]
+) -> MasterplannerError:
+    """An error unpickled: its class, message and fields as they were raised."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
+
 
 class ConfigError(MasterplannerError):
     """An input or setting is wrong; the person has to change it."""

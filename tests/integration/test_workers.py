@@ -55,6 +55,10 @@ class Cluster:
             "MASTERPLANNER_EMBEDDER": "none",
             "MASTERPLANNER_REMEMBER_RUNS": "never",
             "COLUMNS": "200",
+            # no hosted provider's key: a worker takes local, ollama and scripted runs by default
+            "OPENAI_API_KEY": "",
+            "OPENAI_BASE_URL": "",
+            "ANTHROPIC_API_KEY": "",
         }
         self.workers: list[subprocess.Popen[str]] = []
         home.mkdir(parents=True, exist_ok=True)
@@ -323,6 +327,21 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
     cluster.env["MASTERPLANNER_LOG_FORMAT"] = "json"
     worker_process = cluster.worker("--queues", "scripted")
     assert cluster.wait_finished([run_id]) == {run_id: "succeeded"}
+    # a run of a provider no running worker takes waits, and the person is told so
+    other = subprocess.run(
+        [*mp, "run", "one step", "-m", "local", "--yes", "--detach"],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+    )
+    assert other.returncode == 0, other.stderr
+    assert other.stderr.strip() == (
+        "no worker running on this database takes local runs: the run waits until one does "
+        "(`masterplanner worker --queues local`, where the provider's API key is set)"
+    )
+    time.sleep(1.0)  # four of the worker's claim rounds
+    assert cluster.store.get_run(other.stdout.strip()).status == "planning"
     worker_process.send_signal(signal.SIGTERM)
     assert worker_process.wait(timeout=60) == 0
     logged = [json.loads(line) for line in cluster.log(0).splitlines()]  # every line is one JSON object

@@ -259,3 +259,12 @@ def test_a_worker_for_an_unknown_provider_is_refused_in_our_words() -> None:
         "error: no provider 'opneai' to take steps for; "
         "providers are anthropic, local, ollama, openai, scripted",
     )
+
+
+def test_a_worker_for_a_provider_whose_key_is_not_set_is_refused_in_our_words() -> None:
+    result = run("worker", "--queues", "scripted,openai", env={"OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""})
+    assert (result.returncode, result.stderr.strip()) == (
+        2,
+        "error: this worker cannot take openai runs or steps: OPENAI_API_KEY is not set here; "
+        "set it, or leave openai out of the worker's queues",
+    )

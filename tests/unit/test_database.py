@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,31 @@ def test_a_lease_that_lapsed_is_not_renewed_and_the_heartbeat_is_told(tmp_path: 
     assert not heartbeat.renew()
     assert [record.alive for record in store.processes.listed(include_dead=True)] == [True]
     store.close()
+
+
+def test_a_worker_is_offered_only_the_queued_runs_of_its_providers(tmp_path: Path) -> None:
+    from masterplanner.engine import RunOptions
+
+    store = RunStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    try:
+        for run_id, model in [
+            ("r1", "openai:gpt-4o"),
+            ("r2", "local"),
+            ("r3", "scripted:/tmp/s.json"),
+            ("r4", "local:/models/x.gguf"),
+            ("r5", "openai-like:x"),  # not openai's: a provider is the whole part before the colon
+        ]:
+            store.create_run(
+                run_id, "a task", model=model, workspace=str(tmp_path), options=RunOptions(), for_workers=True
+            )
+            time.sleep(0.002)  # oldest first, by the millisecond
+        store.create_run("r6", "not queued", model="local", workspace=str(tmp_path), options=RunOptions())
+        assert store.claimable_runs(10, providers=["local", "scripted"]) == ["r2", "r3", "r4"]
+        assert store.claimable_runs(10, providers=["openai"]) == ["r1"]
+        assert store.claimable_runs(10, providers=["local", "scripted"], excluding=["r2"]) == ["r3", "r4"]
+        assert store.claimable_runs(1, providers=["local"]) == ["r2"]
+        assert store.claimable_runs(10, providers=[]) == []
+        assert store.claim("r2", "w1:1:x", lease_s=30)
+        assert store.claimable_runs(10, providers=["local"]) == ["r4"]  # r2 is held
+    finally:
+        store.close()

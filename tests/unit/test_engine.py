@@ -590,3 +590,54 @@ async def test_a_cancel_from_the_process_executing_the_run_stops_it_once(
     assert final.status == "cancelled"
     assert engine.store.steps(run.id)[0].status == "cancelled"
     assert [kind for kind, _ in _kinds(engine, run.id)].count("run_cancelled") == 1
+
+
+def test_a_worker_takes_by_default_the_providers_whose_keys_are_set_here(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from masterplanner.engine.worker import Worker
+
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-not-used")
+    worker = Worker(Settings.load())
+    try:
+        assert worker.providers == ["anthropic", "local", "ollama", "scripted"]
+        assert worker.left_out == {"openai": "OPENAI_API_KEY"}
+        assert worker.queues == ["steps-anthropic", "steps-local", "steps-ollama", "steps-scripted"]
+    finally:
+        worker.close()
+    chosen = Worker(Settings.load(), providers=["scripted"])
+    try:
+        assert (chosen.providers, chosen.left_out) == (["scripted"], {})  # asked for: nothing left out
+    finally:
+        chosen.close()
+
+
+def test_a_tool_call_in_a_process_running_steps_inline_needs_the_run_still_held_there(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    import sqlalchemy as sa
+    from dbos._error import DBOSWorkflowConflictIDError
+
+    from masterplanner.engine.runtime import keep_lease
+    from masterplanner.engine.store import runs_table
+
+    script = write_script([{"purpose": "*", "repeat": True}])
+    run = engine.create_run("a task", model=f"scripted:{script}", options=FAST)
+    engine.launch()
+
+    def set_lease(**values: object) -> None:
+        with engine.store.begin("set the lease") as connection:
+            connection.execute(sa.update(runs_table).where(runs_table.c.id == run.id).values(**values))
+
+    assert engine.store.claim(run.id, f"{engine.owner}/abc123", lease_s=30)
+    keep_lease(run.id)  # held here: the call is made
+    set_lease(lease_until=0.0)
+    keep_lease(run.id)  # lapsed, and nobody took it (a laptop that slept): it carries on
+    set_lease(owner="elsewhere:4242:0badc0de/def456", lease_until=1e12)
+    with pytest.raises(DBOSWorkflowConflictIDError):  # a worker took it over: no call here
+        keep_lease(run.id)
+    set_lease(owner=None)
+    with pytest.raises(DBOSWorkflowConflictIDError):  # given up: nobody here runs its steps
+        keep_lease(run.id)

@@ -138,3 +138,20 @@ def test_ollama_defaults_to_the_local_daemon(monkeypatch: pytest.MonkeyPatch) ->
 def test_scripted_missing_file() -> None:
     with pytest.raises(ScriptError, match="does not exist"):
         resolve_model("scripted:absent.json")
+
+
+def test_a_missing_credential_is_named_per_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    from masterplanner.models import PROVIDERS, missing_credential
+
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    assert {provider: missing_credential(provider) for provider in PROVIDERS} == {
+        "anthropic": "ANTHROPIC_API_KEY",
+        "local": None,
+        "ollama": None,
+        "openai": "OPENAI_API_KEY",
+        "scripted": None,
+    }
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8080/v1")  # a compatible server needs no key
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "")  # set but empty is not set
+    assert (missing_credential("openai"), missing_credential("anthropic")) == (None, "ANTHROPIC_API_KEY")

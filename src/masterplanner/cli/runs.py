@@ -192,12 +192,22 @@ def _detached(service: RunService, record: RunRecord, *, as_json: bool) -> None:
         typer.echo(json_text({"run_id": record.id, "status": record.status, "workspace": record.workspace}))
     else:
         typer.echo(record.id)
+    from ..engine.runtime import step_queue_name
+    from ..settings import provider_of
+
+    provider = provider_of(record.model)
     if not workers:
-        console(stderr=True).print(
-            "no worker is running on this database: the run waits until one starts (`masterplanner worker`)",
-            highlight=False,
-            soft_wrap=True,
+        warning = (
+            "no worker is running on this database: the run waits until one starts (`masterplanner worker`)"
         )
+    elif not any(step_queue_name(record.model) in worker.queues for worker in workers):
+        warning = (
+            f"no worker running on this database takes {provider} runs: the run waits until one does "
+            f"(`masterplanner worker --queues {provider}`, where the provider's API key is set)"
+        )
+    else:
+        return
+    console(stderr=True).print(warning, highlight=False, soft_wrap=True)
 
 
 def _execute(service: RunService, run_id: str, *, as_json: bool) -> None:

@@ -27,8 +27,8 @@ def worker(
         str | None,
         typer.Option(
             "--queues",
-            help="Providers whose steps it takes, comma-separated (anthropic, local, ollama, openai, "
-            "scripted; default: all).",
+            help="Providers whose runs and steps it takes, comma-separated (anthropic, local, ollama, "
+            "openai, scripted; default: each whose API key is set here).",
         ),
     ] = None,
     max_runs: Annotated[int, typer.Option("--max-runs", help="Runs it coordinates at once (1-10000).")] = 64,
@@ -40,10 +40,12 @@ def worker(
 
     Several workers, on one machine or many, share a database (MASTERPLANNER_DATABASE_URL=
     postgresql://…): runs started with `masterplanner run --detach` (or the web app) are claimed
-    by one of them, and their steps may execute on any. A worker that dies is noticed by its
-    lease lapsing (run_lease_s); the runs it coordinated are taken over and the steps it was
-    running are handed to the others, which replay them from their last checkpoint. On SIGTERM
-    it claims nothing new, hands its runs over, and gives running steps --grace seconds to finish.
+    by one of them, and their steps may execute on any. A worker takes the runs and steps of the
+    providers it can call: by default each whose API key is set in its environment. A worker that
+    dies is noticed by its lease lapsing (run_lease_s); the runs it coordinated are taken over and
+    the steps it was running are handed to the others, which replay them from their last
+    checkpoint. On SIGTERM it claims nothing new, hands its runs over, and gives running steps
+    --grace seconds to finish.
     """
     from ..errors import ConfigError
     from ..service import RunService

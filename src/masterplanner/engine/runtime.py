@@ -33,7 +33,7 @@ from .._version import __version__
 from ..errors import RunError
 from ..settings import PROVIDERS, Settings, provider_of
 from .processes import Heartbeat, ProcessKind
-from .store import RunStore, engine_url
+from .store import RunStore, engine_url, held_here
 
 __all__ = [
     "STATUS_POLL_S",
@@ -269,25 +269,36 @@ def executor_id() -> str | None:
     return _executor
 
 
-def keep_lease() -> None:
-    """In a worker, before a tool call's side effect: renew the worker's lease, or stop this execution.
+def keep_lease(run_id: str) -> None:
+    """Before a tool call's side effect: make sure no other process may be making this step's calls.
 
-    A worker whose lease lapsed (suspended or starved past it, its heartbeat thread included)
-    may already have had its steps handed to another worker (`recover_workflow`), which replays
-    them and makes their calls: a call made here as well would be made twice. A renewal
-    succeeds only while the lease has not lapsed, and after it no coordinator hands this
-    worker's steps over for another `run_lease_s`. When it has lapsed, the heartbeat is told
-    (the worker stops and hands over) and this execution of the step stops without recording
-    anything: it raises DBOS's own `DBOSWorkflowConflictIDError` (a `BaseException`, so no step
+    In a worker: renew the worker's lease, or stop this execution. A worker whose lease lapsed
+    (suspended or starved past it, its heartbeat thread included) may already have had its
+    steps handed to another worker (`recover_workflow`), which replays them and makes their
+    calls: a call made here as well would be made twice. A renewal succeeds only while the
+    lease has not lapsed, and after it no coordinator hands this worker's steps over for another
+    `run_lease_s`. When it has lapsed, the heartbeat is told (the worker stops and hands over).
+
+    In any other process (`run`, `serve`, `runs resume`), whose steps run inline under the run's
+    lease: the run's lease must still be held in this process (by any of its engines). A process
+    suspended past it (a laptop that slept) carries on when nobody took the run meanwhile, and
+    stops when a worker took it over as abandoned (the run's guard would notice within
+    `_GUARD_INTERVAL_S`; the fence closes that window for the calls).
+
+    Stopping raises DBOS's own `DBOSWorkflowConflictIDError` (a `BaseException`, so no step
     records it as its outcome), on which DBOS waits for the outcome recorded by the execution
     that owns the workflow instead of writing one.
-
-    Other processes (`run`, `serve`) are not fenced: their steps run inline, nobody else
-    follows them while their run's lease holds, and a laptop that slept past its lease must
-    carry on (their process lease cannot be renewed once lapsed).
     """
-    if _heartbeat is not None and _worker and not _heartbeat.renew():
-        raise DBOSWorkflowConflictIDError(DBOS.workflow_id or "")
+    if _heartbeat is None:
+        return
+    if _worker:
+        if not _heartbeat.renew():
+            raise DBOSWorkflowConflictIDError(DBOS.workflow_id or "")
+        return
+    if _host is not None:
+        lease = _host[1].lease(run_id)
+        if lease is None or not held_here(lease.owner):
+            raise DBOSWorkflowConflictIDError(DBOS.workflow_id or "")
 
 
 def process_lost() -> bool:

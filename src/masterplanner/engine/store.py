@@ -19,7 +19,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +44,7 @@ from .messages import Messages, create_message_tables
 from .processes import Processes, create_process_table
 from .records import (
     EVENT_KINDS,
+    FINISHED_RUN_STATUSES,
     Event,
     EventKind,
     RunOptions,
@@ -56,7 +57,7 @@ from .records import (
 )
 from .requests import Requests, create_requests_table
 
-__all__ = ["MIGRATIONS", "Lease", "RunStore", "engine_url", "process_identity"]
+__all__ = ["MIGRATIONS", "Lease", "RunStore", "engine_url", "held_here", "process_identity"]
 
 metadata = sa.MetaData()
 
@@ -158,9 +159,25 @@ MIGRATIONS: list[Migration] = [
 """Named schema migrations, applied in order, each exactly once per database."""
 
 
+_this_process: tuple[int, str] | None = None
+
+
+def _process_prefix() -> str:
+    """`host:pid:` of this process, the host name as it was when the process first asked."""
+    global _this_process
+    if _this_process is None or _this_process[0] != os.getpid():
+        _this_process = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:")
+    return _this_process[1]
+
+
 def process_identity() -> str:
-    """`host:pid:token`, unique to this process, used as the lease owner."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """`host:pid:token`, unique to this engine in this process, used as the lease owner."""
+    return f"{_process_prefix()}{uuid.uuid4().hex[:8]}"
+
+
+def held_here(owner: str) -> bool:
+    """Whether a lease owner (`process_identity`, with or without a suffix) is of this process."""
+    return owner.startswith(_process_prefix())
 
 
 @dataclass(frozen=True)
@@ -388,27 +405,32 @@ class RunStore:
             owner=row[0], renewed_at=renewed, age_s=max(0.0, now - renewed), left_s=max(0.0, until - now)
         )
 
-    def claimable_runs(self, limit: int) -> list[str]:
+    def claimable_runs(
+        self, limit: int, *, providers: Sequence[str], excluding: Collection[str] = ()
+    ) -> list[str]:
         """Runs a worker may take, oldest first: queued for workers and held by nobody, or abandoned.
 
         Queued ones in any unfinished status (planning, awaiting approval, running); abandoned
-        ones as `abandoned_runs` finds them. A worker still claims each (`claim`): of two
-        workers taking the same run, one gets it.
+        ones as `abandoned_runs` finds them. Only runs whose model is one of `providers`'s (the
+        worker coordinates a run with its model: it plans with it), and none of `excluding`. A
+        worker still claims each (`claim`): of two workers taking the same run, one gets it.
         """
+        if not providers:
+            return []
+        model = runs_table.c.model
+        served = sa.or_(*(sa.or_(model == name, model.startswith(f"{name}:")) for name in providers))
         with self.begin("list runs") as connection:
             now = database_now(connection)
             free = sa.or_(runs_table.c.owner.is_(None), runs_table.c.lease_until < now)
             queued = sa.and_(
                 runs_table.c.executor == "workers",
-                runs_table.c.status.not_in(("succeeded", "failed", "cancelled")),
+                runs_table.c.status.not_in(tuple(FINISHED_RUN_STATUSES)),
                 free,
             )
-            rows = connection.execute(
-                sa.select(runs_table.c.id)
-                .where(sa.or_(queued, _abandoned(now)))
-                .order_by(runs_table.c.created_at)
-                .limit(limit)
-            ).all()
+            query = sa.select(runs_table.c.id).where(sa.or_(queued, _abandoned(now)), served)
+            if excluding:
+                query = query.where(runs_table.c.id.not_in(list(excluding)))
+            rows = connection.execute(query.order_by(runs_table.c.created_at).limit(limit)).all()
         return [row[0] for row in rows]
 
     def abandoned_runs(self) -> list[str]:

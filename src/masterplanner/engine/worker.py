@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from ..errors import ConfigError, MasterplannerError, RunError
+from ..models import missing_credential
 from ..settings import PROVIDERS, Settings
 from .records import RunRecord
 from .runner import Engine
@@ -73,8 +74,19 @@ class Worker:
             raise ConfigError(
                 f"no provider {unknown[0]!r} to take steps for; providers are {', '.join(PROVIDERS)}"
             )
+        lacking = {name: variable for name in PROVIDERS if (variable := missing_credential(name)) is not None}
+        for name in providers or []:
+            if name in lacking:
+                raise ConfigError(
+                    f"this worker cannot take {name} runs or steps: {lacking[name]} is not set here; "
+                    f"set it, or leave {name} out of the worker's queues"
+                )
         self.settings = settings
-        self.providers = list(providers) if providers else list(PROVIDERS)
+        self.providers = list(providers) if providers else [name for name in PROVIDERS if name not in lacking]
+        self.left_out: dict[str, str] = {} if providers else lacking
+        """Providers left out by default, each with the environment variable it lacks here."""
+        self._refused: set[str] = set()
+        """Runs whose coordination here stopped on a setting of this worker's: not claimed again."""
         self.max_runs = max(1, max_runs)
         self.grace_s = grace_s
         self.note: Note = note or _silent
@@ -94,13 +106,18 @@ class Worker:
         """Work until `stop` is set; then hand over, let running steps finish, and return."""
         engine, summary = self.engine, WorkerSummary()
         await asyncio.to_thread(partial(engine.launch, worker_of=self.providers))
+        left_out = "".join(
+            f"; not {name}'s ({variable} is not set here)" for name, variable in self.left_out.items()
+        )
         self.note(
             f"worker {self.id}: steps from {', '.join(self.queues)}, "
-            f"{self.settings.worker_concurrency} at once; runs queued for workers or left by dead processes",
+            f"{self.settings.worker_concurrency} at once; runs of those providers queued for workers "
+            f"or left by dead processes{left_out}",
             event="worker_started",
             worker=self.id,
             queues=self.queues,
             concurrency=self.settings.worker_concurrency,
+            left_out=self.left_out,
         )
         runs: dict[str, asyncio.Task[RunRecord | None]] = {}
         try:
@@ -113,7 +130,15 @@ class Worker:
                 self._reap(runs, summary)
                 room = self.max_runs - len(runs)
                 if room > 0:  # the runs it holds are not claimable: their leases are live
-                    for run_id in await asyncio.to_thread(engine.store.claimable_runs, room):
+                    claimable = await asyncio.to_thread(
+                        partial(
+                            engine.store.claimable_runs,
+                            room,
+                            providers=self.providers,
+                            excluding=tuple(self._refused),
+                        )
+                    )
+                    for run_id in claimable:
                         runs[run_id] = asyncio.ensure_future(engine.execute_if_free(run_id))
                 try:
                     await asyncio.wait_for(stop.wait(), _CLAIM_INTERVAL_S)
@@ -166,6 +191,9 @@ class Worker:
                     if isinstance(error, MasterplannerError)
                     else f"{type(error).__name__}: {error}"
                 )
+                if isinstance(error, ConfigError):  # this worker's settings: the next try ends the same
+                    self._refused.add(run_id)
+                    reason += "; this worker does not take it again"
                 self.note(
                     f"run {run_id}: stopped here: {reason}", event="run_stopped", run=run_id, reason=reason
                 )

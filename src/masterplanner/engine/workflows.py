@@ -18,6 +18,7 @@ import asyncio
 import itertools
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, Literal
 
 import pydantic_ai
@@ -511,7 +512,7 @@ class _StepRun:
             run_id=self.record.id,
             step_id=self.step.id,
             policy=lambda name: options.policy(name, _default_approval(name, catalog), policies),
-            fence=keep_lease,
+            fence=partial(keep_lease, self.record.id),
         ).run
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "LabelledModel",
     "context_window",
     "labelled",
+    "missing_credential",
     "provider_of",
     "resolve_model",
     "takes_tool_aids",
@@ -54,6 +55,25 @@ CONTEXT_TOKENS = "masterplanner_context_tokens"
 """Profile key: the context window in tokens, for a model whose window the engine must plan for."""
 MAX_OUTPUT_TOKENS = "masterplanner_max_output_tokens"
 """Profile key: the most tokens one reply of such a model may take."""
+
+
+_CREDENTIALS: dict[str, tuple[str, ...]] = {
+    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL"),
+    "anthropic": ("ANTHROPIC_API_KEY",),
+}
+"""The environment variables, any one of which a provider's requests need (the first is its key)."""
+
+
+def missing_credential(provider: str) -> str | None:
+    """The environment variable `provider` needs and this process lacks, or None when it has what it needs.
+
+    Only hosted providers need one: the embedded and scripted models run here, and an Ollama
+    server is reached without a key.
+    """
+    names = _CREDENTIALS.get(provider, ())
+    if not names or any(os.environ.get(name) for name in names):
+        return None
+    return names[0]
 
 
 def context_window(model: Model) -> tuple[int, int] | None:
@@ -136,8 +156,8 @@ def _local(path: Path | None, settings: Settings | None) -> Model:
 
 
 def _openai(spec: str, name: str) -> Model:
-    if not os.environ.get("OPENAI_API_KEY") and not os.environ.get("OPENAI_BASE_URL"):
-        raise MissingCredentialError("OPENAI_API_KEY", spec)
+    if (variable := missing_credential("openai")) is not None:
+        raise MissingCredentialError(variable, spec)
     from pydantic_ai.profiles import ModelProfile
     from pydantic_ai.providers.openai import OpenAIProvider
 
@@ -154,8 +174,8 @@ def _openai(spec: str, name: str) -> Model:
 
 
 def _anthropic(spec: str, name: str) -> Model:
-    if not os.environ.get("ANTHROPIC_API_KEY"):
-        raise MissingCredentialError("ANTHROPIC_API_KEY", spec)
+    if (variable := missing_credential("anthropic")) is not None:
+        raise MissingCredentialError(variable, spec)
     from pydantic_ai.models.anthropic import AnthropicModel
     from pydantic_ai.providers.anthropic import AnthropicProvider
 
