@@ -310,7 +310,7 @@ class Settings(BaseSettings):
         description="OTLP/HTTP base URL runs' traces go to (empty: OTEL_EXPORTER_OTLP_ENDPOINT, else none)",
     )
     queue_poll_s: float = Field(
-        0.05, ge=0.01, le=10, description="how often a worker looks for steps on its queues, in seconds"
+        0.2, ge=0.01, le=10, description="how often a worker looks for steps on its queues, in seconds"
     )
     model_attempts: int = Field(
         4,
