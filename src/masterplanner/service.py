@@ -28,11 +28,12 @@ from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
 from .engine.processes import ProcessRecord
 from .engine.records import FINISHED_RUN_STATUSES, briefs_json
 from .engine.reuse import remember_run
+from .engine.runtime import step_queue_name
 from .engine.store import Lease
 from .engine.worker import Note, Worker, WorkerSummary
 from .errors import ConfigError, RequestError, RunError, problem_in_our_words
 from .plan import validate_plan
-from .settings import Settings
+from .settings import Settings, provider_of
 from .tools import ToolSpec
 from .tools.catalog import Catalog
 
@@ -223,6 +224,31 @@ class RunService:
     async def processes(self, *, include_dead: bool = False) -> list[ProcessRecord]:
         """The processes executing workflows on this database (workers first); the dead ones too if asked."""
         return await asyncio.to_thread(self._store.processes.listed, include_dead=include_dead)
+
+    async def waiting(self, record: RunRecord) -> str | None:
+        """Why a run queued for workers is not being executed, when no running worker can take it.
+
+        None when the run is not queued for workers, is over, is held by a process, or a live
+        worker takes runs of its provider (it claims the run within moments).
+        """
+        if not record.for_workers or record.finished:
+            return None
+        lease = await asyncio.to_thread(self._store.lease, record.id)
+        if lease is not None and lease.left_s > 0:
+            return None
+        workers = [process for process in await self.processes() if process.kind == "worker"]
+        provider = provider_of(record.model)
+        if not workers:
+            return (
+                "no worker is running on this database: "
+                "the run waits until one starts (`masterplanner worker`)"
+            )
+        if not any(step_queue_name(record.model) in worker.queues for worker in workers):
+            return (
+                f"no worker running on this database takes {provider} runs: the run waits until one does "
+                f"(`masterplanner worker --queues {provider}`, where the provider's API key is set)"
+            )
+        return None
 
     async def work(
         self,

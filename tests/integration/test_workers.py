@@ -342,6 +342,14 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
     )
     time.sleep(1.0)  # four of the worker's claim rounds
     assert cluster.store.get_run(other.stdout.strip()).status == "planning"
+    shown = subprocess.run(
+        [*mp, "runs", "show", other.stdout.strip(), "--json"],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=60,
+    )
+    assert json.loads(shown.stdout)["waiting"] == other.stderr.strip()
     worker_process.send_signal(signal.SIGTERM)
     assert worker_process.wait(timeout=60) == 0
     logged = [json.loads(line) for line in cluster.log(0).splitlines()]  # every line is one JSON object
@@ -448,10 +456,19 @@ def test_the_web_app_with_workers_queues_a_run_and_returns_at_once(
         time.sleep(1.0)
         assert cluster.store.get_run(created["id"]).status == "planning"  # the server executes nothing
         assert cluster.store.lease(created["id"]) is None
+        waits = (
+            "no worker is running on this database: the run waits until one starts (`masterplanner worker`)"
+        )
+        with urllib.request.urlopen(f"{url}/api/v1/runs/{created['id']}", timeout=30) as response:
+            assert json.loads(response.read())["waiting"] == waits
+        with urllib.request.urlopen(f"{url}/runs/{created['id']}", timeout=30) as response:
+            page = response.read().decode()
+        assert f'<p class="waiting" role="status">{waits}</p>' in page
         cluster.worker()
         assert cluster.wait_finished([created["id"]]) == {created["id"]: "succeeded"}
         with urllib.request.urlopen(f"{url}/api/v1/runs/{created['id']}", timeout=30) as response:
-            assert json.loads(response.read())["output"] == "from a worker"
+            finished = json.loads(response.read())
+        assert (finished["output"], finished["waiting"]) == ("from a worker", None)
 
 
 def test_a_run_whose_steps_ran_on_two_workers_is_one_trace(

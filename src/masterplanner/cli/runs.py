@@ -185,29 +185,15 @@ def run(
 def _detached(service: RunService, record: RunRecord, *, as_json: bool) -> None:
     """Say where a run queued for workers is, and whether any worker is there to take it."""
     try:
-        workers = [process for process in asyncio.run(service.processes()) if process.kind == "worker"]
+        waiting = asyncio.run(service.waiting(record))
     finally:
         service.close()
     if as_json:
         typer.echo(json_text({"run_id": record.id, "status": record.status, "workspace": record.workspace}))
     else:
         typer.echo(record.id)
-    from ..engine.runtime import step_queue_name
-    from ..settings import provider_of
-
-    provider = provider_of(record.model)
-    if not workers:
-        warning = (
-            "no worker is running on this database: the run waits until one starts (`masterplanner worker`)"
-        )
-    elif not any(step_queue_name(record.model) in worker.queues for worker in workers):
-        warning = (
-            f"no worker running on this database takes {provider} runs: the run waits until one does "
-            f"(`masterplanner worker --queues {provider}`, where the provider's API key is set)"
-        )
-    else:
-        return
-    console(stderr=True).print(warning, highlight=False, soft_wrap=True)
+    if waiting is not None:
+        console(stderr=True).print(waiting, highlight=False, soft_wrap=True)
 
 
 def _execute(service: RunService, run_id: str, *, as_json: bool) -> None:
@@ -370,13 +356,16 @@ def runs_show(
     """Show a run (reads only; never resumes or executes anything)."""
     from rich.table import Table
 
-    async def read(service: RunService) -> tuple[dict[str, Any], list[Any]]:
+    async def read(service: RunService) -> tuple[dict[str, Any], list[Any], str | None]:
         report = await service.report(run_id)
-        return report, await service.events(report["run_id"])
+        waiting = await service.waiting(await service.get(report["run_id"]))
+        return report, await service.events(report["run_id"]), waiting
 
-    report, events = _call(_service(load_settings()), read)
+    report, events, waiting = _call(_service(load_settings()), read)
     if as_json:
-        typer.echo(json_text(report | {"events": [event.to_json_dict() for event in events]}))
+        typer.echo(
+            json_text(report | {"waiting": waiting, "events": [event.to_json_dict() for event in events]})
+        )
         return
     out = console()
     out.print(
@@ -384,6 +373,8 @@ def runs_show(
         highlight=False,
         soft_wrap=True,
     )
+    if waiting is not None:
+        out.print(f"[yellow]{shown(waiting)}[/]", highlight=False, soft_wrap=True)
     if timeline:
         from .timeline import timeline_lines
 

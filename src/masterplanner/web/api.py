@@ -253,11 +253,21 @@ async def create_run(request: Request, body: RunIn) -> dict[str, Any]:
 
 @router.get("/runs/{run_id}", summary="A run's report")
 async def get_run(request: Request, run_id: str) -> dict[str, Any]:
-    """Status, plan, agents' prompts, steps (sub-steps under their step), usage, messages, notes."""
+    """Status, plan, agents' prompts, steps (sub-steps under their step), usage, messages, notes.
+
+    `waiting`: for a run queued for workers that no running worker can take, what it waits for.
+    """
     service = _service(request)
     record = await _run(service, run_id)
     report = await service.report(record.id)
-    return _summary(record) | report | {"agents": {k: v.to_json_dict() for k, v in record.agents.items()}}
+    return (
+        _summary(record)
+        | report
+        | {
+            "agents": {k: v.to_json_dict() for k, v in record.agents.items()},
+            "waiting": await service.waiting(record),
+        }
+    )
 
 
 @router.get("/runs/{run_id}/events", summary="A run's events")

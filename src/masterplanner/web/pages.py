@@ -373,5 +373,6 @@ async def _body_context(
         "step_problems": step_problems,
         "rated": None,
         "estimate": estimate,
+        "waiting": await service.waiting(record),
         "cost": money(report["usage"]["cost_usd"], report["usage"]["unpriced_calls"]),
     }
