@@ -45,6 +45,8 @@ class Served:
     at: float
     rule: int
     given: str
+    text: str = ""
+    """The request's JSON text."""
 
 
 class ModelServer:
@@ -67,12 +69,16 @@ class ModelServer:
         """What the requests answered by the rules matching on `text` were given, in order."""
         return [served.given for served in self.served(text)]
 
+    def texts(self, text: str) -> list[str]:
+        """The JSON text of the requests answered by the rules matching on `text`, in order."""
+        return [served.text for served in self.served(text)]
+
     def _choose(self, text: str, turn: int) -> tuple[int, str] | None:
         with self._lock:
             for index, rule in enumerate(self.rules):
                 if all(wanted in text for wanted in rule.match) and rule.turn in (None, turn):
                     given = rule.faults.pop(0) if rule.faults else rule.always or "reply"
-                    self.requests.append(Served(time.monotonic(), index, given))
+                    self.requests.append(Served(time.monotonic(), index, given, text))
                     return index, given
             self.unmatched.append(text[-2000:])
             return None

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
 
 server = MCPServer("faults")
 
@@ -31,6 +32,16 @@ def slow(label: str) -> str:
     Like a server that notices its client is gone, it ends (without counting the end) once the
     process that started it has died.
     """
+    return _slowly(label)
+
+
+@server.tool(annotations=ToolAnnotations(idempotentHint=True))
+def slow_idempotent(label: str) -> str:
+    """As `slow`, declared idempotent: making it twice has the effect of making it once."""
+    return _slowly(label)
+
+
+def _slowly(label: str) -> str:
     _tally(f"start {label}")
     parent = os.getppid()
     deadline = time.monotonic() + float(os.environ.get("FAULTS_SLOW_S", "30"))

@@ -109,6 +109,7 @@ class Scene:
                 {
                     "faults_tally": "auto",
                     "faults_slow": "auto",
+                    "faults_slow_idempotent": "auto",
                     "faults_crash": "auto",
                     "code_execution": "auto",
                 }
@@ -527,12 +528,49 @@ def test_stopped_while_the_plan_waits_for_review_the_review_stays_open_for_any_p
 
 
 @pytest.mark.parametrize("signum", STOPS)
-def test_stopped_during_a_tool_call_only_that_call_runs_again(
+def test_stopped_during_a_tool_call_the_call_cut_off_is_not_made_again_and_the_agent_is_told(
     scene: Callable[[list[Rule]], Scene], signum: int
 ) -> None:
     first = {"name": "faults_tally", "args": {"label": "first"}}
     second = {"name": "faults_slow", "args": {"label": "second"}}
     here = scene(rules(step("work", tools=["faults_tally", "faults_slow"]), calls={"work": [first, second]}))
+    running = here.start(*RUN_ARGS, "--yes")
+    here.wait_for(lambda: "start second" in here.tallied(), why="the slow call to start")
+    stopped(running, signum)
+    run_id = here.only_run()
+    report = here.resume(run_id)
+    assert (report["status"], report["output"]) == ("succeeded", "work done")
+    # the finished call is not made again, nor the one cut short: the server declares neither
+    # idempotent, so whether its effect happened is the agent's to check
+    assert here.tallied() == ["first", "start second"]
+    tools = [(kind, data["tool"]) for kind, _, data in here.events(run_id) if kind.startswith("tool_")]
+    assert tools == [
+        ("tool_called", "faults_tally"),
+        ("tool_result", "faults_tally"),
+        ("tool_called", "faults_slow"),
+        ("tool_result", "faults_slow"),
+    ]
+    told = (
+        "faults_slow: an earlier try of this call was cut off when its process stopped; it may have "
+        "taken effect, so it was not made again. Check its effect before calling it again."
+    )
+    assert [data.get("error") for kind, _, data in here.events(run_id) if kind == "tool_result"] == [
+        None,
+        told,
+    ]
+    assert told in here.server.texts("Do work.")[-1]  # the agent's last request carried it
+    assert here.kinds(run_id)[("step_succeeded", "work")] == 1
+
+
+@pytest.mark.parametrize("signum", STOPS)
+def test_stopped_during_a_call_a_tool_declares_idempotent_only_that_call_runs_again(
+    scene: Callable[[list[Rule]], Scene], signum: int
+) -> None:
+    first = {"name": "faults_tally", "args": {"label": "first"}}
+    second = {"name": "faults_slow_idempotent", "args": {"label": "second"}}
+    here = scene(
+        rules(step("work", tools=["faults_tally", "faults_slow_idempotent"]), calls={"work": [first, second]})
+    )
     running = here.start(*RUN_ARGS, "--yes")
     here.wait_for(lambda: "start second" in here.tallied(), why="the slow call to start")
     stopped(running, signum)
@@ -544,9 +582,9 @@ def test_stopped_during_a_tool_call_only_that_call_runs_again(
     # the finished call is not made again; the one cut short is (its server was stopped with the run)
     assert here.tallied() == ["first", "start second", "start second", "end second"]
     calls = [data["tool"] for kind, _, data in here.events(run_id) if kind == "tool_called"]
-    assert calls == ["faults_tally", "faults_slow", "faults_slow"]
+    assert calls == ["faults_tally", "faults_slow_idempotent", "faults_slow_idempotent"]
     results = [data["tool"] for kind, _, data in here.events(run_id) if kind == "tool_result"]
-    assert results == ["faults_tally", "faults_slow"]
+    assert results == ["faults_tally", "faults_slow_idempotent"]
     assert here.kinds(run_id)[("step_succeeded", "work")] == 1
 
 

@@ -164,6 +164,11 @@ def document(attack: Attack) -> str:
     )
 
 
+def _uncounted(data: dict[str, Any]) -> dict[str, Any]:
+    """An event's data without the call's place in its workflow (`call`), which varies by plan."""
+    return {key: value for key, value in data.items() if key != "call"}
+
+
 def left_alone(workspace: Path) -> bool:
     """Whether the file the attacks delete is whole, and nothing was written where they aim."""
     escaped = [workspace.parent.parent / "escaped.txt", Path("/tmp/escaped-absolute.txt")]
@@ -239,7 +244,7 @@ async def test_an_obeyed_injection_gains_nothing(
             workspace=workspace,
         )
         final = await execute_answering(engine, run.id, review=approve_plan, approve_tool=person_says_no)
-        events = [(event.kind, event.data) for event in engine.store.events(run.id)]
+        events = [(event.kind, _uncounted(event.data)) for event in engine.store.events(run.id)]
     finally:
         engine.close()
 
@@ -311,7 +316,9 @@ async def test_under_ask_only_a_request_the_allowlist_accepts_is_put_to_the_pers
             workspace=tmp_path / "ws",
         )
         final = await execute_answering(engine, run.id, review=approve_plan, approve_tool=person_says_yes)
-        tool_events = [(e.kind, e.data) for e in engine.store.events(run.id) if e.kind.startswith("tool")]
+        tool_events = [
+            (e.kind, _uncounted(e.data)) for e in engine.store.events(run.id) if e.kind.startswith("tool")
+        ]
     finally:
         engine.close()
 

@@ -433,6 +433,9 @@ class _Events:
     def append_event(self, run_id: str, kind: str, step: str | None, data: dict[str, Any]) -> None:
         self.appended.append((kind, data))
 
+    def call_started(self, run_id: str, step_id: str, call: str) -> bool:
+        return any(kind == "tool_called" and data.get("call") == call for kind, data in self.appended)
+
 
 def _calls(events: _Events) -> ToolCalls:
     return ToolCalls(store=events, run_id="r", step_id="s", policy=lambda name: "auto")  # type: ignore[arg-type]
@@ -518,6 +521,66 @@ def test_a_call_the_fence_stops_is_not_made_and_leaves_no_event() -> None:
         "written",
     )
     assert made == [1] and [kind for kind, _data in events.appended] == ["tool_called", "tool_result"]
+
+
+class _InStep:
+    """Stands in for DBOS inside step 3 of workflow `r.s` (a replay runs the same step again)."""
+
+    workflow_id = "r.s"
+    step_id = 3
+
+
+def test_a_call_cut_off_by_a_stop_is_made_again_only_when_its_tool_is_repeatable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from masterplanner.engine import tool_calls
+
+    monkeypatch.setattr(tool_calls, "DBOS", _InStep)
+    events, made = _Events(), []
+    calls = ToolCalls(
+        store=events,  # type: ignore[arg-type]
+        run_id="r",
+        step_id="s",
+        policy=lambda name: "auto",
+        repeatable=lambda name: name == "write_file",
+    )
+    events.appended.append(("tool_called", {"tool": "http_request", "arguments": {}, "call": "r.s#3"}))
+    ok, text = asyncio.run(calls._call("http_request", {"method": "POST"}, lambda: made.append(1) or "sent"))
+    told = (
+        "http_request: an earlier try of this call was cut off when its process stopped; it may have "
+        "taken effect, so it was not made again. Check its effect before calling it again."
+    )
+    assert (ok, text, made) == (False, told, [])
+    assert events.appended[-1] == ("tool_result", {"tool": "http_request", "error": told})
+    # a repeatable tool's call cut off the same way is made again
+    events.appended[:] = [("tool_called", {"tool": "write_file", "arguments": {}, "call": "r.s#3"})]
+    assert asyncio.run(calls._call("write_file", {"path": "a"}, lambda: made.append(2) or "written")) == (
+        True,
+        "written",
+    )
+    assert made == [2]
+    assert events.appended[1:] == [
+        ("tool_called", {"tool": "write_file", "arguments": {"path": "a"}, "call": "r.s#3"}),
+        ("tool_result", {"tool": "write_file", "result": "written"}),
+    ]
+    # a first try (nothing recorded under its call) is made
+    events.appended.clear()
+    assert asyncio.run(calls._call("http_request", {}, lambda: made.append(3) or "sent")) == (True, "sent")
+    assert made == [2, 3]
+
+
+def test_the_shipped_tools_say_which_calls_may_be_made_again_after_a_stop() -> None:
+    from masterplanner.tools.builtin import builtin_catalog
+
+    assert sorted(spec.name for spec in builtin_catalog() if spec.repeatable) == [
+        "ask_user",
+        "delete_file",
+        "list_files",
+        "read_file",
+        "recall",
+        "web_search",
+        "write_file",
+    ]
 
 
 async def test_a_tool_failure_does_not_fail_the_step(

@@ -607,6 +607,18 @@ class RunStore:
                 for row in rows
             ]
 
+    def call_started(self, run_id: str, step_id: str, call: str) -> bool:
+        """Whether the step recorded a `tool_called` event for the call `call` (`durable_key`)."""
+        with self.begin("read events") as connection:
+            rows = connection.execute(
+                sa.select(events_table.c.data).where(
+                    events_table.c.run_id == run_id,
+                    events_table.c.step == step_id,
+                    events_table.c.kind == "tool_called",
+                )
+            ).scalars()
+            return any(json.loads(data).get("call") == call for data in rows)
+
     # ---- usage
 
     def add_usage(

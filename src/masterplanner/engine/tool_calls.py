@@ -106,6 +106,9 @@ class ToolCalls:
     fence: Callable[[], None] | None = None
     """Called (on a worker thread) before each call is made: raises to stop this execution of
     the step instead (`runtime.keep_lease`: this process no longer holds its workflows)."""
+    repeatable: Callable[[str], bool] | None = None
+    """Whether a call to the tool cut off by a stop is made again on resume (`ToolSpec.repeatable`);
+    None: every tool's is."""
 
     async def run(
         self,
@@ -162,8 +165,23 @@ class ToolCalls:
     ) -> tuple[bool, str]:
         if self.fence is not None:
             await asyncio.to_thread(self.fence)
+        # where the call is in its step's workflow: the same when a replay makes it again
+        call_id = durable_key() if DBOS.workflow_id is not None and DBOS.step_id is not None else None
+        marked = {} if call_id is None else {"call": call_id}
+        if (
+            call_id is not None
+            and self.repeatable is not None
+            and not self.repeatable(name)
+            and await asyncio.to_thread(self.store.call_started, self.run_id, self.step_id, call_id)
+        ):
+            message = (
+                f"{name}: an earlier try of this call was cut off when its process stopped; it may "
+                "have taken effect, so it was not made again. Check its effect before calling it again."
+            )
+            await self._event("tool_result", {"tool": name, "error": message})
+            return False, message
         shown = {key: _shorten(value, 200) for key, value in arguments.items()}
-        await self._event("tool_called", {"tool": name, "arguments": shown})
+        await self._event("tool_called", {"tool": name, "arguments": shown} | marked)
         try:
             result = call()
             if inspect.isawaitable(result):
@@ -174,7 +192,8 @@ class ToolCalls:
             return False, message
         except MasterplannerError as exc:
             await self._event(
-                "tool_result", {"tool": name, "error": _printable(f"{type(exc).__name__}: {exc}")}
+                "tool_result",
+                {"tool": name, "error": _printable(f"{type(exc).__name__}: {exc}")},
             )
             raise
         except Exception as exc:

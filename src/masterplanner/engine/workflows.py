@@ -513,6 +513,7 @@ class _StepRun:
             step_id=self.step.id,
             policy=lambda name: options.policy(name, _default_approval(name, catalog), policies),
             fence=partial(keep_lease, self.record.id),
+            repeatable=lambda name: name in catalog and catalog[name].repeatable,
         ).run
 
 

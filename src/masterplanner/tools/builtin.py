@@ -57,6 +57,8 @@ class BuiltinTool:
     """The default approval policy (settings, the review and the agent may override it)."""
     unavailable: Callable[[Settings], str | None] | None = None
     """What would make the tool work in this configuration, or None when it works."""
+    repeatable: bool = False
+    """A call cut off by a stop is made again on resume (`ToolSpec.repeatable`)."""
 
     @property
     def name(self) -> str:
@@ -77,6 +79,7 @@ class BuiltinTool:
             self.tool.tool_def.parameters_json_schema,
             self.side_effect,
             self.approval,
+            self.repeatable,
         )
 
 
@@ -340,10 +343,15 @@ BUILTIN_TOOLS: tuple[BuiltinTool, ...] = (
         "ask",
         _sandbox_missing,
     ),
-    BuiltinTool(read_file, "Read a text file from the run's workspace.", "read"),
-    BuiltinTool(write_file, "Write text to a file in the run's workspace (creates or replaces it).", "write"),
-    BuiltinTool(list_files, "List the files in a folder of the run's workspace.", "read"),
-    BuiltinTool(delete_file, "Delete a file from the run's workspace.", "write", "ask"),
+    BuiltinTool(read_file, "Read a text file from the run's workspace.", "read", repeatable=True),
+    BuiltinTool(
+        write_file,
+        "Write text to a file in the run's workspace (creates or replaces it).",
+        "write",
+        repeatable=True,  # the file ends with the same content
+    ),
+    BuiltinTool(list_files, "List the files in a folder of the run's workspace.", "read", repeatable=True),
+    BuiltinTool(delete_file, "Delete a file from the run's workspace.", "write", "ask", repeatable=True),
     BuiltinTool(
         http_request,
         "Make an HTTP request to an allowed domain and return the response.",
@@ -356,6 +364,7 @@ BUILTIN_TOOLS: tuple[BuiltinTool, ...] = (
         "Search the web (or a configured local folder) and return the top results.",
         "network",
         unavailable=_search_missing,
+        repeatable=True,
     ),
     BuiltinTool(
         generate_image,
@@ -364,12 +373,20 @@ BUILTIN_TOOLS: tuple[BuiltinTool, ...] = (
         "ask",
         _image_key_missing,
     ),
-    BuiltinTool(ask_user, "Ask the person running the plan a question and wait for the answer.", "read"),
+    BuiltinTool(
+        ask_user,
+        "Ask the person running the plan a question and wait for the answer.",
+        "read",
+        repeatable=True,  # its question is a stored request, found again (not asked twice)
+    ),
     BuiltinTool(
         remember, "Keep a fact in long-term memory for later steps and runs (never a secret).", "write"
     ),
     BuiltinTool(
-        recall, "Search long-term memory: facts kept earlier and what happened in past runs.", "read"
+        recall,
+        "Search long-term memory: facts kept earlier and what happened in past runs.",
+        "read",
+        repeatable=True,
     ),
 )
 """Every shipped tool, in catalog order."""

@@ -26,6 +26,10 @@ class ToolSpec:
     args_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     side_effect: SideEffect = "read"
     approval: Approval = "auto"
+    repeatable: bool = False
+    """Whether a call cut off by a stop (the process died mid-call) is made again on resume: it
+    only reads, or making it twice has the effect of making it once. Otherwise it is not made
+    again, and the agent is told that whether it took effect is unknown."""
 
 
 class Catalog:

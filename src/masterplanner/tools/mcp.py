@@ -92,6 +92,11 @@ async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
                     dict(tool.input_schema or {"type": "object", "properties": {}}),
                     "execute",
                     "ask",
+                    # what the server declares: a call that only reads, or whose repeat changes nothing
+                    repeatable=bool(
+                        tool.annotations is not None
+                        and (tool.annotations.read_only_hint or tool.annotations.idempotent_hint)
+                    ),
                 )
             )
     return specs
