@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
@@ -24,6 +25,7 @@ from .tools.catalog import Catalog
 from .usage import UsageLedger
 
 if TYPE_CHECKING:
+    from pydantic_ai import Agent
     from pydantic_ai.models import Model
 
 __all__ = ["DEFAULT_ROUNDS", "MAX_ROUNDS", "AgentPrompt", "Critique", "create_prompts", "prompts_to_json"]
@@ -93,14 +95,29 @@ class _Context:
         }
 
 
-async def _text(context: _Context, purpose: str, system: str, prompt: str) -> str:
+@cache
+def _writer() -> Agent[None, str]:
+    """The agent that writes prompts; the model and instructions come per call.
+
+    Built once: building an agent took about 1 % of a run's time (bench/engine.py's load, 5 drafts
+    a run), and it holds nothing of one call's.
+    """
     from pydantic_ai import Agent
 
+    return Agent(output_type=str)
+
+
+async def _text(context: _Context, purpose: str, system: str, prompt: str) -> str:
     from .agents import run_agent
     from .models import labelled
 
-    agent: Agent[None, str] = Agent(labelled(context.model, purpose, context.ledger), instructions=system)
-    agent_output = await run_agent(agent, prompt, model_settings={"max_tokens": _PROMPT_TOKENS})
+    agent_output = await run_agent(
+        _writer(),
+        prompt,
+        model=labelled(context.model, purpose, context.ledger),
+        instructions=system,
+        model_settings={"max_tokens": _PROMPT_TOKENS},
+    )
     text = str(agent_output).strip()
     if not text:
         raise ModelError(f"the {purpose} call returned an empty prompt")
