@@ -7,8 +7,8 @@ being given up). It coordinates each claimed run with an engine whose steps go t
 so the steps of one run may execute on several workers, and a step left by a dead worker is
 handed back to its queue by the run's coordinator (`Engine`, `processes.py`).
 
-Stopping (SIGTERM, Ctrl-C): no new runs are claimed; a run that has already ended is let
-finish its bookkeeping (reported as ended, not handed over); the runs it coordinates give their leases
+Stopping (SIGTERM, Ctrl-C): no new runs are claimed; a run that has already ended is let finish
+its bookkeeping (reported as ended, not handed over); the runs it coordinates give their leases
 up at once (another worker takes them over, attaching to their queued and running steps); the
 steps running here get `grace_s` to finish — every model request and tool call inside them is
 already checkpointed — and what has not finished by then is left pending, recorded as this
