@@ -144,3 +144,41 @@ async def test_a_worker_stopped_as_its_run_ends_reports_the_run_ended_not_handed
         assert worker.engine.store.lease(run.id) is None  # given up, not left to lapse
     finally:
         worker.close()
+
+
+async def test_a_run_a_worker_cannot_coordinate_with_its_settings_is_refused_once_and_says_why(
+    database: str, tmp_path: Path
+) -> None:
+    from masterplanner.engine.worker import Worker
+
+    gguf = tmp_path / "gone.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))  # starts like a model: the run is accepted
+    settings = Settings.load(database_url=database, remember_runs="never", embedder="none")
+    notes: list[tuple[str, dict[str, object]]] = []
+    worker = Worker(
+        settings, providers=["local"], note=lambda message, **fields: notes.append((message, fields))
+    )
+    try:
+        run = worker.engine.create_run(
+            "one step", model=f"local:{gguf}", options=RunOptions(auto_approve=True), for_workers=True
+        )
+        gguf.unlink()  # not on this worker's disk any more
+        stop = asyncio.Event()
+        working = asyncio.ensure_future(worker.run(stop))
+        reason = f"model file {gguf}: no such file"
+        deadline = time.monotonic() + 60
+        while not [event for event in worker.engine.store.events(run.id) if event.kind == "run_refused"]:
+            assert time.monotonic() < deadline, "no refusal recorded"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # four more claim rounds: it is not taken again
+        stop.set()
+        await asyncio.wait_for(working, 60)
+        refused = [event.data for event in worker.engine.store.events(run.id) if event.kind == "run_refused"]
+        assert refused == [{"process": worker.id, "reason": reason}]
+        stopped = [fields for _message, fields in notes if fields.get("event") == "run_stopped"]
+        assert stopped == [
+            {"event": "run_stopped", "run": run.id, "reason": f"{reason}; this worker does not take it again"}
+        ]
+        assert worker.engine.store.get_run(run.id).status == "planning"  # left for a worker that has the file
+    finally:
+        worker.close()

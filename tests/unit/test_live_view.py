@@ -242,6 +242,13 @@ def test_a_step_resumed_in_another_process_says_where() -> None:
     assert _text(one_line(event_line(resumed))).strip() == f"00:00:00 step_resumed fetch in w2-{OSC52_SHOWN}"
 
 
+def test_a_run_a_worker_refused_says_which_and_why() -> None:
+    refused = _event("run_refused", process="w1", reason="model file /m.gguf: no such file " + OSC52)
+    assert _text(one_line(event_line(refused))).strip() == (
+        f"00:00:00 run_refused by w1: model file /m.gguf: no such file {OSC52_SHOWN}"
+    )
+
+
 def test_a_replaced_step_and_an_expanded_one_with_its_sub_steps_under_it() -> None:
     view = RunView(
         "r2",

@@ -114,6 +114,8 @@ def _event_detail(kind: str, data: dict[str, Any]) -> str:
         return f" [yellow]{_retry_wait(data)}[/]"
     if kind in ("run_failed", "run_cancelled", "rejected"):
         return f" {shown(data.get('reason', ''))}"
+    if kind == "run_refused":  # a worker that cannot coordinate it with its settings
+        return f" by {shown(data.get('process', ''))}: [red]{shown(data.get('reason', ''))}[/]"
     if kind in ("approval_requested", "request_opened", "request_answered") and "request" in data:
         detail = f" request {shown(data['request'])}"
         detail += f" {shown(data['kind'])}" if "kind" in data else ""

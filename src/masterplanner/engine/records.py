@@ -59,6 +59,7 @@ EventKind = Literal[
     "run_succeeded",
     "run_failed",
     "run_cancelled",
+    "run_refused",
     "cancel_requested",
     "team_stored",
     "team_not_stored",

@@ -127,7 +127,7 @@ class Worker:
                         f"worker {self.id} was not heard from for longer than its lease "
                         f"({self.settings.run_lease_s:g} s); others may be taking its steps, so it stops"
                     )
-                self._reap(runs, summary)
+                await self._reap_and_record(runs, summary)
                 room = self.max_runs - len(runs)
                 if room > 0:  # the runs it holds are not claimable: their leases are live
                     claimable = await asyncio.to_thread(
@@ -146,7 +146,7 @@ class Worker:
                     pass
         finally:
             await self._let_finished_runs_end(runs)
-            self._reap(runs, summary)
+            await self._reap_and_record(runs, summary)
             for run_id, task in runs.items():
                 task.cancel()
                 summary.handed_over.append(run_id)
@@ -176,8 +176,31 @@ class Worker:
         if ending:
             await asyncio.wait(ending, timeout=self.grace_s)
 
-    def _reap(self, runs: dict[str, asyncio.Task[RunRecord | None]], summary: WorkerSummary) -> None:
-        """Note the runs whose coordination here ended, and forget them."""
+    async def _reap_and_record(
+        self, runs: dict[str, asyncio.Task[RunRecord | None]], summary: WorkerSummary
+    ) -> None:
+        """`_reap`, then record on each run this worker refused why (`run_refused`), for its watchers."""
+        for run_id, reason in self._reap(runs, summary):
+            try:
+                await asyncio.to_thread(
+                    self.engine.store.append_event,
+                    run_id,
+                    "run_refused",
+                    None,
+                    {"process": self.id, "reason": reason},
+                )
+            except MasterplannerError as error:  # the database is away: the worker's log has it
+                self.note(
+                    f"run {run_id}: its refusal was not recorded: {error}",
+                    event="run_refusal_lost",
+                    run=run_id,
+                )
+
+    def _reap(
+        self, runs: dict[str, asyncio.Task[RunRecord | None]], summary: WorkerSummary
+    ) -> list[tuple[str, str]]:
+        """Note the runs whose coordination here ended, and forget them; the runs refused, with why."""
+        refused: list[tuple[str, str]] = []
         for run_id, task in list(runs.items()):
             if not task.done():
                 continue
@@ -193,6 +216,7 @@ class Worker:
                 )
                 if isinstance(error, ConfigError):  # this worker's settings: the next try ends the same
                     self._refused.add(run_id)
+                    refused.append((run_id, reason))
                     reason += "; this worker does not take it again"
                 self.note(
                     f"run {run_id}: stopped here: {reason}", event="run_stopped", run=run_id, reason=reason
@@ -206,6 +230,7 @@ class Worker:
                 self.note(
                     f"run {run_id}: {record.status}", event="run_ended", run=run_id, status=record.status
                 )
+        return refused
 
     def close(self) -> None:
         """Stop DBOS here and release database connections."""
