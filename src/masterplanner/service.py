@@ -229,7 +229,8 @@ class RunService:
         """Why a run queued for workers is not being executed, when no running worker can take it.
 
         None when the run is not queued for workers, is over, is held by a process, or a live
-        worker takes runs of its provider (it claims the run within moments).
+        worker takes runs of its provider and has not refused this one (it claims the run within
+        moments).
         """
         if not record.for_workers or record.finished:
             return None
@@ -243,10 +244,22 @@ class RunService:
                 "no worker is running on this database: "
                 "the run waits until one starts (`masterplanner worker`)"
             )
-        if not any(step_queue_name(record.model) in worker.queues for worker in workers):
+        serving = {worker.id for worker in workers if step_queue_name(record.model) in worker.queues}
+        if not serving:
             return (
                 f"no worker running on this database takes {provider} runs: the run waits until one does "
                 f"(`masterplanner worker --queues {provider}`, where the provider's API key is set)"
+            )
+        refusals = {
+            str(event.data.get("process")): str(event.data.get("reason"))
+            for event in await self.events(record.id)
+            if event.kind == "run_refused"
+        }
+        if serving <= set(refusals):
+            reasons = sorted({refusals[worker] for worker in serving})
+            return (
+                f"every running worker that takes {provider} runs refused it ({'; '.join(reasons)}): "
+                "the run waits for a worker that can take it"
             )
         return None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from masterplanner import Settings
+from masterplanner import RunService, Settings
 from masterplanner.engine import Engine, RunOptions
 
 pytestmark = pytest.mark.postgres
@@ -171,6 +171,15 @@ async def test_a_run_a_worker_cannot_coordinate_with_its_settings_is_refused_onc
             assert time.monotonic() < deadline, "no refusal recorded"
             await asyncio.sleep(0.1)
         await asyncio.sleep(1.0)  # four more claim rounds: it is not taken again
+        service = RunService(settings)
+        try:  # the one worker that takes local runs refused it: whoever looks is told why it waits
+            waits = await service.waiting(await service.get(run.id))
+        finally:
+            service.close()
+        assert waits == (
+            f"every running worker that takes local runs refused it ({reason}): "
+            "the run waits for a worker that can take it"
+        )
         stop.set()
         await asyncio.wait_for(working, 60)
         refused = [event.data for event in worker.engine.store.events(run.id) if event.kind == "run_refused"]
