@@ -31,14 +31,19 @@ _LIBRARY_ADVICE = re.compile(r"^(for (more|further) information|(see|visit) http
 """A line of an exception's message that sends the reader to a library's documentation."""
 
 
+def _step_place() -> str | None:
+    """`workflow id#step number` of the current DBOS step (the same when a replay runs it again), if any."""
+    workflow, step = DBOS.workflow_id, DBOS.step_id
+    return f"{workflow}#{step}" if workflow is not None and step is not None else None
+
+
 def durable_key() -> str:
     """Where the current DBOS step is: its workflow id and its position in the workflow.
 
     A request opened under this key is found again when the step runs again after a crash.
     Outside a DBOS step (a tool called directly) each pause gets a key of its own.
     """
-    workflow, step = DBOS.workflow_id, DBOS.step_id
-    return f"{workflow}#{step}" if workflow is not None and step is not None else f"direct#{uuid.uuid4().hex}"
+    return _step_place() or f"direct#{uuid.uuid4().hex}"
 
 
 def _printable(text: str) -> str:
@@ -165,8 +170,7 @@ class ToolCalls:
     ) -> tuple[bool, str]:
         if self.fence is not None:
             await asyncio.to_thread(self.fence)
-        # where the call is in its step's workflow: the same when a replay makes it again
-        call_id = durable_key() if DBOS.workflow_id is not None and DBOS.step_id is not None else None
+        call_id = _step_place()  # a replay that makes this call again finds it under the same id
         marked = {} if call_id is None else {"call": call_id}
         if (
             call_id is not None
@@ -192,8 +196,7 @@ class ToolCalls:
             return False, message
         except MasterplannerError as exc:
             await self._event(
-                "tool_result",
-                {"tool": name, "error": _printable(f"{type(exc).__name__}: {exc}")},
+                "tool_result", {"tool": name, "error": _printable(f"{type(exc).__name__}: {exc}")}
             )
             raise
         except Exception as exc:
