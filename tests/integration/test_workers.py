@@ -553,3 +553,46 @@ def test_a_provider_limit_holds_across_all_workers(
     assert len(spans) == 6
     for (_start, end), (next_start, _end) in pairwise(spans):
         assert next_start >= end  # never two at once
+
+
+def _most_at_once(spans: list[tuple[datetime, datetime]]) -> int:
+    """The most of these time spans that overlap at one moment."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = most = 0
+    for _moment, change in edges:  # an end sorts before a start at the same moment
+        running += change
+        most = max(most, running)
+    return most
+
+
+def test_each_worker_keeps_its_own_concurrency(cluster: Cluster, write_script: Callable[..., Path]) -> None:
+    """`--concurrency` is each worker's own, though DBOS keeps one queue row for all of them."""
+    steps = [plan_step(name) for name in ("a", "b", "c", "d")]  # side by side
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": steps}, "repeat": True},
+            *[
+                {"purpose": f"step:{s['id']}", "output": s["id"], "delay_s": 0.6, "repeat": True}
+                for s in steps
+            ],
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    cluster.env["MASTERPLANNER_RUN_LEASE_S"] = "15"  # nobody is killed here (see above)
+    cluster.worker("--concurrency", "3")
+    (wide,) = cluster.worker_ids(1)
+    cluster.worker("--concurrency", "1")  # started last: once, its value held for both
+    (narrow,) = set(cluster.worker_ids(2)) - {wide}
+    run_ids = cluster.enqueue(script, [f"four at once, run {n}" for n in range(4)])
+    assert cluster.wait_finished(run_ids) == dict.fromkeys(run_ids, "succeeded")
+    spans: dict[str, list[tuple[datetime, datetime]]] = {wide: [], narrow: []}
+    for run_id in run_ids:
+        ran_on = {step: data["process"] for _kind, step, data in cluster.events(run_id, "step_started")}
+        for record in cluster.store.steps(run_id):
+            assert record.started_at is not None and record.finished_at is not None
+            spans[ran_on[record.id]].append(
+                (datetime.fromisoformat(record.started_at), datetime.fromisoformat(record.finished_at))
+            )
+    assert sum(len(each) for each in spans.values()) == 16
+    assert _most_at_once(spans[narrow]) == 1
+    assert 2 <= _most_at_once(spans[wide]) <= 3

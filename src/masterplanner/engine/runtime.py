@@ -27,6 +27,7 @@ import weakref
 from typing import Any
 
 from dbos import DBOS, DBOSConfig, Queue, WorkflowStatus
+from dbos import _sys_db as dbos_system_database
 from dbos._error import DBOSWorkflowConflictIDError
 
 from .._version import __version__
@@ -134,6 +135,9 @@ def _launch(
         logging.getLogger("dbos").setLevel(logging.ERROR)
     providers = list(PROVIDERS) if listen is None else listen
     queues = [step_queue_name(provider) for provider in providers] if kind == "worker" else []
+    _own_limits.clear()
+    if kind == "worker":
+        _own_limits.update({step_queue_name(each): _own_limit(settings, each) for each in providers})
     DBOS(config=config)
     DBOS.listen_queues(queues)
     DBOS.launch()
@@ -154,12 +158,49 @@ def _launch(
     _heartbeat.start()
 
 
-def _register_queue(settings: Settings, provider: str, *, worker: bool) -> Queue:
-    """Register (or update) the provider's step queue with the settings' limits.
+def _own_limit(settings: Settings, provider: str) -> tuple[int, float]:
+    """This worker's limits on a provider's step queue: steps at once here, and the polling interval.
 
-    A worker's settings are written to the queue (DBOS keeps a queue's limits in the database,
-    shared by every process): the per-worker concurrency is the last started worker's.
-    A process that only enqueues keeps what the workers set.
+    A worker never runs more of a provider's steps than all workers together may.
+    """
+    limit = settings.provider_limits.get(provider)
+    overall = None if limit is None else limit.concurrency
+    at_once = settings.worker_concurrency if overall is None else min(settings.worker_concurrency, overall)
+    return at_once, settings.queue_poll_s
+
+
+_own_limits: dict[str, tuple[int, float]] = {}
+"""A worker's own limits per step queue (`_own_limit`), applied to every read of the queue's row."""
+
+
+def _queue_with_own_limits(*args: Any, **kwargs: Any) -> Queue:
+    """DBOS's reading of a queue's database row, with this worker's own per-worker limits.
+
+    DBOS 3.4 keeps a queue's configuration, per-worker concurrency and polling interval included,
+    in one database row that every process's dequeuing thread reads again before each poll; it
+    offers no per-process value. Written there, `worker --concurrency` would be the last started
+    worker's for all of them. So the row holds what is shared (the provider's global concurrency
+    and rate), and each worker applies its own values to the queue it reads, before DBOS's
+    dequeuing checks them (in memory, against this process's running count). Pinned by the
+    `dbos` version range in pyproject.toml; `test_each_worker_keeps_its_own_concurrency` proves it.
+    """
+    queue: Queue = _read_queue_row(*args, **kwargs)
+    own = _own_limits.get(queue.name)
+    if own is not None:
+        queue._worker_concurrency, queue._polling_interval_sec = own
+    return queue
+
+
+_read_queue_row = dbos_system_database.queue_from_db_row
+dbos_system_database.queue_from_db_row = _queue_with_own_limits
+
+
+def _register_queue(settings: Settings, provider: str, *, worker: bool) -> Queue:
+    """Register (or update) the provider's step queue with the settings' shared limits.
+
+    A worker writes its settings' global concurrency and rate for the provider (the last started
+    worker's hold for all; they are meant to be the same). A process that only enqueues keeps
+    what the workers set. Per-worker values are not stored here (`_queue_with_own_limits`).
     """
     name = step_queue_name(provider)
     limit = settings.provider_limits.get(provider)
@@ -167,10 +208,6 @@ def _register_queue(settings: Settings, provider: str, *, worker: bool) -> Queue
     overall = None if limit is None else limit.concurrency
     queue = DBOS.register_queue(
         name,
-        # a worker never runs more of a provider's steps than all workers together may
-        worker_concurrency=settings.worker_concurrency
-        if overall is None
-        else min(settings.worker_concurrency, overall),
         global_concurrency=overall,
         limiter=None if per_minute is None else {"limit": per_minute, "period": 60.0},
         polling_interval_sec=settings.queue_poll_s,
@@ -337,3 +374,4 @@ def shutdown_dbos(*, grace_s: float = 0) -> None:
         _executor = None
         _worker = False
         _queues.clear()
+        _own_limits.clear()
