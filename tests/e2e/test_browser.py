@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -150,3 +152,59 @@ def test_review_edit_approve_answer_inline_and_open_the_written_file(
     events = json.loads(urllib.request.urlopen(f"{server}/api/v1/runs/{run_id}/events").read())
     kinds = [event["kind"] for event in events]
     assert kinds.count("tool_approved") == 1 and "tool_denied" not in kinds
+
+
+@pytest.mark.postgres
+def test_a_queued_runs_waiting_line_follows_the_workers_with_no_event_of_the_run(
+    postgres_database: str, isolated: Path, browser_page: Any, write_script: Callable[..., Path]
+) -> None:
+    """A worker starting is no event of the run's, yet its page says what the run now waits for."""
+    page = browser_page
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [_step("a", tools=[])]}, "repeat": True},
+            {"purpose": "step:a", "output": "from a worker"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    env = {
+        **os.environ,
+        "MASTERPLANNER_DATABASE_URL": postgres_database,
+        "MASTERPLANNER_EMBEDDER": "none",
+        "MASTERPLANNER_REMEMBER_RUNS": "never",
+        "MASTERPLANNER_REUSE_THRESHOLD": "1.01",
+    }
+    workers: list[subprocess.Popen[bytes]] = []
+
+    def worker(provider: str) -> None:
+        log = (isolated / f"worker-{provider}.log").open("w")
+        command = [sys.executable, "-m", "masterplanner", "worker", "--queues", provider]
+        workers.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+
+    def events(url: str, run_id: str) -> list[str]:
+        with urllib.request.urlopen(f"{url}/api/v1/runs/{run_id}/events", timeout=30) as response:
+            return [event["kind"] for event in json.loads(response.read())]
+
+    try:
+        with serving(isolated / "serve.log", "--workers", env=env) as url:
+            body = {"task": "one step", "model": f"scripted:{script}", "options": {"auto_approve": True}}
+            data, headers = json.dumps(body).encode(), {"Content-Type": "application/json"}
+            request = urllib.request.Request(f"{url}/api/v1/runs", data=data, headers=headers)
+            with urllib.request.urlopen(request, timeout=30) as response:
+                run_id = json.loads(response.read())["id"]
+            page.goto(f"{url}/runs/{run_id}")
+            waiting = page.locator("p.waiting")
+            waiting.filter(has_text="no worker is running on this database").wait_for()
+            before = events(url, run_id)
+            worker("local")  # a worker, but not one for scripted runs
+            waiting.filter(has_text="no worker running on this database takes scripted runs").wait_for(
+                timeout=30_000
+            )
+            assert events(url, run_id) == before  # the page refreshed with no event of the run
+            worker("scripted")
+            page.locator(".status-succeeded", has_text="succeeded").first.wait_for()
+            assert waiting.count() == 0
+    finally:
+        for process in workers:
+            process.terminate()
+            process.wait(timeout=60)
