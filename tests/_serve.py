@@ -12,10 +12,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+class Served(str):
+    """The URL of a server `serving` started, with its process."""
+
+    process: subprocess.Popen[bytes]
+
+
 @contextmanager
 def serving(
     log: Path, *flags: str, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> Iterator[str]:
+) -> Iterator[Served]:
     """Start the server on a free loopback port; yield its URL once it answers; stop it.
 
     Its output goes to `log` (a file, not a pipe: nobody reads a pipe while tests run, and a full
@@ -34,7 +40,8 @@ def serving(
             stdout=output,
             stderr=subprocess.STDOUT,
         )
-    url = f"http://127.0.0.1:{port}"
+    url = Served(f"http://127.0.0.1:{port}")
+    url.process = process
     deadline = time.monotonic() + 60
     while True:
         try:

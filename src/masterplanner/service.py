@@ -97,10 +97,21 @@ class RunService:
         self._engine = Engine(settings, debug=debug)
         self._store = self._engine.store
         self._debug = debug
+        self._following = threading.Event()
+        self._following.set()
 
     def close(self) -> None:
         """Stop what this service started (DBOS, database connections)."""
         self._engine.close()
+
+    def stop_following(self) -> None:
+        """End every `follow` within moments, run over or not (a server that is stopping)."""
+        self._following.clear()
+
+    @property
+    def following(self) -> bool:
+        """Whether `follow` goes on until runs are over (until `stop_following`)."""
+        return self._following.is_set()
 
     # ---- runs
 
@@ -169,7 +180,8 @@ class RunService:
         Over means its status is final and no process is still ending it (recording its outcome,
         then telling the registry: `team_stored` or the `remember` request come after the final
         status), so the last events are never cut off. A finished run whose process died holding
-        it is over once that process's lease has lapsed.
+        it is over once that process's lease has lapsed. It also ends, run over or not, once
+        `stop_following` is called.
         """
         while True:
             over = await self._over(run_id)
@@ -177,7 +189,7 @@ class RunService:
             for event in fresh:
                 after = event.seq
                 yield event
-            if over:
+            if over or not self.following:
                 return
             await asyncio.sleep(_FOLLOW_POLL_S)
 

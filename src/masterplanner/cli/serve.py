@@ -32,11 +32,9 @@ def serve(
     Listening on an address other machines reach requires --auth: every request must then send
     `Authorization: Bearer TOKEN`, with the token from the web-token file of the home directory.
     """
-    import uvicorn
-
     from ..errors import ConfigError
     from ..service import RunService
-    from ..web import check_bind, create_app, web_token
+    from ..web import check_bind, create_app, serve_app, web_token
 
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port must be between 1 and 65535, got {port}")
@@ -54,8 +52,6 @@ def serve(
     try:
         where = f"[{host}]" if ":" in host else host
         out.print(f"serving on http://{shown(where)}:{port}/api/v1 (Ctrl-C stops)", highlight=False)
-        uvicorn.run(
-            create_app(service, token=token, for_workers=workers), host=host, port=port, log_level="warning"
-        )
+        serve_app(create_app(service, token=token, for_workers=workers), service, host=host, port=port)
     finally:
         service.close()

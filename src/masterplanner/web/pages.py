@@ -165,13 +165,17 @@ async def run_body(request: Request, run_id: str) -> Response:
 async def run_changes(
     request: Request, record: Annotated[RunRecord, Depends(existing_run)]
 ) -> AsyncIterator[ServerSentEvent]:
-    """A `change` event whenever the run has new events, then `over` when it has ended."""
+    """A `change` event whenever the run has new events, then `over` when it has ended.
+
+    The stream also ends, with no `over`, when the server stops (`RunService.stop_following`).
+    """
     service = _service(request)
     last = request.headers.get("last-event-id", "")
     after = int(last) if last.isdigit() else 0
     async for event in service.follow(record.id, after):
         yield ServerSentEvent(data=event.kind, event="change", id=str(event.seq))
-    yield ServerSentEvent(data="over", event="over")
+    if service.following:  # not when the server stops: the page reconnects to the next one
+        yield ServerSentEvent(data="over", event="over")
 
 
 @router.post("/runs/{run_id}/requests/{request_id}", response_class=HTMLResponse)
