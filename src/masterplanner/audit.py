@@ -1,9 +1,10 @@
 """Who did what to a run, when, from which front end (`runs audit RUN`).
 
-Made from what the run already stores: every answered request (a plan review and its edits, a
-replan, a tool approval, an agent's question, whether to keep the team) with who answered it and
-when, and every request to cancel the run. What a person typed is shown with anything shaped like
-a credential removed (`redaction.redacted`).
+Made from what the run already stores: who created the run; every answered request (a plan
+review and its edits, a replan, a tool approval, an agent's question, whether to keep the team)
+with who answered it and when; the plans and replans approved with no review because the run was
+created so (`--yes`), in the name of who created it; and every request to cancel the run. What a
+person typed is shown with anything shaped like a credential removed (`redaction.redacted`).
 """
 
 from __future__ import annotations
@@ -80,9 +81,31 @@ def _action(request: Request) -> str:
     return f"{verdict} the run's team in the registry"
 
 
+_WITHOUT_REVIEW = "with no review (the run was created to be approved so)"
+
+
+def _by_itself(event: Event, creator: str) -> AuditEntry | None:
+    """The entry for a plan or replan the engine approved by itself, in the creator's name."""
+    if event.data.get("by") != "auto":
+        return None
+    if event.kind == "approved":
+        return AuditEntry(at=event.at, by=creator, action=f"approved the plan {_WITHOUT_REVIEW}")
+    if event.kind == "replanned":
+        action = f"approved the replan of step {event.step} {_WITHOUT_REVIEW}"
+        return AuditEntry(at=event.at, by=creator, action=action, step=event.step)
+    return None
+
+
 def audit_entries(requests: list[Request], events: list[Event]) -> list[AuditEntry]:
-    """The run's audit log, oldest first: answered requests and cancel requests."""
-    entries = [
+    """The run's audit log, oldest first: its creation, approvals, answered requests and cancels.
+
+    A run created before creators were recorded shows `unknown` as its creator.
+    """
+    created = next((event for event in events if event.kind == "run_created"), None)
+    creator = "unknown" if created is None else str(created.data.get("by") or "unknown")
+    entries = [] if created is None else [AuditEntry(at=created.at, by=creator, action="created the run")]
+    entries += [entry for event in events if (entry := _by_itself(event, creator)) is not None]
+    entries += [
         AuditEntry(
             at=request.answered_at or request.created_at,
             by=request.answered_by or "unknown",

@@ -123,19 +123,24 @@ class RunService:
         options: RunOptions | None = None,
         workspace: Path | None = None,
         for_workers: bool = False,
+        by: str | None = None,
     ) -> RunRecord:
         """Record a new run (status `planning`) after checking the task and the model spec.
 
         `for_workers`: queued for the workers (`masterplanner worker`) instead of executed by
-        the caller; the first worker to claim it executes it.
+        the caller; the first worker to claim it executes it. `by` (`answerer_name(front end)`,
+        the library's by default) is who created it, for the audit log.
         """
         return await asyncio.to_thread(
-            self._engine.create_run,
-            task,
-            model=model,
-            options=options,
-            workspace=workspace,
-            for_workers=for_workers,
+            partial(
+                self._engine.create_run,
+                task,
+                model=model,
+                options=options,
+                workspace=workspace,
+                for_workers=for_workers,
+                by=by or answerer_name("library"),
+            )
         )
 
     async def execute(self, run_id: str, *, on_wait: Callable[[Lease], None] | None = None) -> RunRecord:

@@ -235,3 +235,28 @@ def test_without_yes_the_replan_is_a_request_answered_from_another_process(
     text = mp("runs", "show", report["run_id"])
     assert text.returncode == 0, text.stderr
     assert "replanned c into c1, c2 (by cli@" in text.stdout
+
+
+async def test_the_audit_names_who_created_a_run_approved_with_no_review_for_its_plan_and_replan(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    from masterplanner import RunService
+
+    service = RunService(Settings.load())
+    try:
+        model = f"scripted:{replan_script(write_script)}"
+        run = await service.create("replan it", model=model, options=FAST, by="nightly-job@ci:7")
+        assert (await service.execute(run.id)).status == "succeeded"
+        entries = await service.audit(run.id)
+        library = await service.create("made by the library", model=model, options=FAST)
+        (made,) = await service.audit(library.id)
+    finally:
+        service.close()
+    with_no_review = "with no review (the run was created to be approved so)"
+    assert [(entry.by, entry.action, entry.step) for entry in entries] == [
+        ("nightly-job@ci:7", "created the run", None),
+        ("nightly-job@ci:7", f"approved the plan {with_no_review}", None),
+        ("nightly-job@ci:7", f"approved the replan of step c {with_no_review}", "c"),
+    ]
+    assert [entry.at for entry in entries] == sorted(entry.at for entry in entries)
+    assert (made.action, made.front_end) == ("created the run", "library")

@@ -257,12 +257,13 @@ def test_runs_audit_says_who_did_what_and_when_with_secrets_removed(
     assert audited.returncode == 0, audited.stderr
     entries = json.loads(audited.stdout)
     assert [(entry["action"], entry["step"], entry["front_end"]) for entry in entries] == [
+        ("created the run", None, "cli"),
         ("approved the plan", None, "cli"),
         ("answered the question 'Key?': 'it is [secret removed], keep it'", "a", "cli"),
         ("denied a call to write_file: not that file", "a", "cli"),
     ]
     assert all(entry["by"].startswith("cli@") for entry in entries)
-    assert entries[2]["request"] == approval["id"]
+    assert entries[3]["request"] == approval["id"]
     assert [entry["at"] for entry in entries] == sorted(entry["at"] for entry in entries)
     assert "sk-abcdef" not in mp("runs", "audit", run_id).stdout
 
@@ -275,5 +276,6 @@ def test_runs_audit_says_who_did_what_and_when_with_secrets_removed(
         waiting.communicate(timeout=60)
     finally:
         waiting.kill()
-    (cancel,) = json.loads(mp("runs", "audit", review["run_id"], "--json").stdout)
+    created, cancel = json.loads(mp("runs", "audit", review["run_id"], "--json").stdout)
+    assert (created["action"], created["front_end"]) == ("created the run", "cli")
     assert (cancel["action"], cancel["front_end"]) == ("asked to cancel the run", "cli")

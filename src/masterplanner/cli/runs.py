@@ -146,6 +146,8 @@ def run(
             raise ConfigError(f"{name} must be at least 1, got {count}")
     if not 0 <= max_replans <= 10:
         raise ConfigError(f"--max-replans must be between 0 and 10, got {max_replans}")
+    from ..service import answerer_name
+
     settings = load_settings(model=model)
     service = _service(settings)
     options = RunOptions(
@@ -165,7 +167,12 @@ def run(
     try:
         record = asyncio.run(
             service.create(
-                task, model=settings.model, options=options, workspace=workspace, for_workers=detach
+                task,
+                model=settings.model,
+                options=options,
+                workspace=workspace,
+                for_workers=detach,
+                by=answerer_name("cli"),
             )
         )
     except BaseException:

@@ -117,11 +117,12 @@ class Engine:
         options: RunOptions | None = None,
         workspace: Path | None = None,
         for_workers: bool = False,
+        by: str | None = None,
     ) -> RunRecord:
         """Record a new run (status `planning`) after checking the task and model spec.
 
         `for_workers`: the run is queued for workers (`masterplanner worker`); the first to claim
-        it executes it.
+        it executes it. `by`: who created it (`front end@host:pid`), for the audit log.
         """
         task = validate_task(task)
         spec = model or self.settings.model
@@ -145,7 +146,8 @@ class Engine:
             options=options,
             for_workers=for_workers,
         )
-        self.store.append_event(run_id, "run_created", data={"task": task, "model": spec})
+        created = {"task": task, "model": spec} | ({"by": by} if by else {})
+        self.store.append_event(run_id, "run_created", data=created)
         return self.store.get_run(run_id)
 
     async def execute(self, run_id: str, *, on_wait: Callable[[Lease], None] | None = None) -> RunRecord:

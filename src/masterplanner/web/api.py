@@ -246,6 +246,7 @@ async def create_run(request: Request, body: RunIn) -> dict[str, Any]:
         options=options,
         workspace=workspace,
         for_workers=executions.for_workers,
+        by=answerer_name("web"),
     )
     executions.start(record.id)
     return _summary(record)

@@ -129,6 +129,7 @@ async def create_run(request: Request) -> Response:
             options=options,
             workspace=Path(workspace) if workspace else None,
             for_workers=request.app.state.executions.for_workers,
+            by=answerer_name("web"),
         )
     except MasterplannerError as error:
         context = {"error": str(error), "task": task, "model": model, "workspace": workspace, "yes": yes}
