@@ -361,6 +361,7 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
         f"run {run_id}: succeeded",
     )
     assert logged[0]["queues"] == ["steps-scripted"] and logged[0]["time"].endswith("Z")
+    assert logged[2]["message"] == "stopped: 1 run ended here, 0 handed over"
     listed = subprocess.run(
         [*mp, "workers", "--all", "--json"], capture_output=True, text=True, env=cluster.env, timeout=60
     )

@@ -75,7 +75,7 @@ def worker(
             loop.add_signal_handler(signum, stop.set)
         summary = await service.work(stop, providers=providers, max_runs=max_runs, grace_s=grace, note=note)
         note(
-            f"stopped: {len(summary.runs)} runs ended here, {len(summary.handed_over)} handed over",
+            f"stopped: {_runs(len(summary.runs))} ended here, {len(summary.handed_over)} handed over",
             event="worker_stopped",
             runs_ended=len(summary.runs),
             handed_over=len(summary.handed_over),
@@ -117,3 +117,7 @@ def workers(
             highlight=False,
             soft_wrap=True,
         )
+
+
+def _runs(count: int) -> str:
+    return "1 run" if count == 1 else f"{count} runs"
