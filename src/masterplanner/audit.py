@@ -3,7 +3,8 @@
 Made from what the run already stores: who created the run; every answered request (a plan
 review and its edits, a replan, a tool approval, an agent's question, whether to keep the team)
 with who answered it and when; the plans and replans approved with no review because the run was
-created so (`--yes`), in the name of who created it; and every request to cancel the run. What a
+created so (`--yes`), in the name of who created it; every request to cancel the run; and every
+retry of it after it failed. What a
 person typed is shown with anything shaped like a credential removed (`redaction.redacted`).
 """
 
@@ -96,8 +97,23 @@ def _by_itself(event: Event, creator: str) -> AuditEntry | None:
     return None
 
 
+def _retried(event: Event) -> str:
+    """What a `run_retried` event says was done: which steps run again, which budgets changed."""
+    steps = [str(step) for step in event.data.get("steps", [])]
+    again = (
+        f"steps {', '.join(steps)} run again"
+        if len(steps) > 1
+        else f"step {steps[0]} runs again"
+        if steps
+        else "no step to run again"
+    )
+    budgets = event.data.get("budgets") or {}
+    changed = "".join(f"; {key} set to {value:g}" for key, value in budgets.items())
+    return f"retried the run after it failed ({again}{changed})"
+
+
 def audit_entries(requests: list[Request], events: list[Event]) -> list[AuditEntry]:
-    """The run's audit log, oldest first: its creation, approvals, answered requests and cancels.
+    """The run's audit log, oldest first: its creation, approvals, answered requests, cancels, retries.
 
     A run created before creators were recorded shows `unknown` as its creator.
     """
@@ -120,5 +136,10 @@ def audit_entries(requests: list[Request], events: list[Event]) -> list[AuditEnt
         AuditEntry(at=event.at, by=str(event.data.get("by") or "unknown"), action="asked to cancel the run")
         for event in events
         if event.kind == "cancel_requested"
+    ]
+    entries += [
+        AuditEntry(at=event.at, by=str(event.data.get("by") or "unknown"), action=_retried(event))
+        for event in events
+        if event.kind == "run_retried"
     ]
     return sorted(entries, key=lambda entry: entry.at)

@@ -1,10 +1,10 @@
-"""The services front ends call — the CLI today, the web app and REST API next: runs and the registry.
+"""The services front ends call (the CLI, the web app, the REST API): runs and the registry.
 
 Everything a person does with runs goes through `RunService`: create a run and execute it (or
 resume it), read runs, their steps, events and reports, list and answer the requests a run
 waits on (plan review, tool approvals, agents' questions, whether to store the team), cancel,
-and give feedback. `RegistryService` is the same for the registry: agents, stored teams and
-memories. Front ends never touch the stores, DBOS or the engine's internals.
+retry a failed run, and give feedback. `RegistryService` is the same for the registry: agents,
+stored teams and memories. Front ends never touch the stores, DBOS or the engine's internals.
 
 Every method is async and keeps blocking work (database reads and writes, the registry) off the
 event loop, so a web server can share the loop with running runs.
@@ -224,6 +224,38 @@ class RunService:
             except RunError:  # it ended meanwhile, cancelled or otherwise
                 record = await self.get(record.id)
         return record
+
+    async def retry(
+        self,
+        run_id: str,
+        *,
+        by: str | None = None,
+        for_workers: bool | None = None,
+        max_model_calls: int | None = None,
+        max_tokens: int | None = None,
+        max_wall_s: float | None = None,
+        max_cost_usd: float | None = None,
+    ) -> RunRecord:
+        """Make a failed run ready to go on from where it failed; then `execute` it (or workers do).
+
+        Its succeeded steps keep their outputs and are not run again; its failed, skipped and
+        cancelled steps run afresh. A budget given here replaces the run's; one the run has
+        used up is refused (`BudgetExceededError`) before anything changes. A run that did not
+        fail is refused (`RunError`). `for_workers`: queue it for the workers, or (False) execute
+        it in the caller; None keeps it as it was. `by` is who asked, for the audit log.
+        """
+        return await asyncio.to_thread(
+            partial(
+                self._engine.retry,
+                run_id,
+                by=by or answerer_name("library"),
+                for_workers=for_workers,
+                max_model_calls=max_model_calls,
+                max_tokens=max_tokens,
+                max_wall_s=max_wall_s,
+                max_cost_usd=max_cost_usd,
+            )
+        )
 
     async def audit(self, run_id: str) -> list[AuditEntry]:
         """Who approved, edited, answered or cancelled what in the run, when, from which front end."""

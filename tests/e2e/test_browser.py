@@ -208,3 +208,45 @@ def test_a_queued_runs_waiting_line_follows_the_workers_with_no_event_of_the_run
         for process in workers:
             process.terminate()
             process.wait(timeout=60)
+
+
+def test_a_failed_run_is_retried_from_its_page_and_followed_live(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """The retry button loads the page again, which follows the run live to its new end."""
+    page = browser_page
+    script = tmp_path / "script.json"
+    broken = {"purpose": "step:b", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True}
+    calls = [
+        {"purpose": "planner", "output": {"steps": [_step("a", tools=[]), _step("b", "a", tools=[])]}},
+        {"purpose": "step:a", "output": "A"},
+        broken,
+        {"purpose": "*", "repeat": True},
+    ]
+    script.write_text(json.dumps({"calls": calls}))
+    body = {
+        "task": "a then b",
+        "model": f"scripted:{script}",
+        "options": {"auto_approve": True, "prompt_rounds": 0, "max_replans": 0, "max_model_calls": 13},
+    }
+    data, headers = json.dumps(body).encode(), {"Content-Type": "application/json"}
+    request = urllib.request.Request(f"{server}/api/v1/runs", data=data, headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        run_id = json.loads(response.read())["id"]
+    page.goto(f"{server}/runs/{run_id}")
+    page.locator("h1 .status-failed").wait_for()
+
+    retry = page.get_by_role("button", name="Retry from where it failed")
+    retry.click()  # its model-call budget is used up: refused, and the page says so
+    page.get_by_role("alert").filter(has_text="has used 13 model calls of its budget of 13").wait_for()
+    assert page.locator("h1 .status-failed").count() == 1
+
+    script.write_text(json.dumps({"calls": [{"purpose": "step:b", "delay_s": 1.5, "output": "B at last"}]}))
+    page.get_by_text("Budget for the retry").click()
+    page.get_by_label("Model calls for the whole run").fill("20")
+    retry.click()
+    page.locator("h1 .status-running").wait_for()  # the page again, live
+    page.locator("h1 .status-succeeded").wait_for()
+    assert page.locator("pre.output").inner_text() == "B at last"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "retried-run.png"), full_page=True)

@@ -597,3 +597,51 @@ def test_each_worker_keeps_its_own_concurrency(cluster: Cluster, write_script: C
     assert sum(len(each) for each in spans.values()) == 16
     assert _most_at_once(spans[narrow]) == 1
     assert 2 <= _most_at_once(spans[wide]) <= 3
+
+
+def test_a_run_that_failed_on_workers_is_retried_on_them_with_a_larger_budget(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "script.json"
+    steps = [plan_step("a"), plan_step("b", "a"), plan_step("c", "b")]
+    calls = [
+        {"purpose": "planner", "output": {"steps": steps}},
+        {"purpose": "step:a", "output": "A"},
+        {"purpose": "step:b", "output": "B"},
+        {"purpose": "*", "repeat": True},
+    ]
+    script.write_text(json.dumps({"calls": calls}))
+    cluster.worker()
+    cluster.worker()
+    cluster.worker_ids(2)
+    mp = [sys.executable, "-m", "masterplanner"]
+    flags = ["--yes", "--rounds", "0", "--max-calls", "6", "--detach"]
+    queued = subprocess.run(
+        [*mp, "run", "a, b, c", "-m", f"scripted:{script}", *flags],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+    )
+    assert queued.returncode == 0, queued.stderr
+    run_id = queued.stdout.strip()
+    assert cluster.wait_finished([run_id]) == {run_id: "failed"}
+    # the planner, three prompts, a and b: c's first call is over the budget
+    assert cluster.store.get_run(run_id).error == "the run used its budget of 6 model calls"
+
+    script.write_text(json.dumps({"calls": [{"purpose": "step:c", "output": "C"}]}))
+    retried = subprocess.run(
+        [*mp, "runs", "retry", run_id, "--max-calls", "7", "--detach"],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+    )
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout.strip() == run_id
+    assert cluster.wait_finished([run_id]) == {run_id: "succeeded"}
+    record = cluster.store.get_run(run_id)
+    assert (record.output, record.retries, record.options.max_model_calls) == ("C", 1, 7)
+    started = [step for _kind, step, _data in cluster.events(run_id, "step_started")]
+    assert started == ["a", "b", "c", "c"]  # c was cut short by the budget, then ran again; a, b once
+    assert [data["steps"] for _kind, _step, data in cluster.events(run_id, "run_retried")] == [["c"]]

@@ -242,6 +242,22 @@ def test_a_step_resumed_in_another_process_says_where() -> None:
     assert _text(one_line(event_line(resumed))).strip() == f"00:00:00 step_resumed fetch in w2-{OSC52_SHOWN}"
 
 
+def test_a_retried_run_runs_again_and_its_steps_lose_their_old_failure() -> None:
+    view = RunView("r1", steps=[StepRecord("fetch", "pending")])
+    view.apply(_event("step_failed", "fetch", error="provider down"))
+    view.apply(_event("run_failed", reason="step fetch failed: provider down"))
+    assert view.phase == "failed" and "provider down" in _text(view.render(1)).splitlines()[1]
+    retried = _event("run_retried", retry=1, status="running", steps=["fetch"], by="cli@h:1" + OSC52)
+    view.apply(retried)
+    view.apply(_event("step_started", "fetch"))
+    lines = _text(view.render(1)).splitlines()
+    assert " · running · " in lines[0] and lines[0].endswith("retry 1")
+    assert "provider down" not in lines[1]
+    assert _text(one_line(event_line(retried))).strip() == (
+        f"00:00:00 run_retried retry 1: fetch (by cli@h:1{OSC52_SHOWN})"
+    )
+
+
 def test_a_run_a_worker_refused_says_which_and_why() -> None:
     refused = _event("run_refused", process="w1", reason="model file /m.gguf: no such file " + OSC52)
     assert _text(one_line(event_line(refused))).strip() == (

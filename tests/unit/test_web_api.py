@@ -314,3 +314,49 @@ async def test_a_run_started_through_the_api_is_answered_in_the_terminal(
     events = (await client.get(f"/runs/{run['id']}/events")).json()
     (refusal,) = [event["data"] for event in events if event["kind"] == "tool_denied"]
     assert refusal["reason"] == "keep it" and refusal["by"].startswith("cli@")
+
+
+async def test_a_failed_run_is_retried_through_the_api(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("b", "a", tools=[])]}},
+            {"purpose": "step:a", "output": "A done"},
+            {"purpose": "step:b", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True},
+            DRAFTS,
+        ]
+    )
+    options = {"prompt_rounds": 0, "auto_approve": True, "max_replans": 0}
+    created = await client.post(
+        "/runs", json={"task": "a then b", "model": f"scripted:{script}", "options": options}
+    )
+    run_id = created.json()["id"]
+    await _wait_for(client, f"/runs/{run_id}", lambda found: found["status"] == "failed")
+
+    bad = await client.post(f"/runs/{run_id}/retry", json={"max_model_calls": 0, "colour": "red"})
+    assert bad.status_code == 422
+    assert bad.json()["problems"] == [
+        "body.max_model_calls: input should be greater than or equal to 1",
+        "body.colour: unknown field",
+    ]
+    spent = await client.post(f"/runs/{run_id}/retry", json={"max_model_calls": 10})
+    assert spent.status_code == 409
+    assert spent.json()["error"] == (
+        f"run {run_id} has used 13 model calls of its budget of 10: retry it with a larger budget"
+    )
+    assert (await client.get(f"/runs/{run_id}")).json()["status"] == "failed"
+
+    script.write_text(json.dumps({"calls": [{"purpose": "step:b", "output": "B at last"}]}))
+    retried = await client.post(f"/runs/{run_id}/retry")
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["status"] == "running"
+    report = await _wait_for(client, f"/runs/{run_id}", lambda found: found["status"] == "succeeded")
+    assert report["output"] == "B at last"
+    assert [(s["id"], s["status"]) for s in report["steps"]] == [("a", "succeeded"), ("b", "succeeded")]
+    refused = await client.post(f"/runs/{run_id}/retry", json={})
+    assert (refused.status_code, refused.json()["error"]) == (
+        409,
+        f"run {run_id} succeeded: only a failed run can be retried",
+    )
+    assert (await client.post("/runs/nope-nope/retry")).status_code == 404

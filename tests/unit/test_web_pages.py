@@ -196,3 +196,39 @@ async def test_a_run_started_in_the_terminal_is_approved_on_its_page(
         process.kill()
     assert process.returncode == 0, err
     assert json.loads(out)["output"] == "A done"
+
+
+async def test_a_failed_run_is_retried_from_its_page(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("b", "a", tools=[])]}},
+            {"purpose": "step:a", "output": "A done"},
+            {"purpose": "step:b", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True},
+            DRAFTS,
+        ]
+    )
+    form = {"task": "a then b", "model": f"scripted:{script}", "yes": "on", "prompt_rounds": "0"}
+    form |= {"max_replans": "0", "max_model_calls": "13"}
+    run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
+    body = await _body_until(client, run_id, r'class="status status-failed"')
+    assert "Retry from where it failed" in body
+    assert "Model calls for the whole run (used so far: 13)" in body
+
+    headers = {"HX-Request": "true"}
+    spent = await client.post(f"/runs/{run_id}/retry", data={}, headers=headers)
+    assert spent.status_code == 409
+    assert (
+        f"run {run_id} has used 13 model calls of its budget of 13: retry it with a larger budget"
+        in spent.text
+    )
+    bad = await client.post(f"/runs/{run_id}/retry", data={"max_model_calls": "lots"}, headers=headers)
+    assert bad.status_code == 409
+    assert "max model calls must be a whole number from 1 to 1000000" in bad.text
+
+    script.write_text(json.dumps({"calls": [{"purpose": "step:b", "output": "B at last"}]}))
+    retried = await client.post(f"/runs/{run_id}/retry", data={"max_model_calls": "20"}, headers=headers)
+    assert (retried.status_code, retried.headers["HX-Redirect"]) == (204, f"/runs/{run_id}")
+    body = await _body_until(client, run_id, r'class="status status-succeeded"')
+    assert "B at last" in body and "Retry from where it failed" not in body

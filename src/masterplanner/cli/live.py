@@ -72,6 +72,7 @@ _PHASES = {
     "run_failed": "failed",
     "run_cancelled": "cancelled",
 }
+_RETRIED_PHASES = {"running": "running", "awaiting_approval": "awaiting approval", "planning": "planning"}
 _TEAM_NOTES = {
     "message_sent": "[blue]sent ",
     "message_delivered": "[blue]message ",
@@ -114,6 +115,10 @@ def _event_detail(kind: str, data: dict[str, Any]) -> str:
         return f" [yellow]{_retry_wait(data)}[/]"
     if kind in ("run_failed", "run_cancelled", "rejected"):
         return f" {shown(data.get('reason', ''))}"
+    if kind == "run_retried":
+        steps = ", ".join(str(step) for step in data.get("steps", []))
+        by = f" (by {shown(data['by'])})" if "by" in data else ""
+        return f" retry {shown(data.get('retry', ''))}" + (f": {shown(steps)}" if steps else "") + by
     if kind == "run_refused":  # a worker that cannot coordinate it with its settings
         return f" by {shown(data.get('process', ''))}: [red]{shown(data.get('reason', ''))}[/]"
     if kind in ("approval_requested", "request_opened", "request_answered") and "request" in data:
@@ -327,9 +332,7 @@ class RunView:
         """Take in one event: the run's phase, or a step's current tool and latest notice."""
         data = event.data
         if event.step is None:
-            self.phase = _PHASES.get(event.kind, self.phase)
-            if event.kind in ("run_failed", "run_cancelled", "rejected"):
-                self.note = f"[red]{shown(data.get('reason', ''))}[/]"
+            self._apply_to_run(event)
             return
         now = self.activity.setdefault(event.step, _Activity())
         tool = shown(data.get("tool"))
@@ -357,10 +360,19 @@ class RunView:
         elif event.kind in ("input_summarized", "input_cut"):
             how = "summarised" if event.kind == "input_summarized" else "cut"
             now.note = f"[dim]input from {shown(data.get('dependency', ''))} {how}[/]"
-        elif event.kind == "step_succeeded":
+        elif event.kind in ("step_succeeded", "step_started"):
             now.tool, now.note = None, ""
         elif event.kind in _TEAM_NOTES:
             now.note = _TEAM_NOTES[event.kind] + (_team_detail(event.kind, data) or "").lstrip() + "[/]"
+
+    def _apply_to_run(self, event: Event) -> None:
+        data = event.data
+        self.phase = _PHASES.get(event.kind, self.phase)
+        if event.kind in ("run_failed", "run_cancelled", "rejected"):
+            self.note = f"[red]{shown(data.get('reason', ''))}[/]"
+        if event.kind == "run_retried":  # it goes on from where it failed
+            self.phase = _RETRIED_PHASES.get(str(data.get("status")), "running")
+            self.note = f"[yellow]retry {shown(data.get('retry', ''))}[/]"
 
     def render(self, elapsed: float) -> Tree:
         """The tree as it is now; `elapsed` is the run's time so far in this process."""

@@ -1,4 +1,4 @@
-"""`masterplanner run` and `masterplanner runs list|show|pending|answer|audit|resume|cancel`.
+"""`masterplanner run` and `masterplanner runs list|show|pending|answer|audit|resume|retry|cancel`.
 
 Every command goes through the run service (`masterplanner.service.RunService`).
 """
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..service import Lease, RunRecord, RunService
     from ..settings import Settings
 
-runs_app = typer.Typer(help="List, inspect, answer, resume and cancel runs.", no_args_is_help=True)
+runs_app = typer.Typer(help="List, inspect, answer, resume, retry and cancel runs.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 
 _EXIT = {"succeeded": 0, "failed": 1, "cancelled": 1}
@@ -121,7 +121,8 @@ def run(
     answers too; with no terminal input the run waits for such an answer. A step that fails all
     its attempts is replanned (it and its dependents, up to --max-replans times; the new steps
     are a request like the plan). Every model response and tool result is checkpointed: after
-    a crash, `masterplanner runs resume RUN_ID` continues where it stopped. Exit code 0 when
+    a crash, `masterplanner runs resume RUN_ID` continues where it stopped, and a run that
+    failed goes on from where it failed with `masterplanner runs retry RUN_ID`. Exit code 0 when
     the run succeeded, 1 when it failed, was rejected or cancelled, 2 for a usage or
     configuration error. With --detach the run is queued for the workers sharing the database
     and the command exits 0 once it is recorded; follow it with `runs show`, answer it with
@@ -134,16 +135,9 @@ def run(
         raise ConfigError(f"--max-parallel must be between 1 and 64, got {max_parallel}")
     if not 0 <= rounds <= 5:
         raise ConfigError(f"--rounds must be between 0 and 5, got {rounds}")
-    for name, value in (("--step-timeout", step_timeout), ("--max-seconds", max_seconds)):
-        if value <= 0:
-            raise ConfigError(f"{name} must be positive, got {value:g}")
-    if max_cost is not None and not 0 < max_cost <= 1_000_000:
-        raise ConfigError(
-            f"--max-cost must be more than 0 and at most 1000000 (US dollars), got {max_cost:g}"
-        )
-    for name, count in (("--max-calls", max_calls), ("--max-tokens", max_tokens)):
-        if count < 1:
-            raise ConfigError(f"{name} must be at least 1, got {count}")
+    if step_timeout <= 0:
+        raise ConfigError(f"--step-timeout must be positive, got {step_timeout:g}")
+    _check_budgets(max_calls, max_tokens, max_seconds, max_cost)
     if not 0 <= max_replans <= 10:
         raise ConfigError(f"--max-replans must be between 0 and 10, got {max_replans}")
     from ..service import answerer_name
@@ -187,6 +181,19 @@ def run(
         soft_wrap=True,
     )
     _execute(service, record.id, as_json=as_json)
+
+
+def _check_budgets(calls: int | None, tokens: int | None, seconds: float | None, cost: float | None) -> None:
+    """Refuse a budget flag out of range (`ConfigError`, naming the flag); None is not given."""
+    from ..errors import ConfigError
+
+    if seconds is not None and seconds <= 0:
+        raise ConfigError(f"--max-seconds must be positive, got {seconds:g}")
+    if cost is not None and not 0 < cost <= 1_000_000:
+        raise ConfigError(f"--max-cost must be more than 0 and at most 1000000 (US dollars), got {cost:g}")
+    for name, count in (("--max-calls", calls), ("--max-tokens", tokens)):
+        if count is not None and count < 1:
+            raise ConfigError(f"{name} must be at least 1, got {count}")
 
 
 def _detached(service: RunService, record: RunRecord, *, as_json: bool) -> None:
@@ -544,6 +551,64 @@ def runs_resume(
         raise
     console(stderr=True).print(
         f"[bold]resuming run {shown(record.id)}[/] ({shown(record.status)})", highlight=False, soft_wrap=True
+    )
+    _execute(service, record.id, as_json=as_json)
+
+
+@runs_app.command("retry", short_help="Run a failed run again from where it failed.")
+def runs_retry(
+    run_id: RunId,
+    max_calls: Annotated[
+        int | None, typer.Option("--max-calls", help="New budget: model calls for the whole run.")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", help="New budget: tokens for the whole run.")
+    ] = None,
+    max_seconds: Annotated[
+        float | None, typer.Option("--max-seconds", help="New budget: seconds of execution from now.")
+    ] = None,
+    max_cost: Annotated[
+        float | None, typer.Option("--max-cost", help="New budget: US dollars for the whole run.")
+    ] = None,
+    detach: Annotated[
+        bool,
+        typer.Option("--detach", help="Queue it for workers (`masterplanner worker`) and return at once."),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run report as JSON.")] = False,
+) -> None:
+    """Run a failed run again from where it failed: its succeeded steps keep their outputs.
+
+    Its failed steps, and those skipped or cancelled because of them, run afresh (with their
+    replan budget again); a run that failed before its plan was approved is reviewed again.
+    The run's budgets stay unless given here: its model calls, tokens and money count from
+    the run's start, its seconds from this retry. A budget the run has used up is refused
+    before anything changes. The run executes in this terminal, or with --detach is queued
+    for the workers sharing the database.
+    """
+    from ..service import answerer_name
+
+    _check_budgets(max_calls, max_tokens, max_seconds, max_cost)
+    service = _service(load_settings())
+    try:
+        record = asyncio.run(
+            service.retry(
+                run_id,
+                by=answerer_name("cli"),
+                for_workers=detach,
+                max_model_calls=max_calls,
+                max_tokens=max_tokens,
+                max_wall_s=max_seconds,
+                max_cost_usd=max_cost,
+            )
+        )
+    except BaseException:
+        service.close()
+        raise
+    if detach:
+        _detached(service, record, as_json=as_json)
+        return
+    console(stderr=True).print(
+        f"[bold]retrying run {shown(record.id)}[/] ({shown(record.status)})", highlight=False, soft_wrap=True
     )
     _execute(service, record.id, as_json=as_json)
 

@@ -27,6 +27,7 @@ __all__ = [
     "flat_steps",
     "nested_steps",
     "utc_now",
+    "workflow_id",
 ]
 
 RunStatus = Literal["planning", "awaiting_approval", "running", "succeeded", "failed", "cancelled"]
@@ -60,6 +61,7 @@ EventKind = Literal[
     "run_failed",
     "run_cancelled",
     "run_refused",
+    "run_retried",
     "cancel_requested",
     "team_stored",
     "team_not_stored",
@@ -252,11 +254,23 @@ class RunRecord:
     error: str | None = None
     for_workers: bool = False
     """Queued for workers (`run --detach`): whichever worker claims it executes it."""
+    retries: int = 0
+    """How many times the run was retried after it failed (`runs retry`); the workflows of each
+    retry have ids of their own (`workflow_id`)."""
 
     @property
     def finished(self) -> bool:
         """Whether the run reached succeeded, failed or cancelled."""
         return self.status in FINISHED_RUN_STATUSES
+
+
+def workflow_id(run_id: str, name: str, retries: int = 0) -> str:
+    """The DBOS workflow id of one of a run's workflows: a step's (`name` is its id), `end`, ….
+
+    `<run>.<name>` until the run is retried, `<run>.retry<n>.<name>` after its n-th retry: a
+    retried step runs afresh instead of returning the outcome its failed workflow recorded.
+    """
+    return f"{run_id}.{name}" if retries == 0 else f"{run_id}.retry{retries}.{name}"
 
 
 SUB_STEP = "--"

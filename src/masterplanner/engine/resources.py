@@ -53,6 +53,8 @@ class RunResources:
     budget: ContextBudget
     registry: RegistryStore | None
     memory: MemoryStore | None
+    retries: int = 0
+    """How many times the run had been retried when these were made (a retry may change budgets)."""
 
 
 async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunResources:
@@ -91,6 +93,7 @@ async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunReso
         budget=context_budget(run.options, model.wrapped),
         registry=registry,
         memory=memory,
+        retries=run.retries,
     )
 
 
@@ -154,13 +157,19 @@ class _Kept:
 _kept = _Kept()
 
 
-async def resources_of(run_id: str, settings: Settings, store: RunStore) -> RunResources:
+async def resources_of(
+    run_id: str, settings: Settings, store: RunStore, *, retries: int | None = None
+) -> RunResources:
     """The run's resources in this process: the ones made before, or made now from its stored row.
 
     A run this process executes is built with the settings and store of the execution that
-    holds it (`hold`); `settings` and `store` serve any other.
+    holds it (`hold`); `settings` and `store` serve any other. `retries`: the run's count as
+    the caller read it; resources made before a later retry are made again (its budgets).
     """
     found = _kept.made.get(run_id)
+    if found is not None and retries is not None and found.retries != retries:
+        _kept.made.pop(run_id, None)
+        found = None
     if found is not None:
         _kept.made.move_to_end(run_id)
         return found

@@ -25,7 +25,7 @@ from ..planner import expand, replan
 from ..prompting import create_prompts, prompts_to_json
 from .checkpoints import checkpointed_and_counted
 from .planning import review_payload
-from .records import AgentBrief, EventKind, RunRecord, briefs
+from .records import AgentBrief, EventKind, RunRecord, briefs, workflow_id
 from .requests import PlanDecision
 from .resources import RunResources, resources_of
 from .runtime import launched_host
@@ -138,8 +138,11 @@ class PlanRevisions:
         """
         run = await self._run()
         events = await asyncio.to_thread(self.store.events, self.run_id)
+        number = 1 + sum(1 for event in events if event.kind in ("replanned", "replan_failed"))
+        # a retried run gets its replan budget again: what counts is what happened since the retry
+        retried = max((event.seq for event in events if event.kind == "run_retried"), default=0)
+        events = [event for event in events if event.seq > retried]
         done = sum(1 for event in events if event.kind in ("replanned", "replan_failed"))
-        number = done + 1
         if done >= run.options.max_replans or run.plan is None or step.id not in run.plan.ids:
             return None
         if any(event.kind == "replan_failed" and event.step == step.id for event in events):
@@ -154,7 +157,7 @@ class PlanRevisions:
                 {"n": number, "error": error},
             )
         proposal = await _proposal(
-            f"{self.run_id}.replan-{number}", replan_workflow, self.run_id, step.id, error
+            workflow_id(self.run_id, f"replan-{number}"), replan_workflow, self.run_id, step.id, error
         )
         if "error" in proposal:  # the step stays failed, and so does the run
             await self._failed(step.id, number, {"error": proposal["error"]})
@@ -184,7 +187,8 @@ class PlanRevisions:
         run = await self._run()
         if run.plan is None or step.id not in run.plan.ids:
             return None
-        proposal = await _proposal(f"{self.run_id}.expand-{step.id}", expand_workflow, self.run_id, step.id)
+        expand_id = workflow_id(self.run_id, f"expand-{step.id}", run.retries)
+        proposal = await _proposal(expand_id, expand_workflow, self.run_id, step.id)
         if "problems" in proposal or "error" in proposal:
             why: dict[str, Any] = {key: proposal[key] for key in ("problems", "error") if key in proposal}
             await asyncio.to_thread(self.store.append_event, self.run_id, "expand_failed", step.id, why)

@@ -32,7 +32,7 @@ from opentelemetry import context as otel_context
 from .. import telemetry
 from ..clause_planner import uses_clause_plans
 from ..database import database_failure
-from ..errors import BudgetExceededError, MasterplannerError, PlanError, RunError
+from ..errors import BudgetExceededError, ConfigError, MasterplannerError, PlanError, RunError
 from ..models import resolve_model
 from ..plan import Plan, Step, tool_problems, validate_task
 from ..settings import Settings
@@ -40,7 +40,7 @@ from ..tools.workspace import Workspace
 from .catalogs import RunCatalog, run_catalog
 from .planning import plan_run, review_run
 from .processes import Processes, ProcessKind
-from .records import RunOptions, RunRecord, nested_steps, utc_now
+from .records import RunOptions, RunRecord, nested_steps, utc_now, workflow_id
 from .resources import RunResources, hold, release, resources_of
 from .revisions import PlanRevisions
 from .runtime import launch_dbos, next_status, recover_workflow, shutdown_dbos, step_queue
@@ -242,6 +242,56 @@ class Engine:
                 self.store.release(run.id, canceller)
         return self.store.get_run(run.id)
 
+    def retry(
+        self,
+        run_id: str,
+        *,
+        by: str | None = None,
+        for_workers: bool | None = None,
+        max_model_calls: int | None = None,
+        max_tokens: int | None = None,
+        max_wall_s: float | None = None,
+        max_cost_usd: float | None = None,
+    ) -> RunRecord:
+        """Make a failed run ready to go on from where it failed; `execute` (or a worker) then runs it.
+
+        Its succeeded steps are kept and not run again; its failed, skipped and cancelled steps
+        run afresh, with a replan budget of their own. A run that failed before its plan was
+        approved is reviewed (or planned) again. A budget given here replaces the run's (the
+        run's model calls, tokens and money count from its start, its seconds from the retry);
+        one the run has already used up is refused before anything changes. `for_workers`:
+        queue it for workers, or (False) execute it in this process; None keeps it as it was.
+        `by`: who asks (`front end@host:pid`), for the audit log.
+        """
+        run = self.store.get_run(run_id)
+        changed: dict[str, Any] = {
+            key: value
+            for key, value in (
+                ("max_model_calls", max_model_calls),
+                ("max_tokens", max_tokens),
+                ("max_wall_s", max_wall_s),
+                ("max_cost_usd", max_cost_usd),
+            )
+            if value is not None
+        }
+        for key, value in changed.items():
+            whole = key in ("max_model_calls", "max_tokens")
+            if whole and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{key} must be a whole number of at least 1, got {value!r}")
+            if not whole and not 0 < value <= 1_000_000:
+                raise ConfigError(f"{key} must be more than 0 and at most 1000000, got {value!r}")
+        options = replace(run.options, **changed)
+        if run.status == "failed":  # otherwise the store says why it cannot be retried
+            _check_budget_left(self.store, run.id, options)
+        self.store.retry(
+            run.id,
+            options=options,
+            for_workers=run.for_workers if for_workers is None else for_workers,
+            by=by,
+            budgets=changed,
+        )
+        return self.store.get_run(run.id)
+
     def abandoned_runs(self) -> list[str]:
         """Runs a process died executing: their lease lapsed without being given up."""
         return self.store.abandoned_runs()
@@ -343,6 +393,22 @@ def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on re
         telemetry.record_run(run_id, status="cancelled", created_at=run.created_at, model=run.model)
 
 
+def _check_budget_left(store: RunStore, run_id: str, options: RunOptions) -> None:
+    """Refuse a retry that would stop at its first model call: a budget the run has used up."""
+    calls, tokens, spent = store.usage_totals(run_id)
+    spent_up: list[str] = []
+    if options.max_model_calls is not None and calls >= options.max_model_calls:
+        spent_up.append(f"{calls} model calls of its budget of {options.max_model_calls}")
+    if options.max_tokens is not None and tokens >= options.max_tokens:
+        spent_up.append(f"{tokens:,} tokens of its budget of {options.max_tokens:,}")
+    if options.max_cost_usd is not None and spent >= options.max_cost_usd:
+        spent_up.append(f"${spent:.4f} of its money budget of ${options.max_cost_usd:g}")
+    if spent_up:
+        raise BudgetExceededError(
+            f"run {run_id} has used {' and '.join(spent_up)}: retry it with a larger budget"
+        )
+
+
 def _check_tools(plan: Plan, done: set[str], catalog: RunCatalog) -> None:
     """Refuse to start when a step still to run names a tool that is not available here.
 
@@ -370,6 +436,8 @@ class _Drive:
         """Whether the run's end workflow has been started (it is never started twice)."""
         self.model = ""
         """The run's model spec: which provider's queue its steps go through."""
+        self.retries = 0
+        """How many times the run was retried: its workflows' ids say which retry they belong to."""
 
     async def run(self) -> None:
         # this task's spans (planning, the review, inline steps) join the run's trace
@@ -381,7 +449,7 @@ class _Drive:
 
     async def _run(self) -> None:
         run = await asyncio.to_thread(self.store.get_run, self.run_id)
-        self.model = run.model
+        self.model, self.retries = run.model, run.retries
         try:
             if run.finished:
                 self.ending = True
@@ -403,6 +471,8 @@ class _Drive:
         except MasterplannerError as exc:
             if self.ending:
                 raise  # the end workflow itself failed: it records its own outcome
+            # steps still running (on workers too) or queued stop: none finishes after the run failed
+            await self._cancel_step_workflows()
             await self._end("failed", str(exc), tell_registry=False)
         except sa.exc.DBAPIError as exc:  # DBOS's own writes (a full disk, say); our stores raise RunError
             if exc.connection_invalidated:
@@ -414,7 +484,7 @@ class _Drive:
 
     async def _finish_end(self) -> None:
         """Finish the end of a run that a crash cut short (its outcome recorded, the registry not told)."""
-        end_id = f"{self.run_id}.end"
+        end_id = workflow_id(self.run_id, "end", self.retries)
         status = await DBOS.get_workflow_status_async(end_id)
         if status is not None and status.status == "PENDING":
             handle = await DBOS.resume_workflow_async(end_id)
@@ -422,7 +492,7 @@ class _Drive:
 
     async def _end(self, status: Literal["succeeded", "failed"], text: str, *, tell_registry: bool) -> None:
         self.ending = True
-        end_id = f"{self.run_id}.end"
+        end_id = workflow_id(self.run_id, "end", self.retries)
         earlier = await DBOS.get_workflow_status_async(end_id)
         if earlier is not None and earlier.status in ("PENDING", "ENQUEUED"):
             await self._follow(end_id, None)  # a crash cut it short before it recorded the outcome
@@ -433,9 +503,10 @@ class _Drive:
     async def _cancel_step_workflows(self) -> None:
         """Cancel the DBOS workflows of unfinished steps (also those queued), so nothing runs them later."""
         for step in await asyncio.to_thread(self.store.steps, self.run_id):
-            workflow_id = f"{self.run_id}.{step.id}"
-            if step.status in ("running", "pending") and await DBOS.get_workflow_status_async(workflow_id):
-                await DBOS.cancel_workflow_async(workflow_id)
+            step_workflow_id = workflow_id(self.run_id, step.id, self.retries)
+            status = await DBOS.get_workflow_status_async(step_workflow_id)
+            if step.status in ("running", "pending") and status is not None and status.status not in _ENDED:
+                await DBOS.cancel_workflow_async(step_workflow_id)
 
     async def _run_steps(self, run: RunRecord, resources: RunResources) -> None:
         plan = run.plan
@@ -494,38 +565,43 @@ class _Drive:
         answer = plain_answer(run.plan, outputs) if run.plan is not None else None
         if answer is not None:
             return answer
-        workflow_id = f"{self.run_id}.aggregate"
-        status = await DBOS.get_workflow_status_async(workflow_id)
+        aggregate_id = workflow_id(self.run_id, "aggregate", self.retries)
+        status = await DBOS.get_workflow_status_async(aggregate_id)
         if status is not None and status.status in ("PENDING", "ENQUEUED"):
-            return str(await self._follow(workflow_id, None))
-        with SetWorkflowID(workflow_id):
+            return str(await self._follow(aggregate_id, None))
+        with SetWorkflowID(aggregate_id):
             return await aggregate_workflow(self.run_id)
 
     async def _wall_time_left(self, run: RunRecord) -> float | None:
         if run.options.max_wall_s is None:
             return None
         events = await asyncio.to_thread(self.store.events, run.id)
-        approved = [event.at for event in events if event.kind == "approved"]
-        started = _parse_time(approved[0]) if approved else time.time()
+        # counted from the approval, or from the latest retry: the time between them is not the run's
+        starts = [event.at for event in events if event.kind == "run_retried"] or [
+            event.at for event in events if event.kind == "approved"
+        ][:1]
+        started = _parse_time(starts[-1]) if starts else time.time()
         return max(0.0, run.options.max_wall_s - (time.time() - started))
 
     async def _skip(self, step: Step, reason: str) -> None:
         await asyncio.to_thread(self.store.update_step, self.run_id, step.id, status="skipped", error=reason)
 
     async def _run_step(self, step: Step) -> StepOutcome:
-        workflow_id = f"{self.run_id}.{step.id}"
-        status = await DBOS.get_workflow_status_async(workflow_id) if step.id in self.interrupted else None
+        step_workflow_id = workflow_id(self.run_id, step.id, self.retries)
+        status = (
+            await DBOS.get_workflow_status_async(step_workflow_id) if step.id in self.interrupted else None
+        )
         if status is not None and status.status in ("PENDING", "ENQUEUED"):
             # started by an earlier execution of the run: it may be running in a live process
             # (a worker) or have been left by a dead one; either way it is followed, never started twice
-            result = await self._follow(workflow_id, step.id)
+            result = await self._follow(step_workflow_id, step.id)
         elif self.engine.queued_steps and status is None:
-            with SetWorkflowID(workflow_id):
+            with SetWorkflowID(step_workflow_id):
                 await step_queue(self.model).enqueue_async(step_workflow, self.run_id, step.id)
-            result = await self._follow(workflow_id, step.id)
+            result = await self._follow(step_workflow_id, step.id)
         else:
             # A new step runs here; a finished one returns its recorded outcome without running.
-            with SetWorkflowID(workflow_id):
+            with SetWorkflowID(step_workflow_id):
                 result = await step_workflow(self.run_id, step.id)
         return StepOutcome(result["status"], result.get("output"), result.get("error"))
 

@@ -81,6 +81,7 @@ runs_table = sa.Table(
     sa.Column("lease_until", sa.Float),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
     sa.Column("executor", sa.String(16)),
+    sa.Column("retries", sa.Integer, nullable=False, server_default="0"),
 )
 steps_table = sa.Table(
     "mp_steps",
@@ -147,6 +148,12 @@ def _add_run_executor(connection: Connection) -> None:
         connection.execute(sa.text("ALTER TABLE mp_runs ADD COLUMN executor VARCHAR(16)"))
 
 
+def _add_run_retries(connection: Connection) -> None:
+    """How many times each run was retried after it failed (`runs retry`)."""
+    if "retries" not in {column["name"] for column in sa.inspect(connection).get_columns("mp_runs")}:
+        connection.execute(sa.text("ALTER TABLE mp_runs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0"))
+
+
 MIGRATIONS: list[Migration] = [
     ("0001_runs_steps_events_usage", _create_run_tables),
     ("0002_requests", create_requests_table),
@@ -155,6 +162,7 @@ MIGRATIONS: list[Migration] = [
     ("0005_processes", create_process_table),
     ("0006_run_executor", _add_run_executor),
     ("0007_usage_cost", _add_usage_cost),
+    ("0008_run_retries", _add_run_retries),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -311,6 +319,105 @@ class RunStore:
             )
 
     # ---- ownership
+
+    def retry(
+        self,
+        run_id: str,
+        *,
+        options: RunOptions,
+        for_workers: bool,
+        by: str | None,
+        budgets: Mapping[str, Any] | None = None,
+    ) -> list[str]:
+        """Put a failed run back where it failed, in one transaction; returns the steps to run again.
+
+        Its failed, skipped and cancelled steps are pending again (the succeeded ones keep their
+        outputs); it goes back to `running` if its plan was approved, else to the review or to
+        planning; its error goes, `retries` counts one more, `options` replace its options and
+        `for_workers` says who executes it now. A `run_retried` event records who asked and the
+        `budgets` they changed. Refused
+        (`RunError`) unless the run failed and no process holds it.
+        """
+        retried: list[str] = []
+        for _ in range(20):
+            with self._append_lock:
+                try:
+                    with self.begin("retry a run") as connection:
+                        retried = self._retry(connection, run_id, options, for_workers, by, budgets)
+                except sa.exc.IntegrityError:
+                    continue  # another process took the event's seq; try again
+            return retried
+        raise RunError(f"could not retry run {run_id}: the event log is too contended")
+
+    def _retry(
+        self,
+        connection: Connection,
+        run_id: str,
+        options: RunOptions,
+        for_workers: bool,
+        by: str | None,
+        budgets: Mapping[str, Any] | None,
+    ) -> list[str]:
+        row = connection.execute(sa.select(runs_table).where(runs_table.c.id == run_id)).mappings().first()
+        if row is None:
+            raise RunError(f"no run {run_id!r}")
+        if row["status"] != "failed":
+            state = {"succeeded": "succeeded", "cancelled": "was cancelled"}.get(
+                row["status"], f"is {str(row['status']).replace('_', ' ')}"
+            )
+            raise RunError(f"run {run_id} {state}: only a failed run can be retried")
+        now = database_now(connection)
+        if row["owner"] is not None and row["lease_until"] is not None and row["lease_until"] >= now:
+            raise RunError(
+                f"run {run_id} is still being ended by {row['owner']}: retry it once that process lets go"
+            )
+        approved = connection.scalar(
+            sa.select(sa.func.count())
+            .select_from(events_table)
+            .where(events_table.c.run_id == run_id, events_table.c.kind == "approved")
+        )
+        status: RunStatus = "running" if approved else "awaiting_approval" if row["plan"] else "planning"
+        retries = int(row["retries"]) + 1
+        updated = connection.execute(
+            runs_table.update()
+            .where(
+                runs_table.c.id == run_id,
+                runs_table.c.status == "failed",
+                runs_table.c.retries == retries - 1,
+            )
+            .values(
+                status=status,
+                output=None,
+                error=None,
+                cancel_requested=False,
+                retries=retries,
+                options=json.dumps(options.to_json_dict()),
+                executor="workers" if for_workers else None,
+                owner=None,
+                heartbeat_at=None,
+                lease_until=None,
+                updated_at=utc_now(),
+            )
+        )
+        if updated.rowcount != 1:
+            raise RunError(f"run {run_id} changed while it was being retried: try again")
+        unfinished = ("failed", "skipped", "cancelled", "running", "pending")
+        steps = list(
+            connection.scalars(
+                sa.select(steps_table.c.step_id)
+                .where(steps_table.c.run_id == run_id, steps_table.c.status.in_(unfinished))
+                .order_by(steps_table.c.position)
+            )
+        )
+        connection.execute(
+            steps_table.update()
+            .where(steps_table.c.run_id == run_id, steps_table.c.status.in_(unfinished))
+            .values(status="pending", output=None, error=None, started_at=None, finished_at=None, attempts=0)
+        )
+        data: dict[str, Any] = {"retry": retries, "status": status, "steps": steps}
+        data |= ({"by": by} if by else {}) | ({"budgets": dict(budgets)} if budgets else {})
+        _insert_event(connection, run_id, utc_now(), "run_retried", None, json.dumps(data))
+        return steps
 
     def claim(self, run_id: str, owner: str, *, lease_s: float) -> bool:
         """Take the run's lease for `owner` for `lease_s`: if free, already `owner`'s, or run out.
@@ -576,19 +683,7 @@ class RunStore:
                                 .where(steps_table.c.run_id == run_id, steps_table.c.step_id == step)
                                 .values(**step_values)
                             )
-                        seq = 1 + (
-                            connection.scalar(
-                                sa.select(sa.func.coalesce(sa.func.max(events_table.c.seq), 0)).where(
-                                    events_table.c.run_id == run_id
-                                )
-                            )
-                            or 0
-                        )
-                        connection.execute(
-                            events_table.insert().values(
-                                run_id=run_id, seq=seq, at=at, kind=kind, step=step, data=payload
-                            )
-                        )
+                        seq = _insert_event(connection, run_id, at, kind, step, payload)
                 except sa.exc.IntegrityError:
                     continue  # another process took this seq; take the next one
             return Event(seq, at, kind, step, json.loads(payload))
@@ -702,6 +797,24 @@ _USAGE_TOTALS = sa.text(
 )
 
 
+def _insert_event(
+    connection: Connection, run_id: str, at: str, kind: EventKind, step: str | None, payload: str
+) -> int:
+    """Insert an event with the run's next sequence number (`IntegrityError` if another took it)."""
+    seq = 1 + (
+        connection.scalar(
+            sa.select(sa.func.coalesce(sa.func.max(events_table.c.seq), 0)).where(
+                events_table.c.run_id == run_id
+            )
+        )
+        or 0
+    )
+    connection.execute(
+        events_table.insert().values(run_id=run_id, seq=seq, at=at, kind=kind, step=step, data=payload)
+    )
+    return int(seq)
+
+
 def _run_record(row: Any) -> RunRecord:
     try:
         plan = Plan.model_validate(json.loads(row["plan"])) if row["plan"] else None
@@ -722,4 +835,5 @@ def _run_record(row: Any) -> RunRecord:
         output=row["output"],
         error=row["error"],
         for_workers=row["executor"] == "workers",
+        retries=row["retries"],
     )

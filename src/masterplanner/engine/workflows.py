@@ -55,7 +55,7 @@ from ..tools.team import team_tool
 from ..working_memory import FittedInput, HistoryProcessor, Summarizer, fit_inputs, history_processor, trimmer
 from .checkpoints import CheckpointedModel
 from .collaboration import StepTeam, delivered_text, team_brief
-from .records import AgentBrief, EventKind, RunRecord, StepRecord, briefs_json, utc_now
+from .records import AgentBrief, EventKind, RunRecord, StepRecord, briefs_json, utc_now, workflow_id
 from .resources import RunResources, resources_of
 from .reuse import remember_run
 from .runtime import executor_id, keep_lease, launched_host
@@ -126,8 +126,13 @@ def _outputs(steps: list[StepRecord]) -> dict[str, str]:
 @DBOS.workflow(name="masterplanner.step")
 async def step_workflow(run_id: str, step_id: str) -> dict[str, Any]:
     """Run one plan step: attempts of its agent, with retries; returns its status and output or error."""
-    resources = await _resources(run_id)
-    run, steps = await _run_and_steps(resources, run_id)
+    settings, store = launched_host()
+    run, steps = await _db(store.get_run, run_id), await _db(store.steps, run_id)
+    resources = await resources_of(run_id, settings, store, retries=run.retries)
+    if DBOS.workflow_id != workflow_id(run_id, step_id, run.retries):
+        # a workflow of the run before it was retried, taken from a queue late: the step is the
+        # retry's now, and this one leaves it alone
+        return {"status": "failed", "error": "the run was retried: this execution of the step was dropped"}
     # "running" already: an execution in a process that stopped started it, and this one resumes it
     resumed = any(step.id == step_id and step.status == "running" for step in steps)
     step_run = _StepRun(resources, run, step_id, _outputs(steps))
@@ -307,7 +312,7 @@ class _StepRun:
         self.step = self.plan.step(step_id)
         self.outputs = outputs
         self.tools = runnable_tools(self.step.tools, resources.tools)
-        self.workflow_id = f"{run.id}.{step_id}"
+        self.workflow_id = workflow_id(run.id, step_id, run.retries)
         self.team = (
             StepTeam(resources, step_id, run.options)
             if run.options.team_tools and len(self.plan.steps) > 1

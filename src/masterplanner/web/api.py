@@ -30,6 +30,7 @@ __all__ = [
     "ErrorOut",
     "Executions",
     "FeedbackIn",
+    "RetryIn",
     "RunIn",
     "RunOptionsIn",
     "existing_run",
@@ -132,6 +133,26 @@ class AnswerIn(BaseModel):
     decision: dict[str, Any] | None = None
 
 
+class RetryIn(BaseModel):
+    """New budgets for a retried run (each left out keeps the run's)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    # the bounds before the whole-number check, so the schema states them (`minimum`, `maximum`)
+    max_model_calls: Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)] | None = Field(
+        default=None, description="Model calls in the run."
+    )
+    max_tokens: Annotated[int, Field(ge=1, le=10**10), BeforeValidator(_integral)] | None = Field(
+        default=None, description="Tokens in the run."
+    )
+    max_wall_s: Annotated[float, Field(gt=0, le=7 * 86_400)] | None = Field(
+        default=None, description="Seconds of execution from the retry."
+    )
+    max_cost_usd: Annotated[float, Field(gt=0, le=1_000_000)] | None = Field(
+        default=None, description="US dollars the run's model calls may cost."
+    )
+
+
 class FeedbackIn(BaseModel):
     """A person's rating of a finished run (1-5) and, optionally, what they would change."""
 
@@ -153,12 +174,18 @@ class Executions:
         self.for_workers = for_workers
         self._tasks: dict[str, asyncio.Task[RunRecord]] = {}
 
-    def start(self, run_id: str) -> None:
-        """Execute the run in the background (not if this server already does, or workers do)."""
+    def start(self, run_id: str, *, again: bool = False) -> None:
+        """Execute the run in the background (not if this server already does, or workers do).
+
+        `again` (a retried run): if this server's execution of it is still finishing, the run
+        is executed again once that execution is over.
+        """
         if self.for_workers:
             return
         running = self._tasks.get(run_id)
         if running is not None and not running.done():
+            if again:
+                running.add_done_callback(lambda _: self.start(run_id))
             return
         task = asyncio.create_task(self.service.execute(run_id), name=f"run {run_id}")
         self._tasks[run_id] = task
@@ -309,6 +336,27 @@ async def cancel_run(request: Request, run_id: str) -> dict[str, Any]:
     service = _service(request)
     record = await _run(service, run_id)
     return _summary(await service.cancel(record.id, wait_s=2.0, by=answerer_name("web")))
+
+
+@router.post("/runs/{run_id}/retry", summary="Retry a failed run from where it failed")
+async def retry_run(request: Request, run_id: str, body: RetryIn | None = None) -> dict[str, Any]:
+    """Run a failed run again: its succeeded steps are kept, the others run afresh.
+
+    Executed by this server, or queued for the workers (`serve --workers`). Refused (409) when
+    the run did not fail, or when it has used up a budget the body does not raise.
+    """
+    service = _service(request)
+    record = await _run(service, run_id)
+    executions: Executions = request.app.state.executions
+    budgets = (body or RetryIn()).model_dump()
+    try:
+        retried = await service.retry(
+            record.id, by=answerer_name("web"), for_workers=executions.for_workers, **budgets
+        )
+    except RunError as error:
+        raise HTTPException(409, str(error)) from None
+    executions.start(retried.id, again=True)
+    return _summary(retried)
 
 
 @router.post("/runs/{run_id}/feedback", summary="Rate a finished run")

@@ -27,7 +27,7 @@ from ..estimate import estimate_run
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 from ..usage import money
-from .api import existing_run
+from .api import Executions, existing_run
 from .auth import COOKIE, same_token
 from .graph import plan_svg
 
@@ -244,6 +244,27 @@ async def cancel(request: Request, run_id: str) -> Response:
         (await existing_run(request, run_id)).id, wait_s=2.0, by=answerer_name("web")
     )
     return templates.TemplateResponse(request, "_run_body.html", await _body_context(request, record, None))
+
+
+@router.post("/runs/{run_id}/retry", response_class=HTMLResponse)
+async def retry(request: Request, run_id: str) -> Response:
+    """Retry the failed run; the page loads again, following it live (or, 409, says why it cannot)."""
+    service = _service(request)
+    record = await existing_run(request, run_id)
+    executions: Executions = request.app.state.executions
+    form = await request.form()
+    try:
+        calls = _whole(form, "max_model_calls", 0, 1, 1_000_000) or None
+        record = await service.retry(
+            record.id, by=answerer_name("web"), for_workers=executions.for_workers, max_model_calls=calls
+        )
+    except (ValueError, MasterplannerError) as error:
+        problem = {"message": str(error), "problems": []}
+        context = await _body_context(request, await service.get(record.id), problem)
+        return templates.TemplateResponse(request, "_run_body.html", context, status_code=409)
+    executions.start(record.id, again=True)
+    # the whole page again: its live event stream closed when the run ended
+    return Response(status_code=204, headers={"HX-Redirect": f"/runs/{record.id}"})
 
 
 @router.get("/runs/{run_id}/file")

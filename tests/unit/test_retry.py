@@ -1,0 +1,256 @@
+"""A failed run retried from where it failed (`Engine.retry`, `RunService.retry`, `runs retry`).
+
+The scripted model's file is rewritten before each retry: the retry reads it afresh, and a step
+that ran again would find no entry of its own left and fail, so a success proves it did not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _cli import mp
+from _plans import step
+
+from masterplanner import RunError, Settings
+from masterplanner.engine import Engine, RunOptions
+from masterplanner.errors import BudgetExceededError, ConfigError
+from masterplanner.service import RunService
+
+FAST = RunOptions(auto_approve=True, prompt_rounds=0, retry_backoff_s=0.01, max_replans=0)
+DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
+BROKEN = {"purpose": "step:b", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True}
+
+
+@pytest.fixture
+def engine(isolated: Path) -> Iterator[Engine]:
+    created = Engine(Settings.load())
+    yield created
+    created.close()
+
+
+def _planner(*steps: dict[str, Any]) -> dict[str, Any]:
+    return {"purpose": "planner", "output": {"steps": list(steps)}}
+
+
+def _rewrite(script: Path, calls: list[dict[str, Any]]) -> None:
+    script.write_text(json.dumps({"calls": calls}))
+
+
+def _kinds_after(engine: Engine, run_id: str, seq: int) -> list[tuple[str, str | None]]:
+    return [(event.kind, event.step) for event in engine.store.events(run_id, after=seq)]
+
+
+WRITES_A = [
+    {
+        "purpose": "step:a",
+        "turn": 1,
+        "tool_calls": [{"name": "write_file", "args": {"path": "a.txt", "content": "A"}}],
+    },
+    {"purpose": "step:a", "turn": 2, "output": "a wrote a.txt"},
+]
+"""Step a writes a file (a side effect a retry must not repeat), then answers."""
+
+
+async def _failed_run(engine: Engine, script: Path, options: RunOptions = FAST) -> str:
+    """A run of a (writes a.txt), b (fails: a tool it does not have) and c (after both): failed."""
+    plan = _planner(step("a", tools=["write_file"]), step("b", tools=[]), step("c", "a", "b", tools=[]))
+    _rewrite(script, [plan, *WRITES_A, BROKEN, DRAFTS])
+    run = engine.create_run("a and b, then c", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id)
+    assert final.status == "failed"
+    steps = {record.id: record.status for record in engine.store.steps(run.id)}
+    assert steps == {"a": "succeeded", "b": "failed", "c": "skipped"}
+    return run.id
+
+
+async def test_a_retried_run_runs_only_what_failed_and_succeeds(engine: Engine, tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    run_id = await _failed_run(engine, script)
+    before = engine.store.events(run_id)[-1].seq
+    # the outage is over: b answers now, and c after it; a has no entry left (it must not run)
+    _rewrite(script, [{"purpose": "step:b", "output": "b ok"}, {"purpose": "step:c", "output": "c ok"}])
+
+    retried = engine.retry(run_id, by="cli@test:1")
+    assert (retried.status, retried.retries, retried.error) == ("running", 1, None)
+    assert {record.id: record.status for record in engine.store.steps(run_id)} == {
+        "a": "succeeded",
+        "b": "pending",
+        "c": "pending",
+    }
+    final = await engine.execute(run_id)
+
+    assert final.status == "succeeded", final.error
+    assert final.output == "c ok"
+    report = engine.report(run_id)
+    assert [(s["id"], s["status"], s["output"]) for s in report["steps"]] == [
+        ("a", "succeeded", "a wrote a.txt"),
+        ("b", "succeeded", "b ok"),
+        ("c", "succeeded", "c ok"),
+    ]
+    assert (Path(final.workspace) / "a.txt").read_text() == "A"
+    assert _kinds_after(engine, run_id, before) == [
+        ("run_retried", None),
+        ("step_started", "b"),
+        ("step_succeeded", "b"),
+        ("step_started", "c"),
+        ("step_succeeded", "c"),
+        ("run_succeeded", None),
+        ("team_stored", None),
+    ]
+    events = engine.store.events(run_id)
+    assert [e.data for e in events if e.kind == "run_retried"] == [
+        {"retry": 1, "status": "running", "steps": ["b", "c"], "by": "cli@test:1"}
+    ]
+    # a's side effect happened once, in the first execution
+    assert sum(1 for e in events if e.kind == "tool_called" and e.step == "a") == 1
+
+
+async def test_a_run_that_failed_again_can_be_retried_again(engine: Engine, tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    run_id = await _failed_run(engine, script)
+    _rewrite(script, [BROKEN])  # still broken
+    engine.retry(run_id)
+    again = await engine.execute(run_id)
+    assert again.status == "failed"
+    assert again.error is not None and again.error.startswith("step b failed: the model called no_such_tool")
+    assert {record.id: record.status for record in engine.store.steps(run_id)} == {
+        "a": "succeeded",
+        "b": "failed",
+        "c": "skipped",
+    }
+    _rewrite(script, [{"purpose": "step:b", "output": "b ok"}, {"purpose": "step:c", "output": "c ok"}])
+    assert engine.retry(run_id).retries == 2
+    final = await engine.execute(run_id)
+    assert (final.status, final.output) == ("succeeded", "c ok")
+    started = [e.step for e in engine.store.events(run_id) if e.kind == "step_started"]
+    assert sorted(started) == ["a", "b", "b", "b", "c"]  # a and b ran side by side at first
+
+
+async def test_a_run_that_failed_at_planning_is_planned_again(engine: Engine, tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    _rewrite(script, [{"purpose": "planner", "output": {"steps": []}, "repeat": True}])
+    run = engine.create_run("plan me", model=f"scripted:{script}", options=FAST)
+    failed = await engine.execute(run.id)
+    assert failed.status == "failed"
+    assert failed.plan is None
+    _rewrite(script, [_planner(step("only", tools=[])), {"purpose": "step:only", "output": "done"}, DRAFTS])
+    assert engine.retry(run.id).status == "planning"
+    final = await engine.execute(run.id)
+    assert (final.status, final.output) == ("succeeded", "done")
+
+
+async def test_a_retry_is_refused_unless_the_run_failed_and_nothing_changes(
+    engine: Engine, tmp_path: Path, write_script: Callable[..., Path]
+) -> None:
+    done = write_script([_planner(step("a", tools=[])), {"purpose": "step:a", "output": "fine"}, DRAFTS])
+    run = engine.create_run("fine", model=f"scripted:{done}", options=FAST)
+    with pytest.raises(RunError) as planning:
+        engine.retry(run.id)
+    assert str(planning.value) == f"run {run.id} is planning: only a failed run can be retried"
+    await engine.execute(run.id)
+    with pytest.raises(RunError) as succeeded:
+        engine.retry(run.id)
+    assert str(succeeded.value) == f"run {run.id} succeeded: only a failed run can be retried"
+
+    script = tmp_path / "script.json"
+    failed = await _failed_run(engine, script)
+    with pytest.raises(ConfigError) as bad:
+        engine.retry(failed, max_model_calls=0)
+    assert str(bad.value) == "max_model_calls must be a whole number of at least 1, got 0"
+    with pytest.raises(ConfigError) as costly:
+        engine.retry(failed, max_cost_usd=-1.0)
+    assert str(costly.value) == "max_cost_usd must be more than 0 and at most 1000000, got -1.0"
+    record = engine.store.get_run(failed)
+    assert (record.status, record.retries) == ("failed", 0)
+    assert not [e for e in engine.store.events(failed) if e.kind == "run_retried"]
+
+
+async def test_a_used_up_budget_is_refused_until_it_is_raised(engine: Engine, tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    plan = _planner(step("a", tools=[]), step("b", "a", tools=[]))
+    _rewrite(script, [plan, {"purpose": "step:a", "output": "kept"}, {"purpose": "*", "repeat": True}])
+    options = RunOptions(auto_approve=True, prompt_rounds=0, max_model_calls=4)
+    run = engine.create_run("budget", model=f"scripted:{script}", options=options)
+    failed = await engine.execute(run.id)
+    assert failed.error == "the run used its budget of 4 model calls"
+
+    with pytest.raises(BudgetExceededError) as spent:
+        engine.retry(run.id)
+    assert str(spent.value) == (
+        f"run {run.id} has used 4 model calls of its budget of 4: retry it with a larger budget"
+    )
+    assert engine.store.get_run(run.id).status == "failed"
+
+    _rewrite(script, [{"purpose": "step:b", "output": "b at last"}])
+    retried = engine.retry(run.id, max_model_calls=6, by="web@test:2")
+    assert retried.options.max_model_calls == 6
+    final = await engine.execute(run.id)
+    assert (final.status, final.output) == ("succeeded", "b at last")
+    assert engine.report(run.id)["usage"]["llm_calls"] == 5
+    retry_event = next(e for e in engine.store.events(run.id) if e.kind == "run_retried")
+    assert retry_event.data["budgets"] == {"max_model_calls": 6}
+
+
+async def test_the_audit_log_names_who_retried_and_what(isolated: Path, tmp_path: Path) -> None:
+    service = RunService(Settings.load())
+    try:
+        script = tmp_path / "script.json"
+        plan = _planner(step("a", tools=["write_file"]), step("b", tools=[]), step("c", "a", "b", tools=[]))
+        _rewrite(script, [plan, *WRITES_A, BROKEN, DRAFTS])
+        created = await service.create("a and b, then c", model=f"scripted:{script}", options=FAST)
+        run_id = created.id
+        assert (await service.execute(run_id)).status == "failed"
+        _rewrite(script, [{"purpose": "step:b", "output": "b ok"}, {"purpose": "step:c", "output": "c ok"}])
+        retried = await service.retry(run_id, by="web@host:7", max_wall_s=900.0)
+        assert retried.options.max_wall_s == 900.0
+        assert (await service.execute(run_id)).status == "succeeded"
+        entries = [(entry.by, entry.action) for entry in await service.audit(run_id)]
+    finally:
+        service.close()
+    assert entries[-1] == (
+        "web@host:7",
+        "retried the run after it failed (steps b, c run again; max_wall_s set to 900)",
+    )
+
+
+def test_runs_retry_in_the_terminal(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    plan = _planner(step("a", tools=[]), step("b", "a", tools=[]))
+    _rewrite(script, [plan, {"purpose": "step:a", "output": "A"}, BROKEN, DRAFTS])
+    first = mp(
+        "run",
+        "a then b",
+        "--model",
+        f"scripted:{script}",
+        "--yes",
+        "--rounds",
+        "0",
+        "--max-replans",
+        "0",
+        "--json",
+    )
+    assert first.returncode == 1, first.stderr
+    run_id = json.loads(first.stdout)["run_id"]
+
+    refused = mp("runs", "retry", run_id, "--max-calls", "0")
+    assert (refused.returncode, refused.stderr.strip()) == (2, "error: --max-calls must be at least 1, got 0")
+
+    _rewrite(script, [{"purpose": "step:b", "output": "B"}])
+    retried = mp("runs", "retry", run_id[:12], "--json")
+    assert retried.returncode == 0, retried.stderr
+    assert f"retrying run {run_id} (running)" in retried.stderr
+    report = json.loads(retried.stdout)
+    assert (report["status"], report["output"]) == ("succeeded", "B")
+    assert [(s["id"], s["status"]) for s in report["steps"]] == [("a", "succeeded"), ("b", "succeeded")]
+
+    again = mp("runs", "retry", run_id)
+    assert (again.returncode, again.stderr.strip()) == (
+        1,
+        f"error: run {run_id} succeeded: only a failed run can be retried",
+    )
+    audit = mp("runs", "audit", run_id)
+    assert "retried the run after it failed (step b runs again)" in audit.stdout
