@@ -247,6 +247,9 @@ def test_runs_retry_in_the_terminal(tmp_path: Path) -> None:
     assert (report["status"], report["output"]) == ("succeeded", "B")
     assert [(s["id"], s["status"]) for s in report["steps"]] == [("a", "succeeded"), ("b", "succeeded")]
 
+    shown = mp("runs", "show", run_id, "--timeline")
+    assert shown.stdout.startswith(f"run {run_id} · succeeded · retried 1 time · a then b\n")
+    assert report["retries"] == 1
     again = mp("runs", "retry", run_id)
     assert (again.returncode, again.stderr.strip()) == (
         1,

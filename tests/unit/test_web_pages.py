@@ -232,3 +232,4 @@ async def test_a_failed_run_is_retried_from_its_page(
     assert (retried.status_code, retried.headers["HX-Redirect"]) == (204, f"/runs/{run_id}")
     body = await _body_until(client, run_id, r'class="status status-succeeded"')
     assert "B at last" in body and "Retry from where it failed" not in body
+    assert " · retried 1 time</p>" in body

@@ -382,8 +382,12 @@ def runs_show(
         )
         return
     out = console()
+    retried = report.get("retries") or 0
+    status = shown(report["status"])
+    if retried:
+        status += f" · retried {retried} time{'s' if retried != 1 else ''}"
     out.print(
-        f"[bold]run {shown(report['run_id'])}[/] · {shown(report['status'])} · {shown(report['task'])}",
+        f"[bold]run {shown(report['run_id'])}[/] · {status} · {shown(report['task'])}",
         highlight=False,
         soft_wrap=True,
     )

@@ -299,6 +299,8 @@ class Engine:
     def report(self, run_id: str) -> dict[str, Any]:
         """The JSON report of a run: id, status, output, error, plan, steps, usage (and its workspace).
 
+        `retries`: how many times the run was retried after it failed.
+
         An expanded step's sub-steps are under it (`sub_steps`); messages between steps and
         the run's notes are there too.
         """
@@ -311,6 +313,7 @@ class Engine:
             "error": run.error,
             "workspace": run.workspace,
             "created_at": run.created_at,
+            "retries": run.retries,
             "plan": None if run.plan is None else run.plan.to_json_dict(),
             "steps": nested_steps([step.to_json_dict() for step in self.store.steps(run.id)]),
             "usage": self.store.usage(run.id),
