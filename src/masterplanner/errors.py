@@ -182,7 +182,7 @@ _SHAPES = {
 }
 
 
-def problem_in_our_words(item: Any, *, what: str = "this") -> str:
+def problem_in_our_words(item: Any, *, what: str | None = None) -> str:
     """One problem of a pydantic `ValidationError` (an item of `errors()`) in our words.
 
     The common kinds are worded here; pydantic's own message stays only for the rare ones.
@@ -191,7 +191,8 @@ def problem_in_our_words(item: Any, *, what: str = "this") -> str:
     kind, value = item["type"], item.get("input")
     limit = (item.get("ctx") or {}).get("min_length") or (item.get("ctx") or {}).get("max_length")
     if kind in ("model_type", "dict_type", "model_attributes_type"):
-        return f"should be an object with the fields of {what}, got {_json_kind(value)}"
+        shape = f"an object with the fields of {what}" if what else "a JSON object"
+        return f"should be {shape}, got {_json_kind(value)}"
     if kind in ("missing", "extra_forbidden"):
         return _SHAPES[kind]
     if kind in _SHAPES:
@@ -218,7 +219,7 @@ def _json_kind(value: Any) -> str:
         return "true/false"
     if isinstance(value, (int, float)):
         return "a number"
-    if isinstance(value, str):
+    if isinstance(value, (str, bytes)):  # bytes: a body sent as something other than JSON
         return "text"
     if isinstance(value, (list, tuple)):
         return "a list"

@@ -140,7 +140,7 @@ def _shape_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[str]
             where = f"step {name!r}" if isinstance(name, str) and name else f"step #{index + 1}"
             location = location[2:]
         field = ".".join(str(part) for part in location)
-        message = problem_in_our_words(item, what="a step" if not location else "this")
+        message = problem_in_our_words(item, what=None if location else "a step")
         problems.append(f"{where}: {field + ': ' if field else ''}{message}")
     return problems
 

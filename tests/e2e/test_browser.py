@@ -213,7 +213,10 @@ def test_a_queued_runs_waiting_line_follows_the_workers_with_no_event_of_the_run
 def test_a_failed_run_is_retried_from_its_page_and_followed_live(
     server: str, browser_page: Any, tmp_path: Path
 ) -> None:
-    """The retry button loads the page again, which follows the run live to its new end."""
+    """The retry button loads the page again, which follows the run live to its new end.
+
+    Another tab on the failed run notices the retry within 5 s and loads again too.
+    """
     page = browser_page
     script = tmp_path / "script.json"
     broken = {"purpose": "step:b", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True}
@@ -242,11 +245,15 @@ def test_a_failed_run_is_retried_from_its_page_and_followed_live(
     assert page.locator("h1 .status-failed").count() == 1
 
     script.write_text(json.dumps({"calls": [{"purpose": "step:b", "delay_s": 1.5, "output": "B at last"}]}))
-    page.get_by_text("Budget for the retry").click()
+    other = page.context.browser.new_page()  # a second tab on the run, which nobody touches
+    other.goto(f"{server}/runs/{run_id}")
+    other.locator("h1 .status-failed").wait_for()
+    # the refusal left the budgets open: fill one in
     page.get_by_label("Model calls for the whole run").fill("20")
     retry.click()
     page.locator("h1 .status-running").wait_for()  # the page again, live
     page.locator("h1 .status-succeeded").wait_for()
     assert page.locator("pre.output").inner_text() == "B at last"
+    other.locator("h1 .status-succeeded").wait_for(timeout=30_000)  # it noticed the retry, loaded again
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "retried-run.png"), full_page=True)

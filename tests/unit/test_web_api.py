@@ -150,6 +150,10 @@ async def test_unknown_ids_malformed_json_huge_bodies_and_bad_models(client: htt
     malformed = await client.post("/runs", content=b'{"task": ', headers={"content-type": "application/json"})
     assert malformed.status_code == 422
     assert malformed.json()["problems"] == ["the body is not valid JSON (near character 9)"]
+    plain = await client.post("/runs", content=b'{"task": "x"}', headers={"content-type": "text/plain"})
+    assert plain.json()["problems"] == ["body: should be a JSON object, got text"]
+    listed = await client.post("/runs", json=[])
+    assert listed.json()["problems"] == ["body: should be a JSON object, got a list"]
     huge = await client.post("/runs", json={"task": "x" * (MAX_BODY_BYTES + 1)})
     assert (huge.status_code, huge.json()) == (413, {"error": "the request body is over 4 MiB"})
 
@@ -350,7 +354,7 @@ async def test_a_failed_run_is_retried_through_the_api(
     script.write_text(json.dumps({"calls": [{"purpose": "step:b", "output": "B at last"}]}))
     retried = await client.post(f"/runs/{run_id}/retry")
     assert retried.status_code == 200, retried.text
-    assert retried.json()["status"] == "running"
+    assert (retried.json()["status"], retried.json()["retries"]) == ("running", 1)
     report = await _wait_for(client, f"/runs/{run_id}", lambda found: found["status"] == "succeeded")
     assert report["output"] == "B at last"
     assert [(s["id"], s["status"]) for s in report["steps"]] == [("a", "succeeded"), ("b", "succeeded")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import re
 from collections.abc import AsyncIterator, Callable
@@ -214,22 +215,40 @@ async def test_a_failed_run_is_retried_from_its_page(
     run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
     body = await _body_until(client, run_id, r'class="status status-failed"')
     assert "Retry from where it failed" in body
-    assert "Model calls for the whole run (used so far: 13)" in body
+    assert "Model calls for the whole run (now 13; used 13)" in body
+    assert "Tokens for the whole run (now 2000000; used " in body
+    assert (await client.get(f"/runs/{run_id}/body?failed=1")).status_code == 204  # still failed
 
     headers = {"HX-Request": "true"}
-    spent = await client.post(f"/runs/{run_id}/retry", data={}, headers=headers)
+    spent = await client.post(f"/runs/{run_id}/retry", data={"max_tokens": "5000000"}, headers=headers)
     assert spent.status_code == 409
     assert (
         f"run {run_id} has used 13 model calls of its budget of 13: retry it with a larger budget"
         in spent.text
     )
-    bad = await client.post(f"/runs/{run_id}/retry", data={"max_model_calls": "lots"}, headers=headers)
-    assert bad.status_code == 409
-    assert "max model calls must be a whole number from 1 to 1000000" in bad.text
+    assert 'value="5000000"' in spent.text and "<details open>" in spent.text  # what was typed is kept
+    for field, typed, message in [
+        ("max_model_calls", "²", "model calls must be a whole number from 1 to 1000000, not '²'"),
+        (
+            "max_cost_usd",
+            "nan",
+            "the money budget (US dollars) must be a number more than 0 and at most 1e+06",
+        ),
+        ("max_wall_s", "0", "seconds must be a number more than 0 and at most 604800, not '0'"),
+    ]:
+        bad = await client.post(f"/runs/{run_id}/retry", data={field: typed}, headers=headers)
+        assert bad.status_code == 422
+        assert message in html.unescape(bad.text)
+    assert (await client.get(f"/api/v1/runs/{run_id}")).json()["status"] == "failed"
 
     script.write_text(json.dumps({"calls": [{"purpose": "step:b", "output": "B at last"}]}))
     retried = await client.post(f"/runs/{run_id}/retry", data={"max_model_calls": "20"}, headers=headers)
     assert (retried.status_code, retried.headers["HX-Redirect"]) == (204, f"/runs/{run_id}")
+    # a page of the run still showing it failed loads again, live
+    assert (await client.get(f"/runs/{run_id}/body?failed=1")).headers["HX-Refresh"] == "true"
     body = await _body_until(client, run_id, r'class="status status-succeeded"')
     assert "B at last" in body and "Retry from where it failed" not in body
     assert " · retried 1 time</p>" in body
+    # a retry from a page that had not seen the run retried: that page loads again, as it is now
+    late = await client.post(f"/runs/{run_id}/retry", data={}, headers=headers)
+    assert (late.status_code, late.headers["HX-Redirect"]) == (204, f"/runs/{run_id}")

@@ -259,7 +259,8 @@ class Engine:
         run afresh, with a replan budget of their own. A run that failed before its plan was
         approved is reviewed (or planned) again. A budget given here replaces the run's (the
         run's model calls, tokens and money count from its start, its seconds from the retry);
-        one the run has already used up is refused before anything changes. `for_workers`:
+        one the run has already used up is refused before anything changes. A process still
+        ending the run is waited for (at most `run_lease_s`). `for_workers`:
         queue it for workers, or (False) execute it in this process; None keeps it as it was.
         `by`: who asks (`front end@host:pid`), for the audit log.
         """
@@ -283,6 +284,14 @@ class Engine:
         options = replace(run.options, **changed)
         if run.status == "failed":  # otherwise the store says why it cannot be retried
             _check_budget_left(self.store, run.id, options)
+            # the process that ran it may still be ending it (telling the registry): wait for it
+            # to let go, or for its lease to lapse if it died meanwhile
+            deadline = time.monotonic() + self.settings.run_lease_s + 1.0
+            while time.monotonic() < deadline:
+                lease = self.store.lease(run.id)
+                if lease is None or lease.left_s <= 0:
+                    break
+                time.sleep(0.05)
         self.store.retry(
             run.id,
             options=options,

@@ -222,6 +222,7 @@ def _summary(record: RunRecord) -> dict[str, Any]:
         "updated_at": record.updated_at,
         "output": record.output,
         "error": record.error,
+        "retries": record.retries,
     }
 
 

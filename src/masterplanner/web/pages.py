@@ -138,14 +138,33 @@ async def create_run(request: Request) -> Response:
     return RedirectResponse(f"/runs/{record.id}", status_code=303)
 
 
-def _whole(form: Any, name: str, default: int, lowest: int, highest: int) -> int:
+def _whole(form: Any, name: str, default: int, lowest: int, highest: int, label: str | None = None) -> int:
     """A whole-number field of a form (`default` when left empty); ValueError naming it otherwise."""
     text = str(form.get(name, "")).strip()
     if not text:
         return default
-    if not text.isdigit() or not lowest <= int(text) <= highest:
-        raise ValueError(f"{name.replace('_', ' ')} must be a whole number from {lowest} to {highest}")
+    if not (text.isascii() and text.isdigit()) or not lowest <= int(text) <= highest:
+        what = label or name.replace("_", " ")
+        raise ValueError(f"{what} must be a whole number from {lowest} to {highest}, not {text[:40]!r}")
     return int(text)
+
+
+def _amount(form: Any, name: str, highest: float, label: str) -> float | None:
+    """A positive number field of a form (None when left empty); ValueError naming it otherwise."""
+    text = str(form.get(name, "")).strip()
+    if not text:
+        return None
+    try:
+        value = float(text) if text.isascii() else float("nan")
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= highest:  # also NaN and infinity
+        raise ValueError(f"{label} must be a number more than 0 and at most {highest:g}, not {text[:40]!r}")
+    return value
+
+
+_RETRY_FIELDS = ("max_model_calls", "max_tokens", "max_cost_usd", "max_wall_s")
+"""The retry form's budget fields, named as `RunService.retry` takes them."""
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
@@ -157,8 +176,16 @@ async def run_page(request: Request, run_id: str) -> Response:
 
 @router.get("/runs/{run_id}/body", response_class=HTMLResponse)
 async def run_body(request: Request, run_id: str) -> Response:
-    """The run page's changing part (what `change` events refresh)."""
+    """The run page's changing part (what `change` events refresh).
+
+    `?failed=1` is a failed run's page asking whether it was retried elsewhere: if so the whole
+    page loads again (its live event stream closed when the run ended); if not, nothing (204).
+    """
     record = await existing_run(request, run_id)
+    if request.query_params.get("failed") == "1":
+        if record.status == "failed":
+            return Response(status_code=204)
+        return Response(status_code=200, headers={"HX-Refresh": "true"})
     return templates.TemplateResponse(request, "_run_body.html", await _body_context(request, record, None))
 
 
@@ -248,19 +275,38 @@ async def cancel(request: Request, run_id: str) -> Response:
 
 @router.post("/runs/{run_id}/retry", response_class=HTMLResponse)
 async def retry(request: Request, run_id: str) -> Response:
-    """Retry the failed run; the page loads again, following it live (or, 409, says why it cannot)."""
+    """Retry the failed run with the budgets filled in; the page loads again, following it live.
+
+    A budget that is not a number is 422 and one the run has used up 409, shown under the form
+    with what was typed kept. A run that is no longer failed (retried from another page) loads
+    again as it is now.
+    """
     service = _service(request)
     record = await existing_run(request, run_id)
     executions: Executions = request.app.state.executions
     form = await request.form()
+    typed = {name: str(form.get(name, "")).strip()[:100] for name in _RETRY_FIELDS}
     try:
-        calls = _whole(form, "max_model_calls", 0, 1, 1_000_000) or None
+        budgets: dict[str, Any] = {
+            "max_model_calls": _whole(form, "max_model_calls", 0, 1, 1_000_000, "model calls") or None,
+            "max_tokens": _whole(form, "max_tokens", 0, 1, 10**10, "tokens") or None,
+            "max_cost_usd": _amount(form, "max_cost_usd", 1_000_000, "the money budget (US dollars)"),
+            "max_wall_s": _amount(form, "max_wall_s", 7 * 86_400, "seconds"),
+        }
+    except ValueError as error:
+        context = await _body_context(request, record, None)
+        context["retry"] = {"typed": typed, "error": str(error)}
+        return templates.TemplateResponse(request, "_run_body.html", context, status_code=422)
+    try:
         record = await service.retry(
-            record.id, by=answerer_name("web"), for_workers=executions.for_workers, max_model_calls=calls
+            record.id, by=answerer_name("web"), for_workers=executions.for_workers, **budgets
         )
-    except (ValueError, MasterplannerError) as error:
-        problem = {"message": str(error), "problems": []}
-        context = await _body_context(request, await service.get(record.id), problem)
+    except MasterplannerError as error:
+        now = await service.get(record.id)
+        if now.status != "failed":  # retried meanwhile from another page, say: show it as it is
+            return Response(status_code=204, headers={"HX-Redirect": f"/runs/{record.id}"})
+        context = await _body_context(request, now, None)
+        context["retry"] = {"typed": typed, "error": str(error)}
         return templates.TemplateResponse(request, "_run_body.html", context, status_code=409)
     executions.start(record.id, again=True)
     # the whole page again: its live event stream closed when the run ended
@@ -398,6 +444,7 @@ async def _body_context(
         "problem": problem,
         "step_problems": step_problems,
         "rated": None,
+        "retry": None,
         "estimate": estimate,
         "waiting": await service.waiting(record),
         "cost": money(report["usage"]["cost_usd"], report["usage"]["unpriced_calls"]),
