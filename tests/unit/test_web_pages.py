@@ -92,9 +92,13 @@ async def test_a_task_is_started_reviewed_with_edits_answered_and_followed(
     refused = await client.post(f"/runs/{run_id}/requests/{review_id[1]}", data=bad)
     assert refused.status_code == 422
     assert "instruction: must not be empty" in refused.text and 'id="card-b"' in refused.text
-    cycle = {"choice": "approve", "depends_on.a": "b", "depends_on.b": "a"}
+    cycle = {"choice": "approve", "depends_on.a": "b", "depends_on.b": "a", "title.a": "EDITED A"}
     refused = await client.post(f"/runs/{run_id}/requests/{review_id[1]}", data=cycle)
     assert refused.status_code == 422 and "steps form a cycle" in refused.text
+    # the form comes back as the person left it, the other edits too; the stored plan is unchanged
+    assert 'value="EDITED A"' in refused.text and 'name="depends_on.a" value="b"' in refused.text
+    stored = (await client.get(f"/api/v1/runs/{run_id}")).json()["plan"]["steps"]
+    assert [(s["title"], s["depends_on"]) for s in stored] == [("do a", []), ("do b", ["a"])]
 
     # untick a's read_file, rewrite b's prompt, allow write_file for the run, approve
     edit = {

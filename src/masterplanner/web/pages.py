@@ -214,6 +214,7 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
     form = await request.form()
     choice = str(form.get("choice", ""))
     problem = None
+    decision: dict[str, Any] | None = None
     try:
         found = await service.request(request_id)
         if found.run_id != record.id:
@@ -234,7 +235,8 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
     except MasterplannerError as error:
         problem = {"request": request_id, "message": str(error), "problems": []}
     record = await service.get(record.id)
-    context = await _body_context(request, record, problem)
+    # a refused edit comes back as the person left it, with the problems beside it
+    context = await _body_context(request, record, problem, edited=decision if problem else None)
     return templates.TemplateResponse(request, "_run_body.html", context, status_code=422 if problem else 200)
 
 
@@ -352,6 +354,13 @@ def _files(workspace: str) -> list[dict[str, Any]]:
     return found
 
 
+def _as_edited(decision: dict[str, Any] | None) -> dict[str, Any]:
+    """The review form's plan, prompts and policies as a refused decision had them (the graph stays)."""
+    if decision is None:
+        return {}
+    return {"plan": decision["plan"], "agents": decision["agents"], "policies": decision["tool_policies"]}
+
+
 def _review_decision(found: StoredRequest, form: Any) -> dict[str, Any]:
     """The plan review's form as a decision: the plan and prompts as edited, the run's tool policies."""
     payload = found.payload
@@ -406,8 +415,13 @@ def _review_decision(found: StoredRequest, form: Any) -> dict[str, Any]:
 
 
 async def _body_context(
-    request: Request, record: RunRecord, problem: dict[str, Any] | None
+    request: Request,
+    record: RunRecord,
+    problem: dict[str, Any] | None,
+    *,
+    edited: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """What `_run_body.html` shows; `edited`: a refused review decision, shown in the form as typed."""
     service = _service(request)
     report = await service.report(record.id)
     requests = await service.pending(record.id)
@@ -428,24 +442,29 @@ async def _body_context(
         head, _, rest = text.partition(": ")
         step_id = head.removeprefix("step ").strip("'") if head.startswith("step ") else ""
         step_problems.setdefault(step_id, []).append(rest if step_id else text)
-    return {
-        "run": record,
-        "report": report,
-        "finished": record.status in FINISHED_RUN_STATUSES,
-        "requests": requests,
-        "review": review,
-        "plan": plan,
-        "agents": agents,
-        "graph": Markup(plan_svg(plan, reused=reused, states=states)) if plan else None,
-        "catalog": (review.payload.get("tools") if review is not None else None) or [],
-        "policies": (review.payload.get("tool_policies") if review is not None else None) or {},
-        "events": events[-200:],
-        "files": await asyncio.to_thread(_files, record.workspace),
-        "problem": problem,
-        "step_problems": step_problems,
-        "rated": None,
-        "retry": None,
-        "estimate": estimate,
-        "waiting": await service.waiting(record),
-        "cost": money(report["usage"]["cost_usd"], report["usage"]["unpriced_calls"]),
-    }
+    return (
+        {
+            "run": record,
+            "report": report,
+            "finished": record.status in FINISHED_RUN_STATUSES,
+            "requests": requests,
+            "review": review,
+            "plan": plan,
+            "agents": agents,
+            "graph": Markup(plan_svg(plan, reused=reused, states=states)) if plan else None,
+            "catalog": (review.payload.get("tools") if review is not None else None) or [],
+            "policies": (review.payload.get("tool_policies") if review is not None else None) or {},
+        }
+        | _as_edited(edited)
+        | {
+            "events": events[-200:],
+            "files": await asyncio.to_thread(_files, record.workspace),
+            "problem": problem,
+            "step_problems": step_problems,
+            "rated": None,
+            "retry": None,
+            "estimate": estimate,
+            "waiting": await service.waiting(record),
+            "cost": money(report["usage"]["cost_usd"], report["usage"]["unpriced_calls"]),
+        }
+    )
