@@ -97,18 +97,28 @@ def _by_itself(event: Event, creator: str) -> AuditEntry | None:
     return None
 
 
+_BUDGETS = {
+    "max_model_calls": "model-call budget",
+    "max_tokens": "token budget",
+    "max_wall_s": "wall-time budget (seconds)",
+    "max_cost_usd": "money budget (US dollars)",
+}
+
+
 def _retried(event: Event) -> str:
     """What a `run_retried` event says was done: which steps run again, which budgets changed."""
     steps = [str(step) for step in event.data.get("steps", [])]
-    again = (
-        f"steps {', '.join(steps)} run again"
-        if len(steps) > 1
-        else f"step {steps[0]} runs again"
-        if steps
-        else "no step to run again"
-    )
+    status = event.data.get("status")
+    if status == "planning":
+        again = "planned again"
+    elif status == "awaiting_approval":
+        again = "its plan reviewed again"
+    elif len(steps) > 1:
+        again = f"steps {', '.join(steps)} run again"
+    else:
+        again = f"step {steps[0]} runs again" if steps else "no step to run again"
     budgets = event.data.get("budgets") or {}
-    changed = "".join(f"; {key} set to {value:g}" for key, value in budgets.items())
+    changed = "".join(f"; {_BUDGETS.get(key, key)} set to {value:g}" for key, value in budgets.items())
     return f"retried the run after it failed ({again}{changed})"
 
 

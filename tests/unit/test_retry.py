@@ -150,7 +150,10 @@ async def test_a_retry_is_refused_unless_the_run_failed_and_nothing_changes(
     run = engine.create_run("fine", model=f"scripted:{done}", options=FAST)
     with pytest.raises(RunError) as planning:
         engine.retry(run.id)
-    assert str(planning.value) == f"run {run.id} is planning: only a failed run can be retried"
+    assert str(planning.value) == (
+        f"run {run.id} is planning but no process is executing it (the one that was stopped): "
+        f"continue it with `masterplanner runs resume {run.id}`"
+    )
     await engine.execute(run.id)
     with pytest.raises(RunError) as succeeded:
         engine.retry(run.id)
@@ -160,10 +163,10 @@ async def test_a_retry_is_refused_unless_the_run_failed_and_nothing_changes(
     failed = await _failed_run(engine, script)
     with pytest.raises(ConfigError) as bad:
         engine.retry(failed, max_model_calls=0)
-    assert str(bad.value) == "max_model_calls must be a whole number of at least 1, got 0"
+    assert str(bad.value) == "max_model_calls must be a whole number from 1 to 1,000,000, got 0"
     with pytest.raises(ConfigError) as costly:
         engine.retry(failed, max_cost_usd=-1.0)
-    assert str(costly.value) == "max_cost_usd must be more than 0 and at most 1000000, got -1.0"
+    assert str(costly.value) == "max_cost_usd must be more than 0 and at most 1,000,000, got -1.0"
     record = engine.store.get_run(failed)
     assert (record.status, record.retries) == ("failed", 0)
     assert not [e for e in engine.store.events(failed) if e.kind == "run_retried"]
@@ -213,7 +216,7 @@ async def test_the_audit_log_names_who_retried_and_what(isolated: Path, tmp_path
         service.close()
     assert entries[-1] == (
         "web@host:7",
-        "retried the run after it failed (steps b, c run again; max_wall_s set to 900)",
+        "retried the run after it failed (steps b, c run again; wall-time budget (seconds) set to 900)",
     )
 
 
@@ -235,12 +238,44 @@ def test_runs_retry_in_the_terminal(tmp_path: Path) -> None:
     )
     assert first.returncode == 1, first.stderr
     run_id = json.loads(first.stdout)["run_id"]
+    assert f"to run it again from where it failed: masterplanner runs retry {run_id}\n" in first.stderr
+    resumed = mp("runs", "resume", run_id)
+    assert resumed.returncode == 1
+    assert resumed.stderr.startswith(
+        f"run {run_id} failed: there is nothing to resume (to run it again from where it failed: "
+        f"masterplanner runs retry {run_id})\n"
+    )
+    other = mp("run", "a then b", "--model", f"scripted:{script}", "--yes", "--rounds", "0", "--detach")
+    second_id = other.stdout.strip()
+    shared = next(run_id[:n] for n in range(len(run_id), 0, -1) if second_id.startswith(run_id[:n]))
+    ambiguous = mp("runs", "retry", shared)
+    assert (ambiguous.returncode, ambiguous.stderr.strip()) == (
+        1,
+        f"error: {shared!r} is the start of more than one run's id: give more of it "
+        "(see `masterplanner runs list`)",
+    )
 
     refused = mp("runs", "retry", run_id, "--max-calls", "0")
-    assert (refused.returncode, refused.stderr.strip()) == (2, "error: --max-calls must be at least 1, got 0")
+    assert (refused.returncode, refused.stderr.strip()) == (
+        2,
+        "error: --max-calls must be from 1 to 1,000,000, got 0",
+    )
+
+    for flags, message in [
+        (("--max-seconds", "nan"), "--max-seconds must be more than 0 and at most 604,800, got nan"),
+        (("--max-cost", "inf"), "--max-cost must be more than 0 and at most 1,000,000 (US dollars), got inf"),
+        (("--max-tokens", "10000000001"), "--max-tokens must be from 1 to 10,000,000,000, got 10000000001"),
+    ]:
+        bad = mp("runs", "retry", run_id, *flags)
+        assert (bad.returncode, bad.stderr.strip()) == (2, f"error: {message}")
+    nan = mp("run", "x", "--model", f"scripted:{script}", "--max-seconds", "nan")
+    assert (nan.returncode, nan.stderr.strip()) == (
+        2,
+        "error: --max-seconds must be more than 0 and at most 604,800, got nan",
+    )
 
     _rewrite(script, [{"purpose": "step:b", "output": "B"}])
-    retried = mp("runs", "retry", run_id[:12], "--json")
+    retried = mp("runs", "retry", run_id[: len(shared) + 1], "--json")  # a unique prefix
     assert retried.returncode == 0, retried.stderr
     assert f"retrying run {run_id} (running)" in retried.stderr
     report = json.loads(retried.stdout)
@@ -257,3 +292,36 @@ def test_runs_retry_in_the_terminal(tmp_path: Path) -> None:
     )
     audit = mp("runs", "audit", run_id)
     assert "retried the run after it failed (step b runs again)" in audit.stdout
+
+
+async def test_a_retried_run_counts_once_for_the_agents_it_reused(engine: Engine, tmp_path: Path) -> None:
+    from masterplanner.registry import RegistryStore
+
+    script = tmp_path / "script.json"
+    task = "load the numbers, then report them"
+    plan = _planner(step("a", tools=[]), step("b", "a", tools=[]))
+    _rewrite(
+        script, [plan, {"purpose": "step:a", "output": "A"}, {"purpose": "step:b", "output": "B"}, DRAFTS]
+    )
+    first = engine.create_run(task, model=f"scripted:{script}", options=FAST)
+    assert (await engine.execute(first.id)).status == "succeeded"
+
+    _rewrite(script, [{"purpose": "step:a", "output": "A"}, BROKEN, {"purpose": "*", "repeat": True}])
+    second = engine.create_run(task, model=f"scripted:{script}", options=FAST)
+    assert (await engine.execute(second.id)).status == "failed"
+    assert next(e for e in engine.store.events(second.id) if e.kind == "plan_ready").data[
+        "reused_cohort"
+    ] == (first.id)
+    registry = RegistryStore(engine.settings.database_url)
+    try:
+        counted = {name: registry.get_agent(f"{first.id}.{name}").stats for name in "ab"}
+        assert [(s.uses, s.successes, s.failures) for s in counted.values()] == [(2, 1, 1), (2, 1, 1)]
+
+        _rewrite(script, [{"purpose": "step:b", "output": "B"}])
+        engine.retry(second.id)
+        assert (await engine.execute(second.id)).status == "succeeded"
+        # the run counts once, as it ended: its failure became a success, for a (not run again) too
+        counted = {name: registry.get_agent(f"{first.id}.{name}").stats for name in "ab"}
+        assert [(s.uses, s.successes, s.failures) for s in counted.values()] == [(2, 2, 0), (2, 2, 0)]
+    finally:
+        registry.close()

@@ -185,15 +185,23 @@ def run(
 
 def _check_budgets(calls: int | None, tokens: int | None, seconds: float | None, cost: float | None) -> None:
     """Refuse a budget flag out of range (`ConfigError`, naming the flag); None is not given."""
+    from ..engine.records import BUDGET_LIMITS
     from ..errors import ConfigError
 
-    if seconds is not None and seconds <= 0:
-        raise ConfigError(f"--max-seconds must be positive, got {seconds:g}")
-    if cost is not None and not 0 < cost <= 1_000_000:
-        raise ConfigError(f"--max-cost must be more than 0 and at most 1000000 (US dollars), got {cost:g}")
-    for name, count in (("--max-calls", calls), ("--max-tokens", tokens)):
-        if count is not None and count < 1:
-            raise ConfigError(f"{name} must be at least 1, got {count}")
+    for name, key, amount, unit in (
+        ("--max-seconds", "max_wall_s", seconds, ""),
+        ("--max-cost", "max_cost_usd", cost, " (US dollars)"),
+    ):
+        if amount is not None and not 0 < amount <= BUDGET_LIMITS[key]:  # NaN too
+            raise ConfigError(
+                f"{name} must be more than 0 and at most {int(BUDGET_LIMITS[key]):,}{unit}, got {amount:g}"
+            )
+    for name, key, count in (
+        ("--max-calls", "max_model_calls", calls),
+        ("--max-tokens", "max_tokens", tokens),
+    ):
+        if count is not None and not 1 <= count <= BUDGET_LIMITS[key]:
+            raise ConfigError(f"{name} must be from 1 to {int(BUDGET_LIMITS[key]):,}, got {count}")
 
 
 def _detached(service: RunService, record: RunRecord, *, as_json: bool) -> None:
@@ -330,6 +338,8 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
     final = results[0]
     if final.error:
         terminal.out.print(f"[red]{shown(final.error)}[/]", highlight=False, soft_wrap=True)
+    if final.status == "failed":
+        terminal.out.print(_retry_hint(final.id), highlight=False, soft_wrap=True)
     for request in await service.pending(run_id):  # the remember question comes after the run
         await terminal.answerer.take_up(request)
     return final, terminal.live, await service.report(run_id)
@@ -553,10 +563,18 @@ def runs_resume(
     except BaseException:
         service.close()
         raise
-    console(stderr=True).print(
-        f"[bold]resuming run {shown(record.id)}[/] ({shown(record.status)})", highlight=False, soft_wrap=True
-    )
+    if record.status == "failed":  # its end is still finished if a crash cut it short
+        said = f"run {shown(record.id)} failed: there is nothing to resume ({_retry_hint(record.id)})"
+    elif record.finished:
+        said = f"run {shown(record.id)} {shown(record.status)}: there is nothing to resume"
+    else:
+        said = f"[bold]resuming run {shown(record.id)}[/] ({shown(record.status)})"
+    console(stderr=True).print(said, highlight=False, soft_wrap=True)
     _execute(service, record.id, as_json=as_json)
+
+
+def _retry_hint(run_id: str) -> str:
+    return f"to run it again from where it failed: masterplanner runs retry {shown(run_id)}"
 
 
 @runs_app.command("retry", short_help="Run a failed run again from where it failed.")

@@ -12,6 +12,7 @@ from ..database import utc_now
 from ..plan import Plan
 
 __all__ = [
+    "BUDGET_LIMITS",
     "EVENT_KINDS",
     "FINISHED_RUN_STATUSES",
     "AgentBrief",
@@ -98,6 +99,15 @@ class Event:
     def to_json_dict(self) -> dict[str, Any]:
         """`{"seq", "at", "kind", "step", "data"}`."""
         return {"seq": self.seq, "at": self.at, "kind": self.kind, "step": self.step, "data": self.data}
+
+
+BUDGET_LIMITS: dict[str, float] = {
+    "max_model_calls": 1_000_000,
+    "max_tokens": 10**10,
+    "max_wall_s": 7 * 86_400,
+    "max_cost_usd": 1_000_000,
+}
+"""The largest budget a run may be given (`run`, `runs retry`, the API all refuse more)."""
 
 
 @dataclass(frozen=True)

@@ -123,12 +123,15 @@ def remember_run(
     succeeded: bool,
     store_new: bool = True,
     count_reused: bool = True,
+    failure_counted: bool = False,
 ) -> None:
     """After a run: count every stored agent's outcome.
 
     A succeeded run (when `store_new`) also stores its new agents and its cohort. With
     `count_reused=False` (the team is stored later, on a `remember` request's answer, after
-    the outcome was counted when the run ended) the reused agents are not counted again.
+    the outcome was counted when the run ended) the reused agents are not counted again. With
+    `failure_counted` (the run was retried after an end that counted it failed) each run counts
+    once: a success turns that failure into a success, another failure counts nothing.
     """
     agent_ids: dict[str, str] = {}
     store = succeeded and store_new
@@ -139,6 +142,7 @@ def remember_run(
         if agent_id is not None and not count_reused:
             agent_ids[step.id] = agent_id
             continue
+        existing = agent_id is not None  # a stored agent, whose earlier failure may have been counted
         if agent_id is None:
             if not store:
                 continue
@@ -158,7 +162,11 @@ def remember_run(
                     }
                 )
             )
-        registry.record_outcome(agent_id, succeeded=succeeded)
+        if existing and failure_counted:
+            if succeeded:
+                registry.correct_outcome(agent_id)
+        else:
+            registry.record_outcome(agent_id, succeeded=succeeded)
         agent_ids[step.id] = agent_id
     if store:
         shape = plan.model_dump(mode="json", exclude_none=True)

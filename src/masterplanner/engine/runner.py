@@ -40,7 +40,7 @@ from ..tools.workspace import Workspace
 from .catalogs import RunCatalog, run_catalog
 from .planning import plan_run, review_run
 from .processes import Processes, ProcessKind
-from .records import RunOptions, RunRecord, nested_steps, utc_now, workflow_id
+from .records import BUDGET_LIMITS, RunOptions, RunRecord, nested_steps, utc_now, workflow_id
 from .resources import RunResources, hold, release, resources_of
 from .revisions import PlanRevisions
 from .runtime import launch_dbos, next_status, recover_workflow, shutdown_dbos, step_queue
@@ -276,11 +276,11 @@ class Engine:
             if value is not None
         }
         for key, value in changed.items():
-            whole = key in ("max_model_calls", "max_tokens")
-            if whole and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ConfigError(f"{key} must be a whole number of at least 1, got {value!r}")
-            if not whole and not 0 < value <= 1_000_000:
-                raise ConfigError(f"{key} must be more than 0 and at most 1000000, got {value!r}")
+            whole, limit = key in ("max_model_calls", "max_tokens"), BUDGET_LIMITS[key]
+            if whole and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit):
+                raise ConfigError(f"{key} must be a whole number from 1 to {int(limit):,}, got {value!r}")
+            if not whole and not 0 < value <= limit:  # NaN too
+                raise ConfigError(f"{key} must be more than 0 and at most {int(limit):,}, got {value!r}")
         options = replace(run.options, **changed)
         if run.status == "failed":  # otherwise the store says why it cannot be retried
             _check_budget_left(self.store, run.id, options)

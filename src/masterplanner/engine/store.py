@@ -292,7 +292,12 @@ class RunStore:
                     .mappings()
                     .all()
                 )
-                row = rows[0] if len(rows) == 1 else None
+                if len(rows) > 1:
+                    raise RunError(
+                        f"{run_id!r} is the start of more than one run's id: give more of it "
+                        "(see `masterplanner runs list`)"
+                    )
+                row = rows[0] if rows else None
         if row is None:
             raise RunError(f"no run {run_id!r} in {shown_url(self.url)} (see `masterplanner runs list`)")
         return _run_record(row)
@@ -361,12 +366,18 @@ class RunStore:
         row = connection.execute(sa.select(runs_table).where(runs_table.c.id == run_id)).mappings().first()
         if row is None:
             raise RunError(f"no run {run_id!r}")
+        now = database_now(connection)
         if row["status"] != "failed":
             state = {"succeeded": "succeeded", "cancelled": "was cancelled"}.get(
                 row["status"], f"is {str(row['status']).replace('_', ' ')}"
             )
+            held = row["owner"] is not None and row["lease_until"] is not None and row["lease_until"] >= now
+            if row["status"] not in FINISHED_RUN_STATUSES and row["executor"] != "workers" and not held:
+                raise RunError(
+                    f"run {run_id} {state} but no process is executing it (the one that was stopped): "
+                    f"continue it with `masterplanner runs resume {run_id}`"
+                )
             raise RunError(f"run {run_id} {state}: only a failed run can be retried")
-        now = database_now(connection)
         if row["owner"] is not None and row["lease_until"] is not None and row["lease_until"] >= now:
             raise RunError(
                 f"run {run_id} is still being ended by {row['owner']}: retry it once that process lets go"

@@ -215,7 +215,8 @@ async def end_workflow(
                 store.update_step(run_id, step.id, status="cancelled", finished_at=now)
         store.set_status(run_id, "failed", error=text)
         store.requests.close_run(run_id, "expired", keep_remember=True)
-        store.append_event(run_id, "run_failed", data={"reason": text})
+        # `outcome_counted`: the registry is told this failure (a retry that succeeds corrects it)
+        store.append_event(run_id, "run_failed", data={"reason": text, "outcome_counted": tell_registry})
 
     await _recorded(record, "run_ended")
     if tell_registry:
@@ -251,6 +252,12 @@ def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
             store.append_event(run.id, "episode_not_kept", data={"reason": str(error)})
     plan = run.plan
     store_new = succeeded and (policy == "always" or run.options.auto_approve)
+    events = store.events(run.id)
+    retried = max((event.seq for event in events if event.kind == "run_retried"), default=0)
+    failure_counted = any(
+        event.kind == "run_failed" and event.data.get("outcome_counted") and event.seq < retried
+        for event in events
+    )
     remember_run(
         registry,
         run_id=run.id,
@@ -259,6 +266,7 @@ def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
         agents=briefs_json(run.agents),
         succeeded=succeeded,
         store_new=store_new,
+        failure_counted=failure_counted,
     )
     if succeeded and store_new:
         store.append_event(run.id, "team_stored", data={"cohort": run.id})

@@ -505,6 +505,16 @@ class RegistryStore:
                 (int(succeeded), int(not succeeded), int(rating is not None), rating or 0.0, agent_id),
             )
 
+    def correct_outcome(self, agent_id: str) -> None:
+        """Count an agent's last counted failure as a success instead: its run, retried, succeeded."""
+        with self._begin("update an agent's stats") as connection:
+            _sql(
+                connection,
+                "UPDATE mp_agents SET successes = successes + 1, failures = failures - 1 "
+                "WHERE id = ? AND failures > 0",
+                (agent_id,),
+            )
+
     def rate(self, agent_id: str, rating: float) -> None:
         """Add one rating (1 to 5) to an agent's stats (atomic)."""
         with self._begin("rate an agent") as connection:
