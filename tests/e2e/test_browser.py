@@ -241,7 +241,9 @@ def test_a_failed_run_is_retried_from_its_page_and_followed_live(
 
     retry = page.get_by_role("button", name="Retry from where it failed")
     retry.click()  # its model-call budget is used up: refused, and the page says so
-    page.get_by_role("alert").filter(has_text="has used 13 model calls of its budget of 13").wait_for()
+    page.get_by_role("alert").filter(
+        has_text="the run used its budget of 13 model calls; retry it with a larger budget"
+    ).wait_for()
     assert page.locator("h1 .status-failed").count() == 1
 
     script.write_text(json.dumps({"calls": [{"purpose": "step:b", "delay_s": 1.5, "output": "B at last"}]}))

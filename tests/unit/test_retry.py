@@ -184,7 +184,7 @@ async def test_a_used_up_budget_is_refused_until_it_is_raised(engine: Engine, tm
     with pytest.raises(BudgetExceededError) as spent:
         engine.retry(run.id)
     assert str(spent.value) == (
-        f"run {run.id} has used 4 model calls of its budget of 4: retry it with a larger budget"
+        f"run {run.id} cannot go on: the run used its budget of 4 model calls; retry it with a larger budget"
     )
     assert engine.store.get_run(run.id).status == "failed"
 

@@ -347,7 +347,7 @@ async def test_a_failed_run_is_retried_through_the_api(
     spent = await client.post(f"/runs/{run_id}/retry", json={"max_model_calls": 10})
     assert spent.status_code == 409
     assert spent.json()["error"] == (
-        f"run {run_id} has used 13 model calls of its budget of 10: retry it with a larger budget"
+        f"run {run_id} cannot go on: the run used its budget of 10 model calls; retry it with a larger budget"
     )
     assert (await client.get(f"/runs/{run_id}")).json()["status"] == "failed"
 

@@ -37,6 +37,7 @@ from ..models import resolve_model
 from ..plan import Plan, Step, tool_problems, validate_task
 from ..settings import Settings
 from ..tools.workspace import Workspace
+from .budget import RunLedger
 from .catalogs import RunCatalog, run_catalog
 from .planning import plan_run, review_run
 from .processes import Processes, ProcessKind
@@ -406,19 +407,16 @@ def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on re
 
 
 def _check_budget_left(store: RunStore, run_id: str, options: RunOptions) -> None:
-    """Refuse a retry that would stop at its first model call: a budget the run has used up."""
-    calls, tokens, spent = store.usage_totals(run_id)
-    spent_up: list[str] = []
-    if options.max_model_calls is not None and calls >= options.max_model_calls:
-        spent_up.append(f"{calls} model calls of its budget of {options.max_model_calls}")
-    if options.max_tokens is not None and tokens >= options.max_tokens:
-        spent_up.append(f"{tokens:,} tokens of its budget of {options.max_tokens:,}")
-    if options.max_cost_usd is not None and spent >= options.max_cost_usd:
-        spent_up.append(f"${spent:.4f} of its money budget of ${options.max_cost_usd:g}")
-    if spent_up:
+    """Refuse a retry that would stop at its first model call: a budget the run has used up.
+
+    The same check the run's ledger makes before every model request, in words for the retry.
+    """
+    try:
+        RunLedger(store, run_id, options).check()
+    except BudgetExceededError as error:
         raise BudgetExceededError(
-            f"run {run_id} has used {' and '.join(spent_up)}: retry it with a larger budget"
-        )
+            f"run {run_id} cannot go on: {error}; retry it with a larger budget"
+        ) from None
 
 
 def _check_tools(plan: Plan, done: set[str], catalog: RunCatalog) -> None:

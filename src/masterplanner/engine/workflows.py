@@ -128,11 +128,11 @@ async def step_workflow(run_id: str, step_id: str) -> dict[str, Any]:
     """Run one plan step: attempts of its agent, with retries; returns its status and output or error."""
     settings, store = launched_host()
     run, steps = await _db(store.get_run, run_id), await _db(store.steps, run_id)
-    resources = await resources_of(run_id, settings, store, retries=run.retries)
     if DBOS.workflow_id != workflow_id(run_id, step_id, run.retries):
         # a workflow of the run before it was retried, taken from a queue late: the step is the
         # retry's now, and this one leaves it alone
         return {"status": "failed", "error": "the run was retried: this execution of the step was dropped"}
+    resources = await resources_of(run_id, settings, store, retries=run.retries)
     # "running" already: an execution in a process that stopped started it, and this one resumes it
     resumed = any(step.id == step_id and step.status == "running" for step in steps)
     step_run = _StepRun(resources, run, step_id, _outputs(steps))
