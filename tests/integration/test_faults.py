@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -499,7 +500,12 @@ def stopped(process: subprocess.Popen[str], signum: int) -> str:
     _, err = process.communicate(timeout=60)
     if signum == signal.SIGTERM:
         assert process.returncode == 143, err
-        assert err.rstrip().endswith("terminated (SIGTERM)")
+        # the person is told how to go on, then that the command was stopped
+        assert re.search(
+            r"run (\S+) stopped; to go on from where it stopped: masterplanner runs resume \1\n"
+            r"terminated \(SIGTERM\)\n$",
+            err,
+        ), err
     else:
         assert process.returncode == -signal.SIGKILL
     return err

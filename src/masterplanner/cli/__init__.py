@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         _interrupted(bool(terminated))
     except SystemExit as ended:
-        if ended.code == 130 and terminated:  # typer's (silent) exit for a KeyboardInterrupt
-            _interrupted(True)
+        if ended.code == 130:  # typer's (silent) exit for a KeyboardInterrupt
+            _interrupted(bool(terminated))
         raise
 
 

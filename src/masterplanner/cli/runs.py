@@ -318,8 +318,10 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
             *(service.execute(other) for other in crashed),
             return_exceptions=True,
         )
-    except BaseException:  # Ctrl-C: no summary follows, the tree stays where the run stopped
+    except BaseException as stop:  # Ctrl-C: no summary follows, the tree stays where the run stopped
         terminal.display.close(keep=True)
+        if isinstance(stop, (KeyboardInterrupt, asyncio.CancelledError)):
+            terminal.out.print(_resume_hint(run_id), highlight=False, soft_wrap=True)
         raise
     finally:
         for task in (answerer, follower):
@@ -571,6 +573,11 @@ def runs_resume(
         said = f"[bold]resuming run {shown(record.id)}[/] ({shown(record.status)})"
     console(stderr=True).print(said, highlight=False, soft_wrap=True)
     _execute(service, record.id, as_json=as_json)
+
+
+def _resume_hint(run_id: str) -> str:
+    run = shown(run_id)
+    return f"run {run} stopped; to go on from where it stopped: masterplanner runs resume {run}"
 
 
 def _retry_hint(run_id: str) -> str:
