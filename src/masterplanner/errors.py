@@ -137,7 +137,15 @@ class RunError(MasterplannerError):
 
 
 class BudgetExceededError(RunError):
-    """A run used more model calls, tokens or wall time than its budget allows."""
+    """A run used more model calls, tokens or wall time than its budget allows.
+
+    `budget` names the run option that ran out (`max_model_calls`, `max_tokens`, `max_cost_usd`,
+    `max_wall_s`), so a front end can name its own flag or field for it.
+    """
+
+    def __init__(self, message: str, *, budget: str | None = None) -> None:
+        super().__init__(message)
+        self.budget = budget
 
 
 class DatabaseUnavailableError(RunError):

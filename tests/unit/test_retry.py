@@ -186,6 +186,7 @@ async def test_a_used_up_budget_is_refused_until_it_is_raised(engine: Engine, tm
     assert str(spent.value) == (
         f"run {run.id} cannot go on: the run used its budget of 4 model calls; retry it with a larger budget"
     )
+    assert spent.value.budget == "max_model_calls"
     assert engine.store.get_run(run.id).status == "failed"
 
     _rewrite(script, [{"purpose": "step:b", "output": "b at last"}])
@@ -292,6 +293,26 @@ def test_runs_retry_in_the_terminal(tmp_path: Path) -> None:
     )
     audit = mp("runs", "audit", run_id)
     assert "retried the run after it failed (step b runs again)" in audit.stdout
+
+
+def test_runs_retry_names_the_flag_of_the_budget_the_run_used_up(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    plan = _planner(step("a", tools=[]), step("b", "a", tools=[]))
+    _rewrite(script, [plan, {"purpose": "step:a", "output": "kept"}, {"purpose": "*", "repeat": True}])
+    args = ("--model", f"scripted:{script}", "--yes", "--rounds", "0", "--json")
+    first = mp("run", "a then b", *args, "--max-calls", "4")
+    assert first.returncode == 1, first.stderr
+    run_id = json.loads(first.stdout)["run_id"]
+    refused = mp("runs", "retry", run_id)
+    assert (refused.returncode, refused.stderr.strip()) == (
+        1,
+        f"error: run {run_id} cannot go on: the run used its budget of 4 model calls; "
+        "retry it with a larger budget (--max-calls)",
+    )
+    _rewrite(script, [{"purpose": "step:b", "output": "B"}])
+    retried = mp("runs", "retry", run_id, "--max-calls", "6", "--json")
+    assert retried.returncode == 0, retried.stderr
+    assert json.loads(retried.stdout)["output"] == "B"
 
 
 async def test_a_retried_run_counts_once_for_the_agents_it_reused(engine: Engine, tmp_path: Path) -> None:

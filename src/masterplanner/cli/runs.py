@@ -575,6 +575,15 @@ def runs_resume(
     _execute(service, record.id, as_json=as_json)
 
 
+_BUDGET_FLAGS = {
+    "max_model_calls": "--max-calls",
+    "max_tokens": "--max-tokens",
+    "max_cost_usd": "--max-cost",
+    "max_wall_s": "--max-seconds",
+}
+"""The flag of `run` and `runs retry` that sets each budget (a `RunOptions` field)."""
+
+
 def _resume_hint(run_id: str) -> str:
     run = shown(run_id)
     return f"run {run} stopped; to go on from where it stopped: masterplanner runs resume {run}"
@@ -614,6 +623,7 @@ def runs_retry(
     before anything changes. The run executes in this terminal, or with --detach is queued
     for the workers sharing the database.
     """
+    from ..errors import BudgetExceededError
     from ..service import answerer_name
 
     _check_budgets(max_calls, max_tokens, max_seconds, max_cost)
@@ -630,6 +640,10 @@ def runs_retry(
                 max_cost_usd=max_cost,
             )
         )
+    except BudgetExceededError as refused:
+        service.close()
+        flag = _BUDGET_FLAGS.get(refused.budget or "")
+        raise BudgetExceededError(f"{refused} ({flag})" if flag else str(refused)) from None
     except BaseException:
         service.close()
         raise

@@ -63,8 +63,14 @@ class RunLedger(UsageLedger):
             return
         calls, used, spent = self.store.usage_totals(self.run_id)
         if limit is not None and calls >= limit:
-            raise BudgetExceededError(f"the run used its budget of {limit} model calls")
+            raise BudgetExceededError(
+                f"the run used its budget of {limit} model calls", budget="max_model_calls"
+            )
         if tokens is not None and used >= tokens:
-            raise BudgetExceededError(f"the run used its budget of {tokens:,} tokens ({used:,} used)")
+            raise BudgetExceededError(
+                f"the run used its budget of {tokens:,} tokens ({used:,} used)", budget="max_tokens"
+            )
         if dollars is not None and spent >= dollars:
-            raise BudgetExceededError(f"the run used its money budget of ${dollars:g} (${spent:.4f} spent)")
+            raise BudgetExceededError(
+                f"the run used its money budget of ${dollars:g} (${spent:.4f} spent)", budget="max_cost_usd"
+            )

@@ -415,7 +415,7 @@ def _check_budget_left(store: RunStore, run_id: str, options: RunOptions) -> Non
         RunLedger(store, run_id, options).check()
     except BudgetExceededError as error:
         raise BudgetExceededError(
-            f"run {run_id} cannot go on: {error}; retry it with a larger budget"
+            f"run {run_id} cannot go on: {error}; retry it with a larger budget", budget=error.budget
         ) from None
 
 
@@ -559,7 +559,7 @@ class _Drive:
                 output = await self._aggregate(outcomes)
         except TimeoutError:
             raise BudgetExceededError(
-                f"the run used its wall-time budget of {run.options.max_wall_s:g} s"
+                f"the run used its wall-time budget of {run.options.max_wall_s:g} s", budget="max_wall_s"
             ) from None
         await self._end("succeeded", output, tell_registry=True)
 
