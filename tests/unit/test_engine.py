@@ -245,6 +245,31 @@ async def test_cancel_stops_running_steps_promptly(engine: Engine, write_script:
     assert _kinds(engine, run.id)[-1] == ("run_cancelled", None)
 
 
+async def test_a_cancel_whose_clean_up_is_slow_is_not_cut_short_by_the_next_look(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard looks at cancel flags every 0.2 s; it stops a run once, not at every look.
+
+    Before, on a loaded machine (clean-up slower than a look), the second cancel landed inside the
+    first one's clean-up: the run was left `running` with its steps running.
+    """
+    from masterplanner.engine import runner
+
+    marking = runner._mark_cancelled
+
+    def slow_mark(*args: Any) -> None:
+        time.sleep(0.7)  # on the worker thread: the guard looks three times meanwhile
+        marking(*args)
+
+    monkeypatch.setattr(runner, "_mark_cancelled", slow_mark)
+    run, execution = await _slow_step_running(engine, write_script)
+    engine.request_cancel(run.id)
+    final = await asyncio.wait_for(execution, 10)
+    assert final.status == "cancelled"
+    assert engine.store.steps(run.id)[0].status == "cancelled"
+    assert _kinds(engine, run.id)[-1] == ("run_cancelled", None)
+
+
 async def test_review_decisions(engine: Engine, write_script: Callable[..., Path]) -> None:
     script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
     options = RunOptions(prompt_rounds=0)

@@ -373,8 +373,8 @@ class _Guards:
                 continue
             for run_id, (held, cancel) in watched.items():
                 _owner, work, drive = runs[run_id]
-                if work.done() or (held and not cancel):
-                    continue
+                if work.done() or drive.stop_reason is not None or (held and not cancel):
+                    continue  # stopped once: a second cancel would cut its clean-up short
                 drive.stop_reason = "cancelled" if cancel else "lease lost"
                 work.cancel()
 
