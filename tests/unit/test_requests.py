@@ -84,6 +84,11 @@ def test_a_run_with_no_terminal_input_is_answered_from_another_process(
     # this terminal could not ask: it said how to answer from elsewhere, once per request
     for request in (review, approval, question):
         assert err.count(f"waiting for an answer to request {request['id']}:") == 1
+    # the call and its arguments are on the line (cut there; the request holds them whole)
+    assert (
+        f'waiting for an answer to request {approval["id"]}: allow code_execution(language="python", '
+        'code="print(6 * 7)", stdin="", timeout_s=30) (step b)?'
+    ) in err
     events = run_events(report["run_id"])
     results = [e["data"] for e in events if e["kind"] == "tool_result"]
     assert [r["tool"] for r in results] == ["code_execution", "ask_user"]
@@ -279,3 +284,44 @@ def test_runs_audit_says_who_did_what_and_when_with_secrets_removed(
     created, cancel = json.loads(mp("runs", "audit", review["run_id"], "--json").stdout)
     assert (created["action"], created["front_end"]) == ("created the run", "cli")
     assert (cancel["action"], cancel["front_end"]) == ("asked to cancel the run", "cli")
+
+
+@needs_sandbox
+def test_a_call_put_to_a_person_is_shown_whole_and_one_too_long_to_show_is_refused_unasked(
+    write_script: Callable[..., Path],
+) -> None:
+    hidden = "# harmless\n" + "\n".join(f"# line {n}: tidy the rows" for n in range(100)) + "\nopen('x', 'w')"
+    huge = "#" * 200_001
+    plan = {"purpose": "planner", "output": {"steps": [step("b", tools=["code_execution"])]}}
+    script = write_script(
+        [
+            plan,
+            {"purpose": "step:b", "tool_calls": [{"name": "code_execution", "args": {"code": hidden}}]},
+            {"purpose": "step:b", "tool_calls": [{"name": "code_execution", "args": {"code": huge}}]},
+            {"purpose": "step:b", "output": "B done"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    run = start("run", "compute", "--model", f"scripted:{script}", "--json")  # no --yes: calls are asked
+    try:
+        answer(pending("plan_review")["id"], "--approve")
+        approval = pending("tool_approval")
+        assert len(hidden) > 2_000
+        assert approval["payload"]["arguments"]["code"] == hidden  # every character the person approves
+        answer(approval["id"], "--deny")
+        out, err = run.communicate(timeout=90)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err
+    report = json.loads(out)
+    events = run_events(report["run_id"])
+    assert [e["kind"] for e in events].count("tool_approval_requested") == 1  # the huge call: nobody asked
+    results = [e["data"] for e in events if e["kind"] == "tool_result"]
+    assert results == [
+        {
+            "tool": "code_execution",
+            "error": "this call's arguments are 200,035 characters long, too long to be shown to the person "
+            "who approves code_execution calls (at most 200,000): make the call smaller, for example by "
+            "splitting it into several calls",
+        }
+    ]

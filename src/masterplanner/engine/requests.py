@@ -142,13 +142,26 @@ class Request:
             steps = len((self.payload.get("plan") or {}).get("steps", []))
             return f"review the plan of {steps} step(s): approve, reject or edit"
         if self.kind == "tool_approval":
-            return f"allow a call to {self.payload.get('tool')}{where}?"
+            called = _call_line(str(self.payload.get("tool")), self.payload.get("arguments") or {})
+            return f"allow {called}{where}?"
         if self.kind == "ask_user":
             return f"an agent asks{where}: {self.payload.get('question', '')}"
         if self.kind == "replan":
             new = ", ".join(self.payload.get("new_steps", []))
             return f"step {self.step_id} failed: run new steps {new} in its place? approve, reject or edit"
         return f"store this run's team ({self.payload.get('agents', 0)} agents) in the registry?"
+
+
+def _call_line(tool: str, arguments: dict[str, Any]) -> str:
+    """A tool call on one line, `write_file(path="a.txt", content="…")`: each value cut at 60 characters.
+
+    The request's payload holds the arguments whole, for the approval itself.
+    """
+    shown = []
+    for key, value in arguments.items():
+        text = json.dumps(value, ensure_ascii=False)
+        shown.append(f"{key}={text if len(text) <= 60 else text[:59] + '…'}")
+    return f"{tool}({', '.join(shown)})"
 
 
 def _problems(error: ValidationError) -> str:

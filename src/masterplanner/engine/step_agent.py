@@ -32,12 +32,12 @@ from ..models.local import STRUCTURED_PLANS, ToolAids
 from ..plan import Plan, Step, sinks
 from ..prompts import load_examples, render
 from ..tools.code_execution import succeeded_output
+from ..tools.results import TOOL_OUTPUT
 from ..tools.workspace import Workspace
 from ..working_memory import INPUT_HEADING, ContextBudget, FittedInput
 from .file_questions import CountedFile, ListingQuestion, counted_file, listing_question
 from .records import RunOptions
 from .table_queries import DraftedQuery, drafted_query
-from .tool_calls import TOOL_OUTPUT
 
 __all__ = [
     "BudgetedModel",

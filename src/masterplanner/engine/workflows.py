@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any, Literal
@@ -51,6 +51,7 @@ from ..purpose import step_purpose
 from ..registry.memory import episode_text
 from ..tools.catalog import Catalog
 from ..tools.context import StepDeps, ToolRunner
+from ..tools.results import TOOL_FAILED, failed
 from ..tools.team import team_tool
 from ..working_memory import FittedInput, HistoryProcessor, Summarizer, fit_inputs, history_processor, trimmer
 from .checkpoints import CheckpointedModel
@@ -326,6 +327,8 @@ class _StepRun:
             if run.options.team_tools and len(self.plan.steps) > 1
             else None
         )
+        self.last_tool_result: str | None = None
+        """What the agent was given by its latest tool call (a replayed call's recorded result too)."""
 
     async def run(self, *, resumed: bool) -> dict[str, Any]:
         """Attempts of the step agent until one succeeds, the attempts run out or an error ends it.
@@ -379,6 +382,10 @@ class _StepRun:
                 continue
             except (MasterplannerError, UsageLimitExceeded, AgentRunError) as exc:
                 error = _describe(exc)
+                if isinstance(exc, UsageLimitExceeded) and failed(self.last_tool_result):
+                    # a model that kept calling a failing tool: say what kept failing
+                    problem = str(self.last_tool_result).removeprefix(TOOL_FAILED).strip()
+                    error += f" (its last tool call failed: {problem})"
                 break
             except sa.exc.DBAPIError as exc:  # DBOS's own writes (a full disk); our stores raise RunError
                 error = database_failure(exc)
@@ -520,14 +527,25 @@ class _StepRun:
     def _tool_runner(self) -> ToolRunner:
         catalog, options = self.resources.catalog, self.record.options
         policies = self._agent().tool_policies or None
-        return ToolCalls(
+        calls = ToolCalls(
             store=self.store,
             run_id=self.record.id,
             step_id=self.step.id,
             policy=lambda name: options.policy(name, _default_approval(name, catalog), policies),
             fence=partial(keep_lease, self.record.id),
             repeatable=lambda name: name in catalog and catalog[name].repeatable,
-        ).run
+        )
+
+        async def run(
+            name: str,
+            arguments: dict[str, Any],
+            call: Callable[[], str | Awaitable[str]],
+            check: Callable[[], None] | None = None,
+        ) -> str:
+            self.last_tool_result = await calls.run(name, arguments, call, check)
+            return self.last_tool_result
+
+        return run
 
 
 def _default_approval(name: str, catalog: Catalog) -> str:

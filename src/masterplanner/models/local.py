@@ -40,6 +40,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RequestUsage
 
 from ..errors import ModelError
+from ..tools.results import failed
 from ._llama import LlamaRuntime, check_gguf, embedded_model_path, load_llama
 from ._schema import JsonSchema, compact_schema, grammar_schema, hoist_definitions
 
@@ -122,9 +123,10 @@ def _aided_choice(
 ) -> ModelSettings:
     """The tool choice the aids impose at this point of the conversation."""
     parts = [part for message in messages for part in getattr(message, "parts", [])]
-    succeeded = sum(isinstance(part, ToolReturnPart) for part in parts)
-    failed = sum(isinstance(part, RetryPromptPart) and part.tool_name is not None for part in parts)
-    if aids.max_tool_calls is not None and succeeded + failed >= aids.max_tool_calls:
+    returned = [part for part in parts if isinstance(part, ToolReturnPart)]
+    succeeded = sum(not failed(part.content) for part in returned)
+    refused = sum(isinstance(part, RetryPromptPart) and part.tool_name is not None for part in parts)
+    if aids.max_tool_calls is not None and len(returned) + refused >= aids.max_tool_calls:
         return {**settings, "tool_choice": "none"}
     if succeeded:
         return settings
