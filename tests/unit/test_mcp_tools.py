@@ -75,3 +75,62 @@ def test_a_run_calls_an_mcp_tool(write_script: Callable[..., Path]) -> None:
     )
     results = [e["data"] for e in shown["events"] if e["kind"] == "tool_result"]
     assert results == [{"tool": "notes_shout", "result": "HELLO"}]
+
+
+def _run_with_servers(script: Path, servers: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "masterplanner",
+            "run",
+            "shout it",
+            "--model",
+            f"scripted:{script}",
+            "--yes",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MASTERPLANNER_MCP_SERVERS": json.dumps(servers)},
+    )
+
+
+@pytest.mark.parametrize(
+    ("servers", "error"),
+    [
+        (
+            {"bad": {"command": "/nonexistent/mcp-server"}},
+            "MCP server 'bad': cannot list its tools: RuntimeError: Client failed to connect: "
+            "[Errno 2] No such file or directory: '/nonexistent/mcp-server'",
+        ),
+        (
+            {"notes": {"command": sys.executable, "args": [SERVER]}, "notes_shout": {"command": "x"}},
+            "MCP server 'notes_shout': cannot list its tools: RuntimeError: Client failed to connect: "
+            "[Errno 2] No such file or directory: 'x'",
+        ),
+        (  # a server called "write" offering "file": write_file is a built-in tool
+            {
+                "write": {
+                    "command": sys.executable,
+                    "args": ["-c", f"exec(open({SERVER!r}).read().replace('def shout', 'def file'))"],
+                }
+            },
+            "MCP tool 'write_file' has the name of a built-in tool; give its server another name in "
+            "mcp_servers (a server's tools are called <server>_<tool>)",
+        ),
+    ],
+    ids=["does-not-start", "second-does-not-start", "name-of-a-built-in-tool"],
+)
+def test_a_run_whose_mcp_servers_cannot_be_used_fails_saying_why(
+    write_script: Callable[..., Path], servers: dict[str, object], error: str
+) -> None:
+    """Before, the run was left `planning` for ever (its end needed the tools it failed to list),
+    and a tool named like a built-in one was a traceback."""
+    script = write_script([{"purpose": "*", "repeat": True}])
+    result = _run_with_servers(script, servers)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    assert (report["status"], report["error"]) == ("failed", error)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from ..errors import ConfigError
 from ..settings import Settings
 from ..tools import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS, Catalog, ToolSpec
 from ..tools.context import ToolContext
@@ -96,6 +97,16 @@ async def with_mcp_tools(settings: Settings, context: ToolContext) -> tuple[RunC
     """The run catalog plus the configured MCP servers' tools, and the tool context that can call them."""
     specs = await discover_tools(settings.mcp_servers)
     base = run_catalog(settings)
+    builtin = {spec.name for spec in base} | set(BUILTIN_TOOL_NAMES)
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in builtin or spec.name in seen:
+            other = "a built-in tool" if spec.name in builtin else "another MCP server's tool"
+            raise ConfigError(
+                f"MCP tool {spec.name!r} has the name of {other}; give its server another name in "
+                "mcp_servers (a server's tools are called <server>_<tool>)"
+            )
+        seen.add(spec.name)
     catalog = RunCatalog([*base, *specs], missing=base.missing, mcp_servers=base.mcp_servers)
     return catalog, replace(
         context, mcp_servers=dict(settings.mcp_servers), mcp_specs={spec.name: spec for spec in specs}

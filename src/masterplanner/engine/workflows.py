@@ -197,9 +197,12 @@ async def aggregate_workflow(run_id: str) -> str:
 async def end_workflow(
     run_id: str, status: Literal["succeeded", "failed"], text: str, tell_registry: bool
 ) -> None:
-    """Record how the run ended (`text`: its output or its error), then tell the registry."""
-    resources = await _resources(run_id)
-    store = resources.store
+    """Record how the run ended (`text`: its output or its error), then tell the registry.
+
+    The run's resources are built only to tell the registry: a run that failed because they
+    could not be built (an MCP server that does not start) still ends, failed, saying why.
+    """
+    settings, store = launched_host()
 
     def record() -> None:
         if telemetry.exporting():
@@ -221,6 +224,7 @@ async def end_workflow(
 
     await _recorded(record, "run_ended")
     if tell_registry:
+        resources = await resources_of(run_id, settings, store)
 
         def tell() -> None:
             try:
