@@ -6,6 +6,7 @@ URLs, timestamps, SQLite settings, transactions with readable errors, and named 
 from __future__ import annotations
 
 import functools
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from .errors import DatabaseUnavailableError, RunError
+from .errors import ConfigError, DatabaseUnavailableError, RunError
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -82,10 +83,18 @@ def create_engine(url: str) -> Engine:
         if full_url.startswith("postgresql")
         else {}
     )
+    if not full_url.startswith(("sqlite://", "postgresql+psycopg://")):
+        raise ConfigError(
+            f"database URL {shown_url(url)!r} is not usable: masterplanner stores runs in SQLite "
+            "(sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DATABASE)"
+        )
     try:
         engine = sa.create_engine(full_url, **options)
-    except (sa.exc.ArgumentError, ImportError) as exc:
-        raise RunError(f"database URL {url!r} is not usable: {exc}") from None
+    except (sa.exc.ArgumentError, ImportError, ValueError) as exc:
+        problem = (
+            "its port is not a number" if "invalid literal for int()" in str(exc) else "it cannot be read"
+        )
+        raise ConfigError(f"database URL {shown_url(url)!r} is not usable: {problem}") from None
     if engine.dialect.name == "sqlite":
         sa.event.listen(engine, "connect", _sqlite_pragmas)
     return engine
@@ -161,14 +170,21 @@ def _first_line(error: object) -> str:
 
 
 def shown_url(url: str) -> str:
-    """A database URL as it may be shown in a message or log: a password in it is replaced by `***`."""
-    try:
-        parsed = sa.engine.make_url(engine_url(url))
-    except sa.exc.ArgumentError:
-        return url
-    if parsed.password is None:
-        return url
-    return url.replace(f":{parsed.password}@", ":***@", 1)
+    """A database URL as it may be shown in a message or log: a password in it is replaced by `***`.
+
+    Read from the text itself, not a parser's idea of it: the password as written (percent-encoded,
+    or holding `@` or `/`) goes, and so does a `password=` query parameter. Before, an encoded
+    password (`p%40ss`) was compared in its decoded form, not found, and shown.
+    """
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        before_query, mark, query = rest.partition("?")
+        userinfo, at, host = before_query.rpartition("@")
+        if at and ":" in userinfo:
+            user = userinfo.split(":", 1)[0]
+            rest = f"{user}:***@{host}{mark}{query}"
+        url = f"{scheme}://{rest}"
+    return re.sub(r"(?i)(password=)[^&]*", r"\1***", url)
 
 
 def apply_migrations(connection: Connection, migrations: list[Migration]) -> None:

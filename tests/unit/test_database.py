@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from masterplanner import DatabaseUnavailableError, RunError
-from masterplanner.database import reconnecting
+from masterplanner import ConfigError, DatabaseUnavailableError, RunError
+from masterplanner.database import reconnecting, shown_url
 from masterplanner.engine.store import RunStore
 
 
@@ -21,6 +21,44 @@ def test_an_unreachable_postgres_server_is_named_without_its_password() -> None:
     )
     assert "s3cret-pw" not in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://postgres:p%40ssW0rd@127.0.0.1:5432/x", "postgresql://postgres:***@127.0.0.1:5432/x"),
+        ("postgresql://u:a@b/c@h/db", "postgresql://u:***@h/db"),
+        (
+            "postgresql://h/db?user=u&password=zz&sslmode=require",
+            "postgresql://h/db?user=u&password=***&sslmode=require",
+        ),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("sqlite:////tmp/a.sqlite", "sqlite:////tmp/a.sqlite"),
+    ],
+)
+def test_a_database_url_is_shown_without_its_password_however_it_is_written(url: str, shown: str) -> None:
+    assert shown_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [
+        (
+            "mysql://u:s3cretPW@h/db",
+            "database URL 'mysql://u:***@h/db' is not usable: masterplanner stores runs in SQLite "
+            "(sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DATABASE)",
+        ),
+        (
+            "postgresql://postgres:s3cretPW@127.0.0.1:notaport/x",
+            "database URL 'postgresql://postgres:***@127.0.0.1:notaport/x' is not usable: "
+            "its port is not a number",
+        ),
+    ],
+)
+def test_an_unusable_database_url_is_a_configuration_error_without_its_password(url: str, error: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        RunStore(url)
+    assert str(refused.value) == error
 
 
 def test_a_call_is_made_again_while_the_database_is_unavailable() -> None:
