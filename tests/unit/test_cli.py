@@ -268,3 +268,18 @@ def test_a_worker_for_a_provider_whose_key_is_not_set_is_refused_in_our_words() 
         "error: this worker cannot take openai runs or steps: OPENAI_API_KEY is not set here; "
         "set it, or leave openai out of the worker's queues",
     )
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_seconds_to_wait_that_are_not_a_number_of_seconds_are_refused(value: str) -> None:
+    """`worker --grace inf` started, then crashed on SIGTERM (int(inf)); `runs cancel --wait -5` was taken."""
+    worker = run("worker", "--grace", value)
+    assert (worker.returncode, worker.stderr.strip()) == (
+        2,
+        f"error: --grace must be from 0 to 3,600 seconds, got {float(value):g}",
+    )
+    cancel = run("runs", "cancel", "nosuchrun", "--wait", value)
+    assert (cancel.returncode, cancel.stderr.strip()) == (
+        2,
+        f"error: --wait must be from 0 to 3,600 seconds, got {float(value):g}",
+    )

@@ -690,8 +690,11 @@ def runs_cancel(
     wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for running steps to stop.")] = 15.0,
 ) -> None:
     """Cancel a run: running steps stop promptly, no new step starts, its open requests close."""
+    from ..errors import ConfigError
     from ..service import answerer_name
 
+    if not 0 <= wait <= 3600:  # nan and inf too
+        raise ConfigError(f"--wait must be from 0 to 3,600 seconds, got {wait:g}")
     by = answerer_name("cli")
     record = _call(_service(load_settings()), lambda service: service.cancel(run_id, wait_s=wait, by=by))
     console(stderr=True).print(f"run {shown(record.id)} {shown(record.status)}", highlight=False)

@@ -52,8 +52,8 @@ def worker(
 
     if not 1 <= max_runs <= 10_000:
         raise ConfigError(f"--max-runs must be between 1 and 10000, got {max_runs}")
-    if grace < 0:
-        raise ConfigError(f"--grace must not be negative, got {grace:g}")
+    if not 0 <= grace <= 3600:  # nan and inf too
+        raise ConfigError(f"--grace must be from 0 to 3,600 seconds, got {grace:g}")
     if concurrency is not None and not 1 <= concurrency <= 1000:
         raise ConfigError(f"--concurrency must be between 1 and 1000, got {concurrency}")
     providers = None if queues is None else [name.strip() for name in queues.split(",") if name.strip()]
