@@ -27,6 +27,7 @@ from .audit import AuditEntry, audit_entries
 from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
 from .engine.processes import ProcessRecord
 from .engine.records import FINISHED_RUN_STATUSES, briefs_json
+from .engine.requests import closed_text
 from .engine.reuse import remember_run
 from .engine.runtime import step_queue_name
 from .engine.store import Lease
@@ -393,6 +394,8 @@ class RunService:
         if text is not None and reason is not None:
             raise RequestError("a reason goes with a denial, not with a text answer")
         request = await self.request(request_id)
+        if request.state != "open":  # closed first: the form of an answer it cannot take is beside the point
+            raise RequestError(closed_text(request))
         answer: dict[str, Any]
         if request.kind == "ask_user":
             if text is None:

@@ -104,6 +104,10 @@ def test_a_run_with_no_terminal_input_is_answered_from_another_process(
     again = mp("runs", "answer", approval["id"], "--deny")
     assert again.returncode == 2
     assert again.stderr.startswith(f"error: request {approval['id']} is already answered (by cli@")
+    # closed first: not "answer it with a text", which then says it is closed
+    asked_again = mp("runs", "answer", question["id"], "--approve")
+    assert asked_again.returncode == 2
+    assert asked_again.stderr.startswith(f"error: request {question['id']} is already answered (by cli@")
     unknown = mp("runs", "answer", "nosuchrequest", "--approve")
     assert (unknown.returncode, unknown.stderr.strip()) == (
         2,

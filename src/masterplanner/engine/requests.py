@@ -42,6 +42,7 @@ __all__ = [
     "RequestKind",
     "RequestState",
     "Requests",
+    "closed_text",
     "create_requests_table",
 ]
 
@@ -303,7 +304,7 @@ class Requests:
         """
         request = self.get(request_id)
         if request.state != "open":
-            raise RequestError(_closed(request))
+            raise RequestError(closed_text(request))
         answer = _checked_answer(request, answer)
         with self._store.begin("answer a request") as connection:
             updated = connection.execute(
@@ -317,7 +318,7 @@ class Requests:
                 )
             )
         if updated.rowcount != 1:
-            raise RequestError(_closed(self.get(request.id)))
+            raise RequestError(closed_text(self.get(request.id)))
         return self.get(request.id)
 
     def close_run(self, run_id: str, state: Literal["expired", "cancelled"], *, keep_remember: bool) -> int:
@@ -359,7 +360,8 @@ class Requests:
             await asyncio.sleep(_POLL_S)
 
 
-def _closed(request: Request) -> str:
+def closed_text(request: Request) -> str:
+    """Why a request that is no longer open cannot be answered."""
     if request.state == "answered":
         return f"request {request.id} is already answered (by {request.answered_by} at {request.answered_at})"
     if request.state == "cancelled":
