@@ -14,6 +14,7 @@ from _plans import step
 
 from masterplanner import PlanError, RunError, Settings
 from masterplanner.engine import Engine, RunOptions, RunRecord
+from masterplanner.tools.mcp import McpServer
 
 FAST = RunOptions(auto_approve=True, prompt_rounds=0, retry_backoff_s=0.01)
 
@@ -666,3 +667,20 @@ def test_a_tool_call_in_a_process_running_steps_inline_needs_the_run_still_held_
     set_lease(owner=None)
     with pytest.raises(DBOSWorkflowConflictIDError):  # given up: nobody here runs its steps
         keep_lease(run.id)
+
+
+def test_a_policy_for_a_tool_that_does_not_exist_is_refused_before_the_run_is_made(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    from masterplanner import ConfigError
+
+    model = f"scripted:{write_script([{'purpose': '*', 'repeat': True}])}"
+    with pytest.raises(ConfigError) as refused:
+        engine.create_run("x", model=model, options=RunOptions(tool_policies={"code-execution": "deny"}))
+    assert str(refused.value).startswith(
+        "tool_policies names 'code-execution', which is not a tool; did you mean 'code_execution'? tools are "
+    )
+    assert engine.store.list_runs() == []
+    # MCP tools are named after their configured server
+    engine.settings.mcp_servers["notes"] = McpServer(command="x")
+    engine.create_run("x", model=model, options=RunOptions(tool_policies={"notes_shout": "deny"}))
