@@ -645,3 +645,39 @@ def test_a_run_that_failed_on_workers_is_retried_on_them_with_a_larger_budget(
     started = [step for _kind, step, _data in cluster.events(run_id, "step_started")]
     assert started == ["a", "b", "c", "c"]  # c was cut short by the budget, then ran again; a, b once
     assert [data["steps"] for _kind, _step, data in cluster.events(run_id, "run_retried")] == [["c"]]
+
+
+def test_runs_resume_finishes_a_run_whose_only_worker_died_mid_step_without_any_worker(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    """The step the dead worker had started is taken by the resuming process, not left queued.
+
+    Before, it was handed back to its provider's queue, which only workers dequeue: with no
+    worker alive `runs resume` waited for ever (10 minutes, in an exploratory session).
+    """
+    ids = ["a", "b"]
+    script = _file_writing_chain(write_script, ids)
+    worker = cluster.worker("--concurrency", "1")
+    (worker_id,) = cluster.worker_ids(1)
+    (run_id,) = cluster.enqueue(script, ["write two files"])
+    assert _wait_for_a_step_past_its_tool_call(cluster, [run_id]) == worker_id
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=30)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "masterplanner", "runs", "resume", run_id, "--json"],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    report = json.loads(resumed.stdout)
+    assert (report["status"], report["output"]) == ("succeeded", "ok")
+    assert [kind for kind, _step, _data in cluster.events(run_id, "step_recovered")] == ["step_recovered"]
+    for kind in ("step_started", "tool_called"):
+        assert Counter(step for _k, step, _d in cluster.events(run_id, kind)) == dict.fromkeys(ids, 1), kind
+    workspace = Path(cluster.store.get_run(run_id).workspace)
+    assert {path.name: path.read_text() for path in workspace.iterdir()} == {
+        f"{step_id}.txt": f"from {step_id}" for step_id in ids
+    }

@@ -663,7 +663,8 @@ class _Drive:
             if status.status == "PENDING" and executor and time.monotonic() - checked >= _LIVENESS_INTERVAL_S:
                 checked = time.monotonic()
                 if executor != self.engine.owner and not await _alive(processes, executor):
-                    recovered = await asyncio.to_thread(recover_workflow, workflow_id, executor)
+                    here = not self.engine.queued_steps  # not a worker: this process takes it
+                    recovered = await asyncio.to_thread(recover_workflow, workflow_id, executor, here=here)
                     if recovered and step_id is not None:
                         data = {"from": executor}
                         await asyncio.to_thread(

@@ -26,6 +26,7 @@ import threading
 import weakref
 from typing import Any
 
+import sqlalchemy as sa
 from dbos import DBOS, DBOSConfig, Queue, WorkflowStatus
 from dbos import _sys_db as dbos_system_database
 from dbos._error import DBOSWorkflowConflictIDError
@@ -228,7 +229,7 @@ def step_queue(model: str) -> Queue:
         return queue
 
 
-def recover_workflow(workflow_id: str, executor_id: str) -> bool:
+def recover_workflow(workflow_id: str, executor_id: str, *, here: bool = False) -> bool:
     """Hand a workflow left PENDING by a dead process back to its queue; whether it was.
 
     DBOS's recovery re-enqueue (its queue kept, the internal one if it had none), conditional on
@@ -236,12 +237,36 @@ def recover_workflow(workflow_id: str, executor_id: str) -> bool:
     and replays it from its last checkpoint, and a second call for the same dead process does
     nothing. DBOS exposes this only for a whole executor at launch, so this uses its system
     database's call for one workflow (pinned by the `dbos` version range in pyproject.toml).
+    `here`: to DBOS's internal queue, whatever the workflow's own was (its same update, made here).
     """
     from dbos._dbos import _get_dbos_instance
     from dbos._utils import INTERNAL_QUEUE_NAME
 
     dbos = _get_dbos_instance()
-    return bool(dbos._sys_db.reenqueue_for_recovery(workflow_id, [executor_id], INTERNAL_QUEUE_NAME))
+    if not here:
+        return bool(dbos._sys_db.reenqueue_for_recovery(workflow_id, [executor_id], INTERNAL_QUEUE_NAME))
+    # the same update, to the internal queue every process dequeues: a process that is not a
+    # worker (`runs resume`) takes the step itself, instead of leaving it on a provider's queue
+    # that no live process may serve (resume waited for ever for a worker)
+    sys_db = dbos._sys_db
+    table = sys_db.tables.workflow_status
+    with sys_db.engine.begin() as connection:
+        moved = connection.execute(
+            sa.update(table)
+            .where(
+                table.c.workflow_uuid == workflow_id,
+                table.c.status == "PENDING",
+                table.c.executor_id == executor_id,
+            )
+            .values(
+                status="ENQUEUED",
+                owner_xid=None,
+                started_at_epoch_ms=None,
+                updated_at=sys_db._now_ms_sql(),
+                queue_name=INTERNAL_QUEUE_NAME,
+            )
+        )
+    return bool(moved.rowcount)
 
 
 STATUS_POLL_S = 0.1
