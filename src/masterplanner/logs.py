@@ -51,19 +51,39 @@ class _Text(logging.Formatter):
         return self._printable(record.getMessage())
 
 
+class _NotWorkflowOutcomes(logging.Filter):
+    """Drops DBOS's report of a workflow that raised ("Exception encountered in … workflow").
+
+    A step that ran out of budget or a cancelled run is an outcome the engine records and the
+    worker logs in one line; DBOS logged each again with a traceback, which broke JSON lines.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether the record is kept."""
+        return not record.getMessage().startswith("Exception encountered in")
+
+
+WORKFLOW_OUTCOMES = _NotWorkflowOutcomes()
+"""The filter on DBOS's logger in every process (`engine/runtime.py` adds it at launch)."""
+
+
 def configure_logging(log_format: Literal["text", "json"], *, printable: Callable[[str], str] = str) -> None:
     """Send the `masterplanner` logger's records (INFO and up) to stderr in `log_format`.
 
     JSON lines are pure ASCII (every control character escaped); text goes through `printable`.
+    DBOS's own records (its errors) go the same way, in the same format: DBOS adds its console
+    handler only to a logger that has none.
     """
-    logger = logging.getLogger(LOGGER)
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLines() if log_format == "json" else _Text(printable))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    for name in (LOGGER, "dbos"):
+        logger = logging.getLogger(name)
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+        logger.addHandler(handler)
+        logger.propagate = False
+    logging.getLogger(LOGGER).setLevel(logging.INFO)
+    logging.getLogger("dbos").addFilter(WORKFLOW_OUTCOMES)
 
 
 def log(name: str, message: str, **fields: Any) -> None:

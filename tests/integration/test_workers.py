@@ -681,3 +681,55 @@ def test_runs_resume_finishes_a_run_whose_only_worker_died_mid_step_without_any_
     assert {path.name: path.read_text() for path in workspace.iterdir()} == {
         f"{step_id}.txt": f"from {step_id}" for step_id in ids
     }
+
+
+MP = [sys.executable, "-m", "masterplanner"]
+
+
+def test_a_worker_logging_json_writes_only_json_lines_when_a_run_fails(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A step out of budget mid-way: the worker logs the run's end as one JSON line, nothing else.
+
+    Before, DBOS logged each workflow that raised again, as text with a traceback.
+    """
+    script = tmp_path / "script.json"
+    write = {"name": "write_file", "args": {"path": "a.txt", "content": "A"}}
+    calls = [
+        {"purpose": "planner", "output": {"steps": [plan_step("a", tools=["write_file"])]}},
+        {"purpose": "step:a", "turn": 1, "tool_calls": [write]},  # the second turn is over the budget
+        {"purpose": "*", "repeat": True},
+    ]
+    script.write_text(json.dumps({"calls": calls}))
+    cluster.env["MASTERPLANNER_LOG_FORMAT"] = "json"
+    worker = cluster.worker()
+    cluster.worker_ids(1)
+    queued = subprocess.run(
+        [
+            *MP,
+            "run",
+            "a, b",
+            "-m",
+            f"scripted:{script}",
+            "--yes",
+            "--rounds",
+            "0",
+            "--max-calls",
+            "2",
+            "--detach",
+        ],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+    )
+    assert queued.returncode == 0, queued.stderr
+    run_id = queued.stdout.strip()
+    assert cluster.wait_finished([run_id]) == {run_id: "failed"}
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=60)
+    lines = cluster.log(0).splitlines()
+    entries = [json.loads(line) for line in lines]  # every line is JSON
+    ended = [entry for entry in entries if entry.get("run") == run_id and entry.get("status") == "failed"]
+    assert len(ended) == 1, lines
+    assert not any("Traceback" in line for line in lines)

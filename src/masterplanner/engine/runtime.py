@@ -33,6 +33,7 @@ from dbos._error import DBOSWorkflowConflictIDError
 
 from .._version import __version__
 from ..errors import RunError
+from ..logs import WORKFLOW_OUTCOMES
 from ..settings import PROVIDERS, Settings, provider_of
 from .processes import Heartbeat, ProcessKind
 from .store import RunStore, engine_url, held_here
@@ -134,6 +135,7 @@ def _launch(
         config["db_engine_kwargs"] = {"connect_args": {"factory": _WalConnection}}
     if not debug:
         logging.getLogger("dbos").setLevel(logging.ERROR)
+        logging.getLogger("dbos").addFilter(WORKFLOW_OUTCOMES)
     providers = list(PROVIDERS) if listen is None else listen
     queues = [step_queue_name(provider) for provider in providers] if kind == "worker" else []
     _own_limits.clear()
