@@ -323,6 +323,38 @@ class Settings(BaseSettings):
         600.0, gt=0, le=86_400, description="seconds a model server has to answer one request"
     )
 
+    @field_validator("http_allowed_domains")
+    @classmethod
+    def _host_names(cls, domains: list[str]) -> list[str]:
+        """Entries are host names (`example.com`, `*.example.com`), addresses or `*`.
+
+        A URL, a port or a path never matched any request: the allowlist refused what it seemed
+        to allow.
+        """
+        import ipaddress
+        import re
+
+        label = r"(?!-)[a-z0-9_-]{1,63}(?<!-)"
+        for entry in domains:
+            name = entry.strip().removeprefix("*.").rstrip(".").lower()
+            if entry.strip() == "*":
+                continue
+            try:
+                ipaddress.ip_address(name.strip("[]"))
+                continue
+            except ValueError:
+                pass
+            try:
+                ascii_name = name.encode("idna").decode("ascii")
+            except UnicodeError:
+                ascii_name = ""
+            if not re.fullmatch(rf"{label}(\.{label})*", ascii_name):
+                raise ValueError(
+                    f"{entry!r} is not a host name; give host names such as example.com (a subdomain "
+                    "of one is allowed too), not URLs, ports or paths, or '*' for any host"
+                )
+        return domains
+
     @field_validator("provider_limits")
     @classmethod
     def _known_providers(cls, limits: dict[str, ProviderLimit]) -> dict[str, ProviderLimit]:
@@ -458,5 +490,5 @@ def _describe(exc: ValidationError, given: dict[str, Any]) -> str:
                 f"unknown setting {name!r} {source}; known: {', '.join(sorted(Settings.model_fields))}"
             )
         else:
-            lines.append(f"setting {name!r} ({source}): {error['msg']}")
+            lines.append(f"setting {name!r} ({source}): {str(error['msg']).removeprefix('Value error, ')}")
     return "invalid settings: " + "; ".join(lines)

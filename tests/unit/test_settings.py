@@ -111,6 +111,21 @@ def test_tool_policies_and_http_allowlist_from_toml(isolated: Path) -> None:
         Settings.load()
 
 
+@pytest.mark.parametrize("entry", ["http://localhost", "localhost:18081", "", "example.com/api", "a b"])
+def test_an_http_allowlist_entry_that_is_not_a_host_name_is_refused(isolated: Path, entry: str) -> None:
+    """Such an entry never matched a request: the allowlist refused what it seemed to allow."""
+    write_toml(isolated, f"http_allowed_domains = [{entry!r}]\n")
+    with pytest.raises(SettingsError) as caught:
+        Settings.load()
+    assert str(caught.value) == (
+        f"invalid settings: setting 'http_allowed_domains' (in {isolated / 'masterplanner.toml'}): "
+        f"{entry!r} is not a host name; give host names such as example.com (a subdomain of one is "
+        "allowed too), not URLs, ports or paths, or '*' for any host"
+    )
+    write_toml(isolated, "http_allowed_domains = ['example.com', '*.x.org', '127.0.0.1', 'bücher.de', '*']\n")
+    assert len(Settings.load().http_allowed_domains) == 5
+
+
 def test_provider_limits_name_a_known_provider(isolated: Path) -> None:
     write_toml(isolated, "[provider_limits.openai]\nconcurrency = 8\nper_minute = 60\n")
     limit = Settings.load().provider_limits["openai"]
