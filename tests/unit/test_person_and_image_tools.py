@@ -94,6 +94,35 @@ def test_generate_image_saves_the_png(
         asyncio.run(generate_image(config, workspace, "x", "x.png", "3x3"))
 
 
+def test_an_images_api_answering_with_something_that_is_not_json_is_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            reply = b"<html>hello</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+        workspace = Workspace(tmp_path / "ws").create()
+        with pytest.raises(ToolError) as failed:
+            asyncio.run(generate_image(ImageConfig(model="m", base_url=url), workspace, "a cat", "cat.png"))
+    finally:
+        server.shutdown()
+    assert str(failed.value) == f"the images API at {url} answered with something that is not JSON"
+
+
 async def test_ask_user_goes_to_the_front_end(isolated: Path, write_script: Callable[..., Path]) -> None:
     script = write_script(
         [

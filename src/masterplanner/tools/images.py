@@ -74,6 +74,9 @@ async def generate_image(
         raise ToolError(f"the images API failed: {type(exc).__name__}: {exc}") from None
     finally:
         await client.close()
+    where = config.base_url or "api.openai.com"
+    if isinstance(response, str) or not hasattr(response, "data"):  # the SDK's way of giving a non-JSON body
+        raise ToolError(f"the images API at {where} answered with something that is not JSON")
     encoded = response.data[0].b64_json if response.data else None
     if not encoded:
         raise ToolError("the images API returned no image data")
