@@ -684,3 +684,16 @@ def test_a_policy_for_a_tool_that_does_not_exist_is_refused_before_the_run_is_ma
     # MCP tools are named after their configured server
     engine.settings.mcp_servers["notes"] = McpServer(command="x")
     engine.create_run("x", model=model, options=RunOptions(tool_policies={"notes_shout": "deny"}))
+
+
+def test_a_workspace_given_as_a_link_to_a_folder_is_that_folder(
+    engine: Engine, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Before, `--workspace LINK` was refused as "not a directory"."""
+    target = tmp_path / "real"
+    target.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    model = f"scripted:{write_script([{'purpose': '*', 'repeat': True}])}"
+    record = engine.create_run("x", model=model, workspace=link)
+    assert record.workspace == str(target.resolve())

@@ -129,7 +129,8 @@ class Engine:
         spec = model or self.settings.model
         resolved = resolve_model(spec, self.settings)
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-        folder = workspace or (self.settings.home / "workspaces" / run_id)
+        # a link to a folder is the folder it points to (the workspace root itself is never a link)
+        folder = (workspace or (self.settings.home / "workspaces" / run_id)).resolve()
         self.settings.record_workspace(folder)
         options = options or RunOptions()
         _check_policies(options.tool_policies, self.settings)

@@ -245,7 +245,9 @@ class Workspace:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ToolError(f"workspace {self.root}: cannot create: {_problem(exc)}") from exc
-        if self.root.is_symlink() or not self.root.is_dir():
+        if self.root.is_symlink():
+            raise ToolError(f"workspace {self.root} is a symbolic link: give the folder it points to")
+        if not self.root.is_dir():
             raise ToolError(f"workspace {self.root} is not a directory")
         return self
 
