@@ -166,6 +166,27 @@ def test_the_run_catalog_says_what_enables_each_tool_it_leaves_out(monkeypatch: 
         "image_base_url names another OpenAI-compatible one)"
     )
     assert catalog.why_missing("read_file") is None  # it is there
+    # a backend set only half is missing what it lacks (every search failed, the run "succeeded")
+    monkeypatch.delenv("BRAVE_API_KEY", raising=False)
+    for settings, lacks in [
+        ({"web_search_backend": "local"}, "set web_search_folder (MASTERPLANNER_WEB_SEARCH_FOLDER)"),
+        (
+            {"web_search_backend": "local", "web_search_folder": "/nonexistent/notes"},
+            "web_search_folder /nonexistent/notes is not a folder",
+        ),
+        ({"web_search_backend": "searxng"}, "set searxng_url (MASTERPLANNER_SEARXNG_URL)"),
+        ({"web_search_backend": "brave"}, "set the environment variable BRAVE_API_KEY"),
+    ]:
+        backend = settings["web_search_backend"]
+        assert run_catalog(Settings.load(**settings)).why_missing("web_search") == (
+            f"web_search_backend is {backend}: {lacks}"
+        )
+    assert (
+        run_catalog(Settings.load(web_search_backend="local", web_search_folder=".")).why_missing(
+            "web_search"
+        )
+        is None
+    )
     assert catalog.why_missing("teleport") is None  # nothing would make it available
     tools = builtin_catalog().subset(["read_file"])
     with_notes = RunCatalog(

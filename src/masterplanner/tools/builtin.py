@@ -242,7 +242,25 @@ async def web_search(ctx: Context, query: str, num_results: Annotated[int, Field
 
 
 def _search_missing(settings: Settings) -> str | None:
-    return _WEB_SEARCH_HOW_TO if settings.web_search_backend == "none" else None
+    """What the configured search backend still lacks, if anything.
+
+    A half-set backend passed planning, and every search then failed while the run "succeeded".
+    """
+    backend = settings.web_search_backend
+    if backend == "none":
+        return _WEB_SEARCH_HOW_TO
+    if backend == "local":
+        folder = settings.web_search_folder
+        if folder is None:
+            return "web_search_backend is local: set web_search_folder (MASTERPLANNER_WEB_SEARCH_FOLDER)"
+        if not folder.expanduser().is_dir():
+            return f"web_search_backend is local: web_search_folder {folder} is not a folder"
+    if backend == "searxng" and not settings.searxng_url:
+        return "web_search_backend is searxng: set searxng_url (MASTERPLANNER_SEARXNG_URL)"
+    variable = {"brave": "BRAVE_API_KEY", "tavily": "TAVILY_API_KEY"}.get(backend)
+    if variable is not None and not os.environ.get(variable):
+        return f"web_search_backend is {backend}: set the environment variable {variable}"
+    return None
 
 
 async def generate_image(ctx: Context, prompt: str, path: str, size: str = "1024x1024") -> str:
