@@ -228,8 +228,10 @@ def trim_history(messages: Sequence[ModelMessage], budget_chars: int) -> list[Mo
     """The conversation with its oldest tool results dropped until it fits `budget_chars`.
 
     The first request (the brief) and the last two messages (the newest call and its results)
-    are kept as they are; a dropped result is replaced by a note naming the tool and its size, so
-    the agent knows it can call the tool again.
+    are kept; a dropped result is replaced by a note naming the tool and its size, so the agent
+    knows it can call the tool again. If it still does not fit, a newest result longer than half
+    the budget is cut to that half, with a note saying so: before, one program printing 2 MB went
+    to the model whole (209,800 input tokens in one request, against an 8,192-token window).
     """
     kept = list(messages)
     total = sum(_message_chars(message) for message in kept)
@@ -257,7 +259,23 @@ def trim_history(messages: Sequence[ModelMessage], budget_chars: int) -> list[Mo
         kept[index] = replace(message, parts=parts)
         if total <= budget_chars:
             break
+    if total > budget_chars and kept and isinstance(kept[-1], ModelRequest):
+        kept[-1] = _cut_newest_results(kept[-1], max(1_000, budget_chars // 2))
     return kept
+
+
+def _cut_newest_results(request: ModelRequest, keep: int) -> ModelRequest:
+    """`request` with each text tool result longer than `keep` characters cut to its first `keep`."""
+    parts = list(request.parts)
+    for number, part in enumerate(parts):
+        if type(part) is not ToolReturnPart or not isinstance(part.content, str) or len(part.content) <= keep:
+            continue
+        note = (
+            f"\n[cut here: this result of {part.tool_name} is {len(part.content):,} characters; the first "
+            f"{keep:,} are shown to keep within the context window. Ask for less, e.g. a part or a summary]"
+        )
+        parts[number] = replace(cast("ToolReturnPart[Any]", part), content=part.content[:keep] + note)
+    return replace(request, parts=parts)
 
 
 HistoryProcessor = Callable[[list[ModelMessage]], Awaitable[list[ModelMessage]]]

@@ -135,10 +135,23 @@ def test_the_oldest_tool_results_are_dropped_to_fit_the_conversation() -> None:
     )
     assert contents == ["b" * 1000, note, "r" * 5000, "r" * 5000]
     assert trim_history(messages, 100_000) == messages
-    # However small the budget, the brief and the newest exchange stay.
+    # However small the budget, the brief stays and so does the newest result's start, cut to
+    # half the budget (at least 1,000 characters), saying so
     smallest = trim_history(messages, 10)
-    assert [part.content for part in smallest[-1].parts] == ["r" * 5000]  # type: ignore[union-attr]
+    cut = (
+        "r"
+        * 1000
+        + "\n[cut here: this result of read_file is 5,000 characters; the first 1,000 are shown to "
+        "keep within the context window. Ask for less, e.g. a part or a summary]"
+    )
+    assert [part.content for part in smallest[-1].parts] == [cut]  # type: ignore[union-attr]
     assert smallest[0] is brief
+    # one huge result alone (a program printing 2 MB) is cut to half the budget
+    huge = trim_history([brief, *_exchange(1, 2_000_000)], 48_000)
+    assert len(huge[-1].parts[0].content) == 24_000 + len(  # type: ignore[union-attr]
+        "\n[cut here: this result of read_file is 2,000,000 characters; the first 24,000 are shown to "
+        "keep within the context window. Ask for less, e.g. a part or a summary]"
+    )
 
 
 @pytest.fixture
@@ -227,7 +240,12 @@ async def test_a_step_agent_conversation_is_trimmed_to_its_budget(
             {
                 "purpose": "step:a",
                 "output": "read both",
-                "expect": ["[earlier result of read_file, 3,038 characters, dropped to keep within"],
+                # f1's result, cut to half the budget when it was the newest (the two writes' 6,000
+                # characters of arguments stay), then dropped; f2's is the newest, cut
+                "expect": [
+                    "[earlier result of read_file, ",
+                    "[cut here: this result of read_file is 3,038 characters; the first 2,500 are shown",
+                ],
             },
         ]
     )
