@@ -50,3 +50,29 @@ def test_files_that_do_not_fit_in_memory_are_said_so(tmp_path: Path) -> None:
     done = _query(tmp_path, "SELECT COUNT(*) FROM wide", address_space_mb=30)
     message = "the query failed: the CSV files it reads do not fit in the sandbox's memory\n"
     assert (done.returncode, done.stdout, done.stderr) == (1, "", message)
+
+
+def test_files_that_come_to_one_table_name_are_each_a_table(tmp_path: Path) -> None:
+    """Before, `data_q1.csv` was left out without a word; `Sales.csv` beside `sales.csv`, a traceback."""
+    (tmp_path / "data").mkdir()
+    for name, value in [("Sales.csv", 1), ("sales.csv", 100), ("data/q1.csv", 5), ("data_q1.csv", 7)]:
+        (tmp_path / name).write_text(f"v\n{value}\n")
+    done = _query(
+        tmp_path,
+        "SELECT (SELECT v FROM data_q1), (SELECT v FROM data_q1_2), "
+        "(SELECT v FROM Sales), (SELECT v FROM sales_2)",
+        256,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines()[1] == "5,7,1,100"
+    failed = _query(tmp_path, "SELECT x FROM nothing", 256)
+    assert failed.stderr.endswith(
+        "Tables: Sales(v) from Sales.csv; data_q1(v) from data/q1.csv; data_q1_2(v) from data_q1.csv; "
+        "sales_2(v) from sales.csv\n"
+    )
+
+
+def test_a_cell_longer_than_the_csv_module_reads_by_default_is_read(tmp_path: Path) -> None:
+    (tmp_path / "wide.csv").write_text("a,b\n1," + "x" * 200_000 + "\n")
+    done = _query(tmp_path, "SELECT length(b) FROM wide", 256)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "length(b)\n200000\n", "")

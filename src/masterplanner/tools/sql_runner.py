@@ -3,8 +3,9 @@
 It runs inside the sandbox under the system Python (`python3 -I -c <this file> <query>`), so it
 uses the standard library only. Each `*.csv` file under the working directory (the workspace)
 is a table named after its path without `.csv`, with anything but letters, digits and `_`
-turned into `_` (`expenses.csv` → `expenses`, `data/q1 sales.csv` → `data_q1_sales`); the
-tables the query names are loaded into an in-memory database. A file's first row names its
+turned into `_` (`expenses.csv` → `expenses`, `data/q1 sales.csv` → `data_q1_sales`; a name
+a file earlier in path order took, in any case, gets `_2`, `_3` …: `data/q1.csv` → `data_q1`,
+`data_q1.csv` → `data_q1_2`); the tables the query names are loaded into an in-memory database. A file's first row names its
 columns; a column whose values are all numbers (empty cells aside) holds numbers, any other
 holds text. The query's rows are printed as CSV, its column names first; numbers are printed
 with at most 12 significant digits, so a sum of cents reads 246.75 and not 246.75000000000003.
@@ -77,18 +78,36 @@ def load(database: sqlite3.Connection, root: Path, query: str) -> dict[str, str]
         if not path.is_file() or path.suffix.lower() != ".csv" or path.stat().st_size > MAX_TABLE_BYTES:
             continue
         relative = path.relative_to(root).as_posix()
-        name = table_name(relative)
-        if name in tables:
-            continue
-        with _rows(path) as rows:
-            header = next(rows, [])
-        if not header:
-            continue
-        columns = _columns(header)
-        tables[name] = f"{name}({', '.join(columns)}) from {relative}"
-        if re.search(rf"(?<![\w\"]){re.escape(name)}(?![\w\"])|\"{re.escape(name)}\"", query, re.I):
-            _create(database, name, columns, path)
+        name = _unused(table_name(relative), tables)
+        try:
+            with _rows(path) as rows:
+                header = next(rows, [])
+            if not header:
+                continue
+            columns = _columns(header)
+            tables[name] = f"{name}({', '.join(columns)}) from {relative}"
+            if re.search(rf"(?<![\w\"]){re.escape(name)}(?![\w\"])|\"{re.escape(name)}\"", query, re.I):
+                _create(database, name, columns, path)
+        except (csv.Error, sqlite3.Error) as exc:
+            raise Unreadable(f"cannot read {relative} as a CSV file: {exc}") from None
     return tables
+
+
+class Unreadable(Exception):
+    """A CSV file the query needs cannot be read as a table (the message says which and why)."""
+
+
+def _unused(name: str, tables: dict[str, str]) -> str:
+    """`name`, or `name_2`, `name_3` … when a table already has it (SQLite ignores case).
+
+    Two files can come to one name (`data/q1.csv` and `data_q1.csv`, `Sales.csv` and `sales.csv`):
+    before, the second was left out without a word, or the query failed with a traceback.
+    """
+    taken = {table.lower() for table in tables}
+    candidate, count = name, 2
+    while candidate.lower() in taken:
+        candidate, count = f"{name}_{count}", count + 1
+    return candidate
 
 
 @contextlib.contextmanager
@@ -156,10 +175,14 @@ def _only_reading(action: int, *_: object) -> int:
 def main(query: str) -> int:
     """Run `query`; its rows on stdout as CSV, or what is wrong on stderr and exit code 1."""
     database = sqlite3.connect(":memory:")
+    csv.field_size_limit(MAX_TABLE_BYTES)  # a cell may be as long as a file may be (default 128 KiB)
     try:
         tables = load(database, Path.cwd(), query)
     except MemoryError:
         print("the query failed: the CSV files it reads do not fit in the sandbox's memory", file=sys.stderr)
+        return 1
+    except Unreadable as exc:
+        print(f"the query failed: {exc}", file=sys.stderr)
         return 1
     database.set_authorizer(_only_reading)
     try:
