@@ -697,3 +697,18 @@ def test_a_workspace_given_as_a_link_to_a_folder_is_that_folder(
     model = f"scripted:{write_script([{'purpose': '*', 'repeat': True}])}"
     record = engine.create_run("x", model=model, workspace=link)
     assert record.workspace == str(target.resolve())
+
+
+def test_a_run_for_workers_is_queued_without_the_model_key_which_only_workers_need(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from masterplanner.errors import MissingCredentialError, ModelSpecError
+
+    for variable in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    queued = engine.create_run("x", model="openai:gpt-4.1", for_workers=True)
+    assert (queued.model, queued.options.team_tools) == ("openai:gpt-4.1", True)
+    with pytest.raises(MissingCredentialError, match="needs the environment variable OPENAI_API_KEY"):
+        engine.create_run("x", model="openai:gpt-4.1")  # executed here: the key is needed here
+    with pytest.raises(ModelSpecError):
+        engine.create_run("x", model="openai:", for_workers=True)  # the form is still checked

@@ -32,7 +32,14 @@ from opentelemetry import context as otel_context
 from .. import telemetry
 from ..clause_planner import uses_clause_plans
 from ..database import database_failure
-from ..errors import BudgetExceededError, ConfigError, MasterplannerError, PlanError, RunError
+from ..errors import (
+    BudgetExceededError,
+    ConfigError,
+    MasterplannerError,
+    MissingCredentialError,
+    PlanError,
+    RunError,
+)
 from ..models import resolve_model
 from ..plan import Plan, Step, tool_problems, validate_task
 from ..settings import Settings
@@ -127,7 +134,14 @@ class Engine:
         """
         task = validate_task(task)
         spec = model or self.settings.model
-        resolved = resolve_model(spec, self.settings)
+        try:
+            small = uses_clause_plans(resolve_model(spec, self.settings))
+        except MissingCredentialError:
+            if not for_workers:
+                raise
+            # the key lives in the workers' environments, where the model is called; the spec's
+            # form is checked before the key, and a hosted model is not a small one
+            small = False
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         # a link to a folder is the folder it points to (the workspace root itself is never a link)
         folder = (workspace or (self.settings.home / "workspaces" / run_id)).resolve()
@@ -137,7 +151,7 @@ class Engine:
         growth = options.workspace_max_growth_bytes
         options = replace(
             options,
-            team_tools=not uses_clause_plans(resolved) if options.team_tools is None else options.team_tools,
+            team_tools=not small if options.team_tools is None else options.team_tools,
             workspace_max_growth_bytes=self.settings.workspace_max_growth_bytes if growth is None else growth,
             workspace_start_bytes=Workspace(folder).create().allocated_bytes(),
         )

@@ -5,10 +5,11 @@ uses the standard library only. Each `*.csv` file under the working directory (t
 is a table named after its path without `.csv`, with anything but letters, digits and `_`
 turned into `_` (`expenses.csv` → `expenses`, `data/q1 sales.csv` → `data_q1_sales`; a name
 a file earlier in path order took, in any case, gets `_2`, `_3` …: `data/q1.csv` → `data_q1`,
-`data_q1.csv` → `data_q1_2`); the tables the query names are loaded into an in-memory database. A file's first row names its
-columns; a column whose values are all numbers (empty cells aside) holds numbers, any other
-holds text. The query's rows are printed as CSV, its column names first; numbers are printed
-with at most 12 significant digits, so a sum of cents reads 246.75 and not 246.75000000000003.
+`data_q1.csv` → `data_q1_2`); the tables the query names are loaded into an in-memory
+database. A file's first row names its columns; a column whose values are all numbers (empty
+cells aside) holds numbers, any other holds text. The query's rows are printed as CSV, its
+column names first; numbers are printed with at most 12 significant digits, so a sum of cents
+reads 246.75 and not 246.75000000000003.
 The files are only read: the database lives in memory and is gone when the program ends, and
 the query may only read it (no `ATTACH`, `VACUUM INTO`, pragma or change).
 """
