@@ -280,12 +280,33 @@ class RunService:
 
         None when the run is not queued for workers, is over, is held by a process, or a live
         worker takes runs of its provider and has not refused this one (it claims the run within
-        moments).
+        moments). A run whose cancel was asked and is not over yet says who asked and what it
+        waits for (before, `runs show` said nothing of a cancel asked while the run's worker was
+        dead).
         """
-        if not record.for_workers or record.finished:
+        if record.finished:
             return None
         lease = await asyncio.to_thread(self._store.lease, record.id)
-        if lease is not None and lease.left_s > 0:
+        (_held, cancelling) = (await asyncio.to_thread(self._store.watched, {record.id: ""}))[record.id]
+        asked = (
+            [event for event in await self.events(record.id) if event.kind == "cancel_requested"]
+            if cancelling
+            else []
+        )
+        if asked:
+            who = f"{asked[-1].data.get('by', 'someone')} at {asked[-1].at}"
+            if lease is not None and lease.left_s > 0:
+                return (
+                    f"a cancel was asked ({who}): {lease.owner}, which executes the run (last heard "
+                    f"from {lease.age_s:.0f} s ago), stops it within moments; if that process died, "
+                    f"the run is cancelled when the next process takes it, once its hold lapses "
+                    f"(in {lease.left_s:.0f} s)"
+                )
+            return (
+                f"a cancel was asked ({who}): the run is cancelled when the next process takes it "
+                "(a worker, `masterplanner runs resume`, or `masterplanner runs cancel` again)"
+            )
+        if not record.for_workers or (lease is not None and lease.left_s > 0):
             return None
         workers = [process for process in await self.processes() if process.kind == "worker"]
         provider = provider_of(record.model)

@@ -411,3 +411,27 @@ def test_the_review_shows_an_estimate_and_runs_show_the_cost_per_purpose(
     assert set(rows) >= {"planner", "step:a", "step:b", "all"}
     assert rows["step:b"].split("│")[2].strip() == "1"  # one call
     assert rows["all"].split("│")[6].strip() == "$0.00"
+
+
+def test_a_cancel_that_cannot_take_effect_yet_says_what_it_waits_for(
+    write_script: Callable[..., Path],
+) -> None:
+    """Before, `runs cancel` printed "run X planning" and exit 1, and `runs show` said nothing of it."""
+    engine = Engine(Settings.load())
+    try:
+        run = engine.create_run("x", model=f"scripted:{write_script([{'purpose': '*', 'repeat': True}])}")
+        assert engine.store.claim(run.id, "worker@elsewhere:7", lease_s=60)  # held by another process
+    finally:
+        engine.close()
+    cancelled = mp("runs", "cancel", run.id, "--wait", "0")
+    assert cancelled.returncode == 1
+    lines = cancelled.stderr.splitlines()
+    assert lines[0] == f"run {run.id} planning"
+    assert re.fullmatch(
+        r"a cancel was asked \(cli@\S+ at \S+\): worker@elsewhere:7, which executes the run \(last heard "
+        r"from \d s ago\), stops it within moments; if that process died, the run is cancelled when the "
+        r"next process takes it, once its hold lapses \(in 5\d s\)",
+        lines[1],
+    ), lines
+    shown = mp("runs", "show", run.id)
+    assert lines[1].split("): ")[0] + "): worker@elsewhere:7, which executes the run" in shown.stdout

@@ -696,6 +696,15 @@ def runs_cancel(
     if not 0 <= wait <= 3600:  # nan and inf too
         raise ConfigError(f"--wait must be from 0 to 3,600 seconds, got {wait:g}")
     by = answerer_name("cli")
-    record = _call(_service(load_settings()), lambda service: service.cancel(run_id, wait_s=wait, by=by))
-    console(stderr=True).print(f"run {shown(record.id)} {shown(record.status)}", highlight=False)
+    err = console(stderr=True)
+
+    async def cancel(service: RunService) -> tuple[RunRecord, str | None]:
+        with err.status(f"asking run {shown(run_id)} to stop; waiting up to {wait:g} s for it to stop"):
+            record = await service.cancel(run_id, wait_s=wait, by=by)
+        return record, None if record.finished else await service.waiting(record)
+
+    record, why = _call(_service(load_settings()), cancel)
+    err.print(f"run {shown(record.id)} {shown(record.status)}", highlight=False)
+    if why is not None:
+        err.print(shown(why), highlight=False, soft_wrap=True)
     raise typer.Exit(0 if record.status == "cancelled" else 1)
