@@ -36,47 +36,6 @@ def test_server_settings_need_exactly_one_transport(monkeypatch: pytest.MonkeyPa
         Settings.load()
 
 
-def test_a_run_calls_an_mcp_tool(write_script: Callable[..., Path]) -> None:
-    script = write_script(
-        [
-            {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_shout"])]}},
-            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": "hello"}}]},
-            {"purpose": "step:loud", "output": "shouted"},
-            {"purpose": "*", "repeat": True},
-        ]
-    )
-    servers = json.dumps({"notes": {"command": sys.executable, "args": [SERVER]}})
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "masterplanner",
-            "run",
-            "shout it",
-            "--model",
-            f"scripted:{script}",
-            "--yes",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "MASTERPLANNER_MCP_SERVERS": servers},
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
-    shown = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "masterplanner", "runs", "show", report["run_id"], "--json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
-    results = [e["data"] for e in shown["events"] if e["kind"] == "tool_result"]
-    assert results == [{"tool": "notes_shout", "result": "HELLO"}]
-
-
 def _run_with_servers(script: Path, servers: dict[str, object]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
@@ -95,6 +54,30 @@ def _run_with_servers(script: Path, servers: dict[str, object]) -> subprocess.Co
         timeout=120,
         env={**os.environ, "MASTERPLANNER_MCP_SERVERS": json.dumps(servers)},
     )
+
+
+def test_a_run_calls_an_mcp_tool(write_script: Callable[..., Path]) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_shout"])]}},
+            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": "hello"}}]},
+            {"purpose": "step:loud", "output": "shouted"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    result = _run_with_servers(script, {"notes": {"command": sys.executable, "args": [SERVER]}})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    shown = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "masterplanner", "runs", "show", report["run_id"], "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    results = [e["data"] for e in shown["events"] if e["kind"] == "tool_result"]
+    assert results == [{"tool": "notes_shout", "result": "HELLO"}]
 
 
 @pytest.mark.parametrize(

@@ -188,20 +188,17 @@ def _check_budgets(calls: int | None, tokens: int | None, seconds: float | None,
     from ..engine.records import BUDGET_LIMITS
     from ..errors import ConfigError
 
-    for name, key, amount, unit in (
-        ("--max-seconds", "max_wall_s", seconds, ""),
-        ("--max-cost", "max_cost_usd", cost, " (US dollars)"),
-    ):
+    for key, amount, unit in (("max_wall_s", seconds, ""), ("max_cost_usd", cost, " (US dollars)")):
         if amount is not None and not 0 < amount <= BUDGET_LIMITS[key]:  # NaN too
             raise ConfigError(
-                f"{name} must be more than 0 and at most {int(BUDGET_LIMITS[key]):,}{unit}, got {amount:g}"
+                f"{_BUDGET_FLAGS[key]} must be more than 0 and at most {int(BUDGET_LIMITS[key]):,}{unit}, "
+                f"got {amount:g}"
             )
-    for name, key, count in (
-        ("--max-calls", "max_model_calls", calls),
-        ("--max-tokens", "max_tokens", tokens),
-    ):
+    for key, count in (("max_model_calls", calls), ("max_tokens", tokens)):
         if count is not None and not 1 <= count <= BUDGET_LIMITS[key]:
-            raise ConfigError(f"{name} must be from 1 to {int(BUDGET_LIMITS[key]):,}, got {count}")
+            raise ConfigError(
+                f"{_BUDGET_FLAGS[key]} must be from 1 to {int(BUDGET_LIMITS[key]):,}, got {count}"
+            )
 
 
 def _detached(service: RunService, record: RunRecord, *, as_json: bool) -> None:
