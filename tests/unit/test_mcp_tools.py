@@ -117,3 +117,23 @@ def test_a_run_whose_mcp_servers_cannot_be_used_fails_saying_why(
     assert "Traceback" not in result.stderr
     report = json.loads(result.stdout)
     assert (report["status"], report["error"]) == ("failed", error)
+
+
+def test_a_server_that_prints_a_line_of_its_own_does_not_fill_the_terminal(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The MCP library logged the line it could not parse, with a traceback, at every call."""
+    banner = tmp_path / "banner.py"
+    banner.write_text(f"print('Starting notes server v1.0', flush=True)\nexec(open({SERVER!r}).read())\n")
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_shout"])]}},
+            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": "hello"}}]},
+            {"purpose": "step:loud", "output": "shouted"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    result = _run_with_servers(script, {"notes": {"command": sys.executable, "args": [str(banner)]}})
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "Failed to parse" not in result.stderr
+    assert json.loads(result.stdout)["output"] == "shouted"

@@ -14,6 +14,7 @@ Their tools default to the `ask` approval policy: what a third-party server does
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import ConfigError, ToolError
 from .catalog import ToolSpec
+
+# The MCP client library logs what it cannot parse from a server (a line a server prints that is
+# not JSON-RPC) as an error with a traceback and pydantic's advice, on stderr, at every call: a
+# server's failure reaches the person through our own errors (discovery, tool errors) instead.
+logging.getLogger("mcp").addHandler(logging.NullHandler())
+logging.getLogger("mcp").propagate = False
 
 __all__ = ["McpServer", "discover_tools", "mcp_client", "mcp_tool_name", "split_tool_name"]
 
