@@ -336,3 +336,66 @@ async def test_under_ask_only_a_request_the_allowlist_accepts_is_put_to_the_pers
         "tool_result",
     ]
     assert Page.hits == ["/notes"]
+
+
+@pytest.mark.parametrize(
+    ("path", "refusal"),
+    [
+        ("../../etc/passwd", "'../../etc/passwd' contains '..'; paths must stay inside the workspace"),
+        ("/etc/passwd", "'/etc/passwd' is absolute; give a path relative to the workspace"),
+    ],
+)
+async def test_under_ask_only_a_delete_the_workspace_allows_is_put_to_the_person(
+    tmp_path: Path, isolated: Path, write_script: Callable[..., Path], path: str, refusal: str
+) -> None:
+    """Before, the person was asked to allow deleting ../../etc/passwd, and the yes was then refused."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("tidy", tools=["delete_file"])]}},
+            {
+                "purpose": "step:tidy",
+                "turn": 1,
+                "tool_calls": [{"name": "delete_file", "args": {"path": path}}],
+            },
+            {
+                "purpose": "step:tidy",
+                "turn": 2,
+                "tool_calls": [{"name": "delete_file", "args": {"path": "old.txt"}}],
+            },
+            {"purpose": "step:tidy", "output": "tidied", "repeat": True},
+            {"purpose": "prompt_creator", "output": "You tidy.", "repeat": True},
+        ]
+    )
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "old.txt").write_text("old")
+    engine = Engine(Settings.load(remember_runs="never", embedder="none"))
+    asked: list[str] = []
+
+    async def approve_plan(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve"}
+
+    async def person_says_yes(_step: str, tool: str, arguments: dict[str, Any]) -> bool:
+        asked.append(arguments["path"])
+        return True
+
+    try:
+        run = engine.create_run(
+            "Tidy the workspace",
+            model=f"scripted:{script}",
+            options=RunOptions(prompt_rounds=0, max_replans=0, team_tools=False),
+            workspace=workspace,
+        )
+        final = await execute_answering(engine, run.id, review=approve_plan, approve_tool=person_says_yes)
+        tool_events = [
+            (e.kind, _uncounted(e.data)) for e in engine.store.events(run.id) if e.kind.startswith("tool")
+        ]
+    finally:
+        engine.close()
+    assert final.status == "succeeded", final.error
+    assert asked == ["old.txt"]  # the path refused anyway never reached the person
+    assert tool_events[:2] == [
+        ("tool_called", {"tool": "delete_file", "arguments": {"path": path}}),
+        ("tool_result", {"tool": "delete_file", "error": refusal}),
+    ]
+    assert not (workspace / "old.txt").exists()

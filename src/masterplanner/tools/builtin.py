@@ -104,8 +104,15 @@ async def write_file(ctx: Context, path: str, content: str) -> str:
         content: what the file will contain
     """
     workspace = ctx.deps.workspace
+
+    def check() -> None:  # under `ask`, nobody is asked about a path refused anyway
+        workspace.check_write_path(path)
+
     return await ctx.deps.run_tool(
-        "write_file", {"path": path, "content": content}, lambda: workspace.write_file(path, content)
+        "write_file",
+        {"path": path, "content": content},
+        lambda: workspace.write_file(path, content),
+        check=check,
     )
 
 
@@ -133,7 +140,12 @@ async def delete_file(ctx: Context, path: str) -> str:
         path: the file's path relative to the workspace
     """
     workspace = ctx.deps.workspace
-    return await ctx.deps.run_tool("delete_file", {"path": path}, lambda: workspace.delete_file(path))
+    return await ctx.deps.run_tool(
+        "delete_file",
+        {"path": path},
+        lambda: workspace.delete_file(path),
+        check=lambda: workspace.check_delete_path(path),  # nobody is asked about a path refused anyway
+    )
 
 
 # ---- code

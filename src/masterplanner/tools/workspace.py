@@ -299,6 +299,13 @@ class Workspace:
         """
         return "/".join(self._writable(path, creating=True))
 
+    def check_delete_path(self, path: str) -> None:
+        """Refuse a path that `delete_file` would refuse whatever the disk holds (`..`, a protected name).
+
+        Before a `delete_file` call is put to a person: nobody is asked about one refused anyway.
+        """
+        self._writable(path, creating=False)
+
     @staticmethod
     def _writable(path: object, *, creating: bool) -> list[str]:
         """The path's components, if a step may change what it names (and create it, if `creating`)."""
