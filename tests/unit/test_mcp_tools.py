@@ -137,3 +137,34 @@ def test_a_server_that_prints_a_line_of_its_own_does_not_fill_the_terminal(
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "Failed to parse" not in result.stderr
     assert json.loads(result.stdout)["output"] == "shouted"
+
+
+def test_a_tool_error_of_a_server_reaches_the_agent_as_a_failure_without_a_library_s_advice(
+    write_script: Callable[..., Path],
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_shout"])]}},
+            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": 123}}]},
+            {
+                "purpose": "step:loud",
+                "output": "gave up",
+                "expect": ["[tool error]\nthe tool reported an error: "],
+            },
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    result = _run_with_servers(script, {"notes": {"command": sys.executable, "args": [SERVER]}})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    shown = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "masterplanner", "runs", "show", report["run_id"], "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    [failed] = [e["data"] for e in shown["events"] if e["kind"] == "tool_result"]
+    assert failed["error"].startswith("the tool reported an error: ")
+    assert "http" not in failed["error"] and "further information" not in failed["error"]

@@ -110,11 +110,14 @@ async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
 
 
 async def call_mcp_tool(server: McpServer, tool: str, arguments: dict[str, Any]) -> str:
-    """Call one tool and return its text content; a tool-level error is returned as text, marked.
+    """Call one tool and return its text content; a tool-level error is a `ToolError` with its text.
 
     Each call starts the server and stops it when the call ends (also when the call is
     cancelled: the run stopped, or the step timed out). A server that cannot be started, or that
-    stops or fails before it replies, is a `ToolError` saying so.
+    stops or fails before it replies, is a `ToolError` saying so. A tool's error goes to the
+    agent as every tool's failure does (marked, a library's "for further information" advice
+    dropped): before, it was a result of its own kind, with the server's validation advice and
+    URL in it.
     """
     try:
         async with mcp_client(server) as client:
@@ -124,4 +127,6 @@ async def call_mcp_tool(server: McpServer, tool: str, arguments: dict[str, Any])
         raise ToolError(f"the MCP server stopped or failed before it replied ({detail})") from None
     texts = [getattr(block, "text", "") for block in result.content]
     text = "\n".join(part for part in texts if part) or str(result.structured_content or "")
-    return f"[the tool reported an error] {text}" if result.is_error else text
+    if result.is_error:
+        raise ToolError(f"the tool reported an error: {text}")
+    return text
