@@ -376,5 +376,10 @@ def test_ctrl_c_leaves_the_tree_where_the_run_stopped(write_script: Callable[...
     assert status == 130
     assert "\x1b[?25h" in raw  # the cursor is shown again
     last = _plain(raw.split("\x1b[?25h")[-1]).strip().splitlines()
-    assert re.fullmatch(r"■ run \S+ · interrupted · \d+\.\d s · \d+ model calls · \$0\.00", last[-2])
-    assert re.fullmatch(r"└── . long running\s+\d+\.\d s  take long", last[-1])
+    assert re.fullmatch(r"■ run \S+ · interrupted · \d+\.\d s · \d+ model calls · \$0\.00", last[-4])
+    assert re.fullmatch(r"└── . long running\s+\d+\.\d s  take long", last[-3])
+    # then how to go on, and that the command was stopped
+    assert re.fullmatch(
+        r"run (\S+) stopped; to go on from where it stopped: masterplanner runs resume \1", last[-2]
+    )
+    assert last[-1] == "interrupted"

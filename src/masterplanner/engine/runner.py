@@ -348,6 +348,14 @@ class Engine:
         }
 
 
+class _Refused(Exception):
+    """A worker cannot build a run's resources with its settings: the run is left as it is."""
+
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class _Guards:
     """The leases and cancel flags of every run an engine executes, watched in one loop.
 
@@ -503,7 +511,14 @@ class _Drive:
                 self.ending = True
                 await self._finish_end()
                 return
-            resources = await resources_of(run.id, self.engine.settings, self.store)
+            try:
+                resources = await resources_of(run.id, self.engine.settings, self.store)
+            except ConfigError as error:
+                if self.engine.queued_steps:
+                    # a worker's own settings (a model file not on its disk): the worker refuses
+                    # the run and leaves it, as it is, for another worker (`Worker`)
+                    raise _Refused(error) from None
+                raise  # the person's own process: the run fails, saying why (retry it once fixed)
             if run.status == "planning":
                 run = await plan_run(resources, run)
             if run.status == "awaiting_approval":
@@ -516,6 +531,8 @@ class _Drive:
                 await asyncio.to_thread(_mark_cancelled, self.store, run.id)
                 return
             raise
+        except _Refused as refused:
+            raise refused.error from None
         except MasterplannerError as exc:
             if self.ending:
                 raise  # the end workflow itself failed: it records its own outcome

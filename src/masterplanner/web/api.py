@@ -16,13 +16,15 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
 
 from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord, RunStatus
 from ..errors import RequestError, RunError
 from ..plan import MAX_TASK_CHARS
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
+from ..tools import BUILTIN_TOOL_NAMES
+from ..tools.team import TEAM_TOOL_NAMES
 
 __all__ = [
     "REFUSALS",
@@ -84,6 +86,10 @@ Whole = Annotated[int, BeforeValidator(_integral)]
 """A whole number in the strict request models (anything else, text included, is refused)."""
 
 
+_SHIPPED_TOOLS: list[JsonValue] = [*sorted([*BUILTIN_TOOL_NAMES, *TEAM_TOOL_NAMES])]
+"""The tool names the API's schema states for `tool_policies` (an MCP server's are named at run time)."""
+
+
 class RunOptionsIn(BaseModel):
     """How a new run executes (the `masterplanner run` flags)."""
 
@@ -103,7 +109,13 @@ class RunOptionsIn(BaseModel):
     check_outputs: bool = Field(default=False, description="Check outputs against expected outputs.")
     team_tools: bool | None = Field(default=None, description="Team tools for step agents (None: by model).")
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] = Field(
-        default_factory=dict, description="Approval policy by tool name, over the settings'."
+        default_factory=dict,
+        description=(
+            "Approval policy by tool name, over the settings': a shipped tool's name, or "
+            "<server>_<tool> for a configured MCP server's (another name is refused)."
+        ),
+        # the shipped tools' names; an MCP server's tools are named at run time
+        json_schema_extra={"propertyNames": {"enum": _SHIPPED_TOOLS}},
     )
 
 
