@@ -171,11 +171,13 @@ def _script(write_script: Callable[..., Path]) -> Path:
     calls: list[dict[str, Any]] = [
         {"purpose": "planner", "output": {"steps": [step]}},
         {"purpose": "prompt_creator", "output": "prompt " + PAYLOAD, "repeat": True},
-        # delete_file is under policy `ask`: its arguments are put to the person
+        # delete_file is under policy `ask`, but a path with control characters is refused before
+        # anyone is asked: the refusal (it names the path) is shown in the event line
         {"purpose": "step:a", "tool_calls": [{"name": "delete_file", "args": {"path": "del" + PAYLOAD}}]},
         {"purpose": "step:a", "tool_calls": [{"name": "ask_user", "args": {"question": "ask" + PAYLOAD}}]},
         # the tool's error (it names the path) is shown in the event line
         {"purpose": "step:a", "tool_calls": [{"name": "read_file", "args": {"path": "r" + PAYLOAD}}]},
+        # remember is put under `ask` for this run: its arguments are put to the person
         {"purpose": "step:a", "tool_calls": [{"name": "remember", "args": {"fact": "fact " + PAYLOAD}}]},
         {"purpose": "step:a", "output": "output " + PAYLOAD + "\nline 2\tend"},
         {
@@ -190,7 +192,14 @@ def _script(write_script: Callable[..., Path]) -> Path:
 def test_a_scripted_run_prints_every_payload_visibly(write_script: Callable[..., Path]) -> None:
     script = _script(write_script)
     task = "task " + PAYLOAD
-    result = mp("run", task, "--model", f"scripted:{script}", stdin="a\nn\nmy answer\n")
+    result = mp(
+        "run",
+        task,
+        "--model",
+        f"scripted:{script}",
+        stdin="a\nmy answer\ny\n",
+        env={"MASTERPLANNER_TOOL_POLICIES": '{"remember": "ask"}'},
+    )
     assert result.returncode == 0, result.stderr
     _assert_clean(result.stdout + result.stderr)
     assert result.stdout.strip() == "output " + SHOWN + "\nline 2\tend"
@@ -201,7 +210,8 @@ def test_a_scripted_run_prints_every_payload_visibly(write_script: Callable[...,
     assert f"instruction {SHOWN}\n" in err
     assert f"→ expected {SHOWN}\n" in err
     assert f"prompt {SHOWN}\n" in err
-    assert f"step a wants to call delete_file\npath: del{SHOWN}\n" in err
+    assert r" tool_result a delete_file the path 'del<\x1b]52;c;SGVsbG8=\x07|" in err
+    assert f"step a wants to call remember\nfact: fact {SHOWN}\n" in err
     assert f"an agent asks: ask{SHOWN}\n" in err
     assert r" tool_result a read_file the path 'r<\x1b]52;c;SGVsbG8=\x07|" in err
 
