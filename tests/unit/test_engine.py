@@ -599,6 +599,14 @@ async def test_a_review_answer_that_does_not_fit_is_refused_naming_the_field(
             )
         with pytest.raises(RequestError, match=r"agents\.a\.prompt: Input should be a valid string"):
             await service.answer(review.id, {"action": "approve", "agents": {"a": {"prompt": 7}}}, by="test")
+        # a program's answer of the wrong form is told the form, in the answer's own fields
+        form = '{"action": "approve"} or {"action": "reject", "reason": …}'
+        for wrong, got in (({"approved": True}, "no action"), ({"action": "yes"}, 'action "yes"')):
+            with pytest.raises(RequestError) as refused:
+                await service.answer(review.id, wrong, by="test")
+            assert (
+                str(refused.value) == f"request {review.id} is a plan review: its answer is {form}, got {got}"
+            )
         assert (await service.request(review.id)).state == "open"  # nothing was taken
         await service.answer(review.id, {"action": "approve"}, by="test")
         assert (await execution).status == "succeeded"

@@ -191,9 +191,10 @@ def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
         what = "a plan review" if request.kind == "plan_review" else "a replan's review"
         action = answer.get("action")
         if action not in ("approve", "reject"):
+            got = f"action {json.dumps(action, default=str)[:80]}" if "action" in answer else "no action"
             raise RequestError(
-                f"request {request.id} is {what}: answer approve or reject (--approve or --deny), "
-                f"got {action!r}"
+                f'request {request.id} is {what}: its answer is {{"action": "approve"}} or '
+                f'{{"action": "reject", "reason": …}}, got {got}'
             )
         try:
             return PlanDecision.model_validate(answer).to_json_dict()
@@ -204,14 +205,17 @@ def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
     if request.kind == "ask_user":
         text = answer.get("text")
         if not isinstance(text, str) or set(answer) != {"text"}:
-            raise RequestError(f"request {request.id} is a question: answer it with text (--text)")
+            raise RequestError(
+                f'request {request.id} is a question: its answer is {{"text": …}} and nothing else'
+            )
         if len(text) > _MAX_TEXT:
             raise RequestError(f"request {request.id}: the answer is longer than {_MAX_TEXT} characters")
         return {"text": text}
     approved = answer.get("approved")
     if not isinstance(approved, bool) or set(answer) - {"approved", "reason"}:
         raise RequestError(
-            f"request {request.id} asks yes or no: answer it with --approve or --deny, not with text"
+            f'request {request.id} asks yes or no: its answer is {{"approved": true}} or '
+            '{"approved": false, "reason": …}'
         )
     return {"approved": approved} | ({"reason": reason} if reason else {})
 

@@ -197,6 +197,11 @@ def hold(run_id: str, settings: Settings, store: RunStore) -> None:
         _kept.holders[run_id] = (held[0], held[1], held[2] + 1)
 
 
+def held_runs() -> dict[str, str]:
+    """The runs executions in this process hold now, with the database URL each is executed on."""
+    return {run_id: held[0].database_url for run_id, held in list(_kept.holders.items())}
+
+
 def release(run_id: str) -> None:
     """An execution of the run in this process is over; the last one drops its resources."""
     held = _kept.holders.get(run_id)

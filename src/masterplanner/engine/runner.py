@@ -51,7 +51,15 @@ from .processes import Processes, ProcessKind
 from .records import BUDGET_LIMITS, RunOptions, RunRecord, nested_steps, utc_now, workflow_id
 from .resources import RunResources, hold, release, resources_of
 from .revisions import PlanRevisions
-from .runtime import launch_dbos, next_status, recover_workflow, shutdown_dbos, step_queue
+from .runtime import (
+    launch_dbos,
+    launched_on,
+    next_status,
+    note_loop,
+    recover_workflow,
+    shutdown_dbos,
+    step_queue,
+)
 from .scheduler import StepOutcome, run_dag
 from .store import Lease, RunStore, process_identity
 from .workflows import aggregate_workflow, end_workflow, plain_answer, step_workflow
@@ -113,9 +121,10 @@ class Engine:
 
     def stop(self, *, grace_s: float = 0) -> None:
         """Stop DBOS in this process if this engine launched it; running steps get `grace_s` to finish."""
-        if self._launched:
+        # not when another engine of this process has launched DBOS on another database since
+        if self._launched and launched_on(self.settings.database_url):
             shutdown_dbos(grace_s=grace_s)
-            self._launched = False
+        self._launched = False
 
     def create_run(
         self,
@@ -205,9 +214,12 @@ class Engine:
     async def _drive(self, run: RunRecord, owner: str) -> RunRecord:
         """Advance a run whose lease `owner` holds; the lease is given up at the end."""
         try:
-            await asyncio.to_thread(self.launch)
+            # held before the launch: another engine of this process may not switch DBOS to
+            # another database under this run (`runtime._refuse_switch_while_busy`)
             hold(run.id, self.settings, self.store)
+            note_loop()
             try:
+                await asyncio.to_thread(self.launch)
                 drive = _Drive(self, run.id)
                 work = asyncio.ensure_future(drive.run())
                 self._guards.watch(run.id, owner, work, drive)

@@ -24,6 +24,7 @@ import logging
 import sqlite3
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import sqlalchemy as sa
@@ -45,7 +46,9 @@ __all__ = [
     "keep_lease",
     "launch_dbos",
     "launched_host",
+    "launched_on",
     "next_status",
+    "note_loop",
     "process_lost",
     "recover_workflow",
     "shutdown_dbos",
@@ -54,6 +57,8 @@ __all__ = [
 ]
 
 _launched_url: str | None = None
+_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+"""Event loops that drove runs while DBOS ran (`note_loop`)."""
 _host: tuple[Settings, RunStore] | None = None
 _heartbeat: Heartbeat | None = None
 _executor: str | None = None
@@ -114,11 +119,13 @@ def _launch(
 ) -> None:
     global _launched_url, _host, _heartbeat, _executor, _worker
     database_url = settings.database_url
-    _host = (settings, store)
     if _launched_url == database_url:
+        _host = (settings, store)
         return
     if _launched_url is not None:
+        _refuse_switch_while_busy(database_url)
         shutdown_dbos()
+    _host = (settings, store)
     level = "DEBUG" if debug else "ERROR"
     config: DBOSConfig = {
         "name": "masterplanner",
@@ -159,6 +166,47 @@ def _launch(
     )
     _heartbeat = Heartbeat(store.processes, executor_id, lease_s=settings.run_lease_s)
     _heartbeat.start()
+
+
+def _refuse_switch_while_busy(database_url: str) -> None:
+    """`RunError` when runs of another database are executed in this process now.
+
+    DBOS runs one database's workflows per process: launching it on another database stops
+    the first one's, so it is switched only when nothing is executed on the first.
+    """
+    from ..database import shown_url
+    from .resources import held_runs
+
+    busy = sorted(run_id for run_id, url in held_runs().items() if url != database_url)
+    if busy and _launched_url is not None:
+        raise RunError(
+            f"this process is executing run {busy[0]} on the database {shown_url(_launched_url)}, and "
+            f"executes one database's runs at a time: execute runs of {shown_url(database_url)} "
+            "in another process, or once that run has ended"
+        )
+
+
+def note_loop() -> None:
+    """The running event loop drives runs: it gets a thread pool of its own again when DBOS stops.
+
+    DBOS makes itself the default executor of every event loop it is awaited in (what
+    `asyncio.to_thread` uses) and shuts that executor down when it stops, so a loop that goes
+    on after `shutdown_dbos` (a program that closes one service and opens another) could not
+    run anything on a thread any more.
+    """
+    _loops.add(asyncio.get_running_loop())
+
+
+def _renew_default_executors() -> None:
+    for loop in list(_loops):
+        if not loop.is_closed():
+            loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="asyncio"))
+    _loops.clear()
+
+
+def launched_on(database_url: str) -> bool:
+    """Whether DBOS runs in this process on that database."""
+    return _launched_url is not None and _launched_url == database_url
 
 
 def _own_limit(settings: Settings, provider: str) -> tuple[int, float]:
@@ -393,6 +441,7 @@ def shutdown_dbos(*, grace_s: float = 0) -> None:
         if _launched_url is None:
             return
         DBOS.destroy(workflow_completion_timeout_sec=int(grace_s))
+        _renew_default_executors()
         if _heartbeat is not None:
             _heartbeat.stop()
         _launched_url = None
