@@ -234,7 +234,7 @@ def test_the_workspace_may_grow_only_by_its_allowance(workspace: Workspace, atta
     reason = (
         "the program created more than 2,000 files and folders in the workspace"
         if attack == "many empty files"
-        else "the program grew the workspace by more than 4 MiB"
+        else "the workspace grew by more than 4 MiB while the program ran"
     )
     assert_killed(result, reason)
     assert "survived" not in result.stdout

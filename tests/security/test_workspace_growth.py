@@ -82,10 +82,49 @@ def test_write_file_and_code_share_one_allowance_per_run(
     # write stops at EFBIG, or the watchdog kills the program first — either way the cap holds.
     code_result = results[2]["result"]
     assert (
-        "killed: the program grew the workspace by more than" in code_result
+        "killed: the workspace grew by more than" in code_result
         or "[Errno 27] File too large" in code_result
     ), code_result
     assert not (workspace / refused).exists()
     assert (workspace / kept).stat().st_size == 600_000
     big = workspace / "big.bin"
     assert not big.exists() or big.stat().st_size <= 400_000
+
+
+async def test_programs_running_at_once_share_the_room_left(tmp_path: Path) -> None:
+    """Each program's watchdog measures the whole workspace, so together they stay under the cap.
+
+    Two programs each writing 6 MiB, a MiB at a time, into a workspace with 8 MiB of room: the
+    workspace passes the cap while both run, so both are stopped, and neither is said to have
+    written it all alone.
+    """
+    import asyncio
+
+    from masterplanner.tools.code_execution import execute_code
+    from masterplanner.tools.workspace import Workspace
+
+    if sandbox_problems():
+        if os.environ.get("CI"):
+            pytest.fail("; ".join(sandbox_problems()))
+        pytest.skip("; ".join(sandbox_problems()))
+    mib = 1 << 20
+    workspace = Workspace(tmp_path / "shared")
+    workspace.create()
+    workspace.max_bytes = workspace.allocated_bytes() + 8 * mib
+    code = (
+        "import time\n"
+        "with open({name!r}, 'wb') as out:\n"
+        "    for _ in range(6):\n"
+        "        out.write(b'x' * (1 << 20)); out.flush(); time.sleep(0.3)\n"
+        "print('all written')\n"
+    )
+
+    async def write(name: str) -> str:
+        room = workspace.room()
+        result = await execute_code(workspace, "python", code.format(name=name), max_growth_bytes=room)
+        return result.killed or f"exit {result.exit_code}: {result.stdout.strip()}"
+
+    outcomes = await asyncio.gather(write("a.bin"), write("b.bin"))
+    assert outcomes == ["the workspace grew by more than 8 MiB while the program ran"] * 2
+    # what one poll (50 ms) lets both write past the cap, at most a MiB each
+    assert workspace.allocated_bytes() <= workspace.max_bytes + 2 * mib

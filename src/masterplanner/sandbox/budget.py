@@ -240,7 +240,7 @@ class Watchdog:
         growth = blocks + self._unlinked[1] - self._before.blocks
         self.usage.growth_bytes = max(self.usage.growth_bytes, growth)
         if growth > budget.growth_bytes:
-            return f"the program grew the workspace by more than {_mib(budget.growth_bytes)}"
+            return f"the workspace grew by more than {_mib(budget.growth_bytes)} while the program ran"
         return None
 
     def _tmpfs_used(self) -> int:
