@@ -136,6 +136,12 @@ class RunError(MasterplannerError):
     """A run cannot be found, resumed, cancelled or stored."""
 
 
+class RunNotFoundError(RunError):
+    """No run has the id given, or the id's start given is the start of several runs' ids."""
+
+    exit_code = 2
+
+
 class BudgetExceededError(RunError):
     """A run used more model calls, tokens or wall time than its budget allows.
 

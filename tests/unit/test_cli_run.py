@@ -304,7 +304,7 @@ def test_reject_exits_1_and_read_only_commands_never_execute(write_script: Calla
 
 def test_unknown_run_and_bad_options_are_clear_errors() -> None:
     missing = mp("runs", "show", "nope-nope")
-    assert missing.returncode == 1
+    assert missing.returncode == 2  # a usage error, as an unknown request id is
     assert missing.stderr.startswith("error: no run 'nope-nope'")
     bad = mp("run", "x", "--model", "scripted:/nonexistent.json", "--max-parallel", "0")
     assert bad.returncode == 2

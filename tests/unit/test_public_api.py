@@ -27,6 +27,7 @@ def test_all_is_pinned_and_importable() -> None:
         "Request",
         "RequestError",
         "RunError",
+        "RunNotFoundError",
         "RunOptions",
         "RunRecord",
         "RunService",

@@ -251,7 +251,7 @@ def test_runs_retry_in_the_terminal(tmp_path: Path) -> None:
     shared = next(run_id[:n] for n in range(len(run_id), 0, -1) if second_id.startswith(run_id[:n]))
     ambiguous = mp("runs", "retry", shared)
     assert (ambiguous.returncode, ambiguous.stderr.strip()) == (
-        1,
+        2,
         f"error: {shared!r} is the start of more than one run's id: give more of it "
         "(see `masterplanner runs list`)",
     )

@@ -38,7 +38,7 @@ from ..database import (
     shown_url,
     transaction,
 )
-from ..errors import RunError
+from ..errors import RunError, RunNotFoundError
 from ..plan import Plan
 from .messages import Messages, create_message_tables
 from .processes import Processes, create_process_table
@@ -293,13 +293,15 @@ class RunStore:
                     .all()
                 )
                 if len(rows) > 1:
-                    raise RunError(
+                    raise RunNotFoundError(
                         f"{run_id!r} is the start of more than one run's id: give more of it "
                         "(see `masterplanner runs list`)"
                     )
                 row = rows[0] if rows else None
         if row is None:
-            raise RunError(f"no run {run_id!r} in {shown_url(self.url)} (see `masterplanner runs list`)")
+            raise RunNotFoundError(
+                f"no run {run_id!r} in {shown_url(self.url)} (see `masterplanner runs list`)"
+            )
         return _run_record(row)
 
     def list_runs(
@@ -365,7 +367,7 @@ class RunStore:
     ) -> list[str]:
         row = connection.execute(sa.select(runs_table).where(runs_table.c.id == run_id)).mappings().first()
         if row is None:
-            raise RunError(f"no run {run_id!r}")
+            raise RunNotFoundError(f"no run {run_id!r}")
         now = database_now(connection)
         if row["status"] != "failed":
             state = {"succeeded": "succeeded", "cancelled": "was cancelled"}.get(
@@ -453,7 +455,7 @@ class RunStore:
             if updated.rowcount == 1:
                 return True
             if connection.scalar(sa.select(runs_table.c.id).where(runs_table.c.id == run_id)) is None:
-                raise RunError(f"no run {run_id!r}")
+                raise RunNotFoundError(f"no run {run_id!r}")
             return False
 
     def heartbeat(self, run_id: str, owner: str, *, lease_s: float) -> bool:
