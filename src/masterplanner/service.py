@@ -81,6 +81,39 @@ def catalog_of_review(request: Request) -> Catalog:
     )
 
 
+def _check_names_in_decision(request: Request, answer: dict[str, Any]) -> None:
+    """`RequestError` for a review's answer naming a tool or a step that is not there.
+
+    A misspelt tool in `tool_policies` left the tool it meant under its old policy (an `ask`
+    could silently become no question at all), and prompts for a step the plan does not have
+    were stored with the run's agents.
+    """
+    from .engine.catalogs import unknown_policy_tool
+
+    servers = request.payload.get("mcp_servers", [])
+    policies = answer.get("tool_policies")
+    if isinstance(policies, dict):
+        problem = unknown_policy_tool(policies, servers)
+        if problem is not None:
+            raise RequestError(f"request {request.id}: {problem}")
+    agents = answer.get("agents")
+    if not isinstance(agents, dict):
+        return
+    plan = answer.get("plan") if "plan" in answer else request.payload.get("plan")
+    steps = [step.get("id") for step in (plan or {}).get("steps", []) if isinstance(step, dict)]
+    for step_id, agent in agents.items():
+        if step_id not in steps:
+            raise RequestError(
+                f"request {request.id}: agents names step {step_id!r}, which the plan does not have "
+                f"(its steps: {', '.join(map(str, steps)) or 'none'})"
+            )
+        own = agent.get("tool_policies") if isinstance(agent, dict) else None
+        if isinstance(own, dict):
+            problem = unknown_policy_tool(own, servers)
+            if problem is not None:
+                raise RequestError(f"request {request.id}: agents.{step_id}.{problem}")
+
+
 @dataclass(frozen=True)
 class FeedbackSummary:
     """What feedback on a run changed."""
@@ -382,8 +415,10 @@ class RunService:
         Of two answers given at once exactly one is taken; the other gets a `RequestError`.
         """
         request = await self.request(request_id)
-        if request.state == "open" and request.kind in ("plan_review", "replan") and "plan" in answer:
-            validate_plan(answer["plan"], catalog_of_review(request))
+        if request.state == "open" and request.kind in ("plan_review", "replan") and isinstance(answer, dict):
+            if "plan" in answer:
+                validate_plan(answer["plan"], catalog_of_review(request))
+            _check_names_in_decision(request, answer)
         answered = await asyncio.to_thread(self._store.requests.answer, request.id, answer, by=by)
         await asyncio.to_thread(
             self._store.append_event,

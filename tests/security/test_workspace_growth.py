@@ -82,8 +82,7 @@ def test_write_file_and_code_share_one_allowance_per_run(
     # write stops at EFBIG, or the watchdog kills the program first — either way the cap holds.
     code_result = results[2]["result"]
     assert (
-        "killed: the workspace grew by more than" in code_result
-        or "[Errno 27] File too large" in code_result
+        "killed: the workspace grew by more than" in code_result or "[Errno 27] File too large" in code_result
     ), code_result
     assert not (workspace / refused).exists()
     assert (workspace / kept).stat().st_size == 600_000

@@ -599,6 +599,29 @@ async def test_a_review_answer_that_does_not_fit_is_refused_naming_the_field(
             )
         with pytest.raises(RequestError, match=r"agents\.a\.prompt: Input should be a valid string"):
             await service.answer(review.id, {"action": "approve", "agents": {"a": {"prompt": 7}}}, by="test")
+        # a misspelt tool would have left the tool it meant under its old policy, silently
+        with pytest.raises(RequestError) as misnamed:
+            await service.answer(
+                review.id, {"action": "approve", "tool_policies": {"write-file": "ask"}}, by="t"
+            )
+        assert str(misnamed.value).startswith(
+            f"request {review.id}: tool_policies names 'write-file', which is not a tool; "
+            "did you mean 'write_file'? tools are "
+        )
+        with pytest.raises(RequestError) as own:
+            await service.answer(
+                review.id,
+                {"action": "approve", "agents": {"a": {"prompt": "p", "tool_policies": {"nope": "ask"}}}},
+                by="t",
+            )
+        assert str(own.value).startswith(
+            f"request {review.id}: agents.a.tool_policies names 'nope', which is not"
+        )
+        with pytest.raises(RequestError) as stray:
+            await service.answer(review.id, {"action": "approve", "agents": {"zz": {"prompt": "p"}}}, by="t")
+        assert str(stray.value) == (
+            f"request {review.id}: agents names step 'zz', which the plan does not have (its steps: a)"
+        )
         # a program's answer of the wrong form is told the form, in the answer's own fields
         form = '{"action": "approve"} or {"action": "reject", "reason": …}'
         for wrong, got in (({"approved": True}, "no action"), ({"action": "yes"}, 'action "yes"')):

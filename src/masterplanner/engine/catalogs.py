@@ -14,7 +14,7 @@ from ..tools.images import ImageConfig
 from ..tools.mcp import discover_tools
 from ..tools.web_search import SearchConfig
 
-__all__ = ["RunCatalog", "run_catalog", "tool_context", "with_mcp_tools"]
+__all__ = ["RunCatalog", "run_catalog", "tool_context", "unknown_policy_tool", "with_mcp_tools"]
 
 
 class RunCatalog(Catalog):
@@ -52,6 +52,30 @@ class RunCatalog(Catalog):
             "named SERVER_TOOL once mcp_servers configures it (a [mcp_servers.SERVER] table in "
             "masterplanner.toml, or MASTERPLANNER_MCP_SERVERS)"
         )
+
+
+def unknown_policy_tool(policies: Iterable[str], mcp_servers: Iterable[str]) -> str | None:
+    """What is wrong with tool policies naming a tool that does not exist, or None.
+
+    A typo (`code-execution`) left the tool it meant under its default policy, silently. Any
+    built-in or team tool may have a policy, and `<server>_<tool>` for the MCP servers named.
+    """
+    from difflib import get_close_matches
+
+    from ..tools.team import TEAM_TOOL_NAMES
+
+    known = [*BUILTIN_TOOL_NAMES, *TEAM_TOOL_NAMES]
+    servers = list(mcp_servers)
+    for name in policies:
+        if name in known or any(name.startswith(f"{server}_") for server in servers):
+            continue
+        close = get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return (
+            f"tool_policies names {name!r}, which is not a tool; {hint}tools are "
+            f"{', '.join(sorted(known))}, and <server>_<tool> for the MCP servers in mcp_servers"
+        )
+    return None
 
 
 def run_catalog(settings: Settings | None = None) -> RunCatalog:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,7 +45,7 @@ from ..plan import Plan, Step, tool_problems, validate_task
 from ..settings import Settings
 from ..tools.workspace import Workspace
 from .budget import RunLedger
-from .catalogs import RunCatalog, run_catalog
+from .catalogs import RunCatalog, run_catalog, unknown_policy_tool
 from .planning import plan_run, review_run
 from .processes import Processes, ProcessKind
 from .records import BUDGET_LIMITS, RunOptions, RunRecord, nested_steps, utc_now, workflow_id
@@ -156,7 +156,9 @@ class Engine:
         folder = (workspace or (self.settings.home / "workspaces" / run_id)).resolve()
         self.settings.record_workspace(folder)
         options = options or RunOptions()
-        _check_policies(options.tool_policies, self.settings)
+        problem = unknown_policy_tool(options.tool_policies, self.settings.mcp_servers)
+        if problem is not None:
+            raise ConfigError(problem)
         growth = options.workspace_max_growth_bytes
         options = replace(
             options,
@@ -440,28 +442,6 @@ def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on re
     if telemetry.exporting():
         run = store.get_run(run_id)
         telemetry.record_run(run_id, status="cancelled", created_at=run.created_at, model=run.model)
-
-
-def _check_policies(policies: Mapping[str, str], settings: Settings) -> None:
-    """Refuse a policy for a tool that does not exist.
-
-    A typo (`code-execution`) left the tool it meant under its default policy, silently.
-    """
-    from difflib import get_close_matches
-
-    from ..tools import BUILTIN_TOOL_NAMES
-    from ..tools.team import TEAM_TOOL_NAMES
-
-    known = [*BUILTIN_TOOL_NAMES, *TEAM_TOOL_NAMES]
-    for name in policies:
-        if name in known or any(name.startswith(f"{server}_") for server in settings.mcp_servers):
-            continue
-        close = get_close_matches(name, known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(
-            f"tool_policies names {name!r}, which is not a tool; {hint}tools are "
-            f"{', '.join(sorted(known))}, and <server>_<tool> for the MCP servers in mcp_servers"
-        )
 
 
 def _check_budget_left(store: RunStore, run_id: str, options: RunOptions) -> None:
