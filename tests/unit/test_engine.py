@@ -12,7 +12,7 @@ import pytest
 from _answers import execute_answering
 from _plans import step
 
-from masterplanner import PlanError, RunError, Settings
+from masterplanner import PlanError, RequestError, RunError, RunNotFoundError, Settings
 from masterplanner.engine import Engine, RunOptions, RunRecord
 from masterplanner.tools.mcp import McpServer
 
@@ -353,6 +353,19 @@ def test_bad_inputs_are_refused_before_anything_is_stored(engine: Engine) -> Non
     with pytest.raises(RunError, match="no run 'missing'"):
         engine.store.get_run("missing")
     assert engine.store.list_runs() == []
+
+
+def test_an_id_start_is_taken_literally(engine: Engine, write_script: Callable[..., Path]) -> None:
+    """`%` and `_` in an id given are characters, not patterns: they matched any run once."""
+    run = engine.create_run("x", model=f"scripted:{write_script([])}")
+    assert engine.store.get_run(run.id[:6]).id == run.id
+    for pattern in ("%" + run.id[-6:], "_" * 8 + run.id[8:]):
+        with pytest.raises(RunNotFoundError, match=f"no run {pattern!r}"):
+            engine.store.get_run(pattern)
+    request, _ = engine.store.requests.open(run.id, "ask_user", {"question": "q"}, key="k")
+    assert engine.store.requests.get(request.id[:4]).id == request.id
+    with pytest.raises(RequestError, match="no request '%"):
+        engine.store.requests.get("%" + request.id[-2:])
 
 
 async def test_step_timeout_and_wall_time_budget(engine: Engine, write_script: Callable[..., Path]) -> None:

@@ -279,7 +279,9 @@ class Requests:
             if row is None and len(request_id) >= 4:
                 rows = (
                     connection.execute(
-                        sa.select(requests_table).where(requests_table.c.id.startswith(request_id)).limit(2)
+                        sa.select(requests_table)
+                        .where(requests_table.c.id.startswith(request_id, autoescape=True))
+                        .limit(2)
                     )
                     .mappings()
                     .all()

@@ -287,7 +287,9 @@ class RunStore:
             if row is None and len(run_id) >= 4:
                 rows = (
                     connection.execute(
-                        sa.select(runs_table).where(runs_table.c.id.startswith(run_id)).limit(2)
+                        sa.select(runs_table)
+                        .where(runs_table.c.id.startswith(run_id, autoescape=True))
+                        .limit(2)
                     )
                     .mappings()
                     .all()
