@@ -141,6 +141,11 @@ class RunNotFoundError(RunError):
 
     exit_code = 2
 
+    def __init__(self, message: str, *, ambiguous: bool = False) -> None:
+        super().__init__(message)
+        self.ambiguous = ambiguous
+        """Whether several runs' ids start so (give more of the id)."""
+
 
 class BudgetExceededError(RunError):
     """A run used more model calls, tokens or wall time than its budget allows.
@@ -182,6 +187,10 @@ class RequestError(MasterplannerError):
     """A request of a run cannot be answered: unknown, no longer open, or the answer does not fit it."""
 
     exit_code = 2
+
+
+class RequestClosedError(RequestError):
+    """A request that is answered, cancelled or expired takes no answer (the API's 409)."""
 
 
 _SHAPES = {

@@ -32,7 +32,7 @@ from .engine.reuse import remember_run
 from .engine.runtime import step_queue_name
 from .engine.store import Lease
 from .engine.worker import Note, Worker, WorkerSummary
-from .errors import ConfigError, RequestError, RunError, problem_in_our_words
+from .errors import ConfigError, RequestClosedError, RequestError, RunError, problem_in_our_words
 from .plan import validate_plan
 from .settings import Settings, provider_of
 from .tools import ToolSpec
@@ -451,7 +451,7 @@ class RunService:
             raise RequestError("a reason goes with a denial, not with a text answer")
         request = await self.request(request_id)
         if request.state != "open":  # closed first: the form of an answer it cannot take is beside the point
-            raise RequestError(closed_text(request))
+            raise RequestClosedError(closed_text(request))
         answer: dict[str, Any]
         if request.kind == "ask_user":
             if text is None:

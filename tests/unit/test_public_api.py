@@ -25,6 +25,7 @@ def test_all_is_pinned_and_importable() -> None:
         "PurposeUsage",
         "RegistryService",
         "Request",
+        "RequestClosedError",
         "RequestError",
         "RunError",
         "RunNotFoundError",

@@ -170,6 +170,49 @@ async def test_unknown_ids_malformed_json_huge_bodies_and_bad_models(client: htt
     assert (await client.get("/runs")).json() == []
 
 
+async def test_ids_numbers_and_bodies_past_what_is_taken(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """Each was a 500 or a library's words (found by an exploratory session, 2026-11-27)."""
+    script = write_script([{"purpose": "*", "repeat": True}])
+    first = (await client.post("/runs", json={"task": "x", "model": f"scripted:{script}"})).json()
+    second = (await client.post("/runs", json={"task": "y", "model": f"scripted:{script}"})).json()
+    shared = next(
+        first["id"][:n] for n in range(len(first["id"]), 0, -1) if second["id"].startswith(first["id"][:n])
+    )
+    ambiguous = await client.get(f"/runs/{shared}")
+    assert (ambiguous.status_code, ambiguous.json()) == (
+        404,
+        {"error": f"{shared!r} is the start of more than one run's id: give more of it"},
+    )
+    # '%' and '_' are not patterns
+    pattern = "%25" + first["id"][-6:]
+    assert (await client.get(f"/runs/{pattern}")).json() == {"error": f"no run '%{first['id'][-6:]}'"}
+    huge = await client.get(f"/runs/{first['id']}/events", params={"after": 10**23})
+    assert huge.status_code == 422
+    assert huge.json()["problems"] == ["query.after: input should be less than or equal to 9007199254740991"]
+    version = await client.get("/agents/someone", params={"version": 10**23})
+    assert version.status_code == 422
+    latin = await client.post(
+        "/runs",
+        content='{"task": "café"}'.encode("latin-1"),
+        headers={"content-type": "application/json; charset=latin-1"},
+    )
+    assert (latin.status_code, latin.json()["problems"]) == (
+        422,
+        ["the body could not be read as JSON in UTF-8 (or it nests too deep)"],
+    )
+    deep = await client.post(
+        "/runs", json={"task": "x", "model": f"scripted:{script}", "workspace": "a/" * 2000}
+    )
+    depth = len(Path.cwd().parts) + 2000
+    assert (deep.status_code, deep.json()["error"]) == (
+        400,
+        f"workspace path is {depth:,} folders deep; at most 256 are taken",
+    )
+    assert len((await client.get("/runs")).json()) == 2
+
+
 async def test_answers_that_do_not_fit_the_request_are_refused(
     client: httpx.AsyncClient, write_script: Callable[..., Path]
 ) -> None:

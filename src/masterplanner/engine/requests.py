@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
-from ..errors import RequestError
+from ..errors import RequestClosedError, RequestError
 from .records import AgentBrief, utc_now
 
 if TYPE_CHECKING:
@@ -310,7 +310,7 @@ class Requests:
         """
         request = self.get(request_id)
         if request.state != "open":
-            raise RequestError(closed_text(request))
+            raise RequestClosedError(closed_text(request))
         answer = _checked_answer(request, answer)
         with self._store.begin("answer a request") as connection:
             updated = connection.execute(
@@ -324,7 +324,7 @@ class Requests:
                 )
             )
         if updated.rowcount != 1:
-            raise RequestError(closed_text(self.get(request.id)))
+            raise RequestClosedError(closed_text(self.get(request.id)))
         return self.get(request.id)
 
     def close_run(self, run_id: str, state: Literal["expired", "cancelled"], *, keep_remember: bool) -> int:

@@ -297,7 +297,8 @@ class RunStore:
                 if len(rows) > 1:
                     raise RunNotFoundError(
                         f"{run_id!r} is the start of more than one run's id: give more of it "
-                        "(see `masterplanner runs list`)"
+                        "(see `masterplanner runs list`)",
+                        ambiguous=True,
                     )
                 row = rows[0] if rows else None
         if row is None:

@@ -210,6 +210,10 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+_MAX_ROOT_DEPTH = 256
+"""Most folders in a workspace's own path."""
+
+
 class Workspace:
     """A directory that a run's step agents read and write, and nothing outside it."""
 
@@ -241,6 +245,10 @@ class Workspace:
 
     def create(self) -> Workspace:
         """Create the workspace directory if it does not exist (it must not be a symlink)."""
+        depth = len(self.root.parts)
+        if depth > _MAX_ROOT_DEPTH:
+            # pathlib creates missing folders recursively, so a path of thousands hit Python's limit
+            raise ToolError(f"workspace path is {depth:,} folders deep; at most {_MAX_ROOT_DEPTH} are taken")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -19,7 +19,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
 
 from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord, RunStatus
-from ..errors import RequestError, RunError
+from ..errors import RequestError, RunError, RunNotFoundError
 from ..plan import MAX_TASK_CHARS
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
@@ -238,11 +238,26 @@ def _summary(record: RunRecord) -> dict[str, Any]:
     }
 
 
+MAX_SEQ = 2**53 - 1
+"""The largest event seq a client may give (JSON's exact integers; the database's are larger)."""
+
+
+def event_seq(last_event_id: str | None) -> int:
+    """The seq a reconnecting EventSource's `Last-Event-ID` names; 0 for one that names none."""
+    if not last_event_id or not last_event_id.isascii() or not last_event_id.isdigit():
+        return 0
+    return min(int(last_event_id[:20]), MAX_SEQ)
+
+
 async def _run(service: RunService, run_id: str) -> RunRecord:
     """The run, or a 404 naming the id (the store's message names the database, which stays here)."""
     try:
         return await service.get(run_id)
-    except RunError:
+    except RunNotFoundError as error:
+        if error.ambiguous:
+            raise HTTPException(
+                404, f"{run_id!r} is the start of more than one run's id: give more of it"
+            ) from None
         raise HTTPException(404, f"no run {run_id!r}") from None
 
 
@@ -315,7 +330,7 @@ async def get_run(request: Request, run_id: str) -> dict[str, Any]:
 async def run_events(
     request: Request,
     run_id: str,
-    after: Annotated[int, Query(ge=0, description="Events after this seq.")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ, description="Events after this seq.")] = 0,
 ) -> list[dict[str, Any]]:
     """The run's events with a sequence number above `after`, in order."""
     service = _service(request)
@@ -332,13 +347,12 @@ async def run_events(
 async def stream_events(
     request: Request,
     record: Annotated[RunRecord, Depends(existing_run)],
-    after: Annotated[int, Query(ge=0, description="Events after this seq.")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ, description="Events after this seq.")] = 0,
     last_event_id: Annotated[str | None, Header(description="Set by a reconnecting EventSource.")] = None,
 ) -> AsyncIterator[ServerSentEvent]:
     """Server-sent events, one per run event (`event` = its kind, `id` = its seq), until the run is over."""
     service = _service(request)
-    if last_event_id and last_event_id.isdigit():
-        after = max(after, int(last_event_id))
+    after = max(after, event_seq(last_event_id))
     async for event in service.follow(record.id, after):
         yield ServerSentEvent(data=event.to_json_dict(), event=event.kind, id=str(event.seq))
 

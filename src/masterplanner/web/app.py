@@ -17,7 +17,14 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._version import __version__
-from ..errors import MasterplannerError, PlanError, RequestError, problem_in_our_words
+from ..errors import (
+    DatabaseUnavailableError,
+    MasterplannerError,
+    PlanError,
+    RequestClosedError,
+    RequestError,
+    problem_in_our_words,
+)
 from ..service import RegistryService, RunService
 from . import pages
 from . import registry as registry_routes
@@ -101,6 +108,11 @@ async def _invalid_request(_: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+        # FastAPI's words for a body it could not decode (a charset other than UTF-8, nesting
+        # deeper than the JSON reader goes): the same answer as any other body that is not JSON
+        problem = "the body could not be read as JSON in UTF-8 (or it nests too deep)"
+        return _error(422, f"the request is invalid: {problem}", problems=[problem])
     words = {
         404: "no such page or resource",
         405: "that method is not allowed here",
@@ -129,8 +141,12 @@ async def _our_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, MasterplannerError)
     if isinstance(exc, PlanError):
         return _error(422, str(exc), problems=exc.problems)
+    if isinstance(exc, RequestClosedError):  # the losing answer of two given at once
+        return _error(409, str(exc))
     if isinstance(exc, RequestError):
         return _error(422, str(exc))
+    if isinstance(exc, DatabaseUnavailableError):
+        return _error(503, str(exc))
     return _error(400, str(exc))
 
 

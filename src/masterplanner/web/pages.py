@@ -27,7 +27,7 @@ from ..estimate import estimate_run
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 from ..usage import money
-from .api import Executions, existing_run
+from .api import Executions, event_seq, existing_run
 from .auth import COOKIE, same_token
 from .graph import plan_svg
 
@@ -198,8 +198,7 @@ async def run_changes(
     The stream also ends, with no `over`, when the server stops (`RunService.stop_following`).
     """
     service = _service(request)
-    last = request.headers.get("last-event-id", "")
-    after = int(last) if last.isdigit() else 0
+    after = event_seq(request.headers.get("last-event-id"))
     async for event in service.follow(record.id, after):
         yield ServerSentEvent(data=event.kind, event="change", id=str(event.seq))
     if service.following:  # not when the server stops: the page reconnects to the next one

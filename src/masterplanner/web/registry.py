@@ -69,7 +69,7 @@ async def list_agents(
 
 @api.get("/agents/{agent_id}", summary="One agent")
 async def get_agent(
-    request: Request, agent_id: str, version: Annotated[int | None, Query(ge=1)] = None
+    request: Request, agent_id: str, version: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None
 ) -> dict[str, Any]:
     """The agent (its latest version, or `version`) and the versions stored."""
     registry = _registry(request)
@@ -154,7 +154,9 @@ async def agents_page(request: Request, q: str = "") -> Response:
 
 
 @pages.get("/agents/{agent_id}", response_class=HTMLResponse)
-async def agent_page(request: Request, agent_id: str, version: int | None = None) -> Response:
+async def agent_page(
+    request: Request, agent_id: str, version: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None
+) -> Response:
     """One agent: its prompt, tools, stats and lessons, its versions, and the edit form."""
     registry = _registry(request)
     spec = await _agent(registry, agent_id, version)
