@@ -171,6 +171,12 @@ async def test_a_retry_is_refused_unless_the_run_failed_and_nothing_changes(
     assert (record.status, record.retries) == ("failed", 0)
     assert not [e for e in engine.store.events(failed) if e.kind == "run_retried"]
 
+    # two retries at once: the second is told the first took it, not to resume a stopped run
+    engine.retry(failed)
+    with pytest.raises(RunError) as twice:
+        engine.retry(failed)
+    assert str(twice.value) == f"run {failed} is being retried already: it goes on from where it failed"
+
 
 async def test_a_used_up_budget_is_refused_until_it_is_raised(engine: Engine, tmp_path: Path) -> None:
     script = tmp_path / "script.json"

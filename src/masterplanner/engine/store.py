@@ -359,6 +359,17 @@ class RunStore:
             return retried
         raise RunError(f"could not retry run {run_id}: the event log is too contended")
 
+    @staticmethod
+    def _just_retried(connection: Connection, run_id: str) -> bool:
+        """Whether the run's latest event is its retry (nothing has executed it since)."""
+        latest = connection.scalar(
+            sa.select(events_table.c.kind)
+            .where(events_table.c.run_id == run_id)
+            .order_by(events_table.c.seq.desc())
+            .limit(1)
+        )
+        return latest == "run_retried"
+
     def _retry(
         self,
         connection: Connection,
@@ -377,6 +388,13 @@ class RunStore:
                 row["status"], f"is {str(row['status']).replace('_', ' ')}"
             )
             held = row["owner"] is not None and row["lease_until"] is not None and row["lease_until"] >= now
+            if (
+                row["status"] not in FINISHED_RUN_STATUSES
+                and not held
+                and self._just_retried(connection, run_id)
+            ):
+                # the losing one of two retries at once: the winner's execution has not taken it yet
+                raise RunError(f"run {run_id} is being retried already: it goes on from where it failed")
             if row["status"] not in FINISHED_RUN_STATUSES and row["executor"] != "workers" and not held:
                 raise RunError(
                     f"run {run_id} {state} but no process is executing it (the one that was stopped): "
