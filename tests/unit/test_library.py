@@ -24,6 +24,7 @@ PLAN = {
             "agent_role": "writer",
             "instruction": "Write the text to the file.",
             "expected_output": "The text, written",
+            "tools": ["write_file"],
         }
     ]
 }
@@ -46,20 +47,31 @@ def _readme_run_example() -> str:
 
 
 def test_the_readme_example_runs_a_task_and_answers_its_review(
-    write_script: Callable[..., Path], isolated: Path
+    write_script: Callable[..., Path], isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     code = _readme_run_example()
     assert code.count('model="local"') == 2
+    monkeypatch.setenv("MASTERPLANNER_TOOL_POLICIES", '{"write_file": "ask"}')
+    write = {
+        "purpose": "step:write",
+        "tool_calls": [{"name": "write_file", "args": {"path": "o.txt", "content": "hi"}}],
+    }
+    done = {"purpose": "step:write", "output": "written"}
+    rest = {"purpose": "*", "repeat": True}
+    script = write_script(
+        [{"purpose": "planner", "output": PLAN, "repeat": True}, write, done, write, done, rest]
+    )
     printed = io.StringIO()
     # standard output only: DBOS's log handler, made in the example, keeps the standard error it saw
     with contextlib.redirect_stdout(printed):
-        exec(compile(code.replace('model="local"', f"model={_script(write_script)!r}"), "README", "exec"), {})
+        exec(compile(code.replace('model="local"', f"model={f'scripted:{script}'!r}"), "README", "exec"), {})
     lines = printed.getvalue().splitlines()
     first = asyncio.run(_only_run_of(isolated, "Write a haiku about the sea to haiku.txt"))
     assert lines == [
         f"succeeded written {isolated / 'workspaces' / first}",
         "review the plan of 1 step(s): approve, reject or edit",
-        "succeeded 2 model calls",
+        'allow write_file(path="o.txt", content="hi") (step write)?',
+        "succeeded 3 model calls",
     ]
 
 
@@ -120,3 +132,47 @@ def test_services_of_two_databases_in_one_program(write_script: Callable[..., Pa
         "has ended"
     )
     assert seen[1:-1] == ["planning", "succeeded", "succeeded", "succeeded", "succeeded"]
+
+
+def test_a_program_s_runs_take_the_settings_policies_and_their_options_are_checked(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    from masterplanner import ConfigError
+
+    model = _script(write_script)
+    settings = Settings(home=tmp_path / "home", tool_policies={"write_file": "deny"})
+
+    async def program() -> list[Any]:
+        service = RunService(settings)
+        seen: list[Any] = []
+        try:
+            plain = await service.create("x", model=model, options=RunOptions(auto_approve=True))
+            seen.append(plain.options.tool_policies)
+            own = RunOptions(tool_policies={"write_file": "ask", "read_file": "ask"})
+            seen.append((await service.create("x", model=model, options=own)).options.tool_policies)
+            before = len(await service.list_runs())
+            for bad in (
+                RunOptions(max_parallel="4"),  # type: ignore[arg-type]
+                RunOptions(tool_policies={"write_file": "maybe"}),
+                RunOptions(max_model_calls=-5),
+                RunOptions(max_wall_s=float("nan")),
+                RunOptions(step_timeout_s=0),
+            ):
+                with pytest.raises(ConfigError) as refused:
+                    await service.create("x", model=model, options=bad)
+                seen.append(str(refused.value))
+            seen.append(len(await service.list_runs()) - before)
+        finally:
+            service.close()
+        return seen
+
+    assert asyncio.run(program()) == [
+        {"write_file": "deny"},
+        {"write_file": "ask", "read_file": "ask"},
+        "max_parallel must be a whole number from 1 to 64, got '4'",
+        "tool_policies gives 'write_file' the policy 'maybe': a policy is auto, ask or deny",
+        "max_model_calls must be a whole number from 1 to 1,000,000, got -5",
+        "max_wall_s must be more than 0 and at most 604,800, got nan",
+        "step_timeout_s must be a number of seconds from 0 to 86,400, got 0",
+        0,
+    ]

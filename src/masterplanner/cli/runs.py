@@ -153,7 +153,6 @@ def run(
         max_tokens=max_tokens,
         max_wall_s=max_seconds,
         max_cost_usd=max_cost,
-        tool_policies=dict(settings.tool_policies),
         max_replans=max_replans,
         check_outputs=check_outputs,
         team_tools=team,

@@ -25,8 +25,10 @@ __all__ = [
     "StepStatus",
     "briefs",
     "briefs_json",
+    "budget_problem",
     "flat_steps",
     "nested_steps",
+    "options_problem",
     "utc_now",
     "workflow_id",
 ]
@@ -108,6 +110,65 @@ BUDGET_LIMITS: dict[str, float] = {
     "max_cost_usd": 1_000_000,
 }
 """The largest budget a run may be given (`run`, `runs retry`, the API all refuse more)."""
+
+
+_WHOLE_OPTIONS: dict[str, tuple[int, int]] = {
+    "max_parallel": (1, 64),
+    "prompt_rounds": (0, 5),
+    "step_attempts": (1, 10),
+    "max_replans": (0, 10),
+    "context_chars": (1, 10**7),
+    "history_chars": (1, 10**7),
+    "messages_per_step": (0, 10_000),
+    "messages_per_run": (0, 100_000),
+    "message_chars": (1, 100_000),
+}
+_SECONDS_OPTIONS: dict[str, float] = {
+    "step_timeout_s": 86_400,
+    "ask_timeout_s": 86_400,
+    "retry_backoff_s": 3600,
+}
+
+
+def budget_problem(key: str, value: object) -> str | None:
+    """What is wrong with `value` as the budget `key` (`BUDGET_LIMITS`), or None."""
+    limit = BUDGET_LIMITS[key]
+    if key in ("max_model_calls", "max_tokens"):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+            return f"{key} must be a whole number from 1 to {int(limit):,}, got {value!r}"
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= limit:  # NaN too
+        return f"{key} must be more than 0 and at most {int(limit):,}, got {value!r}"
+    return None
+
+
+def options_problem(options: RunOptions) -> str | None:
+    """What is wrong with a new run's options (a program's, not checked by a CLI or API), or None."""
+    for key in BUDGET_LIMITS:
+        value = getattr(options, key)
+        if value is not None and (problem := budget_problem(key, value)) is not None:
+            return problem
+    for key, (low, high) in _WHOLE_OPTIONS.items():
+        value = getattr(options, key)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            return f"{key} must be a whole number from {low:,} to {high:,}, got {value!r}"
+    for key, most in _SECONDS_OPTIONS.items():
+        value = getattr(options, key)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        low_ok = number and (value >= 0 if key == "retry_backoff_s" else value > 0)
+        if not (low_ok and value <= most):  # NaN too
+            return f"{key} must be a number of seconds from 0 to {most:,g}, got {value!r}"
+    for key in ("auto_approve", "check_outputs"):
+        if not isinstance(getattr(options, key), bool):
+            return f"{key} must be true or false, got {getattr(options, key)!r}"
+    if options.team_tools is not None and not isinstance(options.team_tools, bool):
+        return f"team_tools must be true, false or None, got {options.team_tools!r}"
+    if not isinstance(options.tool_policies, dict):
+        return f"tool_policies must map tool names to auto, ask or deny, got {options.tool_policies!r}"
+    for tool, policy in options.tool_policies.items():
+        if policy not in ("auto", "ask", "deny"):
+            return f"tool_policies gives {tool!r} the policy {policy!r}: a policy is auto, ask or deny"
+    return None
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,15 @@ from .budget import RunLedger
 from .catalogs import RunCatalog, run_catalog, unknown_policy_tool
 from .planning import plan_run, review_run
 from .processes import Processes, ProcessKind
-from .records import BUDGET_LIMITS, RunOptions, RunRecord, nested_steps, utc_now, workflow_id
+from .records import (
+    RunOptions,
+    RunRecord,
+    budget_problem,
+    nested_steps,
+    options_problem,
+    utc_now,
+    workflow_id,
+)
 from .resources import RunResources, hold, release, resources_of
 from .revisions import PlanRevisions
 from .runtime import (
@@ -156,7 +164,13 @@ class Engine:
         folder = (workspace or (self.settings.home / "workspaces" / run_id)).resolve()
         self.settings.record_workspace(folder)
         options = options or RunOptions()
-        problem = unknown_policy_tool(options.tool_policies, self.settings.mcp_servers)
+        if not isinstance(options, RunOptions):
+            raise ConfigError(f"options must be RunOptions, got {type(options).__name__}")
+        problem = options_problem(options)
+        if problem is None:
+            # the settings' policies (config file, environment) under the run's own
+            options = replace(options, tool_policies={**self.settings.tool_policies, **options.tool_policies})
+            problem = unknown_policy_tool(options.tool_policies, self.settings.mcp_servers)
         if problem is not None:
             raise ConfigError(problem)
         growth = options.workspace_max_growth_bytes
@@ -307,11 +321,8 @@ class Engine:
             if value is not None
         }
         for key, value in changed.items():
-            whole, limit = key in ("max_model_calls", "max_tokens"), BUDGET_LIMITS[key]
-            if whole and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit):
-                raise ConfigError(f"{key} must be a whole number from 1 to {int(limit):,}, got {value!r}")
-            if not whole and not 0 < value <= limit:  # NaN too
-                raise ConfigError(f"{key} must be more than 0 and at most {int(limit):,}, got {value!r}")
+            if (problem := budget_problem(key, value)) is not None:
+                raise ConfigError(problem)
         options = replace(run.options, **changed)
         if run.status == "failed":  # otherwise the store says why it cannot be retried
             _check_budget_left(self.store, run.id, options)

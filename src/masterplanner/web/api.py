@@ -291,7 +291,7 @@ async def create_run(request: Request, body: RunIn) -> dict[str, Any]:
     settings = service.settings
     options = RunOptions(
         **body.options.model_dump(exclude={"tool_policies"}),
-        tool_policies={**settings.tool_policies, **body.options.tool_policies},
+        tool_policies=dict(body.options.tool_policies),
     )
     workspace = Path(body.workspace) if body.workspace else None
     executions: Executions = request.app.state.executions
