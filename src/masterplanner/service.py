@@ -133,6 +133,7 @@ class RunService:
         self._debug = debug
         self._following = threading.Event()
         self._following.set()
+        self._known: set[str] = set()
 
     def close(self) -> None:
         """Stop what this service started (DBOS, database connections)."""
@@ -188,8 +189,19 @@ class RunService:
         return await self._engine.execute(run_id, on_wait=on_wait)
 
     async def get(self, run_id: str) -> RunRecord:
-        """The run (a unique prefix of its id is enough); `RunError` if there is none."""
-        return await asyncio.to_thread(self._store.get_run, run_id)
+        """The run (a unique prefix of its id is enough); `RunNotFoundError` if there is none."""
+        record = await asyncio.to_thread(self._store.get_run, run_id)
+        self._known.add(record.id)
+        return record
+
+    async def _run_id(self, run_id: str) -> str:
+        """The whole id of the run `run_id` names (its start is enough); `RunNotFoundError` if none.
+
+        A whole id seen once is taken as it is from then on (runs are never removed), so a front
+        end polling a run's events reads no more than before; a start is looked up each time
+        (another run's id may come to start so too).
+        """
+        return run_id if run_id in self._known else (await self.get(run_id)).id
 
     async def list_runs(
         self, limit: int = 50, *, status: str | None = None, text: str | None = None
@@ -199,7 +211,7 @@ class RunService:
 
     async def steps(self, run_id: str) -> list[StepRecord]:
         """The run's steps in plan order."""
-        return await asyncio.to_thread(self._store.steps, run_id)
+        return await asyncio.to_thread(self._store.steps, await self._run_id(run_id))
 
     async def report(self, run_id: str) -> dict[str, Any]:
         """The JSON report of a run: id, status, task, output, error, workspace, plan, steps, usage."""
@@ -207,11 +219,11 @@ class RunService:
 
     async def usage(self, run_id: str) -> dict[str, Any]:
         """The run's model usage: calls, tokens and seconds, in all and by purpose."""
-        return await asyncio.to_thread(self._store.usage, run_id)
+        return await asyncio.to_thread(self._store.usage, await self._run_id(run_id))
 
     async def events(self, run_id: str, after: int = 0) -> list[Event]:
         """The run's events with a sequence number above `after`."""
-        return await asyncio.to_thread(self._store.events, run_id, after)
+        return await asyncio.to_thread(self._store.events, await self._run_id(run_id), after)
 
     async def follow(self, run_id: str, after: int = 0) -> AsyncIterator[Event]:
         """The run's events from `after` on, as they are appended, until the run is over.

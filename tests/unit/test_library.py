@@ -176,3 +176,31 @@ def test_a_program_s_runs_take_the_settings_policies_and_their_options_are_check
         "step_timeout_s must be a number of seconds from 0 to 86,400, got 0",
         0,
     ]
+
+
+def test_a_run_s_steps_events_and_usage_take_the_start_of_its_id_and_refuse_an_unknown_one(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    from masterplanner import RunNotFoundError
+
+    async def program() -> list[Any]:
+        service = RunService(Settings(home=tmp_path / "home"))
+        try:
+            run = await service.create(
+                "x", model=_script(write_script), options=RunOptions(auto_approve=True)
+            )
+            await service.execute(run.id)
+            start = run.id[:-2]
+            whole = [await service.steps(run.id), await service.events(run.id), await service.usage(run.id)]
+            by_start = [await service.steps(start), await service.events(start), await service.usage(start)]
+            followed = [event async for event in service.follow(start)]
+            refused = []
+            for read in (service.steps, service.events, service.usage):
+                with pytest.raises(RunNotFoundError) as unknown:
+                    await read("nope-nope")
+                refused.append(str(unknown.value).split(" in ")[0])
+            return [whole == by_start, len(whole[1]) > 3, followed == whole[1], refused]
+        finally:
+            service.close()
+
+    assert asyncio.run(program()) == [True, True, True, ["no run 'nope-nope'"] * 3]
