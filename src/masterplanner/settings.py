@@ -84,6 +84,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path}: not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise SettingsError(
+            f"{path}: not UTF-8 text (byte {exc.start + 1} is not): save it as UTF-8"
+        ) from exc
     except OSError as exc:
         raise SettingsError(f"{path}: cannot read: {exc.strerror}") from exc
 

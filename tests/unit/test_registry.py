@@ -132,10 +132,20 @@ def test_export_import_round_trips_and_a_corrupt_file_imports_nothing(
     corrupt = tmp_path / "corrupt.jsonl"
     corrupt.write_text(lines[0].replace('"one"', '"three"', 1) + "\n" + json.dumps(broken) + "\n")
     with pytest.raises(
-        ConfigError, match=r"corrupt\.jsonl: line 2: role: String should have at least 1 character"
+        ConfigError, match=r"corrupt\.jsonl: line 2: role: must not be empty; nothing was imported"
     ):
         store.import_agents(corrupt)
     assert sorted(agent.id for agent in store.list_agents()) == ["one", "two"]
+    corrupt.write_bytes(b"\xe9\n")
+    with pytest.raises(ConfigError) as latin:
+        store.import_agents(corrupt)
+    assert str(latin.value) == f"{corrupt}: not UTF-8 text (byte 1 is not); nothing was imported"
+    with pytest.raises(ConfigError) as folder:
+        store.export_agents(tmp_path)
+    assert str(folder.value) == f"cannot write {tmp_path}: Is a directory"
+    with pytest.raises(ConfigError) as nowhere:
+        store.import_agents(tmp_path / "missing.jsonl")
+    assert str(nowhere.value) == f"cannot read {tmp_path / 'missing.jsonl'}: No such file or directory"
 
 
 def test_cohorts_and_the_cli(store: RegistryStore) -> None:

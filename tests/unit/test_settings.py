@@ -88,6 +88,10 @@ def test_bad_toml_names_the_file() -> None:
     path = write_toml(Path.cwd(), "model = \n")
     with pytest.raises(SettingsError, match=rf"{path}: not valid TOML"):
         Settings.load()
+    path.write_bytes('model = "café"\n'.encode("latin-1"))
+    with pytest.raises(SettingsError) as latin:
+        Settings.load()
+    assert str(latin.value) == f"{path}: not UTF-8 text (byte 13 is not): save it as UTF-8"
 
 
 def test_ensure_home_creates_it(isolated: Path) -> None:

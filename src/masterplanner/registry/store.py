@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 
 from ..database import Migration, create_engine, migrate, reconnecting_methods, transaction, utc_now
-from ..errors import ConfigError, RunError
+from ..errors import ConfigError, RunError, problem_in_our_words
 from .embedders import TextEmbedder
 from .specs import AgentSpec, AgentStats, Cohort
 
@@ -683,13 +683,24 @@ class RegistryStore:
     def export_agents(self, path: Path) -> int:
         """Write every agent (current version, stats, lessons) as JSON lines; returns how many."""
         agents = self.list_agents()
-        path.write_text("".join(agent.model_dump_json() + "\n" for agent in agents), encoding="utf-8")
+        try:
+            path.write_text("".join(agent.model_dump_json() + "\n" for agent in agents), encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
         return len(agents)
 
     def import_agents(self, path: Path) -> int:
         """Read agents from JSON lines, all or nothing; errors name the line and field."""
         specs = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{path}: not UTF-8 text (byte {exc.start + 1} is not); nothing was imported"
+            ) from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+        for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
@@ -698,7 +709,7 @@ class RegistryStore:
                 error = exc.errors()[0]
                 field = ".".join(str(part) for part in error["loc"]) or "line"
                 raise ConfigError(
-                    f"{path}: line {number}: {field}: {error['msg']}; nothing was imported"
+                    f"{path}: line {number}: {field}: {problem_in_our_words(error)}; nothing was imported"
                 ) from None
         with self._begin("import agents") as connection:
             for spec in specs:
