@@ -230,8 +230,28 @@ def problem_in_our_words(item: Any, *, what: str | None = None) -> str:
         return f"has {(item.get('ctx') or {}).get('actual_length')} items; the limit is {limit}"
     if kind == "value_error":
         return str(item["msg"]).removeprefix("Value error, ")
+    bounds = item.get("ctx") or {}
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        if isinstance(value, float) and value != value:  # NaN passes no comparison
+            return "must be a number, got NaN"
+        sign = {"greater_than": "more than", "greater_than_equal": "at least"}
+        sign |= {"less_than": "less than", "less_than_equal": "at most"}
+        bound = next(iter(bounds.values()), None)
+        if isinstance(bound, int | float):
+            return f"must be {sign[kind]} {_number(bound)}, got {_number(value)}"
     message = str(item["msg"])
     return message[:1].lower() + message[1:]
+
+
+def _number(value: Any) -> str:
+    """A number as a person writes it (`86,400`, `0.5`); text (a query's) as it was written."""
+    if isinstance(value, str):
+        return value if len(value) <= 40 else value[:39] + "…"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 
 def _json_kind(value: Any) -> str:
