@@ -204,15 +204,26 @@ async def test_ids_numbers_and_bodies_past_what_is_taken(
         422,
         ["the body could not be read as JSON in UTF-8 (or it nests too deep)"],
     )
+    relative = await client.post("/runs", json={"task": "x", "workspace": "relative/dir"})
+    assert relative.json()["problems"] == [
+        "body.workspace: must be an absolute path on the server, got 'relative/dir'"
+    ]
     deep = await client.post(
-        "/runs", json={"task": "x", "model": f"scripted:{script}", "workspace": "a/" * 2000}
+        "/runs", json={"task": "x", "model": f"scripted:{script}", "workspace": "/a" * 2000}
     )
-    depth = len(Path.cwd().parts) + 2000
     assert (deep.status_code, deep.json()["error"]) == (
         400,
-        f"workspace path is {depth:,} folders deep; at most 256 are taken",
+        "workspace path is 2,001 folders deep; at most 256 are taken",
     )
     assert len((await client.get("/runs")).json()) == 2
+    # a run that has ended cannot be cancelled: the API's 409, as for a retry
+    ended = ("failed", "succeeded")
+    finished = await _wait_for(client, f"/runs/{first['id']}", lambda found: found["status"] in ended)
+    cancel = await client.post(f"/runs/{first['id']}/cancel")
+    assert (cancel.status_code, cancel.json()) == (
+        409,
+        {"error": f"run {first['id']} already {finished['status']}"},
+    )
 
 
 async def test_answers_that_do_not_fit_the_request_are_refused(

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, field_validator
 
 from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord, RunStatus
-from ..errors import RequestError, RunError, RunNotFoundError
+from ..errors import DatabaseUnavailableError, RequestError, RunError, RunNotFoundError
 from ..plan import MAX_TASK_CHARS
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
@@ -126,8 +126,18 @@ class RunIn(BaseModel):
 
     task: str = Field(min_length=1, max_length=MAX_TASK_CHARS)
     model: str | None = Field(default=None, max_length=2_000, description="Model spec (default: setting).")
-    workspace: str | None = Field(default=None, max_length=4_096, description="Folder on the server.")
+    workspace: str | None = Field(
+        default=None, max_length=4_096, description="Folder on the server, as an absolute path."
+    )
     options: RunOptionsIn = Field(default_factory=lambda: RunOptionsIn.model_validate({}))
+
+    @field_validator("workspace")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        # a relative one would be resolved against wherever the server was started
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"must be an absolute path on the server, got {value[:200]!r}")
+        return value
 
 
 class AnswerIn(BaseModel):
@@ -249,6 +259,20 @@ def event_seq(last_event_id: str | None) -> int:
     return min(int(last_event_id[:20]), MAX_SEQ)
 
 
+@contextlib.contextmanager
+def _conflict() -> Iterator[None]:
+    """A `RunError` raised inside is the API's 409: the run is not in a state that takes this.
+
+    Not when the database is away (503, `app._our_error`).
+    """
+    try:
+        yield
+    except DatabaseUnavailableError:
+        raise
+    except RunError as error:
+        raise HTTPException(409, str(error)) from None
+
+
 async def _run(service: RunService, run_id: str) -> RunRecord:
     """The run, or a 404 naming the id (the store's message names the database, which stays here)."""
     try:
@@ -362,7 +386,8 @@ async def cancel_run(request: Request, run_id: str) -> dict[str, Any]:
     """Ask the run to stop; its running steps stop within moments, wherever they run."""
     service = _service(request)
     record = await _run(service, run_id)
-    return _summary(await service.cancel(record.id, wait_s=2.0, by=answerer_name("web")))
+    with _conflict():  # a run that has ended
+        return _summary(await service.cancel(record.id, wait_s=2.0, by=answerer_name("web")))
 
 
 @router.post("/runs/{run_id}/retry", summary="Retry a failed run from where it failed")
@@ -376,12 +401,10 @@ async def retry_run(request: Request, run_id: str, body: RetryIn | None = None) 
     record = await _run(service, run_id)
     executions: Executions = request.app.state.executions
     budgets = (body or RetryIn()).model_dump()
-    try:
+    with _conflict():
         retried = await service.retry(
             record.id, by=answerer_name("web"), for_workers=executions.for_workers, **budgets
         )
-    except RunError as error:
-        raise HTTPException(409, str(error)) from None
     executions.start(retried.id, again=True)
     return _summary(retried)
 
@@ -393,7 +416,8 @@ async def rate_run(request: Request, run_id: str, body: FeedbackIn) -> dict[str,
     record = await _run(service, run_id)
     if record.status not in FINISHED_RUN_STATUSES:
         raise HTTPException(409, f"run {record.id} is {record.status}: rate it when it has finished")
-    summary = await service.feedback(record.id, rating=body.rating, comment=body.comment)
+    with _conflict():  # a run with no plan or no agents to rate
+        summary = await service.feedback(record.id, rating=body.rating, comment=body.comment)
     return {
         "rated_agents": summary.rated_agents,
         "cohort_rated": summary.cohort_rated,
