@@ -114,6 +114,26 @@ def _check_names_in_decision(request: Request, answer: dict[str, Any]) -> None:
                 raise RequestError(f"request {request.id}: agents.{step_id}.{problem}")
 
 
+def _agent_problem(spec: AgentSpec, settings: Settings) -> str | None:
+    """What an edited agent has that its JSON form allows but a run could not use, or None."""
+    from .engine.catalogs import unknown_policy_tool
+    from .settings import PROVIDERS
+
+    for field in ("name", "role"):
+        text = getattr(spec, field)
+        if not text.strip():
+            return f"{field}: must not be blank"
+        if any(ord(character) < 32 or ord(character) == 127 for character in text):
+            return f"{field}: must be one line of text without control characters"
+    problem = unknown_policy_tool(spec.tools, settings.mcp_servers, field="tools")
+    if problem is not None:
+        return problem
+    provider = spec.model.partition(":")[0]
+    if spec.model and spec.model != "local" and (provider not in PROVIDERS or ":" not in spec.model):
+        return f"model: {spec.model!r} is not a model spec (PROVIDER:NAME, or local; empty: the run's model)"
+    return None
+
+
 @dataclass(frozen=True)
 class FeedbackSummary:
     """What feedback on a run changed."""
@@ -615,6 +635,11 @@ class RegistryService:
                 for error in exc.errors()
             )
             raise ConfigError(f"the edit is not a valid agent, nothing changed: {problems}") from None
+        problem = _agent_problem(spec, self.settings)
+        if problem is not None:
+            raise ConfigError(f"the edit is not a valid agent, nothing changed: {problem}")
+        # where it was made is its history, not something an edit changes
+        spec = spec.model_copy(update={"origin": current.origin})
         return await self._run(lambda: self._store().put_agent(spec))
 
     async def remove_agent(self, agent_id: str) -> None:

@@ -83,7 +83,24 @@ async def test_agents_and_teams_through_the_api(
         bad.json()["error"]
         == "the edit is not a valid agent, nothing changed: system_prompt: must not be empty"
     )
-    assert (await client.get(f"/api/v1/agents/{agent_id}")).json()["version"] == 2  # nothing changed
+    prefix = "the edit is not a valid agent, nothing changed: "
+    for change, problem in (
+        ({"tools": ["nope"]}, "tools names 'nope', which is not a tool; tools are "),
+        (
+            {"model": "bogus"},
+            "model: 'bogus' is not a model spec (PROVIDER:NAME, or local; empty: the run's model)",
+        ),
+        ({"name": "  "}, "name: must not be blank"),
+        ({"role": "a\u0000b"}, "role: must be one line of text without control characters"),
+    ):
+        refused = await client.put(f"/api/v1/agents/{agent_id}", json=agent | change)
+        assert refused.status_code == 400
+        assert refused.json()["error"].startswith(prefix + problem)
+    moved = await client.put(
+        f"/api/v1/agents/{agent_id}", json=agent | {"origin": {"run_id": "x", "step_id": "y"}}
+    )
+    assert moved.json()["origin"] == agent["origin"]  # where it was made stays
+    assert (await client.get(f"/api/v1/agents/{agent_id}")).json()["version"] == 3
 
     assert (await client.get("/api/v1/agents/nobody")).json() == {
         "error": "no agent 'nobody' in the registry"

@@ -54,8 +54,10 @@ class RunCatalog(Catalog):
         )
 
 
-def unknown_policy_tool(policies: Iterable[str], mcp_servers: Iterable[str]) -> str | None:
-    """What is wrong with tool policies naming a tool that does not exist, or None.
+def unknown_policy_tool(
+    policies: Iterable[str], mcp_servers: Iterable[str], *, field: str = "tool_policies"
+) -> str | None:
+    """What is wrong with tool policies (or another `field` of tool names) naming a tool that does not exist.
 
     A typo (`code-execution`) left the tool it meant under its default policy, silently. Any
     built-in or team tool may have a policy, and `<server>_<tool>` for the MCP servers named.
@@ -72,7 +74,7 @@ def unknown_policy_tool(policies: Iterable[str], mcp_servers: Iterable[str]) -> 
         close = get_close_matches(name, known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         return (
-            f"tool_policies names {name!r}, which is not a tool; {hint}tools are "
+            f"{field} names {name!r}, which is not a tool; {hint}tools are "
             f"{', '.join(sorted(known))}, and <server>_<tool> for the MCP servers in mcp_servers"
         )
     return None
