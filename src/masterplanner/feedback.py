@@ -83,8 +83,8 @@ async def give_feedback(
     The lessons come from `model`'s failure analysis when it gives usable ones, otherwise from
     `comment` (see the module's docstring).
     """
-    if not 1 <= rating <= 5:
-        raise ConfigError(f"--rating must be between 1 and 5, got {rating}")
+    if not isinstance(rating, int) or isinstance(rating, bool) or not 1 <= rating <= 5:
+        raise ConfigError(f"the rating must be a whole number from 1 to 5, got {rating!r}")
     result = FeedbackResult()
     # the registry's calls are database work (and may embed): off the event loop
     involved = await asyncio.to_thread(involved_agents, registry, run_id, plan, agents)

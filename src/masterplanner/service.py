@@ -21,12 +21,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 from .audit import AuditEntry, audit_entries
 from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
 from .engine.processes import ProcessRecord
-from .engine.records import FINISHED_RUN_STATUSES, briefs_json
+from .engine.records import FINISHED_RUN_STATUSES, RunStatus, briefs_json
 from .engine.requests import closed_text
 from .engine.reuse import remember_run
 from .engine.runtime import step_queue_name
@@ -112,6 +112,20 @@ def _check_names_in_decision(request: Request, answer: dict[str, Any]) -> None:
             problem = unknown_policy_tool(own, servers)
             if problem is not None:
                 raise RequestError(f"request {request.id}: agents.{step_id}.{problem}")
+
+
+def _check_search(query: object, limit: object) -> None:
+    """`ConfigError` for a search that is not text, or a limit out of 1 to 100."""
+    if not isinstance(query, str):
+        raise ConfigError(f"the search must be text, got {type(query).__name__}")
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
+        raise ConfigError(f"limit must be a whole number from 1 to 100, got {limit!r}")
+
+
+def _check_kind(kind: object) -> None:
+    """`ConfigError` for a memory kind that is not one (it matched nothing)."""
+    if kind is not None and kind not in ("fact", "episode"):
+        raise ConfigError(f"kind must be fact or episode, got {kind!r}")
 
 
 def _agent_problem(spec: AgentSpec, settings: Settings) -> str | None:
@@ -226,7 +240,14 @@ class RunService:
     async def list_runs(
         self, limit: int = 50, *, status: str | None = None, text: str | None = None
     ) -> list[RunRecord]:
-        """Runs, newest first; only those with `status`, and whose task holds `text` (any case)."""
+        """Runs, newest first; only those with `status`, and whose task holds `text` (any case).
+
+        `ConfigError` for a status that is not one (it matched nothing) or a limit out of 1 to 10,000.
+        """
+        if status is not None and status not in get_args(RunStatus):
+            raise ConfigError(f"status must be one of {', '.join(get_args(RunStatus))}, got {status!r}")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise ConfigError(f"limit must be a whole number from 1 to 10,000, got {limit!r}")
         return await asyncio.to_thread(self._store.list_runs, limit, status=status, text=text)
 
     async def steps(self, run_id: str) -> list[StepRecord]:
@@ -234,7 +255,7 @@ class RunService:
         return await asyncio.to_thread(self._store.steps, await self._run_id(run_id))
 
     async def report(self, run_id: str) -> dict[str, Any]:
-        """The JSON report of a run: id, status, task, output, error, workspace, plan, steps, usage."""
+        """The JSON report of a run: run_id, status, task, output, error, plan, steps, usage and more."""
         return await asyncio.to_thread(self._engine.report, run_id)
 
     async def usage(self, run_id: str) -> dict[str, Any]:
@@ -604,7 +625,7 @@ class RegistryService:
         return await self._run(lambda: self._store().list_agents())
 
     async def agent(self, agent_id: str, version: int | None = None) -> AgentSpec:
-        """One agent (its latest version, or `version`); `ConfigError` naming it if there is none."""
+        """One agent (its latest version, or `version`); a `RunError` naming it if there is none."""
         return await self._run(lambda: self._store().get_agent(agent_id, version))
 
     async def versions(self, agent_id: str) -> list[int]:
@@ -613,6 +634,7 @@ class RegistryService:
 
     async def search_agents(self, query: str, limit: int = 5) -> list[tuple[AgentSpec, float]]:
         """Agents matching `query` (text index, with embeddings when configured, and a track-record prior)."""
+        _check_search(query, limit)
         return await self._run(lambda: self._store().search_agents(query, limit))
 
     async def edit_agent(self, agent_id: str, edited: object) -> AgentSpec:
@@ -678,12 +700,15 @@ class RegistryService:
 
     async def memories(self, kind: MemoryKind | None = None) -> list[MemoryItem]:
         """Every memory that has not expired, most recently used first."""
+        _check_kind(kind)
         return await self._run(lambda: self._memory().list(kind))
 
     async def recall(self, query: str, limit: int = 5, kind: MemoryKind | None = None) -> list[MemoryItem]:
         """The memories most like `query`, as an agent's `recall` finds them (this renews them)."""
+        _check_search(query, limit)
+        _check_kind(kind)
         return await self._run(lambda: self._memory().recall(query, limit, kind))
 
     async def forget(self, memory_id: str) -> None:
-        """Forget one memory."""
+        """Forget one memory; a `ToolError` naming it if there is none (as an agent's tool is told)."""
         await self._run(lambda: self._memory().forget(memory_id))

@@ -204,3 +204,46 @@ def test_a_run_s_steps_events_and_usage_take_the_start_of_its_id_and_refuse_an_u
             service.close()
 
     assert asyncio.run(program()) == [True, True, True, ["no run 'nope-nope'"] * 3]
+
+
+def test_a_program_s_bad_arguments_are_errors_that_name_them(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    from masterplanner import ConfigError, RegistryService
+
+    async def program() -> list[str]:
+        settings = Settings(home=tmp_path / "home")
+        service, registry = RunService(settings), RegistryService(settings)
+        refused: list[str] = []
+        try:
+            calls = [
+                lambda: service.create("x", model=""),
+                lambda: service.list_runs(status="bogus"),
+                lambda: service.list_runs(10**20),
+                lambda: registry.memories(kind="bogus"),  # type: ignore[arg-type]
+                lambda: registry.recall("sea", limit=-1),
+            ]
+            for call in calls:
+                with pytest.raises(ConfigError) as error:
+                    await call()
+                refused.append(str(error.value))
+            model = _script(write_script)
+            run = await service.create("x", model=model, options=RunOptions(auto_approve=True))
+            await service.execute(run.id)
+            with pytest.raises(ConfigError) as rating:
+                await service.feedback(run.id, rating=4.5)  # type: ignore[arg-type]
+            refused.append(str(rating.value))
+        finally:
+            service.close()
+            registry.close()
+        return refused
+
+    statuses = "planning, awaiting_approval, running, succeeded, failed, cancelled"
+    assert asyncio.run(program()) == [
+        "model must be a model spec (None: the model setting), got ''",
+        f"status must be one of {statuses}, got 'bogus'",
+        "limit must be a whole number from 1 to 10,000, got 100000000000000000000",
+        "kind must be fact or episode, got 'bogus'",
+        "limit must be a whole number from 1 to 100, got -1",
+        "the rating must be a whole number from 1 to 5, got 4.5",
+    ]

@@ -150,6 +150,8 @@ class Engine:
         it executes it. `by`: who created it (`front end@host:pid`), for the audit log.
         """
         task = validate_task(task)
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            raise ConfigError(f"model must be a model spec (None: the model setting), got {model!r}")
         spec = model or self.settings.model
         try:
             small = uses_clause_plans(resolve_model(spec, self.settings))
