@@ -123,7 +123,7 @@ def _retried(event: Event) -> str:
 
 
 def audit_entries(requests: list[Request], events: list[Event]) -> list[AuditEntry]:
-    """The run's audit log, oldest first: its creation, approvals, answered requests, cancels, retries.
+    """The run's audit log, oldest first: creation, approvals, answered requests, cancels, retries, rating.
 
     A run created before creators were recorded shows `unknown` as its creator.
     """
@@ -151,5 +151,10 @@ def audit_entries(requests: list[Request], events: list[Event]) -> list[AuditEnt
         AuditEntry(at=event.at, by=str(event.data.get("by") or "unknown"), action=_retried(event))
         for event in events
         if event.kind == "run_retried"
+    ]
+    entries += [
+        AuditEntry(at=event.at, by=str(event.data.get("by") or "unknown"), action=f"rated the run {rating}/5")
+        for event in events
+        if event.kind == "run_rated" and (rating := event.data.get("rating")) is not None
     ]
     return sorted(entries, key=lambda entry: entry.at)

@@ -556,9 +556,14 @@ class RunService:
     # ---- feedback
 
     async def feedback(
-        self, run_id: str, *, rating: int, comment: str = "", model: str | None = None
+        self, run_id: str, *, rating: int, comment: str = "", model: str | None = None, by: str | None = None
     ) -> FeedbackSummary:
-        """Rate a finished run: its agents' and team's ratings change; a low rating teaches lessons."""
+        """Rate a finished run: its agents' and team's ratings change; a low rating teaches lessons.
+
+        A run is rated once (a `run_rated` event records it, with `by`, the library's by
+        default): a rating sent again (a client that retried) is a `RunError`, so its agents'
+        ratings are not counted twice.
+        """
         from .feedback import give_feedback
         from .models import resolve_model
         from .registry import open_registry
@@ -566,6 +571,13 @@ class RunService:
         run = await self.get(run_id)
         if run.plan is None:
             raise RunError(f"run {run.id} has no plan yet")
+        rated = [event for event in await self.events(run.id) if event.kind == "run_rated"]
+        if rated:
+            earlier = rated[-1]
+            raise RunError(
+                f"run {run.id} was rated {earlier.data.get('rating')} already (by "
+                f"{earlier.data.get('by', 'someone')} at {earlier.at}): a run is rated once"
+            )
         registry = await asyncio.to_thread(open_registry, self.settings)
         outputs = {step.id: step.output or "" for step in await self.steps(run.id)}
         result = await give_feedback(
@@ -577,6 +589,10 @@ class RunService:
             rating=rating,
             comment=comment,
             model=resolve_model(model or run.model, self.settings),
+        )
+        rater = by or answerer_name("library")
+        await asyncio.to_thread(
+            self._store.append_event, run.id, "run_rated", None, {"rating": rating, "by": rater}
         )
         return FeedbackSummary(result.rated_agents, result.cohort_rated, result.lessons)
 

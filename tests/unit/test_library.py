@@ -233,6 +233,9 @@ def test_a_program_s_bad_arguments_are_errors_that_name_them(
             with pytest.raises(ConfigError) as rating:
                 await service.feedback(run.id, rating=4.5)  # type: ignore[arg-type]
             refused.append(str(rating.value))
+            await service.feedback(run.id, rating=5)
+            (entry,) = [entry for entry in await service.audit(run.id) if entry.action.startswith("rated")]
+            refused.append(f"{entry.action} by {entry.by.split('@')[0]}")
         finally:
             service.close()
             registry.close()
@@ -246,4 +249,5 @@ def test_a_program_s_bad_arguments_are_errors_that_name_them(
         "kind must be fact or episode, got 'bogus'",
         "limit must be a whole number from 1 to 100, got -1",
         "the rating must be a whole number from 1 to 5, got 4.5",
+        "rated the run 5/5 by library",
     ]

@@ -108,6 +108,11 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
     assert rated.status_code == 200, rated.text
     assert set(rated.json()) == {"rated_agents", "cohort_rated", "lessons"} and rated.json()["lessons"] == {}
     assert (await client.post(f"/runs/{run['id']}/feedback", json={"rating": 6})).status_code == 422
+    # a rating sent again (a client that retried) is not counted twice
+    twice = await client.post(f"/runs/{run['id']}/feedback", json={"rating": 4, "comment": "fine"})
+    assert twice.status_code == 409
+    assert twice.json()["error"].startswith(f"run {run['id']} was rated 4 already (by web@")
+    assert twice.json()["error"].endswith("): a run is rated once")
 
     again = await client.post(f"/requests/{review['id']}/answer", json={"approve": False})
     assert again.status_code == 409

@@ -232,12 +232,14 @@ def feedback(
     """
     import asyncio
 
-    from ..service import RunService
+    from ..service import RunService, answerer_name
 
     async def rate() -> Any:
         service = RunService(load_settings())
         try:
-            return await service.feedback(run_id, rating=rating, comment=comment, model=model)
+            return await service.feedback(
+                run_id, rating=rating, comment=comment, model=model, by=answerer_name("cli")
+            )
         finally:
             service.close()
 

@@ -65,6 +65,7 @@ EventKind = Literal[
     "run_cancelled",
     "run_refused",
     "run_retried",
+    "run_rated",
     "cancel_requested",
     "team_stored",
     "team_not_stored",

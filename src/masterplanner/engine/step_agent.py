@@ -893,7 +893,7 @@ class BudgetedModel(WrapperModel):
         """Ask for the text (or program) alone and answer with the `write_file` call that saves it."""
         brief = _brief_inputs(messages)
         count = _one_input(brief) if draft.counted_lines else None
-        if count is not None and count.isdigit() and 0 < int(count) <= MAX_COUNTED_LINES:
+        if count is not None and count.isascii() and count.isdigit() and 0 < int(count) <= MAX_COUNTED_LINES:
             # "a poem with that many lines" given 4: "a poem with 4 lines", held to 4 lines
             asked = _THAT_MANY_LINES.sub(f"{int(count)} lines", draft.request)
             draft, brief = replace(draft, request=asked, lines=int(count)), ""

@@ -567,7 +567,7 @@ def _body_problem(exc: httpx.HTTPError, response: httpx.Response, received: int)
     if "chunked" in response.headers.get("transfer-encoding", "").lower():
         return "the server's chunked body is malformed or ends before its last chunk"
     length = response.headers.get("content-length", "")
-    if length.isdigit():
+    if length.isascii() and length.isdigit():
         return f"the server closed the connection after {received} of the {length} body bytes it announced"
     return None
 

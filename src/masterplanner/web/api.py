@@ -417,7 +417,9 @@ async def rate_run(request: Request, run_id: str, body: FeedbackIn) -> dict[str,
     if record.status not in FINISHED_RUN_STATUSES:
         raise HTTPException(409, f"run {record.id} is {record.status}: rate it when it has finished")
     with _conflict():  # a run with no plan or no agents to rate
-        summary = await service.feedback(record.id, rating=body.rating, comment=body.comment)
+        summary = await service.feedback(
+            record.id, rating=body.rating, comment=body.comment, by=answerer_name("web")
+        )
     return {
         "rated_agents": summary.rated_agents,
         "cohort_rated": summary.cohort_rated,

@@ -225,7 +225,7 @@ class _BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             await _error(413, _TOO_LARGE)(scope, receive, send)
             return
         received = 0

@@ -247,11 +247,13 @@ async def rate(request: Request, run_id: str) -> Response:
     form = await request.form()
     rating, comment = str(form.get("rating", "")), str(form.get("comment", "")).strip()
     context = await _body_context(request, record, None)
-    if not rating.isdigit() or not 1 <= int(rating) <= 5:
+    if not (rating.isascii() and rating.isdigit()) or not 1 <= int(rating) <= 5:
         context["rated"] = {"error": "choose a rating from 1 to 5"}
         return templates.TemplateResponse(request, "_run_body.html", context, status_code=422)
     try:
-        summary = await service.feedback(record.id, rating=int(rating), comment=comment[:4000])
+        summary = await service.feedback(
+            record.id, rating=int(rating), comment=comment[:4000], by=answerer_name("web")
+        )
     except MasterplannerError as error:
         context["rated"] = {"error": str(error)}
         return templates.TemplateResponse(request, "_run_body.html", context, status_code=422)
