@@ -230,6 +230,9 @@ def problem_in_our_words(item: Any, *, what: str | None = None) -> str:
         return f"has {(item.get('ctx') or {}).get('actual_length')} items; the limit is {limit}"
     if kind == "value_error":
         return str(item["msg"]).removeprefix("Value error, ")
+    if kind == "literal_error" and "expected" in (item.get("ctx") or {}):
+        shown = repr(value) if isinstance(value, str) else _json_kind(value)
+        return f"should be {item['ctx']['expected']}, got {shown}"
     bounds = item.get("ctx") or {}
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         if isinstance(value, float) and value != value:  # NaN passes no comparison

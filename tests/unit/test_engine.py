@@ -606,11 +606,14 @@ async def test_a_review_answer_that_does_not_fit_is_refused_naming_the_field(
         assert str(misspelt.value) == (
             f"request {review.id}: the answer does not fit a plan review: agnets: no such field"
         )
-        with pytest.raises(RequestError, match=r"tool_policies\.write_file: Input should be 'auto', 'ask'"):
+        with pytest.raises(
+            RequestError,
+            match=r"tool_policies\.write_file: should be 'auto', 'ask' or 'deny', got 'sometimes'",
+        ):
             await service.answer(
                 review.id, {"action": "approve", "tool_policies": {"write_file": "sometimes"}}, by="test"
             )
-        with pytest.raises(RequestError, match=r"agents\.a\.prompt: Input should be a valid string"):
+        with pytest.raises(RequestError, match=r"agents\.a\.prompt: should be text, got a number"):
             await service.answer(review.id, {"action": "approve", "agents": {"a": {"prompt": 7}}}, by="test")
         # a misspelt tool would have left the tool it meant under its old policy, silently
         with pytest.raises(RequestError) as misnamed:

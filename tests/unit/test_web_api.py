@@ -131,7 +131,7 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
         ),
         (
             {"task": "x", "options": {"tool_policies": {"code_execution": "maybe"}}},
-            ["body.options.tool_policies.code_execution: input should be 'auto', 'ask' or 'deny'"],
+            ["body.options.tool_policies.code_execution: should be 'auto', 'ask' or 'deny', got 'maybe'"],
         ),
         ({"task": 5}, ["body.task: should be text, got a number"]),
         ({"task": "x" * 20_001}, ["body.task: is 20,001 characters; the limit is 20,000"]),

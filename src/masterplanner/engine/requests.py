@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
-from ..errors import RequestClosedError, RequestError
+from ..errors import RequestClosedError, RequestError, problem_in_our_words
 from .records import AgentBrief, utc_now
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ def _problems(error: ValidationError) -> str:
     """A validation error's problems in our words: where, and what is wrong there."""
     return "; ".join(
         f"{'.'.join(str(part) for part in problem['loc'])}: "
-        + ("no such field" if problem["type"] == "extra_forbidden" else problem["msg"])
+        + ("no such field" if problem["type"] == "extra_forbidden" else problem_in_our_words(problem))
         for problem in error.errors()
     )
 
@@ -183,7 +183,8 @@ def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
     - `ask_user`: `{"text": str}`.
     """
     if not isinstance(answer, dict):
-        raise RequestError(f"request {request.id}: an answer is an object, got {type(answer).__name__}")
+        got = "null" if answer is None else type(answer).__name__
+        raise RequestError(f"request {request.id}: an answer is an object, got {got}")
     reason = answer.get("reason")
     if reason is not None and (not isinstance(reason, str) or len(reason) > _MAX_TEXT):
         raise RequestError(f"request {request.id}: the reason must be text of at most {_MAX_TEXT} characters")
