@@ -222,6 +222,9 @@ async def test_a_failed_run_is_retried_from_its_page(
     assert "Model calls for the whole run (now 13; used 13)" in body
     assert "Tokens for the whole run (now 2000000; used " in body
     assert (await client.get(f"/runs/{run_id}/body?failed=1")).status_code == 204  # still failed
+    # a second tab's cancel of a run that ended meanwhile shows the run as it is now
+    late = await client.post(f"/runs/{run_id}/cancel", headers={"HX-Request": "true"})
+    assert late.status_code == 200 and 'class="status status-failed"' in late.text
 
     headers = {"HX-Request": "true"}
     spent = await client.post(f"/runs/{run_id}/retry", data={"max_tokens": "5000000"}, headers=headers)

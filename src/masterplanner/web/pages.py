@@ -22,7 +22,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from markupsafe import Markup
 
 from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord
-from ..errors import MasterplannerError, PlanError
+from ..errors import MasterplannerError, PlanError, RunError
 from ..estimate import estimate_run
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
@@ -268,11 +268,15 @@ async def rate(request: Request, run_id: str) -> Response:
 
 @router.post("/runs/{run_id}/cancel", response_class=HTMLResponse)
 async def cancel(request: Request, run_id: str) -> Response:
-    """Cancel the run; the body shows it stopping."""
+    """Cancel the run; the body shows it stopping, or as it is now when it ended meanwhile."""
     service = _service(request)
-    record = await service.cancel(
-        (await existing_run(request, run_id)).id, wait_s=2.0, by=answerer_name("web")
-    )
+    found = await existing_run(request, run_id)
+    try:
+        record = await service.cancel(found.id, wait_s=2.0, by=answerer_name("web"))
+    except RunError:
+        record = await service.get(found.id)
+        if not record.finished:
+            raise
     return templates.TemplateResponse(request, "_run_body.html", await _body_context(request, record, None))
 
 
