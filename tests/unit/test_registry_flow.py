@@ -408,10 +408,17 @@ def test_the_comment_teaches_only_the_steps_it_names(
     )
     lesson = 'A person rated an earlier run 2/5 and said: "The report writer left out the totals"'
     assert json.loads(named.stdout)["lessons"] == {f"{run_id}.report": [lesson]}
-    unnamed = _mp("feedback", run_id, "--rating", "1", "--comment", "Useless", "--json")
+    again = _mp("feedback", run_id, "--rating", "1", "--comment", "Useless")
+    assert again.returncode == 1  # a run is rated once: its agents' ratings are not counted twice
+    assert again.stderr.startswith(f"error: run {run_id} was rated 2 already (by cli@")
+    # each later rating is of a run of its own (it may reuse the first run's agents)
+    second = _rated_run(write_script, steps, {"output": {"lessons": []}})
+    unnamed = json.loads(_mp("feedback", second, "--rating", "1", "--comment", "Useless", "--json").stdout)
     lesson = 'A person rated an earlier run 1/5 and said: "Useless"'
-    assert json.loads(unnamed.stdout)["lessons"] == {f"{run_id}.load": [lesson], f"{run_id}.report": [lesson]}
-    assert json.loads(_mp("feedback", run_id, "--rating", "1", "--json").stdout)["lessons"] == {}
+    assert len(unnamed["rated_agents"]) == 2
+    assert unnamed["lessons"] == {agent: [lesson] for agent in unnamed["rated_agents"]}
+    third = _rated_run(write_script, steps, {"output": {"lessons": []}})
+    assert json.loads(_mp("feedback", third, "--rating", "1", "--json").stdout)["lessons"] == {}
 
 
 async def test_a_small_models_next_task_carries_nothing_of_the_one_before(
