@@ -177,3 +177,15 @@ def test_cli_doctor_passes() -> None:
     for name in ("embedded model file", "llama.cpp loads the model", "llama.cpp answers", "database"):
         assert checks[name]["ok"], checks[name]
     assert {check["required"] for name, check in checks.items() if name.startswith("sandbox")} == {False}
+
+
+def test_a_request_past_the_context_window_is_told_so_in_our_words() -> None:
+    from masterplanner import ModelError, chat
+
+    with pytest.raises(ModelError) as refused:
+        chat("sea " * 12_000, model="local")
+    assert str(refused.value).endswith(
+        "more than its context window of 8,192 (setting local_context_tokens): give it a shorter task "
+        "or inputs, or a model with a larger window"
+    )
+    assert "Requested tokens" not in str(refused.value)

@@ -13,6 +13,7 @@ import atexit
 import importlib.util
 import json
 import os
+import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -136,7 +137,7 @@ class LlamaRuntime:
                     stopping_criteria=criteria,
                 )
             except ValueError as exc:  # llama-cpp-python reports context overflow this way
-                raise ModelError(f"local model {self.path.name}: {exc}") from exc
+                raise ModelError(f"local model {self.path.name}: {_in_our_words(exc)}") from exc
         if flag.is_set():
             raise ModelError("generation cancelled")
         choice = result["choices"][0]
@@ -199,7 +200,27 @@ class LlamaRuntime:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
             cancelled.set()
+            # nobody awaits the stopped generation now: its "generation cancelled" is expected, and
+            # unretrieved it was printed with a traceback as the loop closed (Ctrl-C of `run`)
+            future.add_done_callback(_retrieved)
             raise
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _in_our_words(error: ValueError) -> str:
+    """llama-cpp-python's complaint, in our words when it is the context window's."""
+    found = re.match(r"Requested tokens \((\d+)\) exceed context window of (\d+)", str(error))
+    if found is None:
+        return str(error)
+    asked, window = int(found.group(1)), int(found.group(2))
+    return (
+        f"the request is {asked:,} tokens, more than its context window of {window:,} "
+        "(setting local_context_tokens): give it a shorter task or inputs, or a model with a larger window"
+    )
 
 
 _loaded: dict[tuple[str, int, int], LlamaRuntime] = {}
