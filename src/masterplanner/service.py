@@ -364,11 +364,12 @@ class RunService:
     async def waiting(self, record: RunRecord) -> str | None:
         """Why a run queued for workers is not being executed, when no running worker can take it.
 
-        None when the run is not queued for workers, is over, is held by a process, or a live
+        None when the run is over, is held by a process, or is queued for workers and a live
         worker takes runs of its provider and has not refused this one (it claims the run within
-        moments). A run whose cancel was asked and is not over yet says who asked and what it
-        waits for (before, `runs show` said nothing of a cancel asked while the run's worker was
-        dead).
+        moments). A run not queued for workers that no process holds was stopped (Ctrl-C, a
+        crash): it says how to resume it. A run whose cancel was asked and is not over yet says
+        who asked and what it waits for (before, `runs show` said nothing of a cancel asked
+        while the run's worker was dead).
         """
         if record.finished:
             return None
@@ -392,8 +393,14 @@ class RunService:
                 f"a cancel was asked ({who}): the run is cancelled when the next process takes it "
                 "(a worker, `masterplanner runs resume`, or `masterplanner runs cancel` again)"
             )
-        if not record.for_workers or (lease is not None and lease.left_s > 0):
+        if lease is not None and lease.left_s > 0:
             return None
+        if not record.for_workers:
+            # the process that executed it stopped (Ctrl-C, a crash) and nothing else will take it
+            return (
+                f"no process is executing it (the one that did stopped): continue it with "
+                f"`masterplanner runs resume {record.id}`"
+            )
         workers = [process for process in await self.processes() if process.kind == "worker"]
         provider = provider_of(record.model)
         if not workers:

@@ -189,6 +189,8 @@ def test_a_run_s_steps_events_and_usage_take_the_start_of_its_id_and_refuse_an_u
             run = await service.create(
                 "x", model=_script(write_script), options=RunOptions(auto_approve=True)
             )
+            # created and never executed (or its process stopped): it says how to go on
+            stopped = await service.waiting(run)
             await service.execute(run.id)
             start = run.id[:-2]
             whole = [await service.steps(run.id), await service.events(run.id), await service.usage(run.id)]
@@ -199,11 +201,13 @@ def test_a_run_s_steps_events_and_usage_take_the_start_of_its_id_and_refuse_an_u
                 with pytest.raises(RunNotFoundError) as unknown:
                     await read("nope-nope")
                 refused.append(str(unknown.value).split(" in ")[0])
-            return [whole == by_start, len(whole[1]) > 3, followed == whole[1], refused]
+            resume = f"continue it with `masterplanner runs resume {run.id}`"
+            told = stopped == f"no process is executing it (the one that did stopped): {resume}"
+            return [whole == by_start, len(whole[1]) > 3, followed == whole[1], refused, told]
         finally:
             service.close()
 
-    assert asyncio.run(program()) == [True, True, True, ["no run 'nope-nope'"] * 3]
+    assert asyncio.run(program()) == [True, True, True, ["no run 'nope-nope'"] * 3, True]
 
 
 def test_a_program_s_bad_arguments_are_errors_that_name_them(
