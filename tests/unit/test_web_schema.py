@@ -15,7 +15,7 @@ from _serve import serving
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
     """A real `masterplanner serve` with a home of its own; its runs use a scripted model."""
     folder = tmp_path_factory.mktemp("schema")
     script = folder / "script.json"
@@ -24,11 +24,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     env |= {"MASTERPLANNER_HOME": str(folder / "home"), "MASTERPLANNER_MODEL": f"scripted:{script}"}
     env["MASTERPLANNER_EMBEDDER"] = "none"  # agent search by text alone: no model to load per query
     with serving(folder / "serve.log", env=env, cwd=folder) as url:
-        yield url, f"scripted:{script}"
+        yield url, f"scripted:{script}", str(folder / "workspace")
 
 
 @pytest.fixture
-def api_schema(served: tuple[str, str]) -> Any:
+def api_schema(served: tuple[str, str, str]) -> Any:
     return schemathesis.openapi.from_url(f"{served[0]}/openapi.json")
 
 
@@ -37,12 +37,17 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-def test_the_api_keeps_to_its_schema(case: Any, served: tuple[str, str]) -> None:
+def test_the_api_keeps_to_its_schema(case: Any, served: tuple[str, str, str]) -> None:
     if case.path == "/api/v1/runs" and case.method.upper() == "POST" and isinstance(case.body, dict):
         # Runs start for real: keep them in the server's own home, on its scripted model. A field
         # that is valid is replaced by another valid value, so a case meant to be invalid stays so.
-        for field, safe, longest in (("workspace", "workspace", 4_096), ("model", served[1], 2_000)):
+        for field, safe, longest, start in (
+            ("workspace", served[2], 4_096, "/"),
+            ("model", served[1], 2_000, ""),
+        ):
             value = case.body.get(field)
-            if value is None or (isinstance(value, str) and len(value) <= longest):
+            if value is None or (
+                isinstance(value, str) and len(value) <= longest and value.startswith(start)
+            ):
                 case.body[field] = safe
     case.call_and_validate(base_url=served[0], timeout=20)

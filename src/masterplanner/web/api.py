@@ -127,7 +127,11 @@ class RunIn(BaseModel):
     task: str = Field(min_length=1, max_length=MAX_TASK_CHARS)
     model: str | None = Field(default=None, max_length=2_000, description="Model spec (default: setting).")
     workspace: str | None = Field(
-        default=None, max_length=4_096, description="Folder on the server, as an absolute path."
+        default=None,
+        max_length=4_096,
+        description="Folder on the server, as an absolute path.",
+        # stated in the schema; checked by `_absolute`, in our words
+        json_schema_extra={"pattern": "^/"},
     )
     options: RunOptionsIn = Field(default_factory=lambda: RunOptionsIn.model_validate({}))
 
