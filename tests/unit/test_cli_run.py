@@ -435,3 +435,12 @@ def test_a_cancel_that_cannot_take_effect_yet_says_what_it_waits_for(
     ), lines
     shown = mp("runs", "show", run.id)
     assert lines[1].split("): ")[0] + "): worker@elsewhere:7, which executes the run" in shown.stdout
+
+
+def test_run_ids_are_listed_whole_in_a_narrow_terminal(write_script: Callable[..., Path]) -> None:
+    script = write_script([{"purpose": "*", "repeat": True}])
+    created = mp("run", "a task " * 10, "--model", f"scripted:{script}", "--yes", "--detach")
+    run_id = created.stdout.strip()
+    listed = mp("runs", "list", env={"COLUMNS": "50"})
+    assert listed.returncode == 0, listed.stderr
+    assert run_id in listed.stdout  # whole, to be copied into `runs show` or `runs resume`

@@ -63,13 +63,13 @@ def _row(agent: AgentSpec) -> dict[str, object]:
 @agents_app.command("list")
 def agents_list(as_json: JsonFlag = False) -> None:
     """Every agent, most recently updated first."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
     agents = _registry(lambda service: service.agents())
     if as_json:
         typer.echo(json_text([_row(agent) for agent in agents]))
         return
-    table = Table("id", "name", "role", "version", "uses", "success", "rating")
+    table = Table(Column("id", overflow="fold"), "name", "role", "version", "uses", "success", "rating")
     for agent in agents:
         rate, rating = agent.stats.success_rate, agent.stats.mean_rating
         table.add_row(

@@ -349,7 +349,7 @@ def runs_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List runs with their status (reads only; never resumes or executes anything)."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
     records = _call(_service(load_settings()), lambda service: service.list_runs(limit))
     if as_json:
@@ -359,7 +359,10 @@ def runs_list(
         ]
         typer.echo(json_text(rows))
         return
-    table = Table("run", "status", "created", "task")
+    # ids whole, never cut with "…": they are what `runs show` and `runs resume` take
+    table = Table(Column("run", no_wrap=True, min_width=max((len(r.id) for r in records), default=3)))
+    for heading in ("status", "created", "task"):
+        table.add_column(heading)
     for record in records:
         task = record.task if len(record.task) <= 60 else record.task[:59] + "…"
         created = record.created_at[:19].replace("T", " ")
@@ -376,7 +379,7 @@ def runs_show(
     ] = False,
 ) -> None:
     """Show a run (reads only; never resumes or executes anything)."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
     async def read(service: RunService) -> tuple[dict[str, Any], list[Any], str | None]:
         report = await service.report(run_id)
@@ -415,7 +418,7 @@ def runs_show(
         for line in timeline_lines(report["steps"], processes, width=out.width, now=time.time()):
             out.print(line, highlight=False, soft_wrap=True)
         return
-    table = Table("step", "status", "attempts", "started", "finished", "error")
+    table = Table(Column("step", overflow="fold"), "status", "attempts", "started", "finished", "error")
 
     def add(steps: list[dict[str, Any]], depth: int) -> None:
         for step in steps:
@@ -483,7 +486,7 @@ def runs_pending(
     Any process may answer them with `masterplanner runs answer REQUEST`; the run waiting on
     one goes on in whichever process runs it.
     """
-    from rich.table import Table
+    from rich.table import Column, Table
 
     requests = _call(_service(load_settings()), lambda service: service.pending(run_id))
     if as_json:
@@ -492,7 +495,9 @@ def runs_pending(
     if not requests:
         console(stderr=True).print("no open requests", highlight=False)
         return
-    table = Table("request", "run", "kind", "asks", "answer with")
+    table = Table(
+        Column("request", no_wrap=True), Column("run", overflow="fold"), "kind", "asks", "answer with"
+    )
     for request in requests:
         table.add_row(
             shown(request.id),
