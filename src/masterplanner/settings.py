@@ -441,6 +441,12 @@ class Settings(BaseSettings):
                     f"workspace {folder} holds masterplanner's home {home}; steps could change its "
                     "settings, agents and runs there. Choose a folder outside it"
                 )
+            shared = home / "workspaces"  # where each run's own workspace is made
+            if folder == shared or (home in folder.parents and shared not in folder.parents):
+                raise SettingsError(
+                    f"workspace {folder} is inside masterplanner's home {home}, among its own data or "
+                    f"the runs' workspaces; steps could change them there. Choose a folder outside it"
+                )
         for home in homes:
             try:
                 home.mkdir(parents=True, exist_ok=True)

@@ -444,3 +444,26 @@ def test_run_ids_are_listed_whole_in_a_narrow_terminal(write_script: Callable[..
     listed = mp("runs", "list", env={"COLUMNS": "50"})
     assert listed.returncode == 0, listed.stderr
     assert run_id in listed.stdout  # whole, to be copied into `runs show` or `runs resume`
+
+
+def test_a_workspace_that_does_not_exist_is_made_and_said_or_refused(
+    write_script: Callable[..., Path], tmp_path: Path, isolated: Path
+) -> None:
+    script = write_script([{"purpose": "*", "repeat": True}])
+    model = ("--model", f"scripted:{script}", "--detach")
+    made = mp("run", "x", *model, "--workspace", str(tmp_path / "typo"))
+    assert made.returncode == 0, made.stderr
+    assert f"workspace {tmp_path / 'typo'} did not exist: made it, empty" in made.stderr
+    nowhere = mp("run", "x", *model, "--workspace", str(tmp_path / "no" / "such"))
+    missing, parent = tmp_path / "no" / "such", tmp_path / "no"
+    assert (nowhere.returncode, nowhere.stderr.strip()) == (
+        2,
+        f"error: --workspace {missing}: no such folder, nor {parent} to make it in; check the path",
+    )
+    assert not (tmp_path / "no").exists()
+    # the folder where every run's own workspace is made holds other runs' files
+    shared = mp("run", "x", *model, "--workspace", str(isolated / "workspaces"))
+    assert shared.returncode == 2
+    assert shared.stderr.startswith(
+        f"error: workspace {isolated / 'workspaces'} is inside masterplanner's home"
+    )

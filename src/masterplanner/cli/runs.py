@@ -142,6 +142,15 @@ def run(
         raise ConfigError(f"--max-replans must be between 0 and 10, got {max_replans}")
     from ..service import answerer_name
 
+    made = None
+    if workspace is not None and not workspace.expanduser().exists():
+        # a typo makes a new empty folder the steps then work in, finding none of the files meant
+        parent = workspace.expanduser().absolute().parent
+        if not parent.is_dir():
+            raise ConfigError(
+                f"--workspace {workspace}: no such folder, nor {parent} to make it in; check the path"
+            )
+        made = workspace
     settings = load_settings(model=model)
     service = _service(settings)
     options = RunOptions(
@@ -168,6 +177,10 @@ def run(
                 by=answerer_name("cli"),
             )
         )
+        if made is not None:
+            console(stderr=True).print(
+                f"workspace {shown(record.workspace)} did not exist: made it, empty", highlight=False
+            )
     except BaseException:
         service.close()
         raise
