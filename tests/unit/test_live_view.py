@@ -383,3 +383,19 @@ def test_ctrl_c_leaves_the_tree_where_the_run_stopped(write_script: Callable[...
         r"run (\S+) stopped; to go on from where it stopped: masterplanner runs resume \1", last[-2]
     )
     assert last[-1] == "interrupted"
+
+
+def test_ctrl_c_at_the_review_question_leaves_the_cursor_shown(write_script: Callable[..., Path]) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [_step("a", "do a", [])]}},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    child = _spawn("run", "something", "--model", f"scripted:{script}", "--rounds", "0")
+    child.expect_exact("[a/r/e]")
+    child.sendintr()
+    raw, status = _finish(child)
+    assert status == 130
+    # the last word on the cursor shows it (a spinner beside the question had hidden it)
+    assert raw.rfind("\x1b[?25h") > raw.rfind("\x1b[?25l")

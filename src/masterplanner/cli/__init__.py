@@ -50,10 +50,14 @@ def _interrupted(by_sigterm: bool) -> NoReturn:
     """Say the command was stopped (Ctrl-C, or SIGTERM) and exit with the shell's code for it."""
     from .app import console
 
+    err = console(stderr=True)
+    # a spinner stopped by the interrupt (the one beside a question, say) may have left the
+    # terminal's cursor hidden
+    err.show_cursor(True)
     if by_sigterm:
-        console(stderr=True).print("[bold red]terminated[/] (SIGTERM)")
+        err.print("[bold red]terminated[/] (SIGTERM)")
         sys.exit(128 + signal.SIGTERM)
-    console(stderr=True).print("[bold red]interrupted[/]")
+    err.print("[bold red]interrupted[/]")
     sys.exit(128 + signal.SIGINT)
 
 
