@@ -327,6 +327,23 @@ class Settings(BaseSettings):
         600.0, gt=0, le=86_400, description="seconds a model server has to answer one request"
     )
 
+    @field_validator("embedder")
+    @classmethod
+    def _embedder_form(cls, spec: str) -> str:
+        """One of the forms the registry can embed with (its model is loaded when first needed).
+
+        A word that is none of them failed each run at its end instead, and `doctor` said nothing.
+        """
+        spec = spec.strip()
+        if spec in ("smollm2", "none", "local"):
+            return spec
+        head, colon, rest = spec.partition(":")
+        if not colon or not head or not rest.strip():
+            raise ValueError(
+                f"expected smollm2, none, local, sentence-transformers:NAME or PROVIDER:MODEL, got {spec!r}"
+            )
+        return spec
+
     @field_validator("http_allowed_domains")
     @classmethod
     def _host_names(cls, domains: list[str]) -> list[str]:

@@ -139,3 +139,17 @@ def test_provider_limits_name_a_known_provider(isolated: Path) -> None:
         Settings.load()
     message = str(caught.value)
     assert "no provider 'opneai'; providers are anthropic, local, ollama, openai, scripted" in message
+
+
+def test_an_embedder_that_is_no_form_of_one_is_refused_when_the_settings_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MASTERPLANNER_EMBEDDER", "bogus")
+    with pytest.raises(SettingsError) as refused:
+        Settings.load()
+    assert str(refused.value) == (
+        "invalid settings: setting 'embedder' (from MASTERPLANNER_EMBEDDER): expected smollm2, none, "
+        "local, sentence-transformers:NAME or PROVIDER:MODEL, got 'bogus'"
+    )
+    monkeypatch.setenv("MASTERPLANNER_EMBEDDER", "openai:text-embedding-3-small")
+    assert Settings.load().embedder == "openai:text-embedding-3-small"
