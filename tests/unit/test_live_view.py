@@ -375,7 +375,8 @@ def test_ctrl_c_leaves_the_tree_where_the_run_stopped(write_script: Callable[...
     raw, status = _finish(child)
     assert status == 130
     assert "\x1b[?25h" in raw  # the cursor is shown again
-    last = _plain(raw.split("\x1b[?25h")[-1]).strip().splitlines()
+    # what follows the live view's end (it shows the cursor; the exit shows it once more)
+    last = _plain("".join(raw.split("\x1b[?25h")[-2:])).strip().splitlines()
     assert re.fullmatch(r"■ run \S+ · interrupted · \d+\.\d s · \d+ model calls · \$0\.00", last[-4])
     assert re.fullmatch(r"└── . long running\s+\d+\.\d s  take long", last[-3])
     # then how to go on, and that the command was stopped
