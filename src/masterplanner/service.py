@@ -124,8 +124,10 @@ def _check_search(query: object, limit: object) -> None:
 
 def _check_kind(kind: object) -> None:
     """`ConfigError` for a memory kind that is not one (it matched nothing)."""
-    if kind is not None and kind not in ("fact", "episode"):
-        raise ConfigError(f"kind must be fact or episode, got {kind!r}")
+    from .registry.memory import MemoryKind
+
+    if kind is not None and kind not in get_args(MemoryKind):
+        raise ConfigError(f"kind must be {' or '.join(get_args(MemoryKind))}, got {kind!r}")
 
 
 def _agent_problem(spec: AgentSpec, settings: Settings) -> str | None:
