@@ -222,6 +222,17 @@ async def test_a_failed_run_is_retried_from_its_page(
     assert "Model calls for the whole run (now 13; used 13)" in body
     assert "Tokens for the whole run (now 2000000; used " in body
     assert (await client.get(f"/runs/{run_id}/body?failed=1")).status_code == 204  # still failed
+    # the page's live stream starts after the events it was rendered with: a failed run's has no
+    # change to send, none that would refetch the body and close a retry form the person opened
+    page = (await client.get(f"/runs/{run_id}")).text
+    connect = re.search(rf'sse-connect="/runs/{run_id}/changes\?after=(\d+)"', page)
+    assert connect is not None
+    last = (await client.get(f"/api/v1/runs/{run_id}/events")).json()[-1]["seq"]
+    assert int(connect[1]) == last
+    nothing_new = (await client.get(f"/runs/{run_id}/changes?after={last}")).text
+    assert "event: change" not in nothing_new and "event: over" in nothing_new
+    earlier = (await client.get(f"/runs/{run_id}/changes?after={last - 1}")).text
+    assert earlier.count("event: change") == 1 and f"id: {last}" in earlier
     # a second tab's cancel of a run that ended meanwhile shows the run as it is now
     late = await client.post(f"/runs/{run_id}/cancel", headers={"HX-Request": "true"})
     assert late.status_code == 200 and 'class="status status-failed"' in late.text

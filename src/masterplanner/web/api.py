@@ -257,7 +257,10 @@ MAX_SEQ = 2**53 - 1
 
 
 def event_seq(last_event_id: str | None) -> int:
-    """The seq a reconnecting EventSource's `Last-Event-ID` names; 0 for one that names none."""
+    """The seq a client names as text (an EventSource's `Last-Event-ID`, a run page's `?after=`).
+
+    0 for text that names none.
+    """
     if not last_event_id or not last_event_id.isascii() or not last_event_id.isdigit():
         return 0
     return min(int(last_event_id[:20]), MAX_SEQ)

@@ -195,10 +195,13 @@ async def run_changes(
 ) -> AsyncIterator[ServerSentEvent]:
     """A `change` event whenever the run has new events, then `over` when it has ended.
 
-    The stream also ends, with no `over`, when the server stops (`RunService.stop_following`).
+    `?after=SEQ`: the events the page was rendered with, which need no refetch (a reconnecting
+    browser's `Last-Event-ID` goes further). The stream also ends, with no `over`, when the server
+    stops (`RunService.stop_following`).
     """
     service = _service(request)
-    after = event_seq(request.headers.get("last-event-id"))
+    rendered = event_seq(request.query_params.get("after"))
+    after = max(rendered, event_seq(request.headers.get("last-event-id")))
     async for event in service.follow(record.id, after):
         yield ServerSentEvent(data=event.kind, event="change", id=str(event.seq))
     if service.following:  # not when the server stops: the page reconnects to the next one
@@ -463,6 +466,7 @@ async def _body_context(
         | _as_edited(edited)
         | {
             "events": events[-200:],
+            "last_seq": events[-1].seq if events else 0,
             "files": await asyncio.to_thread(_files, record.workspace),
             "problem": problem,
             "step_problems": step_problems,
