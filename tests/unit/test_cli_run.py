@@ -309,6 +309,12 @@ def test_unknown_run_and_bad_options_are_clear_errors() -> None:
     bad = mp("run", "x", "--model", "scripted:/nonexistent.json", "--max-parallel", "0")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: --max-parallel must be between 1 and 64, got 0"
+    for value in ("nan", "100000"):  # not a duration, or more than a day: named by its flag
+        slow = mp("run", "x", "--model", "scripted:/nonexistent.json", "--step-timeout", value)
+        assert slow.returncode == 2
+        assert slow.stderr.strip() == (
+            f"error: --step-timeout must be more than 0 and at most 86,400 seconds, got {float(value):g}"
+        )
 
 
 def _fake_editor(tmp_path: Path, body: str) -> str:

@@ -133,8 +133,13 @@ async def test_a_bad_task_is_shown_on_the_form_and_nothing_is_stored(client: htt
     refused = await client.post("/new", data={"task": "   ", "model": "scripted:/nowhere.json"})
     assert refused.status_code == 422
     assert "invalid task: the task is empty" in refused.text
-    bad = await client.post("/new", data={"task": "t", "max_parallel": "99"})
+    typed = {"task": "t", "max_parallel": "99", "max_replans": "3", "team": "off", "check_outputs": "on"}
+    bad = await client.post("/new", data=typed)
     assert bad.status_code == 422 and "max parallel must be a whole number from 1 to 64" in bad.text
+    # the form comes back as the person left it, its options open
+    assert "<details open>" in bad.text and 'value="99"' in bad.text and 'value="3"' in bad.text
+    assert '<option value="off" selected>' in bad.text and 'name="check_outputs" checked' in bad.text
+    assert "Steps running at once (1-64)" in bad.text and "Replans of failed steps (0-10)" in bad.text
     assert (await client.get("/api/v1/runs")).json() == []
 
 

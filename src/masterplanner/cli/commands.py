@@ -128,6 +128,7 @@ def plan(
     from ..errors import ConfigError
     from ..models import resolve_model
     from ..planner import plan as make_plan
+    from ..prompting import MAX_ROUNDS
     from ..tools import builtin_catalog
     from ..usage import UsageLedger
 
@@ -138,8 +139,8 @@ def plan(
             catalog = catalog.subset(name.strip() for name in tools.split(",") if name.strip())
         except KeyError as exc:
             raise ConfigError(f"--tools: {exc.args[0]}; available: {', '.join(catalog.names)}") from None
-    if not 0 <= rounds <= 5:
-        raise ConfigError(f"--rounds must be between 0 and 5, got {rounds}")
+    if not 0 <= rounds <= MAX_ROUNDS:
+        raise ConfigError(f"--rounds must be between 0 and {MAX_ROUNDS}, got {rounds}")
     chosen = resolve_model(settings.model, settings)
     ledger = UsageLedger()
 

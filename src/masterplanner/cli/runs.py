@@ -131,15 +131,9 @@ def run(
     from ..errors import ConfigError
     from ..service import RunOptions
 
-    if not 1 <= max_parallel <= 64:
-        raise ConfigError(f"--max-parallel must be between 1 and 64, got {max_parallel}")
-    if not 0 <= rounds <= 5:
-        raise ConfigError(f"--rounds must be between 0 and 5, got {rounds}")
-    if step_timeout <= 0:
-        raise ConfigError(f"--step-timeout must be positive, got {step_timeout:g}")
+    _check_options(max_parallel=max_parallel, prompt_rounds=rounds, max_replans=max_replans)
+    _check_seconds(step_timeout_s=step_timeout)
     _check_budgets(max_calls, max_tokens, max_seconds, max_cost)
-    if not 0 <= max_replans <= 10:
-        raise ConfigError(f"--max-replans must be between 0 and 10, got {max_replans}")
     from ..service import answerer_name
 
     made = None
@@ -193,6 +187,39 @@ def run(
         soft_wrap=True,
     )
     _execute(service, record.id, as_json=as_json)
+
+
+_OPTION_FLAGS = {
+    "max_parallel": "--max-parallel",
+    "prompt_rounds": "--rounds",
+    "max_replans": "--max-replans",
+    "step_timeout_s": "--step-timeout",
+}
+"""The flag of `run` that sets each of these options (a `RunOptions` field)."""
+
+
+def _check_options(**values: int) -> None:
+    """Refuse a whole-number option flag out of its range (`WHOLE_OPTION_LIMITS`), naming the flag."""
+    from ..engine.records import WHOLE_OPTION_LIMITS
+    from ..errors import ConfigError
+
+    for key, value in values.items():
+        low, high = WHOLE_OPTION_LIMITS[key]
+        if not low <= value <= high:
+            raise ConfigError(f"{_OPTION_FLAGS[key]} must be between {low} and {high}, got {value}")
+
+
+def _check_seconds(**values: float) -> None:
+    """Refuse a duration flag that is not more than 0 or is past its limit (`SECONDS_OPTION_LIMITS`)."""
+    from ..engine.records import SECONDS_OPTION_LIMITS
+    from ..errors import ConfigError
+
+    for key, value in values.items():
+        most = SECONDS_OPTION_LIMITS[key]
+        if not 0 < value <= most:  # NaN too
+            raise ConfigError(
+                f"{_OPTION_FLAGS[key]} must be more than 0 and at most {most:,g} seconds, got {value:g}"
+            )
 
 
 def _check_budgets(calls: int | None, tokens: int | None, seconds: float | None, cost: float | None) -> None:

@@ -10,11 +10,14 @@ from pydantic import BaseModel, ConfigDict
 
 from ..database import utc_now
 from ..plan import Plan
+from ..prompting import MAX_ROUNDS
 
 __all__ = [
     "BUDGET_LIMITS",
     "EVENT_KINDS",
     "FINISHED_RUN_STATUSES",
+    "SECONDS_OPTION_LIMITS",
+    "WHOLE_OPTION_LIMITS",
     "AgentBrief",
     "Event",
     "EventKind",
@@ -113,9 +116,9 @@ BUDGET_LIMITS: dict[str, float] = {
 """The largest budget a run may be given (`run`, `runs retry`, the API all refuse more)."""
 
 
-_WHOLE_OPTIONS: dict[str, tuple[int, int]] = {
+WHOLE_OPTION_LIMITS: dict[str, tuple[int, int]] = {
     "max_parallel": (1, 64),
-    "prompt_rounds": (0, 5),
+    "prompt_rounds": (0, MAX_ROUNDS),
     "step_attempts": (1, 10),
     "max_replans": (0, 10),
     "context_chars": (1, 10**7),
@@ -124,11 +127,13 @@ _WHOLE_OPTIONS: dict[str, tuple[int, int]] = {
     "messages_per_run": (0, 100_000),
     "message_chars": (1, 100_000),
 }
-_SECONDS_OPTIONS: dict[str, float] = {
+"""The lowest and highest value of each whole-number option (`run`, the API and the pages refuse others)."""
+SECONDS_OPTION_LIMITS: dict[str, float] = {
     "step_timeout_s": 86_400,
     "ask_timeout_s": 86_400,
     "retry_backoff_s": 3600,
 }
+"""The most seconds of each duration option (more than 0; `retry_backoff_s` may be 0)."""
 
 
 def budget_problem(key: str, value: object) -> str | None:
@@ -149,11 +154,11 @@ def options_problem(options: RunOptions) -> str | None:
         value = getattr(options, key)
         if value is not None and (problem := budget_problem(key, value)) is not None:
             return problem
-    for key, (low, high) in _WHOLE_OPTIONS.items():
+    for key, (low, high) in WHOLE_OPTION_LIMITS.items():
         value = getattr(options, key)
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             return f"{key} must be a whole number from {low:,} to {high:,}, got {value!r}"
-    for key, most in _SECONDS_OPTIONS.items():
+    for key, most in SECONDS_OPTION_LIMITS.items():
         value = getattr(options, key)
         number = isinstance(value, int | float) and not isinstance(value, bool)
         low_ok = number and (value >= 0 if key == "retry_backoff_s" else value > 0)

@@ -12,13 +12,21 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, field_validator
 
-from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord, RunStatus
+from ..engine.records import (
+    BUDGET_LIMITS,
+    FINISHED_RUN_STATUSES,
+    SECONDS_OPTION_LIMITS,
+    WHOLE_OPTION_LIMITS,
+    RunOptions,
+    RunRecord,
+    RunStatus,
+)
 from ..errors import DatabaseUnavailableError, RequestError, RunError, RunNotFoundError
 from ..plan import MAX_TASK_CHARS
 from ..service import Request as StoredRequest
@@ -84,6 +92,15 @@ def _integral(value: object) -> object:
 
 Whole = Annotated[int, BeforeValidator(_integral)]
 """A whole number in the strict request models (anything else, text included, is refused)."""
+_N = TypeVar("_N", int, float)
+_DEFAULT = RunOptions()
+"""The options' defaults and bounds are `RunOptions`'s and `engine.records`'s (one place for each)."""
+
+
+def _limited(default: _N | None) -> _N:
+    """A budget's default, which the API always sets (a program may give `RunOptions` no limit)."""
+    assert default is not None
+    return default
 
 
 _SHIPPED_TOOLS: list[JsonValue] = [*sorted([*BUILTIN_TOOL_NAMES, *TEAM_TOOL_NAMES])]
@@ -95,17 +112,55 @@ class RunOptionsIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_parallel: Whole = Field(default=4, ge=1, le=64, description="Steps running at once.")
-    auto_approve: bool = Field(default=False, description="Approve the plan, tool calls, storing the team.")
-    prompt_rounds: Whole = Field(default=1, ge=0, le=5, description="Critique-and-revise rounds a prompt.")
-    step_timeout_s: float = Field(default=600.0, gt=0, le=86_400, description="Seconds a step attempt.")
-    max_model_calls: Whole = Field(default=200, ge=1, le=1_000_000, description="Model calls in the run.")
-    max_tokens: Whole = Field(default=2_000_000, ge=1, le=10**10, description="Tokens in the run.")
-    max_wall_s: float = Field(default=3600.0, gt=0, le=7 * 86_400, description="Seconds of execution.")
-    max_cost_usd: float | None = Field(
-        default=None, gt=0, le=1_000_000, description="US dollars the run's model calls may cost."
+    max_parallel: Whole = Field(
+        default=_DEFAULT.max_parallel,
+        ge=WHOLE_OPTION_LIMITS["max_parallel"][0],
+        le=WHOLE_OPTION_LIMITS["max_parallel"][1],
+        description="Steps running at once.",
     )
-    max_replans: Whole = Field(default=2, ge=0, le=10, description="Replans of failed steps.")
+    auto_approve: bool = Field(default=False, description="Approve the plan, tool calls, storing the team.")
+    prompt_rounds: Whole = Field(
+        default=_DEFAULT.prompt_rounds,
+        ge=WHOLE_OPTION_LIMITS["prompt_rounds"][0],
+        le=WHOLE_OPTION_LIMITS["prompt_rounds"][1],
+        description="Critique-and-revise rounds a prompt.",
+    )
+    step_timeout_s: float = Field(
+        default=_DEFAULT.step_timeout_s,
+        gt=0,
+        le=SECONDS_OPTION_LIMITS["step_timeout_s"],
+        description="Seconds a step attempt.",
+    )
+    max_model_calls: Whole = Field(
+        default=_limited(_DEFAULT.max_model_calls),
+        ge=1,
+        le=BUDGET_LIMITS["max_model_calls"],
+        description="Model calls in the run.",
+    )
+    max_tokens: Whole = Field(
+        default=_limited(_DEFAULT.max_tokens),
+        ge=1,
+        le=BUDGET_LIMITS["max_tokens"],
+        description="Tokens in the run.",
+    )
+    max_wall_s: float = Field(
+        default=_limited(_DEFAULT.max_wall_s),
+        gt=0,
+        le=BUDGET_LIMITS["max_wall_s"],
+        description="Seconds of execution.",
+    )
+    max_cost_usd: float | None = Field(
+        default=None,
+        gt=0,
+        le=BUDGET_LIMITS["max_cost_usd"],
+        description="US dollars the run's model calls may cost.",
+    )
+    max_replans: Whole = Field(
+        default=_DEFAULT.max_replans,
+        ge=WHOLE_OPTION_LIMITS["max_replans"][0],
+        le=WHOLE_OPTION_LIMITS["max_replans"][1],
+        description="Replans of failed steps.",
+    )
     check_outputs: bool = Field(default=False, description="Check outputs against expected outputs.")
     team_tools: bool | None = Field(default=None, description="Team tools for step agents (None: by model).")
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] = Field(
@@ -165,16 +220,16 @@ class RetryIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     # the bounds before the whole-number check, so the schema states them (`minimum`, `maximum`)
-    max_model_calls: Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)] | None = Field(
-        default=None, description="Model calls in the run."
-    )
-    max_tokens: Annotated[int, Field(ge=1, le=10**10), BeforeValidator(_integral)] | None = Field(
-        default=None, description="Tokens in the run."
-    )
-    max_wall_s: Annotated[float, Field(gt=0, le=7 * 86_400)] | None = Field(
+    max_model_calls: (
+        Annotated[int, Field(ge=1, le=BUDGET_LIMITS["max_model_calls"]), BeforeValidator(_integral)] | None
+    ) = Field(default=None, description="Model calls in the run.")
+    max_tokens: (
+        Annotated[int, Field(ge=1, le=BUDGET_LIMITS["max_tokens"]), BeforeValidator(_integral)] | None
+    ) = Field(default=None, description="Tokens in the run.")
+    max_wall_s: Annotated[float, Field(gt=0, le=BUDGET_LIMITS["max_wall_s"])] | None = Field(
         default=None, description="Seconds of execution from the retry."
     )
-    max_cost_usd: Annotated[float, Field(gt=0, le=1_000_000)] | None = Field(
+    max_cost_usd: Annotated[float, Field(gt=0, le=BUDGET_LIMITS["max_cost_usd"])] | None = Field(
         default=None, description="US dollars the run's model calls may cost."
     )
 

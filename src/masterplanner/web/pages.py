@@ -21,7 +21,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
-from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord
+from ..engine.records import BUDGET_LIMITS, FINISHED_RUN_STATUSES, WHOLE_OPTION_LIMITS, RunOptions, RunRecord
 from ..errors import MasterplannerError, PlanError, RunError
 from ..estimate import estimate_run
 from ..service import Request as StoredRequest
@@ -89,15 +89,56 @@ async def runs_page(request: Request, status: str = "", q: str = "") -> Response
     return templates.TemplateResponse(request, "runs.html", context)
 
 
+_DEFAULT = RunOptions()
+_NEW_RUN_FIELDS: tuple[tuple[str, str, tuple[int, int], int], ...] = (
+    ("max_parallel", "Steps running at once", WHOLE_OPTION_LIMITS["max_parallel"], _DEFAULT.max_parallel),
+    (
+        "prompt_rounds",
+        "Critique-and-revise rounds per prompt",
+        WHOLE_OPTION_LIMITS["prompt_rounds"],
+        _DEFAULT.prompt_rounds,
+    ),
+    (
+        "max_model_calls",
+        "Model calls for the whole run",
+        (1, int(BUDGET_LIMITS["max_model_calls"])),
+        _DEFAULT.max_model_calls or 0,
+    ),
+    ("max_replans", "Replans of failed steps", WHOLE_OPTION_LIMITS["max_replans"], _DEFAULT.max_replans),
+)
+"""The new-task form's whole-number options: name, label, bounds, default (`RunOptions`'s)."""
+
+
 @router.get("/new", response_class=HTMLResponse)
 async def new_page(request: Request) -> Response:
     """The new-task form."""
     settings = _service(request).settings
-    return templates.TemplateResponse(
-        request,
-        "new.html",
-        {"error": None, "task": "", "model": settings.model, "workspace": "", "yes": False},
-    )
+    return templates.TemplateResponse(request, "new.html", _new_context(model=settings.model))
+
+
+def _new_context(
+    *,
+    model: str,
+    error: str | None = None,
+    task: str = "",
+    workspace: str = "",
+    yes: bool = False,
+    typed: dict[str, str] | None = None,
+    check_outputs: bool = False,
+    team: str = "",
+) -> dict[str, Any]:
+    """What `new.html` shows: the form as the person left it, when it comes back with `error`."""
+    return {
+        "error": error,
+        "task": task,
+        "model": model,
+        "workspace": workspace,
+        "yes": yes,
+        "fields": _NEW_RUN_FIELDS,
+        "typed": typed or {},
+        "check_outputs": check_outputs,
+        "team": team,
+    }
 
 
 @router.post("/new", response_class=HTMLResponse)
@@ -107,21 +148,33 @@ async def create_run(request: Request) -> Response:
     service = _service(request)
     task, model = str(form.get("task", "")).strip(), str(form.get("model", "")).strip()
     workspace, yes = str(form.get("workspace", "")).strip(), form.get("yes") == "on"
-    team = str(form.get("team", ""))
+    team, check_outputs = str(form.get("team", "")), form.get("check_outputs") == "on"
+    typed = {name: str(form.get(name, "")).strip()[:100] for name, *_ in _NEW_RUN_FIELDS}
+
+    def refused(error: str) -> Response:  # the form again as the person left it, with the error
+        context = _new_context(
+            model=model,
+            error=error,
+            task=task,
+            workspace=workspace,
+            yes=yes,
+            typed=typed,
+            check_outputs=check_outputs,
+            team=team,
+        )
+        return templates.TemplateResponse(request, "new.html", context, status_code=422)
+
     try:
+        wholes = {name: _whole(form, name, default, *limits) for name, _, limits, default in _NEW_RUN_FIELDS}
         options = RunOptions(
             auto_approve=yes,
             tool_policies=dict(service.settings.tool_policies),
-            max_parallel=_whole(form, "max_parallel", 4, 1, 64),
-            prompt_rounds=_whole(form, "prompt_rounds", 1, 0, 5),
-            max_model_calls=_whole(form, "max_model_calls", 200, 1, 1_000_000),
-            max_replans=_whole(form, "max_replans", 2, 0, 10),
-            check_outputs=form.get("check_outputs") == "on",
+            check_outputs=check_outputs,
             team_tools={"on": True, "off": False}.get(team),
+            **wholes,
         )
     except ValueError as problem:
-        context = {"error": str(problem), "task": task, "model": model, "workspace": workspace, "yes": yes}
-        return templates.TemplateResponse(request, "new.html", context, status_code=422)
+        return refused(str(problem))
     try:
         record = await service.create(
             task,
@@ -132,8 +185,7 @@ async def create_run(request: Request) -> Response:
             by=answerer_name("web"),
         )
     except MasterplannerError as error:
-        context = {"error": str(error), "task": task, "model": model, "workspace": workspace, "yes": yes}
-        return templates.TemplateResponse(request, "new.html", context, status_code=422)
+        return refused(str(error))
     request.app.state.executions.start(record.id)
     return RedirectResponse(f"/runs/{record.id}", status_code=303)
 
@@ -161,6 +213,11 @@ def _amount(form: Any, name: str, highest: float, label: str) -> float | None:
     if not 0 < value <= highest:  # also NaN and infinity
         raise ValueError(f"{label} must be a number more than 0 and at most {highest:g}, not {text[:40]!r}")
     return value
+
+
+def _most(budget: str) -> int:
+    """The largest whole-number budget `budget` may be (`BUDGET_LIMITS`)."""
+    return int(BUDGET_LIMITS[budget])
 
 
 _RETRY_FIELDS = ("max_model_calls", "max_tokens", "max_cost_usd", "max_wall_s")
@@ -298,10 +355,13 @@ async def retry(request: Request, run_id: str) -> Response:
     typed = {name: str(form.get(name, "")).strip()[:100] for name in _RETRY_FIELDS}
     try:
         budgets: dict[str, Any] = {
-            "max_model_calls": _whole(form, "max_model_calls", 0, 1, 1_000_000, "model calls") or None,
-            "max_tokens": _whole(form, "max_tokens", 0, 1, 10**10, "tokens") or None,
-            "max_cost_usd": _amount(form, "max_cost_usd", 1_000_000, "the money budget (US dollars)"),
-            "max_wall_s": _amount(form, "max_wall_s", 7 * 86_400, "seconds"),
+            "max_model_calls": _whole(form, "max_model_calls", 0, 1, _most("max_model_calls"), "model calls")
+            or None,
+            "max_tokens": _whole(form, "max_tokens", 0, 1, _most("max_tokens"), "tokens") or None,
+            "max_cost_usd": _amount(
+                form, "max_cost_usd", BUDGET_LIMITS["max_cost_usd"], "the money budget (US dollars)"
+            ),
+            "max_wall_s": _amount(form, "max_wall_s", BUDGET_LIMITS["max_wall_s"], "seconds"),
         }
     except ValueError as error:
         context = await _body_context(request, record, None)
