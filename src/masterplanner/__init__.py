@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .chat import ChatResult, achat, chat
     from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
     from .errors import (
+        AgentEditError,
         BudgetExceededError,
         ConfigError,
         DatabaseUnavailableError,
@@ -48,6 +49,7 @@ _HOMES = {
     ".chat": ("ChatResult", "achat", "chat"),
     ".engine": ("Engine", "Event", "Request", "RunOptions", "RunRecord", "StepRecord"),
     ".errors": (
+        "AgentEditError",
         "BudgetExceededError",
         "ConfigError",
         "DatabaseUnavailableError",
@@ -80,6 +82,7 @@ _HOMES = {
 __all__ = [
     "FIXED_PURPOSES",
     "MODEL_FORMS",
+    "AgentEditError",
     "BudgetExceededError",
     "Catalog",
     "ChatResult",

@@ -31,9 +31,11 @@ hold them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 __all__ = [
+    "AgentEditError",
     "BudgetExceededError",
     "ConfigError",
     "DatabaseUnavailableError",
@@ -44,14 +46,17 @@ __all__ = [
     "ModelRetriesExhaustedError",
     "ModelSpecError",
     "PlanError",
+    "RequestClosedError",
     "RequestError",
     "RunError",
+    "RunNotFoundError",
     "SandboxError",
     "ScriptError",
     "ScriptExhaustedError",
     "SettingsError",
     "ToolError",
     "problem_in_our_words",
+    "validation_problems",
 ]
 
 
@@ -116,6 +121,14 @@ class ScriptError(ConfigError):
 
 class SandboxError(ConfigError):
     """The code sandbox cannot start on this machine; the message says why and how to fix it."""
+
+
+class AgentEditError(ConfigError):
+    """An edited agent is not a valid agent; `problems` lists each problem. Nothing was stored."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("the edit is not a valid agent, nothing changed: " + "; ".join(self.problems))
 
 
 class PlanError(MasterplannerError):
@@ -203,6 +216,17 @@ _SHAPES = {
     "missing": "is missing",
     "extra_forbidden": "unknown field",
 }
+
+
+def validation_problems(errors: Iterable[Any], *, whole: str) -> list[str]:
+    """Each problem of a pydantic `ValidationError` (its `errors()`) as `field: what is wrong`.
+
+    In our words (`problem_in_our_words`); `whole` names where a problem with no field is (`file`).
+    """
+    return [
+        f"{'.'.join(str(part) for part in item['loc']) or whole}: {problem_in_our_words(item)}"
+        for item in errors
+    ]
 
 
 def problem_in_our_words(item: Any, *, what: str | None = None) -> str:

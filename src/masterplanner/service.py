@@ -32,7 +32,14 @@ from .engine.reuse import remember_run
 from .engine.runtime import step_queue_name
 from .engine.store import Lease
 from .engine.worker import Note, Worker, WorkerSummary
-from .errors import ConfigError, RequestClosedError, RequestError, RunError, problem_in_our_words
+from .errors import (
+    AgentEditError,
+    ConfigError,
+    RequestClosedError,
+    RequestError,
+    RunError,
+    validation_problems,
+)
 from .plan import validate_plan
 from .settings import Settings, provider_of
 from .tools import ToolSpec
@@ -130,24 +137,27 @@ def _check_kind(kind: object) -> None:
         raise ConfigError(f"kind must be {' or '.join(get_args(MemoryKind))}, got {kind!r}")
 
 
-def _agent_problem(spec: AgentSpec, settings: Settings) -> str | None:
-    """What an edited agent has that its JSON form allows but a run could not use, or None."""
+def _agent_problems(spec: AgentSpec, settings: Settings) -> list[str]:
+    """What an edited agent has that its JSON form allows but a run could not use."""
     from .engine.catalogs import unknown_policy_tool
     from .settings import PROVIDERS
 
+    problems = []
     for field in ("name", "role"):
         text = getattr(spec, field)
         if not text.strip():
-            return f"{field}: must not be blank"
-        if any(ord(character) < 32 or ord(character) == 127 for character in text):
-            return f"{field}: must be one line of text without control characters"
+            problems.append(f"{field}: must not be blank")
+        elif any(ord(character) < 32 or ord(character) == 127 for character in text):
+            problems.append(f"{field}: must be one line of text without control characters")
     problem = unknown_policy_tool(spec.tools, settings.mcp_servers, field="tools")
     if problem is not None:
-        return problem
+        problems.append(problem)
     provider = spec.model.partition(":")[0]
     if spec.model and spec.model != "local" and (provider not in PROVIDERS or ":" not in spec.model):
-        return f"model: {spec.model!r} is not a model spec (PROVIDER:NAME, or local; empty: the run's model)"
-    return None
+        problems.append(
+            f"model: {spec.model!r} is not a model spec (PROVIDER:NAME, or local; empty: the run's model)"
+        )
+    return problems
 
 
 @dataclass(frozen=True)
@@ -665,7 +675,7 @@ class RegistryService:
     async def edit_agent(self, agent_id: str, edited: object) -> AgentSpec:
         """Store `edited` (an agent's JSON form) as the agent's next version; its id and stats stay.
 
-        `ConfigError` naming every problem when the edit is not a valid agent; nothing changes then.
+        `AgentEditError` naming every problem when the edit is not a valid agent; nothing changes then.
         """
         from pydantic import ValidationError
 
@@ -673,18 +683,14 @@ class RegistryService:
 
         current = await self.agent(agent_id)
         if not isinstance(edited, dict):
-            raise ConfigError("the edit is not a valid agent, nothing changed: it must be a JSON object")
+            raise AgentEditError(["it must be a JSON object"])
         try:
             spec = AgentSpec.model_validate({**edited, "id": current.id, "stats": current.stats.model_dump()})
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in error['loc']) or 'agent'}: {problem_in_our_words(error)}"
-                for error in exc.errors()
-            )
-            raise ConfigError(f"the edit is not a valid agent, nothing changed: {problems}") from None
-        problem = _agent_problem(spec, self.settings)
-        if problem is not None:
-            raise ConfigError(f"the edit is not a valid agent, nothing changed: {problem}")
+            raise AgentEditError(validation_problems(exc.errors(), whole="agent")) from None
+        problems = _agent_problems(spec, self.settings)
+        if problems:
+            raise AgentEditError(problems)
         # where it was made is its history, not something an edit changes
         spec = spec.model_copy(update={"origin": current.origin})
         return await self._run(lambda: self._store().put_agent(spec))

@@ -19,7 +19,9 @@ def _examples() -> list[errors.MasterplannerError]:
             "ModelFileError",
             "PlanError",
             "ScriptExhaustedError",
+            "AgentEditError",
             "problem_in_our_words",
+            "validation_problems",
         )
     ]
     return [
@@ -27,6 +29,8 @@ def _examples() -> list[errors.MasterplannerError]:
         errors.MissingCredentialError("OPENAI_API_KEY", "openai:gpt-4o"),
         errors.ModelFileError("/models/x.gguf", "not a GGUF file"),
         errors.PlanError(["step 'a' depends on unknown step 'z'"], context="invalid plan edit"),
+        errors.AgentEditError(["name: must not be blank", "model: 'x' is not a model spec"]),
+        errors.RunNotFoundError("no run 'ab' but several start so", ambiguous=True),
         errors.ScriptExhaustedError("step:a", "script.json"),
     ]
 

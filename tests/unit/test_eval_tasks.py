@@ -355,9 +355,9 @@ def test_bad_checks_are_refused_with_their_place() -> None:
         parse_check({"exists": "a", "runs": "b"}, "here")
     with pytest.raises(ConfigError, match="here: exists takes a file path"):
         parse_check({"exists": ""}, "here")
-    with pytest.raises(ConfigError, match=r"here: equals_number: value: Field required"):
+    with pytest.raises(ConfigError, match=r"here: equals_number: value: is missing"):
         parse_check({"equals_number": {"path": "a"}}, "here")
-    with pytest.raises(ConfigError, match=r"here: mentions: any: List should have at least 1 item"):
+    with pytest.raises(ConfigError, match=r"here: mentions: any: must not be empty"):
         parse_check({"mentions": {"path": "a", "any": []}}, "here")
     assert parse_check({"differs": {"path": "a", "from": "b"}}, "here") == Check(
         "differs", "a", {"source": "b"}

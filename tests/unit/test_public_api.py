@@ -5,6 +5,7 @@ def test_all_is_pinned_and_importable() -> None:
     assert masterplanner.__all__ == [
         "FIXED_PURPOSES",
         "MODEL_FORMS",
+        "AgentEditError",
         "BudgetExceededError",
         "Catalog",
         "ChatResult",

@@ -218,11 +218,11 @@ async def test_using_purpose_labels_direct_calls(write_script: WriteScript) -> N
     ("content", "expected"),
     [
         ("not json", "not JSON"),
-        (json.dumps({"entries": []}), "calls: Field required"),
-        (json.dumps({"calls": [{"output": "x"}]}), "calls.0.purpose: Field required"),
+        (json.dumps({"entries": []}), "calls: is missing"),
+        (json.dumps({"calls": [{"output": "x"}]}), "calls.0.purpose: is missing"),
         (
             json.dumps({"calls": [{"purpose": "a", "delay_s": -1}]}),
-            "calls.0.delay_s: Input should be greater",
+            "calls.0.delay_s: must be at least 0, got -1",
         ),
         (
             json.dumps({"calls": [{"purpose": "a", "output": "x", "tool_calls": [{"name": "t"}]}]}),
@@ -230,9 +230,9 @@ async def test_using_purpose_labels_direct_calls(write_script: WriteScript) -> N
         ),
         (
             json.dumps({"calls": [{"purpose": "a", "tool_calls": [{"args": {}}]}]}),
-            "tool_calls.0.name: Field required",
+            "tool_calls.0.name: is missing",
         ),
-        (json.dumps({"calls": [{"purpose": "a", "colour": "red"}]}), "calls.0.colour: Extra inputs"),
+        (json.dumps({"calls": [{"purpose": "a", "colour": "red"}]}), "calls.0.colour: unknown field"),
     ],
 )
 def test_malformed_scripts_name_the_problem(write_script: WriteScript, content: str, expected: str) -> None:

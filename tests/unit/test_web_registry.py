@@ -77,12 +77,17 @@ async def test_agents_and_teams_through_the_api(
     assert edited.status_code == 200, edited.text
     assert (edited.json()["version"], edited.json()["system_prompt"]) == (2, "Write it short.")
     assert (await client.get(f"/api/v1/agents/{agent_id}", params={"version": 1})).json()["version"] == 1
-    bad = await client.put(f"/api/v1/agents/{agent_id}", json=agent | {"system_prompt": ""})
-    assert bad.status_code == 400
+    bad = await client.put(
+        f"/api/v1/agents/{agent_id}", json=agent | {"system_prompt": "", "tools": ["nope"]}
+    )
+    assert bad.status_code == 422  # every problem, each on its own as for any invalid body
+    assert bad.json()["problems"] == ["system_prompt: must not be empty"]
     assert (
         bad.json()["error"]
         == "the edit is not a valid agent, nothing changed: system_prompt: must not be empty"
     )
+    both = await client.put(f"/api/v1/agents/{agent_id}", json=agent | {"name": " ", "model": "bogus"})
+    assert [problem.split(":")[0] for problem in both.json()["problems"]] == ["name", "model"]
     prefix = "the edit is not a valid agent, nothing changed: "
     for change, problem in (
         ({"tools": ["nope"]}, "tools names 'nope', which is not a tool; tools are "),
@@ -94,7 +99,7 @@ async def test_agents_and_teams_through_the_api(
         ({"role": "a\u0000b"}, "role: must be one line of text without control characters"),
     ):
         refused = await client.put(f"/api/v1/agents/{agent_id}", json=agent | change)
-        assert refused.status_code == 400
+        assert refused.status_code == 422
         assert refused.json()["error"].startswith(prefix + problem)
     moved = await client.put(
         f"/api/v1/agents/{agent_id}", json=agent | {"origin": {"run_id": "x", "step_id": "y"}}

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
-from ..errors import RequestClosedError, RequestError, problem_in_our_words
+from ..errors import RequestClosedError, RequestError, validation_problems
 from .records import AgentBrief, utc_now
 
 if TYPE_CHECKING:
@@ -167,11 +167,7 @@ def _call_line(tool: str, arguments: dict[str, Any]) -> str:
 
 def _problems(error: ValidationError) -> str:
     """A validation error's problems in our words: where, and what is wrong there."""
-    return "; ".join(
-        f"{'.'.join(str(part) for part in problem['loc'])}: "
-        + ("no such field" if problem["type"] == "extra_forbidden" else problem_in_our_words(problem))
-        for problem in error.errors()
-    )
+    return "; ".join(validation_problems(error.errors(), whole="answer"))
 
 
 def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:

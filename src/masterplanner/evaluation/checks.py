@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import ConfigError, PlanError, SandboxError, ToolError
+from ..errors import ConfigError, PlanError, SandboxError, ToolError, validation_problems
 from ..plan import validate_plan
 from ..plan_structure import clauses
 from ..tools.workspace import Workspace
@@ -128,10 +128,7 @@ def parse_check(raw: object, where: str) -> Check:
     try:
         spec = _SPECS[kind].model_validate(value)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or kind}: {error['msg']}"
-            for error in exc.errors()
-        )
+        problems = "; ".join(validation_problems(exc.errors(), whole=kind))
         raise ConfigError(f"{where}: {kind}: {problems}") from None
     args = spec.model_dump(exclude={"path"})
     return Check(kind, spec.path, args)

@@ -52,7 +52,7 @@ from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import RequestUsage
 
-from ..errors import ScriptError, ScriptExhaustedError
+from ..errors import ScriptError, ScriptExhaustedError, validation_problems
 from ..purpose import current_purpose
 from ._schema import minimal_instance
 from .local import LocalModelProfile
@@ -115,10 +115,7 @@ def _load(path: Path) -> _Script:
     try:
         return _Script.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'file'}: {error['msg']}"
-            for error in exc.errors()
-        )
+        problems = "; ".join(validation_problems(exc.errors(), whole="file"))
         raise ScriptError(f"scripted model file {path}: {problems}") from None
 
 

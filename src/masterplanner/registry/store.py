@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 
 from ..database import Migration, create_engine, migrate, reconnecting_methods, transaction, utc_now
-from ..errors import ConfigError, RunError, problem_in_our_words
+from ..errors import ConfigError, RunError, validation_problems
 from .embedders import TextEmbedder
 from .specs import AgentSpec, AgentStats, Cohort
 
@@ -706,11 +706,8 @@ class RegistryStore:
             try:
                 specs.append(AgentSpec.model_validate_json(line))
             except ValidationError as exc:
-                error = exc.errors()[0]
-                field = ".".join(str(part) for part in error["loc"]) or "line"
-                raise ConfigError(
-                    f"{path}: line {number}: {field}: {problem_in_our_words(error)}; nothing was imported"
-                ) from None
+                problem = validation_problems(exc.errors()[:1], whole="line")[0]
+                raise ConfigError(f"{path}: line {number}: {problem}; nothing was imported") from None
         with self._begin("import agents") as connection:
             for spec in specs:
                 if _sql(connection, "DELETE FROM mp_agents WHERE id = ?", (spec.id,)).rowcount:

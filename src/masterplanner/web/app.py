@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._version import __version__
 from ..errors import (
+    AgentEditError,
     DatabaseUnavailableError,
     MasterplannerError,
     PlanError,
@@ -139,7 +140,7 @@ def _methods(request: Request) -> set[str]:
 
 async def _our_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, MasterplannerError)
-    if isinstance(exc, PlanError):
+    if isinstance(exc, PlanError | AgentEditError):
         return _error(422, str(exc), problems=exc.problems)
     if isinstance(exc, RequestClosedError):  # the losing answer of two given at once
         return _error(409, str(exc))
