@@ -17,11 +17,11 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 from .audit import AuditEntry, audit_entries
 from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
@@ -261,6 +261,16 @@ class RunService:
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
             raise ConfigError(f"limit must be a whole number from 1 to 10,000, got {limit!r}")
         return await asyncio.to_thread(self._store.list_runs, limit, status=status, text=text)
+
+    async def idle(self, records: Sequence[RunRecord]) -> dict[str, Literal["queued", "stopped"]]:
+        """The unfinished runs of `records` that no process executes now, by id.
+
+        `queued`: for workers, waiting for one to take it; `stopped`: the process that executed
+        it stopped (Ctrl-C, a crash), and `runs resume` goes on. One query for all of them.
+        """
+        unheld = await asyncio.to_thread(self._store.unheld, [record.id for record in records])
+        idle = [record for record in records if record.id in unheld]
+        return {record.id: "queued" if record.for_workers else "stopped" for record in idle}
 
     async def steps(self, run_id: str) -> list[StepRecord]:
         """The run's steps in plan order."""

@@ -522,6 +522,9 @@ def test_stopped_while_the_plan_waits_for_review_the_review_stays_open_for_any_p
     run_id = review["run_id"]
     assert here.store.get_run(run_id).status == "awaiting_approval"
     assert here.pending("plan_review")["id"] == review["id"]  # the same request, still open
+    if signum == signal.SIGTERM:  # its lease given up: listed as stopped (kill -9's lapses later)
+        [listed] = json.loads(here.run("runs", "list", "--json").stdout)
+        assert (listed["status"], listed["idle"]) == ("awaiting_approval", "stopped")
     answered = here.run("runs", "answer", review["id"], "--approve")
     assert answered.returncode == 0, answered.stderr
     report = here.resume(run_id)

@@ -278,7 +278,10 @@ def test_reject_exits_1_and_read_only_commands_never_execute(write_script: Calla
             pending = json.loads(mp("runs", "pending", "--json").stdout)
         [review] = pending
         listed = json.loads(mp("runs", "list", "--json").stdout)
-        assert [r["status"] for r in listed] == ["awaiting_approval", "cancelled"]
+        assert [(r["status"], r["idle"]) for r in listed] == [
+            ("awaiting_approval", None),
+            ("cancelled", None),
+        ]
         run_id = listed[0]["run_id"]
         assert review["run_id"] == run_id and review["kind"] == "plan_review"
         assert json.loads(mp("runs", "show", run_id, "--json").stdout)["status"] == "awaiting_approval"
@@ -450,6 +453,9 @@ def test_run_ids_are_listed_whole_in_a_narrow_terminal(write_script: Callable[..
     listed = mp("runs", "list", env={"COLUMNS": "50"})
     assert listed.returncode == 0, listed.stderr
     assert run_id in listed.stdout  # whole, to be copied into `runs show` or `runs resume`
+    wide = mp("runs", "list", env={"COLUMNS": "200"}).stdout
+    assert "planning (queued)" in wide  # no worker has taken it
+    assert json.loads(mp("runs", "list", "--json").stdout)[0]["idle"] == "queued"
 
 
 def test_a_workspace_that_does_not_exist_is_made_and_said_or_refused(

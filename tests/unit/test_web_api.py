@@ -74,6 +74,8 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
 
     (review,) = await _wait_for(client, f"/requests?run_id={run['id']}", lambda found: len(found) == 1)
     assert review["kind"] == "plan_review"
+    [listed] = (await client.get("/runs")).json()
+    assert (listed["status"], listed["idle"]) == ("awaiting_approval", None)  # the server executes it
     assert [s["id"] for s in review["payload"]["plan"]["steps"]] == ["a", "b"]
     answered = await client.post(f"/requests/{review['id']}/answer", json={"approve": True})
     assert answered.status_code == 200, answered.text

@@ -388,13 +388,22 @@ def runs_list(
     limit: Annotated[int, typer.Option("--limit", help="How many runs to list.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List runs with their status (reads only; never resumes or executes anything)."""
+    """List runs with their status (reads only; never resumes or executes anything).
+
+    An unfinished run that no process executes says why: `(queued)` for a worker to take it, or
+    `(stopped)` when the process that executed it stopped (`runs resume RUN_ID` goes on).
+    """
     from rich.table import Column, Table
 
-    records = _call(_service(load_settings()), lambda service: service.list_runs(limit))
+    async def read(service: RunService) -> tuple[list[RunRecord], dict[str, str]]:
+        records = await service.list_runs(limit)
+        return records, dict(await service.idle(records))
+
+    records, idle = _call(_service(load_settings()), read)
     if as_json:
         rows = [
-            {"run_id": r.id, "status": r.status, "task": r.task, "created_at": r.created_at, "model": r.model}
+            {"run_id": r.id, "status": r.status, "idle": idle.get(r.id)}
+            | {"task": r.task, "created_at": r.created_at, "model": r.model}
             for r in records
         ]
         typer.echo(json_text(rows))
@@ -406,7 +415,9 @@ def runs_list(
     for record in records:
         task = record.task if len(record.task) <= 60 else record.task[:59] + "…"
         created = record.created_at[:19].replace("T", " ")
-        table.add_row(shown(record.id), shown(record.status), shown(created), shown(task))
+        # a run nobody executes says so: `queued` for a worker, or `stopped` (`runs resume` goes on)
+        status = f"{record.status} ({idle[record.id]})" if record.id in idle else record.status
+        table.add_row(shown(record.id), shown(status), shown(created), shown(task))
     console().print(table, highlight=False)
 
 

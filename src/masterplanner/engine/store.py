@@ -529,6 +529,25 @@ class RunStore:
                 .values(owner=None, heartbeat_at=None, lease_until=None)
             )
 
+    def unheld(self, run_ids: Collection[str]) -> set[str]:
+        """Of these runs, the unfinished ones no process holds (no owner, or its lease lapsed)."""
+        if not run_ids:
+            return set()
+        with self.begin("read leases") as connection:
+            now = database_now(connection)
+            rows = connection.execute(
+                sa.select(runs_table.c.id).where(
+                    runs_table.c.id.in_(list(run_ids)),
+                    runs_table.c.status.not_in(list(FINISHED_RUN_STATUSES)),
+                    sa.or_(
+                        runs_table.c.owner.is_(None),
+                        runs_table.c.lease_until < now,
+                        runs_table.c.lease_until.is_(None),
+                    ),
+                )
+            ).all()
+        return {row[0] for row in rows}
+
     def lease(self, run_id: str) -> Lease | None:
         """The run's lease, or None when no process holds it."""
         with self.begin("read a lease") as connection:

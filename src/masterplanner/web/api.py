@@ -366,8 +366,10 @@ async def list_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> list[dict[str, Any]]:
     """The newest runs, filtered by status and by text in the task."""
-    records = await _service(request).list_runs(limit, status=status, text=q)
-    return [_summary(record) for record in records]
+    service = _service(request)
+    records = await service.list_runs(limit, status=status, text=q)
+    idle = await service.idle(records)  # unfinished and executed by nobody: queued, or stopped
+    return [_summary(record) | {"idle": idle.get(record.id)} for record in records]
 
 
 @router.post("/runs", status_code=201, summary="Start a run")

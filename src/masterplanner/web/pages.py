@@ -84,8 +84,15 @@ async def login(request: Request) -> Response:
 @router.get("/runs", response_class=HTMLResponse)
 async def runs_page(request: Request, status: str = "", q: str = "") -> Response:
     """Runs, newest first, filtered by status and by text in the task."""
-    shown = await _service(request).list_runs(100, status=status or None, text=q.strip() or None)
-    context = {"runs": shown, "status": status, "q": q, "statuses": STATUSES}
+    service = _service(request)
+    shown = await service.list_runs(100, status=status or None, text=q.strip() or None)
+    context = {
+        "runs": shown,
+        "idle": await service.idle(shown),
+        "status": status,
+        "q": q,
+        "statuses": STATUSES,
+    }
     return templates.TemplateResponse(request, "runs.html", context)
 
 
