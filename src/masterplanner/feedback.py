@@ -22,10 +22,11 @@ from .errors import ConfigError, ModelError, RunError
 from .models.labelled import labelled
 from .plan import Plan, Step
 from .prompts import render
+from .redaction import redacted
 from .registry import RegistryStore
 from .usage import UsageLedger
 
-__all__ = ["LOW_RATING", "FeedbackResult", "give_feedback"]
+__all__ = ["LOW_RATING", "FeedbackResult", "check_rating", "give_feedback"]
 
 LOW_RATING = 2
 """At or below this rating the agents involved are taught lessons."""
@@ -66,6 +67,12 @@ def involved_agents(
     return {step_id: agent_id for step_id, agent_id in candidates.items() if agent_id in known}
 
 
+def check_rating(rating: object) -> None:
+    """`ConfigError` unless `rating` is a whole number from 1 to 5."""
+    if not isinstance(rating, int) or isinstance(rating, bool) or not 1 <= rating <= 5:
+        raise ConfigError(f"the rating must be a whole number from 1 to 5, got {rating!r}")
+
+
 async def give_feedback(
     registry: RegistryStore,
     *,
@@ -77,52 +84,55 @@ async def give_feedback(
     comment: str = "",
     model: Model | None = None,
     ledger: UsageLedger | None = None,
+    by: str = "library",
 ) -> FeedbackResult:
     """Rate the run's agents and cohort; at `LOW_RATING` or below, teach the agents involved a lesson.
 
     The lessons come from `model`'s failure analysis when it gives usable ones, otherwise from
-    `comment` (see the module's docstring).
+    `comment` (see the module's docstring). Secrets in the comment are taken out before the
+    model or a lesson sees it. Nothing is stored until the end, and then all of it in one
+    transaction with the run's rating (`RegistryStore.apply_rating`): a run is rated once, also
+    when two ratings come at once, and a rating stopped on the way changes nothing.
     """
-    if not isinstance(rating, int) or isinstance(rating, bool) or not 1 <= rating <= 5:
-        raise ConfigError(f"the rating must be a whole number from 1 to 5, got {rating!r}")
-    result = FeedbackResult()
+    check_rating(rating)
+    if not comment.isascii():
+        try:
+            comment.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError("the comment is not valid UTF-8 text") from None
+    comment = redacted(comment)
     # the registry's calls are database work (and may embed): off the event loop
     involved = await asyncio.to_thread(involved_agents, registry, run_id, plan, agents)
     if not involved:
-        raise RunError(f"run {run_id} has no agents in the registry to rate (was it approved and finished?)")
-
-    def rate() -> bool:
-        for agent_id in involved.values():
-            registry.rate(agent_id, rating)
-            result.rated_agents.append(agent_id)
-        return registry.rate_cohort(run_id, rating)
-
-    result.cohort_rated = await asyncio.to_thread(rate)
-    if rating > LOW_RATING:
-        return result
-    lessons: dict[str, list[str]] = {}
-    if model is not None:
-        try:
-            analysis = await _analyse(plan, involved, outputs, comment, model, ledger or UsageLedger())
-        except ModelError:
-            analysis = None  # the person's words below still teach; the rating is already stored
-        lessons = _usable_lessons(analysis, plan, involved)
-        result.lessons_from = "analysis" if lessons else None
-    said = " ".join(comment.split())
-    if not lessons and said:
-        lesson = _comment_lesson(rating, said)
-        names = await asyncio.to_thread(
-            lambda: {agent_id: registry.get_agent(agent_id).name for agent_id in involved.values()}
+        raise RunError(
+            f"run {run_id} has no agents in the registry to rate: the agents made for a run are "
+            "stored with its team when it succeeds (and storing it was approved), and none of its "
+            "steps used a stored agent"
         )
-        lessons = {involved[step_id]: [lesson] for step_id in _concerned_steps(said, plan, involved, names)}
-        result.lessons_from = "comment"
-
-    def teach() -> None:
-        for agent_id, texts in lessons.items():
-            for text in texts:
-                registry.add_lesson(agent_id, text)
-
-    await asyncio.to_thread(teach)
+    # said before the analysis's model call; `apply_rating` decides
+    await asyncio.to_thread(registry.check_unrated, run_id)
+    result = FeedbackResult(rated_agents=list(involved.values()))
+    lessons: dict[str, list[str]] = {}
+    if rating <= LOW_RATING:
+        if model is not None:
+            try:
+                analysis = await _analyse(plan, involved, outputs, comment, model, ledger or UsageLedger())
+            except ModelError:
+                analysis = None  # the person's words below still teach
+            lessons = _usable_lessons(analysis, plan, involved)
+            result.lessons_from = "analysis" if lessons else None
+        said = " ".join(comment.split())
+        if not lessons and said:
+            lesson = _comment_lesson(rating, said)
+            names = await asyncio.to_thread(
+                lambda: {agent_id: registry.get_agent(agent_id).name for agent_id in involved.values()}
+            )
+            concerned = _concerned_steps(said, plan, involved, names)
+            lessons = {involved[step_id]: [lesson] for step_id in concerned}
+            result.lessons_from = "comment" if lessons else None
+    result.cohort_rated = await asyncio.to_thread(
+        lambda: registry.apply_rating(run_id, rating, by=by, agent_ids=result.rated_agents, lessons=lessons)
+    )
     result.lessons = lessons
     return result
 
@@ -135,19 +145,26 @@ def _comment_lesson(rating: int, comment: str) -> str:
 
 
 def _concerned_steps(comment: str, plan: Plan, involved: dict[str, str], names: dict[str, str]) -> list[str]:
-    """The involved steps `comment` names (by id, title, role or agent name); all of them if none."""
+    """The involved steps `comment` names (by id, title, role or agent name); all of them if it names no step.
+
+    A comment that names only steps whose agents are not in the registry (deleted) concerns none.
+    """
     text = comment.casefold()
 
     def named(step: Step) -> bool:
-        phrases = {step.id, step.id.replace("-", " "), step.title, step.agent_role, names[involved[step.id]]}
+        phrases = {step.id, step.id.replace("-", " "), step.title, step.agent_role}
+        if step.id in involved:
+            phrases.add(names[involved[step.id]])
         return any(
             re.search(rf"(?<!\w){re.escape(phrase.casefold())}(?!\w)", text)
             for phrase in phrases
             if len(phrase.strip()) >= 3
         )
 
-    steps = [step for step in plan.steps if step.id in involved]
-    return [step.id for step in steps if named(step)] or [step.id for step in steps]
+    meant = [step.id for step in plan.steps if named(step)]
+    if meant:
+        return [step_id for step_id in meant if step_id in involved]
+    return [step.id for step in plan.steps if step.id in involved]
 
 
 def _usable_lessons(analysis: object, plan: Plan, involved: dict[str, str]) -> dict[str, list[str]]:

@@ -589,26 +589,34 @@ class RunService:
     ) -> FeedbackSummary:
         """Rate a finished run: its agents' and team's ratings change; a low rating teaches lessons.
 
-        A run is rated once (a `run_rated` event records it, with `by`, the library's by
-        default): a rating sent again (a client that retried) is a `RunError`, so its agents'
-        ratings are not counted twice.
+        Only a run that ended after some of its steps ran is rated. A run is rated once: the
+        registry records the rating with its effects in one transaction (`give_feedback`), so a
+        rating sent again, or two at once, is a `RunError` and no agent's rating counts twice; a
+        `run_rated` event (with `by`, the library's by default) puts it in the run's audit. The
+        model is used only for a low rating's failure analysis (`model`, else the run's).
         """
-        from .feedback import give_feedback
+        from .feedback import LOW_RATING, check_rating, give_feedback
         from .models import resolve_model
         from .registry import open_registry
 
+        check_rating(rating)
         run = await self.get(run_id)
-        if run.plan is None:
-            raise RunError(f"run {run.id} has no plan yet")
-        rated = [event for event in await self.events(run.id) if event.kind == "run_rated"]
+        if not run.finished:
+            raise RunError(f"run {run.id} is {run.status}: a run is rated once it has ended")
+        events = await self.events(run.id)
+        if run.plan is None or not any(event.kind == "step_started" for event in events):
+            raise RunError(f"run {run.id} was {run.status} before any step ran: there is nothing to rate")
+        rated = [event for event in events if event.kind == "run_rated"]  # before the registry kept it
         if rated:
             earlier = rated[-1]
             raise RunError(
                 f"run {run.id} was rated {earlier.data.get('rating')} already (by "
                 f"{earlier.data.get('by', 'someone')} at {earlier.at}): a run is rated once"
             )
+        analyst = resolve_model(model or run.model, self.settings) if rating <= LOW_RATING else None
         registry = await asyncio.to_thread(open_registry, self.settings)
         outputs = {step.id: step.output or "" for step in await self.steps(run.id)}
+        rater = by or answerer_name("library")
         result = await give_feedback(
             registry,
             run_id=run.id,
@@ -617,9 +625,9 @@ class RunService:
             outputs=outputs,
             rating=rating,
             comment=comment,
-            model=resolve_model(model or run.model, self.settings),
+            model=analyst,
+            by=rater,
         )
-        rater = by or answerer_name("library")
         await asyncio.to_thread(
             self._store.append_event, run.id, "run_rated", None, {"rating": rating, "by": rater}
         )

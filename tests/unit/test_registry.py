@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,25 @@ def test_track_record_breaks_ties(store: RegistryStore) -> None:
     assert [agent.id for agent, _ in store.search_agents("summarize reports")] == ["b", "a"]
     assert store.get_agent("b").stats.success_rate == 1.0
     assert store.get_agent("a").stats.mean_rating == 1.0
+
+
+def test_a_run_is_rated_once_with_its_lessons_each_taught_once(store: RegistryStore) -> None:
+    store.put_agent(_agent("w", "writer", "You write."))
+    assert store.apply_rating("r1", 2, by="a", agent_ids=["w"], lessons={"w": ["Say the totals."]}) is False
+    with pytest.raises(RunError, match=r"run r1 was rated 2 already \(by a at .*\): a run is rated once"):
+        store.apply_rating("r1", 1, by="b", agent_ids=["w"], lessons={"w": ["Another lesson."]})
+    # from threads at once (two processes' raters): one rating is applied
+    with ThreadPoolExecutor(4) as pool:
+        tries = [
+            pool.submit(store.apply_rating, "r2", 1, by=f"t{n}", agent_ids=["w"], lessons={})
+            for n in range(4)
+        ]
+        refused = [future.exception() for future in tries]
+    assert sum(isinstance(error, RunError) for error in refused) == 3 and refused.count(None) == 1
+    store.apply_rating("r3", 1, by="a", agent_ids=["w"], lessons={"w": ["Say the totals."]})
+    agent = store.get_agent("w")
+    assert (agent.stats.ratings, agent.stats.rating_sum) == (3, 4.0)
+    assert agent.lessons == ["Say the totals."] and agent.version == 2  # taught once: no new version
 
 
 def _bump(url: str, times: int) -> None:

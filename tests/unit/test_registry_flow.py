@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,9 +18,9 @@ from _plans import step
 from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
 from masterplanner.engine.records import briefs_json
-from masterplanner.errors import RequestError
+from masterplanner.errors import ConfigError, RequestError, RunError
 from masterplanner.registry import RegistryStore
-from masterplanner.service import RunService
+from masterplanner.service import FeedbackSummary, RunService
 
 T1 = "Read sales.csv and write the monthly totals to report.md"
 T2 = "Write the monthly totals of sales.csv to report.md"
@@ -466,3 +467,56 @@ async def test_a_small_models_next_task_carries_nothing_of_the_one_before(
         assert "autumn leaves to leaves.txt" in shown
     finally:
         engine.close()
+
+
+async def test_a_run_is_rated_once_all_or_nothing_and_only_after_something_ran(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    slow = {"purpose": "feedback", "output": {"lessons": []}, "delay_s": 0.5, "repeat": True}
+    model = f"scripted:{_team_script(write_script, slow)}"
+    service = RunService(Settings.load())
+    try:
+        done = await service.create(T1, model=model, options=RunOptions(auto_approve=True, prompt_rounds=0))
+        assert (await service.execute(done.id)).status == "succeeded"
+        agents = [f"{done.id}.load", f"{done.id}.report"]
+        # not ended, or ended before any step ran: nothing to rate
+        waiting = await service.create(T1, model=model, options=RunOptions(prompt_rounds=0))
+        with pytest.raises(RunError, match=f"run {waiting.id} is planning: a run is rated once it has ended"):
+            await service.feedback(waiting.id, rating=1)
+        await service.cancel(waiting.id)
+        with pytest.raises(RunError, match="was cancelled before any step ran: there is nothing to rate"):
+            await service.feedback(waiting.id, rating=1)
+        # text that is not UTF-8 is refused before anything is stored
+        with pytest.raises(ConfigError, match="the comment is not valid UTF-8 text"):
+            await service.feedback(done.id, rating=1, comment="bad \udcff output")
+
+        # two ratings at once: one is applied, the other refused, each agent rated once
+        outcomes = await asyncio.gather(
+            service.feedback(
+                done.id, rating=1, comment="the report step leaked api_key=abcdef123456", by="a"
+            ),
+            service.feedback(done.id, rating=2, comment="the report was bad", by="b"),
+            return_exceptions=True,
+        )
+        [summary] = [item for item in outcomes if isinstance(item, FeedbackSummary)]
+        [refused] = [item for item in outcomes if isinstance(item, RunError)]
+        assert "already" in str(refused) and "a run is rated once" in str(refused)
+        registry = RegistryStore(Settings.load().database_url)
+        try:
+            assert [registry.get_agent(agent).stats.ratings for agent in agents] == [1, 1]
+            # the comment named the report step: only its agent learns, and never a secret
+            [lesson] = registry.get_agent(agents[1]).lessons
+            assert registry.get_agent(agents[0]).lessons == []
+            assert "abcdef123456" not in lesson and (lesson.endswith('bad"') or "[secret removed]" in lesson)
+        finally:
+            registry.close()
+        assert summary.rated_agents == agents
+        audit = [event for event in await service.events(done.id) if event.kind == "run_rated"]
+        assert len(audit) == 1
+        # a rating above the low mark asks no model: one that cannot be used is not needed
+        other = await service.create(T1, model=model, options=RunOptions(auto_approve=True, prompt_rounds=0))
+        assert (await service.execute(other.id)).status == "succeeded"
+        liked = await service.feedback(other.id, rating=5, model="anthropic:claude-none")
+        assert liked.rated_agents == agents and liked.lessons == {}  # the first run's agents, reused
+    finally:
+        service.close()

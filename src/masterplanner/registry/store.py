@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from ..database import Migration, create_engine, migrate, reconnecting_methods, transaction, utc_now
 from ..errors import ConfigError, RunError, validation_problems
@@ -103,10 +104,19 @@ def _create_memories(connection: Connection) -> None:
     _text_index(connection, "memory").create(connection)
 
 
+def _create_run_ratings(connection: Connection) -> None:
+    _sql(
+        connection,
+        "CREATE TABLE IF NOT EXISTS mp_run_ratings (run_id TEXT PRIMARY KEY, rating INTEGER NOT NULL, "
+        "rated_by TEXT NOT NULL, rated_at TEXT NOT NULL)",
+    )
+
+
 REGISTRY_MIGRATIONS: list[Migration] = [
     ("registry_0001_agents_versions_cohorts_fts", _create_registry_tables),
     ("registry_0002_cohort_index_vectors", _index_cohorts_and_vectors),
     ("registry_0003_memories", _create_memories),
+    ("registry_0004_run_ratings", _create_run_ratings),
 ]
 
 RRF_K = 60
@@ -443,26 +453,30 @@ class RegistryStore:
             part for part in (spec.name, spec.role, spec.description, " ".join(spec.keywords)) if part
         )
 
-    def get_agent(self, agent_id: str, version: int | None = None) -> AgentSpec:
+    def get_agent(
+        self, agent_id: str, version: int | None = None, *, connection: Connection | None = None
+    ) -> AgentSpec:
         """The agent (its current version, or `version`), with its current stats."""
-        with self._begin("read an agent") as connection:
-            row = _sql(
+        if connection is None:
+            with self._begin("read an agent") as own:
+                return self.get_agent(agent_id, version, connection=own)
+        row = _sql(
+            connection,
+            "SELECT spec, uses, successes, failures, ratings, rating_sum FROM mp_agents WHERE id = ?",
+            (agent_id,),
+        ).first()
+        if row is None:
+            raise RunError(f"no agent {agent_id!r} in the registry (see `masterplanner agents list`)")
+        text = row[0]
+        if version is not None:
+            found = _sql(
                 connection,
-                "SELECT spec, uses, successes, failures, ratings, rating_sum FROM mp_agents WHERE id = ?",
-                (agent_id,),
+                "SELECT spec FROM mp_agent_versions WHERE agent_id = ? AND version = ?",
+                (agent_id, version),
             ).first()
-            if row is None:
-                raise RunError(f"no agent {agent_id!r} in the registry (see `masterplanner agents list`)")
-            text = row[0]
-            if version is not None:
-                found = _sql(
-                    connection,
-                    "SELECT spec FROM mp_agent_versions WHERE agent_id = ? AND version = ?",
-                    (agent_id, version),
-                ).first()
-                if found is None:
-                    raise RunError(f"agent {agent_id!r} has no version {version}")
-                text = found[0]
+            if found is None:
+                raise RunError(f"agent {agent_id!r} has no version {version}")
+            text = found[0]
         return _with_stats(text, row[1:])
 
     def versions(self, agent_id: str) -> list[int]:
@@ -515,20 +529,74 @@ class RegistryStore:
                 (agent_id,),
             )
 
-    def rate(self, agent_id: str, rating: float) -> None:
+    def rate(self, agent_id: str, rating: float, connection: Connection | None = None) -> None:
         """Add one rating (1 to 5) to an agent's stats (atomic)."""
-        with self._begin("rate an agent") as connection:
-            _sql(
+        if connection is None:
+            with self._begin("rate an agent") as own:
+                return self.rate(agent_id, rating, own)
+        _sql(
+            connection,
+            "UPDATE mp_agents SET ratings = ratings + 1, rating_sum = rating_sum + ? WHERE id = ?",
+            (rating, agent_id),
+        )
+        return None
+
+    def add_lesson(self, agent_id: str, lesson: str, connection: Connection | None = None) -> AgentSpec:
+        """Append a lesson to an agent (a new version; at most the 50 newest lessons are kept).
+
+        A lesson the agent has already is not added again (the agent is returned as it is).
+        """
+        agent = self.get_agent(agent_id, connection=connection)
+        if lesson.strip() in agent.lessons:
+            return agent
+        lessons = [*agent.lessons, lesson.strip()][-50:]
+        return self.put_agent(agent.model_copy(update={"lessons": lessons}), connection)
+
+    def check_unrated(self, run_id: str) -> None:
+        """`RunError` saying who rated the run and when, if it was rated."""
+        with self._begin("read a run's rating") as connection:
+            row = _sql(
                 connection,
-                "UPDATE mp_agents SET ratings = ratings + 1, rating_sum = rating_sum + ? WHERE id = ?",
-                (rating, agent_id),
+                "SELECT rating, rated_by, rated_at FROM mp_run_ratings WHERE run_id = ?",
+                (run_id,),
+            ).first()
+        if row is not None:
+            raise RunError(
+                f"run {run_id} was rated {row[0]} already (by {row[1]} at {row[2]}): a run is rated once"
             )
 
-    def add_lesson(self, agent_id: str, lesson: str) -> AgentSpec:
-        """Append a lesson to an agent (a new version; at most the 50 newest lessons are kept)."""
-        agent = self.get_agent(agent_id)
-        lessons = [*agent.lessons, lesson.strip()][-50:]
-        return self.put_agent(agent.model_copy(update={"lessons": lessons}))
+    def apply_rating(
+        self,
+        run_id: str,
+        rating: int,
+        *,
+        by: str,
+        agent_ids: Collection[str],
+        lessons: Mapping[str, list[str]],
+    ) -> bool:
+        """Rate the run once: its agents, its team, and the lessons, in one transaction (all or none).
+
+        `RunError` when the run was rated already (by anyone, at any time); nothing changes then.
+        Returns whether the run had a stored team to rate.
+        """
+        try:
+            with self._begin("rate a run") as connection:
+                # the claim first: of two raters at once, the second's insert waits for the first's
+                # commit and then conflicts, so its ratings and lessons are never applied
+                _sql(
+                    connection,
+                    "INSERT INTO mp_run_ratings (run_id, rating, rated_by, rated_at) VALUES (?, ?, ?, ?)",
+                    (run_id, rating, by, utc_now()),
+                )
+                for agent_id in agent_ids:
+                    self.rate(agent_id, rating, connection)
+                for agent_id, texts in lessons.items():
+                    for text in texts:
+                        self.add_lesson(agent_id, text, connection)
+                return self._rate_cohort(connection, run_id, rating)
+        except IntegrityError:
+            self.check_unrated(run_id)  # the other rating's words
+            raise
 
     def search_agents(self, query: str, limit: int = 5) -> list[tuple[AgentSpec, float]]:
         """Agents matching `query`, best first, with their scores.
@@ -782,15 +850,17 @@ class RegistryStore:
     def rate_cohort(self, cohort_id: str, rating: float) -> bool:
         """Set a cohort's rating; False when there is no such cohort (a failed run has none)."""
         with self._begin("rate a cohort") as connection:
-            row = _sql(connection, "SELECT cohort FROM mp_cohorts WHERE id = ?", (cohort_id,)).first()
-            if row is None:
-                return False
-            cohort = Cohort.model_validate_json(row[0]).model_copy(update={"rating": rating})
-            _sql(
-                connection,
-                "UPDATE mp_cohorts SET cohort = ? WHERE id = ?",
-                (cohort.model_dump_json(), cohort_id),
-            )
+            return self._rate_cohort(connection, cohort_id, rating)
+
+    @staticmethod
+    def _rate_cohort(connection: Connection, cohort_id: str, rating: float) -> bool:
+        row = _sql(connection, "SELECT cohort FROM mp_cohorts WHERE id = ?", (cohort_id,)).first()
+        if row is None:
+            return False
+        cohort = Cohort.model_validate_json(row[0]).model_copy(update={"rating": rating})
+        _sql(
+            connection, "UPDATE mp_cohorts SET cohort = ? WHERE id = ?", (cohort.model_dump_json(), cohort_id)
+        )
         return True
 
     def known_agents(self, agent_ids: list[str]) -> set[str]:
