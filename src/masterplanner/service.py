@@ -48,6 +48,7 @@ from .tools.catalog import Catalog
 if TYPE_CHECKING:
     from .registry import AgentSpec, Cohort, RegistryStore
     from .registry.memory import MemoryItem, MemoryKind, MemoryStore
+    from .registry.store import ImportedAgents
 
 _T = TypeVar("_T")
 
@@ -721,13 +722,24 @@ class RegistryService:
         """Write every agent to a JSON-lines file; returns how many."""
         return await self._run(lambda: self._store().export_agents(path))
 
-    async def import_agents(self, path: Path) -> int:
-        """Read agents from a JSON-lines file: all of them, or none if any line is invalid."""
+    async def import_agents(self, path: Path) -> ImportedAgents:
+        """Read agents from a JSON-lines file: all of them, or none if any line is invalid.
 
-        def read() -> int:
+        A line is invalid when it is not an agent or holds what an agent edit is refused for
+        (`edit_agent`). An agent stored already gets the imported one as its next version, its
+        history kept (`RegistryStore.import_agents`).
+        """
+
+        def read() -> ImportedAgents:
             if not path.is_file():
                 raise ConfigError(f"{path} is not a file")
-            return self._store().import_agents(path)
+            store = self._store()
+            specs = store.read_agents(path)
+            for number, spec in specs:
+                problems = _agent_problems(spec, self.settings)
+                if problems:
+                    raise ConfigError(f"{path}: line {number}: {'; '.join(problems)}; nothing was imported")
+            return store.import_agents([spec for _, spec in specs])
 
         return await self._run(read)
 

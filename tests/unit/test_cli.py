@@ -235,6 +235,41 @@ def test_agents_edit_with_a_failing_or_bad_editor_changes_nothing(tmp_path: Path
     assert json.loads(run("agents", "show", "poet", "--json").stdout)["name"] == "bard"
 
 
+def test_agents_import_adds_versions_and_refuses_what_an_edit_would(tmp_path: Path) -> None:
+    from masterplanner import Settings
+    from masterplanner.registry import AgentSpec, open_registry
+
+    settings = Settings.load()
+    settings.ensure_home()
+    open_registry(settings).put_agent(
+        AgentSpec(id="poet", name="poet", role="poet", system_prompt="You write.")
+    )
+    backup = tmp_path / "agents.jsonl"
+    assert run("agents", "export", str(backup)).returncode == 0
+    edited = _fake_editor(tmp_path, 'sed -i "s/You write./You write well./" "$file"')
+    assert run("agents", "edit", "poet", env={"VISUAL": edited}).returncode == 0
+    restored = run("agents", "import", str(backup))
+    assert (restored.returncode, restored.stderr) == (
+        0,
+        f"imported {backup}: 0 new, 1 updated (a new version), 0 unchanged\n",
+    )
+    shown = json.loads(run("agents", "show", "poet", "--json").stdout)
+    assert (shown["version"], shown["system_prompt"], shown["versions"]) == (3, "You write.", [1, 2, 3])
+
+    line = json.loads(backup.read_text())
+    for change, problem in [
+        ({"tools": ["nonexistent"]}, "tools names 'nonexistent', which is not a tool"),
+        ({"role": "wri\nter"}, "role: must be one line of text without control characters"),
+        ({"model": "bogus"}, "model: 'bogus' is not a model spec"),
+    ]:
+        backup.write_text(json.dumps(line | {"id": "other"}) + "\n" + json.dumps(line | change) + "\n")
+        refused = run("agents", "import", str(backup))
+        assert refused.returncode == 2
+        assert refused.stderr.startswith(f"error: {backup}: line 2: {problem}")
+        assert refused.stderr.endswith("; nothing was imported\n")
+    assert [agent["id"] for agent in json.loads(run("agents", "list", "--json").stdout)] == ["poet"]
+
+
 def test_a_config_error_inside_an_exception_group_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

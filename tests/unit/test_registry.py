@@ -142,9 +142,19 @@ def test_export_import_round_trips_and_a_corrupt_file_imports_nothing(
     before = {agent.id: agent for agent in store.list_agents()}
     store.delete_agent("one")
     store.delete_agent("two")
-    assert store.import_agents(exported) == 2
+    done = store.import_agents([spec for _, spec in store.read_agents(exported)])
+    assert (sorted(done.added), done.updated, done.unchanged) == (["one", "two"], [], [])
     after = {agent.id: agent for agent in store.list_agents()}
     assert after == before
+    # imported over agents stored since: a new version of the one that changed, history kept
+    store.put_agent(before["one"].model_copy(update={"system_prompt": "You plan better."}))
+    store.record_outcome("one", succeeded=True, rating=5)
+    again = store.import_agents([spec for _, spec in store.read_agents(exported)])
+    assert (again.added, again.updated, again.unchanged) == ([], ["one"], ["two"])
+    one = store.get_agent("one")
+    assert (one.version, one.system_prompt, store.versions("one")) == (3, "You plan.", [1, 2, 3])
+    assert store.get_agent("one", 2).system_prompt == "You plan better."
+    assert (one.stats.uses, one.stats.ratings) == (2, 2)  # its track record here, not the file's
 
     lines = exported.read_text().splitlines()
     broken = json.loads(lines[1])
@@ -154,17 +164,20 @@ def test_export_import_round_trips_and_a_corrupt_file_imports_nothing(
     with pytest.raises(
         ConfigError, match=r"corrupt\.jsonl: line 2: role: must not be empty; nothing was imported"
     ):
-        store.import_agents(corrupt)
+        store.read_agents(corrupt)
+    corrupt.write_text(lines[1] + "\n" + lines[1] + "\n")
+    with pytest.raises(ConfigError, match=r"line 2: agent '\w+' is on line 1 too; nothing was imported"):
+        store.read_agents(corrupt)
     assert sorted(agent.id for agent in store.list_agents()) == ["one", "two"]
     corrupt.write_bytes(b"\xe9\n")
     with pytest.raises(ConfigError) as latin:
-        store.import_agents(corrupt)
+        store.read_agents(corrupt)
     assert str(latin.value) == f"{corrupt}: not UTF-8 text (byte 1 is not); nothing was imported"
     with pytest.raises(ConfigError) as folder:
         store.export_agents(tmp_path)
     assert str(folder.value) == f"cannot write {tmp_path}: Is a directory"
     with pytest.raises(ConfigError) as nowhere:
-        store.import_agents(tmp_path / "missing.jsonl")
+        store.read_agents(tmp_path / "missing.jsonl")
     assert str(nowhere.value) == f"cannot read {tmp_path / 'missing.jsonl'}: No such file or directory"
 
 

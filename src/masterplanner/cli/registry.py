@@ -177,11 +177,15 @@ def agents_export(path: Annotated[Path, typer.Argument(help="The JSON-lines file
 def agents_import(
     path: Annotated[Path, typer.Argument(help="A JSON-lines file from `agents export`.")],
 ) -> None:
-    """Read agents from a JSON-lines file: all of them, or none if any line is invalid."""
-    count = _registry(lambda service: service.import_agents(path))
-    console(stderr=True).print(
-        f"imported {count} agent(s) from {shown(path)}", highlight=False, soft_wrap=True
-    )
+    """Read agents from a JSON-lines file: all of them, or none if any line is invalid.
+
+    An agent not stored yet is added; one stored already gets the imported one as its next
+    version (its history and track record here are kept), unless they are the same.
+    """
+    done = _registry(lambda service: service.import_agents(path))
+    parts = [f"{len(done.added)} new", f"{len(done.updated)} updated (a new version)"]
+    parts.append(f"{len(done.unchanged)} unchanged")
+    console(stderr=True).print(f"imported {shown(path)}: {', '.join(parts)}", highlight=False, soft_wrap=True)
 
 
 @cohorts_app.command("list")

@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,12 +43,28 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REGISTRY_MIGRATIONS",
+    "ImportedAgents",
     "RegistryStore",
     "fuse",
     "lexical_similarity",
     "open_registry",
     "query_terms",
 ]
+
+
+@dataclass
+class ImportedAgents:
+    """What `RegistryStore.import_agents` did, by agent id."""
+
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    """Each given a new version (the imported one differed from the current one)."""
+    unchanged: list[str] = field(default_factory=list)
+
+
+def _content(spec: AgentSpec) -> dict[str, Any]:
+    """What an agent's version holds (not its version number or track record)."""
+    return spec.model_dump(exclude={"version", "stats"})
 
 
 def _create_registry_tables(connection: Connection) -> None:
@@ -757,9 +773,11 @@ class RegistryStore:
             raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
         return len(agents)
 
-    def import_agents(self, path: Path) -> int:
-        """Read agents from JSON lines, all or nothing; errors name the line and field."""
-        specs = []
+    def read_agents(self, path: Path) -> list[tuple[int, AgentSpec]]:
+        """The agents of a JSON-lines file (`export_agents`'s), each with its line number.
+
+        `ConfigError` naming the line and field of the first invalid line, or an agent given twice.
+        """
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
@@ -768,22 +786,47 @@ class RegistryStore:
             ) from None
         except OSError as exc:
             raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+        specs: list[tuple[int, AgentSpec]] = []
+        lines: dict[str, int] = {}
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                specs.append(AgentSpec.model_validate_json(line))
+                spec = AgentSpec.model_validate_json(line)
             except ValidationError as exc:
                 problem = validation_problems(exc.errors()[:1], whole="line")[0]
                 raise ConfigError(f"{path}: line {number}: {problem}; nothing was imported") from None
+            if spec.id in lines:
+                raise ConfigError(
+                    f"{path}: line {number}: agent {spec.id!r} is on line {lines[spec.id]} too; "
+                    "nothing was imported"
+                )
+            lines[spec.id] = number
+            specs.append((number, spec))
+        return specs
+
+    def import_agents(self, specs: list[AgentSpec]) -> ImportedAgents:
+        """Store agents read by `read_agents`, all in one transaction.
+
+        An agent not here is added as it was exported (its version and track record). One that
+        is here gets the imported one as its next version when they differ, its history and its
+        track record here kept; one equal to its current version is left as it is.
+        """
+        imported = ImportedAgents()
         with self._begin("import agents") as connection:
             for spec in specs:
-                if _sql(connection, "DELETE FROM mp_agents WHERE id = ?", (spec.id,)).rowcount:
-                    _sql(connection, "DELETE FROM mp_agent_versions WHERE agent_id = ?", (spec.id,))
-                    _text_index(connection, "agent").delete(connection, spec.id)
-                _forget_vectors(connection, "agent", spec.id)
-                self.put_agent(spec, connection)
-        return len(specs)
+                try:
+                    current = self.get_agent(spec.id, connection=connection)
+                except RunError:
+                    self.put_agent(spec, connection)
+                    imported.added.append(spec.id)
+                    continue
+                if _content(current) == _content(spec):
+                    imported.unchanged.append(spec.id)
+                else:
+                    self.put_agent(spec, connection)
+                    imported.updated.append(spec.id)
+        return imported
 
     # ---- cohorts
 
