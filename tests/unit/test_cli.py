@@ -22,6 +22,26 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+def test_arguments_that_are_not_utf8_are_one_line_of_error() -> None:
+    for args, number in [(("runs", "show", "\udcff"), 3), (("run", "Write \udcff poem"), 2)]:
+        result = subprocess.run(
+            [
+                sys.executable.encode(),
+                b"-m",
+                b"masterplanner",
+                *(arg.encode("utf-8", "surrogateescape") for arg in args),
+            ],
+            capture_output=True,
+            timeout=120,
+        )
+        assert result.returncode == 2
+        raw = args[-1].encode("utf-8", "surrogateescape")
+        assert (
+            result.stderr.decode()
+            == f"error: argument {number} ({raw!r}) is not UTF-8 text; give it in UTF-8\n"
+        )
+
+
 def test_version() -> None:
     result = run("--version")
     assert result.returncode == 0

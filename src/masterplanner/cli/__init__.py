@@ -23,6 +23,11 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    problem = _not_utf8(args)
+    if problem is not None:
+        from ..errors import ConfigError
+
+        _fail(ConfigError(problem), debug)
     terminated = _stop_on_sigterm()
     # pydantic-ai's first-run console banner is not ours to show (it landed inside the live view)
     os.environ.setdefault("PYDANTIC_AI_NO_BANNER", "1")
@@ -44,6 +49,21 @@ def main(argv: list[str] | None = None) -> None:
         if ended.code == 130:  # typer's (silent) exit for a KeyboardInterrupt
             _interrupted(bool(terminated))
         raise
+
+
+def _not_utf8(args: list[str]) -> str | None:
+    """What is wrong with the first argument that is not UTF-8 text, or None.
+
+    Python keeps such bytes as lone surrogates, which every later write (the database, a
+    message, a file name) refused with a traceback.
+    """
+    for number, arg in enumerate(args, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = arg.encode("utf-8", "surrogateescape")
+            return f"argument {number} ({raw!r}) is not UTF-8 text; give it in UTF-8"
+    return None
 
 
 def _interrupted(by_sigterm: bool) -> NoReturn:
