@@ -36,6 +36,21 @@ def test_recall_finds_what_was_remembered_and_renews_it(registry: RegistryStore)
     assert memory.recall("quantum chromodynamics") == []
 
 
+def test_a_runs_later_episode_replaces_its_earlier_one(registry: RegistryStore) -> None:
+    memory = MemoryStore(registry)
+    memory.remember("Run r1 'sum it' failed. Error: step b failed.", kind="episode", source="r1")
+    memory.remember("Run r2 'other' succeeded.", kind="episode", source="r2")
+    fact = memory.remember("Sums are in euros.", source="r1")  # a fact of the run stays
+    memory.remember("Run r1 'sum it' succeeded. Result: 42.", kind="episode", source="r1")  # retried
+    kept = sorted((item.kind, item.source, item.text) for item in memory.list())
+    assert kept == [
+        ("episode", "r1", "Run r1 'sum it' succeeded. Result: 42."),
+        ("episode", "r2", "Run r2 'other' succeeded."),
+        ("fact", "r1", fact.text),
+    ]
+    assert all("failed" not in item.text for item in memory.recall("sum it failed") if item.source == "r1")
+
+
 def test_expired_memories_are_gone_and_the_cap_evicts_the_least_recently_used(
     registry: RegistryStore,
 ) -> None:
@@ -94,7 +109,7 @@ def test_the_memory_commands(registry: RegistryStore) -> None:
     assert mp("rm", kept.id).returncode == 0
     assert json.loads(mp("list", "--json").stdout) == []
     gone = mp("rm", kept.id)
-    assert gone.returncode == 1 and f"no memory '{kept.id}'" in gone.stderr
+    assert gone.returncode == 2 and f"no memory '{kept.id}'" in gone.stderr
 
 
 async def test_agents_remember_and_a_later_run_recalls_the_fact_and_the_episode(

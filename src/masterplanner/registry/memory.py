@@ -22,7 +22,7 @@ from typing import Literal
 from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
-from ..errors import ToolError
+from ..errors import NotFoundError, ToolError
 from ..redaction import looks_secret
 from .store import RegistryStore, _count_write, _sql, _text_index
 
@@ -68,7 +68,11 @@ class MemoryStore:
         self.max_items = max_items
 
     def remember(self, text: str, *, kind: MemoryKind = "fact", source: str = "") -> MemoryItem:
-        """Store `text`; raises `ToolError` for empty, oversized or secret-looking text."""
+        """Store `text`; raises `ToolError` for empty, oversized or secret-looking text.
+
+        An episode replaces the earlier episode of the same `source` (a run retried after it
+        failed is one account of how it ended, not one for each end).
+        """
         text = text.strip()
         if not text:
             raise ToolError("there is nothing to remember: the text is empty")
@@ -79,6 +83,14 @@ class MemoryStore:
         now = _now()
         item = MemoryItem(f"m{secrets.token_hex(6)}", kind, text, source[:200], now, now, _now(self.ttl_days))
         with self.registry._begin("remember") as connection:
+            if kind == "episode" and source:
+                earlier = _sql(
+                    connection,
+                    "SELECT id FROM mp_memories WHERE kind = 'episode' AND source = ?",
+                    (source[:200],),
+                ).all()
+                for row in earlier:
+                    _delete(connection, row[0])
             _sql(
                 connection,
                 f"INSERT INTO mp_memories ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -147,7 +159,7 @@ class MemoryStore:
         """Delete one memory."""
         with self.registry._begin("forget a memory") as connection:
             if not _delete(connection, memory_id):
-                raise ToolError(f"no memory {memory_id!r} (see `masterplanner memory list`)")
+                raise NotFoundError(f"no memory {memory_id!r} (see `masterplanner memory list`)")
             _count_write(connection)
 
 
