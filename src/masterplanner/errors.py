@@ -45,6 +45,7 @@ __all__ = [
     "ModelFileError",
     "ModelRetriesExhaustedError",
     "ModelSpecError",
+    "NotFoundError",
     "PlanError",
     "RequestClosedError",
     "RequestError",
@@ -149,7 +150,13 @@ class RunError(MasterplannerError):
     """A run cannot be found, resumed, cancelled or stored."""
 
 
-class RunNotFoundError(RunError):
+class NotFoundError(MasterplannerError):
+    """An id names nothing: no such agent, team or memory (`RunNotFoundError`: no such run); the API's 404."""
+
+    exit_code = 2
+
+
+class RunNotFoundError(RunError, NotFoundError):
     """No run has the id given, or the id's start given is the start of several runs' ids."""
 
     exit_code = 2

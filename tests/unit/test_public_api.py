@@ -20,6 +20,7 @@ def test_all_is_pinned_and_importable() -> None:
         "ModelFileError",
         "ModelRetriesExhaustedError",
         "ModelSpecError",
+        "NotFoundError",
         "Plan",
         "PlanError",
         "PlanExample",

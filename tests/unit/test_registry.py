@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from masterplanner.errors import ConfigError, RunError
+from masterplanner.errors import ConfigError, NotFoundError, RunError
 from masterplanner.registry import AgentSpec, Cohort, RegistryStore
 
 
@@ -39,7 +39,7 @@ def test_versions_search_and_delete(store: RegistryStore) -> None:
     assert [agent.id for agent, _ in store.search_agents("totals from a csv")] == ["csv"]
     assert store.search_agents("monthly") == []  # only the current version is indexed
     store.delete_agent("poet")
-    with pytest.raises(RunError, match="no agent 'poet'"):
+    with pytest.raises(NotFoundError, match="no agent 'poet'"):
         store.get_agent("poet")
     assert store.search_agents("haiku") == []
 
@@ -207,7 +207,7 @@ def test_cohorts_and_the_cli(store: RegistryStore) -> None:
     assert [c["id"] for c in json.loads(mp("cohorts", "list", "--json").stdout)] == ["c1"]
     missing = mp("agents", "show", "nobody")
     assert (missing.returncode, missing.stderr.strip()) == (
-        1,
+        2,  # an id that names nothing is a usage error, as for runs
         "error: no agent 'nobody' in the registry (see `masterplanner agents list`)",
     )
     assert mp("cohorts", "rm", "c1").returncode == 0

@@ -73,7 +73,7 @@ def _print_checks(checks: list[Check], settings: Settings) -> None:
 
 @app.command()
 def chat(
-    prompt: Annotated[str, typer.Argument(help="What to ask the model.")],
+    prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="What to ask the model.")],
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Model spec: local, openai:NAME, scripted:FILE, …")
     ] = None,
@@ -105,7 +105,7 @@ def chat(
 
 @app.command(short_help="Plan a task: steps, tools and dependencies.")
 def plan(
-    task: Annotated[str, typer.Argument(help="The task to plan.")],
+    task: Annotated[str, typer.Argument(metavar="TASK", help="The task to plan.")],
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Model spec (default: the model setting).")
     ] = None,

@@ -86,7 +86,7 @@ def agents_list(as_json: JsonFlag = False) -> None:
 
 @agents_app.command("show")
 def agents_show(
-    agent_id: Annotated[str, typer.Argument(help="The agent's id.")],
+    agent_id: Annotated[str, typer.Argument(metavar="AGENT_ID", help="The agent's id.")],
     version: Annotated[int | None, typer.Option("--version", help="An older version.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -117,7 +117,7 @@ def agents_show(
 
 @agents_app.command("search")
 def agents_search(
-    query: Annotated[str, typer.Argument(help="What the agent should do.")],
+    query: Annotated[str, typer.Argument(metavar="QUERY", help="What the agent should do.")],
     limit: Annotated[int, typer.Option("--limit", help="How many results.")] = 5,
     as_json: JsonFlag = False,
 ) -> None:
@@ -135,7 +135,7 @@ def agents_search(
 
 
 @agents_app.command("edit")
-def agents_edit(agent_id: Annotated[str, typer.Argument(help="The agent's id.")]) -> None:
+def agents_edit(agent_id: Annotated[str, typer.Argument(metavar="AGENT_ID", help="The agent's id.")]) -> None:
     """Edit an agent in $VISUAL or $EDITOR (JSON); saving makes a new version, older ones stay readable."""
     from ..errors import ConfigError
     from ..review import edit_in_editor
@@ -160,14 +160,16 @@ def agents_edit(agent_id: Annotated[str, typer.Argument(help="The agent's id.")]
 
 
 @agents_app.command("rm")
-def agents_rm(agent_id: Annotated[str, typer.Argument(help="The agent's id.")]) -> None:
+def agents_rm(agent_id: Annotated[str, typer.Argument(metavar="AGENT_ID", help="The agent's id.")]) -> None:
     """Remove an agent and every version of it."""
     _registry(lambda service: service.remove_agent(agent_id))
     console(stderr=True).print(f"removed agent {shown(agent_id)}", highlight=False, soft_wrap=True)
 
 
 @agents_app.command("export")
-def agents_export(path: Annotated[Path, typer.Argument(help="The JSON-lines file to write.")]) -> None:
+def agents_export(
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="The JSON-lines file to write.")],
+) -> None:
     """Write every agent to a JSON-lines file (import reads it back exactly)."""
     count = _registry(lambda service: service.export_agents(path))
     console(stderr=True).print(f"exported {count} agent(s) to {shown(path)}", highlight=False, soft_wrap=True)
@@ -175,7 +177,7 @@ def agents_export(path: Annotated[Path, typer.Argument(help="The JSON-lines file
 
 @agents_app.command("import")
 def agents_import(
-    path: Annotated[Path, typer.Argument(help="A JSON-lines file from `agents export`.")],
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="A JSON-lines file from `agents export`.")],
 ) -> None:
     """Read agents from a JSON-lines file: all of them, or none if any line is invalid.
 
@@ -205,7 +207,8 @@ def cohorts_list(as_json: JsonFlag = False) -> None:
 
 @cohorts_app.command("show")
 def cohorts_show(
-    cohort_id: Annotated[str, typer.Argument(help="The cohort's id.")], as_json: JsonFlag = False
+    cohort_id: Annotated[str, typer.Argument(metavar="COHORT_ID", help="The cohort's id.")],
+    as_json: JsonFlag = False,
 ) -> None:
     """One cohort: task, plan shape, agents, outcome, rating."""
     cohort = _registry(lambda service: service.cohort(cohort_id))
@@ -213,7 +216,9 @@ def cohorts_show(
 
 
 @cohorts_app.command("rm")
-def cohorts_rm(cohort_id: Annotated[str, typer.Argument(help="The cohort's id.")]) -> None:
+def cohorts_rm(
+    cohort_id: Annotated[str, typer.Argument(metavar="COHORT_ID", help="The cohort's id.")],
+) -> None:
     """Remove a cohort (its agents stay)."""
     _registry(lambda service: service.remove_cohort(cohort_id))
     console(stderr=True).print(f"removed cohort {shown(cohort_id)}", highlight=False, soft_wrap=True)
@@ -301,7 +306,7 @@ def memory_list(kind: KindOption = None, as_json: JsonFlag = False) -> None:
 
 @memory_app.command("search")
 def memory_search(
-    query: Annotated[str, typer.Argument(help="What to look for.")],
+    query: Annotated[str, typer.Argument(metavar="QUERY", help="What to look for.")],
     kind: KindOption = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=100, help="How many results.")] = 5,
     as_json: JsonFlag = False,
@@ -312,7 +317,9 @@ def memory_search(
 
 
 @memory_app.command("rm")
-def memory_rm(memory_id: Annotated[str, typer.Argument(help="The memory's id.")]) -> None:
+def memory_rm(
+    memory_id: Annotated[str, typer.Argument(metavar="MEMORY_ID", help="The memory's id.")],
+) -> None:
     """Forget one memory."""
     _registry(lambda service: service.forget(memory_id))
     console(stderr=True).print(f"forgot {shown(memory_id)}", highlight=False, soft_wrap=True)

@@ -28,7 +28,7 @@ runs_app = typer.Typer(help="List, inspect, answer, resume, retry and cancel run
 app.add_typer(runs_app, name="runs")
 
 _EXIT = {"succeeded": 0, "failed": 1, "cancelled": 1}
-RunId = Annotated[str, typer.Argument(help="The run's id (a unique prefix is enough).")]
+RunId = Annotated[str, typer.Argument(metavar="RUN_ID", help="The run's id (a unique prefix is enough).")]
 T = TypeVar("T")
 
 
@@ -56,7 +56,7 @@ def _call(service: RunService, work: Callable[[RunService], Awaitable[T]]) -> T:
 
 @app.command(short_help="Plan a task, review the plan, then run it.")
 def run(
-    task: Annotated[str, typer.Argument(help="The task to do.")],
+    task: Annotated[str, typer.Argument(metavar="TASK", help="The task to do.")],
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Model spec (default: the model setting).")
     ] = None,
@@ -528,7 +528,10 @@ def _usage_table(usage: dict[str, Any]) -> Any:
 @runs_app.command("pending", short_help="List the open requests runs wait on.")
 def runs_pending(
     run_id: Annotated[
-        str | None, typer.Argument(help="Only this run's requests (a unique prefix of its id is enough).")
+        str | None,
+        typer.Argument(
+            metavar="RUN_ID", help="Only this run's requests (a unique prefix of its id is enough)."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -562,7 +565,9 @@ def runs_pending(
 
 @runs_app.command("answer", short_help="Answer a run's open request.")
 def runs_answer(
-    request_id: Annotated[str, typer.Argument(help="The request's id (from `runs pending`).")],
+    request_id: Annotated[
+        str, typer.Argument(metavar="REQUEST_ID", help="The request's id (from `runs pending`).")
+    ],
     approve: Annotated[
         bool, typer.Option("--approve", help="Yes: approve the plan, allow the tool call, store the team.")
     ] = False,

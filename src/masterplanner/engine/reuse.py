@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PlanError, RunError
+from ..errors import NotFoundError, PlanError, RunError
 from ..plan import Plan, Step, validate_plan
 from ..planner import PlanExample
 from ..registry import AgentSpec, Cohort, RegistryStore
@@ -71,7 +71,7 @@ def reusable_cohort(
         try:
             plan = validate_plan(cohort.plan, catalog)
             agents = {step_id: registry.get_agent(agent_id) for step_id, agent_id in cohort.agents.items()}
-        except (PlanError, RunError):
+        except (PlanError, NotFoundError, RunError):
             continue  # a tool is not available now, or an agent was removed: plan afresh
         if set(agents) != set(plan.ids):
             continue

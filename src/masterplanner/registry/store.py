@@ -34,7 +34,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..database import Migration, create_engine, migrate, reconnecting_methods, transaction, utc_now
-from ..errors import ConfigError, RunError, validation_problems
+from ..errors import ConfigError, NotFoundError, RunError, validation_problems
 from .embedders import TextEmbedder
 from .specs import AgentSpec, AgentStats, Cohort
 
@@ -482,7 +482,7 @@ class RegistryStore:
             (agent_id,),
         ).first()
         if row is None:
-            raise RunError(f"no agent {agent_id!r} in the registry (see `masterplanner agents list`)")
+            raise NotFoundError(f"no agent {agent_id!r} in the registry (see `masterplanner agents list`)")
         text = row[0]
         if version is not None:
             found = _sql(
@@ -520,7 +520,7 @@ class RegistryStore:
         with self._begin("delete an agent") as connection:
             deleted = _sql(connection, "DELETE FROM mp_agents WHERE id = ?", (agent_id,)).rowcount
             if not deleted:
-                raise RunError(f"no agent {agent_id!r} in the registry")
+                raise NotFoundError(f"no agent {agent_id!r} in the registry")
             _sql(connection, "DELETE FROM mp_agent_versions WHERE agent_id = ?", (agent_id,))
             _text_index(connection, "agent").delete(connection, agent_id)
             _forget_vectors(connection, "agent", agent_id)
@@ -817,7 +817,7 @@ class RegistryStore:
             for spec in specs:
                 try:
                     current = self.get_agent(spec.id, connection=connection)
-                except RunError:
+                except NotFoundError:
                     self.put_agent(spec, connection)
                     imported.added.append(spec.id)
                     continue
@@ -851,7 +851,7 @@ class RegistryStore:
         with self._begin("read a cohort") as connection:
             row = _sql(connection, "SELECT cohort FROM mp_cohorts WHERE id = ?", (cohort_id,)).first()
         if row is None:
-            raise RunError(f"no cohort {cohort_id!r} in the registry (see `masterplanner cohorts list`)")
+            raise NotFoundError(f"no cohort {cohort_id!r} in the registry (see `masterplanner cohorts list`)")
         return Cohort.model_validate_json(row[0])
 
     def list_cohorts(self) -> list[Cohort]:
@@ -919,7 +919,7 @@ class RegistryStore:
         """Remove a cohort (its agents stay)."""
         with self._begin("delete a cohort") as connection:
             if not _sql(connection, "DELETE FROM mp_cohorts WHERE id = ?", (cohort_id,)).rowcount:
-                raise RunError(f"no cohort {cohort_id!r} in the registry")
+                raise NotFoundError(f"no cohort {cohort_id!r} in the registry")
             _text_index(connection, "cohort").delete(connection, cohort_id)
             _forget_vectors(connection, "cohort", cohort_id)
 

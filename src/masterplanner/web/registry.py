@@ -11,7 +11,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
 
-from ..errors import MasterplannerError
+from ..errors import MasterplannerError, NotFoundError
 from ..registry import AgentSpec, Cohort
 from ..service import RegistryService
 from .api import REFUSALS
@@ -34,7 +34,7 @@ def _registry(request: Request) -> RegistryService:
 async def _agent(registry: RegistryService, agent_id: str, version: int | None = None) -> AgentSpec:
     try:
         return await registry.agent(agent_id, version)
-    except MasterplannerError:
+    except NotFoundError:
         what = f"agent {agent_id!r}" + (f" version {version}" if version is not None else "")
         raise HTTPException(404, f"no {what} in the registry") from None
 
@@ -42,7 +42,7 @@ async def _agent(registry: RegistryService, agent_id: str, version: int | None =
 async def _team(registry: RegistryService, team_id: str) -> Cohort:
     try:
         return await registry.cohort(team_id)
-    except MasterplannerError:
+    except NotFoundError:
         raise HTTPException(404, f"no team {team_id!r} in the registry") from None
 
 
@@ -133,7 +133,7 @@ async def forget(request: Request, memory_id: str) -> Response:
     """Forget one memory."""
     try:
         await _registry(request).forget(memory_id)
-    except MasterplannerError:
+    except NotFoundError:
         raise HTTPException(404, f"no memory {memory_id!r}") from None
     return Response(status_code=204)
 
@@ -235,6 +235,6 @@ async def memory_forget(request: Request, memory_id: str) -> Response:
     """Forget one memory."""
     try:
         await _registry(request).forget(memory_id)
-    except MasterplannerError:
+    except NotFoundError:
         raise HTTPException(404, f"no memory {memory_id!r}") from None
     return RedirectResponse("/memory", status_code=303)
