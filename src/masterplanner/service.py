@@ -539,11 +539,11 @@ class RunService:
         if request.kind == "ask_user":
             if text is None:
                 raise RequestError(
-                    f"request {request.id} is an agent's question: answer it with a text (--text)"
+                    f"request {request.id} is an agent's question: answer it with a text, not a yes or no"
                 )
             answer = {"text": text}
         elif text is not None:
-            raise RequestError(f"request {request.id} asks yes or no: answer it with --approve or --deny")
+            raise RequestError(f"request {request.id} asks yes or no: approve or deny it, not a text")
         elif request.kind in ("plan_review", "replan"):
             answer = (
                 {"action": "approve"} if approve else {"action": "reject", "reason": reason or "rejected"}

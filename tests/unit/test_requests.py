@@ -58,7 +58,7 @@ def test_a_run_with_no_terminal_input_is_answered_from_another_process(
         wrong = mp("runs", "answer", review["id"], "--text", "yes please")
         assert (wrong.returncode, wrong.stderr.strip()) == (
             2,
-            f"error: request {review['id']} asks yes or no: answer it with --approve or --deny",
+            f"error: request {review['id']} asks yes or no: approve or deny it, not a text",
         )
         answer(review["id"], "--approve")
 
