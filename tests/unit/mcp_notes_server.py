@@ -8,6 +8,8 @@ server = MCPServer("notes")
 @server.tool()
 def shout(text: str) -> str:
     """Return the text in capital letters."""
+    if not text:  # a failure of the tool itself, for the tests
+        raise ValueError("there is nothing to shout")
     return text.upper()
 
 

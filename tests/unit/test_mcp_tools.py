@@ -13,7 +13,7 @@ import pytest
 from _plans import step
 
 from masterplanner import ConfigError, Settings
-from masterplanner.tools.mcp import McpServer, discover_tools
+from masterplanner.tools.mcp import McpServer, argument_problems, discover_tools
 
 SERVER = str(Path(__file__).with_name("mcp_notes_server.py"))
 
@@ -28,6 +28,25 @@ async def test_discovery_names_tools_after_their_server() -> None:
         await discover_tools(
             {"broken": McpServer(command=sys.executable, args=["-c", "raise SystemExit(3)"])}
         )
+
+
+def test_arguments_are_checked_against_the_declared_schema_in_our_words() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "mode": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
+        "required": ["text"],
+        "additionalProperties": False,
+    }
+    assert argument_problems(schema, {"text": "x", "mode": "a", "n": 2}) == []
+    assert argument_problems(schema, {"mode": "c", "n": "2", "extra": 1}) == [
+        "missing argument 'text'",
+        "unexpected argument 'extra'",
+        "argument 'mode' should be one of 'a', 'b'",
+        "argument 'n' should be of type integer",
+    ]
+    assert (
+        argument_problems({"type": "nonsense"}, {"a": 1}) == []
+    )  # a schema that cannot be read: the server decides
 
 
 def test_server_settings_need_exactly_one_transport(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +79,13 @@ def test_a_run_calls_an_mcp_tool(write_script: Callable[..., Path]) -> None:
     script = write_script(
         [
             {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_shout"])]}},
-            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": "hello"}}]},
+            # arguments that do not fit the server's schema go back to the model, not to the server
+            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"txt": "hello"}}]},
+            {
+                "purpose": "step:loud",
+                "expect": ["the arguments do not fit notes_shout: missing argument 'text'"],
+                "tool_calls": [{"name": "notes_shout", "args": {"text": "hello"}}],
+            },
             {"purpose": "step:loud", "output": "shouted"},
             {"purpose": "*", "repeat": True},
         ]
@@ -128,7 +153,13 @@ def test_a_server_that_prints_a_line_of_its_own_does_not_fill_the_terminal(
     script = write_script(
         [
             {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_shout"])]}},
-            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": "hello"}}]},
+            # arguments that do not fit the server's schema go back to the model, not to the server
+            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"txt": "hello"}}]},
+            {
+                "purpose": "step:loud",
+                "expect": ["the arguments do not fit notes_shout: missing argument 'text'"],
+                "tool_calls": [{"name": "notes_shout", "args": {"text": "hello"}}],
+            },
             {"purpose": "step:loud", "output": "shouted"},
             {"purpose": "*", "repeat": True},
         ]
@@ -145,7 +176,7 @@ def test_a_tool_error_of_a_server_reaches_the_agent_as_a_failure_without_a_libra
     script = write_script(
         [
             {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_shout"])]}},
-            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": 123}}]},
+            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": ""}}]},
             {
                 "purpose": "step:loud",
                 "output": "gave up",

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic_ai import RunContext, Tool
+from pydantic_ai import ModelRetry, RunContext, Tool
 
 from ..tools import BUILTIN_TOOL_NAMES, builtin_tool
 from ..tools.context import StepDeps, ToolContext
-from ..tools.mcp import call_mcp_tool, split_tool_name
+from ..tools.mcp import argument_problems, call_mcp_tool, split_tool_name
 from ..tools.team import TEAM_TOOLS
 
 __all__ = ["runnable_tools", "step_tools", "team_tools"]
@@ -45,6 +45,11 @@ def _mcp_tool(name: str, context: ToolContext) -> Tool[StepDeps] | None:
     server, tool = found
 
     async def call(ctx: RunContext[StepDeps], **arguments: Any) -> str:
+        # pydantic-ai passes a schema-given tool's arguments unchecked: checked here as a shipped
+        # tool's are, so a call that does not fit is the model's to fix, before anyone is asked
+        problems = argument_problems(spec.args_schema, arguments)
+        if problems:
+            raise ModelRetry(f"the arguments do not fit {name}: {'; '.join(problems)}")
         config = ctx.deps.context.mcp_servers[server]
         return await ctx.deps.run_tool(name, arguments, lambda: call_mcp_tool(config, tool, arguments))
 

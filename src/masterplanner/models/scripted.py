@@ -17,7 +17,7 @@ calls; `"repeat": true` keeps an entry answering every later call of its purpose
 answers any call whose own purpose has no entry left. An entry with neither `output` nor
 `tool_calls` returns the smallest valid instance of the requested output schema (or a short
 text). `"expect": ["text", …]` makes the call fail with `ScriptError` unless its request (the
-instructions, prompts and tool results it was sent) contains every text, so a test can check
+instructions, prompts, tool results and retry prompts it was sent) contains every text, so a test can check
 what a model was shown. `"cut_off": true` ends the reply as a model that reached its output
 limit does (finish reason `length`), for a text `output` such as a JSON reply cut short. A call
 with no entry left fails with `ScriptExhaustedError` naming its purpose. `"small_model": true`
@@ -42,6 +42,7 @@ from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
     ModelResponsePart,
+    RetryPromptPart,
     SystemPromptPart,
     TextPart,
     ToolCallPart,
@@ -194,7 +195,7 @@ class ScriptedModel(Model):
             part.content if isinstance(part.content, str) else json.dumps(part.content, default=str)
             for message in messages
             for part in message.parts
-            if isinstance(part, UserPromptPart | ToolReturnPart | SystemPromptPart)
+            if isinstance(part, UserPromptPart | ToolReturnPart | SystemPromptPart | RetryPromptPart)
         ]
         request = "\n".join(texts)
         for wanted in entry.expect:

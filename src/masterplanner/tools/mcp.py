@@ -29,7 +29,14 @@ from .catalog import ToolSpec
 logging.getLogger("mcp").addHandler(logging.NullHandler())
 logging.getLogger("mcp").propagate = False
 
-__all__ = ["McpServer", "discover_tools", "mcp_client", "mcp_tool_name", "split_tool_name"]
+__all__ = [
+    "McpServer",
+    "argument_problems",
+    "discover_tools",
+    "mcp_client",
+    "mcp_tool_name",
+    "split_tool_name",
+]
 
 
 class McpServer(BaseModel):
@@ -130,3 +137,40 @@ async def call_mcp_tool(server: McpServer, tool: str, arguments: dict[str, Any])
     if result.is_error:
         raise ToolError(f"the tool reported an error: {text}")
     return text
+
+
+def argument_problems(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a call's `arguments` by the tool's declared input schema, in our words.
+
+    An empty list when they fit, or when the schema itself cannot be read (the server decides).
+    """
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError:
+        return []
+    problems: list[str] = []
+    for error in sorted(
+        Draft202012Validator(schema).iter_errors(dict(arguments)), key=lambda e: list(e.path)
+    ):
+        where = ".".join(str(part) for part in error.path)
+        if error.validator == "required" and isinstance(error.validator_value, list):
+            missing = [name for name in error.validator_value if name not in (error.instance or {})]
+            problems.extend(f"missing argument {(where + '.' if where else '') + name!r}" for name in missing)
+        elif error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            known = set((error.schema.get("properties") or {}) if isinstance(error.schema, dict) else ())
+            problems.extend(
+                f"unexpected argument {(where + '.' if where else '') + name!r}"
+                for name in error.instance
+                if name not in known
+            )
+        elif error.validator == "type":
+            problems.append(f"argument {where!r} should be of type {error.validator_value}")
+        elif error.validator == "enum" and isinstance(error.validator_value, list):
+            allowed = ", ".join(repr(value) for value in error.validator_value[:10])
+            problems.append(f"argument {where!r} should be one of {allowed}")
+        else:
+            problems.append(f"argument {where!r}: {error.message}" if where else error.message)
+    return problems[:10]
