@@ -111,7 +111,8 @@ async def give_feedback(
         )
     # said before the analysis's model call; `apply_rating` decides
     await asyncio.to_thread(registry.check_unrated, run_id)
-    result = FeedbackResult(rated_agents=list(involved.values()))
+    # an agent reused by several steps is rated once for the run
+    result = FeedbackResult(rated_agents=list(dict.fromkeys(involved.values())))
     lessons: dict[str, list[str]] = {}
     if rating <= LOW_RATING:
         if model is not None:

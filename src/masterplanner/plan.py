@@ -123,6 +123,8 @@ def validate_task(task: str) -> str:
         raise PlanError(
             [f"the task is {len(text):,} characters; the limit is {MAX_TASK_CHARS:,}"], context="invalid task"
         )
+    if "\x00" in text:  # text is never meant to hold it; searches stopped at it
+        raise PlanError(["the task holds a NUL character"], context="invalid task")
     return text
 
 

@@ -520,3 +520,22 @@ async def test_a_run_is_rated_once_all_or_nothing_and_only_after_something_ran(
         assert liked.rated_agents == agents and liked.lessons == {}  # the first run's agents, reused
     finally:
         service.close()
+
+
+async def test_an_agent_reused_by_two_steps_is_rated_once(isolated: Path) -> None:
+    from masterplanner.feedback import give_feedback
+    from masterplanner.plan import Plan
+    from masterplanner.registry import AgentSpec
+
+    settings = Settings.load()
+    settings.ensure_home()
+    registry = RegistryStore(settings.database_url)
+    try:
+        registry.put_agent(AgentSpec(id="shared", name="writer", role="writer", system_prompt="You write."))
+        plan = Plan.model_validate({"task": "t", "steps": [step("a", tools=[]), step("b", "a", tools=[])]})
+        agents = {"a": {"agent_id": "shared"}, "b": {"agent_id": "shared"}}
+        done = await give_feedback(registry, run_id="r", plan=plan, agents=agents, outputs={}, rating=4)
+        assert done.rated_agents == ["shared"]
+        assert registry.get_agent("shared").stats.ratings == 1
+    finally:
+        registry.close()

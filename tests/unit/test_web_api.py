@@ -137,6 +137,11 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
         ),
         ({"task": 5}, ["body.task: should be text, got a number"]),
         ({"task": "x" * 20_001}, ["body.task: is 20,001 characters; the limit is 20,000"]),
+        ({"task": "x", "model": ""}, ["body.model: must not be empty"]),  # not "the setting"
+        (
+            {"task": "x", "workspace": "/tmp/a\u0000b"},
+            ["body.workspace: must be an absolute path on the server, got '/tmp/a\\x00b'"],
+        ),
     ],
 )
 async def test_bad_requests_name_the_field_and_store_nothing(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import os
 import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -140,6 +141,15 @@ async def test_a_bad_task_is_shown_on_the_form_and_nothing_is_stored(client: htt
     assert "<details open>" in bad.text and 'value="99"' in bad.text and 'value="3"' in bad.text
     assert '<option value="off" selected>' in bad.text and 'name="check_outputs" checked' in bad.text
     assert "Steps running at once (1-64)" in bad.text and "Replans of failed steps (0-10)" in bad.text
+    # a relative workspace would be a folder wherever the server was started: refused, as the API does
+    relative = await client.post("/new", data={"task": "t", "workspace": "relative/path"})
+    assert relative.status_code == 422 and 'value="relative/path"' in relative.text
+    assert (
+        "the workspace folder must be an absolute path on the server, got &#39;relative/path&#39;"
+        in relative.text
+    )
+    nul = await client.post("/api/v1/runs", json={"task": "a\u0000b"})
+    assert (nul.status_code, nul.json()["problems"]) == (422, ["the task holds a NUL character"])
     assert (await client.get("/api/v1/runs")).json() == []
 
 
@@ -227,6 +237,14 @@ async def test_a_failed_run_is_retried_from_its_page(
     assert "Model calls for the whole run (now 13; used 13)" in body
     assert "Tokens for the whole run (now 2000000; used " in body
     assert (await client.get(f"/runs/{run_id}/body?failed=1")).status_code == 204  # still failed
+    # a file whose name is not UTF-8 is shown escaped, not linked (the page was a 500)
+    workspace = (await client.get(f"/api/v1/runs/{run_id}")).json()["workspace"]
+    odd = os.open(os.path.join(os.fsencode(workspace), b"odd\xffname.txt"), os.O_CREAT | os.O_WRONLY)
+    os.write(odd, b"x")
+    os.close(odd)
+    page = await client.get(f"/runs/{run_id}/body")
+    assert page.status_code == 200 and "odd\\xffname.txt (its name is not UTF-8) (1 bytes)" in page.text
+    assert (await client.get(f"/runs/{run_id}/file", params={"path": "a\x00b"})).status_code == 404
     # the page's live stream starts after the events it was rendered with: a failed run's has no
     # change to send, none that would refetch the body and close a retry form the person opened
     page = (await client.get(f"/runs/{run_id}")).text

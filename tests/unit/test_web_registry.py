@@ -77,6 +77,7 @@ async def test_agents_and_teams_through_the_api(
     assert edited.status_code == 200, edited.text
     assert (edited.json()["version"], edited.json()["system_prompt"]) == (2, "Write it short.")
     assert (await client.get(f"/api/v1/agents/{agent_id}", params={"version": 1})).json()["version"] == 1
+    assert (await client.get(f"/api/v1/agents/{agent_id}", params={"version": 99})).status_code == 404
     bad = await client.put(
         f"/api/v1/agents/{agent_id}", json=agent | {"system_prompt": "", "tools": ["nope"]}
     )

@@ -150,8 +150,12 @@ class Engine:
         it executes it. `by`: who created it (`front end@host:pid`), for the audit log.
         """
         task = validate_task(task)
-        if model is not None and (not isinstance(model, str) or not model.strip()):
+        if model is not None and (not isinstance(model, str) or not model.strip() or "\x00" in model):
             raise ConfigError(f"model must be a model spec (None: the model setting), got {model!r}")
+        if workspace is not None and "\x00" in str(workspace):
+            raise ConfigError(
+                f"the workspace must be a folder's path, got {str(workspace)!r} (it holds a NUL)"
+            )
         spec = model or self.settings.model
         try:
             small = uses_clause_plans(resolve_model(spec, self.settings))

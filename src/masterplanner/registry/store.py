@@ -491,7 +491,7 @@ class RegistryStore:
                 (agent_id, version),
             ).first()
             if found is None:
-                raise RunError(f"agent {agent_id!r} has no version {version}")
+                raise NotFoundError(f"agent {agent_id!r} has no version {version}")
             text = found[0]
         return _with_stats(text, row[1:])
 

@@ -180,7 +180,9 @@ class RunIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     task: str = Field(min_length=1, max_length=MAX_TASK_CHARS)
-    model: str | None = Field(default=None, max_length=2_000, description="Model spec (default: setting).")
+    model: str | None = Field(
+        default=None, min_length=1, max_length=2_000, description="Model spec (left out: the setting)."
+    )
     workspace: str | None = Field(
         default=None,
         max_length=4_096,
@@ -194,9 +196,15 @@ class RunIn(BaseModel):
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
         # a relative one would be resolved against wherever the server was started
-        if value is not None and not value.startswith("/"):
-            raise ValueError(f"must be an absolute path on the server, got {value[:200]!r}")
-        return value
+        return value if value is None else workspace_path(value)
+
+
+def workspace_path(value: str) -> str:
+    """`value` as a workspace folder on the server; ValueError unless it is an absolute path."""
+    # a relative one would be resolved against wherever the server was started
+    if not value.startswith("/") or "\x00" in value:
+        raise ValueError(f"must be an absolute path on the server, got {value[:200]!r}")
+    return value
 
 
 class AnswerIn(BaseModel):
@@ -385,7 +393,7 @@ async def create_run(request: Request, body: RunIn) -> dict[str, Any]:
     executions: Executions = request.app.state.executions
     record = await service.create(
         body.task,
-        model=body.model or settings.model,
+        model=body.model if body.model is not None else settings.model,
         options=options,
         workspace=workspace,
         for_workers=executions.for_workers,

@@ -27,7 +27,7 @@ from ..estimate import estimate_run
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 from ..usage import money
-from .api import Executions, event_seq, existing_run
+from .api import Executions, event_seq, existing_run, workspace_path
 from .auth import COOKIE, same_token
 from .graph import plan_svg
 
@@ -172,6 +172,11 @@ async def create_run(request: Request) -> Response:
         return templates.TemplateResponse(request, "new.html", context, status_code=422)
 
     try:
+        if workspace:
+            try:
+                workspace_path(workspace)
+            except ValueError as problem:
+                raise ValueError(f"the workspace folder {problem}") from None
         wholes = {name: _whole(form, name, default, *limits) for name, _, limits, default in _NEW_RUN_FIELDS}
         options = RunOptions(
             auto_approve=yes,
@@ -405,6 +410,8 @@ async def workspace_file(request: Request, run_id: str, path: str) -> Response:
 
 def _inside(workspace: str, path: str) -> str | None:
     """The regular file `path` names inside `workspace` (links resolved, and still inside), or None."""
+    if "\x00" in path:  # no file has it in its name (the path functions refuse it with an error)
+        return None
     root = os.path.realpath(workspace)
     target = os.path.realpath(os.path.join(root, path))
     if os.path.commonpath([root, target]) != root or not os.path.isfile(target):
@@ -413,7 +420,10 @@ def _inside(workspace: str, path: str) -> str | None:
 
 
 def _files(workspace: str) -> list[dict[str, Any]]:
-    """The workspace's regular files (not following links), by path, at most `_MAX_FILES`."""
+    """The workspace's regular files (not following links), by path, at most `_MAX_FILES`.
+
+    A name that is not UTF-8 is shown with its bytes escaped and not linked (the page failed on it).
+    """
     found: list[dict[str, Any]] = []
     root = Path(workspace)
     if not root.is_dir():
@@ -423,7 +433,14 @@ def _files(workspace: str) -> list[dict[str, Any]]:
         for name in sorted(names):
             info = os.lstat(os.path.join(folder, name))
             if stat.S_ISREG(info.st_mode):
-                found.append({"path": str(Path(folder, name).relative_to(root)), "bytes": info.st_size})
+                path = str(Path(folder, name).relative_to(root))
+                try:
+                    path.encode("utf-8")
+                except UnicodeEncodeError:  # a name that is not UTF-8: shown escaped, with no link
+                    shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                    found.append({"path": shown, "bytes": info.st_size, "linked": False})
+                else:
+                    found.append({"path": path, "bytes": info.st_size, "linked": True})
             if len(found) >= _MAX_FILES:
                 return found
     return found
