@@ -15,7 +15,7 @@ import pytest
 from _cli import start
 from _plans import step
 
-from masterplanner import Settings
+from masterplanner import RunOptions, Settings
 from masterplanner.service import RunService
 from masterplanner.web import create_app
 
@@ -290,3 +290,38 @@ async def test_a_failed_run_is_retried_from_its_page(
     # a retry from a page that had not seen the run retried: that page loads again, as it is now
     late = await client.post(f"/runs/{run_id}/retry", data={}, headers=headers)
     assert (late.status_code, late.headers["HX-Redirect"]) == (204, f"/runs/{run_id}")
+
+
+async def test_a_stopped_run_is_resumed_from_its_page_or_the_api(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
+            {"purpose": "step:a", "output": "A done"},
+            DRAFTS,
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    # made by another process that stopped before executing it: nobody executes it now
+    elsewhere = RunService(Settings.load())
+    try:
+        made = await elsewhere.create(
+            "do a", model=f"scripted:{script}", options=RunOptions(auto_approve=True)
+        )
+    finally:
+        elsewhere.close()
+    listed = (await client.get("/api/v1/runs")).json()
+    assert [(run["id"], run["idle"]) for run in listed] == [(made.id, "stopped")]
+    body = (await client.get(f"/runs/{made.id}/body")).text
+    assert f'hx-post="/runs/{made.id}/resume"' in body and "Resume run" in body
+
+    resumed = await client.post(f"/runs/{made.id}/resume", headers={"HX-Request": "true"})
+    assert (resumed.status_code, resumed.headers["HX-Redirect"]) == (204, f"/runs/{made.id}")
+    body = await _body_until(client, made.id, r'class="status status-succeeded"')
+    assert "Resume run" not in body and "A done" in body
+    again = await client.post(f"/api/v1/runs/{made.id}/resume")
+    assert (again.status_code, again.json()["error"]) == (
+        409,
+        f"run {made.id} has ended (succeeded): there is nothing to resume",
+    )

@@ -280,6 +280,28 @@ class Executions:
         self._tasks[run_id] = task
         task.add_done_callback(self._finished)
 
+    async def resume(self, run_id: str) -> RunRecord:
+        """Go on, in this server, with a run no process executes (the one that did stopped).
+
+        `RunError` when the run has ended, is executed by a process, or waits for the workers,
+        and when this server executes nothing (`--workers`).
+        """
+        record = await self.service.get(run_id)
+        if record.finished:
+            raise RunError(f"run {record.id} has ended ({record.status}): there is nothing to resume")
+        idle = (await self.service.idle([record])).get(record.id)
+        if idle is None:
+            raise RunError(f"run {record.id} is being executed: there is nothing to resume")
+        if idle == "queued":
+            raise RunError(f"run {record.id} is queued for the workers: one takes it when it runs")
+        if self.for_workers:
+            raise RunError(
+                f"this server executes no runs (it was started with --workers): "
+                f"resume run {record.id} with `masterplanner runs resume {record.id}`"
+            )
+        self.start(record.id)
+        return record
+
     def _finished(self, task: asyncio.Task[RunRecord]) -> None:
         # the run's outcome is stored with it; an error that stopped the execution is too (run_failed)
         if not task.cancelled():
@@ -460,6 +482,19 @@ async def cancel_run(request: Request, run_id: str) -> dict[str, Any]:
     record = await _run(service, run_id)
     with _conflict():  # a run that has ended
         return _summary(await service.cancel(record.id, wait_s=2.0, by=answerer_name("web")))
+
+
+@router.post("/runs/{run_id}/resume", summary="Go on with a stopped run")
+async def resume_run(request: Request, run_id: str) -> dict[str, Any]:
+    """Execute, in this server, a run whose process stopped (`idle` is `stopped`) from where it stopped.
+
+    Refused (409) when the run has ended, is being executed, is queued for the workers, or this
+    server executes nothing (`serve --workers`).
+    """
+    record = await _run(_service(request), run_id)
+    executions: Executions = request.app.state.executions
+    with _conflict():
+        return _summary(await executions.resume(record.id))
 
 
 @router.post("/runs/{run_id}/retry", summary="Retry a failed run from where it failed")

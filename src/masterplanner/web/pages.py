@@ -352,6 +352,21 @@ async def cancel(request: Request, run_id: str) -> Response:
     return templates.TemplateResponse(request, "_run_body.html", await _body_context(request, record, None))
 
 
+@router.post("/runs/{run_id}/resume", response_class=HTMLResponse)
+async def resume(request: Request, run_id: str) -> Response:
+    """Go on with a stopped run in this server; the page loads again, following it live."""
+    record = await existing_run(request, run_id)
+    executions: Executions = request.app.state.executions
+    try:
+        await executions.resume(record.id)
+    except RunError as error:
+        context = await _body_context(request, await _service(request).get(record.id), None)
+        context["resume_error"] = str(error)
+        return templates.TemplateResponse(request, "_run_body.html", context, status_code=409)
+    # the whole page again: its live event stream may have closed
+    return Response(status_code=204, headers={"HX-Redirect": f"/runs/{record.id}"})
+
+
 @router.post("/runs/{run_id}/retry", response_class=HTMLResponse)
 async def retry(request: Request, run_id: str) -> Response:
     """Retry the failed run with the budgets filled in; the page loads again, following it live.
@@ -551,6 +566,8 @@ async def _body_context(
         | {
             "events": events[-200:],
             "last_seq": events[-1].seq if events else 0,
+            "idle": (await service.idle([record])).get(record.id),
+            "resume_error": None,
             "files": await asyncio.to_thread(_files, record.workspace),
             "problem": problem,
             "step_problems": step_problems,
