@@ -159,6 +159,12 @@ async def test_unknown_ids_malformed_json_huge_bodies_and_bad_models(client: htt
     assert (missing.status_code, missing.json()) == (404, {"error": "no run 'nosuchrun'"})
     assert (await client.post("/requests/nosuch/answer", json={"approve": True})).status_code == 404
     assert (await client.get("/nowhere")).json() == {"error": "no such page or resource"}
+    wrong = await client.delete("/runs")
+    assert (wrong.status_code, wrong.headers["allow"]) == (405, "GET, HEAD, POST")
+    assert wrong.json() == {"error": "that method is not allowed here"}
+    head = await client.head("/health")  # uptime checks ask so
+    assert (head.status_code, head.content, head.headers["content-type"]) == (200, b"", "application/json")
+    assert (await client.head("/runs/nosuchrun")).status_code == 404
     malformed = await client.post("/runs", content=b'{"task": ', headers={"content-type": "application/json"})
     assert malformed.status_code == 422
     assert malformed.json()["problems"] == ["the body is not valid JSON (near character 9)"]

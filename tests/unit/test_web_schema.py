@@ -41,13 +41,13 @@ def test_the_api_keeps_to_its_schema(case: Any, served: tuple[str, str, str]) ->
     if case.path == "/api/v1/runs" and case.method.upper() == "POST" and isinstance(case.body, dict):
         # Runs start for real: keep them in the server's own home, on its scripted model. A field
         # that is valid is replaced by another valid value, so a case meant to be invalid stays so.
-        for field, safe, longest, start in (
-            ("workspace", served[2], 4_096, "/"),
-            ("model", served[1], 2_000, ""),
+        for field, safe, shortest, longest, start in (
+            ("workspace", served[2], 1, 4_096, "/"),
+            ("model", served[1], 1, 2_000, ""),
         ):
             value = case.body.get(field)
             if value is None or (
-                isinstance(value, str) and len(value) <= longest and value.startswith(start)
+                isinstance(value, str) and shortest <= len(value) <= longest and value.startswith(start)
             ):
                 case.body[field] = safe
     case.call_and_validate(base_url=served[0], timeout=20)

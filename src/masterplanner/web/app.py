@@ -11,9 +11,9 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
-from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._version import __version__
@@ -84,6 +84,7 @@ def create_app(
     app.add_exception_handler(MasterplannerError, _our_error)
     app.add_exception_handler(Exception, _unexpected)
     app.add_middleware(_BodyLimit)  # innermost: its error reaches the app's handlers as it is
+    app.add_middleware(_HeadAsGet)
     if token is not None:
         app.middleware("http")(_require(token))
     app.middleware("http")(_same_site_only(loopback_only=token is None))  # outermost
@@ -129,13 +130,20 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return response
 
 
+_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
+
+
 def _methods(request: Request) -> set[str]:
-    path = request.url.path
-    found: set[str] = set()
-    for route in request.app.router.routes:
-        if isinstance(route, APIRoute) and route.path_regex.match(path):
-            found |= route.methods or set()
-    return found
+    """The methods some route takes at the request's path (HEAD wherever GET is: `_HeadAsGet`)."""
+    found = {
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL
+            for route in request.app.router.routes
+        )
+    }
+    return found | ({"HEAD"} if "GET" in found else set())
 
 
 async def _our_error(_: Request, exc: Exception) -> Response:
@@ -241,3 +249,30 @@ class _BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+class _HeadAsGet:
+    """Answers HEAD as GET without the body (FastAPI's routes take only the methods they name).
+
+    Uptime checks and link checkers ask with HEAD; it was a 405 for every page and the health check.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        ended = False
+
+        async def headers_only(message: Message) -> None:
+            nonlocal ended
+            if ended:  # a stream's later parts: the client has its answer
+                return
+            if message["type"] == "http.response.body":
+                ended = True
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
