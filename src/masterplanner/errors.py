@@ -56,6 +56,7 @@ __all__ = [
     "ScriptExhaustedError",
     "SettingsError",
     "ToolError",
+    "json_kind",
     "problem_in_our_words",
     "validation_problems",
 ]
@@ -246,11 +247,13 @@ def problem_in_our_words(item: Any, *, what: str | None = None) -> str:
     limit = (item.get("ctx") or {}).get("min_length") or (item.get("ctx") or {}).get("max_length")
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         shape = f"an object with the fields of {what}" if what else "a JSON object"
-        return f"should be {shape}, got {_json_kind(value)}"
+        return f"should be {shape}, got {json_kind(value)}"
+    if kind == "string_unicode":  # JSON text with a lone surrogate (`"\ud800"`)
+        return "should be text, and it holds a character that is not one (a lone surrogate)"
     if kind in ("missing", "extra_forbidden"):
         return _SHAPES[kind]
     if kind in _SHAPES:
-        return f"{_SHAPES[kind]}, got {_json_kind(value)}"
+        return f"{_SHAPES[kind]}, got {json_kind(value)}"
     if kind == "string_too_short":
         return "must not be empty" if limit == 1 else f"should have at least {limit} characters"
     if kind == "string_too_long" and isinstance(value, str):
@@ -262,7 +265,7 @@ def problem_in_our_words(item: Any, *, what: str | None = None) -> str:
     if kind == "value_error":
         return str(item["msg"]).removeprefix("Value error, ")
     if kind == "literal_error" and "expected" in (item.get("ctx") or {}):
-        shown = repr(value) if isinstance(value, str) else _json_kind(value)
+        shown = repr(value) if isinstance(value, str) else json_kind(value)
         return f"should be {item['ctx']['expected']}, got {shown}"
     bounds = item.get("ctx") or {}
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
@@ -288,7 +291,7 @@ def _number(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     """What kind of JSON value `value` is, as a person would say it."""
     if value is None:
         return "null"

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import PlanError, problem_in_our_words
+from .errors import PlanError, json_kind, problem_in_our_words
 from .tools.catalog import Catalog
 
 __all__ = [
@@ -250,7 +250,7 @@ def validate_plan(
         parsed = plan
     else:
         if not isinstance(plan, Mapping):
-            raise PlanError([f"plan: expected a JSON object, got {type(plan).__name__}"])
+            raise PlanError([f"plan: should be a JSON object, got {json_kind(plan)}"])
         try:
             parsed = Plan.model_validate(plan)
         except ValidationError as exc:

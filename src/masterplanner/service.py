@@ -38,6 +38,7 @@ from .errors import (
     RequestClosedError,
     RequestError,
     RunError,
+    json_kind,
     validation_problems,
 )
 from .plan import validate_plan
@@ -125,7 +126,7 @@ def _check_names_in_decision(request: Request, answer: dict[str, Any]) -> None:
 def _check_search(query: object, limit: object) -> None:
     """`ConfigError` for a search that is not text, or a limit out of 1 to 100."""
     if not isinstance(query, str):
-        raise ConfigError(f"the search must be text, got {type(query).__name__}")
+        raise ConfigError(f"the search must be text, got {json_kind(query)}")
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
         raise ConfigError(f"limit must be a whole number from 1 to 100, got {limit!r}")
 

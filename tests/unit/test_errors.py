@@ -20,6 +20,7 @@ def _examples() -> list[errors.MasterplannerError]:
             "PlanError",
             "ScriptExhaustedError",
             "AgentEditError",
+            "json_kind",
             "problem_in_our_words",
             "validation_problems",
         )

@@ -119,7 +119,7 @@ def test_limits() -> None:
 
 
 def test_not_an_object() -> None:
-    with pytest.raises(PlanError, match="expected a JSON object, got list"):
+    with pytest.raises(PlanError, match="plan: should be a JSON object, got a list"):
         validate_plan([], CATALOG)  # type: ignore[arg-type]
 
 

@@ -17,6 +17,8 @@ from _plans import step
 
 from masterplanner import ConfigError, Settings
 from masterplanner.service import RunService
+from masterplanner.tools import BUILTIN_TOOL_NAMES
+from masterplanner.tools.team import TEAM_TOOL_NAMES
 from masterplanner.web import MAX_BODY_BYTES, check_bind, create_app, web_token
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
@@ -139,6 +141,19 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
         ({"task": "x" * 20_001}, ["body.task: is 20,001 characters; the limit is 20,000"]),
         ({"task": "x", "model": ""}, ["body.model: must not be empty"]),  # not "the setting"
         (
+            {"task": "\ud800"},
+            ["body.task: should be text, and it holds a character that is not one (a lone surrogate)"],
+        ),
+        (
+            {"task": "x", "options": {"tool_policies": {"code-execution": "auto"}}},
+            [
+                "body.options.tool_policies: tool_policies names 'code-execution', which is not a tool; "
+                "did you mean 'code_execution'? tools are "
+                + ", ".join(sorted([*BUILTIN_TOOL_NAMES, *TEAM_TOOL_NAMES]))
+                + ", and <server>_<tool> for the MCP servers in mcp_servers"
+            ],
+        ),
+        (
             {"task": "x", "workspace": "/tmp/a\u0000b"},
             ["body.workspace: must be an absolute path on the server, got '/tmp/a\\x00b'"],
         ),
@@ -147,7 +162,9 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
 async def test_bad_requests_name_the_field_and_store_nothing(
     client: httpx.AsyncClient, body: dict[str, Any], problems: list[str]
 ) -> None:
-    response = await client.post("/runs", json=body)
+    # as JSON text with escapes (a lone surrogate is only sent so)
+    content = json.dumps(body).encode()
+    response = await client.post("/runs", content=content, headers={"content-type": "application/json"})
     assert response.status_code == 422
     assert response.json()["problems"] == problems
     assert response.json()["error"] == "the request is invalid: " + "; ".join(problems)

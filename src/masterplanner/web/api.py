@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, field_validator
 
+from ..engine.catalogs import unknown_policy_tool
 from ..engine.records import (
     BUDGET_LIMITS,
     FINISHED_RUN_STATUSES,
@@ -407,6 +409,10 @@ async def create_run(request: Request, body: RunIn) -> dict[str, Any]:
     """Record the run and execute it in this server (or queue it for the workers, `serve --workers`)."""
     service = _service(request)
     settings = service.settings
+    problem = unknown_policy_tool(body.options.tool_policies, settings.mcp_servers)
+    if problem is not None:  # a field of the body, named as any other invalid field is (422)
+        where = ("body", "options", "tool_policies")
+        raise RequestValidationError([{"type": "value_error", "loc": where, "msg": problem}])
     options = RunOptions(
         **body.options.model_dump(exclude={"tool_policies"}),
         tool_policies=dict(body.options.tool_policies),
