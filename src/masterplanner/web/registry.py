@@ -161,7 +161,20 @@ async def agent_page(
     registry = _registry(request)
     spec = await _agent(registry, agent_id, version)
     context = {"agent": spec, "versions": await registry.versions(spec.id), "error": None, "saved": False}
-    return templates.TemplateResponse(request, "agent.html", context)
+    return templates.TemplateResponse(request, "agent.html", context | {"form": _form_of(spec)})
+
+
+def _form_of(spec: AgentSpec) -> dict[str, str]:
+    """The edit form's fields as the agent has them."""
+    return {
+        "name": spec.name,
+        "role": spec.role,
+        "description": spec.description,
+        "system_prompt": spec.system_prompt,
+        "tools": ", ".join(spec.tools),
+        "keywords": ", ".join(spec.keywords),
+        "lessons": "\n".join(spec.lessons),
+    }
 
 
 @pages.post("/agents/{agent_id}", response_class=HTMLResponse)
@@ -194,10 +207,12 @@ async def agent_edit(request: Request, agent_id: str) -> Response:
             "versions": await registry.versions(spec.id),
             "error": str(error),
             "saved": False,
+            # the form as the person left it, beside what is wrong with it
+            "form": {name: str(form.get(name, "")) for name in _form_of(spec)},
         }
         return templates.TemplateResponse(request, "agent.html", context, status_code=422)
     context = {"agent": saved, "versions": await registry.versions(saved.id), "error": None, "saved": True}
-    return templates.TemplateResponse(request, "agent.html", context)
+    return templates.TemplateResponse(request, "agent.html", context | {"form": _form_of(saved)})
 
 
 @pages.get("/teams", response_class=HTMLResponse)
