@@ -186,7 +186,9 @@ async def test_unknown_ids_malformed_json_huge_bodies_and_bad_models(client: htt
     assert malformed.status_code == 422
     assert malformed.json()["problems"] == ["the body is not valid JSON (near character 9)"]
     plain = await client.post("/runs", content=b'{"task": "x"}', headers={"content-type": "text/plain"})
-    assert plain.json()["problems"] == ["body: should be a JSON object, got text"]
+    assert plain.json()["problems"] == [
+        "body: should be JSON, sent with the header Content-Type: application/json"
+    ]
     listed = await client.post("/runs", json=[])
     assert listed.json()["problems"] == ["body: should be a JSON object, got a list"]
     huge = await client.post("/runs", json={"task": "x" * (MAX_BODY_BYTES + 1)})

@@ -95,13 +95,17 @@ def _error(status: int, message: str, **more: Any) -> JSONResponse:
     return JSONResponse({"error": message, **more}, status_code=status)
 
 
-async def _invalid_request(_: Request, exc: Exception) -> Response:
+async def _invalid_request(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     problems = []
+    json_sent = request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json"
     for item in exc.errors():
         if item.get("type") == "json_invalid":
             at = item.get("loc", ())[-1]
             problems.append(f"the body is not valid JSON (near character {at})")
+            continue
+        if tuple(item.get("loc", ())) == ("body",) and isinstance(item.get("input"), bytes) and not json_sent:
+            problems.append("body: should be JSON, sent with the header Content-Type: application/json")
             continue
         where = ".".join(str(part) for part in item.get("loc", ()))
         problems.append(f"{where}: {problem_in_our_words(item)}" if where else problem_in_our_words(item))
