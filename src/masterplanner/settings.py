@@ -404,6 +404,10 @@ class Settings(BaseSettings):
         self.home = self.home.expanduser()
         if not self.database_url:
             self.database_url = f"sqlite:///{self.home / 'masterplanner.sqlite'}"
+        for name, server in self.mcp_servers.items():  # a stdio server's own messages: its log file
+            if server.command is not None and server.log_file is None:
+                log = self.home / "logs" / f"mcp-{name}.log"
+                self.mcp_servers[name] = server.model_copy(update={"log_file": log})
         return self
 
     @classmethod

@@ -111,12 +111,13 @@ def test_a_run_calls_an_mcp_tool(write_script: Callable[..., Path]) -> None:
         (
             {"bad": {"command": "/nonexistent/mcp-server"}},
             "MCP server 'bad': cannot list its tools: RuntimeError: Client failed to connect: "
-            "[Errno 2] No such file or directory: '/nonexistent/mcp-server'",
+            "[Errno 2] No such file or directory: '/nonexistent/mcp-server' "
+            "(its messages are in {home}/logs/mcp-bad.log)",
         ),
         (
             {"notes": {"command": sys.executable, "args": [SERVER]}, "notes_shout": {"command": "x"}},
             "MCP server 'notes_shout': cannot list its tools: RuntimeError: Client failed to connect: "
-            "[Errno 2] No such file or directory: 'x'",
+            "[Errno 2] No such file or directory: 'x' (its messages are in {home}/logs/mcp-notes_shout.log)",
         ),
         (  # a server called "write" offering "file": write_file is a built-in tool
             {
@@ -141,7 +142,10 @@ def test_a_run_whose_mcp_servers_cannot_be_used_fails_saying_why(
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     report = json.loads(result.stdout)
-    assert (report["status"], report["error"]) == ("failed", error)
+    assert (report["status"], report["error"]) == (
+        "failed",
+        error.replace("{home}", str(Settings.load().home)),
+    )
 
 
 def test_a_server_that_prints_a_line_of_its_own_does_not_fill_the_terminal(
@@ -199,3 +203,7 @@ def test_a_tool_error_of_a_server_reaches_the_agent_as_a_failure_without_a_libra
     [failed] = [e["data"] for e in shown["events"] if e["kind"] == "tool_result"]
     assert failed["error"].startswith("the tool reported an error: ")
     assert "http" not in failed["error"] and "further information" not in failed["error"]
+    # the server's own traceback went to its log, not into the terminal's view of the run
+    assert "Traceback" not in result.stderr and "there is nothing to shout" not in result.stderr
+    log = Settings.load().home / "logs" / "mcp-notes.log"
+    assert "there is nothing to shout" in log.read_text()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -49,6 +50,9 @@ class McpServer(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     url: str | None = None
     timeout_s: float = Field(30.0, gt=0, le=600)
+    log_file: Path | None = Field(
+        None, description="where a stdio server's standard error goes (default: <home>/logs/mcp-<name>.log)"
+    )
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServer:
@@ -79,8 +83,13 @@ def mcp_client(server: McpServer) -> Any:
         # keep_alive off: the server ends with its call. fastmcp's default keeps it running, so a
         # run stopped mid-call (SIGTERM, Ctrl-C) waited for the server to finish the call, dropped
         # its result, and made the call again on resume: its side effect twice.
+        # the server's own messages (a tool's traceback, say) go to its log, not into the terminal
+        # and the live view of the run
+        log = server.log_file
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
         transport: Any = StdioTransport(
-            server.command, list(server.args), env=dict(server.env) or None, keep_alive=False
+            server.command, list(server.args), env=dict(server.env) or None, keep_alive=False, log_file=log
         )
     else:
         transport = StreamableHttpTransport(str(server.url))
@@ -96,7 +105,7 @@ async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
                 tools = await client.list_tools()
         except Exception as exc:  # any transport or protocol failure: the configuration is at fault
             raise ConfigError(
-                f"MCP server {name!r}: cannot list its tools: {type(exc).__name__}: {exc}"
+                f"MCP server {name!r}: cannot list its tools: {type(exc).__name__}: {exc}{_see_log(server)}"
             ) from None
         for tool in tools:
             specs.append(
@@ -131,12 +140,19 @@ async def call_mcp_tool(server: McpServer, tool: str, arguments: dict[str, Any])
             result = await client.call_tool(tool, arguments, raise_on_error=False)
     except Exception as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ToolError(f"the MCP server stopped or failed before it replied ({detail})") from None
+        raise ToolError(
+            f"the MCP server stopped or failed before it replied ({detail}){_see_log(server)}"
+        ) from None
     texts = [getattr(block, "text", "") for block in result.content]
     text = "\n".join(part for part in texts if part) or str(result.structured_content or "")
     if result.is_error:
         raise ToolError(f"the tool reported an error: {text}")
     return text
+
+
+def _see_log(server: McpServer) -> str:
+    """Where to read what a stdio server said on its standard error, for an error message."""
+    return f" (its messages are in {server.log_file})" if server.command and server.log_file else ""
 
 
 def argument_problems(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> list[str]:
