@@ -42,6 +42,27 @@ def test_arguments_that_are_not_utf8_are_one_line_of_error() -> None:
         )
 
 
+def test_option_values_that_are_not_numbers_are_refused_in_our_words() -> None:
+    for args, wanted in [
+        (
+            ("runs", "list", "--limit", "abc"),
+            "Error: Invalid value for '--limit': must be a whole number, not 'abc'",
+        ),
+        (
+            ("memory", "search", "x", "--limit", "0"),
+            "Error: Invalid value for '--limit': must be from 1 to 100, not 0",
+        ),
+        (
+            ("runs", "cancel", "r", "--wait", "soon"),
+            "Error: Invalid value for '--wait': must be a number, not 'soon'",
+        ),
+    ]:
+        result = run(*args)
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines()[-1] == wanted
+        assert "Input should" not in result.stderr
+
+
 def test_version() -> None:
     result = run("--version")
     assert result.returncode == 0

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .common import app, console, load_settings
+from .common import app, console, load_settings, whole_number
 from .terminal import json_text, shown, visible
 
 if TYPE_CHECKING:
@@ -115,7 +115,10 @@ def plan(
     prompts: Annotated[
         bool, typer.Option("--prompts", help="Also write, critique and revise each step agent's prompt.")
     ] = False,
-    rounds: Annotated[int, typer.Option("--rounds", help="Critique-and-revise rounds per prompt (0-5).")] = 1,
+    rounds: Annotated[
+        int,
+        typer.Option("--rounds", parser=whole_number(), help="Critique-and-revise rounds per prompt (0-5)."),
+    ] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Break TASK into a dependency graph of steps, each with an agent role and tools.
@@ -239,7 +242,7 @@ app.add_typer(eval_app, name="eval")
 def eval_planning(
     dataset: Annotated[str, typer.Option("--dataset", help="ultratool or tmdb.")],
     limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="Only the first N test requests.")
+        int | None, typer.Option("--limit", parser=whole_number(1), help="Only the first N test requests.")
     ] = None,
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Model spec (default: the model setting).")
@@ -359,7 +362,9 @@ def eval_tasks(
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Model spec (default: the model setting).")
     ] = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N tasks.")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", parser=whole_number(1), help="Only the first N tasks.")
+    ] = None,
     category: Annotated[
         str | None,
         typer.Option(

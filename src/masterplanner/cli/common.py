@@ -6,11 +6,13 @@ commands on `app`; `app.py` imports them all, so nothing here imports a command 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic_core import PydanticCustomError
 
 from .. import __version__
 from .terminal import shown
@@ -77,3 +79,42 @@ def main_options(
     ] = False,
 ) -> None:
     """masterplanner: plan, review and run teams of LLM agents. Works offline with the embedded model."""
+
+
+def whole_number(low: int | None = None, high: int | None = None) -> Callable[[object], int]:
+    """The parser of a whole-number option, refusing anything else in our words.
+
+    typer converts option values with pydantic, whose sentences ("Input should be a valid
+    integer, unable to parse string as an integer") it showed; `low`/`high` bound the value.
+    """
+
+    def parse(value: object) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            text = str(value).strip()
+            digits = text.removeprefix("-")
+            if not (digits.isascii() and digits.isdigit()):
+                raise PydanticCustomError(
+                    "whole_number", "must be a whole number, not '{text}'", {"text": text[:40]}
+                )
+            number = int(text)
+        if (low is not None and number < low) or (high is not None and number > high):
+            bounds = f"from {low} to {high}" if low is not None and high is not None else f"at least {low}"
+            raise PydanticCustomError(
+                "bounds", "must be {bounds}, not {number}", {"bounds": bounds, "number": number}
+            )
+        return number
+
+    return parse
+
+
+def number(value: object) -> float:
+    """The parser of a number option (seconds, US dollars), refusing anything else in our words."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text) if text.isascii() else float("nan")
+    except ValueError:
+        raise PydanticCustomError("number", "must be a number, not '{text}'", {"text": text[:40]}) from None

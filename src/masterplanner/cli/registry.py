@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from .common import app, console, load_settings
+from .common import app, console, load_settings, whole_number
 from .runs import RunId
 from .terminal import json_text, shown
 
@@ -87,7 +87,9 @@ def agents_list(as_json: JsonFlag = False) -> None:
 @agents_app.command("show")
 def agents_show(
     agent_id: Annotated[str, typer.Argument(metavar="AGENT_ID", help="The agent's id.")],
-    version: Annotated[int | None, typer.Option("--version", help="An older version.")] = None,
+    version: Annotated[
+        int | None, typer.Option("--version", parser=whole_number(1), help="An older version.")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """One agent: prompt, tools, origin, stats, lessons, versions."""
@@ -118,7 +120,7 @@ def agents_show(
 @agents_app.command("search")
 def agents_search(
     query: Annotated[str, typer.Argument(metavar="QUERY", help="What the agent should do.")],
-    limit: Annotated[int, typer.Option("--limit", help="How many results.")] = 5,
+    limit: Annotated[int, typer.Option("--limit", parser=whole_number(), help="How many results.")] = 5,
     as_json: JsonFlag = False,
 ) -> None:
     """Agents whose role, description, keywords or prompt match QUERY (BM25 with a track-record prior)."""
@@ -227,7 +229,7 @@ def cohorts_rm(
 @app.command(short_help="Rate a finished run; a rating of 2 or less teaches its agents lessons.")
 def feedback(
     run_id: RunId,
-    rating: Annotated[int, typer.Option("--rating", help="1 (bad) to 5 (excellent).")],
+    rating: Annotated[int, typer.Option("--rating", parser=whole_number(), help="1 (bad) to 5 (excellent).")],
     comment: Annotated[str, typer.Option("--comment", help="What went wrong or right.")] = "",
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Model for the failure analysis.")
@@ -308,7 +310,7 @@ def memory_list(kind: KindOption = None, as_json: JsonFlag = False) -> None:
 def memory_search(
     query: Annotated[str, typer.Argument(metavar="QUERY", help="What to look for.")],
     kind: KindOption = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=100, help="How many results.")] = 5,
+    limit: Annotated[int, typer.Option("--limit", parser=whole_number(1, 100), help="How many results.")] = 5,
     as_json: JsonFlag = False,
 ) -> None:
     """The memories most like QUERY (as an agent's recall finds them; this renews them too)."""

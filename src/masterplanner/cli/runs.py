@@ -16,7 +16,7 @@ import typer
 
 from ..usage import money
 from .answering import TerminalAnswerer, how_to_answer
-from .common import app, console, load_settings
+from .common import app, console, load_settings, number, whole_number
 from .live import EventLines, LiveTree, event_line, print_summary, team_lines, wants_live_view
 from .terminal import json_text, shown, visible
 
@@ -68,26 +68,38 @@ def run(
         Path | None,
         typer.Option("--workspace", help="Folder the step agents read and write (default: a new one)."),
     ] = None,
-    max_parallel: Annotated[int, typer.Option("--max-parallel", help="Steps running at once (1-64).")] = 4,
-    rounds: Annotated[int, typer.Option("--rounds", help="Critique-and-revise rounds per prompt (0-5).")] = 1,
+    max_parallel: Annotated[
+        int, typer.Option("--max-parallel", parser=whole_number(), help="Steps running at once (1-64).")
+    ] = 4,
+    rounds: Annotated[
+        int,
+        typer.Option("--rounds", parser=whole_number(), help="Critique-and-revise rounds per prompt (0-5)."),
+    ] = 1,
     step_timeout: Annotated[
-        float, typer.Option("--step-timeout", help="Seconds one step attempt may take.")
+        float, typer.Option("--step-timeout", parser=number, help="Seconds one step attempt may take.")
     ] = 600.0,
     max_calls: Annotated[
-        int, typer.Option("--max-calls", help="Budget: model calls for the whole run.")
+        int, typer.Option("--max-calls", parser=whole_number(), help="Budget: model calls for the whole run.")
     ] = 200,
     max_tokens: Annotated[
-        int, typer.Option("--max-tokens", help="Budget: tokens for the whole run.")
+        int, typer.Option("--max-tokens", parser=whole_number(), help="Budget: tokens for the whole run.")
     ] = 2_000_000,
     max_seconds: Annotated[
-        float, typer.Option("--max-seconds", help="Budget: seconds of execution.")
+        float, typer.Option("--max-seconds", parser=number, help="Budget: seconds of execution.")
     ] = 3600.0,
     max_cost: Annotated[
         float | None,
-        typer.Option("--max-cost", help="Budget: US dollars the run's model calls may cost (default: none)."),
+        typer.Option(
+            "--max-cost",
+            parser=number,
+            help="Budget: US dollars the run's model calls may cost (default: none).",
+        ),
     ] = None,
     max_replans: Annotated[
-        int, typer.Option("--max-replans", help="Replans of failed steps allowed in the run (0-10).")
+        int,
+        typer.Option(
+            "--max-replans", parser=whole_number(), help="Replans of failed steps allowed in the run (0-10)."
+        ),
     ] = 2,
     check_outputs: Annotated[
         bool,
@@ -385,7 +397,7 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
 
 @runs_app.command("list", short_help="List runs, newest first.")
 def runs_list(
-    limit: Annotated[int, typer.Option("--limit", help="How many runs to list.")] = 50,
+    limit: Annotated[int, typer.Option("--limit", parser=whole_number(), help="How many runs to list.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List runs with their status (reads only; never resumes or executes anything).
@@ -654,16 +666,20 @@ def _retry_hint(run_id: str) -> str:
 def runs_retry(
     run_id: RunId,
     max_calls: Annotated[
-        int | None, typer.Option("--max-calls", help="New budget: model calls for the whole run.")
+        int | None,
+        typer.Option("--max-calls", parser=whole_number(), help="New budget: model calls for the whole run."),
     ] = None,
     max_tokens: Annotated[
-        int | None, typer.Option("--max-tokens", help="New budget: tokens for the whole run.")
+        int | None,
+        typer.Option("--max-tokens", parser=whole_number(), help="New budget: tokens for the whole run."),
     ] = None,
     max_seconds: Annotated[
-        float | None, typer.Option("--max-seconds", help="New budget: seconds of execution from now.")
+        float | None,
+        typer.Option("--max-seconds", parser=number, help="New budget: seconds of execution from now."),
     ] = None,
     max_cost: Annotated[
-        float | None, typer.Option("--max-cost", help="New budget: US dollars for the whole run.")
+        float | None,
+        typer.Option("--max-cost", parser=number, help="New budget: US dollars for the whole run."),
     ] = None,
     detach: Annotated[
         bool,
@@ -744,7 +760,9 @@ def runs_audit(
 @runs_app.command("cancel", short_help="Stop a run.")
 def runs_cancel(
     run_id: RunId,
-    wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for running steps to stop.")] = 15.0,
+    wait: Annotated[
+        float, typer.Option("--wait", parser=number, help="Seconds to wait for running steps to stop.")
+    ] = 15.0,
 ) -> None:
     """Cancel a run: running steps stop promptly, no new step starts, its open requests close."""
     from ..errors import ConfigError

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .common import app, console, load_settings
+from .common import app, console, load_settings, whole_number
 from .terminal import shown, visible
 
 __all__ = ["serve"]
@@ -15,7 +15,9 @@ __all__ = ["serve"]
 @app.command(short_help="Serve the REST API (runs, events, requests) over HTTP.")
 def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on (1-65535).")] = 8765,
+    port: Annotated[
+        int, typer.Option("--port", parser=whole_number(), help="Port to listen on (1-65535).")
+    ] = 8765,
     auth: Annotated[
         bool, typer.Option("--auth", help="Require the token in <home>/web-token (needed off loopback).")
     ] = False,

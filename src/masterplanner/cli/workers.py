@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import app, console, load_settings
+from .common import app, console, load_settings, number, whole_number
 from .terminal import json_text, shown, visible
 
 __all__ = ["worker", "workers"]
@@ -20,7 +20,9 @@ def worker(
     concurrency: Annotated[
         int | None,
         typer.Option(
-            "--concurrency", help="Steps this worker runs at once (default: the worker_concurrency setting)."
+            "--concurrency",
+            parser=whole_number(),
+            help="Steps this worker runs at once (default: the worker_concurrency setting).",
         ),
     ] = None,
     queues: Annotated[
@@ -31,9 +33,14 @@ def worker(
             "openai, scripted; default: each whose API key is set here).",
         ),
     ] = None,
-    max_runs: Annotated[int, typer.Option("--max-runs", help="Runs it coordinates at once (1-10000).")] = 64,
+    max_runs: Annotated[
+        int, typer.Option("--max-runs", parser=whole_number(), help="Runs it coordinates at once (1-10000).")
+    ] = 64,
     grace: Annotated[
-        float, typer.Option("--grace", help="Seconds running steps get to finish when it is stopped.")
+        float,
+        typer.Option(
+            "--grace", parser=number, help="Seconds running steps get to finish when it is stopped."
+        ),
     ] = 30.0,
 ) -> None:
     """Take steps from the step queues and runs queued for workers, until SIGTERM or Ctrl-C.
