@@ -315,6 +315,12 @@ async def test_a_stopped_run_is_resumed_from_its_page_or_the_api(
     assert [(run["id"], run["idle"]) for run in listed] == [(made.id, "stopped")]
     body = (await client.get(f"/runs/{made.id}/body")).text
     assert f'hx-post="/runs/{made.id}/resume"' in body and "Resume run" in body
+    # a rating sent from a page that was stale: refused, and the page says why
+    early = await client.post(
+        f"/runs/{made.id}/feedback", data={"rating": "3"}, headers={"HX-Request": "true"}
+    )
+    assert early.status_code == 422
+    assert f'role="alert">run {made.id} is planning: a run is rated once it has ended</p>' in early.text
 
     resumed = await client.post(f"/runs/{made.id}/resume", headers={"HX-Request": "true"})
     assert (resumed.status_code, resumed.headers["HX-Redirect"]) == (204, f"/runs/{made.id}")
