@@ -348,7 +348,8 @@ def test_a_tool_whose_server_crashes_mid_call_is_an_error_the_agent_sees(
             "fetch",
             {
                 "tool": "faults_crash",
-                "error": "the MCP server stopped or failed before it replied (Connection closed)",
+                "error": "the MCP server stopped or failed before it replied (Connection closed) "
+                f"(its messages are in {here.home / 'logs' / 'mcp-faults.log'})",
             },
         ),
         ("count", {"tool": "faults_tally", "result": "counted t1"}),
