@@ -616,20 +616,23 @@ class RunService:
                 f"{earlier.data.get('by', 'someone')} at {earlier.at}): a run is rated once"
             )
         analyst = resolve_model(model or run.model, self.settings) if rating <= LOW_RATING else None
-        registry = await asyncio.to_thread(open_registry, self.settings)
         outputs = {step.id: step.output or "" for step in await self.steps(run.id)}
         rater = by or answerer_name("library")
-        result = await give_feedback(
-            registry,
-            run_id=run.id,
-            plan=run.plan,
-            agents=briefs_json(run.agents),
-            outputs=outputs,
-            rating=rating,
-            comment=comment,
-            model=analyst,
-            by=rater,
-        )
+        registry = await asyncio.to_thread(open_registry, self.settings)
+        try:
+            result = await give_feedback(
+                registry,
+                run_id=run.id,
+                plan=run.plan,
+                agents=briefs_json(run.agents),
+                outputs=outputs,
+                rating=rating,
+                comment=comment,
+                model=analyst,
+                by=rater,
+            )
+        finally:  # its connections (a server rates many runs)
+            registry.close()
         await asyncio.to_thread(
             self._store.append_event, run.id, "run_rated", None, {"rating": rating, "by": rater}
         )

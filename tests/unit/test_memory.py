@@ -48,7 +48,8 @@ def test_a_runs_later_episode_replaces_its_earlier_one(registry: RegistryStore) 
         ("episode", "r2", "Run r2 'other' succeeded."),
         ("fact", "r1", fact.text),
     ]
-    assert all("failed" not in item.text for item in memory.recall("sum it failed") if item.source == "r1")
+    recalled = [item.text for item in memory.recall("sum it failed") if item.kind == "episode"]
+    assert recalled == ["Run r1 'sum it' succeeded. Result: 42."]  # the failed account is gone
 
 
 def test_expired_memories_are_gone_and_the_cap_evicts_the_least_recently_used(

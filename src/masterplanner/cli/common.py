@@ -100,7 +100,10 @@ def whole_number(low: int | None = None, high: int | None = None) -> Callable[[o
                 )
             number = int(text)
         if (low is not None and number < low) or (high is not None and number > high):
-            bounds = f"from {low} to {high}" if low is not None and high is not None else f"at least {low}"
+            if low is not None and high is not None:
+                bounds = f"from {low} to {high}"
+            else:
+                bounds = f"at least {low}" if low is not None else f"at most {high}"
             raise PydanticCustomError(
                 "bounds", "must be {bounds}, not {number}", {"bounds": bounds, "number": number}
             )
@@ -115,6 +118,8 @@ def number(value: object) -> float:
         return float(value)
     text = str(value).strip()
     try:
-        return float(text) if text.isascii() else float("nan")
+        if not text.isascii():  # float() reads other scripts' digits too
+            raise ValueError(text)
+        return float(text)
     except ValueError:
         raise PydanticCustomError("number", "must be a number, not '{text}'", {"text": text[:40]}) from None

@@ -200,12 +200,17 @@ class Lease:
     """Seconds until the lease runs out (0 when it has: the run may be taken over)."""
 
 
+def _lapsed(now: float) -> sa.ColumnElement[bool]:
+    """Runs whose lease ran out (or that a version before `lease_until` held)."""
+    return sa.or_(runs_table.c.lease_until < now, runs_table.c.lease_until.is_(None))
+
+
 def _abandoned(now: float) -> sa.ColumnElement[bool]:
     """Runs whose holder stopped renewing the lease without giving it up: running, or ending."""
     return sa.and_(
         runs_table.c.status.in_(("running", "succeeded", "failed")),
         runs_table.c.owner.is_not(None),
-        sa.or_(runs_table.c.lease_until < now, runs_table.c.lease_until.is_(None)),
+        _lapsed(now),
     )
 
 
@@ -464,12 +469,7 @@ class RunStore:
                 runs_table.update()
                 .where(
                     runs_table.c.id == run_id,
-                    sa.or_(
-                        runs_table.c.owner.is_(None),
-                        runs_table.c.owner == owner,
-                        runs_table.c.lease_until < now,
-                        runs_table.c.lease_until.is_(None),  # held by a version before lease_until
-                    ),
+                    sa.or_(runs_table.c.owner.is_(None), runs_table.c.owner == owner, _lapsed(now)),
                 )
                 .values(owner=owner, heartbeat_at=now, lease_until=now + lease_s)
             )
@@ -539,11 +539,7 @@ class RunStore:
                 sa.select(runs_table.c.id).where(
                     runs_table.c.id.in_(list(run_ids)),
                     runs_table.c.status.not_in(list(FINISHED_RUN_STATUSES)),
-                    sa.or_(
-                        runs_table.c.owner.is_(None),
-                        runs_table.c.lease_until < now,
-                        runs_table.c.lease_until.is_(None),
-                    ),
+                    sa.or_(runs_table.c.owner.is_(None), _lapsed(now)),
                 )
             ).all()
         return {row[0] for row in rows}

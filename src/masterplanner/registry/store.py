@@ -545,28 +545,12 @@ class RegistryStore:
                 (agent_id,),
             )
 
-    def rate(self, agent_id: str, rating: float, connection: Connection | None = None) -> None:
-        """Add one rating (1 to 5) to an agent's stats (atomic)."""
-        if connection is None:
-            with self._begin("rate an agent") as own:
-                return self.rate(agent_id, rating, own)
-        _sql(
-            connection,
-            "UPDATE mp_agents SET ratings = ratings + 1, rating_sum = rating_sum + ? WHERE id = ?",
-            (rating, agent_id),
-        )
-        return None
-
-    def add_lesson(self, agent_id: str, lesson: str, connection: Connection | None = None) -> AgentSpec:
-        """Append a lesson to an agent (a new version; at most the 50 newest lessons are kept).
-
-        A lesson the agent has already is not added again (the agent is returned as it is).
-        """
+    def _add_lesson(self, connection: Connection, agent_id: str, lesson: str) -> None:
+        """Append a lesson to an agent as its next version (the 50 newest kept); one it has is not added."""
         agent = self.get_agent(agent_id, connection=connection)
-        if lesson.strip() in agent.lessons:
-            return agent
-        lessons = [*agent.lessons, lesson.strip()][-50:]
-        return self.put_agent(agent.model_copy(update={"lessons": lessons}), connection)
+        if lesson.strip() not in agent.lessons:
+            lessons = [*agent.lessons, lesson.strip()][-50:]
+            self.put_agent(agent.model_copy(update={"lessons": lessons}), connection)
 
     def check_unrated(self, run_id: str) -> None:
         """`RunError` saying who rated the run and when, if it was rated."""
@@ -604,11 +588,18 @@ class RegistryStore:
                     "INSERT INTO mp_run_ratings (run_id, rating, rated_by, rated_at) VALUES (?, ?, ?, ?)",
                     (run_id, rating, by, utc_now()),
                 )
-                for agent_id in agent_ids:
-                    self.rate(agent_id, rating, connection)
+                rated = sorted(set(agent_ids))  # each agent once, whatever steps it served
+                if rated:
+                    marks = ", ".join("?" for _ in rated)
+                    _sql(
+                        connection,
+                        "UPDATE mp_agents SET ratings = ratings + 1, rating_sum = rating_sum + ? "
+                        f"WHERE id IN ({marks})",
+                        (rating, *rated),
+                    )
                 for agent_id, texts in lessons.items():
                     for text in texts:
-                        self.add_lesson(agent_id, text, connection)
+                        self._add_lesson(connection, agent_id, text)
                 return self._rate_cohort(connection, run_id, rating)
         except IntegrityError:
             self.check_unrated(run_id)  # the other rating's words
@@ -890,13 +881,9 @@ class RegistryStore:
             found.append((cohort, similarity))
         return found
 
-    def rate_cohort(self, cohort_id: str, rating: float) -> bool:
-        """Set a cohort's rating; False when there is no such cohort (a failed run has none)."""
-        with self._begin("rate a cohort") as connection:
-            return self._rate_cohort(connection, cohort_id, rating)
-
     @staticmethod
     def _rate_cohort(connection: Connection, cohort_id: str, rating: float) -> bool:
+        """Set a cohort's rating; False when there is no such cohort (a failed run has none)."""
         row = _sql(connection, "SELECT cohort FROM mp_cohorts WHERE id = ?", (cohort_id,)).first()
         if row is None:
             return False

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -94,15 +94,22 @@ def _integral(value: object) -> object:
 
 Whole = Annotated[int, BeforeValidator(_integral)]
 """A whole number in the strict request models (anything else, text included, is refused)."""
-_N = TypeVar("_N", int, float)
 _DEFAULT = RunOptions()
 """The options' defaults and bounds are `RunOptions`'s and `engine.records`'s (one place for each)."""
 
 
-def _limited(default: _N | None) -> _N:
-    """A budget's default, which the API always sets (a program may give `RunOptions` no limit)."""
-    assert default is not None
-    return default
+def _whole_option(name: str, description: str) -> Any:
+    """The field of a whole-number option: the run's default, the engine's bounds."""
+    low, high = WHOLE_OPTION_LIMITS[name]
+    return Field(default=getattr(_DEFAULT, name), ge=low, le=high, description=description)
+
+
+def _budget(name: str, description: str) -> Any:
+    """The field of a budget: the run's default, at most `BUDGET_LIMITS`; a count is at least 1."""
+    most, default = BUDGET_LIMITS[name], getattr(_DEFAULT, name)
+    if name in ("max_model_calls", "max_tokens"):
+        return Field(default=default, ge=1, le=most, description=description)
+    return Field(default=default, gt=0, le=most, description=description)
 
 
 _SHIPPED_TOOLS: list[JsonValue] = [*sorted([*BUILTIN_TOOL_NAMES, *TEAM_TOOL_NAMES])]
@@ -114,55 +121,20 @@ class RunOptionsIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_parallel: Whole = Field(
-        default=_DEFAULT.max_parallel,
-        ge=WHOLE_OPTION_LIMITS["max_parallel"][0],
-        le=WHOLE_OPTION_LIMITS["max_parallel"][1],
-        description="Steps running at once.",
-    )
+    max_parallel: Whole = _whole_option("max_parallel", "Steps running at once.")
     auto_approve: bool = Field(default=False, description="Approve the plan, tool calls, storing the team.")
-    prompt_rounds: Whole = Field(
-        default=_DEFAULT.prompt_rounds,
-        ge=WHOLE_OPTION_LIMITS["prompt_rounds"][0],
-        le=WHOLE_OPTION_LIMITS["prompt_rounds"][1],
-        description="Critique-and-revise rounds a prompt.",
-    )
+    prompt_rounds: Whole = _whole_option("prompt_rounds", "Critique-and-revise rounds a prompt.")
     step_timeout_s: float = Field(
         default=_DEFAULT.step_timeout_s,
         gt=0,
         le=SECONDS_OPTION_LIMITS["step_timeout_s"],
         description="Seconds a step attempt.",
     )
-    max_model_calls: Whole = Field(
-        default=_limited(_DEFAULT.max_model_calls),
-        ge=1,
-        le=BUDGET_LIMITS["max_model_calls"],
-        description="Model calls in the run.",
-    )
-    max_tokens: Whole = Field(
-        default=_limited(_DEFAULT.max_tokens),
-        ge=1,
-        le=BUDGET_LIMITS["max_tokens"],
-        description="Tokens in the run.",
-    )
-    max_wall_s: float = Field(
-        default=_limited(_DEFAULT.max_wall_s),
-        gt=0,
-        le=BUDGET_LIMITS["max_wall_s"],
-        description="Seconds of execution.",
-    )
-    max_cost_usd: float | None = Field(
-        default=None,
-        gt=0,
-        le=BUDGET_LIMITS["max_cost_usd"],
-        description="US dollars the run's model calls may cost.",
-    )
-    max_replans: Whole = Field(
-        default=_DEFAULT.max_replans,
-        ge=WHOLE_OPTION_LIMITS["max_replans"][0],
-        le=WHOLE_OPTION_LIMITS["max_replans"][1],
-        description="Replans of failed steps.",
-    )
+    max_model_calls: Whole = _budget("max_model_calls", "Model calls in the run.")
+    max_tokens: Whole = _budget("max_tokens", "Tokens in the run.")
+    max_wall_s: float = _budget("max_wall_s", "Seconds of execution.")
+    max_cost_usd: float | None = _budget("max_cost_usd", "US dollars the run's model calls may cost.")
+    max_replans: Whole = _whole_option("max_replans", "Replans of failed steps.")
     check_outputs: bool = Field(default=False, description="Check outputs against expected outputs.")
     team_tools: bool | None = Field(default=None, description="Team tools for step agents (None: by model).")
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] = Field(
