@@ -100,6 +100,10 @@ async def test_a_task_is_started_reviewed_with_edits_answered_and_followed(
     assert 'value="EDITED A"' in refused.text and 'name="depends_on.a" value="b"' in refused.text
     stored = (await client.get(f"/api/v1/runs/{run_id}")).json()["plan"]["steps"]
     assert [(s["title"], s["depends_on"]) for s in stored] == [("do a", []), ("do b", ["a"])]
+    # an answer to a request that is not on the page says why, once, above the open review
+    unknown = await client.post(f"/runs/{run_id}/requests/0a0a0a", data={"choice": "approve"})
+    assert unknown.status_code == 422 and "Review the plan" in unknown.text
+    assert unknown.text.count("no request &#39;0a0a0a&#39;") == 1
 
     # untick a's read_file, rewrite b's prompt, allow write_file for the run, approve
     edit = {
