@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _api import typed
 from _cli import mp, start
 from _plans import step
 
@@ -20,6 +21,14 @@ from masterplanner.service import RunService
 from masterplanner.tools import BUILTIN_TOOL_NAMES
 from masterplanner.tools.team import TEAM_TOOL_NAMES
 from masterplanner.web import MAX_BODY_BYTES, check_bind, create_app, web_token
+from masterplanner.web.api_responses import (
+    EventOut,
+    FeedbackOut,
+    ListedRunOut,
+    RequestOut,
+    RunOut,
+    RunReportOut,
+)
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
 
@@ -73,15 +82,17 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
     assert created.status_code == 201, created.text
     run = created.json()
     assert (run["task"], run["status"]) == ("do a then b", "planning")
+    assert typed(RunOut, created).model_dump() == run
 
     (review,) = await _wait_for(client, f"/requests?run_id={run['id']}", lambda found: len(found) == 1)
     assert review["kind"] == "plan_review"
-    [listed] = (await client.get("/runs")).json()
-    assert (listed["status"], listed["idle"]) == ("awaiting_approval", None)  # the server executes it
+    [listed] = typed(list[ListedRunOut], await client.get("/runs"))
+    assert (listed.status, listed.idle) == ("awaiting_approval", None)  # the server executes it
+    assert typed(list[RequestOut], await client.get("/requests"))[0].kind == "plan_review"
     assert [s["id"] for s in review["payload"]["plan"]["steps"]] == ["a", "b"]
     answered = await client.post(f"/requests/{review['id']}/answer", json={"approve": True})
     assert answered.status_code == 200, answered.text
-    assert answered.json()["state"] == "answered"
+    assert typed(RequestOut, answered).state == "answered"
     assert answered.json()["answered_by"].startswith("web@")
 
     stream = await client.get(f"/runs/{run['id']}/events/stream")  # ends when the run is over
@@ -97,6 +108,13 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
     assert all(data["kind"] == kind and data["seq"] == seq for kind, seq, data in events)
 
     report = (await client.get(f"/runs/{run['id'][:12]}")).json()  # a unique prefix is enough
+    stated = typed(RunReportOut, await client.get(f"/runs/{run['id']}"))
+    assert (stated.run_id, stated.usage.by_purpose["step:b"].calls, stated.plan is not None) == (
+        run["id"],
+        1,
+        True,
+    )
+    assert len(typed(list[EventOut], await client.get(f"/runs/{run['id']}/events"))) == len(events)
     assert (report["status"], report["output"]) == ("succeeded", "B done")
     assert [(s["id"], s["status"]) for s in report["steps"]] == [("a", "succeeded"), ("b", "succeeded")]
     assert set(report["agents"]) == {"a", "b"}
@@ -110,7 +128,7 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
 
     rated = await client.post(f"/runs/{run['id']}/feedback", json={"rating": 4, "comment": "fine"})
     assert rated.status_code == 200, rated.text
-    assert set(rated.json()) == {"rated_agents", "cohort_rated", "lessons"} and rated.json()["lessons"] == {}
+    assert typed(FeedbackOut, rated).lessons == {}
     assert (await client.post(f"/runs/{run['id']}/feedback", json={"rating": 6})).status_code == 422
     # a rating sent again (a client that retried) is not counted twice
     twice = await client.post(f"/runs/{run['id']}/feedback", json={"rating": 4, "comment": "fine"})
@@ -306,6 +324,10 @@ async def test_a_token_is_required_when_set(service: RunService) -> None:
         refused = await client.get("/api/v1/runs")
         assert refused.status_code == 401
         assert refused.json()["error"].startswith("this server needs its token")
+        documented = app.openapi()["paths"]["/api/v1/runs"]["get"]["responses"]["401"]
+        assert documented["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ErrorOut"
+        }
         assert (
             await client.get("/api/v1/runs", headers={"Authorization": "Bearer wrong"})
         ).status_code == 401

@@ -10,11 +10,14 @@ from typing import Any
 
 import httpx
 import pytest
+from _api import typed
 from _plans import step
 
 from masterplanner import Settings
+from masterplanner.registry import Cohort
 from masterplanner.service import RunService
 from masterplanner.web import create_app
+from masterplanner.web.api_responses import AgentOut, ListedAgentOut, MemoryOut, StoredAgentOut
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
 
@@ -65,17 +68,21 @@ async def test_agents_and_teams_through_the_api(
     stored = await _finished_run(client, write_script)
     team = stored["team"]
     assert team["run_id"] == stored["run"]["id"] and set(team["agents"]) == {"gather", "write"}
+    assert typed(list[Cohort], await client.get("/api/v1/teams"))[0].id == team["id"]
     agents = (await client.get("/api/v1/agents")).json()
     assert len(agents) == 2 and all(agent["stats"]["uses"] == 1 for agent in agents)
-    found = (await client.get("/api/v1/agents", params={"q": agents[0]["role"]})).json()
-    assert found and "score" in found[0]
+    assert [agent.score for agent in typed(list[ListedAgentOut], await client.get("/api/v1/agents"))] == [
+        None
+    ] * 2
+    found = typed(list[ListedAgentOut], await client.get("/api/v1/agents", params={"q": agents[0]["role"]}))
+    assert found and found[0].score is not None
 
     agent_id = team["agents"]["write"]
     agent = (await client.get(f"/api/v1/agents/{agent_id}")).json()
-    assert agent["versions"] == [1]
+    assert typed(StoredAgentOut, await client.get(f"/api/v1/agents/{agent_id}")).versions == [1]
     edited = await client.put(f"/api/v1/agents/{agent_id}", json=agent | {"system_prompt": "Write it short."})
     assert edited.status_code == 200, edited.text
-    assert (edited.json()["version"], edited.json()["system_prompt"]) == (2, "Write it short.")
+    assert (typed(AgentOut, edited).version, edited.json()["system_prompt"]) == (2, "Write it short.")
     assert (await client.get(f"/api/v1/agents/{agent_id}", params={"version": 1})).json()["version"] == 1
     assert (await client.get(f"/api/v1/agents/{agent_id}", params={"version": 99})).status_code == 404
     bad = await client.put(
@@ -117,6 +124,7 @@ async def test_agents_and_teams_through_the_api(
     assert [a["id"] for a in (await client.get("/api/v1/agents")).json()] == [team["agents"]["gather"]]
 
     memories = (await client.get("/api/v1/memories", params={"kind": "episode"})).json()
+    assert typed(list[MemoryOut], await client.get("/api/v1/memories"))[0].kind == "episode"
     assert len(memories) == 1 and "summarise the facts" in memories[0]["text"]
     assert (await client.delete(f"/api/v1/memories/{memories[0]['id']}")).status_code == 204
     assert (await client.delete(f"/api/v1/memories/{memories[0]['id']}")).status_code == 404

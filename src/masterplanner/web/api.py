@@ -35,6 +35,16 @@ from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 from ..tools import BUILTIN_TOOL_NAMES
 from ..tools.team import TEAM_TOOL_NAMES
+from .api_responses import (
+    EventOut,
+    FeedbackOut,
+    HealthOut,
+    ListedRunOut,
+    RequestOut,
+    RunOut,
+    RunReportOut,
+    success,
+)
 
 __all__ = [
     "REFUSALS",
@@ -60,6 +70,7 @@ class ErrorOut(BaseModel):
 
 _REFUSALS = (
     (400, "The request cannot be carried out (a model spec, a task, a run that cannot start)"),
+    (401, "The server was started with `--auth` and the request did not send its token"),
     (403, "A request from another site or to a host name other than loopback"),
     (404, "No such run, request or route"),
     (409, "The request or run is not in a state that takes this"),
@@ -356,13 +367,13 @@ async def existing_run(request: Request, run_id: str) -> RunRecord:
     return await _run(_service(request), run_id)
 
 
-@router.get("/health", summary="Whether the server answers")
+@router.get("/health", summary="Whether the server answers", **success(HealthOut, "It answers"))
 async def health() -> dict[str, str]:
     """`{"status": "ok"}`."""
     return {"status": "ok"}
 
 
-@router.get("/runs", summary="Runs, newest first")
+@router.get("/runs", summary="Runs, newest first", **success(list[ListedRunOut], "The runs"))
 async def list_runs(
     request: Request,
     status: Annotated[RunStatus | None, Query(description="Only runs with this status.")] = None,
@@ -376,7 +387,7 @@ async def list_runs(
     return [_summary(record) | {"idle": idle.get(record.id)} for record in records]
 
 
-@router.post("/runs", status_code=201, summary="Start a run")
+@router.post("/runs", status_code=201, summary="Start a run", **success(RunOut, "The run, started", 201))
 async def create_run(request: Request, body: RunIn) -> dict[str, Any]:
     """Record the run and execute it in this server (or queue it for the workers, `serve --workers`)."""
     service = _service(request)
@@ -403,7 +414,7 @@ async def create_run(request: Request, body: RunIn) -> dict[str, Any]:
     return _summary(record)
 
 
-@router.get("/runs/{run_id}", summary="A run's report")
+@router.get("/runs/{run_id}", summary="A run's report", **success(RunReportOut, "The report"))
 async def get_run(request: Request, run_id: str) -> dict[str, Any]:
     """Status, plan, agents' prompts, steps (sub-steps under their step), usage, messages, notes.
 
@@ -422,7 +433,7 @@ async def get_run(request: Request, run_id: str) -> dict[str, Any]:
     )
 
 
-@router.get("/runs/{run_id}/events", summary="A run's events")
+@router.get("/runs/{run_id}/events", summary="A run's events", **success(list[EventOut], "The events"))
 async def run_events(
     request: Request,
     run_id: str,
@@ -453,7 +464,7 @@ async def stream_events(
         yield ServerSentEvent(data=event.to_json_dict(), event=event.kind, id=str(event.seq))
 
 
-@router.post("/runs/{run_id}/cancel", summary="Cancel a run")
+@router.post("/runs/{run_id}/cancel", summary="Cancel a run", **success(RunOut, "The run"))
 async def cancel_run(request: Request, run_id: str) -> dict[str, Any]:
     """Ask the run to stop; its running steps stop within moments, wherever they run."""
     service = _service(request)
@@ -462,7 +473,7 @@ async def cancel_run(request: Request, run_id: str) -> dict[str, Any]:
         return _summary(await service.cancel(record.id, wait_s=2.0, by=answerer_name("web")))
 
 
-@router.post("/runs/{run_id}/resume", summary="Go on with a stopped run")
+@router.post("/runs/{run_id}/resume", summary="Go on with a stopped run", **success(RunOut, "The run"))
 async def resume_run(request: Request, run_id: str) -> dict[str, Any]:
     """Execute, in this server, a run whose process stopped (`idle` is `stopped`) from where it stopped.
 
@@ -475,7 +486,11 @@ async def resume_run(request: Request, run_id: str) -> dict[str, Any]:
         return _summary(await executions.resume(record.id))
 
 
-@router.post("/runs/{run_id}/retry", summary="Retry a failed run from where it failed")
+@router.post(
+    "/runs/{run_id}/retry",
+    summary="Retry a failed run from where it failed",
+    **success(RunOut, "The run, started again"),
+)
 async def retry_run(request: Request, run_id: str, body: RetryIn | None = None) -> dict[str, Any]:
     """Run a failed run again: its succeeded steps are kept, the others run afresh.
 
@@ -494,7 +509,7 @@ async def retry_run(request: Request, run_id: str, body: RetryIn | None = None) 
     return _summary(retried)
 
 
-@router.post("/runs/{run_id}/feedback", summary="Rate a finished run")
+@router.post("/runs/{run_id}/feedback", summary="Rate a finished run", **success(FeedbackOut, "What changed"))
 async def rate_run(request: Request, run_id: str, body: FeedbackIn) -> dict[str, Any]:
     """Rate the run's agents and team; at 2 or less, lessons are written for its agents."""
     service = _service(request)
@@ -512,7 +527,7 @@ async def rate_run(request: Request, run_id: str, body: FeedbackIn) -> dict[str,
     }
 
 
-@router.get("/requests", summary="Open requests")
+@router.get("/requests", summary="Open requests", **success(list[RequestOut], "The requests"))
 async def pending_requests(
     request: Request, run_id: Annotated[str | None, Query(description="Only this run's.")] = None
 ) -> list[dict[str, Any]]:
@@ -523,14 +538,18 @@ async def pending_requests(
     return [{**item.to_json_dict(), "summary": item.summary()} for item in await service.pending(run_id)]
 
 
-@router.get("/requests/{request_id}", summary="A request")
+@router.get("/requests/{request_id}", summary="A request", **success(RequestOut, "The request"))
 async def get_request(request: Request, request_id: str) -> dict[str, Any]:
     """One request in whatever state it is."""
     found = await _request(_service(request), request_id)
     return {**found.to_json_dict(), "summary": found.summary()}
 
 
-@router.post("/requests/{request_id}/answer", summary="Answer a request")
+@router.post(
+    "/requests/{request_id}/answer",
+    summary="Answer a request",
+    **success(RequestOut, "The request, answered"),
+)
 async def answer_request(request: Request, request_id: str, body: AnswerIn) -> dict[str, Any]:
     """Answer an open request; the run waiting on it goes on in whichever process runs it."""
     service = _service(request)

@@ -15,6 +15,7 @@ from ..errors import MasterplannerError, NotFoundError
 from ..registry import AgentSpec, Cohort
 from ..service import RegistryService
 from .api import REFUSALS
+from .api_responses import AgentOut, ListedAgentOut, MemoryOut, StoredAgentOut, success
 from .graph import plan_svg
 from .pages import templates
 
@@ -56,7 +57,11 @@ def _agent_json(spec: AgentSpec) -> dict[str, Any]:
 # ---- JSON
 
 
-@api.get("/agents", summary="Stored agents, or those matching a search")
+@api.get(
+    "/agents",
+    summary="Stored agents, or those matching a search",
+    **success(list[ListedAgentOut], "The agents"),
+)
 async def list_agents(
     request: Request, q: Annotated[str | None, Query(max_length=500, description="Search text.")] = None
 ) -> list[dict[str, Any]]:
@@ -67,7 +72,7 @@ async def list_agents(
     return [_agent_json(spec) for spec in await registry.agents()]
 
 
-@api.get("/agents/{agent_id}", summary="One agent")
+@api.get("/agents/{agent_id}", summary="One agent", **success(StoredAgentOut, "The agent"))
 async def get_agent(
     request: Request, agent_id: str, version: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None
 ) -> dict[str, Any]:
@@ -77,7 +82,9 @@ async def get_agent(
     return _agent_json(spec) | {"versions": await registry.versions(spec.id)}
 
 
-@api.put("/agents/{agent_id}", summary="Edit an agent (a new version)")
+@api.put(
+    "/agents/{agent_id}", summary="Edit an agent (a new version)", **success(AgentOut, "The new version")
+)
 async def edit_agent(request: Request, agent_id: str, body: dict[str, Any]) -> dict[str, Any]:
     """Store the body (the agent's JSON form) as its next version; its id and stats stay."""
     registry = _registry(request)
@@ -96,13 +103,13 @@ async def delete_agent(request: Request, agent_id: str) -> Response:
     return Response(status_code=204)
 
 
-@api.get("/teams", summary="Stored teams")
+@api.get("/teams", summary="Stored teams", **success(list[Cohort], "The teams"))
 async def list_teams(request: Request) -> list[dict[str, Any]]:
     """Every stored team (cohort), newest first."""
     return [team.model_dump(mode="json") for team in await _registry(request).cohorts()]
 
 
-@api.get("/teams/{team_id}", summary="One team")
+@api.get("/teams/{team_id}", summary="One team", **success(Cohort, "The team"))
 async def get_team(request: Request, team_id: str) -> dict[str, Any]:
     """The team: its task, plan, agents by step and outcome."""
     return (await _team(_registry(request), team_id)).model_dump(mode="json")
@@ -116,7 +123,7 @@ async def delete_team(request: Request, team_id: str) -> Response:
     return Response(status_code=204)
 
 
-@api.get("/memories", summary="Agents' long-term memory")
+@api.get("/memories", summary="Agents' long-term memory", **success(list[MemoryOut], "The memories"))
 async def list_memories(
     request: Request,
     q: Annotated[str | None, Query(max_length=500, description="Search text.")] = None,
