@@ -50,6 +50,7 @@ from pydantic_settings import (
 )
 
 from .errors import SettingsError
+from .text_files import read_text
 from .tools.mcp import McpServer
 
 __all__ = [
@@ -79,17 +80,11 @@ def default_home() -> Path:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    text = read_text(path, error=SettingsError)
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path}: not valid TOML: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise SettingsError(
-            f"{path}: not UTF-8 text (byte {exc.start + 1} is not): save it as UTF-8"
-        ) from exc
-    except OSError as exc:
-        raise SettingsError(f"{path}: cannot read: {exc.strerror}") from exc
 
 
 def known_workspaces(home: Path) -> list[Path]:

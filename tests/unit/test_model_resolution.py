@@ -135,9 +135,20 @@ def test_ollama_defaults_to_the_local_daemon(monkeypatch: pytest.MonkeyPatch) ->
     assert resolve_model("ollama:llama3.2").base_url == "http://127.0.0.1:9999/v1/"
 
 
-def test_scripted_missing_file() -> None:
-    with pytest.raises(ScriptError, match="does not exist"):
+def test_a_script_that_cannot_be_read_says_why_in_our_words(tmp_path: Path) -> None:
+    with pytest.raises(ScriptError) as missing:
         resolve_model("scripted:absent.json")
+    assert str(missing.value) == "scripted model file absent.json does not exist"
+    with pytest.raises(ScriptError) as folder:
+        resolve_model(f"scripted:{tmp_path}")
+    assert str(folder.value) == f"scripted model file {tmp_path} is a folder, not a file"
+    latin = tmp_path / "latin.json"
+    latin.write_bytes('{"calls": [{"output": "café"}]}'.encode("latin-1"))
+    with pytest.raises(ScriptError) as undecoded:
+        resolve_model(f"scripted:{latin}")
+    assert str(undecoded.value) == (
+        f"scripted model file {latin}: not UTF-8 text (byte 27 is not): save it as UTF-8"
+    )
 
 
 def test_a_missing_credential_is_named_per_provider(monkeypatch: pytest.MonkeyPatch) -> None:

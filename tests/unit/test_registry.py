@@ -172,13 +172,16 @@ def test_export_import_round_trips_and_a_corrupt_file_imports_nothing(
     corrupt.write_bytes(b"\xe9\n")
     with pytest.raises(ConfigError) as latin:
         store.read_agents(corrupt)
-    assert str(latin.value) == f"{corrupt}: not UTF-8 text (byte 1 is not); nothing was imported"
+    assert (
+        str(latin.value)
+        == f"{corrupt}: not UTF-8 text (byte 1 is not): save it as UTF-8; nothing was imported"
+    )
     with pytest.raises(ConfigError) as folder:
         store.export_agents(tmp_path)
     assert str(folder.value) == f"cannot write {tmp_path}: Is a directory"
     with pytest.raises(ConfigError) as nowhere:
         store.read_agents(tmp_path / "missing.jsonl")
-    assert str(nowhere.value) == f"cannot read {tmp_path / 'missing.jsonl'}: No such file or directory"
+    assert str(nowhere.value) == f"{tmp_path / 'missing.jsonl'} does not exist; nothing was imported"
 
 
 def test_cohorts_and_the_cli(store: RegistryStore) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..text_files import read_text
 from ..tools.catalog import Catalog, ToolSpec
 
 __all__ = ["DATASETS", "Request", "benchmarks_folder", "load_dataset"]
@@ -49,10 +50,9 @@ def benchmarks_folder() -> Path:
 
 
 def _read_json(path: Path) -> Any:
+    text = read_text(path, "benchmark file")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"benchmark file missing: {path}") from None
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"benchmark file {path}: not JSON: {exc}") from None
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.records import flat_steps
 from ..errors import ConfigError, MasterplannerError
+from ..text_files import read_text
 from ..tools.workspace import Workspace
 from ..usage import UsageLedger
 from .checks import Check, CheckResult, check_file, parse_check, plan_checks
@@ -109,12 +110,11 @@ def _task(raw: object, where: str) -> EverydayTask:
 def load_suite(path: Path | None = None) -> list[EverydayTask]:
     """The tasks of a suite file (default: the shipped everyday suite); `ConfigError` naming what is wrong."""
     path = path or DEFAULT_SUITE
+    text = read_text(path, "task suite")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"task suite {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"task suite {path}: cannot read: {exc}") from None
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"task suite {path}: not JSON: {exc}") from None
     raw_tasks = data.get("tasks") if isinstance(data, dict) else None
     if not isinstance(raw_tasks, list) or not raw_tasks:
         raise ConfigError(f'task suite {path}: expected {{"tasks": [...]}} with at least one task')

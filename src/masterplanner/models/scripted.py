@@ -55,6 +55,7 @@ from pydantic_ai.usage import RequestUsage
 
 from ..errors import ScriptError, ScriptExhaustedError, validation_problems
 from ..purpose import current_purpose
+from ..text_files import read_text
 from ._schema import minimal_instance
 from .local import LocalModelProfile
 
@@ -103,12 +104,7 @@ class _Script(BaseModel):
 
 
 def _load(path: Path) -> _Script:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScriptError(f"scripted model file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScriptError(f"scripted model file {path}: cannot read: {exc}") from None
+    text = read_text(path, "scripted model file", error=ScriptError)
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -35,6 +35,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..database import Migration, create_engine, migrate, reconnecting_methods, transaction, utc_now
 from ..errors import ConfigError, NotFoundError, RunError, validation_problems
+from ..text_files import read_text
 from .embedders import TextEmbedder
 from .specs import AgentSpec, AgentStats, Cohort
 
@@ -769,14 +770,7 @@ class RegistryStore:
 
         `ConfigError` naming the line and field of the first invalid line, or an agent given twice.
         """
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(
-                f"{path}: not UTF-8 text (byte {exc.start + 1} is not); nothing was imported"
-            ) from None
-        except OSError as exc:
-            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+        text = read_text(path, after="; nothing was imported")
         specs: list[tuple[int, AgentSpec]] = []
         lines: dict[str, int] = {}
         for number, line in enumerate(text.splitlines(), start=1):
