@@ -156,9 +156,11 @@ async def test_an_unusable_adaptation_plans_afresh_with_the_team_as_an_example(
         engine.close()
 
 
+@pytest.mark.parametrize("embedder", ["smollm2", "none"])  # with none, by the words alone
 async def test_a_step_like_a_stored_agent_reuses_it_outside_its_team(
-    isolated: Path, write_script: Callable[..., Path]
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, embedder: str
 ) -> None:
+    monkeypatch.setenv("MASTERPLANNER_EMBEDDER", embedder)
     report = {
         **step("report", tools=[]),
         "title": "Write the quarterly report",

@@ -636,11 +636,17 @@ class RegistryStore:
 
         Order as `search_agents`; similarity is the embedder's calibrated cosine of the embeddings
         with an embedder (see `TextEmbedder.similarity`), else the Ochiai coefficient of the word
-        stems of `text` and the agent's name, role, description and keywords.
+        stems of `text` and the agent's name, role and description: what a step's text holds. (Its
+        keywords, the words of the task it was made for, find it but are left out of the
+        comparison: with them an agent scored 0.74 against the very step it was made for, under
+        `agent_reuse_threshold`, and was never reused.)
         """
         found = self.search_agents(text, limit)
         if self.embedder is None:
-            return [(spec, lexical_similarity(text, self._embedding_text(spec))) for spec, _ in found]
+            return [
+                (spec, lexical_similarity(text, f"{spec.role}. {spec.name}. {spec.description}"))
+                for spec, _ in found
+            ]
         wanted = self._query_vector(text)
         if wanted is None:
             return []
