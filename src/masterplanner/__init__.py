@@ -13,7 +13,7 @@ from ._lazy import lazy_names
 from ._version import __version__
 
 if TYPE_CHECKING:
-    from .chat import ChatResult, achat, chat
+    from .chatting import ChatResult, achat, chat
     from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
     from .errors import (
         AgentEditError,
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .usage import PurposeUsage, UsageLedger
 
 _HOMES = {
-    ".chat": ("ChatResult", "achat", "chat"),
+    ".chatting": ("ChatResult", "achat", "chat"),
     ".engine": ("Engine", "Event", "Request", "RunOptions", "RunRecord", "StepRecord"),
     ".errors": (
         "AgentEditError",

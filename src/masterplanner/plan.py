@@ -93,6 +93,13 @@ class Plan(BaseModel):
     steps: list[Step] = Field(min_length=1)
     final_step: str | None = None
 
+    @field_validator("task")
+    @classmethod
+    def _a_task(cls, value: str) -> str:
+        if "\x00" in value:  # as `validate_task` refuses it
+            raise ValueError("must not hold a NUL character")
+        return _not_blank(value)
+
     def step(self, step_id: str) -> Step:
         """The step with this id (`KeyError` if there is none)."""
         for step in self.steps:
@@ -115,7 +122,9 @@ class Plan(BaseModel):
 
 
 def validate_task(task: str) -> str:
-    """Return the task stripped, or raise `PlanError` if it is empty or too long."""
+    """Return the task stripped, or raise `PlanError` if it is empty or too long, or not text."""
+    if not isinstance(task, str):
+        raise PlanError([f"the task should be text, got {json_kind(task)}"], context="invalid task")
     text = task.strip()
     if not text:
         raise PlanError(["the task is empty"], context="invalid task")
@@ -125,6 +134,13 @@ def validate_task(task: str) -> str:
         )
     if "\x00" in text:  # text is never meant to hold it; searches stopped at it
         raise PlanError(["the task holds a NUL character"], context="invalid task")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (text decoded with errors="surrogateescape")
+            raise PlanError(
+                ["the task holds a character that is not text (a lone surrogate)"], context="invalid task"
+            ) from None
     return text
 
 
@@ -243,9 +259,17 @@ def _graph_problems(plan: Plan, catalog: Catalog | None, max_steps: int) -> list
 
 
 def validate_plan(
-    plan: Plan | Mapping[str, Any], catalog: Catalog | None = None, *, max_steps: int = DEFAULT_MAX_STEPS
+    plan: Plan | Mapping[str, Any],
+    catalog: Catalog | None = None,
+    *,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    task: str | None = None,
 ) -> Plan:
-    """Return `plan` as a valid `Plan`, or raise `PlanError` listing every problem found."""
+    """Return `plan` as a valid `Plan`, or raise `PlanError` listing every problem found.
+
+    `task`: the task the plan must keep (an edit at review changes how, not what: a team stored
+    under an edited task was reused, with no planning, for a task it never did).
+    """
     if isinstance(plan, Plan):
         parsed = plan
     else:
@@ -256,6 +280,8 @@ def validate_plan(
         except ValidationError as exc:
             raise PlanError(_shape_problems(exc, plan)) from None
     problems = _graph_problems(parsed, catalog, max_steps)
+    if task is not None and parsed.task != task:
+        problems.insert(0, "task: is the run's task and cannot be edited; start a new run for another task")
     if problems:
         raise PlanError(problems)
     return parsed

@@ -204,11 +204,14 @@ class RunService:
         *,
         model: str | None = None,
         options: RunOptions | None = None,
-        workspace: Path | None = None,
+        workspace: Path | str | None = None,
         for_workers: bool = False,
         by: str | None = None,
     ) -> RunRecord:
         """Record a new run (status `planning`) after checking the task and the model spec.
+
+        `workspace`: the folder its file tools work in (made if missing); by default a new one
+        under the home's `workspaces`.
 
         `for_workers`: queued for the workers (`masterplanner worker`) instead of executed by
         the caller; the first worker to claim it executes it. `by` (`answerer_name(front end)`,
@@ -501,7 +504,8 @@ class RunService:
         request = await self.request(request_id)
         if request.state == "open" and request.kind in ("plan_review", "replan") and isinstance(answer, dict):
             if "plan" in answer:
-                validate_plan(answer["plan"], catalog_of_review(request))
+                reviewed = request.payload.get("plan") or {}
+                validate_plan(answer["plan"], catalog_of_review(request), task=reviewed.get("task"))
             _check_names_in_decision(request, answer)
         answered = await asyncio.to_thread(self._store.requests.answer, request.id, answer, by=by)
         await asyncio.to_thread(
@@ -722,11 +726,11 @@ class RegistryService:
         """Remove an agent and every version of it."""
         await self._run(lambda: self._store().delete_agent(agent_id))
 
-    async def export_agents(self, path: Path) -> int:
+    async def export_agents(self, path: Path | str) -> int:
         """Write every agent to a JSON-lines file; returns how many."""
-        return await self._run(lambda: self._store().export_agents(path))
+        return await self._run(lambda: self._store().export_agents(Path(path)))
 
-    async def import_agents(self, path: Path) -> ImportedAgents:
+    async def import_agents(self, path: Path | str) -> ImportedAgents:
         """Read agents from a JSON-lines file: all of them, or none if any line is invalid.
 
         A line is invalid when it is not an agent or holds what an agent edit is refused for
@@ -735,10 +739,8 @@ class RegistryService:
         """
 
         def read() -> ImportedAgents:
-            if not path.is_file():
-                raise ConfigError(f"{path} is not a file")
             store = self._store()
-            specs = store.read_agents(path)
+            specs = store.read_agents(Path(path))
             for number, spec in specs:
                 problems = _agent_problems(spec, self.settings)
                 if problems:

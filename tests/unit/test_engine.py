@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from _answers import execute_answering
+from _cli import mp
 from _plans import step
 
 from masterplanner import PlanError, RequestError, RunError, RunNotFoundError, Settings
@@ -246,6 +247,46 @@ async def test_cancel_stops_running_steps_promptly(engine: Engine, write_script:
     assert _kinds(engine, run.id)[-1] == ("run_cancelled", None)
 
 
+@pytest.mark.parametrize("resumer", ["this process", "another process"])
+async def test_an_execution_its_caller_cancels_stops_and_the_run_resumes_at_once(
+    engine: Engine, write_script: Callable[..., Path], resumer: str
+) -> None:
+    """A caller that gives up on `execute` (a timeout, its own Ctrl-C) leaves a run any process resumes now.
+
+    The step it was running stops with it (nothing runs it in the background) and is run again,
+    once, by the execution that resumes the run; before, that execution waited for ever on the
+    step's workflow, left pending under this live process.
+    """
+    script = write_script(
+        [
+            _planner(step("a", tools=[])),
+            {"purpose": "step:a", "output": "A done", "delay_s": 1.5, "repeat": True},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("a", model=f"scripted:{script}", options=FAST)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    while [s.status for s in engine.store.steps(run.id)] != ["running"]:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    execution.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await execution
+    await asyncio.sleep(2)  # the stopped step would have answered by now, had anything run it
+    assert [(s.id, s.status) for s in engine.store.steps(run.id)] == [("a", "running")]
+    assert engine.store.lease(run.id) is None  # given up: `runs list` says stopped
+    if resumer == "this process":
+        await asyncio.wait_for(engine.execute(run.id), 10)
+    else:  # `runs resume` while this process, where the step stopped, lives on
+        resumed = await asyncio.to_thread(mp, "runs", "resume", run.id)
+        assert resumed.returncode == 0, resumed.stderr
+    final = engine.store.get_run(run.id)
+    assert (final.status, final.output) == ("succeeded", "A done")
+    assert (
+        engine.report(run.id)["usage"]["by_purpose"]["step:a"]["calls"] == 1
+    )  # the stopped call is not counted
+    assert [kind for kind, step_id in _kinds(engine, run.id) if step_id == "a"].count("step_succeeded") == 1
+
+
 async def test_a_cancel_whose_clean_up_is_slow_is_not_cut_short_by_the_next_look(
     engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -300,6 +341,20 @@ async def test_review_decisions(engine: Engine, write_script: Callable[..., Path
     with pytest.raises(PlanError, match="cycle"):
         await execute_answering(engine, run.id, review=cyclic)
     assert engine.store.get_run(run.id).status == "awaiting_approval"  # nothing applied
+
+    for task, problem in (
+        ("Delete all", "task: is the run's task and cannot be edited; start a new run for another task"),
+        ("   ", "plan: task: must not be empty"),
+    ):
+
+        async def retasked(_run: Any, _catalog: Any, task: str = task) -> dict[str, Any]:
+            return {"action": "approve", "plan": {"task": task, "steps": [step("a", tools=[])]}}
+
+        run = engine.create_run("x", model=f"scripted:{script}", options=options)
+        with pytest.raises(PlanError) as refused:
+            await execute_answering(engine, run.id, review=retasked)
+        assert refused.value.problems == [problem]
+        assert engine.store.get_run(run.id).status == "awaiting_approval"
 
 
 async def test_a_run_held_by_a_live_process_is_not_executed_twice(

@@ -210,18 +210,48 @@ def test_a_run_s_steps_events_and_usage_take_the_start_of_its_id_and_refuse_an_u
     assert asyncio.run(program()) == [True, True, True, ["no run 'nope-nope'"] * 3, True]
 
 
+def test_a_home_made_again_after_a_service_closed_gets_the_next_team(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`close` releases the registry too: before, it kept the removed database file open and wrote there."""
+    import shutil
+
+    from masterplanner import RegistryService
+
+    home, model = tmp_path / "home", _script(write_script)
+
+    async def once() -> tuple[str, int]:
+        service = RunService(Settings(home=home))
+        try:
+            run = await service.create("write it", model=model, options=RunOptions(auto_approve=True))
+            final = await service.execute(run.id)
+        finally:
+            service.close()
+        registry = RegistryService(Settings(home=home))
+        try:
+            return final.status, len(await registry.cohorts())
+        finally:
+            registry.close()
+
+    assert asyncio.run(once()) == ("succeeded", 1)
+    shutil.rmtree(home)
+    assert asyncio.run(once()) == ("succeeded", 1)
+
+
 def test_a_program_s_bad_arguments_are_errors_that_name_them(
     write_script: Callable[..., Path], tmp_path: Path
 ) -> None:
-    from masterplanner import ConfigError, RegistryService
+    from masterplanner import ConfigError, PlanError, RegistryService, achat, chat
 
     async def program() -> list[str]:
         settings = Settings(home=tmp_path / "home")
         service, registry = RunService(settings), RegistryService(settings)
         refused: list[str] = []
+        model = _script(write_script)
         try:
             calls = [
                 lambda: service.create("x", model=""),
+                lambda: service.create("x", model=model, options=RunOptions(max_parallel=0)),
                 lambda: service.list_runs(status="bogus"),
                 lambda: service.list_runs(10**20),
                 lambda: registry.memories(kind="bogus"),  # type: ignore[arg-type]
@@ -231,7 +261,19 @@ def test_a_program_s_bad_arguments_are_errors_that_name_them(
                 with pytest.raises(ConfigError) as error:
                     await call()
                 refused.append(str(error.value))
-            model = _script(write_script)
+            with pytest.raises(ConfigError) as blocking:  # in a coroutine: achat is the one to await
+                chat("hi", model=model)
+            refused.append(str(blocking.value))
+            with pytest.raises(ConfigError) as no_text:
+                await achat(None, model=model)  # type: ignore[arg-type]
+            refused.append(str(no_text.value))
+            for task in (None, "write \udcff it"):
+                with pytest.raises(PlanError) as bad_task:
+                    await service.create(task, model=model)  # type: ignore[arg-type]
+                refused.append(str(bad_task.value))
+            # nothing of the refused runs is left: no workspace recorded or made
+            assert not (tmp_path / "home" / "workspaces.jsonl").exists()
+            assert list((tmp_path / "home" / "workspaces").glob("*")) == []
             run = await service.create("x", model=model, options=RunOptions(auto_approve=True))
             await service.execute(run.id)
             with pytest.raises(ConfigError) as rating:
@@ -248,10 +290,15 @@ def test_a_program_s_bad_arguments_are_errors_that_name_them(
     statuses = "planning, awaiting_approval, running, succeeded, failed, cancelled"
     assert asyncio.run(program()) == [
         "model must be a model spec (None: the model setting), got ''",
+        "max_parallel must be a whole number from 1 to 64, got 0",
         f"status must be one of {statuses}, got 'bogus'",
         "limit must be a whole number from 1 to 10,000, got 100000000000000000000",
         "kind must be fact or episode, got 'bogus'",
         "limit must be a whole number from 1 to 100, got -1",
+        "chat() blocks, and this thread runs an event loop: await achat() here instead",
+        "the prompt should be text, got null",
+        "invalid task: the task should be text, got null",
+        "invalid task: the task holds a character that is not text (a lone surrogate)",
         "the rating must be a whole number from 1 to 5, got 4.5",
         "rated the run 5/5 by library",
     ]

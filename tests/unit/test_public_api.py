@@ -59,6 +59,22 @@ def test_all_is_pinned_and_importable() -> None:
         assert getattr(masterplanner, name) is not None
 
 
+def test_no_public_name_is_shadowed_by_a_module_of_the_package() -> None:
+    """Importing a submodule sets it on the package: one named like a public name replaced that name.
+
+    `masterplanner.chat` was the module, not the function, once anything had imported `.chat`.
+    """
+    import importlib
+    import pkgutil
+    import types
+
+    for module in pkgutil.iter_modules(masterplanner.__path__):
+        if module.name != "__main__":  # that one runs the command
+            importlib.import_module(f"masterplanner.{module.name}")
+    public = {name: getattr(masterplanner, name) for name in masterplanner.__all__}
+    assert [name for name, value in public.items() if isinstance(value, types.ModuleType)] == []
+
+
 def test_unknown_attribute_raises() -> None:
     import pytest
 

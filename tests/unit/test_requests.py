@@ -74,6 +74,11 @@ def test_a_run_with_no_terminal_input_is_answered_from_another_process(
 
         question = pending("ask_user")
         assert question["payload"] == {"question": "Which city?"}
+        empty = mp("runs", "answer", question["id"], "--text", "  ")
+        assert (empty.returncode, empty.stderr) == (
+            2,
+            f"error: request {question['id']}: the answer is empty; write what the agent asked for\n",
+        )
         answer(question["id"], "--text", "Lisbon")
         out, err = run.communicate(timeout=90)
     finally:

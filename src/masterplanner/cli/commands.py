@@ -84,7 +84,7 @@ def chat(
     The answer goes to stdout and its usage (calls, tokens, seconds) to stderr, or both as JSON
     with --json. Works offline with the embedded model (--model local).
     """
-    from ..chat import chat as run_chat
+    from ..chatting import chat as run_chat
 
     if as_json:
         result = run_chat(prompt, model=model)

@@ -202,7 +202,11 @@ async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDec
     """Store an approved edit of the plan, the prompts or the tool policies (validated first)."""
     if not decision.edits:
         return run
-    plan = validate_plan(decision.plan if decision.plan is not None else (run.plan or {}), resources.catalog)
+    plan = validate_plan(
+        decision.plan if decision.plan is not None else (run.plan or {}),
+        resources.catalog,
+        task=run.plan.task if run.plan is not None else None,
+    )
     edited_agents = dict(decision.agents if decision.agents is not None else run.agents)
     agents = await _write_missing_prompts(resources, run, plan, edited_agents)
     options = replace(

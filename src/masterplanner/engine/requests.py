@@ -207,6 +207,8 @@ def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
             )
         if len(text) > _MAX_TEXT:
             raise RequestError(f"request {request.id}: the answer is longer than {_MAX_TEXT} characters")
+        if not text.strip():  # the agent asked for something: nothing is no answer
+            raise RequestError(f"request {request.id}: the answer is empty; write what the agent asked for")
         return {"text": text}
     approved = answer.get("approved")
     if not isinstance(approved, bool) or set(answer) - {"approved", "reason"}:

@@ -32,7 +32,7 @@ from .records import RunRecord
 from .step_agent import BudgetedModel, context_budget
 from .store import RunStore
 
-__all__ = ["RunResources", "hold", "release", "resources_of"]
+__all__ = ["RunResources", "hold", "release", "release_registry", "resources_of"]
 
 _KEPT_IDLE = 16
 """Resources made for runs this process does not execute (a step recovered on its own) it keeps."""
@@ -139,6 +139,19 @@ def _registry(settings: Settings) -> RegistryStore:
             _key, dropped = _registries.popitem(last=False)
             dropped.close()  # its pooled connections; a run still using it opens new ones
         return registry
+
+
+def release_registry(settings: Settings) -> None:
+    """Close the registry of the settings' database (its pooled connections), as an engine closes.
+
+    Kept open after `RunService.close`, it held its database file: a program that removed its
+    home and made it again stored its next teams in the removed file. A run another engine of
+    this process still executes goes on with it, opening new connections.
+    """
+    with _registries_lock:
+        registry = _registries.pop((settings.database_url, settings.embedder), None)
+    if registry is not None:
+        registry.close()
 
 
 class _Kept:

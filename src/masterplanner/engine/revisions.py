@@ -255,9 +255,8 @@ class PlanRevisions:
     ) -> tuple[Plan, dict[str, AgentBrief]]:
         """The person's edit of a replan, checked: finished steps must stay as they were."""
         assert run.plan is not None
-        edited = validate_plan(
-            decision.plan if decision.plan is not None else revised, self.resources.catalog
-        )
+        proposed = decision.plan if decision.plan is not None else revised
+        edited = validate_plan(proposed, self.resources.catalog, task=run.plan.task)
         records = await asyncio.to_thread(self.store.steps, self.run_id)
         finished = {record.id for record in records if record.status != "pending"}
         before = {step.id: step for step in run.plan.steps}

@@ -57,7 +57,7 @@ from .records import (
     utc_now,
     workflow_id,
 )
-from .resources import RunResources, hold, release, resources_of
+from .resources import RunResources, hold, release, release_registry, resources_of
 from .revisions import PlanRevisions
 from .runtime import (
     launch_dbos,
@@ -114,6 +114,7 @@ class Engine:
         """Stop DBOS in this process (if this engine started it) and release database connections."""
         self.stop()
         telemetry.flush()
+        release_registry(self.settings)
         self.store.close()
 
     def launch(self, *, worker_of: list[str] | None = None) -> None:
@@ -140,7 +141,7 @@ class Engine:
         *,
         model: str | None = None,
         options: RunOptions | None = None,
-        workspace: Path | None = None,
+        workspace: Path | str | None = None,
         for_workers: bool = False,
         by: str | None = None,
     ) -> RunRecord:
@@ -167,8 +168,7 @@ class Engine:
             small = False
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         # a link to a folder is the folder it points to (the workspace root itself is never a link)
-        folder = (workspace or (self.settings.home / "workspaces" / run_id)).resolve()
-        self.settings.record_workspace(folder)
+        folder = (Path(workspace) if workspace else self.settings.home / "workspaces" / run_id).resolve()
         options = options or RunOptions()
         if not isinstance(options, RunOptions):
             raise ConfigError(f"options must be RunOptions, got {type(options).__name__}")
@@ -186,6 +186,7 @@ class Engine:
             workspace_max_growth_bytes=self.settings.workspace_max_growth_bytes if growth is None else growth,
             workspace_start_bytes=Workspace(folder).create().allocated_bytes(),
         )
+        self.settings.record_workspace(folder)  # once it is checked: a refused run leaves no trace
         self.store.create_run(
             run_id,
             task,
@@ -539,6 +540,9 @@ class _Drive:
                 await self._cancel_step_workflows()
                 await asyncio.to_thread(_mark_cancelled, self.store, run.id)
                 return
+            # the execution stopped (its caller gave up, or another process took the run): the
+            # steps it ran here stop too, and whichever execution goes on with the run resumes them
+            await self._cancel_step_workflows(only_here=True)
             raise
         except _Refused as refused:
             raise refused.error from None
@@ -574,12 +578,26 @@ class _Drive:
         with SetWorkflowID(end_id):
             await end_workflow(self.run_id, status, text, tell_registry)
 
-    async def _cancel_step_workflows(self) -> None:
-        """Cancel the DBOS workflows of unfinished steps (also those queued), so nothing runs them later."""
+    async def _goes_on(self) -> bool:
+        """Whether the run goes on: this execution is not stopping, no cancel was asked, it has not ended."""
+        if self.stop_reason is not None or self.ending:
+            return False
+        run = await asyncio.to_thread(self.store.get_run, self.run_id)
+        return not run.finished and not await asyncio.to_thread(self.store.cancel_requested, self.run_id)
+
+    async def _cancel_step_workflows(self, *, only_here: bool = False) -> None:
+        """Cancel the DBOS workflows of unfinished steps (also those queued), so nothing runs them later.
+
+        `only_here`: those this process executes, when this execution stops but the run goes on
+        (a worker's steps go on there). Left pending, such a workflow was waited for for ever: its
+        executor, this process, is alive. Cancelled, it is resumed by the next execution (`_follow`).
+        """
         for step in await asyncio.to_thread(self.store.steps, self.run_id):
             step_workflow_id = workflow_id(self.run_id, step.id, self.retries)
             status = await DBOS.get_workflow_status_async(step_workflow_id)
-            if step.status in ("running", "pending") and status is not None and status.status not in _ENDED:
+            if step.status not in ("running", "pending") or status is None or status.status in _ENDED:
+                continue
+            if not only_here or (status.status == "PENDING" and status.executor_id == self.engine.owner):
                 await DBOS.cancel_workflow_async(step_workflow_id)
 
     async def _run_steps(self, run: RunRecord, resources: RunResources) -> None:
@@ -665,9 +683,10 @@ class _Drive:
         status = (
             await DBOS.get_workflow_status_async(step_workflow_id) if step.id in self.interrupted else None
         )
-        if status is not None and status.status in ("PENDING", "ENQUEUED"):
+        if status is not None and status.status in ("PENDING", "ENQUEUED", "CANCELLED"):
             # started by an earlier execution of the run: it may be running in a live process
-            # (a worker) or have been left by a dead one; either way it is followed, never started twice
+            # (a worker), have been left by a dead one, or stopped with its execution; it is
+            # followed (and resumed), never started twice
             result = await self._follow(step_workflow_id, step.id)
         elif self.engine.queued_steps and status is None:
             with SetWorkflowID(step_workflow_id):
@@ -684,8 +703,10 @@ class _Drive:
 
         It may also still wait to run, or have been left by a process that died: if the process
         running it stops renewing its lease, the workflow is handed back to its queue, where a
-        live process takes it and replays it from its last checkpoint. A step's cancelled
-        workflow is the step's failure; any other's is the run's error.
+        live process takes it and replays it from its last checkpoint. A step's workflow
+        cancelled when its execution stopped (`_cancel_step_workflows(only_here=True)`) is resumed
+        from its last checkpoint while the run goes on; cancelled otherwise it is the step's
+        failure, and any other workflow's is the run's error.
         """
         processes = self.store.processes
         checked = 0.0
@@ -693,6 +714,11 @@ class _Drive:
         while True:
             if status is None:
                 raise RunError(f"workflow {workflow_id} is not recorded")
+            if status.status == "CANCELLED" and step_id is not None and await self._goes_on():
+                queue = step_queue(self.model).name if self.engine.queued_steps else None
+                await DBOS.resume_workflow_async(workflow_id, queue_name=queue)
+                status = await DBOS.get_workflow_status_async(workflow_id)
+                continue
             if status.status in _ENDED:
                 if status.status == "CANCELLED":
                     if step_id is None:

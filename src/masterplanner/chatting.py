@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .agents import run_agent
-from .errors import ConfigError
+from .errors import ConfigError, json_kind
 from .settings import Settings
 from .usage import UsageLedger
 
@@ -29,6 +29,8 @@ class ChatResult:
 
 async def achat(prompt: str, *, model: str | None = None, settings: Settings | None = None) -> ChatResult:
     """Send `prompt` to `model` (default: the configured model) and return its answer and usage."""
+    if not isinstance(prompt, str):
+        raise ConfigError(f"the prompt should be text, got {json_kind(prompt)}")
     if not prompt.strip():
         raise ConfigError("the prompt is empty")
     settings = settings or Settings.load(model=model)
@@ -45,5 +47,9 @@ async def achat(prompt: str, *, model: str | None = None, settings: Settings | N
 
 
 def chat(prompt: str, *, model: str | None = None, settings: Settings | None = None) -> ChatResult:
-    """Blocking form of `achat`."""
-    return asyncio.run(achat(prompt, model=model, settings=settings))
+    """Blocking form of `achat` (from code that runs no event loop; in a coroutine, await `achat`)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(achat(prompt, model=model, settings=settings))
+    raise ConfigError("chat() blocks, and this thread runs an event loop: await achat() here instead")
