@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
+from urllib.parse import unquote
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -39,6 +40,7 @@ __all__ = [
     "shown_url",
     "transaction",
     "utc_now",
+    "without_password",
 ]
 
 Migration = tuple[str, Callable[[Connection], None]]
@@ -114,7 +116,9 @@ def transaction(engine: Engine, url: str, action: str) -> Iterator[Connection]:
     except sa.exc.IntegrityError:
         raise
     except sa.exc.DBAPIError as exc:  # unreachable, unwritable, full, locked or not a database
-        message = f"database {shown_url(url)}: cannot {action}: {_first_line(exc.orig)}"
+        message = (
+            f"database {shown_url(url)}: cannot {action}: {without_password(_first_line(exc.orig), url)}"
+        )
         if engine.dialect.name == "postgresql" and (
             exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError)
         ):
@@ -157,12 +161,13 @@ def reconnecting_methods(cls: _C) -> _C:
     return cls
 
 
-def database_failure(exc: sa.exc.DBAPIError) -> str:
+def database_failure(exc: sa.exc.DBAPIError, url: str) -> str:
     """A database driver's error raised outside our stores (DBOS's own writes) in our words.
 
-    Its first line only: never the statement, its parameters (a step's whole output) or a link.
+    Its first line only, without `url`'s password: never the statement, its parameters (a step's
+    whole output) or a link.
     """
-    return f"the run's database failed: {_first_line(exc.orig)}"
+    return f"the run's database failed: {without_password(_first_line(exc.orig), url)}"
 
 
 def _first_line(error: object) -> str:
@@ -173,18 +178,36 @@ def shown_url(url: str) -> str:
     """A database URL as it may be shown in a message or log: a password in it is replaced by `***`.
 
     Read from the text itself, not a parser's idea of it: the password as written (percent-encoded,
-    or holding `@` or `/`) goes, and so does a `password=` query parameter. Before, an encoded
-    password (`p%40ss`) was compared in its decoded form, not found, and shown.
+    or holding `@`, `/` or `?` unescaped) goes, and so does a `password=` query parameter. The
+    credentials end at the URL's last `@`: a password holding `?` was shown whole when the query
+    was cut off first. (An `@` in the query hides a little more than the password: never less.)
+    Before, an encoded password (`p%40ss`) was compared in its decoded form, not found, and shown.
     """
     scheme, sep, rest = url.partition("://")
     if sep:
-        before_query, mark, query = rest.partition("?")
-        userinfo, at, host = before_query.rpartition("@")
+        userinfo, at, host = rest.rpartition("@")
         if at and ":" in userinfo:
-            user = userinfo.split(":", 1)[0]
-            rest = f"{user}:***@{host}{mark}{query}"
+            rest = f"{userinfo.split(':', 1)[0]}:***@{host}"
         url = f"{scheme}://{rest}"
     return re.sub(r"(?i)(password=)[^&]*", r"\1***", url)
+
+
+def without_password(text: str, url: str) -> str:
+    """`text` (a driver's message about `url`'s database) with the URL's password and each piece of it hidden.
+
+    A password holding an unescaped `@` or `/` splits the URL elsewhere than meant, and the
+    driver then names a piece of it as a host ("failed to resolve host 'PW@127.0.0.1'").
+    """
+    secrets = re.findall(r"(?i)password=([^&]+)", url)
+    userinfo = url.partition("://")[2].rpartition("@")[0]
+    if ":" in userinfo:
+        secrets.append(userinfo.split(":", 1)[1])
+    pieces = {
+        piece for secret in secrets for piece in (secret, unquote(secret), *re.split(r"[@/?#:&=]", secret))
+    }
+    for piece in sorted((piece for piece in pieces if len(piece) >= 2), key=len, reverse=True):
+        text = text.replace(piece, "***")
+    return text
 
 
 def apply_migrations(connection: Connection, migrations: list[Migration]) -> None:

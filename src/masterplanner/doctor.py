@@ -246,15 +246,23 @@ def _sqlite_failed(path: Path, error: BaseException) -> Check:
 def _check_postgres(url: str) -> Check:
     import psycopg
 
-    parts = urlsplit(url)
-    safe = f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"  # no user or password
+    from .database import without_password
+
+    # the server and database, read after the URL's last `@`: a parser trips on a password holding `?`
+    parts = urlsplit("postgresql://" + url.partition("://")[2].rpartition("@")[2])
+    try:
+        port = parts.port or 5432
+    except ValueError:
+        port = 5432
+    safe = f"{parts.hostname or 'localhost'}:{port}{parts.path}"  # no user or password
     dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
     fix = "check MASTERPLANNER_DATABASE_URL and that its user may create tables"
     try:
         with psycopg.connect(dsn, connect_timeout=5) as connection:
             _write_and_read_back(connection, begin=None)  # psycopg opens the transaction itself
     except (psycopg.Error, _ReadBackError) as exc:
-        return Check("database", False, True, f"Postgres {safe}: not writable: {_first_line(exc)}", fix)
+        problem = without_password(_first_line(exc), url)
+        return Check("database", False, True, f"Postgres {safe}: not writable: {problem}", fix)
     return Check("database", True, True, f"Postgres {safe} (a row written and read back)")
 
 

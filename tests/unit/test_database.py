@@ -23,11 +23,23 @@ def test_an_unreachable_postgres_server_is_named_without_its_password() -> None:
     assert "\n" not in message
 
 
+@pytest.mark.parametrize("password", ["s3cret?PW", "s3c/ret@PW"])
+def test_a_password_with_unescaped_url_characters_is_in_no_message(password: str) -> None:
+    """Unescaped, `?` hid the password from the masking, and `@` put a piece of it in the driver's words."""
+    with pytest.raises(DatabaseUnavailableError) as caught:
+        RunStore(f"postgresql://postgres:{password}@127.0.0.1:5432/mp_no_such_database")
+    message = str(caught.value)
+    assert message.startswith("database postgresql://postgres:***@127.0.0.1:5432/mp_no_such_database: ")
+    assert "PW" not in message and "s3c" not in message, message
+
+
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
         ("postgresql://postgres:p%40ssW0rd@127.0.0.1:5432/x", "postgresql://postgres:***@127.0.0.1:5432/x"),
         ("postgresql://u:a@b/c@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://postgres:s3cret?PW@127.0.0.1:5432/db", "postgresql://postgres:***@127.0.0.1:5432/db"),
+        ("postgresql://u:pw@h/db?sslmode=require", "postgresql://u:***@h/db?sslmode=require"),
         (
             "postgresql://h/db?user=u&password=zz&sslmode=require",
             "postgresql://h/db?user=u&password=***&sslmode=require",

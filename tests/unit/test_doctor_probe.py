@@ -153,6 +153,18 @@ def test_a_read_only_postgres_database_is_not_writable(
     )
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("password", ["s3cret?PW", "s3c/ret@PW"])
+def test_a_password_with_unescaped_url_characters_is_named_nowhere(
+    password: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The URL is read after its last `@`: `?` in a password made the parser fail with a traceback."""
+    check = _database(monkeypatch, f"postgresql://postgres:{password}@127.0.0.1:5432/mp_no_such_database")
+    assert check.ok is False
+    assert check.detail.startswith("Postgres 127.0.0.1:5432/mp_no_such_database: not writable: ")
+    assert "PW" not in check.detail and "s3c" not in check.detail, check.detail
+
+
 def test_doctor_exits_1_naming_why_the_database_is_not_writable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

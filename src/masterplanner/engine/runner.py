@@ -555,7 +555,7 @@ class _Drive:
         except sa.exc.DBAPIError as exc:  # DBOS's own writes (a full disk, say); our stores raise RunError
             if exc.connection_invalidated:
                 raise  # a lost connection (Postgres restarting): the run's lease and recovery go on
-            text = database_failure(exc)
+            text = database_failure(exc, self.engine.settings.database_url)
             if self.ending:
                 raise RunError(text) from None
             await self._end("failed", text, tell_registry=False)

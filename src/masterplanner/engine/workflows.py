@@ -392,7 +392,7 @@ class _StepRun:
                     error += f" (its last tool call failed: {problem})"
                 break
             except sa.exc.DBAPIError as exc:  # DBOS's own writes (a full disk); our stores raise RunError
-                error = database_failure(exc)
+                error = database_failure(exc, self.resources.settings.database_url)
                 break
             except Exception as exc:  # a tool or provider bug must fail the step, not the engine
                 error = f"{type(exc).__name__}: {exc}"
