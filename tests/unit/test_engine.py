@@ -510,6 +510,50 @@ async def test_tool_approval_policies(
             assert denied[0]["by"] == ("policy" if policies["write_file"] == "deny" else "test")
 
 
+async def test_time_waiting_for_a_person_is_not_the_step_s_time(
+    engine: Engine, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """An approval given after the step timeout has passed: the step goes on; its own time still counts."""
+    plan = _planner(step("w", tools=["write_file"]))
+    calls = [
+        {
+            "purpose": "step:w",
+            "tool_calls": [{"name": "write_file", "args": {"path": "a.txt", "content": "A"}}],
+        },
+        {"purpose": "step:w", "output": "written", "delay_s": 0.6},
+    ]
+    options = RunOptions(prompt_rounds=0, step_timeout_s=1.0, tool_policies={"write_file": "ask"})
+    run = engine.create_run(
+        "w",
+        model=f"scripted:{write_script([plan, *calls, DRAFTS])}",
+        options=options,
+        workspace=tmp_path / "ws",
+    )
+
+    async def approve_late(_step: str, _tool: str, _arguments: dict[str, Any]) -> bool:
+        await asyncio.sleep(2.5)  # a person taking longer than the step may run
+        return True
+
+    async def approve_plan(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve"}
+
+    final = await execute_answering(engine, run.id, review=approve_plan, approve_tool=approve_late)
+    assert (final.status, final.output) == ("succeeded", "written"), final.error
+    assert (tmp_path / "ws" / "a.txt").read_text() == "A"
+
+    # the step's own time counts as before: 0.6 s after the approval, and 0.6 s before it, is over 1 s
+    slow = [{**calls[0], "delay_s": 0.6}, calls[1]]
+    run = engine.create_run(
+        "w",
+        model=f"scripted:{write_script([plan, *slow, DRAFTS])}",
+        options=options,
+        workspace=tmp_path / "ws2",
+    )
+    final = await execute_answering(engine, run.id, review=approve_plan, approve_tool=approve_late)
+    assert final.status == "failed"
+    assert final.error == "step w failed: timed out after 1 s"
+
+
 async def test_policies_edited_at_review_apply_per_run_and_per_agent(
     engine: Engine, write_script: Callable[..., Path], tmp_path: Path
 ) -> None:

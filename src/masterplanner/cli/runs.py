@@ -76,7 +76,12 @@ def run(
         typer.Option("--rounds", parser=whole_number(), help="Critique-and-revise rounds per prompt (0-5)."),
     ] = 1,
     step_timeout: Annotated[
-        float, typer.Option("--step-timeout", parser=number, help="Seconds one step attempt may take.")
+        float,
+        typer.Option(
+            "--step-timeout",
+            parser=number,
+            help="Seconds one step attempt may take (waits for a person's answer not counted).",
+        ),
     ] = 600.0,
     max_calls: Annotated[
         int, typer.Option("--max-calls", parser=whole_number(), help="Budget: model calls for the whole run.")

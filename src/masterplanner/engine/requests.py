@@ -19,9 +19,11 @@ once exactly one succeeds; the other is told the request's state and who answere
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,6 +44,7 @@ __all__ = [
     "RequestKind",
     "RequestState",
     "Requests",
+    "StepClock",
     "closed_text",
     "create_requests_table",
 ]
@@ -354,7 +357,11 @@ class Requests:
         request, new = await asyncio.to_thread(self.open, run_id, kind, payload, key=key, step_id=step_id)
         if new:
             await asyncio.to_thread(announce, request)
-        return await self.wait(request.id)
+        clock = _step_clock.get()
+        if clock is None:
+            return await self.wait(request.id)
+        with clock.stopped():  # a person's time is not the step's: its timeout waits too
+            return await self.wait(request.id)
 
     async def wait(self, request_id: str) -> Request:
         """Block until the request is no longer open, polling its row off the event loop."""
@@ -363,6 +370,47 @@ class Requests:
             if request.state != "open":
                 return request
             await asyncio.sleep(_POLL_S)
+
+
+class StepClock:
+    """A step attempt's timeout, stopped while the step waits for a person (`Requests.pause`).
+
+    Before, a tool approval or an `ask_user` question left unanswered for `step_timeout_s` (600 s
+    by default) failed the step, "timed out", although nothing of the step was running.
+    """
+
+    def __init__(self, timeout: asyncio.Timeout) -> None:
+        self.timeout = timeout
+        self.waits = 0
+        self.left: float | None = None
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[StepClock]:
+        """This clock as the one `Requests.pause` stops, in this task and the tasks it starts."""
+        token = _step_clock.set(self)
+        try:
+            yield self
+        finally:
+            _step_clock.reset(token)
+
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[None]:
+        """The timeout stopped meanwhile (several waits at once stop it once), then going on."""
+        loop = asyncio.get_running_loop()
+        if self.waits == 0:
+            when = self.timeout.when()
+            self.left = None if when is None else max(0.0, when - loop.time())
+            self.timeout.reschedule(None)
+        self.waits += 1
+        try:
+            yield
+        finally:
+            self.waits -= 1
+            if self.waits == 0 and self.left is not None and not self.timeout.expired():
+                self.timeout.reschedule(loop.time() + self.left)
+
+
+_step_clock: ContextVar[StepClock | None] = ContextVar("masterplanner_step_clock", default=None)
 
 
 def closed_text(request: Request) -> str:

@@ -57,6 +57,7 @@ from ..working_memory import FittedInput, HistoryProcessor, Summarizer, fit_inpu
 from .checkpoints import CheckpointedModel
 from .collaboration import StepTeam, delivered_text, team_brief
 from .records import AgentBrief, EventKind, RunRecord, StepRecord, briefs_json, utc_now, workflow_id
+from .requests import StepClock
 from .resources import RunResources, resources_of
 from .reuse import remember_run
 from .runtime import executor_id, keep_lease, launched_host
@@ -360,8 +361,9 @@ class _StepRun:
         attempts, error = options.step_attempts, ""
         for attempt in range(1, attempts + 1):
             try:
-                async with asyncio.timeout(options.step_timeout_s):
-                    output = await self._attempt(inputs, attempt)
+                async with asyncio.timeout(options.step_timeout_s) as deadline:
+                    with StepClock(deadline).running():  # stopped while a person is asked
+                        output = await self._attempt(inputs, attempt)
             except TimeoutError:
                 error = f"timed out after {options.step_timeout_s:g} s"
                 break

@@ -139,7 +139,7 @@ class RunOptionsIn(BaseModel):
         default=_DEFAULT.step_timeout_s,
         gt=0,
         le=SECONDS_OPTION_LIMITS["step_timeout_s"],
-        description="Seconds a step attempt.",
+        description="Seconds a step attempt may take, not counting waits for a person's answer.",
     )
     max_model_calls: Whole = _budget("max_model_calls", "Model calls in the run.")
     max_tokens: Whole = _budget("max_tokens", "Tokens in the run.")
