@@ -259,9 +259,14 @@ def test_an_invalid_edit_is_reopened_with_the_error_on_top(
 
 def test_reject_exits_1_and_read_only_commands_never_execute(write_script: Callable[..., Path]) -> None:
     script = write_script([_planner(step("a", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}])
-    rejected = mp("run", "one thing", "--model", f"scripted:{script}", "--json", stdin="r\n")
+    # Enter alone approves nothing (a stray one once approved a plan that may run code), and an
+    # answer that is not one is asked again without the plan drawn again
+    rejected = mp("run", "one thing", "--model", f"scripted:{script}", "--json", stdin="\nmaybe\nr\n")
     assert rejected.returncode == 1, rejected.stderr
     assert json.loads(rejected.stdout)["status"] == "cancelled"
+    assert rejected.stderr.count("approve, reject or edit? [a/r/e]") == 3
+    assert rejected.stderr.count("answer a (approve), r (reject) or e (edit)") == 2
+    assert rejected.stderr.count("estimate for the steps:") == 1
 
     # input closed: the run waits for its review to be answered from elsewhere
     waiting = subprocess.Popen(

@@ -283,20 +283,24 @@ class TerminalAnswerer:
         if payload.get("refused_edit"):
             self._print(f"[red]the last edit was refused:[/] {shown(payload['refused_edit'])}")
         decision: dict[str, Any] = {"action": "approve"}
+        changed = True  # the plan is shown again only when an edit changed it
         while True:
-            print_plan_dict(plan, agents, stderr=True)
-            self._print(f"[dim]estimate for the steps:[/] {shown(await self._estimate(plan))}")
+            if changed:
+                print_plan_dict(plan, agents, stderr=True)
+                self._print(f"[dim]estimate for the steps:[/] {shown(await self._estimate(plan))}")
+                changed = False
             line = await self._line("approve, reject or edit? [a/r/e]", request)
             if line is None:
                 return None
-            word = line.strip().lower() or "a"
+            word = line.strip().lower()  # no default: a stray Enter must not approve a plan that runs code
             if word in ("a", "approve", "y", "yes"):
                 return decision
             if word in ("r", "reject", "n", "no"):
                 return {"action": "reject", "reason": "rejected at review"}
             if word not in ("e", "edit"):
-                self._print("answer a, r or e")
+                self._print("answer a (approve), r (reject) or e (edit)")
                 continue
+            changed = True
             text = render_review_yaml(plan, agents, policies)
             while True:
                 try:
