@@ -221,6 +221,9 @@ _SHAPES = {
     "bool_parsing": "should be true or false",
     "int_type": "should be a whole number",
     "int_parsing": "should be a whole number",
+    "int_from_float": "should be a whole number",
+    "float_type": "should be a number",
+    "float_parsing": "should be a number",
     "missing": "is missing",
     "extra_forbidden": "unknown field",
 }
@@ -253,7 +256,7 @@ def problem_in_our_words(item: Any, *, what: str | None = None) -> str:
     if kind in ("missing", "extra_forbidden"):
         return _SHAPES[kind]
     if kind in _SHAPES:
-        return f"{_SHAPES[kind]}, got {json_kind(value)}"
+        return f"{_SHAPES[kind]}, got {_given(kind, value)}"
     if kind == "string_too_short":
         return "must not be empty" if limit == 1 else f"should have at least {limit} characters"
     if kind == "string_too_long" and isinstance(value, str):
@@ -278,6 +281,13 @@ def problem_in_our_words(item: Any, *, what: str | None = None) -> str:
             return f"must be {sign[kind]} {_number(bound)}, got {_number(value)}"
     message = str(item["msg"])
     return message[:1].lower() + message[1:]
+
+
+def _given(kind: str, value: Any) -> str:
+    """What was given instead: its kind, or text that did not parse (an environment variable's) as written."""
+    if kind.endswith("_parsing") and isinstance(value, str):
+        return repr(_number(value))
+    return _number(value) if kind == "int_from_float" else json_kind(value)
 
 
 def _number(value: Any) -> str:

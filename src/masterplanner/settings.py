@@ -49,7 +49,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from .errors import SettingsError
+from .errors import SettingsError, problem_in_our_words
 from .text_files import read_text
 from .tools.mcp import McpServer
 
@@ -516,5 +516,5 @@ def _describe(exc: ValidationError, given: dict[str, Any]) -> str:
                 f"unknown setting {name!r} {source}; known: {', '.join(sorted(Settings.model_fields))}"
             )
         else:
-            lines.append(f"setting {name!r} ({source}): {str(error['msg']).removeprefix('Value error, ')}")
+            lines.append(f"setting {name!r} ({source}): {problem_in_our_words(error)}")
     return "invalid settings: " + "; ".join(lines)

@@ -78,10 +78,46 @@ def test_invalid_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_invalid_flag_value() -> None:
-    with pytest.raises(
-        SettingsError, match=r"'local_context_tokens' \(given on the command line\).*greater than"
-    ):
+    with pytest.raises(SettingsError) as caught:
         Settings.load(local_context_tokens=3)
+    assert str(caught.value) == (
+        "invalid settings: setting 'local_context_tokens' (given on the command line): "
+        "must be at least 512, got 3"
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("model = 5", "setting 'model' (in {path}): should be text, got a number"),
+        (
+            'local_threads = "lots"',
+            "setting 'local_threads' (in {path}): should be a whole number, got 'lots'",
+        ),
+        ("local_threads = 2.5", "setting 'local_threads' (in {path}): should be a whole number, got 2.5"),
+        ("reuse_threshold = -3", "setting 'reuse_threshold' (in {path}): must be at least 0, got -3"),
+        (
+            'http_allowed_domains = "a.com"',
+            "setting 'http_allowed_domains' (in {path}): should be a list, got text",
+        ),
+    ],
+)
+def test_a_bad_value_in_the_config_file_is_said_in_our_words(line: str, problem: str) -> None:
+    """Not pydantic's sentences ("Input should be a valid integer, unable to parse string as an integer")."""
+    path = write_toml(Path.cwd(), line + "\n")
+    with pytest.raises(SettingsError) as caught:
+        Settings.load()
+    assert str(caught.value) == "invalid settings: " + problem.format(path=path)
+
+
+def test_a_bad_number_in_the_environment_is_shown_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASTERPLANNER_MODEL_TIMEOUT_S", "abc")
+    with pytest.raises(SettingsError) as caught:
+        Settings.load()
+    assert str(caught.value) == (
+        "invalid settings: setting 'model_timeout_s' (from MASTERPLANNER_MODEL_TIMEOUT_S): "
+        "should be a number, got 'abc'"
+    )
 
 
 def test_bad_toml_names_the_file() -> None:
