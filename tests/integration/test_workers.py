@@ -325,7 +325,7 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
     assert "no worker is running on this database: the run waits until one starts" in queued.stderr
     assert cluster.store.get_run(run_id).status == "planning"
     cluster.env["MASTERPLANNER_LOG_FORMAT"] = "json"
-    worker_process = cluster.worker("--queues", "scripted")
+    worker_process = cluster.worker("--queues", "scripted,scripted")  # named twice, listened to once
     assert cluster.wait_finished([run_id]) == {run_id: "succeeded"}
     # a run of a provider no running worker takes waits, and the person is told so
     other = subprocess.run(

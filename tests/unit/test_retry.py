@@ -248,10 +248,11 @@ def test_runs_retry_in_the_terminal(tmp_path: Path) -> None:
     assert f"to run it again from where it failed: masterplanner runs retry {run_id}\n" in first.stderr
     resumed = mp("runs", "resume", run_id)
     assert resumed.returncode == 1
-    assert resumed.stderr.startswith(
+    assert resumed.stderr == (  # one line: no summary of a run nothing was done to
         f"run {run_id} failed: there is nothing to resume (to run it again from where it failed: "
         f"masterplanner runs retry {run_id})\n"
     )
+    assert resumed.stdout == ""
     other = mp("run", "a then b", "--model", f"scripted:{script}", "--yes", "--rounds", "0", "--detach")
     second_id = other.stdout.strip()
     shared = next(run_id[:n] for n in range(len(run_id), 0, -1) if second_id.startswith(run_id[:n]))

@@ -639,14 +639,24 @@ def runs_resume(
     except BaseException:
         service.close()
         raise
-    if record.status == "failed":  # its end is still finished if a crash cut it short
-        said = f"run {shown(record.id)} failed: there is nothing to resume ({_retry_hint(record.id)})"
-    elif record.finished:
-        said = f"run {shown(record.id)} {shown(record.status)}: there is nothing to resume"
-    else:
+    if not record.finished:
         said = f"[bold]resuming run {shown(record.id)}[/] ({shown(record.status)})"
+        console(stderr=True).print(said, highlight=False, soft_wrap=True)
+        _execute(service, record.id, as_json=as_json)
+
+    # an ended run: its end is still finished, quietly, if a crash cut it short
+    async def finish(service: RunService) -> tuple[RunRecord, dict[str, Any]]:
+        final = await service.execute(record.id)
+        return final, await service.report(final.id)
+
+    final, report = _call(service, finish)
+    said = f"run {shown(final.id)} {shown(final.status)}: there is nothing to resume"
+    if final.status == "failed":
+        said = f"run {shown(final.id)} failed: there is nothing to resume ({_retry_hint(final.id)})"
     console(stderr=True).print(said, highlight=False, soft_wrap=True)
-    _execute(service, record.id, as_json=as_json)
+    if as_json:
+        typer.echo(json_text(report))
+    raise typer.Exit(_EXIT.get(final.status, 0))
 
 
 _BUDGET_FLAGS = {

@@ -63,7 +63,9 @@ def worker(
         raise ConfigError(f"--grace must be from 0 to 3,600 seconds, got {grace:g}")
     if concurrency is not None and not 1 <= concurrency <= 1000:
         raise ConfigError(f"--concurrency must be between 1 and 1000, got {concurrency}")
-    providers = None if queues is None else [name.strip() for name in queues.split(",") if name.strip()]
+    # each named once, in the order given (`scripted,scripted` listened to one queue twice)
+    named = [] if queues is None else [name.strip() for name in queues.split(",") if name.strip()]
+    providers = None if queues is None else list(dict.fromkeys(named))
     if providers is not None and not providers:
         raise ConfigError("--queues names no provider")
     from ..logs import configure_logging, log
