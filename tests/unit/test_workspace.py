@@ -352,5 +352,11 @@ def test_a_vanished_or_unusable_workspace_is_a_tool_error(tmp_path: Path) -> Non
         workspace.write_file("a.txt", "x")
     assert not workspace.is_file("a.txt")
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ToolError, match="file: cannot create: it already exists"):
+    with pytest.raises(ToolError) as a_file:
         Workspace(tmp_path / "file").create()
+    assert str(a_file.value) == f"workspace {tmp_path / 'file'} is a file, not a folder"
+    with pytest.raises(ToolError) as below_a_file:
+        Workspace(tmp_path / "file" / "sub").create()
+    assert str(below_a_file.value) == (
+        f"workspace {tmp_path / 'file' / 'sub'}: cannot create it: a folder above it is a file"
+    )

@@ -249,8 +249,12 @@ class Workspace:
         if depth > _MAX_ROOT_DEPTH:
             # pathlib creates missing folders recursively, so a path of thousands hit Python's limit
             raise ToolError(f"workspace path is {depth:,} folders deep; at most {_MAX_ROOT_DEPTH} are taken")
+        if self.root.exists() and not self.root.is_dir():  # mkdir says only "it already exists"
+            raise ToolError(f"workspace {self.root} is a file, not a folder")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # a folder above it is a file
+            raise ToolError(f"workspace {self.root}: cannot create it: a folder above it is a file") from None
         except OSError as exc:
             raise ToolError(f"workspace {self.root}: cannot create: {_problem(exc)}") from exc
         if self.root.is_symlink():
