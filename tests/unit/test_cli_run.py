@@ -405,6 +405,33 @@ def test_without_a_terminal_events_are_plain_lines_and_the_summary_comes_last(
     assert lines[-3:] == [f"2 files written in {workspace}:", "  b.txt", "  z/a.md"]
 
 
+def test_files_this_process_writes_its_output_to_are_not_the_run_s(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`run … --workspace . > out.txt 2> err.txt`: the summary listed out.txt and err.txt as the run's."""
+    script = write_script(
+        [
+            _planner(step("a", tools=["write_file"])),
+            {
+                "purpose": "step:a",
+                "tool_calls": [{"name": "write_file", "args": {"path": "total.txt", "content": "7"}}],
+            },
+            {"purpose": "step:a", "output": "a done"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with (workspace / "out.txt").open("w") as out, (workspace / "err.txt").open("w") as err:
+        command = [sys.executable, "-m", "masterplanner", "run", "add up", "--model", f"scripted:{script}"]
+        done = subprocess.run(
+            [*command, "--yes", "--workspace", str(workspace)], stdout=out, stderr=err, timeout=120
+        )
+    assert done.returncode == 0, (workspace / "err.txt").read_text()
+    said = (workspace / "err.txt").read_text().splitlines()
+    assert said[-2:] == [f"1 file written in {workspace}:", "  total.txt"]
+
+
 def test_the_review_shows_an_estimate_and_runs_show_the_cost_per_purpose(
     write_script: Callable[..., Path],
 ) -> None:

@@ -13,6 +13,7 @@ Every text here that a model, a tool, a plan or a store gave goes through `termi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
@@ -468,9 +469,16 @@ def written_files(workspace: Path, since: float) -> tuple[list[str], int, bool]:
 
     Returns the first 20, how many there are, and whether the walk stopped early (a huge
     workspace). Symbolic links are not followed and version-control folders are not walked.
+    The files this process writes its own output to (`run … > out.txt 2> err.txt` in the
+    workspace) are not the run's.
     """
     found: list[str] = []
     scanned = 0
+    own = set()
+    for stream in (1, 2):
+        with contextlib.suppress(OSError):
+            mine = os.fstat(stream)
+            own.add((mine.st_dev, mine.st_ino))
     for folder, subfolders, names in os.walk(workspace):
         subfolders[:] = [name for name in subfolders if name not in _NOT_WALKED]
         for name in names:
@@ -482,7 +490,8 @@ def written_files(workspace: Path, since: float) -> tuple[list[str], int, bool]:
                 info = path.lstat()
             except OSError:
                 continue
-            if stat.S_ISREG(info.st_mode) and info.st_mtime >= since:
+            changed = stat.S_ISREG(info.st_mode) and info.st_mtime >= since
+            if changed and (info.st_dev, info.st_ino) not in own:
                 found.append(path.relative_to(workspace).as_posix())
     return sorted(found)[:_FILES_SHOWN], len(found), False
 
