@@ -386,6 +386,32 @@ def test_ctrl_c_leaves_the_tree_where_the_run_stopped(write_script: Callable[...
     assert last[-1] == "interrupted"
 
 
+def test_ctrl_c_at_a_tool_question_draws_the_tree_once_before_the_resume_hint(
+    write_script: Callable[..., Path],
+) -> None:
+    """The question, cut off, resumed the live view: the tree was drawn again below "interrupted"."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [_step("calc", "do calc", ["code_execution"])]}},
+            {
+                "purpose": "step:calc",
+                "tool_calls": [{"name": "code_execution", "args": {"code": "print(2)"}}],
+            },
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    child = _spawn("run", "something", "--model", f"scripted:{script}", "--rounds", "0")
+    child.expect_exact("[a/r/e]")
+    child.sendline("a")
+    child.expect_exact("allow this call? [y/n]")
+    child.sendintr()
+    raw, status = _finish(child)
+    assert status == 130
+    after = _plain(raw.split("masterplanner runs resume")[-1])
+    assert after.split("\n", 1)[1].strip() == "interrupted"  # the hint's line ends; nothing after
+    assert _plain(raw).count("· interrupted ·") == 1
+
+
 def test_ctrl_c_at_the_review_question_leaves_the_cursor_shown(write_script: Callable[..., Path]) -> None:
     script = write_script(
         [

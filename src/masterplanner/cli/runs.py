@@ -365,21 +365,26 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
             soft_wrap=True,
         )
 
+    stop: BaseException | None = None
     try:
         results = await asyncio.gather(
             service.execute(run_id, on_wait=waiting),
             *(service.execute(other) for other in crashed),
             return_exceptions=True,
         )
-    except BaseException as stop:  # Ctrl-C: no summary follows, the tree stays where the run stopped
-        terminal.display.close(keep=True)
-        if isinstance(stop, (KeyboardInterrupt, asyncio.CancelledError)):
-            terminal.out.print(_resume_hint(run_id), highlight=False, soft_wrap=True)
+    except BaseException as error:
+        stop = error
         raise
     finally:
+        # stopped first: a question cut off by Ctrl-C resumed the display, which drew the tree
+        # again below "interrupted"
         for task in (answerer, follower):
             task.cancel()
         await asyncio.gather(answerer, follower, return_exceptions=True)
+        if stop is not None:  # Ctrl-C: no summary follows, the tree stays where the run stopped
+            terminal.display.close(keep=True)
+            if isinstance(stop, (KeyboardInterrupt, asyncio.CancelledError)):
+                terminal.out.print(_resume_hint(run_id), highlight=False, soft_wrap=True)
     stopped = isinstance(results[0], BaseException)
     if not stopped:
         await terminal.flush()
