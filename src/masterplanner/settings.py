@@ -230,7 +230,7 @@ class ProviderLimit(BaseModel):
 
 
 class Settings(BaseSettings):
-    """Validated settings; build with `Settings.load()` so errors come out as `SettingsError`."""
+    """Validated settings (`Settings.load()` also notes a settings file it did not read)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
@@ -420,18 +420,26 @@ class Settings(BaseSettings):
         )
         return init_settings, env_settings, _TomlFiles(settings_cls, flag_home)
 
+    def __init__(self, **values: Any) -> None:
+        """Settings from `values` (they win), the environment and the settings files.
+
+        `SettingsError` naming each invalid setting and where it came from, also when a program
+        builds them itself (`Settings(home=…)`): it got pydantic's `ValidationError` before.
+        """
+        from pydantic_settings import SettingsError as SourceError
+
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise SettingsError(_describe(exc, values)) from None
+        except SourceError as exc:
+            raise SettingsError(_describe_source_error(exc)) from None
+
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
         """Load settings; `overrides` (CLI flags) win. `None` values are treated as not given."""
-        from pydantic_settings import SettingsError as SourceError
-
         given = {key: value for key, value in overrides.items() if value is not None}
-        try:
-            settings = cls(**given)
-        except ValidationError as exc:
-            raise SettingsError(_describe(exc, given)) from None
-        except SourceError as exc:
-            raise SettingsError(_describe_source_error(exc)) from None
+        settings = cls(**given)
         settings._ignored_config = _TomlFiles(Settings, given.get("home")).ignored
         settings._trusted_home = _base_home(given.get("home"))
         return settings
@@ -504,7 +512,7 @@ def _describe(exc: ValidationError, given: dict[str, Any]) -> str:
         name = ".".join(str(part) for part in error["loc"]) or "settings"
         key = str(error["loc"][0]) if error["loc"] else ""
         if key in given:
-            source = "given on the command line"
+            source = "given as a flag or argument"
         elif f"{ENV_PREFIX}{key.upper()}" in os.environ:
             source = f"from {ENV_PREFIX}{key.upper()}"
         elif key in origins:

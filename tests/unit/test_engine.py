@@ -510,6 +510,33 @@ async def test_tool_approval_policies(
             assert denied[0]["by"] == ("policy" if policies["write_file"] == "deny" else "test")
 
 
+async def test_a_tool_call_written_as_the_answer_is_sent_back_not_taken_as_the_output(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """The embedded model once ended a step "succeeded" with `{"tool": "read_file", …}` as its output."""
+    written = '{"tool": "read_file", "arguments": {"path": "notes.txt"}}'
+    script = write_script(
+        [
+            _planner(step("a", tools=["read_file"]), step("b", "a", tools=["read_file"])),
+            {"purpose": "step:a", "output": written},
+            {
+                "purpose": "step:a",
+                "expect": [
+                    "your answer is a call of read_file written as text: make the call as a tool call"
+                ],
+                "output": "The notes say hello.",
+            },
+            # JSON that names no tool of the step is an answer like any other
+            {"purpose": "step:b", "output": '{"tool": "hammer", "arguments": {}}'},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("a", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert (final.status, final.output) == ("succeeded", '{"tool": "hammer", "arguments": {}}'), final.error
+    assert engine.store.steps(run.id)[0].output == "The notes say hello."
+
+
 async def test_time_waiting_for_a_person_is_not_the_step_s_time(
     engine: Engine, write_script: Callable[..., Path], tmp_path: Path
 ) -> None:

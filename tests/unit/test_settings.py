@@ -81,7 +81,7 @@ def test_invalid_flag_value() -> None:
     with pytest.raises(SettingsError) as caught:
         Settings.load(local_context_tokens=3)
     assert str(caught.value) == (
-        "invalid settings: setting 'local_context_tokens' (given on the command line): "
+        "invalid settings: setting 'local_context_tokens' (given as a flag or argument): "
         "must be at least 512, got 3"
     )
 
@@ -108,6 +108,14 @@ def test_a_bad_value_in_the_config_file_is_said_in_our_words(line: str, problem:
     with pytest.raises(SettingsError) as caught:
         Settings.load()
     assert str(caught.value) == "invalid settings: " + problem.format(path=path)
+
+
+def test_settings_a_program_builds_itself_are_refused_in_our_words_too(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError) as caught:
+        Settings(home=tmp_path, run_lease_s=-1)
+    assert str(caught.value) == (
+        "invalid settings: setting 'run_lease_s' (given as a flag or argument): must be at least 1, got -1"
+    )
 
 
 def test_a_bad_number_in_the_environment_is_shown_as_written(monkeypatch: pytest.MonkeyPatch) -> None:

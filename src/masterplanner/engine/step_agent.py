@@ -57,6 +57,7 @@ __all__ = [
     "step_brief",
     "step_instructions",
     "tool_aids",
+    "written_tool_call",
 ]
 
 _UNGROUNDED_CALLS = 2
@@ -82,6 +83,20 @@ def mentioned_file_names(*texts: str) -> tuple[str, ...]:
             if not re.fullmatch(r"\d+\.\d+", name):
                 names.setdefault(name, None)
     return tuple(names)
+
+
+_WRITTEN_CALL = re.compile(r'\s*\{\s*"(?:tool|name)"\s*:\s*"([A-Za-z0-9_-]+)"\s*,\s*"(?:arguments|args)"\s*:')
+
+
+def written_tool_call(text: str, tools: Sequence[str]) -> str | None:
+    """The tool an answer calls in words (`{"tool": "read_file", "arguments": …}`), or None.
+
+    A model that writes a call as its answer instead of making it (the embedded one did, for a
+    task in Chinese) ended its step "succeeded" with that text as the output. Only the step's
+    own tools count: an answer that is JSON with a `tool` field of another kind is an answer.
+    """
+    found = _WRITTEN_CALL.match(text)
+    return found[1] if found is not None and found[1] in tools else None
 
 
 def listed_names(text: str) -> list[str]:

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from dbos import DBOS
 from opentelemetry.trace import Status, StatusCode
 from pydantic import BaseModel, Field
-from pydantic_ai import Agent
+from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.exceptions import AgentRunError, ModelHTTPError, UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
@@ -67,6 +67,7 @@ from .step_agent import (
     step_brief,
     step_instructions,
     tool_aids,
+    written_tool_call,
 )
 from .step_tools import runnable_tools, step_tools, team_tools
 from .tool_calls import ToolCalls, durable_key
@@ -451,6 +452,18 @@ class _StepRun:
             retries=2,
             capabilities=capabilities,
         )
+        names = [tool.name for tool in tools]
+
+        @agent.output_validator
+        def answered_in_words(output: str) -> str:
+            called = written_tool_call(output, names)
+            if called is not None:
+                raise ModelRetry(
+                    f"your answer is a call of {called} written as text: make the call as a tool call, "
+                    "or answer in words"
+                )
+            return output
+
         result = await agent.run(
             step_brief(self.plan, step, inputs, tools=self.tools, team=brief),
             deps=StepDeps(resources.workspace, context, self._tool_runner()),
