@@ -35,6 +35,7 @@ from .engine.worker import Note, Worker, WorkerSummary
 from .errors import (
     AgentEditError,
     ConfigError,
+    NotFoundError,
     RequestClosedError,
     RequestError,
     RunError,
@@ -151,6 +152,9 @@ def _agent_problems(spec: AgentSpec, settings: Settings) -> list[str]:
             problems.append(f"{field}: must not be blank")
         elif any(ord(character) < 32 or ord(character) == 127 for character in text):
             problems.append(f"{field}: must be one line of text without control characters")
+    for field in ("description", "system_prompt"):  # text is never meant to hold a NUL; searches stop at it
+        if "\x00" in getattr(spec, field):
+            problems.append(f"{field}: must not hold a NUL character")
     problem = unknown_policy_tool(spec.tools, settings.mcp_servers, field="tools")
     if problem is not None:
         problems.append(problem)
@@ -291,6 +295,8 @@ class RunService:
 
     async def events(self, run_id: str, after: int = 0) -> list[Event]:
         """The run's events with a sequence number above `after`."""
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            raise ConfigError(f"after must be a whole number of at least 0 (an event's seq), got {after!r}")
         return await asyncio.to_thread(self._store.events, await self._run_id(run_id), after)
 
     async def follow(self, run_id: str, after: int = 0) -> AsyncIterator[Event]:
@@ -691,8 +697,15 @@ class RegistryService:
         return await self._run(lambda: self._store().get_agent(agent_id, version))
 
     async def versions(self, agent_id: str) -> list[int]:
-        """The agent's stored versions, oldest first."""
-        return await self._run(lambda: self._store().versions(agent_id))
+        """The agent's stored versions, oldest first; `NotFoundError` for an agent there is not."""
+
+        def read() -> list[int]:
+            found = self._store().versions(agent_id)
+            if not found:  # as `agent` says it (an empty list read as "an agent with no versions")
+                raise NotFoundError(f"no agent {agent_id!r} in the registry")
+            return found
+
+        return await self._run(read)
 
     async def search_agents(self, query: str, limit: int = 5) -> list[tuple[AgentSpec, float]]:
         """Agents matching `query` (text index, with embeddings when configured, and a track-record prior)."""

@@ -241,7 +241,15 @@ def test_a_home_made_again_after_a_service_closed_gets_the_next_team(
 def test_a_program_s_bad_arguments_are_errors_that_name_them(
     write_script: Callable[..., Path], tmp_path: Path
 ) -> None:
-    from masterplanner import ConfigError, PlanError, RegistryService, achat, chat
+    from masterplanner import (
+        AgentEditError,
+        ConfigError,
+        NotFoundError,
+        PlanError,
+        RegistryService,
+        achat,
+        chat,
+    )
 
     async def program() -> list[str]:
         settings = Settings(home=tmp_path / "home")
@@ -279,6 +287,18 @@ def test_a_program_s_bad_arguments_are_errors_that_name_them(
             with pytest.raises(ConfigError) as rating:
                 await service.feedback(run.id, rating=4.5)  # type: ignore[arg-type]
             refused.append(str(rating.value))
+            with pytest.raises(ConfigError) as after:
+                await service.events(run.id, after="x")  # type: ignore[arg-type]
+            refused.append(str(after.value))
+            with pytest.raises(NotFoundError) as unknown:
+                await registry.versions("nobody")
+            refused.append(str(unknown.value))
+            (stored,) = await registry.agents()
+            with pytest.raises(AgentEditError) as nul:
+                await registry.edit_agent(
+                    stored.id, stored.model_dump(mode="json") | {"system_prompt": "a\x00b"}
+                )
+            refused.append(str(nul.value))
             await service.feedback(run.id, rating=5)
             (entry,) = [entry for entry in await service.audit(run.id) if entry.action.startswith("rated")]
             refused.append(f"{entry.action} by {entry.by.split('@')[0]}")
@@ -300,5 +320,8 @@ def test_a_program_s_bad_arguments_are_errors_that_name_them(
         "invalid task: the task should be text, got null",
         "invalid task: the task holds a character that is not text (a lone surrogate)",
         "the rating must be a whole number from 1 to 5, got 4.5",
+        "after must be a whole number of at least 0 (an event's seq), got 'x'",
+        "no agent 'nobody' in the registry",
+        "the edit is not a valid agent, nothing changed: system_prompt: must not hold a NUL character",
         "rated the run 5/5 by library",
     ]

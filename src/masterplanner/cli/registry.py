@@ -95,7 +95,8 @@ def agents_show(
     """One agent: prompt, tools, origin, stats, lessons, versions."""
 
     async def read(service: RegistryService) -> tuple[AgentSpec, list[int]]:
-        return await service.agent(agent_id, version), await service.versions(agent_id)
+        agent = await service.agent(agent_id, version)
+        return agent, await service.versions(agent.id)
 
     agent, versions = _registry(read)
     if as_json:
