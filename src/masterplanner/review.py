@@ -49,6 +49,7 @@ _HEADER = (
     "# tool_policies (for the whole run, or in a step for its agent) map a tool to auto, ask or deny.\n"
     "# A step reusing a stored agent says so in `agent`; set it to `fresh` to have a new prompt written.\n"
     "# `expand: true` on a step has it planned as a sub-plan of its own when it is ready to run.\n"
+    "# The task is the run's and stays as it is. Close the editor without saving to give up the edit.\n"
 )
 FRESH = "fresh"
 """What a person writes in a step's `agent` to replace a reused agent with a newly written one."""
@@ -198,17 +199,20 @@ def _load_yaml(text: str) -> dict[str, Any]:
     return document
 
 
-def parse_review_yaml(text: str, catalog: Catalog, agents: dict[str, Any] | None = None) -> ReviewEdit:
+def parse_review_yaml(
+    text: str, catalog: Catalog, agents: dict[str, Any] | None = None, *, task: str | None = None
+) -> ReviewEdit:
     """Read an edited review back: the validated plan, the agents map, the run-wide tool policies.
 
-    Raises `PlanError` naming each problem; the plan and prompts given are never changed.
+    Raises `PlanError` naming each problem; the plan and prompts given are never changed. `task`:
+    the run's, which the edit must keep (`validate_plan`).
     """
     document = _load_yaml(text)
     run_policies = _policies(document.pop("tool_policies", None), catalog, "the run")
     edits = _AgentEdits()
     if isinstance(document.get("steps"), list):
         document = {**document, "steps": [edits.take(step, catalog) for step in document["steps"]]}
-    plan = validate_plan(document, catalog)
+    plan = validate_plan(document, catalog, task=task)
     new_agents: dict[str, Any] = {}
     for step in plan.steps:
         after = edits.agent(step.id, dict((agents or {}).get(step.id) or {}))

@@ -325,6 +325,44 @@ def test_unknown_run_and_bad_options_are_clear_errors() -> None:
         )
 
 
+RETASKING_EDITOR = """
+import pathlib, sys
+path = pathlib.Path(sys.argv[-1])
+text = path.read_text()
+if "# ERROR:" not in text:  # first opening: another task
+    path.write_text(text.replace("task: two things", "task: delete everything"))
+# reopened with the error on top: closed without saving
+"""
+
+
+def test_the_task_is_not_edited_at_review_and_an_edit_closed_unsaved_is_given_up(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    script = write_script(
+        [_planner(step("a", tools=[]), step("b", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}]
+    )
+    editor = tmp_path / "editor.py"
+    editor.write_text(RETASKING_EDITOR)
+    result = mp(
+        "run",
+        "two things",
+        "--model",
+        f"scripted:{script}",
+        "--json",
+        stdin="e\na\n",
+        env={"EDITOR": f"{sys.executable} {editor}", "VISUAL": ""},
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "the edit is invalid: task: is the run's task and cannot be edited; "
+        "start a new run for another task\n"
+        "the edit was given up; the plan is unchanged\n"
+    ) in result.stderr
+    report = json.loads(result.stdout)
+    assert (report["status"], report["plan"]["task"]) == ("succeeded", "two things")
+    assert "plan_edited" not in [e["kind"] for e in _events(report["run_id"])]
+
+
 def _fake_editor(tmp_path: Path, body: str) -> str:
     script = tmp_path / "fake-editor.sh"
     script.write_text("#!/bin/sh\nfor file; do :; done\n" + body + "\n")  # the file is the last argument

@@ -302,15 +302,20 @@ class TerminalAnswerer:
                 continue
             changed = True
             text = render_review_yaml(plan, agents, policies)
+            refused = False
             while True:
                 try:
                     edited = await asyncio.to_thread(edit_in_editor, text, extension=".yaml")
                 except ConfigError as exc:
                     self._print(f"[red]{shown(str(exc))}[/]; the plan is unchanged")
                     break
+                if refused and edited == text:  # closed without saving: the person gives the edit up
+                    self._print("the edit was given up; the plan is unchanged")
+                    break
                 try:
-                    edit = parse_review_yaml(edited, catalog, agents)
+                    edit = parse_review_yaml(edited, catalog, agents, task=payload["plan"]["task"])
                 except PlanError as exc:
+                    refused = True
                     self._print(f"[red]the edit is invalid:[/] {shown('; '.join(exc.problems))}")
                     text = with_errors_on_top(edited, exc)
                     continue
