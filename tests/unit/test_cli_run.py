@@ -486,6 +486,7 @@ def test_the_review_shows_an_estimate_and_runs_show_the_cost_per_purpose(
     assert report["usage"]["by_purpose"]["step:b"]["cost_usd"] == 0.0
     shown = mp("runs", "show", report["run_id"])
     assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[1] == f"workspace {report['workspace']}"  # where its files are
     rows = {line.split("│")[1].strip(): line for line in shown.stdout.splitlines() if line.count("│") == 7}
     assert set(rows) >= {"planner", "step:a", "step:b", "all"}
     assert rows["step:b"].split("│")[2].strip() == "1"  # one call

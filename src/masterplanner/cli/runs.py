@@ -475,6 +475,7 @@ def runs_show(
         highlight=False,
         soft_wrap=True,
     )
+    out.print(f"workspace {shown(report['workspace'])}", highlight=False, soft_wrap=True)
     if waiting is not None:
         out.print(f"[yellow]{shown(waiting)}[/]", highlight=False, soft_wrap=True)
     if timeline:
