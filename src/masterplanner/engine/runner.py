@@ -541,7 +541,8 @@ class _Drive:
                 await asyncio.to_thread(_mark_cancelled, self.store, run.id)
                 return
             # the execution stopped (its caller gave up, or another process took the run): the
-            # steps it ran here stop too, and whichever execution goes on with the run resumes them
+            # steps it ran inline stopped with it, and whichever execution goes on with the run
+            # resumes them
             await self._cancel_step_workflows(only_here=True)
             raise
         except _Refused as refused:
@@ -588,10 +589,13 @@ class _Drive:
     async def _cancel_step_workflows(self, *, only_here: bool = False) -> None:
         """Cancel the DBOS workflows of unfinished steps (also those queued), so nothing runs them later.
 
-        `only_here`: those this process executes, when this execution stops but the run goes on
-        (a worker's steps go on there). Left pending, such a workflow was waited for for ever: its
+        `only_here`: those this process executes, when this execution, which ran them inline,
+        stops but the run goes on. Left pending, such a workflow was waited for for ever: its
         executor, this process, is alive. Cancelled, it is resumed by the next execution (`_follow`).
+        A worker's steps run on its queue, not in the execution: they go on, and finish.
         """
+        if only_here and self.engine.queued_steps:
+            return
         for step in await asyncio.to_thread(self.store.steps, self.run_id):
             step_workflow_id = workflow_id(self.run_id, step.id, self.retries)
             status = await DBOS.get_workflow_status_async(step_workflow_id)
