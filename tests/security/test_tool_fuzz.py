@@ -627,3 +627,52 @@ async def test_a_tool_failure_does_not_fail_the_step(
         {"tool": "write_file", "result": "wrote 4 bytes to copy.txt"},
     ]
     assert (workspace / "copy.txt").read_text() == "none"
+
+
+async def test_what_no_tool_can_take_is_said_to_the_agent_in_our_words(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A NUL or lone surrogate in code was Python's ValueError / UnicodeEncodeError; a surrogate
+    in any call failed the step in the scripted model; a listing cut at 500 entries said nothing."""
+    step = {
+        "id": "w",
+        "title": "look around",
+        "instruction": "List the files, run code, write a file.",
+        "agent_role": "worker",
+        "tools": ["list_files", "code_execution", "write_file"],
+        "depends_on": [],
+        "expected_output": "done",
+    }
+    calls = [
+        {"name": "list_files", "args": {"path": "."}},
+        {"name": "code_execution", "args": {"language": "python", "code": "print('\x00')"}},
+        {"name": "code_execution", "args": {"language": "python", "code": "print(1)", "stdin": "\ud800"}},
+        {"name": "write_file", "args": {"path": "a.txt", "content": "x\ud800"}},
+    ]
+    told = [
+        "[listing cut: the first 500 of 501 entries, sorted by name]",
+        "code holds a NUL character at character 7, which no program takes",
+        "stdin has a lone surrogate (U+D800) at character 0, which is not valid text",
+        "lone surrogate (U+D800) at character 1",
+    ]
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step]}},
+            {"purpose": "step:w", "tool_calls": calls},
+            {"purpose": "step:w", "expect": told, "output": "done"},
+            {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True},
+        ]
+    )
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    for number in range(501):
+        (workspace / f"f{number:03d}.txt").write_text("")
+    engine = Engine(Settings.load())
+    try:
+        options = RunOptions(auto_approve=True, prompt_rounds=0, retry_backoff_s=0.01)
+        run = engine.create_run("look", model=f"scripted:{script}", options=options, workspace=workspace)
+        final = await engine.execute(run.id)
+    finally:
+        engine.close()
+    assert (final.status, final.output) == ("succeeded", "done"), final.error
+    assert not (workspace / "a.txt").exists()

@@ -537,6 +537,59 @@ async def test_a_tool_call_written_as_the_answer_is_sent_back_not_taken_as_the_o
     assert engine.store.steps(run.id)[0].output == "The notes say hello."
 
 
+async def test_the_person_is_asked_about_every_argument_and_never_about_a_call_refused_anyway(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An http_request's body was left out of what the person approved, and then sent.
+
+    A generate_image call to a protected path was put to the person, then refused.
+    """
+    monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["example.com"]')
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-used")  # generate_image is offered: its check refuses
+    post = {"url": "https://example.com/in", "method": "POST", "body": "the whole body"}
+    script = write_script(
+        [
+            _planner(step("s", tools=["http_request", "generate_image"])),
+            {
+                "purpose": "step:s",
+                "tool_calls": [
+                    {"name": "generate_image", "args": {"prompt": "a cat", "path": ".vscode/cat.png"}},
+                    {"name": "http_request", "args": post},
+                ],
+            },
+            {"purpose": "step:s", "output": "done"},
+            DRAFTS,
+        ]
+    )
+    engine = Engine(Settings.load())
+    asked: list[tuple[str, dict[str, Any]]] = []
+
+    async def deny(_step: str, tool: str, arguments: dict[str, Any]) -> bool:
+        asked.append((tool, arguments))
+        return False
+
+    async def approve_plan(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve"}
+
+    try:
+        options = RunOptions(prompt_rounds=0, tool_policies={"http_request": "ask", "generate_image": "ask"})
+        run = engine.create_run("s", model=f"scripted:{script}", options=options)
+        final = await execute_answering(engine, run.id, review=approve_plan, approve_tool=deny)
+        assert final.status == "succeeded", final.error
+        assert asked == [
+            (
+                "http_request",
+                {"method": "POST", "url": "https://example.com/in", "headers": {}, "body": "the whole body"},
+            )
+        ]
+        results = [e.data for e in engine.store.events(run.id) if e.kind == "tool_result"]
+        assert (
+            results[0]["tool"] == "generate_image" and "'.vscode' is a file or folder" in results[0]["error"]
+        )
+    finally:
+        engine.close()
+
+
 async def test_time_waiting_for_a_person_is_not_the_step_s_time(
     engine: Engine, write_script: Callable[..., Path], tmp_path: Path
 ) -> None:

@@ -223,7 +223,10 @@ def _count_tokens(items: list[Any]) -> int:
         for part in getattr(item, "parts", [item]):
             content = getattr(part, "content", None)
             if content is None and isinstance(part, ToolCallPart):
-                content = part.args_as_json_str()
+                try:
+                    content = part.args_as_json_str()
+                except ValueError:  # a lone surrogate (JSON allows "\udcff"): the call goes on to the tool
+                    content = json.dumps(part.args_as_dict(), separators=(",", ":"), default=str)
             if isinstance(content, str):
                 total += len(content.split())
             elif content is not None:

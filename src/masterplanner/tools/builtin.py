@@ -18,7 +18,7 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 from pydantic_ai import RunContext, Tool
@@ -125,10 +125,13 @@ async def list_files(ctx: Context, path: str = ".") -> str:
     workspace = ctx.deps.workspace
 
     def listing() -> str:
-        entries = workspace.list_files(path)
-        if not entries:
+        listed = workspace.list_files(path)
+        if not listed:
             return "(empty)"
-        return "\n".join(f"{entry.name}\t{entry.kind}\t{entry.size}" for entry in entries)
+        rows = [f"{entry.name}\t{entry.kind}\t{entry.size}" for entry in listed]
+        if listed.total > len(listed):  # said, as a cut file or response is
+            rows.append(f"[listing cut: the first {len(rows):,} of {listed.total:,} entries, sorted by name]")
+        return "\n".join(rows)
 
     return await ctx.deps.run_tool("list_files", {"path": path}, listing)
 
@@ -221,9 +224,13 @@ async def http_request(
     async def call() -> str:
         return (await fetch(policy, method, url, headers, body)).describe()
 
+    # the body too: the person approves every character of what is sent
+    arguments: dict[str, Any] = {"method": method, "url": url, "headers": headers or {}}
+    if body is not None:
+        arguments["body"] = body
     return await ctx.deps.run_tool(
         "http_request",
-        {"method": method, "url": url, "headers": headers or {}},
+        arguments,
         call,
         lambda: check_request(policy, method, url, headers, body),
     )
@@ -283,6 +290,7 @@ async def generate_image(ctx: Context, prompt: str, path: str, size: str = "1024
         path: where to save it in the workspace, ending in .png
         size: 1024x1024, 1024x1536, 1536x1024, 512x512 or 256x256
     """
+    from .images import check_image_call
     from .images import generate_image as make_image
 
     config, workspace = ctx.deps.context.images, ctx.deps.workspace
@@ -290,6 +298,7 @@ async def generate_image(ctx: Context, prompt: str, path: str, size: str = "1024
         "generate_image",
         {"prompt": prompt, "path": path, "size": size},
         lambda: make_image(config, workspace, prompt, path, size),
+        check=lambda: check_image_call(workspace, prompt, path, size),  # nobody is asked about those
     )
 
 

@@ -14,7 +14,7 @@ from typing import Literal
 from ..errors import ToolError
 from ..sandbox import SandboxLimits, SandboxResult, run_in_sandbox
 from .protected import protected_component, protection_notice
-from .workspace import Workspace
+from .workspace import Workspace, invalid_text
 
 __all__ = ["INTERPRETERS", "MAX_CODE_CHARS", "Language", "execute_code", "format_result", "succeeded_output"]
 
@@ -53,6 +53,13 @@ async def execute_code(
         raise ToolError(f"code is {len(code):,} characters; the limit is {MAX_CODE_CHARS:,}")
     if not 0 < timeout_s <= MAX_TIMEOUT_S:
         raise ToolError(f"timeout_s must be between 0 and {MAX_TIMEOUT_S}, got {timeout_s:g}")
+    for name, text in (("code", code), ("stdin", stdin)):  # neither can be handed to a process
+        if "\x00" in text:
+            where = text.index("\x00")
+            raise ToolError(f"{name} holds a NUL character at character {where:,}, which no program takes")
+        invalid = invalid_text(text)
+        if invalid is not None:
+            raise ToolError(f"{name} has {invalid}, which is not valid text")
     base = replace(limits or SandboxLimits(), wall_s=timeout_s)
     if max_growth_bytes is not None:
         base = replace(base, max_growth_bytes=max(0, max_growth_bytes))

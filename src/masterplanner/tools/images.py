@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..errors import ToolError
 from .workspace import Workspace, invalid_text
 
-__all__ = ["MAX_PROMPT_CHARS", "SIZES", "ImageConfig", "generate_image"]
+__all__ = ["MAX_PROMPT_CHARS", "SIZES", "ImageConfig", "check_image_call", "generate_image"]
 
 SIZES = ("256x256", "512x512", "1024x1024", "1024x1536", "1536x1024", "1792x1024", "1024x1792")
 _PNG = b"\x89PNG\r\n\x1a\n"
@@ -31,13 +31,11 @@ class ImageConfig:
     timeout_s: float = 120.0
 
 
-async def generate_image(
-    config: ImageConfig, workspace: Workspace, prompt: str, path: str, size: str = "1024x1024"
-) -> str:
-    """Generate one image for `prompt` and save it at `path` (a .png) in the workspace.
+def check_image_call(workspace: Workspace, prompt: str, path: str, size: str) -> None:
+    """`ToolError` for an image call refused anyway, before anyone is asked to approve it.
 
-    Every argument is checked before the API is called (the path as `write_file` would check
-    it: inside the workspace, not a protected name), so a refused call costs nothing.
+    The prompt, the size, and the path as `write_file` checks it (inside the workspace, not a
+    protected name).
     """
     if not isinstance(prompt, str):
         raise ToolError(f"the image prompt must be text, got {type(prompt).__name__}")
@@ -53,6 +51,17 @@ async def generate_image(
     workspace.check_write_path(path)
     if size not in SIZES:
         raise ToolError(f"size must be one of {', '.join(SIZES)}, got {_shown(size)}")
+
+
+async def generate_image(
+    config: ImageConfig, workspace: Workspace, prompt: str, path: str, size: str = "1024x1024"
+) -> str:
+    """Generate one image for `prompt` and save it at `path` (a .png) in the workspace.
+
+    Every argument is checked before the API is called (`check_image_call`), so a refused call
+    costs nothing.
+    """
+    check_image_call(workspace, prompt, path, size)
     key = os.environ.get(config.api_key_variable)
     if not key:
         raise ToolError(

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_WRITE_BYTES",
     "MAX_WRITE_DEPTH",
     "FileEntry",
+    "FileListing",
     "Workspace",
     "invalid_text",
 ]
@@ -146,6 +147,17 @@ class FileEntry:
     name: str
     kind: str
     size: int
+
+
+class FileListing(list[FileEntry]):
+    """A workspace directory's entries, sorted by name; `total`: how many it holds in all.
+
+    More than the entries when the listing was cut at `MAX_LIST_ENTRIES`.
+    """
+
+    def __init__(self, entries: list[FileEntry], total: int) -> None:
+        super().__init__(entries)
+        self.total = total
 
 
 def _parts(path: object, *, allow_root: bool = False) -> list[str]:
@@ -445,8 +457,8 @@ class Workspace:
             return False
         return stat.S_ISREG(info.st_mode)
 
-    def list_files(self, path: str = ".") -> list[FileEntry]:
-        r"""The entries of a workspace directory, sorted by name (at most `MAX_LIST_ENTRIES`).
+    def list_files(self, path: str = ".") -> FileListing:
+        r"""The entries of a workspace directory, sorted by name (at most `MAX_LIST_ENTRIES`), and how many.
 
         Names that hold control characters or bytes that are not UTF-8 (code run in the
         workspace can create them) are shown escaped (`\x0a`, `\xff`).
@@ -454,7 +466,8 @@ class Workspace:
         parts = _parts(path, allow_root=True)
         entries: list[FileEntry] = []
         with _failures("list", path), self._directory(parts) as directory:
-            for name in sorted(os.listdir(directory))[:MAX_LIST_ENTRIES]:
+            names = sorted(os.listdir(directory))
+            for name in names[:MAX_LIST_ENTRIES]:
                 try:
                     info = os.stat(name, dir_fd=directory, follow_symlinks=False)
                 except FileNotFoundError:
@@ -468,4 +481,4 @@ class Workspace:
                 else:
                     kind = "other"
                 entries.append(FileEntry(_printable(name), kind, info.st_size if kind == "file" else 0))
-        return entries
+        return FileListing(entries, len(names))
