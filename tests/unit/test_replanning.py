@@ -237,6 +237,84 @@ def test_without_yes_the_replan_is_a_request_answered_from_another_process(
     assert "replanned c into c1, c2 (by cli@" in text.stdout
 
 
+async def test_an_edited_replan_is_applied_and_one_that_cannot_be_is_asked_again(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """Every edit of a replan failed the run: the failed step it replaces counted as "has run"."""
+    import asyncio
+
+    from masterplanner.service import RunService
+
+    options = replace(FAST, auto_approve=False)
+    run = engine.create_run("replan it", model=f"scripted:{replan_script(write_script)}", options=options)
+    service = RunService(engine.settings)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+
+    async def opened(kind: str, *, besides: str = "") -> Any:
+        while True:
+            found = [r for r in await service.pending(run.id) if r.kind == kind and r.id != besides]
+            if found:
+                return found[0]
+            await asyncio.sleep(0.05)
+
+    try:
+        await service.answer((await opened("plan_review")).id, {"action": "approve"}, by="test")
+        first = await opened("replan")
+        plan = first.payload["plan"]
+        # the retired step's agent is not offered back (the run page sent it, and was refused)
+        assert set(first.payload["agents"]) == {"a", "b", "c1", "c2"}
+        finished_changed = {**plan, "steps": [{**plan["steps"][0], "title": "redo a"}, *plan["steps"][1:]]}
+        await service.answer(first.id, {"action": "approve", "plan": finished_changed}, by="test")
+        again = await opened("replan", besides=first.id)
+        assert again.payload["refused_edit"] == "step 'a': it has run, so it cannot change"
+        reworded = {**plan, "steps": [*plan["steps"][:3], {**plan["steps"][3], "instruction": "Do c2 well."}]}
+        await service.answer(again.id, {"action": "approve", "plan": reworded}, by="test")
+        final = await asyncio.wait_for(execution, 60)
+    finally:
+        if not execution.done():
+            execution.cancel()
+        service.close()
+    assert (final.status, final.output) == ("succeeded", "C2"), final.error
+    assert final.plan is not None and final.plan.step("c2").instruction == "Do c2 well."
+    assert sorted(_started(engine, run.id)) == ["a", "b", "c", "c1", "c2"]  # a and b once
+
+
+async def test_a_retry_after_a_replan_review_that_expired_asks_again(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """The retry found the expired request of the failed run again, and failed again at once."""
+    import asyncio
+
+    from masterplanner.service import RunService
+
+    options = replace(FAST, auto_approve=False, max_wall_s=2.0)
+    run = engine.create_run("replan it", model=f"scripted:{replan_script(write_script)}", options=options)
+    service = RunService(engine.settings)
+
+    async def opened(kind: str) -> Any:
+        while True:
+            found = [r for r in await service.pending(run.id) if r.kind == kind]
+            if found:
+                return found[0]
+            await asyncio.sleep(0.05)
+
+    try:
+        execution = asyncio.ensure_future(engine.execute(run.id))
+        await service.answer((await opened("plan_review")).id, {"action": "approve"}, by="test")
+        left = await opened("replan")  # nobody answers: the run's seconds run out
+        failed = await asyncio.wait_for(execution, 30)
+        assert failed.status == "failed" and "wall-time budget" in (failed.error or ""), failed.error
+        engine.retry(run.id, max_wall_s=600)
+        execution = asyncio.ensure_future(engine.execute(run.id))
+        fresh = await asyncio.wait_for(opened("replan"), 30)
+        assert fresh.id != left.id
+        await service.answer(fresh.id, {"action": "approve"}, by="test")
+        final = await asyncio.wait_for(execution, 60)
+    finally:
+        service.close()
+    assert (final.status, final.output) == ("succeeded", "C2"), final.error
+
+
 async def test_the_audit_names_who_created_a_run_approved_with_no_review_for_its_plan_and_replan(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections.abc import Awaitable
 from typing import Any
 
@@ -156,8 +157,14 @@ class PlanRevisions:
                 step.id,
                 {"n": number, "error": error},
             )
+        # each retry of the run its own (as its steps'): a retry after a replan whose review
+        # expired, or whose edit could not be applied, found that answer again and failed again
         proposal = await _proposal(
-            workflow_id(self.run_id, f"replan-{number}"), replan_workflow, self.run_id, step.id, error
+            workflow_id(self.run_id, f"replan-{number}", run.retries),
+            replan_workflow,
+            self.run_id,
+            step.id,
+            error,
         )
         if "error" in proposal:  # the step stays failed, and so does the run
             await self._failed(step.id, number, {"error": proposal["error"]})
@@ -172,12 +179,19 @@ class PlanRevisions:
         agents = briefs(proposal["agents"])
         by = "auto"
         if not run.options.auto_approve:
-            decision, by = await self._review(run, step, error, revised, agents, number)
-            if decision.action == "reject":
-                await self._failed(step.id, number, {"rejected": decision.reason or "rejected", "by": by})
-                return None
-            if decision.edits:
-                revised, agents = await self._edited(run, revised, agents, decision)
+            refused: str | None = None
+            for asked in itertools.count():  # an edit that cannot be applied is asked about again
+                decision, by = await self._review(run, step, error, revised, agents, (number, asked), refused)
+                if decision.action == "reject":
+                    await self._failed(step.id, number, {"rejected": decision.reason or "rejected", "by": by})
+                    return None
+                if not decision.edits:
+                    break
+                try:
+                    revised, agents = await self._edited(run, revised, agents, decision)
+                    break
+                except PlanError as problem:
+                    refused = "; ".join(problem.problems)
         return await self._store(
             run, revised, agents, {step.id: "replaced"}, "replanned", step.id, number, by
         )
@@ -217,13 +231,22 @@ class PlanRevisions:
         error: str,
         revised: Plan,
         agents: dict[str, AgentBrief],
-        number: int,
+        which: tuple[int, int],
+        refused: str | None,
     ) -> tuple[PlanDecision, str]:
-        """The person's answer to the replan (a stored request any process may answer)."""
+        """The person's answer to the replan (a stored request any process may answer).
+
+        `which`: the replan's number and how many of its edits were refused before (each asked in
+        a request of its own); `refused`: why the last one was.
+        """
         assert run.plan is not None
         new = [step_id for step_id in revised.ids if step_id not in run.plan.ids]
         replaced = [step_id for step_id in run.plan.ids if step_id not in revised.ids]
-        shown = dataclasses.replace(run, plan=revised, agents={**run.agents, **agents})
+        # the agents of the steps the replan keeps: a retired step's made every answer that sent
+        # them back (the run page's Approve) name a step the plan does not have
+        merged = {**run.agents, **agents}
+        kept = {step_id: agent for step_id, agent in merged.items() if step_id in revised.ids}
+        shown = dataclasses.replace(run, plan=revised, agents=kept)
         notes = await asyncio.to_thread(self.store.messages.notes, self.run_id)
         payload = review_payload(shown, self.resources.catalog) | {
             "error": error,
@@ -231,15 +254,22 @@ class PlanRevisions:
             "replaced_steps": replaced,
             "notes": [note.to_json_dict() for note in notes],
         }
+        if refused is not None:
+            payload["refused_edit"] = refused
+        number, asked = which
+        retry = f"@{run.retries}" if run.retries else ""
         store = self.store
         answered = await store.requests.pause(
             self.run_id,
             "replan",
             payload,
-            key=f"{self.run_id}#replan-{number}",
+            key=f"{self.run_id}#replan-{number}{retry}" + (f".{asked}" if asked else ""),
             step_id=step.id,
             announce=lambda request: store.append_event(
-                self.run_id, "request_opened", step.id, {"request": request.id, "kind": "replan"}
+                self.run_id,
+                "request_opened",
+                step.id,
+                {"request": request.id, "kind": "replan"} | ({"refused_edit": refused} if refused else {}),
             ),
         )
         if answered.state != "answered" or answered.answer is None:
@@ -265,7 +295,13 @@ class PlanRevisions:
             for step in edited.steps
             if step.id in finished and (step.id not in before or before[step.id] != step)
         ]
-        gone = [step_id for step_id in finished if step_id in before and step_id not in edited.ids]
+        # the failed step (and what else the proposal replaces) goes as the proposal has it go:
+        # counted as "has run", it made every edit of a replan fail the run
+        gone = [
+            step_id
+            for step_id in finished
+            if step_id in before and step_id not in edited.ids and step_id in revised.ids
+        ]
         problems = [f"step {step_id!r}: it has run, so it cannot change" for step_id in changed]
         problems += [f"step {step_id!r}: it has run, so it cannot be removed" for step_id in gone]
         if problems:
