@@ -65,3 +65,26 @@ def test_the_money_budget_stops_the_run_once_spent(isolated: Path) -> None:
         assert usage["by_purpose"]["step:a"]["unpriced_calls"] == 1
     finally:
         store.close()
+
+
+def test_a_money_budget_for_a_model_of_unknown_price_is_refused_before_the_run_is_made(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It let every call through as free: --max-cost 0.01 ran a million tokens, and said nothing of cost."""
+    from masterplanner import ConfigError
+    from masterplanner.engine import Engine
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-used")
+    engine = Engine(Settings.load())
+    try:
+        with pytest.raises(ConfigError) as refused:
+            engine.create_run("t", model="openai:my-inhouse-llm", options=RunOptions(max_cost_usd=0.01))
+        assert str(refused.value) == (
+            "a money budget needs a model whose price is known, and openai:my-inhouse-llm is not in the "
+            "price table: budget its model calls or tokens instead"
+        )
+        assert engine.store.list_runs(10) == []
+        priced = engine.create_run("t", model="openai:gpt-4o-mini", options=RunOptions(max_cost_usd=0.01))
+        assert priced.options.max_cost_usd == 0.01
+    finally:
+        engine.close()

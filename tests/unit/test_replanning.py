@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -14,6 +15,7 @@ from _plans import step
 
 from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
+from masterplanner.service import RunService
 
 FAST = RunOptions(auto_approve=True, prompt_rounds=0, retry_backoff_s=0.01, step_attempts=2)
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
@@ -38,6 +40,15 @@ def _events(engine: Engine, run_id: str, *kinds: str) -> list[tuple[str, str | N
 
 def _started(engine: Engine, run_id: str) -> list[str | None]:
     return [step for kind, step, _ in _events(engine, run_id, "step_started")]
+
+
+async def _opened(service: RunService, run_id: str, kind: str, *, besides: str = "") -> Any:
+    """The run's open request of `kind` (not `besides`), once there is one."""
+    while True:
+        found = [r for r in await service.pending(run_id) if r.kind == kind and r.id != besides]
+        if found:
+            return found[0]
+        await asyncio.sleep(0.05)
 
 
 def replan_script(write_script: Callable[..., Path], *, new_ids: tuple[str, str] = ("c1", "c2")) -> Path:
@@ -107,6 +118,27 @@ async def test_replans_stop_at_the_run_s_bound(engine: Engine, write_script: Cal
     assert final.status == "failed"
     assert final.error is not None and final.error.startswith("step c failed: the model called no_such_tool")
     assert _events(engine, run.id, "replan_requested", "replanned", "replan_failed") == []
+
+
+async def test_a_rejected_replan_is_named_in_the_run_s_error(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    options = replace(FAST, auto_approve=False)
+    run = engine.create_run("replan it", model=f"scripted:{replan_script(write_script)}", options=options)
+    service = RunService(engine.settings)
+    try:
+        execution = asyncio.ensure_future(engine.execute(run.id))
+        await service.answer(
+            (await _opened(service, run.id, "plan_review")).id, {"action": "approve"}, by="test"
+        )
+        replan = await _opened(service, run.id, "replan")
+        await service.answer(replan.id, {"action": "reject", "reason": "not like that"}, by="test")
+        final = await asyncio.wait_for(execution, 60)
+    finally:
+        service.close()
+    assert final.status == "failed"
+    assert final.error is not None and final.error.startswith("step c failed: the model called no_such_tool")
+    assert final.error.endswith(" (its replan was rejected by test: not like that)")
 
 
 async def test_an_output_that_falls_short_of_its_expected_output_is_replanned(
@@ -241,31 +273,22 @@ async def test_an_edited_replan_is_applied_and_one_that_cannot_be_is_asked_again
     engine: Engine, write_script: Callable[..., Path]
 ) -> None:
     """Every edit of a replan failed the run: the failed step it replaces counted as "has run"."""
-    import asyncio
-
-    from masterplanner.service import RunService
-
     options = replace(FAST, auto_approve=False)
     run = engine.create_run("replan it", model=f"scripted:{replan_script(write_script)}", options=options)
     service = RunService(engine.settings)
     execution = asyncio.ensure_future(engine.execute(run.id))
 
-    async def opened(kind: str, *, besides: str = "") -> Any:
-        while True:
-            found = [r for r in await service.pending(run.id) if r.kind == kind and r.id != besides]
-            if found:
-                return found[0]
-            await asyncio.sleep(0.05)
-
     try:
-        await service.answer((await opened("plan_review")).id, {"action": "approve"}, by="test")
-        first = await opened("replan")
+        await service.answer(
+            (await _opened(service, run.id, "plan_review")).id, {"action": "approve"}, by="test"
+        )
+        first = await _opened(service, run.id, "replan")
         plan = first.payload["plan"]
         # the retired step's agent is not offered back (the run page sent it, and was refused)
         assert set(first.payload["agents"]) == {"a", "b", "c1", "c2"}
         finished_changed = {**plan, "steps": [{**plan["steps"][0], "title": "redo a"}, *plan["steps"][1:]]}
         await service.answer(first.id, {"action": "approve", "plan": finished_changed}, by="test")
-        again = await opened("replan", besides=first.id)
+        again = await _opened(service, run.id, "replan", besides=first.id)
         assert again.payload["refused_edit"] == "step 'a': it has run, so it cannot change"
         reworded = {**plan, "steps": [*plan["steps"][:3], {**plan["steps"][3], "instruction": "Do c2 well."}]}
         await service.answer(again.id, {"action": "approve", "plan": reworded}, by="test")
@@ -279,34 +302,70 @@ async def test_an_edited_replan_is_applied_and_one_that_cannot_be_is_asked_again
     assert sorted(_started(engine, run.id)) == ["a", "b", "c", "c1", "c2"]  # a and b once
 
 
+async def test_independent_steps_go_on_while_a_replan_waits_for_its_review(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """b2 (after b, on another branch than the failed a) started only once the replan was answered."""
+    script = write_script(
+        [
+            _planner(
+                step("a", tools=[]),
+                step("b", tools=[]),
+                step("b2", "b", tools=[]),
+                step("z", "a", "b2", tools=[]),
+            ),
+            {"purpose": "step:a"} | GARBAGE,
+            {"purpose": "step:b", "output": "B", "delay_s": 0.5},
+            {"purpose": "step:b2", "output": "B2"},
+            _planner(step("a2", tools=[]), step("z2", "a2", "b2", tools=[]), purpose="replanner")
+            | {"repeat": True},
+            {"purpose": "step:a2", "output": "A2"},
+            {"purpose": "step:z2", "expect": ["A2", "B2"], "output": "Z2"},
+            DRAFTS,
+        ]
+    )
+    options = replace(FAST, auto_approve=False)
+    run = engine.create_run("branches", model=f"scripted:{script}", options=options)
+    service = RunService(engine.settings)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+
+    try:
+        await service.answer(
+            (await _opened(service, run.id, "plan_review")).id, {"action": "approve"}, by="test"
+        )
+        replan = await _opened(service, run.id, "replan")
+        while "b2" not in [step.id for step in engine.store.steps(run.id) if step.status == "succeeded"]:
+            assert not execution.done(), execution.result().error
+            await asyncio.sleep(0.05)
+        assert (await service.request(replan.id)).state == "open"  # b2 ran while the review waited
+        await service.answer(replan.id, {"action": "approve"}, by="test")
+        final = await asyncio.wait_for(execution, 60)
+    finally:
+        if not execution.done():
+            execution.cancel()
+        service.close()
+    assert (final.status, final.output) == ("succeeded", "Z2"), final.error
+
+
 async def test_a_retry_after_a_replan_review_that_expired_asks_again(
     engine: Engine, write_script: Callable[..., Path]
 ) -> None:
     """The retry found the expired request of the failed run again, and failed again at once."""
-    import asyncio
-
-    from masterplanner.service import RunService
-
     options = replace(FAST, auto_approve=False, max_wall_s=2.0)
     run = engine.create_run("replan it", model=f"scripted:{replan_script(write_script)}", options=options)
     service = RunService(engine.settings)
 
-    async def opened(kind: str) -> Any:
-        while True:
-            found = [r for r in await service.pending(run.id) if r.kind == kind]
-            if found:
-                return found[0]
-            await asyncio.sleep(0.05)
-
     try:
         execution = asyncio.ensure_future(engine.execute(run.id))
-        await service.answer((await opened("plan_review")).id, {"action": "approve"}, by="test")
-        left = await opened("replan")  # nobody answers: the run's seconds run out
+        await service.answer(
+            (await _opened(service, run.id, "plan_review")).id, {"action": "approve"}, by="test"
+        )
+        left = await _opened(service, run.id, "replan")  # nobody answers: the run's seconds run out
         failed = await asyncio.wait_for(execution, 30)
         assert failed.status == "failed" and "wall-time budget" in (failed.error or ""), failed.error
         engine.retry(run.id, max_wall_s=600)
         execution = asyncio.ensure_future(engine.execute(run.id))
-        fresh = await asyncio.wait_for(opened("replan"), 30)
+        fresh = await asyncio.wait_for(_opened(service, run.id, "replan"), 30)
         assert fresh.id != left.id
         await service.answer(fresh.id, {"action": "approve"}, by="test")
         final = await asyncio.wait_for(execution, 60)

@@ -17,6 +17,7 @@ durable calls in the same order on replay (see docs/architecture.md, "The engine
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -179,6 +180,11 @@ class Engine:
             problem = unknown_policy_tool(options.tool_policies, self.settings.mcp_servers)
         if problem is not None:
             raise ConfigError(problem)
+        if options.max_cost_usd is not None and _price_unknown(spec):
+            raise ConfigError(
+                f"a money budget needs a model whose price is known, and {spec} is not in the price table: "
+                "budget its model calls or tokens instead"
+            )
         growth = options.workspace_max_growth_bytes
         options = replace(
             options,
@@ -634,8 +640,9 @@ class _Drive:
                     on_failure=revisions.on_failure,
                     on_expand=revisions.on_expand,
                 )
+                why_not = await self._replans_not_made()
                 problems = [
-                    f"step {step_id} {outcome.status}: {outcome.error}"
+                    f"step {step_id} {outcome.status}: {outcome.error}{why_not.get(step_id, '')}"
                     for step_id, outcome in outcomes.items()
                     if outcome.status != "succeeded"
                 ]
@@ -648,6 +655,26 @@ class _Drive:
                 f"the run used its wall-time budget of {run.options.max_wall_s:g} s", budget="max_wall_s"
             ) from None
         await self._end("succeeded", output, tell_registry=True)
+
+    async def _replans_not_made(self) -> dict[str, str]:
+        """Why each failed step's replan did not happen (since the last retry), as the run's error says it.
+
+        The run's error named only the step's own failure: a replan the person rejected, or one
+        a budget stopped, was in the events alone.
+        """
+        events = await asyncio.to_thread(self.store.events, self.run_id)
+        retried = max((event.seq for event in events if event.kind == "run_retried"), default=0)
+        said: dict[str, str] = {}
+        for event in events:
+            if event.kind != "replan_failed" or event.seq <= retried or event.step is None:
+                continue
+            data = event.data
+            if "rejected" in data:
+                who = data.get("by", "the person")
+                said[event.step] = f" (its replan was rejected by {who}: {data['rejected']})"
+            elif "error" in data:
+                said[event.step] = f" (it could not be replanned: {data['error']})"
+        return said
 
     async def _aggregate(self, outcomes: dict[str, StepOutcome]) -> str:
         """The run's answer: a step's output as it is, or composed by the aggregate workflow.
@@ -742,3 +769,13 @@ class _Drive:
                             self.store.append_event, self.run_id, "step_recovered", step_id, data
                         )
             status = await next_status(workflow_id)  # one read for every workflow followed here
+
+
+def _price_unknown(spec: str) -> bool:
+    """Whether calls of the model `spec` would have no known price (a money budget could not hold).
+
+    It let every call through as free: a budget of $0.01 ran a million tokens.
+    """
+    from ..models.pricing import estimated_cost
+
+    return estimated_cost(spec, 1_000, 1_000, base_url=os.environ.get("OPENAI_BASE_URL")) is None

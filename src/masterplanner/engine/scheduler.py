@@ -8,9 +8,10 @@ and awaited before it propagates.
 
 The plan may change while it runs. A step that failed is offered to `on_failure`, once, before
 its dependents are skipped: a revised plan it returns (the step and its dependents replaced by
-new steps) is scheduled from there, finished steps kept. A step marked `expand` is offered to
-`on_expand` when it becomes ready: a revised plan (the step replaced by its sub-plan) is
-scheduled instead of the step; None runs the step as it is.
+new steps) is scheduled from there, finished steps kept. The other steps go on meanwhile (a
+replan may wait for a person); its dependents wait, and so do `expand` steps. A step marked
+`expand` is offered to `on_expand` when it becomes ready: a revised plan (the step replaced by
+its sub-plan) is scheduled instead of the step; None runs the step as it is.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ..plan import Plan, Step
 
@@ -51,64 +52,126 @@ async def run_dag(
     """Run every step of `plan` not already in `finished`; return every step's outcome.
 
     The outcomes are those of the plan as it stands at the end (steps a revision removed are
-    not in it).
+    not in it). A failed step's revision (`on_failure`, which may wait hours for a person's
+    review) runs beside the steps: independent branches go on meanwhile, the failed step's
+    dependents wait for it, and `expand` steps wait too (one change of the plan at a time).
+    Before, the whole run stood still while a replan waited for its review.
     """
-    outcomes: dict[str, StepOutcome] = dict(finished or {})
-    running: dict[asyncio.Task[StepOutcome], Step] = {}
-    offered: set[str] = set()
-    """Failed steps offered to `on_failure`, and `expand` steps offered to `on_expand`."""
-    limit = max(1, max_parallel)
+    schedule = _Schedule(plan, run_step, max(1, max_parallel), on_failure, on_expand)
+    for step_id, outcome in (finished or {}).items():
+        schedule.record(step_id, outcome)
     try:
         while True:
-            if on_failure is not None:
-                plan = await _revise_failures(plan, outcomes, offered, on_failure)
-            busy = {step.id for step in running.values()}
-            waiting = [step for step in plan.steps if step.id not in outcomes and step.id not in busy]
-            waiting, skipped = _skip_blocked(waiting, outcomes)
+            schedule.revise()
+            waiting, skipped = _skip_blocked(schedule.waiting(), schedule.outcomes)
             if on_skip is not None:
                 for step, reason in skipped:
                     await on_skip(step, reason)
-            revised = None
-            for step in [step for step in waiting if all(outcomes.get(dep) for dep in step.depends_on)]:
-                if len(running) >= limit:
-                    break
-                if step.expand and on_expand is not None and step.id not in offered:
-                    offered.add(step.id)
-                    revised = await on_expand(step)
-                    if revised is not None:
-                        break  # schedule the sub-plan in the step's place
-                running[asyncio.ensure_future(run_step(step))] = step
-            if revised is not None:
-                plan = revised
-                continue
-            if not running:
+            if await schedule.start(waiting):
+                continue  # an `expand` step's sub-plan is in its place: schedule again
+            watched = schedule.watched()
+            if not watched:
                 if waiting:
                     continue
                 break
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                step = running.pop(task)
-                outcomes[step.id] = task.result()
+            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            schedule.collect(done)
     finally:
-        for task in running:
+        await schedule.stop()
+    kept = schedule.plan.ids
+    return {step_id: outcome for step_id, outcome in schedule.outcomes.items() if step_id in kept}
+
+
+class _Schedule:
+    """One `run_dag`'s state: the plan as it stands, outcomes, running steps, the revision under way."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        run_step: Callable[[Step], Awaitable[StepOutcome]],
+        limit: int,
+        on_failure: Revise | None,
+        on_expand: Expand | None,
+    ) -> None:
+        self.plan, self.run_step, self.limit = plan, run_step, limit
+        self.on_failure, self.on_expand = on_failure, on_expand
+        self.outcomes: dict[str, StepOutcome] = {}
+        self.held: dict[str, StepOutcome] = {}
+        """Failed steps to offer to `on_failure`, in order; their dependents wait, neither run nor skipped."""
+        self.offered: set[str] = set()
+        """Failed steps offered to `on_failure`, and `expand` steps offered to `on_expand`."""
+        self.running: dict[asyncio.Future[StepOutcome], Step] = {}
+        self.revision: tuple[asyncio.Future[Plan | None], str] | None = None
+
+    def record(self, step_id: str, outcome: StepOutcome) -> None:
+        """A step's outcome; a failed one is held for `on_failure` first (once)."""
+        if outcome.status == "failed" and self.on_failure is not None and step_id not in self.offered:
+            self.offered.add(step_id)
+            self.held[step_id] = outcome
+        else:
+            self.outcomes[step_id] = outcome
+
+    def revise(self) -> None:
+        """Take a finished revision (its error stops the run), and start the next one."""
+        if self.revision is not None and self.revision[0].done():
+            task, step_id = self.revision
+            self.revision = None
+            revised = task.result()
+            self.outcomes[step_id] = self.held.pop(step_id)
+            self.plan = revised or self.plan
+        if self.revision is not None or self.on_failure is None:
+            return
+        for step_id in [step_id for step_id in self.held if step_id not in self.plan.ids]:
+            self.outcomes[step_id] = self.held.pop(step_id)  # replaced meanwhile: nothing to revise
+        if self.held:
+            step_id = next(iter(self.held))
+            offer = self.on_failure(self.plan.step(step_id), self.held[step_id])
+            self.revision = (asyncio.ensure_future(offer), step_id)
+
+    def waiting(self) -> list[Step]:
+        """The steps with no outcome yet that are neither running nor held."""
+        busy = {step.id for step in self.running.values()} | set(self.held)
+        return [step for step in self.plan.steps if step.id not in self.outcomes and step.id not in busy]
+
+    async def start(self, waiting: list[Step]) -> bool:
+        """Start the ready steps, up to the limit; True when an `expand` step's sub-plan replaced it."""
+        for step in [step for step in waiting if all(self.outcomes.get(dep) for dep in step.depends_on)]:
+            if len(self.running) >= self.limit:
+                break
+            if step.expand and self.on_expand is not None and step.id not in self.offered:
+                if self.revision is not None:
+                    continue  # planned once the revision under way has changed the plan
+                self.offered.add(step.id)
+                expanded = await self.on_expand(step)
+                if expanded is not None:
+                    self.plan = expanded
+                    return True
+            self.running[asyncio.ensure_future(self.run_step(step))] = step
+        return False
+
+    def watched(self) -> set[asyncio.Future[Any]]:
+        """What may finish next: the running steps and the revision."""
+        tasks: set[asyncio.Future[Any]] = set(self.running)
+        if self.revision is not None:
+            tasks.add(self.revision[0])
+        return tasks
+
+    def collect(self, done: set[asyncio.Future[Any]]) -> None:
+        """Record the steps that finished (a step's error stops the run); `revise` takes a revision."""
+        for task in done:
+            step = self.running.pop(task, None)
+            if step is not None:
+                self.record(step.id, task.result())
+
+    async def stop(self) -> None:
+        """Cancel what still runs and wait for it."""
+        tasks: list[asyncio.Future[Any]] = [*self.running]
+        if self.revision is not None:
+            tasks.append(self.revision[0])
+        for task in tasks:
             task.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
-    return {step_id: outcome for step_id, outcome in outcomes.items() if step_id in plan.ids}
-
-
-async def _revise_failures(
-    plan: Plan, outcomes: dict[str, StepOutcome], offered: set[str], on_failure: Revise
-) -> Plan:
-    """Offer each failed step not yet offered to `on_failure`; the plan as they leave it."""
-    for step_id, outcome in list(outcomes.items()):
-        if outcome.status != "failed" or step_id in offered or step_id not in plan.ids:
-            continue
-        offered.add(step_id)
-        revised = await on_failure(plan.step(step_id), outcome)
-        if revised is not None:
-            plan = revised
-    return plan
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _skip_blocked(
