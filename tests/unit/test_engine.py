@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -423,9 +424,30 @@ def test_an_id_start_is_taken_literally(engine: Engine, write_script: Callable[.
         engine.store.requests.get("%" + request.id[-2:])
 
 
+async def test_calls_made_at_once_cannot_all_pass_the_call_budget(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """Each of the calls made at once (here the prompts' drafts) passed the check before any was
+    counted: a budget of 7 calls made 10."""
+    script = write_script(
+        [
+            _planner(
+                *(step(f"p{n}", tools=[]) for n in range(4)), step("z", "p0", "p1", "p2", "p3", tools=[])
+            ),
+            *({"purpose": f"step:p{n}", "output": f"P{n}", "delay_s": 0.5} for n in range(4)),
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    run = engine.create_run("at once", model=f"scripted:{script}", options=replace(FAST, max_model_calls=4))
+    final = await engine.execute(run.id)
+    assert final.status == "failed" and final.error is not None
+    assert "the run used its budget of 4 model calls" in final.error
+    assert engine.report(run.id)["usage"]["llm_calls"] == 4
+
+
 async def test_step_timeout_and_wall_time_budget(engine: Engine, write_script: Callable[..., Path]) -> None:
     slow = [_planner(step("a", tools=[])), {"purpose": "step:a", "output": "late", "delay_s": 5}, DRAFTS]
-    options = RunOptions(auto_approve=True, prompt_rounds=0, step_timeout_s=0.3)
+    options = RunOptions(auto_approve=True, prompt_rounds=0, step_timeout_s=0.3, max_replans=0)
     run = engine.create_run("slow step", model=f"scripted:{write_script(slow)}", options=options)
     final = await engine.execute(run.id)
     assert (final.status, final.error) == ("failed", "step a failed: timed out after 0.3 s")
@@ -602,7 +624,9 @@ async def test_time_waiting_for_a_person_is_not_the_step_s_time(
         },
         {"purpose": "step:w", "output": "written", "delay_s": 0.6},
     ]
-    options = RunOptions(prompt_rounds=0, step_timeout_s=1.0, tool_policies={"write_file": "ask"})
+    options = RunOptions(
+        prompt_rounds=0, step_timeout_s=1.0, tool_policies={"write_file": "ask"}, max_replans=0
+    )
     run = engine.create_run(
         "w",
         model=f"scripted:{write_script([plan, *calls, DRAFTS])}",

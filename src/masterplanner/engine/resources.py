@@ -72,7 +72,7 @@ async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunReso
     resolved = resolve_model(run.model, settings)
     if isinstance(resolved, RetriedModel):
         resolved = resolved.reporting(_retry_events(store, run.id))
-    model = BudgetedModel(resolved, ledger.check)
+    model = BudgetedModel(resolved, ledger.check, call=ledger.call)
     registry = await asyncio.to_thread(_registry, settings)
     memory = (
         None

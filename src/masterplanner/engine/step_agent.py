@@ -7,6 +7,7 @@ import json
 import re
 import shlex
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -716,6 +717,19 @@ def program_text(text: str) -> str:
     return "\n\n".join(kept).strip("\n") + "\n"
 
 
+class _Checked(AbstractContextManager[None]):
+    """A budget check as a call's hold, for a `BudgetedModel` given no `call`."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self.check = check
+
+    def __enter__(self) -> None:
+        self.check()
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
 class BudgetedModel(WrapperModel):
     """Checks the run's budget before every request (`check` raises when it is used up).
 
@@ -729,9 +743,21 @@ class BudgetedModel(WrapperModel):
     result. Any other turn (a failed call sent back, say) goes to the model as usual.
     """
 
-    def __init__(self, wrapped: Model, check: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        wrapped: Model,
+        check: Callable[[], None],
+        *,
+        call: Callable[[], AbstractContextManager[None]] | None = None,
+    ) -> None:
+        """`check` raises when the budget is spent.
+
+        `call` (`RunLedger.call`), when given, holds each request as one call in flight meanwhile,
+        so requests made at once cannot all pass the check.
+        """
         super().__init__(wrapped)
         self._check = check
+        self._budgeted = call
 
     async def request(
         self,
@@ -740,13 +766,17 @@ class BudgetedModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
         """Refuse the request if the budget is spent, else make it (or take the step aid's turn)."""
-        await asyncio.to_thread(self._check)  # reads the run's shared counts from the database
-        aids = self._aids(model_request_parameters)
-        if aids is not None:
-            response = await self._aided_turn(aids, messages, model_settings)
-            if response is not None:
-                return response
-        return await self.wrapped.request(messages, model_settings, model_request_parameters)
+        held = self._budgeted() if self._budgeted is not None else _Checked(self._check)
+        await asyncio.to_thread(held.__enter__)  # reads the run's shared counts from the database
+        try:
+            aids = self._aids(model_request_parameters)
+            if aids is not None:
+                response = await self._aided_turn(aids, messages, model_settings)
+                if response is not None:
+                    return response
+            return await self.wrapped.request(messages, model_settings, model_request_parameters)
+        finally:
+            held.__exit__(None, None, None)
 
     def _aids(self, params: ModelRequestParameters) -> StepAids | None:
         """The step aids that apply to this request: only those whose tools the step was offered."""

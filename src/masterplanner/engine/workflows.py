@@ -524,7 +524,10 @@ class _StepRun:
             return model  # the aids read the workspace (a CSV file's rows): only for a model that takes them
         aids = tool_aids(self.plan, self.step, self.tools, self.resources.workspace)
         aided = None if aids is None else with_tool_aids(model.wrapped, aids)
-        return model if aided is None else BudgetedModel(aided, self.resources.ledger.check)
+        if aided is None:
+            return model
+        ledger = self.resources.ledger
+        return BudgetedModel(aided, ledger.check, call=ledger.call)
 
     async def _ask_person(self, question: str) -> str:
         """An agent's `ask_user` question as a stored request; waits until any process answers it."""
