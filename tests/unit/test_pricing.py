@@ -88,3 +88,24 @@ def test_a_money_budget_for_a_model_of_unknown_price_is_refused_before_the_run_i
         assert priced.options.max_cost_usd == 0.01
     finally:
         engine.close()
+
+
+def test_a_call_in_flight_counts_against_the_call_budget_until_recorded_or_failed(isolated: Path) -> None:
+    settings = Settings.load()
+    settings.ensure_home()
+    store = RunStore(settings.database_url)
+    try:
+        store.create_run("r1", "t", model="openai:gpt-4o", workspace=str(isolated), options=RunOptions())
+        ledger = RunLedger(store, "r1", RunOptions(max_model_calls=2))
+        with pytest.raises(RuntimeError), ledger.call():
+            raise RuntimeError("the request failed")  # released: nothing was counted
+        with ledger.call(), ledger.call():  # two in flight at once: the budget's two
+            with pytest.raises(BudgetExceededError), ledger.call():
+                pass
+        ledger.record("step:a", input_tokens=1, output_tokens=1, seconds=0.1)  # each answered call is
+        ledger.record("step:b", input_tokens=1, output_tokens=1, seconds=0.1)  # counted, then released
+        with pytest.raises(BudgetExceededError) as spent, ledger.call():
+            pass
+        assert str(spent.value) == "the run used its budget of 2 model calls"
+    finally:
+        store.close()

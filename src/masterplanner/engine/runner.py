@@ -640,13 +640,13 @@ class _Drive:
                     on_failure=revisions.on_failure,
                     on_expand=revisions.on_expand,
                 )
-                why_not = await self._replans_not_made()
-                problems = [
-                    f"step {step_id} {outcome.status}: {outcome.error}{why_not.get(step_id, '')}"
-                    for step_id, outcome in outcomes.items()
-                    if outcome.status != "succeeded"
-                ]
-                if problems:
+                unfinished = {step_id: o for step_id, o in outcomes.items() if o.status != "succeeded"}
+                if unfinished:
+                    why_not = await self._replans_not_made()
+                    problems = [
+                        f"step {step_id} {outcome.status}: {outcome.error}{why_not.get(step_id, '')}"
+                        for step_id, outcome in unfinished.items()
+                    ]
                     await self._end("failed", "; ".join(problems), tell_registry=True)
                     return
                 output = await self._aggregate(outcomes)

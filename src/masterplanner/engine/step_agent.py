@@ -769,14 +769,26 @@ class BudgetedModel(WrapperModel):
         held = self._budgeted() if self._budgeted is not None else _Checked(self._check)
         await asyncio.to_thread(held.__enter__)  # reads the run's shared counts from the database
         try:
-            aids = self._aids(model_request_parameters)
-            if aids is not None:
-                response = await self._aided_turn(aids, messages, model_settings)
-                if response is not None:
-                    return response
-            return await self.wrapped.request(messages, model_settings, model_request_parameters)
-        finally:
-            held.__exit__(None, None, None)
+            response = await self._answer(messages, model_settings, model_request_parameters)
+        except BaseException as error:  # not answered (a cancel too): the call is released
+            held.__exit__(type(error), error, error.__traceback__)
+            raise
+        held.__exit__(None, None, None)
+        return response
+
+    async def _answer(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> ModelResponse:
+        """The step aid's turn, or the model's answer."""
+        aids = self._aids(model_request_parameters)
+        if aids is not None:
+            response = await self._aided_turn(aids, messages, model_settings)
+            if response is not None:
+                return response
+        return await self.wrapped.request(messages, model_settings, model_request_parameters)
 
     def _aids(self, params: ModelRequestParameters) -> StepAids | None:
         """The step aids that apply to this request: only those whose tools the step was offered."""
