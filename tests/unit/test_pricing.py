@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,26 +46,30 @@ def test_hosted_requests_are_priced_from_the_table_and_local_ones_cost_nothing(t
     assert estimated_cost("openai:qwen", 1000, 1000) is None
 
 
-def test_the_money_budget_stops_the_run_once_spent(isolated: Path) -> None:
+@pytest.fixture
+def store(isolated: Path) -> Iterator[RunStore]:
+    """A run store holding run r1 (of a priced hosted model)."""
     settings = Settings.load()
     settings.ensure_home()
-    store = RunStore(settings.database_url)
-    try:
-        store.create_run("r1", "t", model="openai:gpt-4o", workspace=str(isolated), options=RunOptions())
-        ledger = RunLedger(store, "r1", RunOptions(max_cost_usd=0.05))
-        ledger.record("planner", input_tokens=1000, output_tokens=100, seconds=1.0, cost_usd=0.03)
-        ledger.check()  # $0.03 of $0.05
-        ledger.record("step:a", input_tokens=1000, output_tokens=100, seconds=1.0, cost_usd=0.025)
-        ledger.record("step:a", input_tokens=10, output_tokens=1, seconds=0.1, cost_usd=None)
-        with pytest.raises(BudgetExceededError) as caught:
-            ledger.check()
-        assert str(caught.value) == "the run used its money budget of $0.05 ($0.0550 spent)"
-        usage = store.usage("r1")
-        assert (usage["cost_usd"], usage["unpriced_calls"]) == (0.055, 1)
-        assert usage["by_purpose"]["step:a"]["cost_usd"] == 0.025
-        assert usage["by_purpose"]["step:a"]["unpriced_calls"] == 1
-    finally:
-        store.close()
+    opened = RunStore(settings.database_url)
+    opened.create_run("r1", "t", model="openai:gpt-4o", workspace=str(isolated), options=RunOptions())
+    yield opened
+    opened.close()
+
+
+def test_the_money_budget_stops_the_run_once_spent(store: RunStore) -> None:
+    ledger = RunLedger(store, "r1", RunOptions(max_cost_usd=0.05))
+    ledger.record("planner", input_tokens=1000, output_tokens=100, seconds=1.0, cost_usd=0.03)
+    ledger.check()  # $0.03 of $0.05
+    ledger.record("step:a", input_tokens=1000, output_tokens=100, seconds=1.0, cost_usd=0.025)
+    ledger.record("step:a", input_tokens=10, output_tokens=1, seconds=0.1, cost_usd=None)
+    with pytest.raises(BudgetExceededError) as caught:
+        ledger.check()
+    assert str(caught.value) == "the run used its money budget of $0.05 ($0.0550 spent)"
+    usage = store.usage("r1")
+    assert (usage["cost_usd"], usage["unpriced_calls"]) == (0.055, 1)
+    assert usage["by_purpose"]["step:a"]["cost_usd"] == 0.025
+    assert usage["by_purpose"]["step:a"]["unpriced_calls"] == 1
 
 
 def test_a_money_budget_for_a_model_of_unknown_price_is_refused_before_the_run_is_made(
@@ -90,22 +95,15 @@ def test_a_money_budget_for_a_model_of_unknown_price_is_refused_before_the_run_i
         engine.close()
 
 
-def test_a_call_in_flight_counts_against_the_call_budget_until_recorded_or_failed(isolated: Path) -> None:
-    settings = Settings.load()
-    settings.ensure_home()
-    store = RunStore(settings.database_url)
-    try:
-        store.create_run("r1", "t", model="openai:gpt-4o", workspace=str(isolated), options=RunOptions())
-        ledger = RunLedger(store, "r1", RunOptions(max_model_calls=2))
-        with pytest.raises(RuntimeError), ledger.call():
-            raise RuntimeError("the request failed")  # released: nothing was counted
-        with ledger.call(), ledger.call():  # two in flight at once: the budget's two
-            with pytest.raises(BudgetExceededError), ledger.call():
-                pass
-        ledger.record("step:a", input_tokens=1, output_tokens=1, seconds=0.1)  # each answered call is
-        ledger.record("step:b", input_tokens=1, output_tokens=1, seconds=0.1)  # counted, then released
-        with pytest.raises(BudgetExceededError) as spent, ledger.call():
+def test_a_call_in_flight_counts_against_the_call_budget_until_recorded_or_failed(store: RunStore) -> None:
+    ledger = RunLedger(store, "r1", RunOptions(max_model_calls=2))
+    with pytest.raises(RuntimeError), ledger.call():
+        raise RuntimeError("the request failed")  # released: nothing was counted
+    with ledger.call(), ledger.call():  # two in flight at once: the budget's two
+        with pytest.raises(BudgetExceededError), ledger.call():
             pass
-        assert str(spent.value) == "the run used its budget of 2 model calls"
-    finally:
-        store.close()
+    ledger.record("step:a", input_tokens=1, output_tokens=1, seconds=0.1)  # each answered call is
+    ledger.record("step:b", input_tokens=1, output_tokens=1, seconds=0.1)  # counted, then released
+    with pytest.raises(BudgetExceededError) as spent, ledger.call():
+        pass
+    assert str(spent.value) == "the run used its budget of 2 model calls"

@@ -51,6 +51,12 @@ async def _opened(service: RunService, run_id: str, kind: str, *, besides: str =
         await asyncio.sleep(0.05)
 
 
+async def _replan_after_approving_the_plan(service: RunService, run_id: str) -> Any:
+    """Approve the run's plan review as it opens; the replan request, once a failed step brings it."""
+    await service.answer((await _opened(service, run_id, "plan_review")).id, {"action": "approve"}, by="test")
+    return await _opened(service, run_id, "replan")
+
+
 def replan_script(write_script: Callable[..., Path], *, new_ids: tuple[str, str] = ("c1", "c2")) -> Path:
     """a and b succeed; c (after both) fails every attempt; the replanner puts c1 → c2 in its place."""
     first, second = new_ids
@@ -128,10 +134,7 @@ async def test_a_rejected_replan_is_named_in_the_run_s_error(
     service = RunService(engine.settings)
     try:
         execution = asyncio.ensure_future(engine.execute(run.id))
-        await service.answer(
-            (await _opened(service, run.id, "plan_review")).id, {"action": "approve"}, by="test"
-        )
-        replan = await _opened(service, run.id, "replan")
+        replan = await _replan_after_approving_the_plan(service, run.id)
         await service.answer(replan.id, {"action": "reject", "reason": "not like that"}, by="test")
         final = await asyncio.wait_for(execution, 60)
     finally:
@@ -279,10 +282,7 @@ async def test_an_edited_replan_is_applied_and_one_that_cannot_be_is_asked_again
     execution = asyncio.ensure_future(engine.execute(run.id))
 
     try:
-        await service.answer(
-            (await _opened(service, run.id, "plan_review")).id, {"action": "approve"}, by="test"
-        )
-        first = await _opened(service, run.id, "replan")
+        first = await _replan_after_approving_the_plan(service, run.id)
         plan = first.payload["plan"]
         # the retired step's agent is not offered back (the run page sent it, and was refused)
         assert set(first.payload["agents"]) == {"a", "b", "c1", "c2"}
@@ -330,10 +330,7 @@ async def test_independent_steps_go_on_while_a_replan_waits_for_its_review(
     execution = asyncio.ensure_future(engine.execute(run.id))
 
     try:
-        await service.answer(
-            (await _opened(service, run.id, "plan_review")).id, {"action": "approve"}, by="test"
-        )
-        replan = await _opened(service, run.id, "replan")
+        replan = await _replan_after_approving_the_plan(service, run.id)
         while "b2" not in [step.id for step in engine.store.steps(run.id) if step.status == "succeeded"]:
             assert not execution.done(), execution.result().error
             await asyncio.sleep(0.05)
@@ -357,10 +354,7 @@ async def test_a_retry_after_a_replan_review_that_expired_asks_again(
 
     try:
         execution = asyncio.ensure_future(engine.execute(run.id))
-        await service.answer(
-            (await _opened(service, run.id, "plan_review")).id, {"action": "approve"}, by="test"
-        )
-        left = await _opened(service, run.id, "replan")  # nobody answers: the run's seconds run out
+        left = await _replan_after_approving_the_plan(service, run.id)  # left: the seconds run out
         failed = await asyncio.wait_for(execution, 30)
         assert failed.status == "failed" and "wall-time budget" in (failed.error or ""), failed.error
         engine.retry(run.id, max_wall_s=600)
