@@ -459,13 +459,26 @@ def test_a_closed_port_is_a_tool_error() -> None:
 
 def test_credentials_do_not_follow_a_redirect_to_another_host(server: _Misbehaving) -> None:
     policy = HttpPolicy(allowed_domains=("127.0.0.1", "localhost"), allow_loopback=True)
-    secret = {"Authorization": "Bearer s3cret", "Cookie": "session=1", "X-Other": "kept"}
+    secret = {
+        "Authorization": "Bearer s3cret",
+        "Cookie": "session=1",
+        "X-Api-Key": "k3y",
+        "Private-Token": "t0ken",
+        "Accept": "application/json",
+        "User-Agent": "probe",
+    }
     same = _fetch(policy, server.url("/redirect?to=/echo"), headers=secret)
-    assert json.loads(same.body)["headers"]["authorization"] == "Bearer s3cret"
+    here = json.loads(same.body)["headers"]
+    assert (here["authorization"], here["x-api-key"], here["private-token"]) == (
+        "Bearer s3cret",
+        "k3y",
+        "t0ken",
+    )
     elsewhere = f"http://localhost:{server.port}/echo"
     moved = _fetch(policy, server.url(f"/redirect?to={elsewhere}"), headers=secret)
     echoed = json.loads(moved.body)["headers"]
-    assert ("authorization" in echoed, "cookie" in echoed, echoed["x-other"]) == (False, False, "kept")
+    sent_on = {name for name in ("authorization", "cookie", "x-api-key", "private-token") if name in echoed}
+    assert (sent_on, echoed["accept"], echoed["user-agent"]) == (set(), "application/json", "probe")
 
 
 def test_a_303_turns_a_post_into_a_get_without_its_body(server: _Misbehaving) -> None:

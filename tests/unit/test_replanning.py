@@ -117,6 +117,61 @@ async def test_a_replan_may_not_reuse_a_recorded_step_id(
     assert failed[2]["problems"] == ["step 'c': that id was used earlier in this run; choose a new id"]
 
 
+def _send(purpose: str, to: str, content: str) -> dict[str, Any]:
+    return {
+        "purpose": purpose,
+        "tool_calls": [{"name": "send_message", "args": {"to": to, "content": content}}],
+    }
+
+
+async def test_messages_to_replaced_steps_are_handed_on_to_the_steps_in_their_place(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    # a messages b (which is shown it, then fails) and c (which never starts); the replan puts
+    # b1 → c1 in the place of both: each gets both messages, marked with where they were sent
+    shown_to_b = "message #1 from step a: Use metric units."
+    handed = [
+        "message #{} from step a (sent to step b, whose place your step took): Use metric units.",
+        "message #{} from step a (sent to step c, whose place your step took): Round to 2 places.",
+    ]
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=[]), step("c", "b", tools=[])),
+            _send("step:a", "b", "Use metric units."),
+            _send("step:a", "c", "Round to 2 places."),
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:b", "expect": [shown_to_b]} | GARBAGE,
+            _planner(step("b1", "a", tools=[]), step("c1", "b1", tools=[]), purpose="replanner")
+            | {"repeat": True},
+            _send("step:b1", "c", "Are you there?") | {"expect": [handed[0].format(3), handed[1].format(5)]},
+            {
+                "purpose": "step:b1",
+                "expect": [
+                    "not sent: step c was replaced when the plan changed; the other steps still to "
+                    "finish are: c1"
+                ],
+                "output": "B1",
+            },
+            {"purpose": "step:c1", "expect": [handed[0].format(4), handed[1].format(6)], "output": "C1"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("hand on", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    rows = [
+        (m.id, m.recipient, m.state, m.handed_from, m.answer) for m in engine.store.messages.of_run(run.id)
+    ]
+    assert rows == [
+        (1, "b", "delivered", None, None),
+        (2, "c", "closed", None, "handed on to step(s) b1, c1, which took its recipient's place"),
+        (3, "b1", "delivered", "b", None),
+        (4, "c1", "delivered", "b", None),
+        (5, "b1", "delivered", "c", None),
+        (6, "c1", "delivered", "c", None),
+    ]
+
+
 async def test_replans_stop_at_the_run_s_bound(engine: Engine, write_script: Callable[..., Path]) -> None:
     script = replan_script(write_script)
     run = engine.create_run("no replans", model=f"scripted:{script}", options=replace(FAST, max_replans=0))

@@ -59,7 +59,12 @@ def delivered_text(messages: list[Message]) -> str:
             )
         else:
             what = "broadcast" if message.kind == "broadcast" else "message"
-            lines.append(f"- {what} #{message.id} from step {message.sender}: {message.content}")
+            first = (
+                f" (sent to step {message.handed_from}, whose place your step took)"
+                if message.handed_from
+                else ""
+            )
+            lines.append(f"- {what} #{message.id} from step {message.sender}{first}: {message.content}")
     return "\n".join(lines)
 
 
@@ -165,6 +170,18 @@ class StepTeam:
         plan, records = await self._plan_and_steps()
         recipient = self._resolve(to, plan, records)
         status = records[recipient].status if recipient in records else "pending"
+        if status in ("replaced", "expanded"):
+            going = [
+                step.id
+                for step in plan.steps
+                if step.id != self.step_id
+                and (step.id not in records or records[step.id].status not in _FINISHED)
+            ]
+            now = ", ".join(going)
+            return (
+                f"not sent: step {recipient} was {status} when the plan changed; the other steps "
+                f"still to finish are: {now or 'none'}"
+            )
         if status in _FINISHED:
             return f"not sent: step {recipient} has ended ({status}); it cannot receive messages"
         refusal = await self._bound()

@@ -11,6 +11,11 @@ that arrived since), so every message is delivered once.
 A question stays open until it is answered (by the recipient's `reply`, or by consulting a
 finished recipient) or closed with a reason (the two sides would wait on each other, no
 answer in time, the recipient ended). Notes are a run's key-value blackboard (`mp_notes`).
+
+When a replan or a sub-plan retires steps, the messages and broadcasts sent to them are handed on
+to the steps the revision adds (`hand_on`, in the revision's own transaction): a copy to each,
+marked with the step it was first sent to (`handed_from`). A retired step's pending message is
+closed saying where it went, so nothing sent is left waiting for a step that will never run.
 """
 
 from __future__ import annotations
@@ -27,7 +32,15 @@ from .records import utc_now
 if TYPE_CHECKING:
     from .store import RunStore
 
-__all__ = ["Message", "MessageKind", "Messages", "Note", "create_message_tables"]
+__all__ = [
+    "Message",
+    "MessageKind",
+    "Messages",
+    "Note",
+    "add_message_hand_on",
+    "create_message_tables",
+    "hand_on",
+]
 
 MessageKind = Literal["message", "broadcast", "question"]
 MessageState = Literal["pending", "delivered", "answered", "closed"]
@@ -51,6 +64,7 @@ messages_table = sa.Table(
     sa.Column("created_at", sa.String(32), nullable=False),
     sa.Column("delivered_at", sa.String(32)),
     sa.Column("answered_at", sa.String(32)),
+    sa.Column("handed_from", sa.String(100)),
     sa.UniqueConstraint("send_key", "recipient", name="uq_mp_messages_send"),
 )
 notes_table = sa.Table(
@@ -68,6 +82,12 @@ def create_message_tables(connection: Connection) -> None:
     """Migration `0004_messages_notes`: messages between steps and the run's notes."""
     messages_table.create(connection, checkfirst=True)
     notes_table.create(connection, checkfirst=True)
+
+
+def add_message_hand_on(connection: Connection) -> None:
+    """Migration `0009_message_hand_on`: the step a handed-on message was first sent to."""
+    if "handed_from" not in {column["name"] for column in sa.inspect(connection).get_columns("mp_messages")}:
+        connection.execute(sa.text("ALTER TABLE mp_messages ADD COLUMN handed_from VARCHAR(100)"))
 
 
 @dataclass(frozen=True)
@@ -88,6 +108,8 @@ class Message:
     created_at: str
     delivered_at: str | None
     answered_at: str | None
+    handed_from: str | None = None
+    """The step this was first sent to, when a replan or a sub-plan put `recipient` in its place."""
 
     @property
     def open_question(self) -> bool:
@@ -108,6 +130,7 @@ class Message:
             "created_at": self.created_at,
             "delivered_at": self.delivered_at,
             "answered_at": self.answered_at,
+            "handed_from": self.handed_from,
         }
 
 
@@ -139,7 +162,78 @@ def _message(row: Any) -> Message:
         created_at=row["created_at"],
         delivered_at=row["delivered_at"],
         answered_at=row["answered_at"],
+        handed_from=row["handed_from"],
     )
+
+
+def hand_on(connection: Connection, run_id: str, retired: list[str], added: list[str]) -> None:
+    """Hand the messages sent to `retired` steps on to the `added` steps that take their place.
+
+    Called in the transaction that stores the revised plan. Each message or broadcast a retired
+    step was sent (shown to it or not: a replacement starts afresh) gets one copy per added step
+    that does not have it yet, under the same send key, so a send replayed after a crash still
+    finds its rows. A retired step's pending ones are closed, saying where they went. Questions
+    are not handed on: their askers are told the step ended.
+    """
+    if not retired or not added:
+        return
+    rows = (
+        connection.execute(
+            sa.select(messages_table)
+            .where(
+                messages_table.c.run_id == run_id,
+                messages_table.c.recipient.in_(retired),
+                messages_table.c.kind.in_(("message", "broadcast")),
+                messages_table.c.state.in_(("pending", "delivered")),
+            )
+            .order_by(messages_table.c.id)
+        )
+        .mappings()
+        .all()
+    )
+    keys = {row["send_key"] for row in rows}
+    have = {
+        (key, recipient)
+        for key, recipient in connection.execute(
+            sa.select(messages_table.c.send_key, messages_table.c.recipient).where(
+                messages_table.c.send_key.in_(keys)
+            )
+        )
+    }
+    now = utc_now()
+    copies: list[dict[str, Any]] = []
+    for row in rows:
+        for recipient in added:
+            if (row["send_key"], recipient) in have:
+                continue
+            have.add((row["send_key"], recipient))
+            copies.append(
+                {
+                    "run_id": run_id,
+                    "send_key": row["send_key"],
+                    "sender": row["sender"],
+                    "recipient": recipient,
+                    "kind": row["kind"],
+                    "content": row["content"],
+                    "state": "pending",
+                    "created_at": row["created_at"],
+                    "handed_from": row["handed_from"] or row["recipient"],
+                }
+            )
+    if copies:
+        connection.execute(messages_table.insert(), copies)
+    pending = [row["id"] for row in rows if row["state"] == "pending"]
+    if pending:
+        connection.execute(
+            messages_table.update()
+            .where(messages_table.c.id.in_(pending), messages_table.c.state == "pending")
+            .values(
+                state="closed",
+                answer=f"handed on to step(s) {', '.join(added)}, which took its recipient's place",
+                answered_by="engine",
+                answered_at=now,
+            )
+        )
 
 
 @reconnecting_methods

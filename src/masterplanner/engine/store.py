@@ -40,7 +40,7 @@ from ..database import (
 )
 from ..errors import RunError, RunNotFoundError
 from ..plan import Plan
-from .messages import Messages, create_message_tables
+from .messages import Messages, add_message_hand_on, create_message_tables, hand_on
 from .processes import Processes, create_process_table
 from .records import (
     EVENT_KINDS,
@@ -163,6 +163,7 @@ MIGRATIONS: list[Migration] = [
     ("0006_run_executor", _add_run_executor),
     ("0007_usage_cost", _add_usage_cost),
     ("0008_run_retries", _add_run_retries),
+    ("0009_message_hand_on", add_message_hand_on),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -629,7 +630,8 @@ class RunStore:
 
         The plan and its agents replace the run's; the `added` steps are recorded as pending
         after the steps there are, and each `retired` step takes its new status (`replaced`,
-        `expanded`): it stays in the record, with what it did.
+        `expanded`): it stays in the record, with what it did. The messages sent to the retired
+        steps are handed on to the added ones (`messages.hand_on`).
         """
         with self.begin("revise the plan") as connection:
             connection.execute(
@@ -666,6 +668,7 @@ class RunStore:
                     .where(steps_table.c.run_id == run_id, steps_table.c.step_id == step_id)
                     .values(status=status)
                 )
+            hand_on(connection, run_id, list(retired), added)
 
     def update_step(self, run_id: str, step_id: str, **values: Any) -> None:
         """Set columns of one step."""

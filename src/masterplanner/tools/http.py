@@ -9,8 +9,10 @@ verifies the host name), so a DNS answer cannot change between the check and the
 Refused: loopback (unless `allow_loopback`, for tests), the unspecified address, private,
 link-local, site-local, unique-local, multicast and broadcast addresses, every IPv6 form that
 carries an IPv4 address (mapped, translated, compatible, NAT64 and its local-use range, 6to4,
-Teredo), and any address bound to one of this machine's interfaces, public or not. Authorization
-and Cookie headers are dropped when a redirect leaves the host they were sent to.
+Teredo), and any address bound to one of this machine's interfaces, public or not. When a redirect
+leaves the site (scheme, host and port) a request was sent to, only headers that describe what is
+wanted go on (`Accept`, `Content-Type`, `User-Agent`, ...); every other header, which may carry a
+credential of any name, stays behind.
 
 What comes back is bounded the same way whatever the server does:
 
@@ -56,7 +58,12 @@ _DROPPED_HEADERS = frozenset(
     {"host", "connection", "transfer-encoding", "content-length", "upgrade", "te", "accept-encoding"}
 )
 _ACCEPT_ENCODING = "gzip, deflate"
-_CREDENTIALS = frozenset({"authorization", "proxy-authorization", "cookie"})
+# What a request keeps when a redirect takes it to another site: headers that say what is wanted,
+# never who asks. Any other header may be a credential (`X-Api-Key`, `Private-Token`, ...) meant
+# for the first site only, so it stays behind.
+_KEPT_ACROSS_SITES = frozenset(
+    {"accept", "accept-language", "content-language", "content-type", "user-agent", "cache-control", "pragma"}
+)
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 _LABEL = re.compile(r"[a-z0-9_-]{1,63}")
@@ -630,7 +637,7 @@ async def _follow(
                 previous, hop = hop, await _checked_hop(url, policy)
                 if (hop.scheme, hop.host, hop.port) != (previous.scheme, previous.host, previous.port):
                     # Credentials meant for one site do not follow a redirect to another.
-                    headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIALS}
+                    headers = {k: v for k, v in headers.items() if k.lower() in _KEPT_ACROSS_SITES}
             outcome = await _exchange(transport, policy, method, hop, headers, content)
             if isinstance(outcome, HttpResult):
                 return outcome

@@ -130,6 +130,8 @@ class MessageOut(_Out):
     created_at: str
     delivered_at: str | None
     answered_at: str | None
+    handed_from: str | None
+    """The step this was first sent to, when a replan or a sub-plan put `to` in its place."""
 
 
 class NoteOut(_Out):
