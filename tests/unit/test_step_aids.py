@@ -1,6 +1,7 @@
 """Step aids for small models: which steps are one direct tool call, which get their text drafted."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,12 @@ def _aided_agent(
             super().__init__(reply, profile={STRUCTURED_PLANS: True, "supports_json_schema_output": True})
             self.aids = aids
 
-    return Agent(BudgetedModel(Small(), check))
+    @contextmanager
+    def call() -> Iterator[None]:
+        check()
+        yield
+
+    return Agent(BudgetedModel(Small(), check, call=call))
 
 
 def test_a_step_that_only_reads_or_lists_is_one_direct_call() -> None:

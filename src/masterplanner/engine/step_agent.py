@@ -717,19 +717,6 @@ def program_text(text: str) -> str:
     return "\n\n".join(kept).strip("\n") + "\n"
 
 
-class _Checked(AbstractContextManager[None]):
-    """A budget check as a call's hold, for a `BudgetedModel` given no `call`."""
-
-    def __init__(self, check: Callable[[], None]) -> None:
-        self.check = check
-
-    def __enter__(self) -> None:
-        self.check()
-
-    def __exit__(self, *_: object) -> None:
-        return None
-
-
 class BudgetedModel(WrapperModel):
     """Checks the run's budget before every request (`check` raises when it is used up).
 
@@ -744,16 +731,12 @@ class BudgetedModel(WrapperModel):
     """
 
     def __init__(
-        self,
-        wrapped: Model,
-        check: Callable[[], None],
-        *,
-        call: Callable[[], AbstractContextManager[None]] | None = None,
+        self, wrapped: Model, check: Callable[[], None], *, call: Callable[[], AbstractContextManager[None]]
     ) -> None:
-        """`check` raises when the budget is spent.
+        """`check` raises when the budget is spent (a query, made once per aided turn).
 
-        `call` (`RunLedger.call`), when given, holds each request as one call in flight meanwhile,
-        so requests made at once cannot all pass the check.
+        `call` (`RunLedger.call`) checks the budget for one request and holds it as a call in
+        flight meanwhile, so requests made at once cannot all pass the check.
         """
         super().__init__(wrapped)
         self._check = check
@@ -766,7 +749,7 @@ class BudgetedModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
         """Refuse the request if the budget is spent, else make it (or take the step aid's turn)."""
-        held = self._budgeted() if self._budgeted is not None else _Checked(self._check)
+        held = self._budgeted()
         await asyncio.to_thread(held.__enter__)  # reads the run's shared counts from the database
         try:
             response = await self._answer(messages, model_settings, model_request_parameters)
