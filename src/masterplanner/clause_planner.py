@@ -32,6 +32,7 @@ content can reach the plan. Hosted and larger models keep the free-form planner 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,7 @@ __all__ = [
     "clause_plan",
     "draft_steps",
     "fill_schema",
+    "language_caution",
     "needs_identifier",
     "role_candidates",
     "step_clauses",
@@ -94,6 +96,25 @@ def uses_clause_plans(model: Model) -> bool:
     from .models.local import STRUCTURED_PLANS
 
     return bool(model.profile.get(STRUCTURED_PLANS, False))
+
+
+def language_caution(task: str) -> str | None:
+    """What to tell the person when most of the task's letters are not Latin (None: they are).
+
+    The clause rules and the tool and role matching read English words, and the embedded 135M
+    model answers in English. Measured on a Chinese task ("write a short poem about the sea,
+    save it to poem.txt", stop 34): the plan was one step with `read_file` and no `write_file`,
+    and the run "succeeded" with text that was no poem.
+    """
+    letters = [char for char in task if char.isalpha()]
+    latin = sum(1 for char in letters if unicodedata.name(char, "").startswith("LATIN"))
+    if not letters or latin * 2 >= len(letters):
+        return None
+    return (
+        "this model plans from a task's English words and answers in English; this task is "
+        "written mostly in another script, so its plan and its answers are likely to make little "
+        "sense. Write the task in English, or use a larger model (--model; README, 'Models')"
+    )
 
 
 def step_clauses(task: str, max_steps: int) -> list[str]:

@@ -1,5 +1,6 @@
 """Plans for small models: structure from the task's clauses, the model fills in titles and roles."""
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -8,13 +9,14 @@ from typing import Any
 import pytest
 
 from masterplanner import UsageLedger, resolve_model
-from masterplanner.clause_planner import draft_steps, role_candidates, step_clauses
+from masterplanner.clause_planner import draft_steps, language_caution, role_candidates, step_clauses
 from masterplanner.errors import PlanError
 from masterplanner.planner import PlanExample, plan
 from masterplanner.tools import builtin_catalog
 
 CATALOG = builtin_catalog()
 WriteScript = Callable[..., Path]
+POEM_IN_CHINESE = "写一首关于大海的短诗\uff0c保存到 poem.txt"
 
 
 def _small(write_script: WriteScript, *calls: dict[str, Any]) -> Any:
@@ -172,3 +174,61 @@ async def test_fills_that_never_fit_end_in_a_plan_error(write_script: WriteScrip
     with pytest.raises(PlanError) as caught:
         await plan("Write a haiku about the sea to haiku.txt", CATALOG, model=model)
     assert str(caught.value) == "no valid plan after 2 repairs: steps: give exactly 1 entry, one per step"
+
+
+@pytest.mark.parametrize(
+    ("task", "cautioned"),
+    [
+        (POEM_IN_CHINESE, True),
+        ("Напиши короткое стихотворение о море", True),  # noqa: RUF001 (Cyrillic, as meant)
+        ("Écris un poème sur la mer dans poème.txt", False),
+        ("Write a haiku about the sea (海) to haiku.txt", False),
+        ("123 456", False),
+    ],
+)
+def test_a_task_mostly_in_another_script_is_cautioned(task: str, cautioned: bool) -> None:
+    caution = language_caution(task)
+    assert (caution is not None) == cautioned
+    if caution is not None:
+        assert caution.startswith("this model plans from a task's English words and answers in English")
+
+
+async def test_a_small_model_s_review_and_plan_say_the_caution(
+    isolated: Path, write_script: WriteScript
+) -> None:
+    from masterplanner import Settings
+    from masterplanner.engine import Engine, RunOptions
+
+    script = write_script(
+        None,
+        raw=json.dumps(
+            {
+                "small_model": True,
+                "calls": [
+                    {"purpose": "planner", "output": _fills(("Write poem", "poet"))},
+                    {"purpose": "prompt_creator", "output": "You are a poet.", "repeat": True},
+                ],
+            }
+        ),
+    )
+    engine = Engine(Settings.load())
+    try:
+        record = engine.create_run(
+            POEM_IN_CHINESE,
+            model=f"scripted:{script}",
+            options=RunOptions(prompt_rounds=0),
+        )
+        running = asyncio.create_task(engine.execute(record.id))
+        while True:
+            found = engine.store.requests.find(record.id)
+            if found:
+                break
+            await asyncio.sleep(0.05)
+        (review,) = found
+        engine.store.requests.answer(review.id, {"action": "reject"}, by="test")
+        assert (await running).status == "cancelled"
+        (ready,) = [event.data for event in engine.store.events(record.id) if event.kind == "plan_ready"]
+    finally:
+        engine.close()
+    caution = language_caution("写")
+    assert (review.payload["cautions"], ready["cautions"]) == ([caution], [caution])

@@ -282,6 +282,8 @@ class TerminalAnswerer:
         policies: dict[str, str] = payload.get("tool_policies") or {}
         if payload.get("refused_edit"):
             self._print(f"[red]the last edit was refused:[/] {shown(payload['refused_edit'])}")
+        for caution in payload.get("cautions") or []:
+            self._print(f"[yellow]caution:[/] {shown(caution)}")
         decision: dict[str, Any] = {"action": "approve"}
         changed = True  # the plan is shown again only when an edit changed it
         while True:

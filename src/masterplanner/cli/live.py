@@ -132,6 +132,8 @@ def _event_detail(kind: str, data: dict[str, Any]) -> str:
     team = _team_detail(kind, data)
     if team is not None:
         return team
+    if kind == "plan_ready" and data.get("cautions"):
+        return "".join(f" [yellow]caution: {shown(caution)}[/]" for caution in data["cautions"])
     if kind == "plan_ready" and "reused_cohort" in data:
         reuse = (
             f"reusing the team of run {data['reused_cohort']} (similarity {data['similarity']}, "
@@ -369,6 +371,8 @@ class RunView:
     def _apply_to_run(self, event: Event) -> None:
         data = event.data
         self.phase = _PHASES.get(event.kind, self.phase)
+        if event.kind == "plan_ready" and data.get("cautions"):
+            self.note = "".join(f"[yellow]caution: {shown(caution)}[/]" for caution in data["cautions"])
         if event.kind in ("run_failed", "run_cancelled", "rejected"):
             self.note = f"[red]{shown(data.get('reason', ''))}[/]"
         if event.kind == "run_retried":  # it goes on from where it failed

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..adaptation import adapt_plan
-from ..clause_planner import uses_clause_plans
+from ..clause_planner import language_caution, uses_clause_plans
 from ..errors import ModelError, PlanError, RunError
 from ..plan import Plan, validate_plan
 from ..planner import plan as make_plan
@@ -27,7 +27,7 @@ from .requests import PlanDecision, Request
 from .resources import RunResources
 from .reuse import cohort_hints, reusable_agents, reusable_cohort
 
-__all__ = ["plan_run", "review_payload", "review_run"]
+__all__ = ["model_cautions", "plan_run", "review_payload", "review_run"]
 
 
 async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
@@ -92,12 +92,24 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
         if reused:
             ready["reused_agents"] = {step_id: agent["agent_id"] for step_id, agent in reused.items()}
 
+    cautions = model_cautions(resources, run)
+    if cautions:
+        ready["cautions"] = cautions
+
     def record() -> RunRecord:
         store.set_status(run.id, "awaiting_approval", plan=plan, agents=agents)
         store.append_event(run.id, "plan_ready", data={"steps": plan.ids, **ready})
         return store.get_run(run.id)
 
     return await asyncio.to_thread(record)
+
+
+def model_cautions(resources: RunResources, run: RunRecord) -> list[str]:
+    """What the person should know before trusting this model with this task (shown at review)."""
+    if not uses_clause_plans(resources.model):
+        return []
+    caution = language_caution(run.task)
+    return [] if caution is None else [caution]
 
 
 def review_payload(run: RunRecord, catalog: RunCatalog) -> dict[str, Any]:
@@ -169,7 +181,7 @@ async def _open_review(
         store.requests.open,
         run.id,
         "plan_review",
-        review_payload(run, resources.catalog) | (note or {}),
+        review_payload(run, resources.catalog) | {"cautions": model_cautions(resources, run)} | (note or {}),
         key=f"{run.id}#review{count + 1}",
     )
     if new:
