@@ -259,3 +259,63 @@ def test_a_failed_run_is_retried_from_its_page_and_followed_live(
     other.locator("h1 .status-succeeded").wait_for(timeout=30_000)  # it noticed the retry, loaded again
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "retried-run.png"), full_page=True)
+
+
+def _api_run(server: str, script: Path, task: str, options: dict[str, Any]) -> str:
+    body = {"task": task, "model": f"scripted:{script}", "options": {"prompt_rounds": 0, **options}}
+    data, headers = json.dumps(body).encode(), {"Content-Type": "application/json"}
+    request = urllib.request.Request(f"{server}/api/v1/runs", data=data, headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        run_id: str = json.loads(response.read())["id"]
+    return run_id
+
+
+def test_what_the_person_types_survives_the_page_following_the_run(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """An answer being typed stays while other steps finish; an edited replan is not replaced."""
+    page = browser_page
+    script = tmp_path / "script.json"
+    calls = [
+        {"purpose": "planner", "output": {"steps": [_step("q", tools=["ask_user"]), _step("c", tools=[])]}},
+        {"purpose": "step:q", "tool_calls": [{"name": "ask_user", "args": {"question": "Which colour?"}}]},
+        {"purpose": "step:q", "expect": ["teal, on reflection"], "output": "Q"},
+        {"purpose": "step:c", "delay_s": 3, "output": "C"},
+        {"purpose": "*", "repeat": True},
+    ]
+    script.write_text(json.dumps({"calls": calls}))
+    page.goto(f"{server}/runs/{_api_run(server, script, 'ask and wait', {'auto_approve': True})}")
+    answer = page.get_by_role("textbox", name="Which colour?")
+    answer.fill("teal, on reflection")
+    page.locator("tr.status-succeeded", has_text="c").wait_for()  # the body was fetched again
+    assert answer.input_value() == "teal, on reflection"
+    page.get_by_role("button", name="Answer").click()
+    page.locator("h1 .status-succeeded").wait_for()
+
+    # a replan reviewed while another step still runs: that step's end does not undo the edit
+    broken = {"purpose": "step:a", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True}
+    replanned = {"purpose": "replanner", "output": {"steps": [_step("a2", tools=[])]}}
+    calls = [
+        {"purpose": "planner", "output": {"steps": [_step("a", tools=[]), _step("b", tools=[])]}},
+        broken,
+        {"purpose": "step:b", "delay_s": 8, "output": "B"},  # a fails three times meanwhile
+        replanned | {"repeat": True},
+        {"purpose": "step:a2", "output": "A2"},
+        {"purpose": "*", "repeat": True},
+    ]
+    script.write_text(json.dumps({"calls": calls}))
+    page.goto(f"{server}/runs/{_api_run(server, script, 'replan while b runs', {'auto_approve': False})}")
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+    page.get_by_role("heading", name="Replan: step a failed").wait_for()
+    title = page.get_by_label("Title").first
+    title.fill("Do a again, carefully")
+    changed = page.locator("#run-changed")
+    changed.wait_for()  # b ended: the page says so and keeps the edit
+    assert (title.input_value(), page.locator("tr.status-running", has_text="b").count()) == (
+        "Do a again, carefully",
+        1,
+    )
+    page.get_by_role("button", name="Show the latest").click()
+    page.locator("tr.status-succeeded", has_text="b").wait_for()
+    assert page.get_by_label("Title").first.input_value() == "Do a2"
+    assert changed.is_hidden()
