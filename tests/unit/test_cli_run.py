@@ -541,7 +541,7 @@ def test_a_workspace_that_does_not_exist_is_made_and_said_or_refused(
     missing, parent = tmp_path / "no" / "such", tmp_path / "no"
     assert (nowhere.returncode, nowhere.stderr.strip()) == (
         2,
-        f"error: --workspace {missing}: no such folder, nor {parent} to make it in; check the path",
+        f"error: workspace {missing}: no such folder, nor {parent} to make it in; check the path",
     )
     assert not (tmp_path / "no").exists()
     # the folder where every run's own workspace is made holds other runs' files

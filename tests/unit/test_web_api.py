@@ -226,7 +226,7 @@ async def test_unknown_ids_malformed_json_huge_bodies_and_bad_models(client: htt
 
 
 async def test_ids_numbers_and_bodies_past_what_is_taken(
-    client: httpx.AsyncClient, write_script: Callable[..., Path]
+    client: httpx.AsyncClient, write_script: Callable[..., Path], tmp_path: Path
 ) -> None:
     """Each was a 500 or a library's words (found by an exploratory session, 2026-11-27)."""
     script = write_script([{"purpose": "*", "repeat": True}])
@@ -269,6 +269,16 @@ async def test_ids_numbers_and_bodies_past_what_is_taken(
     assert (deep.status_code, deep.json()["error"]) == (
         400,
         "workspace path is 2,001 folders deep; at most 256 are taken",
+    )
+    # a path with a typo above the folder makes no folders (the terminal's rule too)
+    typo = tmp_path / "typo" / "deeper" / "ws"
+    refused = await client.post(
+        "/runs", json={"task": "x", "model": f"scripted:{script}", "workspace": str(typo)}
+    )
+    assert (refused.status_code, refused.json()["error"], (tmp_path / "typo").exists()) == (
+        400,
+        f"workspace {typo}: no such folder, nor {typo.parent} to make it in; check the path",
+        False,
     )
     assert len((await client.get("/runs")).json()) == 2
     # a run that has ended cannot be cancelled: the API's 409, as for a retry

@@ -145,7 +145,6 @@ def run(
     and the command exits 0 once it is recorded; follow it with `runs show`, answer it with
     `runs answer`.
     """
-    from ..errors import ConfigError
     from ..service import RunOptions
 
     _check_options(max_parallel=max_parallel, prompt_rounds=rounds, max_replans=max_replans)
@@ -153,15 +152,8 @@ def run(
     _check_budgets(max_calls, max_tokens, max_seconds, max_cost)
     from ..service import answerer_name
 
-    made = None
-    if workspace is not None and not workspace.expanduser().exists():
-        # a typo makes a new empty folder the steps then work in, finding none of the files meant
-        parent = workspace.expanduser().absolute().parent
-        if not parent.is_dir():
-            raise ConfigError(
-                f"--workspace {workspace}: no such folder, nor {parent} to make it in; check the path"
-            )
-        made = workspace
+    # made by the run only in a folder that exists (the engine refuses a path with a typo above it)
+    made = workspace if workspace is not None and not workspace.expanduser().exists() else None
     settings = load_settings(model=model)
     service = _service(settings)
     options = RunOptions(

@@ -40,6 +40,7 @@ from ..errors import (
     MissingCredentialError,
     PlanError,
     RunError,
+    ToolError,
 )
 from ..models import resolve_model
 from ..plan import Plan, Step, tool_problems, validate_task
@@ -186,11 +187,16 @@ class Engine:
                 "budget its model calls or tokens instead"
             )
         growth = options.workspace_max_growth_bytes
+        try:
+            # a workspace the caller names is made only in a folder that exists
+            start = Workspace(folder).create(parents=workspace is None).allocated_bytes()
+        except ToolError as error:  # the run's configuration, not a step's tool call
+            raise ConfigError(str(error)) from None
         options = replace(
             options,
             team_tools=not small if options.team_tools is None else options.team_tools,
             workspace_max_growth_bytes=self.settings.workspace_max_growth_bytes if growth is None else growth,
-            workspace_start_bytes=Workspace(folder).create().allocated_bytes(),
+            workspace_start_bytes=start,
         )
         self.settings.record_workspace(folder)  # once it is checked: a refused run leaves no trace
         self.store.create_run(

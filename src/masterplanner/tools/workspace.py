@@ -255,14 +255,23 @@ class Workspace:
             return None
         return max(0, self.max_bytes - self.allocated_bytes())
 
-    def create(self) -> Workspace:
-        """Create the workspace directory if it does not exist (it must not be a symlink)."""
+    def create(self, *, parents: bool = True) -> Workspace:
+        """Create the workspace directory if it does not exist (it must not be a symlink).
+
+        Without `parents`, only the folder itself may be made: the folder it goes in must exist
+        (a person's path with a typo would otherwise become new empty folders the steps then
+        work in, finding none of the files meant).
+        """
         depth = len(self.root.parts)
         if depth > _MAX_ROOT_DEPTH:
             # pathlib creates missing folders recursively, so a path of thousands hit Python's limit
             raise ToolError(f"workspace path is {depth:,} folders deep; at most {_MAX_ROOT_DEPTH} are taken")
         if self.root.exists() and not self.root.is_dir():  # mkdir says only "it already exists"
             raise ToolError(f"workspace {self.root} is a file, not a folder")
+        if not parents and not self.root.exists() and not self.root.parent.is_dir():
+            raise ToolError(
+                f"workspace {self.root}: no such folder, nor {self.root.parent} to make it in; check the path"
+            )
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):  # a folder above it is a file
