@@ -316,6 +316,24 @@ def test_written_files_lists_changed_regular_files_sorted_and_capped(tmp_path: P
     assert written_files(tmp_path / "missing", since) == ([], 0, False)
 
 
+def test_written_files_walks_folders_nested_deeper_than_python_recurses(tmp_path: Path) -> None:
+    since = time.time() - 5
+    depth = sys.getrecursionlimit() + 100  # as a step's program once nested them
+    folder = os.open(tmp_path, os.O_RDONLY)
+    try:
+        for _ in range(depth):  # by descriptor: the path itself grows past what the OS takes
+            os.mkdir("d", dir_fd=folder)
+            inner = os.open("d", os.O_RDONLY, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        with open(os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=folder), "w") as file:
+            file.write("x")
+    finally:
+        os.close(folder)
+    names, count, stopped = written_files(tmp_path, since)
+    assert (count, stopped, names[0].count("/"), names[0].endswith("/f.txt")) == (1, False, depth, True)
+
+
 def _report(status: str, workspace: Path, created_at: str, **usage: int) -> dict[str, Any]:
     return {
         "run_id": "r1",
