@@ -12,7 +12,7 @@ import pytest
 
 from masterplanner import ToolError
 from masterplanner.tools.protected import PROTECTED_NAMES as _NAMES
-from masterplanner.tools.workspace import MAX_READ_BYTES, Workspace
+from masterplanner.tools.workspace import MAX_READ_BYTES, Workspace, walk_files
 
 
 @pytest.fixture
@@ -360,3 +360,15 @@ def test_a_vanished_or_unusable_workspace_is_a_tool_error(tmp_path: Path) -> Non
     assert str(below_a_file.value) == (
         f"workspace {tmp_path / 'file' / 'sub'}: cannot create it: a folder above it is a file"
     )
+
+
+def test_walk_files_lists_depth_first_in_name_order_without_following_links(tmp_path: Path) -> None:
+    for name in ("b/z.txt", "b/a/y.txt", "a.txt", ".hidden/x.txt", "c.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    (tmp_path / "d").symlink_to(tmp_path / "b")  # a link: listed, never walked into
+    walked = [
+        Path(entry.path).relative_to(tmp_path).as_posix()
+        for entry in walk_files(tmp_path, enters=lambda name: not name.startswith("."))
+    ]
+    assert walked == ["a.txt", "b/a/y.txt", "b/z.txt", "c.txt", "d"]

@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..tools.workspace import walk_files
 from ..usage import money
 from .terminal import shown, visible
 
@@ -473,8 +474,8 @@ def written_files(workspace: Path, since: float) -> tuple[list[str], int, bool]:
 
     Returns the first 20, how many there are, and whether the walk stopped early (a huge
     workspace). Symbolic links are not followed and version-control folders are not walked.
-    The walk keeps its own list of folders to visit: `os.walk` recurses, and a step's program
-    that nested a thousand folders made the summary of a run that succeeded a `RecursionError`.
+    (`os.walk` recursed: a step's program that nested a thousand folders made the summary of a
+    run that succeeded a `RecursionError`.)
     The files this process writes its own output to (`run … > out.txt 2> err.txt` in the
     workspace) are not the run's.
     """
@@ -485,28 +486,17 @@ def written_files(workspace: Path, since: float) -> tuple[list[str], int, bool]:
         with contextlib.suppress(OSError):
             mine = os.fstat(stream)
             own.add((mine.st_dev, mine.st_ino))
-    folders = [workspace]
-    while folders:
-        folder = folders.pop()
+    for entry in walk_files(workspace, enters=lambda name: name not in _NOT_WALKED):
+        scanned += 1
+        if scanned > _FILES_SCANNED:
+            return sorted(found)[:_FILES_SHOWN], len(found), True
         try:
-            entries = list(os.scandir(folder))
+            info = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    if entry.name not in _NOT_WALKED:
-                        folders.append(Path(entry.path))
-                    continue
-                scanned += 1
-                if scanned > _FILES_SCANNED:
-                    return sorted(found)[:_FILES_SHOWN], len(found), True
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            changed = stat.S_ISREG(info.st_mode) and info.st_mtime >= since
-            if changed and (info.st_dev, info.st_ino) not in own:
-                found.append(Path(entry.path).relative_to(workspace).as_posix())
+        changed = stat.S_ISREG(info.st_mode) and info.st_mtime >= since
+        if changed and (info.st_dev, info.st_ino) not in own:
+            found.append(Path(entry.path).relative_to(workspace).as_posix())
     return sorted(found)[:_FILES_SHOWN], len(found), False
 
 

@@ -22,7 +22,7 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -41,6 +41,7 @@ __all__ = [
     "FileListing",
     "Workspace",
     "invalid_text",
+    "walk_files",
 ]
 
 MAX_READ_BYTES = 1_000_000
@@ -86,6 +87,38 @@ _PROBLEMS = {
     errno.EBUSY: "it is in use",
     errno.ETXTBSY: "it is in use",
 }
+
+
+def _entries(folder: str) -> Iterator[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as found:
+            entries = sorted(found, key=lambda entry: entry.name)
+    except OSError:  # gone, or not readable: passed over
+        entries = []
+    return iter(entries)
+
+
+def walk_files(root: Path, *, enters: Callable[[str], bool] = lambda _: True) -> Iterator[os.DirEntry[str]]:
+    """Every entry under `root` that is not a folder, depth first in name order, links not followed.
+
+    Folders whose name `enters` refuses are not walked. The walk keeps its own stack of open
+    listings instead of recursing: a step's program can nest folders deeper than Python
+    recurses (`os.walk` raised `RecursionError` at about 1,000 levels).
+    """
+    stack = [_entries(str(root))]
+    while stack:
+        entry = next(stack[-1], None)
+        if entry is None:
+            stack.pop()
+            continue
+        try:
+            folder = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            continue
+        if not folder:
+            yield entry
+        elif enters(entry.name):
+            stack.append(_entries(entry.path))
 
 
 def _problem(exc: OSError) -> str:

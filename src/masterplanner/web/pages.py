@@ -26,6 +26,7 @@ from ..errors import MasterplannerError, PlanError, RunError
 from ..estimate import estimate_run
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
+from ..tools.workspace import walk_files
 from ..usage import money
 from .api import Executions, event_seq, existing_run, workspace_path
 from .auth import COOKIE, same_token
@@ -443,21 +444,22 @@ def _files(workspace: str) -> list[dict[str, Any]]:
     root = Path(workspace)
     if not root.is_dir():
         return found
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(name for name in dirs if not name.startswith("."))
-        for name in sorted(names):
-            info = os.lstat(os.path.join(folder, name))
-            if stat.S_ISREG(info.st_mode):
-                path = str(Path(folder, name).relative_to(root))
-                try:
-                    path.encode("utf-8")
-                except UnicodeEncodeError:  # a name that is not UTF-8: shown escaped, with no link
-                    shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-                    found.append({"path": shown, "bytes": info.st_size, "linked": False})
-                else:
-                    found.append({"path": path, "bytes": info.st_size, "linked": True})
-            if len(found) >= _MAX_FILES:
-                return found
+    for entry in walk_files(root, enters=lambda name: not name.startswith(".")):
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:  # gone since it was listed
+            continue
+        if stat.S_ISREG(info.st_mode):
+            path = str(Path(entry.path).relative_to(root))
+            try:
+                path.encode("utf-8")
+            except UnicodeEncodeError:  # a name that is not UTF-8: shown escaped, with no link
+                shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                found.append({"path": shown, "bytes": info.st_size, "linked": False})
+            else:
+                found.append({"path": path, "bytes": info.st_size, "linked": True})
+        if len(found) >= _MAX_FILES:
+            return found
     return found
 
 
