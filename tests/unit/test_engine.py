@@ -962,3 +962,27 @@ def test_a_run_for_workers_is_queued_without_the_model_key_which_only_workers_ne
         engine.create_run("x", model="openai:gpt-4.1")  # executed here: the key is needed here
     with pytest.raises(ModelSpecError):
         engine.create_run("x", model="openai:", for_workers=True)  # the form is still checked
+
+
+async def test_a_prompt_left_blank_at_review_is_written_again(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    # a prompt of spaces ran the step with no instructions and was stored as the agent's prompt
+    script = write_script(
+        [
+            _planner(step("solo", tools=[])),
+            {"purpose": "prompt_creator", "output": "You are the first draft."},
+            {"purpose": "prompt_creator", "output": "You are written again."},
+            {"purpose": "step:solo", "expect": ["You are written again."], "output": "done"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    options = RunOptions(prompt_rounds=0, retry_backoff_s=0.01)
+    run = engine.create_run("blank prompt", model=f"scripted:{script}", options=options)
+
+    async def blank(_: RunRecord, __: Any) -> dict[str, Any]:
+        return {"action": "approve", "agents": {"solo": {"prompt": " \n\t "}}}
+
+    final = await execute_answering(engine, run.id, review=blank)
+    assert final.status == "succeeded", final.error
+    assert engine.store.get_run(run.id).agents["solo"].prompt == "You are written again."

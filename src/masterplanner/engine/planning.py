@@ -244,9 +244,11 @@ async def _write_missing_prompts(
 ) -> dict[str, AgentBrief]:
     """Have the Prompt Creator write prompts for the steps an edit left without one.
 
-    Those are steps the person added, and steps whose reused agent they swapped for a fresh one.
+    Those are steps the person added, steps whose reused agent they swapped for a fresh one, and
+    steps whose prompt they left blank (spaces alone ran the step with no instructions, and were
+    stored as its agent's prompt).
     """
-    missing = [step_id for step_id in plan.ids if step_id not in agents or not agents[step_id].prompt]
+    missing = [step_id for step_id in plan.ids if step_id not in agents or not agents[step_id].prompt.strip()]
     if not missing:
         return agents
     written = prompts_to_json(
