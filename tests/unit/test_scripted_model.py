@@ -217,7 +217,8 @@ async def test_using_purpose_labels_direct_calls(write_script: WriteScript) -> N
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        ("not json", "not JSON"),
+        ("not json", "not JSON: line 1, column 1: a value was expected"),
+        ('{"calls": [] x}', "not JSON: line 1, column 14: a comma was expected"),
         (json.dumps({"entries": []}), "calls: is missing"),
         (json.dumps({"calls": [{"output": "x"}]}), "calls.0.purpose: is missing"),
         (

@@ -142,6 +142,7 @@ def agents_edit(agent_id: Annotated[str, typer.Argument(metavar="AGENT_ID", help
     """Edit an agent in $VISUAL or $EDITOR (JSON); saving makes a new version, older ones stay readable."""
     from ..errors import ConfigError
     from ..review import edit_in_editor
+    from ..text_files import json_problem
 
     agent = _registry(lambda service: service.agent(agent_id))
     editable = json_text(agent.model_dump(mode="json", exclude={"stats", "version"}))
@@ -155,7 +156,7 @@ def agents_edit(agent_id: Annotated[str, typer.Argument(metavar="AGENT_ID", help
     try:
         data = json.loads(edited)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"the edit is not valid JSON, nothing changed: {exc}") from None
+        raise ConfigError(f"the edit is not valid JSON, nothing changed: {json_problem(exc)}") from None
     stored = _registry(lambda service: service.edit_agent(agent.id, data))
     console(stderr=True).print(
         f"agent {shown(stored.id)} is now version {stored.version}", highlight=False, soft_wrap=True

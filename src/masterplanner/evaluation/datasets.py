@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..text_files import read_text
+from ..text_files import json_problem, read_text
 from ..tools.catalog import Catalog, ToolSpec
 
 __all__ = ["DATASETS", "Request", "benchmarks_folder", "load_dataset"]
@@ -54,7 +54,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"benchmark file {path}: not JSON: {exc}") from None
+        raise ConfigError(f"benchmark file {path}: not JSON: {json_problem(exc)}") from None
 
 
 def _request(row: dict[str, Any]) -> Request:

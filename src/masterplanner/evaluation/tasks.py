@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.records import flat_steps
 from ..errors import ConfigError, MasterplannerError
-from ..text_files import read_text
+from ..text_files import json_problem, read_text
 from ..tools.workspace import Workspace
 from ..usage import UsageLedger
 from .checks import Check, CheckResult, check_file, parse_check, plan_checks
@@ -114,7 +114,7 @@ def load_suite(path: Path | None = None) -> list[EverydayTask]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"task suite {path}: not JSON: {exc}") from None
+        raise ConfigError(f"task suite {path}: not JSON: {json_problem(exc)}") from None
     raw_tasks = data.get("tasks") if isinstance(data, dict) else None
     if not isinstance(raw_tasks, list) or not raw_tasks:
         raise ConfigError(f'task suite {path}: expected {{"tasks": [...]}} with at least one task')

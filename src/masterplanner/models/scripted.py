@@ -55,7 +55,7 @@ from pydantic_ai.usage import RequestUsage
 
 from ..errors import ScriptError, ScriptExhaustedError, validation_problems
 from ..purpose import current_purpose
-from ..text_files import read_text
+from ..text_files import json_problem, read_text
 from ._schema import minimal_instance
 from .local import LocalModelProfile
 
@@ -108,7 +108,7 @@ def _load(path: Path) -> _Script:
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ScriptError(f"scripted model file {path}: not JSON: {exc}") from None
+        raise ScriptError(f"scripted model file {path}: not JSON: {json_problem(exc)}") from None
     try:
         return _Script.model_validate(raw)
     except ValidationError as exc:
