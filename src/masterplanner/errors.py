@@ -296,8 +296,10 @@ def _number(value: Any) -> str:
         return value if len(value) <= 40 else value[:39] + "…"
     if isinstance(value, bool) or not isinstance(value, int | float):
         return repr(value)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        value = int(value)  # beyond that a float's digits are not the ones written (1e308)
+    if isinstance(value, int) and len(str(abs(value))) > 30:
+        return f"{value:.3e}"
     return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 

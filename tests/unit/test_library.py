@@ -309,7 +309,8 @@ def test_a_program_s_bad_arguments_are_errors_that_name_them(
 
     statuses = "planning, awaiting_approval, running, succeeded, failed, cancelled"
     assert asyncio.run(program()) == [
-        "model must be a model spec (None: the model setting), got ''",
+        "model must be a model spec such as 'local' or 'openai:gpt-4o-mini' (or left out for the model "
+        "setting), got ''",
         "max_parallel must be a whole number from 1 to 64, got 0",
         f"status must be one of {statuses}, got 'bogus'",
         "limit must be a whole number from 1 to 10,000, got 100000000000000000000",

@@ -255,10 +255,20 @@ async def test_ids_numbers_and_bodies_past_what_is_taken(
         content='{"task": "café"}'.encode("latin-1"),
         headers={"content-type": "application/json; charset=latin-1"},
     )
-    assert (latin.status_code, latin.json()["problems"]) == (
-        422,
-        ["the body could not be read as JSON in UTF-8 (or it nests too deep)"],
+    unread = (
+        "the body could not be read as JSON: it is not UTF-8, nests too deep or holds a number of "
+        "more than 4,300 digits"
     )
+    assert (latin.status_code, latin.json()["problems"]) == (422, [unread])
+    long_number = await client.post(
+        "/runs",
+        content=b'{"task": "x", "options": {"max_parallel": ' + b"9" * 5000 + b"}}",
+        headers={"content-type": "application/json"},
+    )
+    assert (long_number.status_code, long_number.json()["problems"]) == (422, [unread])
+    # a float is shown as written, not as the integer its binary value spells out
+    vast = await client.post("/runs", json={"task": "x", "options": {"max_wall_s": 1e308}})
+    assert vast.json()["problems"] == ["body.options.max_wall_s: must be at most 604,800, got 1e+308"]
     relative = await client.post("/runs", json={"task": "x", "workspace": "relative/dir"})
     assert relative.json()["problems"] == [
         "body.workspace: must be an absolute path on the server, got 'relative/dir'"

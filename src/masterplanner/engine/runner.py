@@ -154,7 +154,10 @@ class Engine:
         """
         task = validate_task(task)
         if model is not None and (not isinstance(model, str) or not model.strip() or "\x00" in model):
-            raise ConfigError(f"model must be a model spec (None: the model setting), got {model!r}")
+            raise ConfigError(
+                f"model must be a model spec such as 'local' or 'openai:gpt-4o-mini' (or left out for "
+                f"the model setting), got {model!r}"
+            )
         if workspace is not None and "\x00" in str(workspace):
             raise ConfigError(
                 f"the workspace must be a folder's path, got {str(workspace)!r} (it holds a NUL)"

@@ -116,8 +116,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
         # FastAPI's words for a body it could not decode (a charset other than UTF-8, nesting
-        # deeper than the JSON reader goes): the same answer as any other body that is not JSON
-        problem = "the body could not be read as JSON in UTF-8 (or it nests too deep)"
+        # deeper than the JSON reader goes, an integer longer than Python reads): the same answer
+        # as any other body that is not JSON
+        problem = (
+            "the body could not be read as JSON: it is not UTF-8, nests too deep or holds a number "
+            "of more than 4,300 digits"
+        )
         return _error(422, f"the request is invalid: {problem}", problems=[problem])
     words = {
         404: "no such page or resource",
