@@ -4,7 +4,10 @@ Three ways, cheapest first:
 
 - the same task (the same words, parameters and all): the plan is used as it is;
 - the same words with different parameters (file names, numbers, URLs, quoted text): the old
-  parameters are replaced by the new ones in every step and prompt, with no model call;
+  parameters are replaced by the new ones in every step and prompt, with no model call. Only when
+  each old parameter that changes is in a step's instruction (quoted text with or without its
+  quotes): a plan that wrote it in other words ("the top five products" for "top 5") would keep
+  the old task, so it takes the next way;
 - otherwise one model call (purpose `adapter`) rewrites each step's title, instruction and
   expected output for the new task. Step ids, tools and dependencies never change, so the
   stored agents still fit their steps.
@@ -12,13 +15,14 @@ Three ways, cheapest first:
 Small models (whose plans come from the task's clauses, `clause_planner`) get only the first two:
 asked to rewrite a stored haiku-about-the-sea plan for a poem about autumn leaves, the embedded
 model keeps the sea, and the stored agents' prompts, which it wrote for the old task, name the
-old subject too. For them a reworded task is planned afresh (one short call), so nothing of an
-earlier task reaches a new one.
+old subject too. For them a task the first two do not fit is planned afresh (one short call), so
+nothing of an earlier task reaches a new one.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from .clause_planner import uses_clause_plans
@@ -51,15 +55,56 @@ def task_parameters(task: str) -> tuple[str, list[str]]:
     return shape, found
 
 
-def _replacer(mapping: dict[str, str]) -> re.Pattern[str] | None:
-    if not mapping:
+def _replacer(olds: Iterable[str]) -> re.Pattern[str] | None:
+    alternatives = sorted(olds, key=len, reverse=True)
+    if not alternatives:
         return None
-    alternatives = sorted(mapping, key=len, reverse=True)
     return re.compile("|".join(rf"(?<![\w.]){re.escape(old)}(?![\w])" for old in alternatives))
 
 
 def _swap(text: str, pattern: re.Pattern[str], mapping: dict[str, str]) -> str:
     return pattern.sub(lambda match: mapping[match.group(0)], text)
+
+
+def _unquoted(parameter: str) -> str | None:
+    """Quoted text without its quotes; None for a parameter that is not quoted."""
+    if len(parameter) > 2 and parameter[0] == parameter[-1] and parameter[0] in "\"'":
+        return parameter[1:-1]
+    return None
+
+
+def _consistent(pairs: Iterable[tuple[str, str]]) -> dict[str, str] | None:
+    """Each old text with its new one; None when one old text would become two different ones."""
+    mapping: dict[str, str] = {}
+    if all(mapping.setdefault(old, new) == new for old, new in pairs):
+        return mapping
+    return None
+
+
+def _parameter_swaps(plan: Plan, old_task: str, new_task: str) -> dict[str, str] | None:
+    """What to replace in the plan for `new_task`, when it is `old_task` with other parameters.
+
+    None when the tasks differ in more than their parameters, or when an old parameter that
+    changes is in no step's instruction: the plan wrote it in other words ("five" for 5), and
+    swapping it where it is written as in the task would leave the old task in the instruction.
+    Quoted text is also swapped without its quotes, as plans often write it.
+    """
+    old_shape, old_parameters = task_parameters(old_task)
+    new_shape, new_parameters = task_parameters(new_task)
+    if old_shape != new_shape or len(old_parameters) != len(new_parameters):
+        return None
+    mapping = _consistent(zip(old_parameters, new_parameters, strict=True))
+    if mapping is None:
+        return None
+    changed = {old: new for old, new in mapping.items() if old != new}
+    bare = [(inner, _unquoted(new) or new) for old, new in changed.items() if (inner := _unquoted(old))]
+    swaps = _consistent([*changed.items(), *bare])
+    instructions = [step.instruction for step in plan.steps]
+    for old in changed:
+        pattern = _replacer([old, _unquoted(old) or old])
+        if pattern is None or not any(pattern.search(text) for text in instructions):
+            return None
+    return swaps
 
 
 def _with_parameters(
@@ -99,18 +144,10 @@ async def adapt_plan(
     plans afresh.
     """
     new_task = validate_task(new_task)
-    old_shape, old_parameters = task_parameters(old_task)
-    new_shape, new_parameters = task_parameters(new_task)
-    if old_shape == new_shape and len(old_parameters) == len(new_parameters):
-        mapping: dict[str, str] = {}
-        consistent = all(
-            mapping.setdefault(old, new) == new
-            for old, new in zip(old_parameters, new_parameters, strict=True)
-        )
-        if consistent:
-            changed = {old: new for old, new in mapping.items() if old != new}
-            data, new_agents = _with_parameters(plan, agents, new_task, changed)
-            return validate_plan(data, catalog), new_agents, "parameters" if changed else "same"
+    swaps = _parameter_swaps(plan, old_task, new_task)
+    if swaps is not None:
+        data, new_agents = _with_parameters(plan, agents, new_task, swaps)
+        return validate_plan(data, catalog), new_agents, "parameters" if swaps else "same"
     if uses_clause_plans(model):
         raise PlanError(
             ["a small model plans a reworded task afresh rather than rewrite another task's plan"],

@@ -76,7 +76,15 @@ async def test_workers_sharing_postgres_share_the_registry(
 ) -> None:
     script = write_script(
         [
-            {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("b", "a", tools=[])]}},
+            {
+                "purpose": "planner",
+                "output": {
+                    "steps": [
+                        {**step("a", tools=[]), "instruction": "Total sales.csv by month."},
+                        {**step("b", "a", tools=[]), "instruction": "Write the totals to report.md."},
+                    ]
+                },
+            },
             {"purpose": "*", "output": "done", "repeat": True},
         ]
     )

@@ -136,6 +136,83 @@ async def test_a_repeat_with_other_parameters_needs_no_adaptation_call(
         engine.close()
 
 
+async def test_quoted_text_the_plan_wrote_without_its_quotes_is_swapped_too(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    write = {
+        **step("write", tools=["write_file"]),
+        "instruction": "Write the text hello world to greeting.txt.",
+        "expected_output": "greeting.txt containing hello world",
+    }
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [write]}},
+            {"purpose": "prompt_creator", "output": "You write the words hello world exactly."},
+            {"purpose": "*", "output": "done", "repeat": True},
+        ]
+    )
+    engine = Engine(Settings.load())
+    try:
+        task = 'Write "hello world" to greeting.txt'
+        first = engine.create_run(task, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+        assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
+        task = 'Write "goodbye moon" to greeting.txt'
+        second = engine.create_run(task, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+        final = await execute_answering(engine, second.id, review=_approve)
+        assert final.status == "succeeded", final.error
+        assert _ready(engine, second.id)["adaptation"] == "parameters"
+        assert set(engine.report(second.id)["usage"]["by_purpose"]) == {"step:write"}
+        [written] = final.plan.steps
+        assert (written.instruction, written.expected_output) == (
+            "Write the text goodbye moon to greeting.txt.",
+            "greeting.txt containing goodbye moon",
+        )
+        assert final.agents["write"].prompt == "You write the words goodbye moon exactly."
+    finally:
+        engine.close()
+
+
+async def test_a_number_the_plan_wrote_in_words_is_adapted_by_the_model(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    top = {
+        **step("top"),
+        "instruction": "Read products.csv and list the top five products by revenue.",
+        "expected_output": "a list of 5 products",
+    }
+    adapted = {
+        "title": "Pick the top products",
+        "instruction": "Read products.csv and list the top 12 products by revenue.",
+        "expected_output": "a list of 12 products",
+    }
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [top]}},
+            {"purpose": "prompt_creator", "output": "You list exactly 5 products."},
+            {"purpose": "adapter", "output": {"steps": [adapted]}},
+            {"purpose": "*", "output": "done", "repeat": True},
+        ]
+    )
+    engine = Engine(Settings.load())
+    try:
+        task = "List the top 5 products in products.csv"
+        first = engine.create_run(task, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+        assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
+        task = "List the top 12 products in products.csv"
+        second = engine.create_run(task, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+        final = await execute_answering(engine, second.id, review=_approve)
+        assert final.status == "succeeded", final.error
+        # 5 is in the expected output and the prompt, but the instruction says "five": swapping
+        # the 5s alone would run the old task, so the adapter rewrites the step
+        ready = _ready(engine, second.id)
+        assert (ready["reused_cohort"], ready["adaptation"]) == (first.id, "model")
+        usage = engine.report(second.id)["usage"]["by_purpose"]
+        assert set(usage) == {"adapter", "step:top"} and usage["adapter"]["calls"] == 1
+        assert [s.instruction for s in final.plan.steps] == [adapted["instruction"]]
+    finally:
+        engine.close()
+
+
 async def test_an_unusable_adaptation_plans_afresh_with_the_team_as_an_example(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:
