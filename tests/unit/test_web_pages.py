@@ -335,3 +335,29 @@ async def test_a_stopped_run_is_resumed_from_its_page_or_the_api(
         409,
         f"run {made.id} has ended (succeeded): there is nothing to resume",
     )
+
+
+async def test_a_page_that_cannot_be_shown_is_a_page_that_says_why(client: httpx.AsyncClient) -> None:
+    # a stale link or a mistyped address showed a browser a bare JSON document
+    browser = {"accept": "text/html,application/xhtml+xml"}
+    shown = []
+    for path in ("/runs/nope", "/runs?status=bogus", "/nowhere"):
+        answer = await client.get(path, headers=browser)
+        body = answer.text
+        heading = body[body.index("<h1>") + 4 : body.index("</h1>")]
+        alert = body[body.index('role="alert">') + 13 : body.index("</p>", body.index('role="alert">'))]
+        shown.append((answer.status_code, answer.headers["content-type"].split(";")[0], heading, alert))
+    statuses = "planning, awaiting_approval, running, succeeded, failed, cancelled"
+    assert shown == [
+        (404, "text/html", "Not found", "no run &#39;nope&#39;"),
+        (400, "text/html", "That cannot be shown", f"status must be one of {statuses}, got &#39;bogus&#39;"),
+        (404, "text/html", "Not found", "no such page or resource"),
+    ]
+    # the API, a program, and the page's own HTMX requests keep the JSON
+    for path, headers in (
+        ("/api/v1/runs/nope", browser),
+        ("/runs/nope", {}),
+        ("/runs/nope", {"hx-request": "true"} | browser),
+    ):
+        answer = await client.get(path, headers=headers)
+        assert (answer.status_code, answer.json()) == (404, {"error": "no run 'nope'"})

@@ -95,6 +95,28 @@ def _error(status: int, message: str, **more: Any) -> JSONResponse:
     return JSONResponse({"error": message, **more}, status_code=status)
 
 
+_HEADINGS = {404: "Not found", 500: "Something failed", 503: "The database cannot be reached"}
+
+
+def _refused(request: Request, status: int, message: str, **more: Any) -> Response:
+    """A refusal as the asker reads it: a page for a browser opening a page, else JSON.
+
+    A stale link or a mistyped address (`/runs/nope`, `/runs?status=bogus`) showed a browser a
+    bare JSON document; the API, and the page's own HTMX requests, keep the JSON.
+    """
+    page = (
+        request.method in ("GET", "HEAD")
+        and not request.url.path.startswith(("/api/", "/static/"))
+        and "hx-request" not in request.headers
+        and "text/html" in request.headers.get("accept", "")
+    )
+    if not page:
+        return _error(status, message, **more)
+    heading = _HEADINGS.get(status, "That cannot be shown")
+    context = {"heading": heading, "message": message}
+    return pages.templates.TemplateResponse(request, "error.html", context, status_code=status)
+
+
 async def _invalid_request(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     problems = []
@@ -109,7 +131,7 @@ async def _invalid_request(request: Request, exc: Exception) -> Response:
             continue
         where = ".".join(str(part) for part in item.get("loc", ()))
         problems.append(f"{where}: {problem_in_our_words(item)}" if where else problem_in_our_words(item))
-    return _error(422, "the request is invalid: " + "; ".join(problems), problems=problems)
+    return _refused(request, 422, "the request is invalid: " + "; ".join(problems), problems=problems)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -122,7 +144,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
             "the body could not be read as JSON: it is not UTF-8, nests too deep or holds a number "
             "of more than 4,300 digits"
         )
-        return _error(422, f"the request is invalid: {problem}", problems=[problem])
+        return _refused(request, 422, f"the request is invalid: {problem}", problems=[problem])
     words = {
         404: "no such page or resource",
         405: "that method is not allowed here",
@@ -131,7 +153,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     detail = exc.detail if isinstance(exc.detail, str) and exc.status_code not in (405, 413) else None
     if detail in (None, "Not Found"):
         detail = words.get(exc.status_code, "the request was refused")
-    response = _error(exc.status_code, str(detail))
+    response = _refused(request, exc.status_code, str(detail))
     response.headers.update(exc.headers or {})
     if exc.status_code == 405:  # every method of the path, not only the first route's
         response.headers["Allow"] = ", ".join(sorted(_methods(request)))
@@ -154,22 +176,22 @@ def _methods(request: Request) -> set[str]:
     return found | ({"HEAD"} if "GET" in found else set())
 
 
-async def _our_error(_: Request, exc: Exception) -> Response:
+async def _our_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, MasterplannerError)
     if isinstance(exc, PlanError | AgentEditError):
-        return _error(422, str(exc), problems=exc.problems)
+        return _refused(request, 422, str(exc), problems=exc.problems)
     if isinstance(exc, RequestClosedError):  # the losing answer of two given at once
-        return _error(409, str(exc))
+        return _refused(request, 409, str(exc))
     if isinstance(exc, RequestError):
-        return _error(422, str(exc))
+        return _refused(request, 422, str(exc))
     if isinstance(exc, DatabaseUnavailableError):
-        return _error(503, str(exc))
-    return _error(400, str(exc))
+        return _refused(request, 503, str(exc))
+    return _refused(request, 400, str(exc))
 
 
-async def _unexpected(_: Request, exc: Exception) -> Response:
+async def _unexpected(request: Request, exc: Exception) -> Response:
     _log.exception("unexpected error", exc_info=exc)
-    return _error(500, "the server failed on this request; its log has the details")
+    return _refused(request, 500, "the server failed on this request; its log has the details")
 
 
 _Next = Callable[[Request], Awaitable[Response]]
