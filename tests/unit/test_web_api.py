@@ -353,13 +353,21 @@ async def test_a_token_is_required_when_set(service: RunService) -> None:
         ).status_code == 401
         allowed = await client.get("/api/v1/runs", headers={"Authorization": "Bearer " + "t" * 43})
         assert (allowed.status_code, allowed.json()) == (200, [])
-        page = await client.get("/runs")  # a browser without the token is sent to log in
-        assert (page.status_code, page.headers["location"]) == (303, "/login")
-        assert 'type="password"' in (await client.get("/login")).text
-        wrong = await client.post("/login", data={"token": "nope"})
+        page = await client.get("/runs?status=failed")  # a browser without the token logs in first
+        assert (page.status_code, page.headers["location"]) == (303, "/login?next=%2Fruns%3Fstatus%3Dfailed")
+        form = (await client.get(page.headers["location"])).text
+        assert 'type="password"' in form and 'name="next" value="/runs?status=failed"' in form
+        wrong = await client.post("/login", data={"token": "nope", "next": "/runs?status=failed"})
         assert wrong.status_code == 401 and "that is not this server&#39;s token" in wrong.text
-        right = await client.post("/login", data={"token": "t" * 43})
-        assert right.status_code == 303
+        # after logging in, the page asked for; never another site
+        for asked, shown in [
+            ("/runs?status=failed", "/runs?status=failed"),
+            ("//evil.example", "/runs"),
+            ("/\\evil.example", "/runs"),
+            ("https://evil.example", "/runs"),
+        ]:
+            right = await client.post("/login", data={"token": "t" * 43, "next": asked})
+            assert (right.status_code, right.headers["location"]) == (303, shown)
         cookie = right.headers["set-cookie"]
         assert "masterplanner_token=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
         assert (await client.get("/api/v1/runs")).status_code == 200  # the cookie is kept by the client

@@ -6,7 +6,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -215,7 +215,8 @@ def _require(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
         ):
             return await call_next(request)
         if request.method == "GET" and not path.startswith("/api/"):
-            return RedirectResponse("/login", status_code=303)
+            asked = path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"/login?{urlencode({'next': asked})}", status_code=303)
         return _error(
             401,
             "this server needs its token: send `Authorization: Bearer TOKEN` or log in at /login "

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.templating import Jinja2Templates
@@ -44,6 +45,8 @@ templates = Jinja2Templates(
     )
 )
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
+"""Characters no local path to go on to after a login holds (a backslash reads as a slash)."""
 STATUSES = ("planning", "awaiting_approval", "running", "succeeded", "failed", "cancelled")
 _MAX_FILES = 200
 
@@ -59,25 +62,38 @@ async def home() -> RedirectResponse:
     return RedirectResponse("/runs", status_code=303)
 
 
+def _after_login(asked: object) -> str:
+    """Where a login goes on to: the page asked for, if it is one of this server's, else the runs."""
+    text = asked if isinstance(asked, str) else ""
+    # a path on this server only: "//host" (and "/\\host", a browser reads "\\" as "/") is another site
+    local = text.startswith("/") and not text.startswith("//") and not _CONTROL.search(text)
+    return text if local else "/runs"
+
+
 @router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request) -> Response:
+async def login_page(request: Request, then: Annotated[str, Query(alias="next")] = "/runs") -> Response:
     """The token form (only a server started with --auth asks for one)."""
     if request.app.state.token is None:
-        return RedirectResponse("/runs", status_code=303)
-    return templates.TemplateResponse(request, "login.html", {"error": None})
+        return RedirectResponse(_after_login(then), status_code=303)
+    return templates.TemplateResponse(request, "login.html", {"error": None, "next": _after_login(then)})
 
 
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
     """Check the token and keep it in an HttpOnly, same-site cookie for this browser."""
     token: str | None = request.app.state.token
+    form = await request.form()
+    after = _after_login(form.get("next"))
     if token is None:
-        return RedirectResponse("/runs", status_code=303)
-    given = str((await request.form()).get("token", ""))
+        return RedirectResponse(after, status_code=303)
+    given = str(form.get("token", ""))
     if not same_token(given, token):
-        context = {"error": "that is not this server's token (see the web-token file in its home directory)"}
+        context = {
+            "error": "that is not this server's token (see the web-token file in its home directory)",
+            "next": after,
+        }
         return templates.TemplateResponse(request, "login.html", context, status_code=401)
-    response = RedirectResponse("/runs", status_code=303)
+    response = RedirectResponse(after, status_code=303)
     response.set_cookie(COOKIE, token, httponly=True, samesite="strict", max_age=30 * 24 * 3600)
     return response
 
