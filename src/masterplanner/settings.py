@@ -29,8 +29,9 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -504,6 +505,26 @@ def _describe_source_error(exc: Exception) -> str:
     )
 
 
+def _table_model(loc: Sequence[int | str]) -> type[BaseModel]:
+    """The model of the settings table at `loc`: `Settings`, or one of its tables' (`mcp_servers.NAME`).
+
+    An unknown key in `[mcp_servers.v]` was answered with the top-level settings as the known ones.
+    """
+    shape: Any = Settings
+    for part in loc:
+        if _is_model(shape) and str(part) in shape.model_fields:
+            shape = shape.model_fields[str(part)].annotation
+        elif get_origin(shape) is dict:
+            shape = get_args(shape)[1]  # a table of tables by name: `part` is the name
+        else:
+            return Settings
+    return shape if _is_model(shape) else Settings
+
+
+def _is_model(shape: Any) -> TypeGuard[type[BaseModel]]:
+    return isinstance(shape, type) and issubclass(shape, BaseModel)
+
+
 def _describe(exc: ValidationError, given: dict[str, Any]) -> str:
     """One readable line per invalid setting, naming where the value came from."""
     origins = _TomlFiles(Settings, given.get("home")).origin
@@ -520,9 +541,8 @@ def _describe(exc: ValidationError, given: dict[str, Any]) -> str:
         else:
             source = "default"
         if error["type"] == "extra_forbidden":
-            lines.append(
-                f"unknown setting {name!r} {source}; known: {', '.join(sorted(Settings.model_fields))}"
-            )
+            known = ", ".join(sorted(_table_model(error["loc"][:-1]).model_fields))
+            lines.append(f"unknown setting {name!r} {source}; known: {known}")
         else:
             lines.append(f"setting {name!r} ({source}): {problem_in_our_words(error)}")
     return "invalid settings: " + "; ".join(lines)

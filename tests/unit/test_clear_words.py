@@ -17,7 +17,7 @@ from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
 from masterplanner.engine.catalogs import RunCatalog, run_catalog
 from masterplanner.service import RunService
-from masterplanner.tools import builtin_catalog
+from masterplanner.tools import ToolSpec, builtin_catalog
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
 HTTP_HOW_TO = """set http_allowed_domains (e.g. MASTERPLANNER_HTTP_ALLOWED_DOMAINS='["example.com"]')"""
@@ -195,6 +195,16 @@ def test_the_run_catalog_says_what_enables_each_tool_it_leaves_out(monkeypatch: 
     assert (
         with_notes.why_missing("notes_search")
         == "the MCP server 'notes' offers no such tool (it offers: none)"
+    )
+    # servers "a" and "a_b": a_b_x could be either's; before, "a" was said to offer a_b's tools
+    served = [
+        ToolSpec("a_b_d", "", mcp_server="a", mcp_tool="b_d"),
+        ToolSpec("a_b_c", "", mcp_server="a_b", mcp_tool="c"),
+    ]
+    two = RunCatalog(served, missing={}, mcp_servers=["a", "a_b", "c"])
+    assert two.why_missing("a_x") == "the MCP server 'a' offers no such tool (it offers: a_b_d)"
+    assert two.why_missing("a_b_x") == (
+        "the MCP servers 'a' and 'a_b' offer no such tool (they offer: a_b_d, a_b_c)"
     )
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _plans import step
@@ -16,6 +17,8 @@ from masterplanner import ConfigError, Settings
 from masterplanner.tools.mcp import McpServer, argument_problems, discover_tools
 
 SERVER = str(Path(__file__).with_name("mcp_notes_server.py"))
+CONTENT_SERVER = str(Path(__file__).with_name("mcp_content_server.py"))
+CONTENT_TOOLS = ["content_mixed", "content_empty", "content_structured"]
 
 
 async def test_discovery_names_tools_after_their_server() -> None:
@@ -53,6 +56,23 @@ def test_server_settings_need_exactly_one_transport(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps({"x": {"command": "a", "url": "http://b"}}))
     with pytest.raises(ConfigError, match="give either 'command' \\(stdio\\) or 'url'"):
         Settings.load()
+
+
+def test_an_unknown_key_of_a_server_is_answered_with_a_server_s_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, the known keys listed were the top-level settings (agent_reuse_threshold, …)."""
+    known = "known: args, command, env, log_file, timeout_s, url"
+    toml = Path.cwd() / "masterplanner.toml"
+    toml.write_text('[mcp_servers.v]\ncommand = "python"\nbogus = 1\n')
+    with pytest.raises(ConfigError) as caught:
+        Settings.load()
+    assert str(caught.value) == f"invalid settings: unknown setting 'mcp_servers.v.bogus' in {toml}; {known}"
+    toml.unlink()
+    monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps({"v": {"command": "python", "bogus": 1}}))
+    with pytest.raises(ConfigError) as caught:
+        Settings.load()
+    assert str(caught.value) == (
+        f"invalid settings: unknown setting 'mcp_servers.v.bogus' from MASTERPLANNER_MCP_SERVERS; {known}"
+    )
 
 
 def _run_with_servers(script: Path, servers: dict[str, object]) -> subprocess.CompletedProcess[str]:
@@ -120,17 +140,26 @@ def test_a_run_calls_an_mcp_tool(write_script: Callable[..., Path]) -> None:
             "[Errno 2] No such file or directory: 'x' (its messages are in {home}/logs/mcp-notes_shout.log)",
         ),
         (  # a server called "write" offering "file": write_file is a built-in tool
+            {"write": {"command": sys.executable, "args": [SERVER, "file"]}},
+            "MCP tool 'write_file' (tool 'file' of the MCP server 'write') has the name of a built-in "
+            "tool; give its server another name in mcp_servers (a server's tools are called <server>_<tool>)",
+        ),
+        (  # "a" offering "b_d" and "a_b" offering "d": both are a_b_d
             {
-                "write": {
-                    "command": sys.executable,
-                    "args": ["-c", f"exec(open({SERVER!r}).read().replace('def shout', 'def file'))"],
-                }
+                "a": {"command": sys.executable, "args": [SERVER, "b_d"]},
+                "a_b": {"command": sys.executable, "args": [SERVER, "d"]},
             },
-            "MCP tool 'write_file' has the name of a built-in tool; give its server another name in "
+            "MCP tool 'a_b_d' (tool 'd' of the MCP server 'a_b') has the name of another MCP server's "
+            "tool (tool 'b_d' of the MCP server 'a'); give one of the servers another name in "
             "mcp_servers (a server's tools are called <server>_<tool>)",
         ),
     ],
-    ids=["does-not-start", "second-does-not-start", "name-of-a-built-in-tool"],
+    ids=[
+        "does-not-start",
+        "second-does-not-start",
+        "name-of-a-built-in-tool",
+        "name-of-another-server-s-tool",
+    ],
 )
 def test_a_run_whose_mcp_servers_cannot_be_used_fails_saying_why(
     write_script: Callable[..., Path], servers: dict[str, object], error: str
@@ -207,3 +236,88 @@ def test_a_tool_error_of_a_server_reaches_the_agent_as_a_failure_without_a_libra
     assert "Traceback" not in result.stderr and "there is nothing to shout" not in result.stderr
     log = Settings.load().home / "logs" / "mcp-notes.log"
     assert "there is nothing to shout" in log.read_text()
+
+
+def _tool_results(result: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    """The `tool_result` events of the run a `_run_with_servers` made."""
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "masterplanner",
+                "runs",
+                "show",
+                json.loads(result.stdout)["run_id"],
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    return [e["data"] for e in shown["events"] if e["kind"] == "tool_result"]
+
+
+def test_a_tool_goes_to_the_server_that_offers_it_when_one_server_s_name_begins_another_s(
+    write_script: Callable[..., Path],
+) -> None:
+    """Server "a" offers "b_d", server "a_b" offers "c". Before, a_b_d went to "a_b" as "d" (the
+    longest server name it begins with): "Unknown tool: d", and "a"'s tool could never be called."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("loud", tools=["a_b_d", "a_b_c"])]}},
+            {
+                "purpose": "step:loud",
+                "tool_calls": [
+                    {"name": "a_b_d", "args": {"text": "from a"}},
+                    {"name": "a_b_c", "args": {"text": "from a_b"}},
+                ],
+            },
+            {"purpose": "step:loud", "output": "shouted"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    result = _run_with_servers(
+        script,
+        {
+            "a": {"command": sys.executable, "args": [SERVER, "b_d"]},
+            "a_b": {"command": sys.executable, "args": [SERVER, "c"]},
+        },
+    )
+    assert sorted(_tool_results(result), key=lambda data: data["tool"]) == [
+        {"tool": "a_b_c", "result": "FROM A_B"},
+        {"tool": "a_b_d", "result": "FROM A"},
+    ]
+
+
+def test_a_tool_s_content_other_than_text_reaches_the_agent_described(
+    write_script: Callable[..., Path],
+) -> None:
+    """Before, an image or a resource's text came as '' and an empty text as "{'result': ''}"."""
+    mixed = "\n".join(
+        [
+            "here it is",
+            "[image/png, 1,234 bytes]",
+            "[audio/wav, 5 bytes]",
+            "resource text here",
+            "[resource file:///data.bin, application/octet-stream, 10 bytes]",
+            "[resource https://example.com/report.pdf]",
+        ]
+    )
+    structured = '{"count": 2, "names": ["ä", "b"]}'
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("look", tools=CONTENT_TOOLS)]}},
+            {"purpose": "step:look", "tool_calls": [{"name": name, "args": {}} for name in CONTENT_TOOLS]},
+            {"purpose": "step:look", "output": "looked", "expect": [mixed, structured]},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    result = _run_with_servers(script, {"content": {"command": sys.executable, "args": [CONTENT_SERVER]}})
+    assert sorted(_tool_results(result), key=lambda data: data["tool"]) == [
+        {"tool": "content_empty", "result": ""},
+        {"tool": "content_mixed", "result": mixed},
+        {"tool": "content_structured", "result": structured},
+    ]

@@ -40,10 +40,13 @@ class RunCatalog(Catalog):
             return None
         if name in BUILTIN_TOOL_NAMES:
             return self.missing.get(name)
-        for server in self.mcp_servers:
-            if name.startswith(server + "_"):
-                offered = ", ".join(tool for tool in self.names if tool.startswith(server + "_"))
-                return f"the MCP server {server!r} offers no such tool (it offers: {offered or 'none'})"
+        servers = [server for server in self.mcp_servers if name.startswith(server + "_")]
+        if servers:
+            offered = ", ".join(tool.name for tool in self if tool.mcp_server in servers) or "none"
+            if len(servers) == 1:
+                return f"the MCP server {servers[0]!r} offers no such tool (it offers: {offered})"
+            named = " and ".join(repr(server) for server in servers)
+            return f"the MCP servers {named} offer no such tool (they offer: {offered})"
         if "_" not in name:
             return None  # not the name of an MCP server's tool either
         configured = ", ".join(self.mcp_servers) or "none"
@@ -124,16 +127,26 @@ async def with_mcp_tools(settings: Settings, context: ToolContext) -> tuple[RunC
     specs = await discover_tools(settings.mcp_servers)
     base = run_catalog(settings)
     builtin = {spec.name for spec in base} | set(BUILTIN_TOOL_NAMES)
-    seen: set[str] = set()
+    seen: dict[str, ToolSpec] = {}
     for spec in specs:
-        if spec.name in builtin or spec.name in seen:
-            other = "a built-in tool" if spec.name in builtin else "another MCP server's tool"
+        if spec.name in builtin:
             raise ConfigError(
-                f"MCP tool {spec.name!r} has the name of {other}; give its server another name in "
-                "mcp_servers (a server's tools are called <server>_<tool>)"
+                f"MCP tool {spec.name!r} ({_served(spec)}) has the name of a built-in tool; give its "
+                "server another name in mcp_servers (a server's tools are called <server>_<tool>)"
             )
-        seen.add(spec.name)
+        if (first := seen.get(spec.name)) is not None:
+            raise ConfigError(
+                f"MCP tool {spec.name!r} ({_served(spec)}) has the name of another MCP server's tool "
+                f"({_served(first)}); give one of the servers another name in mcp_servers (a "
+                "server's tools are called <server>_<tool>)"
+            )
+        seen[spec.name] = spec
     catalog = RunCatalog([*base, *specs], missing=base.missing, mcp_servers=base.mcp_servers)
     return catalog, replace(
         context, mcp_servers=dict(settings.mcp_servers), mcp_specs={spec.name: spec for spec in specs}
     )
+
+
+def _served(spec: ToolSpec) -> str:
+    """Which server offers an MCP tool, under which name of its own, for an error message."""
+    return f"tool {spec.mcp_tool!r} of the MCP server {spec.mcp_server!r}"

@@ -13,7 +13,7 @@ from pydantic_ai import ModelRetry, RunContext, Tool
 
 from ..tools import BUILTIN_TOOL_NAMES, builtin_tool
 from ..tools.context import StepDeps, ToolContext
-from ..tools.mcp import argument_problems, call_mcp_tool, split_tool_name
+from ..tools.mcp import argument_problems, call_mcp_tool
 from ..tools.team import TEAM_TOOLS
 
 __all__ = ["runnable_tools", "step_tools", "team_tools"]
@@ -37,12 +37,11 @@ def step_tools(names: Sequence[str], context: ToolContext) -> list[Tool[StepDeps
 
 
 def _mcp_tool(name: str, context: ToolContext) -> Tool[StepDeps] | None:
-    """An MCP server's tool, with the schema the server declared."""
-    found = split_tool_name(name, context.mcp_servers)
+    """An MCP server's tool, with the schema the server declared, called where discovery found it."""
     spec = context.mcp_specs.get(name)
-    if found is None or spec is None:
+    if spec is None or spec.mcp_server is None or spec.mcp_tool is None:
         return None
-    server, tool = found
+    server, tool = spec.mcp_server, spec.mcp_tool
 
     async def call(ctx: RunContext[StepDeps], **arguments: Any) -> str:
         # pydantic-ai passes a schema-given tool's arguments unchecked: checked here as a shipped

@@ -30,6 +30,11 @@ class ToolSpec:
     """Whether a call cut off by a stop (the process died mid-call) is made again on resume: it
     only reads, or making it twice has the effect of making it once. Otherwise it is not made
     again, and the agent is told that whether it took effect is unknown."""
+    mcp_server: str | None = None
+    """The MCP server that offers the tool (None: a shipped tool)."""
+    mcp_tool: str | None = None
+    """The tool's own name on that server: calls go there by these two, not by the catalog name
+    (`<server>_<tool>` does not say where the server's name ends: servers `a` and `a_b`)."""
 
 
 class Catalog:

@@ -14,6 +14,7 @@ Their tools default to the `ask` approval policy: what a third-party server does
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +37,6 @@ __all__ = [
     "discover_tools",
     "mcp_client",
     "mcp_tool_name",
-    "split_tool_name",
 ]
 
 
@@ -64,14 +64,6 @@ class McpServer(BaseModel):
 def mcp_tool_name(server: str, tool: str) -> str:
     """The catalog name of a server's tool."""
     return f"{server}_{tool}"
-
-
-def split_tool_name(name: str, servers: Mapping[str, McpServer]) -> tuple[str, str] | None:
-    """(server, tool) for a catalog name of an MCP tool, else None."""
-    for server in sorted(servers, key=len, reverse=True):
-        if name.startswith(server + "_"):
-            return server, name[len(server) + 1 :]
-    return None
 
 
 def mcp_client(server: McpServer) -> Any:
@@ -120,13 +112,15 @@ async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
                         tool.annotations is not None
                         and (tool.annotations.read_only_hint or tool.annotations.idempotent_hint)
                     ),
+                    mcp_server=name,
+                    mcp_tool=tool.name,
                 )
             )
     return specs
 
 
 async def call_mcp_tool(server: McpServer, tool: str, arguments: dict[str, Any]) -> str:
-    """Call one tool and return its text content; a tool-level error is a `ToolError` with its text.
+    """Call one tool and return its result as text; a tool-level error is a `ToolError` with it.
 
     Each call starts the server and stops it when the call ends (also when the call is
     cancelled: the run stopped, or the step timed out). A server that cannot be started, or that
@@ -143,11 +137,56 @@ async def call_mcp_tool(server: McpServer, tool: str, arguments: dict[str, Any])
         raise ToolError(
             f"the MCP server stopped or failed before it replied ({detail}){_see_log(server)}"
         ) from None
-    texts = [getattr(block, "text", "") for block in result.content]
-    text = "\n".join(part for part in texts if part) or str(result.structured_content or "")
+    text = _result_text(result.content, result.structured_content)
     if result.is_error:
         raise ToolError(f"the tool reported an error: {text}")
     return text
+
+
+def _result_text(content: list[Any], structured: dict[str, Any] | None) -> str:
+    """What the agent reads of a tool's result: its text, and each other block described.
+
+    Structured content is the result only when there is no content besides it (as JSON). Before,
+    only text blocks were kept: an image or a resource's text came as '', and an empty text as
+    the Python form of its structured copy (`{'result': ''}`).
+    """
+    if not content and structured is not None:
+        return json.dumps(structured, ensure_ascii=False)
+    return "\n".join(part for part in map(_block_text, content) if part)
+
+
+def _block_text(block: Any) -> str:
+    """One content block of a tool's result as text: a text as it is, other kinds described."""
+    from mcp import types
+
+    if isinstance(block, types.TextContent):
+        return block.text
+    if isinstance(block, types.ImageContent | types.AudioContent):
+        return f"[{block.mime_type}, {_decoded_size(block.data):,} bytes]"
+    if isinstance(block, types.EmbeddedResource):
+        resource = block.resource
+        if isinstance(resource, types.TextResourceContents):
+            return resource.text
+        return _described_resource(str(resource.uri), resource.mime_type, _decoded_size(resource.blob))
+    if isinstance(block, types.ResourceLink):
+        return _described_resource(str(block.uri), block.mime_type, block.size)
+    return f"[{getattr(block, 'type', type(block).__name__)} content]"
+
+
+def _described_resource(uri: str, mime_type: str | None, size: int | None) -> str:
+    """A resource the agent gets no text of: `[resource URI, MIME type, N bytes]`, as far as known."""
+    parts = [
+        f"resource {uri}",
+        *([mime_type] if mime_type else []),
+        *([f"{size:,} bytes"] if size is not None else []),
+    ]
+    return f"[{', '.join(parts)}]"
+
+
+def _decoded_size(data: str) -> int:
+    """How many bytes base64 `data` holds, without decoding it."""
+    data = data.strip()
+    return len(data) * 3 // 4 - (len(data) - len(data.rstrip("=")))
 
 
 def _see_log(server: McpServer) -> str:
