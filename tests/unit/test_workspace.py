@@ -135,7 +135,8 @@ def test_protected_files_are_never_created_changed_or_deleted(workspace: Workspa
     with pytest.raises(ToolError, match="steps may not create, change or delete it"):
         workspace.delete_file(path)
     assert target.read_text() == "original"
-    assert workspace.read_file(path) == "original"
+    if "masterplanner.toml" not in path.lower():  # settings are not read (the test below)
+        assert workspace.read_file(path) == "original"
     assert workspace.is_file(path)
     assert [entry.name for entry in workspace.list_files(str(PurePosixPath(path).parent))] == [target.name]
 
@@ -372,3 +373,20 @@ def test_walk_files_lists_depth_first_in_name_order_without_following_links(tmp_
         for entry in walk_files(tmp_path, enters=lambda name: not name.startswith("."))
     ]
     assert walked == ["a.txt", "b/a/y.txt", "b/z.txt", "c.txt", "d"]
+
+
+def test_masterplanner_s_settings_in_a_workspace_cannot_be_read(tmp_path: Path) -> None:
+    # `--workspace .` in a project folder: its settings may hold an MCP server's secrets
+    workspace = Workspace(tmp_path).create()
+    (tmp_path / "masterplanner.toml").write_text('[mcp_servers.x]\nenv = { TOKEN = "sk-secret" }\n')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "MasterPlanner.TOML").write_text("x")
+    refusals = []
+    for path in ("masterplanner.toml", "sub/MasterPlanner.TOML"):
+        with pytest.raises(ToolError) as refused:
+            workspace.read_file(path)
+        refusals.append(str(refused.value))
+    assert refusals == [
+        "'masterplanner.toml' holds masterplanner's settings, which may hold secrets; steps may not read it",
+        "'MasterPlanner.TOML' holds masterplanner's settings, which may hold secrets; steps may not read it",
+    ]

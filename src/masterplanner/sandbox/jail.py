@@ -43,6 +43,7 @@ from functools import cache
 from pathlib import Path
 
 from ..errors import SandboxError
+from ..tools.protected import unreadable_component
 from .budget import Budget, Watchdog
 from .ownership import Settled, Snapshot, WalkError, scan, settle
 from .pool import UID_POOL, Lease, stage_dir
@@ -184,7 +185,9 @@ def _command(
     fds: tuple[int, int],
     workspace: Path,
     read_only: list[tuple[str, ...]],
+    hidden: dict[tuple[str, ...], int],
 ) -> list[str]:
+    """The jail's command line; `hidden`: read-only entries shown empty, each with an empty pipe's fd."""
     seccomp_fd, info_fd = fds
     command, source = _staged(workspace) if uid is not None else ([], str(workspace))
     command += [
@@ -222,7 +225,10 @@ def _command(
         if len(source) + len(relative) > _MAX_BIND_PATH:
             message = f"the entry {relative[:200]}… is nested too deep to be kept read-only"
             raise SandboxError(message)
-        command += ["--ro-bind", f"{source}/{relative}", f"/workspace/{relative}"]
+        if parts in hidden:  # a settings file (secrets): an empty read-only file in its place
+            command += ["--ro-bind-data", str(hidden[parts]), f"/workspace/{relative}"]
+        else:
+            command += ["--ro-bind", f"{source}/{relative}", f"/workspace/{relative}"]
     command += ["--remount-ro", "/", "--chdir", "/workspace", "--", *argv]
     return command
 
@@ -364,6 +370,7 @@ def _spawn(
 
     with compiled_filter() as program:
         info_read, info_write = os.pipe()
+        hidden = _hidden_files(workspace, before.read_only)
         try:
             command = _command(
                 argv,
@@ -372,6 +379,7 @@ def _spawn(
                 (program.fileno(), info_write),
                 workspace.resolve(),
                 before.read_only,
+                hidden,
             )
             started = time.perf_counter()
             process = subprocess.Popen(
@@ -379,7 +387,7 @@ def _spawn(
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(program.fileno(), info_write),
+                pass_fds=(program.fileno(), info_write, *hidden.values()),
                 start_new_session=True,
                 cwd="/",  # nothing of the host's working directory reaches the sandbox
                 env=_HOST_ENV,
@@ -388,8 +396,26 @@ def _spawn(
             os.close(info_read)
             raise
         finally:
-            os.close(info_write)
+            for fd in (info_write, *hidden.values()):
+                os.close(fd)
     return process, info_read, started
+
+
+def _hidden_files(workspace: Path, read_only: list[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
+    """The read-only regular files steps may not read (settings), each with an empty pipe to show instead."""
+    hidden: dict[tuple[str, ...], int] = {}
+    for parts in read_only:
+        if unreadable_component(parts[-1:]) is None:
+            continue
+        try:
+            regular = stat.S_ISREG(os.lstat(workspace.joinpath(*parts)).st_mode)
+        except OSError:
+            continue
+        if regular:
+            read, write = os.pipe()
+            os.close(write)  # read at once to its end: the file bwrap puts in its place is empty
+            hidden[parts] = read
+    return hidden
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

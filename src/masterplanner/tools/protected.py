@@ -9,7 +9,9 @@ output must never become such configuration, so:
 - the file tools refuse a path with any component named here (`write_file`, `delete_file`,
   `generate_image`);
 - `code_execution` sees the existing ones read-only, and any such entry the program creates is
-  removed after it exits (the tool result says so).
+  removed after it exits (the tool result says so);
+- masterplanner's settings file may hold secrets, so steps may not read it either: `read_file`
+  refuses it and `code_execution` sees it empty.
 
 Names are compared case-insensitively, and NFKC-normalised and case-folded as well: a
 case-insensitive file system folds more than `str.lower` does (a long s, U+017F, matches an s;
@@ -21,7 +23,14 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Iterable
 
-__all__ = ["PROTECTED_NAMES", "protected_component", "protection_notice"]
+__all__ = [
+    "PROTECTED_NAMES",
+    "UNREADABLE_NAMES",
+    "protected_component",
+    "protection_notice",
+    "unreadable_component",
+    "unreadable_notice",
+]
 
 PROTECTED_NAMES: frozenset[str] = frozenset(
     {
@@ -57,15 +66,31 @@ PROTECTED_NAMES: frozenset[str] = frozenset(
 """Entry names (files or folders, at any depth) that steps may not create, change or delete."""
 
 
-def protected_component(parts: Iterable[str]) -> str | None:
-    """The first component of a workspace path that is (or a file system may take for) a protected name."""
+UNREADABLE_NAMES: frozenset[str] = frozenset({"masterplanner.toml"})
+"""Protected names steps may not read either: masterplanner's settings may hold secrets (an MCP
+server's `env`), and a workspace given as `--workspace .` holds the folder's settings file."""
+
+
+def _named(parts: Iterable[str], names: frozenset[str]) -> str | None:
     for part in parts:
-        if (
-            part.lower() in PROTECTED_NAMES
-            or unicodedata.normalize("NFKC", part).casefold() in PROTECTED_NAMES
-        ):
+        if part.lower() in names or unicodedata.normalize("NFKC", part).casefold() in names:
             return part
     return None
+
+
+def protected_component(parts: Iterable[str]) -> str | None:
+    """The first component of a workspace path that is (or a file system may take for) a protected name."""
+    return _named(parts, PROTECTED_NAMES)
+
+
+def unreadable_component(parts: Iterable[str]) -> str | None:
+    """The first component of a workspace path that names a file steps may not read."""
+    return _named(parts, UNREADABLE_NAMES)
+
+
+def unreadable_notice(name: str) -> str:
+    """Why a step may not read `name`."""
+    return f"{name!r} holds masterplanner's settings, which may hold secrets; steps may not read it"
 
 
 def protection_notice(name: str) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ..errors import ToolError
-from .protected import protected_component, protection_notice
+from .protected import protected_component, protection_notice, unreadable_component, unreadable_notice
 
 __all__ = [
     "MAX_LIST_ENTRIES",
@@ -389,6 +389,9 @@ class Workspace:
     def read_file(self, path: str) -> str:
         """The text of a regular file in the workspace (UTF-8; invalid bytes are replaced)."""
         parts = _parts(path)
+        unreadable = unreadable_component(parts)
+        if unreadable is not None:
+            raise ToolError(unreadable_notice(unreadable))
         with _failures("read", path), self._directory(parts[:-1]) as directory:
             try:
                 fd = os.open(
