@@ -340,6 +340,33 @@ def test_similar_cohorts_and_agents_report_the_embedders_calibrated_similarity(i
     ] == [("analyst", 0.5)]
 
 
+@pytest.mark.parametrize("embedded", [False, True])
+def test_cohorts_of_one_task_come_newest_first(isolated: Path, embedded: bool) -> None:
+    isolated.mkdir(parents=True, exist_ok=True)
+    task, other = "Plot monthly sales", "Plot weekly sales"
+    vectors = {task: [1.0, 0.0], other: [0.6, 0.8]}
+    embedder = TextEmbedder("fixed", _FixedVectors(vectors)) if embedded else None
+    store = RegistryStore(f"sqlite:///{isolated / 'registry.sqlite'}", embedder)
+    # run ids begin with the run's start time; each run that reuses a team stores it again
+    for run_id, text in (
+        ("20260101-090000-aaaaaa", task),
+        ("20260101-090100-cccccc", other),
+        ("20260101-090200-bbbbbb", task),
+        ("20260101-090300-eeeeee", task),
+        ("20260101-090400-dddddd", task),
+    ):
+        store.put_cohort(
+            Cohort.model_validate({"id": run_id, "task": text, "plan": {"task": text, "steps": []}})
+        )
+    assert [cohort.id for cohort, _ in store.similar_cohorts(task, 5)] == [
+        "20260101-090400-dddddd",
+        "20260101-090300-eeeeee",
+        "20260101-090200-bbbbbb",
+        "20260101-090000-aaaaaa",
+        "20260101-090100-cccccc",
+    ]
+
+
 def test_the_default_embedder_is_the_shipped_gguf_loaded_on_first_use(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -233,6 +233,68 @@ async def test_an_unusable_adaptation_plans_afresh_with_the_team_as_an_example(
         engine.close()
 
 
+async def test_a_team_stored_after_its_copies_broke_is_reused(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MASTERPLANNER_EMBEDDER", "none")
+    script = _team_script(write_script)
+    settings = Settings.load()
+    engine = Engine(settings)
+    registry = RegistryStore(settings.database_url)
+
+    async def run_once() -> tuple[str, dict[str, Any], set[str]]:
+        run = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+        done = await execute_answering(engine, run.id, review=_approve)
+        assert done.status == "succeeded", done.error
+        return run.id, _ready(engine, run.id), set(engine.report(run.id)["usage"]["by_purpose"])
+
+    try:
+        first, _, _ = await run_once()
+        newest = first
+        for _ in range(2):  # each reuse stores the team again: three cohorts of one team
+            run_id, ready, _ = await run_once()
+            assert ready["reused_cohort"] == newest  # of equal ones, the newest
+            assert set(registry.get_cohort(run_id).agents.values()) == {f"{first}.load", f"{first}.report"}
+            newest = run_id
+        registry.delete_agent(f"{first}.report")
+        fourth, ready, purposes = await run_once()
+        assert "reused_cohort" not in ready and "planner" in purposes
+        assert ready["hints"] == [T1]  # the task once, not once per stored copy
+        newest = fourth
+        for _ in range(2):  # before, every later run planned afresh too, for ever
+            run_id, ready, purposes = await run_once()
+            assert ready["reused_cohort"] == newest
+            assert purposes == {"step:load", "step:report"}
+            assert registry.get_cohort(run_id).agents == registry.get_cohort(fourth).agents
+            newest = run_id
+    finally:
+        engine.close()
+
+
+async def test_a_working_team_below_three_that_cannot_run_is_reused(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MASTERPLANNER_EMBEDDER", "none")
+    script = _team_script(write_script)
+    settings = Settings.load()
+    engine = Engine(settings)
+    registry = RegistryStore(settings.database_url)
+    try:
+        first = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+        assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
+        team = registry.get_cohort(first.id)
+        for n in range(3):  # newer teams for the same task whose agents are gone
+            broken = {step_id: f"gone{n}.{step_id}" for step_id in team.agents}
+            registry.put_cohort(team.model_copy(update={"id": f"{first.id}-{n}", "agents": broken}))
+        assert [c.id for c, _ in registry.similar_cohorts(T1, 4)][-1] == first.id
+        second = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+        assert (await execute_answering(engine, second.id, review=_approve)).status == "succeeded"
+        assert _ready(engine, second.id)["reused_cohort"] == first.id
+        assert "planner" not in engine.report(second.id)["usage"]["by_purpose"]
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("embedder", ["smollm2", "none"])  # with none, by the words alone
 async def test_a_step_like_a_stored_agent_reuses_it_outside_its_team(
     isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, embedder: str

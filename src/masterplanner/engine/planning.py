@@ -25,7 +25,7 @@ from .catalogs import RunCatalog
 from .records import AgentBrief, RunRecord, briefs, briefs_json
 from .requests import PlanDecision, Request
 from .resources import RunResources
-from .reuse import cohort_hints, reusable_agents, reusable_cohort
+from .reuse import REUSE_CANDIDATES, cohort_hints, reusable_agents, reusable_cohort
 
 __all__ = ["model_cautions", "plan_run", "review_payload", "review_run"]
 
@@ -43,7 +43,7 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
     team = None
     if registry is not None:
         # the registry may embed the task (a model load, an HTTP call): keep the loop free
-        found = await asyncio.to_thread(registry.similar_cohorts, task, 3)
+        found = await asyncio.to_thread(registry.similar_cohorts, task, REUSE_CANDIDATES)
         team = await asyncio.to_thread(
             reusable_cohort, registry, found, catalog, resources.settings.reuse_threshold
         )

@@ -22,6 +22,7 @@ from ..tools.selection import words
 
 __all__ = [
     "HINT_FLOOR",
+    "REUSE_CANDIDATES",
     "StoredTeam",
     "cohort_hints",
     "lessons_prompt",
@@ -33,6 +34,13 @@ __all__ = [
 HINT_FLOOR = 0.3
 """Similarity below which a stored team is not worth showing the planner as an example."""
 _MAX_HINTS = 2
+REUSE_CANDIDATES = 10
+"""How many of the stored teams most like a task are looked through for one to reuse.
+
+Teams stop working (an agent removed, a tool not available now), and each run that reuses a team
+stores it again, so the few most similar may all be copies of one broken team: the search looks
+past them, and `similar_cohorts` puts equal ones newest first (see docs/architecture.md).
+"""
 
 
 def lessons_prompt(agent: AgentSpec) -> str:
@@ -81,12 +89,16 @@ def reusable_cohort(
 
 
 def cohort_hints(found: Sequence[tuple[Cohort, float]]) -> list[PlanExample]:
-    """The plans of similar teams that succeeded, as examples for the planner (best first)."""
-    return [
-        PlanExample(cohort.task, list(cohort.plan.get("steps", [])))
-        for cohort, similarity in found
-        if cohort.outcome == "succeeded" and similarity >= HINT_FLOOR and cohort.plan.get("steps")
-    ][:_MAX_HINTS]
+    """The plans of similar teams that succeeded, as examples for the planner (best first).
+
+    One per task: a task solved again and again would otherwise fill every example with itself.
+    """
+    hints: dict[str, PlanExample] = {}
+    for cohort, similarity in found:
+        steps = list(cohort.plan.get("steps", []))
+        if cohort.outcome == "succeeded" and similarity >= HINT_FLOOR and steps:
+            hints.setdefault(cohort.task, PlanExample(cohort.task, steps))
+    return list(hints.values())[:_MAX_HINTS]
 
 
 def _step_text(step: Step) -> str:

@@ -264,20 +264,24 @@ class _Fts5Index:
         )
 
     def ranked(self, connection: Connection, match: str, limit: int) -> list[str]:
-        """The best `limit` texts matching `match` by BM25."""
+        """The best `limit` texts matching `match` by BM25; equal ones newest first."""
         rows = _sql(
             connection,
-            f"SELECT {self.key} FROM {self.table} WHERE {self.table} MATCH ? ORDER BY rank LIMIT ?",
+            f"SELECT {self.key} FROM {self.table} WHERE {self.table} MATCH ? "
+            "ORDER BY rank, rowid DESC LIMIT ?",
             (match, limit),
         )
         return [row[0] for row in rows]
 
     def ranked_sample(self, connection: Connection, match: str, limit: int) -> list[str]:
-        """The best `limit` by BM25 of the newest `COMMON_QUERY_TEXTS` texts matching `match`."""
+        """The best `limit` by BM25 of the newest `COMMON_QUERY_TEXTS` texts matching `match`.
+
+        Equal ones newest first.
+        """
         rows = _sql(
             connection,
-            f"SELECT key FROM (SELECT {self.key} AS key, rank FROM {self.table} WHERE {self.table} "
-            "MATCH ? ORDER BY rowid DESC LIMIT ?) ORDER BY rank LIMIT ?",
+            f"SELECT key FROM (SELECT {self.key} AS key, rank, rowid AS row FROM {self.table} "
+            f"WHERE {self.table} MATCH ? ORDER BY rowid DESC LIMIT ?) ORDER BY rank, row DESC LIMIT ?",
             (match, COMMON_QUERY_TEXTS, limit),
         )
         return [row[0] for row in rows]
@@ -321,11 +325,11 @@ class _TsvectorIndex:
         )
 
     def ranked(self, connection: Connection, match: str, limit: int) -> list[str]:
-        """The best `limit` texts matching `match` by `ts_rank`."""
+        """The best `limit` texts matching `match` by `ts_rank`; equal ones by id, the last first."""
         rows = _sql(
             connection,
             f"SELECT item_id FROM {self.table}, to_tsquery('english', ?) AS query WHERE body @@ query "
-            "ORDER BY ts_rank(body, query) DESC, item_id LIMIT ?",
+            "ORDER BY ts_rank(body, query) DESC, item_id DESC LIMIT ?",
             (match, limit),
         )
         return [row[0] for row in rows]
@@ -336,7 +340,7 @@ class _TsvectorIndex:
             connection,
             "SELECT item_id FROM (SELECT item_id, ts_rank(body, query) AS score "
             f"FROM {self.table}, to_tsquery('english', ?) AS query WHERE body @@ query LIMIT ?) AS found "
-            "ORDER BY score DESC, item_id LIMIT ?",
+            "ORDER BY score DESC, item_id DESC LIMIT ?",
             (match, COMMON_QUERY_TEXTS, limit),
         )
         return [row[0] for row in rows]
@@ -371,7 +375,7 @@ def _text_index(connection: Connection, kind: str) -> _TextIndex:
 
 
 class _Vectors:
-    """One kind's vectors for one embedder, in memory: ids and a unit-row matrix."""
+    """One kind's vectors for one embedder, in memory: ids (in their order) and a unit-row matrix."""
 
     def __init__(self, ids: list[str], matrix: np.ndarray) -> None:
         self.ids = ids
@@ -384,7 +388,7 @@ class _Vectors:
         scores = self.matrix @ query
         count = min(count, len(self.ids))
         top = np.argpartition(-scores, count - 1)[:count]
-        top = top[np.argsort(-scores[top])]
+        top = top[np.lexsort((-top, -scores[top]))]  # equal scores: the last id (the newest run's) first
         return [(self.ids[n], float(scores[n])) for n in top]
 
 
@@ -857,14 +861,17 @@ class RegistryStore:
         Order: BM25 over the cohorts' tasks, fused with cosine order when an embedder is set.
         Similarity (what `reuse_threshold` is compared with): the embedder's calibrated cosine of
         the two tasks' embeddings with an embedder (see `TextEmbedder.similarity`), else the
-        Ochiai coefficient of their word stems.
+        Ochiai coefficient of their word stems. Cohorts that rank equal (one task stored again and
+        again: each run that reuses a team stores it anew) come newest first, so a team stored after
+        older ones stopped working is found before them, however many they are.
         """
         wanted = self._query_vector(task)  # embedded before the transaction: no lock held meanwhile
         with self._begin("search cohorts") as connection:
             fused, cosine = self._rank(connection, "cohort", task, wanted)
             if not fused:
                 return []
-            best = sorted(fused, key=lambda item: (-fused[item], item))[:limit]
+            # ids begin with their run's start time: the last id is the newest team
+            best = sorted(sorted(fused, reverse=True), key=lambda item: -fused[item])[:limit]
             marks = ", ".join("?" for _ in best)
             rows: dict[str, str] = dict(
                 _sql(
