@@ -155,6 +155,9 @@ def _agent_problems(spec: AgentSpec, settings: Settings) -> list[str]:
     for field in ("description", "system_prompt"):  # text is never meant to hold a NUL; searches stop at it
         if "\x00" in getattr(spec, field):
             problems.append(f"{field}: must not hold a NUL character")
+    for number, lesson in enumerate(spec.lessons):  # each is a "- " line of the agent's prompt
+        if not lesson.strip():
+            problems.append(f"lessons.{number}: must not be blank")
     problem = unknown_policy_tool(spec.tools, settings.mcp_servers, field="tools")
     if problem is not None:
         problems.append(problem)
@@ -746,8 +749,9 @@ class RegistryService:
     async def import_agents(self, path: Path | str) -> ImportedAgents:
         """Read agents from a JSON-lines file: all of them, or none if any line is invalid.
 
-        A line is invalid when it is not an agent or holds what an agent edit is refused for
-        (`edit_agent`). An agent stored already gets the imported one as its next version, its
+        A line is invalid when it is not an agent, holds what an agent edit is refused for
+        (`edit_agent`), or has a track record no agent can have (`AgentStats.problems`: its
+        stats rank it in searches). An agent stored already gets the imported one as its next version, its
         history kept (`RegistryStore.import_agents`).
         """
 
@@ -755,7 +759,10 @@ class RegistryService:
             store = self._store()
             specs = store.read_agents(Path(path))
             for number, spec in specs:
-                problems = _agent_problems(spec, self.settings)
+                problems = [
+                    *_agent_problems(spec, self.settings),
+                    *(f"stats.{problem}" for problem in spec.stats.problems()),
+                ]
                 if problems:
                     raise ConfigError(f"{path}: line {number}: {'; '.join(problems)}; nothing was imported")
             return store.import_agents([spec for _, spec in specs])

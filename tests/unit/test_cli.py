@@ -266,6 +266,18 @@ def test_agents_edit_with_a_failing_or_bad_editor_changes_nothing(tmp_path: Path
         "name: must not be empty; role: is missing; system_prompt: is missing\n"
     )
 
+    blank = _fake_editor(
+        tmp_path,
+        'printf \'{"name": "poet", "role": "poet", "system_prompt": "You write.", "lessons": ["a", " "]}\' '
+        '> "$file"',
+    )
+    result = run("agents", "edit", "poet", env={"VISUAL": blank})
+    assert result.returncode == 2
+    assert (
+        result.stderr
+        == "error: the edit is not a valid agent, nothing changed: lessons.1: must not be blank\n"
+    )
+
     unchanged = _fake_editor(tmp_path, "true")
     assert run("agents", "edit", "poet", env={"VISUAL": unchanged}).stderr == "no change\n"
 
@@ -302,11 +314,23 @@ def test_agents_import_adds_versions_and_refuses_what_an_edit_would(tmp_path: Pa
         ({"tools": ["nonexistent"]}, "tools names 'nonexistent', which is not a tool"),
         ({"role": "wri\nter"}, "role: must be one line of text without control characters"),
         ({"model": "bogus"}, "model: 'bogus' is not a model spec"),
+        # a track record no agent can have, which would rank it above every other (a prior near 50)
+        (
+            {"stats": {"uses": 0, "successes": 100, "failures": 0, "ratings": 1, "rating_sum": 1000}},
+            "stats.successes: successes (100) and failures (0) add up to more than uses (0); "
+            "stats.rating_sum: must be from 1 to 5 (ratings is 1, each from 1 to 5), got 1000",
+        ),
+        (
+            {"stats": {"uses": 2, "successes": 1, "failures": 1, "ratings": 0, "rating_sum": 3}},
+            "stats.rating_sum: must be from 0 to 0 (ratings is 0, each from 1 to 5), got 3",
+        ),
+        ({"stats": {"uses": -1}}, "stats.uses: must be at least 0, got -1"),
+        ({"lessons": ["", "   "]}, "lessons.0: must not be blank; lessons.1: must not be blank"),
     ]:
         backup.write_text(json.dumps(line | {"id": "other"}) + "\n" + json.dumps(line | change) + "\n")
         refused = run("agents", "import", str(backup))
         assert refused.returncode == 2
-        assert refused.stderr.startswith(f"error: {backup}: line 2: {problem}")
+        assert refused.stderr.startswith(f"error: {backup}: line 2: {problem}"), refused.stderr
         assert refused.stderr.endswith("; nothing was imported\n")
     assert [agent["id"] for agent in json.loads(run("agents", "list", "--json").stdout)] == ["poet"]
 

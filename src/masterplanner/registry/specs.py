@@ -20,6 +20,25 @@ class AgentStats(BaseModel):
     ratings: int = Field(0, ge=0)
     rating_sum: float = Field(0.0, ge=0)
 
+    def problems(self) -> list[str]:
+        """What no track record can be, as `field: what is wrong`.
+
+        Successes and failures beyond its uses, or a rating sum outside 1 to 5 per rating: the
+        counts the registry keeps never are; an imported file's may be.
+        """
+        problems = []
+        if self.successes + self.failures > self.uses:
+            problems.append(
+                f"successes: successes ({self.successes}) and failures ({self.failures}) add up to "
+                f"more than uses ({self.uses})"
+            )
+        if not self.ratings <= self.rating_sum <= 5 * self.ratings:
+            problems.append(
+                f"rating_sum: must be from {self.ratings} to {5 * self.ratings} (ratings is "
+                f"{self.ratings}, each from 1 to 5), got {self.rating_sum:g}"
+            )
+        return problems
+
     @property
     def mean_rating(self) -> float | None:
         """The mean of its ratings (1 to 5), if any."""
