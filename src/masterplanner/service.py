@@ -28,7 +28,7 @@ from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
 from .engine.processes import ProcessRecord
 from .engine.records import FINISHED_RUN_STATUSES, RunStatus, briefs_json
 from .engine.requests import closed_text
-from .engine.reuse import remember_run
+from .engine.reuse import remember_run, secret_in_team
 from .engine.runtime import step_queue_name
 from .engine.store import Lease
 from .engine.worker import Note, Worker, WorkerSummary
@@ -585,12 +585,19 @@ class RunService:
         run = self._store.get_run(request.run_id)
         if run.plan is None:
             raise RunError(f"run {run.id} has no plan: there is no team to store")
+        agents = briefs_json(run.agents)
+        secret = secret_in_team(run.plan, agents)
+        if secret is not None:  # asked before the run's end stopped asking about such a team
+            self._store.append_event(
+                request.run_id, "team_not_stored", data={"request": request.id, "reason": secret}
+            )
+            return
         remember_run(
             open_registry(self.settings),
             run_id=run.id,
             model=run.model,
             plan=run.plan,
-            agents=briefs_json(run.agents),
+            agents=agents,
             succeeded=True,
             store_new=True,
             count_reused=False,

@@ -680,3 +680,122 @@ async def test_an_agent_reused_by_two_steps_is_rated_once(isolated: Path) -> Non
         assert registry.get_agent("shared").stats.ratings == 1
     finally:
         registry.close()
+
+
+KEY = "sk-live-ABCDEFGHIJKLMNOP1234"
+WEATHER = "Fetch the weather and write it to forecast.txt"
+
+
+def _weather_script(write_script: Callable[..., Path], instruction: str, prompt: str) -> Path:
+    plan = {"steps": [{**step("call", tools=[]), "instruction": instruction, "agent_role": "integrator"}]}
+    return write_script(
+        [
+            {"purpose": "planner", "output": plan, "repeat": True},
+            {"purpose": "prompt_creator", "output": prompt, "repeat": True},
+            {"purpose": "*", "output": "forecast written", "repeat": True},
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("task", "instruction", "prompt", "where"),
+    [
+        # as models do: the planner and the Prompt Creator echo the key typed in the task
+        (
+            f"Use api_key={KEY} to fetch the weather and write it to forecast.txt",
+            f"Call the weather API with api_key={KEY} and write the forecast to forecast.txt.",
+            f"You call the API using the key {KEY}.",
+            "the task",
+        ),
+        (WEATHER, f"Call the weather API with the key {KEY}.", "You call the API.", "step call of the plan"),
+        (
+            WEATHER,
+            "Call the weather API.",
+            f"You call the API using the key {KEY}.",
+            "the prompt of step call",
+        ),
+    ],
+    ids=["task", "instruction", "prompt"],
+)
+async def test_a_team_holding_a_secret_is_not_stored_and_reaches_no_later_task(
+    isolated: Path, write_script: Callable[..., Path], task: str, instruction: str, prompt: str, where: str
+) -> None:
+    settings = Settings.load()
+    engine = Engine(settings)
+    try:
+        secret = engine.create_run(
+            task,
+            model=f"scripted:{_weather_script(write_script, instruction, prompt)}",
+            options=RunOptions(auto_approve=True, prompt_rounds=0),
+        )
+        assert (await engine.execute(secret.id)).status == "succeeded"
+        registry = RegistryStore(settings.database_url)
+        try:
+            assert registry.list_cohorts() == [] and registry.list_agents() == []
+        finally:
+            registry.close()
+        [event] = [e for e in engine.store.events(secret.id) if e.kind.startswith("team_")]
+        assert (event.kind, event.data) == (
+            "team_not_stored",
+            {
+                "reason": f"{where} holds what looks like a secret (a key, token or password); a team "
+                "with a secret is not stored, as its texts would reach later tasks' prompts"
+            },
+        )
+        clean = _weather_script(
+            write_script, "Fetch the weather into forecast.txt.", "You fetch the weather."
+        )
+        later = engine.create_run(
+            WEATHER, model=f"scripted:{clean}", options=RunOptions(auto_approve=True, prompt_rounds=0)
+        )
+        done = await engine.execute(later.id)
+        assert done.status == "succeeded"
+        assert "planner" in engine.report(later.id)["usage"]["by_purpose"]  # planned afresh
+        assert done.agents["call"].prompt == "You fetch the weather."
+        assert [e.kind for e in engine.store.events(later.id) if e.kind.startswith("team_")] == [
+            "team_stored"
+        ]
+    finally:
+        engine.close()
+
+
+async def test_reused_agents_count_a_secret_runs_outcome_and_no_one_is_asked_to_store_its_team(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: Any
+) -> None:
+    script = _team_script(write_script)
+    settings = Settings.load()
+    engine = Engine(settings)
+    try:
+        first = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+        assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
+        monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "ask")
+        asked = RunOptions(prompt_rounds=0)
+        secret = engine.create_run(
+            f"{T1} with password: hunter2hunter2", model=f"scripted:{script}", options=asked
+        )
+        done = await execute_answering(engine, secret.id, review=_approve)
+        assert done.status == "succeeded"
+        assert done.agents["load"].agent_id == f"{first.id}.load"  # the first run's agents, reused
+        service = RunService(Settings.load())
+        registry = RegistryStore(settings.database_url)
+        try:
+            assert await service.pending(secret.id) == []  # no remember question
+            assert [c.id for c in registry.list_cohorts()] == [first.id]
+            assert registry.get_agent(f"{first.id}.load").stats.successes == 2
+            # a remember question asked about such a team (before this version) stores nothing either
+            question, _ = engine.store.requests.open(
+                secret.id, "remember", {"agents": 2, "task": done.task}, key=f"{secret.id}#remember"
+            )
+            await service.answer_plainly(question.id, approve=True, by="cli@later")
+            assert [c.id for c in registry.list_cohorts()] == [first.id]
+            assert len(registry.list_agents()) == 2
+            told = [e.data for e in engine.store.events(secret.id) if e.kind.startswith("team_")]
+            reason = "the task holds what looks like a secret"
+            assert [data["reason"].split(" (")[0] for data in told] == [reason, reason]
+            assert told[1]["request"] == question.id
+            assert "hunter2" not in json.dumps(told)
+        finally:
+            registry.close()
+            service.close()
+    finally:
+        engine.close()

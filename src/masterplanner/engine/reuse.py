@@ -5,17 +5,21 @@ succeeded and clears `reuse_threshold` is adapted to the task (see `adaptation`)
 are reused: no planner or Prompt Creator calls. Otherwise the planner plans, with the similar
 teams' plans as its examples, and each step whose role and instruction match a stored agent
 above `agent_reuse_threshold` reuses that agent's prompt instead of having one written.
+
+A team is stored only when none of its texts (task, plan, prompts) looks like a credential: a
+stored team is shown to later, different tasks and listed and exported (`secret_in_team`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import NotFoundError, PlanError, RunError
 from ..plan import Plan, Step, validate_plan
 from ..planner import PlanExample
+from ..redaction import looks_secret
 from ..registry import AgentSpec, Cohort, RegistryStore
 from ..tools import Catalog
 from ..tools.selection import words
@@ -29,6 +33,7 @@ __all__ = [
     "remember_run",
     "reusable_agents",
     "reusable_cohort",
+    "secret_in_team",
 ]
 
 HINT_FLOOR = 0.3
@@ -123,6 +128,31 @@ def reusable_agents(
                 chosen[step.id] = _reused(agent, agent.origin.get("run_id", ""))
                 break
     return chosen
+
+
+def _team_texts(plan: Plan, agents: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """Where each text a stored team would keep is, and the text."""
+    yield "the task", plan.task
+    for step in plan.steps:
+        for text in (step.title, step.agent_role, step.instruction, step.expected_output):
+            yield f"step {step.id} of the plan", text
+        yield f"the prompt of step {step.id}", str((agents.get(step.id) or {}).get("prompt") or "")
+
+
+def secret_in_team(plan: Plan, agents: dict[str, Any]) -> str | None:
+    """Why the run's team is not to be stored: which of its texts looks like a credential (None: none does).
+
+    A stored team's task, plan and agents' prompts are shown to later, different tasks (as
+    their prompts and the planner's examples), and listed and exported: a key typed in one
+    task would reach them all. The reason names where the secret is, not the secret.
+    """
+    where = next((where for where, text in _team_texts(plan, agents) if looks_secret(text)), None)
+    if where is None:
+        return None
+    return (
+        f"{where} holds what looks like a secret (a key, token or password); a team with a secret "
+        "is not stored, as its texts would reach later tasks' prompts"
+    )
 
 
 def remember_run(

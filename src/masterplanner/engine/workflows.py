@@ -59,7 +59,7 @@ from .collaboration import StepTeam, delivered_text, team_brief
 from .records import AgentBrief, EventKind, RunRecord, StepRecord, briefs_json, utc_now, workflow_id
 from .requests import StepClock
 from .resources import RunResources, resources_of
-from .reuse import remember_run
+from .reuse import remember_run, secret_in_team
 from .runtime import executor_id, keep_lease, launched_host
 from .step_agent import (
     BudgetedModel,
@@ -241,7 +241,9 @@ def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
     """Keep an episode of the run; count its agents' outcome; store a succeeded run's team.
 
     With `remember_runs = ask` (and no `--yes`) a `remember` request opens and the run ends
-    without waiting: whoever answers it later, from any process, stores the team.
+    without waiting: whoever answers it later, from any process, stores the team. A team
+    holding text that looks like a secret is neither stored nor asked about: a
+    `team_not_stored` event says where the secret is (`secret_in_team`).
     """
     registry, memory, store = resources.registry, resources.memory, resources.store
     policy = resources.settings.remember_runs
@@ -257,8 +259,9 @@ def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
             )
         except ToolError as error:
             store.append_event(run.id, "episode_not_kept", data={"reason": str(error)})
-    plan = run.plan
-    store_new = succeeded and (policy == "always" or run.options.auto_approve)
+    plan, agents = run.plan, briefs_json(run.agents)
+    secret = secret_in_team(plan, agents) if succeeded else None
+    store_new = succeeded and secret is None and (policy == "always" or run.options.auto_approve)
     events = store.events(run.id)
     retried = max((event.seq for event in events if event.kind == "run_retried"), default=0)
     failure_counted = any(
@@ -270,12 +273,14 @@ def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
         run_id=run.id,
         model=run.model,
         plan=plan,
-        agents=briefs_json(run.agents),
+        agents=agents,
         succeeded=succeeded,
         store_new=store_new,
         failure_counted=failure_counted,
     )
-    if succeeded and store_new:
+    if secret is not None:
+        store.append_event(run.id, "team_not_stored", data={"reason": secret})
+    elif succeeded and store_new:
         store.append_event(run.id, "team_stored", data={"cohort": run.id})
     elif succeeded:
         request, new = store.requests.open(
