@@ -2,10 +2,10 @@
 
 At `LOW_RATING` or below the agents involved are taught a lesson, which their prompts carry from
 their next run on. A model's failure analysis writes the lessons when it gives usable ones. When
-it gives none (the embedded model echoed the schema's field descriptions back as its lessons, or
-named steps that do not exist) or fails, and the person commented, their own words become the
-lesson of the agents the comment names (every agent of the run when it names none), so a low
-rating with a comment always teaches something.
+it gives none (the embedded model echoed the schema's field descriptions back as its lessons,
+named steps that do not exist, or put a secret in each) or fails, and the person commented,
+their own words become the lesson of the agents the comment names (every agent of the run when
+it names none), so a low rating with a comment always teaches something.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .errors import ConfigError, ModelError, RunError
 from .models.labelled import labelled
 from .plan import Plan, Step
 from .prompts import render
-from .redaction import redacted
+from .redaction import looks_secret, redacted
 from .registry import RegistryStore
 from .usage import UsageLedger
 
@@ -51,7 +51,7 @@ class FeedbackResult:
     rated_agents: list[str] = field(default_factory=list)
     cohort_rated: bool = False
     lessons: dict[str, list[str]] = field(default_factory=dict)
-    """Agent id -> lessons added."""
+    """Agent id -> lessons added (not one the agent had already)."""
     lessons_from: Literal["analysis", "comment"] | None = None
     """Who wrote the lessons: the model's failure analysis or, failing that, the person's comment."""
 
@@ -131,10 +131,12 @@ async def give_feedback(
             concerned = _concerned_steps(said, plan, involved, names)
             lessons = {involved[step_id]: [lesson] for step_id in concerned}
             result.lessons_from = "comment" if lessons else None
-    result.cohort_rated = await asyncio.to_thread(
+    applied = await asyncio.to_thread(
         lambda: registry.apply_rating(run_id, rating, by=by, agent_ids=result.rated_agents, lessons=lessons)
     )
-    result.lessons = lessons
+    result.cohort_rated, result.lessons = applied.cohort_rated, applied.lessons
+    if not result.lessons:  # each lesson was one its agent had already
+        result.lessons_from = None
     return result
 
 
@@ -174,7 +176,9 @@ def _usable_lessons(analysis: object, plan: Plan, involved: dict[str, str]) -> d
     A lesson teaches something when it has two words or more and one of them is news: not in
     the task, the steps or the analysis's own instructions. The embedded model otherwise wrote
     "Summary of notes.txt" as the lesson of a summary that was too long, and echoed its
-    instructions' wording back.
+    instructions' wording back. A lesson that looks like it holds a secret (the analysis reads
+    the steps' outputs) is dropped, as memory refuses such a fact: it would join every later
+    prompt of its agent, and be listed and exported with it.
     """
     items = analysis.get("lessons") if isinstance(analysis, dict) else None
     known_words = _words(render("feedback_system.j2"), plan.task) | _STOPWORDS
@@ -188,7 +192,7 @@ def _usable_lessons(analysis: object, plan: Plan, involved: dict[str, str]) -> d
         target = involved.get(step_id.strip()) if isinstance(step_id, str) else None
         lesson = " ".join(text.split())[:MAX_LESSON_CHARS] if isinstance(text, str) else ""
         words = _words(lesson)
-        if target is None or len(lesson.split()) < 2 or not words - known_words:
+        if target is None or len(lesson.split()) < 2 or not words - known_words or looks_secret(lesson):
             continue
         found = lessons.setdefault(target, [])
         if lesson not in found:

@@ -1,6 +1,7 @@
 """What looks like a credential in text (a key, token, password, private key), and text with it taken out.
 
-Agents' memories refuse such text; the audit log shows what people answered with it removed.
+Agents' memories, the registry's stored teams and feedback's lessons refuse such text; the audit
+log and a rating's comment have it taken out.
 """
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ def test_track_record_breaks_ties(store: RegistryStore) -> None:
 
 def test_a_run_is_rated_once_with_its_lessons_each_taught_once(store: RegistryStore) -> None:
     store.put_agent(_agent("w", "writer", "You write."))
-    assert store.apply_rating("r1", 2, by="a", agent_ids=["w"], lessons={"w": ["Say the totals."]}) is False
+    applied = store.apply_rating("r1", 2, by="a", agent_ids=["w"], lessons={"w": ["Say the totals."]})
+    assert (applied.cohort_rated, applied.lessons) == (False, {"w": ["Say the totals."]})
     with pytest.raises(RunError, match=r"run r1 was rated 2 already \(by a at .*\): a run is rated once"):
         store.apply_rating("r1", 1, by="b", agent_ids=["w"], lessons={"w": ["Another lesson."]})
     # from threads at once (two processes' raters): one rating is applied
@@ -73,7 +74,8 @@ def test_a_run_is_rated_once_with_its_lessons_each_taught_once(store: RegistrySt
         ]
         refused = [future.exception() for future in tries]
     assert sum(isinstance(error, RunError) for error in refused) == 3 and refused.count(None) == 1
-    store.apply_rating("r3", 1, by="a", agent_ids=["w"], lessons={"w": ["Say the totals."]})
+    again = store.apply_rating("r3", 1, by="a", agent_ids=["w"], lessons={"w": ["Say the totals."]})
+    assert again.lessons == {}  # nothing added: the lesson is not reported as one
     agent = store.get_agent("w")
     assert (agent.stats.ratings, agent.stats.rating_sum) == (3, 4.0)
     assert agent.lessons == ["Say the totals."] and agent.version == 2  # taught once: no new version

@@ -520,8 +520,16 @@ def _rated_run(
             }
         },
         {"output": "no JSON here"},  # the analysis fails: the person's words still teach
+        # the analysis read the step's output and repeats the key it printed: never a lesson
+        {
+            "output": {
+                "lessons": [
+                    {"step": "summary", "lesson": "Do not print the key sk-live-ABCDEFGHIJKLMNOP1234"}
+                ]
+            }
+        },
     ],
-    ids=["no-lessons", "junk-lessons", "analysis-fails"],
+    ids=["no-lessons", "junk-lessons", "analysis-fails", "secret-lessons"],
 )
 def test_a_low_rating_with_a_comment_teaches_the_comment_when_the_analysis_gives_nothing_usable(
     isolated: Path, write_script: Callable[..., Path], analysis: dict[str, Any]
@@ -538,6 +546,31 @@ def test_a_low_rating_with_a_comment_teaches_the_comment_when_the_analysis_gives
     assert shown.returncode == 0, shown.stderr
     assert f"lesson {lesson}" in shown.stdout
     assert json.loads(_mp("agents", "show", agent_id, "--json").stdout)["lessons"] == [lesson]
+
+
+def test_feedback_reports_only_the_lessons_it_added_and_never_a_secret(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    summary = {**step("summary", tools=[]), "instruction": "Summarise notes.txt.", "agent_role": "summarizer"}
+    lessons = [
+        {"step": "summary", "lesson": "Do not print the key sk-live-ABCDEFGHIJKLMNOP1234 in the summary"},
+        {"step": "summary", "lesson": "Keep it under 100 words."},
+    ]
+    analysis = {"output": {"lessons": lessons}}
+    first = _rated_run(write_script, [summary], analysis)
+    agent_id = f"{first}.summary"
+    rated = json.loads(_mp("feedback", first, "--rating", "1", "--json").stdout)
+    assert rated["lessons"] == {agent_id: ["Keep it under 100 words."]}
+    # a later run of the same team, rated with the same analysis: the agent learns nothing new
+    second = _rated_run(write_script, [summary], analysis)
+    again = _mp("feedback", second, "--rating", "1", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"rated_agents": [agent_id], "cohort_rated": True, "lessons": {}}
+    shown = json.loads(_mp("agents", "show", agent_id, "--json").stdout)
+    assert shown["lessons"] == ["Keep it under 100 words."]
+    exported = isolated / "agents.jsonl"
+    assert _mp("agents", "export", str(exported)).returncode == 0
+    assert "sk-live" not in exported.read_text() and "Keep it under 100 words." in exported.read_text()
 
 
 def test_the_comment_teaches_only_the_steps_it_names(

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REGISTRY_MIGRATIONS",
+    "AppliedRating",
     "ImportedAgents",
     "RegistryStore",
     "fuse",
@@ -61,6 +62,16 @@ class ImportedAgents:
     updated: list[str] = field(default_factory=list)
     """Each given a new version (the imported one differed from the current one)."""
     unchanged: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AppliedRating:
+    """What `RegistryStore.apply_rating` changed besides the agents' ratings."""
+
+    cohort_rated: bool
+    """Whether the run had a stored team to rate."""
+    lessons: dict[str, list[str]]
+    """Agent id -> the lessons added (a lesson the agent had already is not)."""
 
 
 def _content(spec: AgentSpec) -> dict[str, Any]:
@@ -550,12 +561,18 @@ class RegistryStore:
                 (agent_id,),
             )
 
-    def _add_lesson(self, connection: Connection, agent_id: str, lesson: str) -> None:
-        """Append a lesson to an agent as its next version (the 50 newest kept); one it has is not added."""
+    def _add_lesson(self, connection: Connection, agent_id: str, lesson: str) -> str | None:
+        """Append a lesson to an agent as its next version (the 50 newest kept); the lesson added, if any.
+
+        A lesson the agent has already is not added (None).
+        """
         agent = self.get_agent(agent_id, connection=connection)
-        if lesson.strip() not in agent.lessons:
-            lessons = [*agent.lessons, lesson.strip()][-50:]
-            self.put_agent(agent.model_copy(update={"lessons": lessons}), connection)
+        lesson = lesson.strip()
+        if lesson in agent.lessons:
+            return None
+        lessons = [*agent.lessons, lesson][-50:]
+        self.put_agent(agent.model_copy(update={"lessons": lessons}), connection)
+        return lesson
 
     def check_unrated(self, run_id: str) -> None:
         """`RunError` saying who rated the run and when, if it was rated."""
@@ -578,11 +595,11 @@ class RegistryStore:
         by: str,
         agent_ids: Collection[str],
         lessons: Mapping[str, list[str]],
-    ) -> bool:
+    ) -> AppliedRating:
         """Rate the run once: its agents, its team, and the lessons, in one transaction (all or none).
 
         `RunError` when the run was rated already (by anyone, at any time); nothing changes then.
-        Returns whether the run had a stored team to rate.
+        Returns whether the run had a stored team to rate, and the lessons added.
         """
         try:
             with self._begin("rate a run") as connection:
@@ -602,10 +619,12 @@ class RegistryStore:
                         f"WHERE id IN ({marks})",
                         (rating, *rated),
                     )
+                added: dict[str, list[str]] = {}
                 for agent_id, texts in lessons.items():
                     for text in texts:
-                        self._add_lesson(connection, agent_id, text)
-                return self._rate_cohort(connection, run_id, rating)
+                        if (lesson := self._add_lesson(connection, agent_id, text)) is not None:
+                            added.setdefault(agent_id, []).append(lesson)
+                return AppliedRating(self._rate_cohort(connection, run_id, rating), added)
         except IntegrityError:
             self.check_unrated(run_id)  # the other rating's words
             raise
