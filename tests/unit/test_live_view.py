@@ -266,6 +266,19 @@ def test_a_run_a_worker_refused_says_which_and_why() -> None:
     )
 
 
+def test_what_the_registry_did_not_keep_says_why() -> None:
+    kept = _event("team_not_stored", reason="the task holds what looks like a secret " + OSC52)
+    assert _text(one_line(event_line(kept))).strip() == (
+        f"00:00:00 team_not_stored the task holds what looks like a secret {OSC52_SHOWN}"
+    )
+    episode = _event("episode_not_kept", reason="that looks like a secret")
+    assert (
+        _text(one_line(event_line(episode))).strip() == "00:00:00 episode_not_kept that looks like a secret"
+    )
+    declined = _event("team_not_stored", request="q1")  # the person said no: nothing more to say
+    assert _text(one_line(event_line(declined))).strip() == "00:00:00 team_not_stored"
+
+
 def test_a_replaced_step_and_an_expanded_one_with_its_sub_steps_under_it() -> None:
     view = RunView(
         "r2",

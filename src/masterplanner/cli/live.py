@@ -117,6 +117,8 @@ def _event_detail(kind: str, data: dict[str, Any]) -> str:
         return f" [yellow]{_retry_wait(data)}[/]"
     if kind in ("run_failed", "run_cancelled", "rejected"):
         return f" {shown(data.get('reason', ''))}"
+    if kind in ("team_not_stored", "episode_not_kept") and "reason" in data:  # what the registry did not keep
+        return f" [yellow]{shown(data['reason'])}[/]"
     if kind == "run_retried":
         steps = ", ".join(str(step) for step in data.get("steps", []))
         by = f" (by {shown(data['by'])})" if "by" in data else ""
