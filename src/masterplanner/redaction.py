@@ -12,10 +12,15 @@ import re
 __all__ = ["looks_secret", "redacted"]
 
 _SECRET = re.compile(
-    r"(?i)\b(sk|pk|rk|ghp|gho|github_pat|xox[abpr]|AKIA|AIza)[-_A-Za-z0-9]{12,}"
+    # providers' key shapes: a prefix, its separator, then a long run holding a digit. Without
+    # the separator and the digit, words matched ("skill-building", "ghost-writer-style",
+    # "PKCS1_OAEP_padding"), and a team whose task said so was not stored.
+    r"(?i:\b(?:sk|pk|rk)[-_](?=[-_A-Za-z0-9]*\d)[-_A-Za-z0-9]{16,})"
+    r"|(?i:\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}|\bxox[abpr]-[-A-Za-z0-9]{10,})"
+    r"|\bAKIA[0-9A-Z]{16}\b|\bAIza[-_A-Za-z0-9]{30,}"
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
-    r"|\b(api[_-]?key|secret|token|password|passwd)\b\s*[:=]\s*\S{6,}"
-    r"|\bBearer\s+[A-Za-z0-9._~+/-]{16,}"
+    r"|(?i:\b(?:api[_-]?key|secret|token|password|passwd)\b\s*[:=]\s*\S{6,})"
+    r"|(?i:\bBearer\s+[A-Za-z0-9._~+/-]{16,})"
 )
 _SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$")
 """Environment variables whose values are secrets by their name (OPENAI_API_KEY, …)."""

@@ -1,0 +1,43 @@
+"""What counts as a credential in text: memories, stored teams and lessons refuse it, the audit redacts it."""
+
+from __future__ import annotations
+
+import pytest
+
+from masterplanner.redaction import REMOVED, looks_secret, redacted
+
+CREDENTIALS = [
+    "sk-abcdefghijklmnop1234",
+    "use api_key=sk-live-ABCDEFGHIJKLMNOP1234 to fetch it",
+    "sk_live_51HbC2eF3gH4iJ5kL6mN7oP8",
+    "sk-proj-Abc123def456ghi789jkl",
+    "ghp_0123456789abcdefghijABCDEFGHIJ",
+    "github_pat_11ABCDEFG0123456789_abcdefghij",
+    "xoxb-1234567890-abcdef",
+    "AKIAIOSFODNN7EXAMPLE",
+    "AIzaSyA-1234567890abcdefghijklmnopqrstu",
+    "password: hunter22",
+    "Authorization: Bearer abcdefghijklmnop1234",
+    "-----BEGIN RSA PRIVATE KEY-----",
+]
+# words that begin like a key prefix: before, a team whose task held one was not stored
+WORDS = [
+    "Write a skill-building workshop plan",
+    "a sky-blue-themed landing page",
+    "skip_if_not_installed",
+    "a ghost-writer-style memoir",
+    "PKCS1_OAEP_padding",
+    "a risk-assessment-framework",
+    "the password is strong",
+]
+
+
+@pytest.mark.parametrize("text", CREDENTIALS)
+def test_credentials_are_found_and_taken_out(text: str) -> None:
+    assert looks_secret(text)
+    assert not looks_secret(redacted(text)) and REMOVED in redacted(text)
+
+
+@pytest.mark.parametrize("text", WORDS)
+def test_words_that_begin_like_a_key_are_not_credentials(text: str) -> None:
+    assert (looks_secret(text), redacted(text)) == (False, text)
