@@ -155,6 +155,10 @@ def _agent_problems(spec: AgentSpec, settings: Settings) -> list[str]:
     for field in ("description", "system_prompt"):  # text is never meant to hold a NUL; searches stop at it
         if "\x00" in getattr(spec, field):
             problems.append(f"{field}: must not hold a NUL character")
+    if not spec.system_prompt.strip():  # spaces alone: a step would run with no instructions
+        problems.append("system_prompt: must not be blank")
+    twice = sorted({tool for tool in spec.tools if spec.tools.count(tool) > 1})
+    problems += [f"tools: lists {tool} twice" for tool in twice]
     for number, lesson in enumerate(spec.lessons):  # each is a "- " line of the agent's prompt
         if not lesson.strip():
             problems.append(f"lessons.{number}: must not be blank")

@@ -96,6 +96,13 @@ async def test_agents_and_teams_through_the_api(
     )
     both = await client.put(f"/api/v1/agents/{agent_id}", json=agent | {"name": " ", "model": "bogus"})
     assert [problem.split(":")[0] for problem in both.json()["problems"]] == ["name", "model"]
+    # spaces alone for a prompt, a tool listed twice: the run's review refuses neither less
+    blank = {"system_prompt": " \n ", "tools": ["read_file", "write_file", "read_file"]}
+    refused = await client.put(f"/api/v1/agents/{agent_id}", json=agent | blank)
+    assert (refused.status_code, refused.json()["problems"]) == (
+        422,
+        ["system_prompt: must not be blank", "tools: lists read_file twice"],
+    )
     prefix = "the edit is not a valid agent, nothing changed: "
     for change, problem in (
         ({"tools": ["nope"]}, "tools names 'nope', which is not a tool; tools are "),
