@@ -729,7 +729,8 @@ class RegistryService:
     async def edit_agent(self, agent_id: str, edited: object) -> AgentSpec:
         """Store `edited` (an agent's JSON form) as the agent's next version; its id and stats stay.
 
-        `AgentEditError` naming every problem when the edit is not a valid agent; nothing changes then.
+        `AgentEditError` naming every problem when the edit is not a valid agent, or changes its
+        id or origin; nothing changes then. An edit that changes nothing stores no new version.
         """
         from pydantic import ValidationError
 
@@ -738,15 +739,30 @@ class RegistryService:
         current = await self.agent(agent_id)
         if not isinstance(edited, dict):
             raise AgentEditError(["it must be a JSON object"])
+        # what names the agent and where it came from: sent back as they are (an API client's
+        # GET answer) they are fine; changed, the edit was taken and they silently were not.
+        # (Stats and version change under an edit as runs count and edits save: those stay ignored.)
+        kept = {
+            "id": (current.id, "it names the agent"),
+            "origin": (current.origin, "it is where the agent was made"),
+        }
+        fixed = [
+            f"{field}: cannot be edited ({why})"
+            for field, (value, why) in kept.items()
+            if field in edited and edited[field] != value
+        ]
         try:
-            spec = AgentSpec.model_validate({**edited, "id": current.id, "stats": current.stats.model_dump()})
+            spec = AgentSpec.model_validate(
+                {**edited, "id": current.id, "stats": current.stats.model_dump(), "version": current.version}
+            )
         except ValidationError as exc:
-            raise AgentEditError(validation_problems(exc.errors(), whole="agent")) from None
-        problems = _agent_problems(spec, self.settings)
+            raise AgentEditError(fixed + validation_problems(exc.errors(), whole="agent")) from None
+        problems = fixed + _agent_problems(spec, self.settings)
         if problems:
             raise AgentEditError(problems)
-        # where it was made is its history, not something an edit changes
         spec = spec.model_copy(update={"origin": current.origin})
+        if spec == current:  # nothing changed: no version that repeats the last
+            return current
         return await self._run(lambda: self._store().put_agent(spec))
 
     async def remove_agent(self, agent_id: str) -> None:

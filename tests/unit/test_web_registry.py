@@ -103,6 +103,17 @@ async def test_agents_and_teams_through_the_api(
         422,
         ["system_prompt: must not be blank", "tools: lists read_file twice"],
     )
+    # what the registry keeps is not edited; sent back unchanged it is fine, and changes nothing
+    current = (await client.get(f"/api/v1/agents/{agent_id}")).json()
+    kept = await client.put(
+        f"/api/v1/agents/{agent_id}", json=current | {"id": "other", "version": 7, "origin": {}}
+    )
+    assert kept.json()["problems"] == [
+        "id: cannot be edited (it names the agent)",
+        "origin: cannot be edited (it is where the agent was made)",
+    ]
+    same = await client.put(f"/api/v1/agents/{agent_id}", json=current)
+    assert (same.status_code, typed(AgentOut, same).version) == (200, current["version"])
     prefix = "the edit is not a valid agent, nothing changed: "
     for change, problem in (
         ({"tools": ["nope"]}, "tools names 'nope', which is not a tool; tools are "),
@@ -119,8 +130,12 @@ async def test_agents_and_teams_through_the_api(
     moved = await client.put(
         f"/api/v1/agents/{agent_id}", json=agent | {"origin": {"run_id": "x", "step_id": "y"}}
     )
-    assert moved.json()["origin"] == agent["origin"]  # where it was made stays
-    assert (await client.get(f"/api/v1/agents/{agent_id}")).json()["version"] == 3
+    # where it was made is its history: refused, not silently kept as it was
+    assert (moved.status_code, moved.json()["problems"]) == (
+        422,
+        ["origin: cannot be edited (it is where the agent was made)"],
+    )
+    assert (await client.get(f"/api/v1/agents/{agent_id}")).json()["version"] == 2
 
     assert (await client.get("/api/v1/agents/nobody")).json() == {
         "error": "no agent 'nobody' in the registry"
