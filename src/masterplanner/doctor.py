@@ -331,6 +331,33 @@ def _check_user_namespaces() -> Check:
     return Check("sandbox: user namespaces", True, False, "enabled")
 
 
+def _check_mcp_servers(settings: Settings) -> Iterator[Check]:
+    """List each configured MCP server's tools, as a run does (within the server's `timeout_s`).
+
+    A server that cannot be listed fails every run ("MCP server 'x': cannot list its tools…"):
+    before, doctor did not look at `mcp_servers`, and reported everything ok.
+    """
+    import asyncio
+
+    from .tools.mcp import discover_tools
+
+    for name, server in settings.mcp_servers.items():
+        check = f"MCP server {name}"
+        try:
+            tools = asyncio.run(discover_tools({name: server}))
+        except MasterplannerError as exc:
+            fix = f"correct mcp_servers.{name} in masterplanner.toml (or MASTERPLANNER_MCP_SERVERS)"
+            yield Check(check, False, True, str(exc), fix)
+            continue
+        listed = ", ".join(tool.name for tool in tools)
+        yield Check(
+            check,
+            True,
+            True,
+            f"{len(tools)} tool{'' if len(tools) == 1 else 's'}" + (f": {listed}" if listed else ""),
+        )
+
+
 def run_checks(settings: Settings, on_start: Callable[[str], None] | None = None) -> list[Check]:
     """Run every check in order; `on_start(name)` is called before each slow group (for progress)."""
 
@@ -352,4 +379,7 @@ def run_checks(settings: Settings, on_start: Callable[[str], None] | None = None
     note("sandbox")
     checks.extend(_check_sandbox())
     checks.append(_check_sandbox_runs(settings))
+    if settings.mcp_servers:
+        note("MCP servers")
+        checks.extend(_check_mcp_servers(settings))
     return checks

@@ -1,6 +1,7 @@
-"""A tiny MCP server (stdio) for the tests: one tool, `shout` (or the name given as its argument)."""
+"""A tiny MCP server (stdio) for the tests: one tool, `shout` (or one under each name given)."""
 
 import sys
+import time
 
 from mcp.server.mcpserver import MCPServer
 
@@ -11,10 +12,13 @@ def shout(text: str) -> str:
     """Return the text in capital letters."""
     if not text:  # a failure of the tool itself, for the tests
         raise ValueError("there is nothing to shout")
+    if text == "never":  # a call the server never answers, for the tests
+        time.sleep(3600)
     return text.upper()
 
 
-server.add_tool(shout, name=sys.argv[1] if len(sys.argv) > 1 else "shout")
+for name in sys.argv[1:] or ["shout"]:
+    server.add_tool(shout, name=name)
 
 
 if __name__ == "__main__":

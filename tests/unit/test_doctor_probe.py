@@ -198,3 +198,44 @@ def test_doctor_exits_1_naming_why_the_database_is_not_writable(
 
     path.unlink()
     assert CliRunner().invoke(app, ["doctor"]).exit_code == 0
+
+
+def test_doctor_lists_each_mcp_server_s_tools_and_names_one_that_cannot_be_listed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, doctor did not look at mcp_servers: every check was ok, and every run then failed."""
+    from typer.testing import CliRunner
+
+    from masterplanner import doctor
+    from masterplanner.cli.app import app
+
+    monkeypatch.setattr(doctor, "_check_model_file", lambda: Check("embedded model file", True, True, "stub"))
+    monkeypatch.setattr(doctor, "_check_model_runs", lambda settings: iter(()))
+    notes = str(Path(__file__).with_name("mcp_notes_server.py"))
+    servers = {
+        "notes": {"command": sys.executable, "args": [notes, "shout", "add"]},
+        "bad": {"command": "/nonexistent/server"},
+    }
+    monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps(servers))
+    result = CliRunner().invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 1, result.output
+    found = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    home = Settings.load().home
+    assert found["MCP server notes"] == {
+        "name": "MCP server notes",
+        "ok": True,
+        "required": True,
+        "detail": "2 tools: notes_shout, notes_add",
+        "fix": "",
+    }
+    assert found["MCP server bad"] == {
+        "name": "MCP server bad",
+        "ok": False,
+        "required": True,
+        "detail": "MCP server 'bad': cannot list its tools: RuntimeError: Client failed to connect: "
+        "[Errno 2] No such file or directory: '/nonexistent/server' "
+        f"(its messages are in {home}/logs/mcp-bad.log)",
+        "fix": "correct mcp_servers.bad in masterplanner.toml (or MASTERPLANNER_MCP_SERVERS)",
+    }
+    monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps({"notes": servers["notes"]}))
+    assert CliRunner().invoke(app, ["doctor"]).exit_code == 0

@@ -14,7 +14,7 @@ import pytest
 from _plans import step
 
 from masterplanner import ConfigError, Settings
-from masterplanner.tools.mcp import McpServer, argument_problems, discover_tools
+from masterplanner.tools.mcp import McpServer, argument_problems, call_mcp_tool, discover_tools
 
 SERVER = str(Path(__file__).with_name("mcp_notes_server.py"))
 CONTENT_SERVER = str(Path(__file__).with_name("mcp_content_server.py"))
@@ -31,6 +31,28 @@ async def test_discovery_names_tools_after_their_server() -> None:
         await discover_tools(
             {"broken": McpServer(command=sys.executable, args=["-c", "raise SystemExit(3)"])}
         )
+
+
+async def test_a_server_that_never_answers_is_given_up_on_after_its_timeout_s_saying_so() -> None:
+    """Before, discovery waited 10 s for the library's own probe, then timeout_s more (15 to 20 s
+    in all, whatever timeout_s), and a call past it read "Request 'tools/call' timed out"."""
+    import time
+
+    from masterplanner.errors import ToolError
+
+    silent = McpServer(command=sys.executable, args=["-c", "import time; time.sleep(60)"], timeout_s=1)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        await discover_tools({"silent": silent})
+    assert (
+        str(caught.value)
+        == "MCP server 'silent': cannot list its tools: it did not answer within 1 s (its timeout_s)"
+    )
+    assert time.monotonic() - started < 6  # 1 s, and the 2 s the library gives a stdio server to stop
+    notes = McpServer(command=sys.executable, args=[SERVER], timeout_s=5)
+    with pytest.raises(ToolError) as failed:
+        await call_mcp_tool("notes", notes, "shout", {"text": "never"})
+    assert str(failed.value) == "the MCP server 'notes' did not answer within 5 s (its timeout_s)"
 
 
 def test_arguments_are_checked_against_the_declared_schema_in_our_words() -> None:
@@ -75,7 +97,9 @@ def test_an_unknown_key_of_a_server_is_answered_with_a_server_s_keys(monkeypatch
     )
 
 
-def _run_with_servers(script: Path, servers: dict[str, object]) -> subprocess.CompletedProcess[str]:
+def _run_with_servers(
+    script: Path, servers: dict[str, object], policies: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
@@ -91,7 +115,11 @@ def _run_with_servers(script: Path, servers: dict[str, object]) -> subprocess.Co
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "MASTERPLANNER_MCP_SERVERS": json.dumps(servers)},
+        env={
+            **os.environ,
+            "MASTERPLANNER_MCP_SERVERS": json.dumps(servers),
+            "MASTERPLANNER_TOOL_POLICIES": json.dumps(policies or {}),
+        },
     )
 
 
@@ -175,6 +203,38 @@ def test_a_run_whose_mcp_servers_cannot_be_used_fails_saying_why(
         "failed",
         error.replace("{home}", str(Settings.load().home)),
     )
+
+
+def test_a_policy_for_a_tool_its_mcp_server_does_not_offer_fails_the_run_before_any_step(
+    write_script: Callable[..., Path],
+) -> None:
+    """Before, `notes_shuot = "deny"` was taken (only the `notes_` part was checked): `notes_shout`
+    kept its default policy, and under `--yes` it ran without asking."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_shout"])]}},
+            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": "hello"}}]},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    servers = {"notes": {"command": sys.executable, "args": [SERVER, "add", "shout", "shoot"]}}
+    result = _run_with_servers(script, servers, {"notes_shuot": "deny"})
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["status"], report["error"]) == (
+        "failed",
+        "tool_policies names 'notes_shuot', which is not a tool of this run: the MCP server 'notes' "
+        "offers no such tool (it offers: notes_shout, notes_shoot, notes_add)",
+    )
+    shown = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "masterplanner", "runs", "show", report["run_id"], "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert [e for e in shown["events"] if e["kind"] in ("step_started", "tool_call", "tool_result")] == []
 
 
 def test_a_server_that_prints_a_line_of_its_own_does_not_fill_the_terminal(
@@ -321,3 +381,57 @@ def test_a_tool_s_content_other_than_text_reaches_the_agent_described(
         {"tool": "content_mixed", "result": mixed},
         {"tool": "content_structured", "result": structured},
     ]
+
+
+async def test_a_review_edit_giving_a_policy_to_a_tool_its_server_lacks_is_refused_and_asked_again(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the edit was applied: `notes_shuot` got the policy, and `notes_shout` kept its own."""
+    import asyncio
+
+    from masterplanner import Engine, RunOptions
+    from masterplanner.service import RunService
+
+    monkeypatch.setenv(
+        "MASTERPLANNER_MCP_SERVERS", json.dumps({"notes": {"command": sys.executable, "args": [SERVER]}})
+    )
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("loud")]}},
+            {"purpose": "step:loud", "output": "done"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    engine = Engine(Settings.load())
+    service = RunService(engine.settings)
+    run = engine.create_run("shout it", model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+    execution = asyncio.ensure_future(engine.execute(run.id))
+
+    async def review(besides: str = "") -> Any:
+        while True:
+            found = [r for r in await service.pending(run.id) if r.kind == "plan_review" and r.id != besides]
+            if found:
+                return found[0]
+            await asyncio.sleep(0.05)
+
+    try:
+        first = await asyncio.wait_for(review(), 60)
+        await service.answer(
+            first.id, {"action": "approve", "tool_policies": {"notes_shuot": "auto"}}, by="t"
+        )
+        again = await asyncio.wait_for(review(besides=first.id), 60)
+        assert again.payload["refused_edit"] == (
+            "tool_policies names 'notes_shuot', which is not a tool of this run: the MCP server 'notes' "
+            "offers no such tool (it offers: notes_shout)"
+        )
+        await service.answer(
+            again.id, {"action": "approve", "tool_policies": {"notes_shout": "deny"}}, by="t"
+        )
+        final = await asyncio.wait_for(execution, 60)
+    finally:
+        if not execution.done():
+            execution.cancel()
+        service.close()
+        engine.close()
+    assert final.status == "succeeded", final.error
+    assert final.options.tool_policies == {"notes_shout": "deny"}

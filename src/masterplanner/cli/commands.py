@@ -30,8 +30,9 @@ def doctor(
 ) -> None:
     """Check that everything masterplanner needs is installed and working.
 
-    Covers the embedded model file, llama.cpp, the database and the sandbox prerequisites; each
-    problem comes with the command that fixes it. Exit code 0 when every required check passes.
+    Covers the embedded model file, llama.cpp, the database, the sandbox prerequisites and the
+    configured MCP servers (their tools listed as a run lists them); each problem comes with the
+    command that fixes it. Exit code 0 when every required check passes.
     """
     from ..doctor import run_checks
 

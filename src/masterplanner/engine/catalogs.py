@@ -14,7 +14,14 @@ from ..tools.images import ImageConfig
 from ..tools.mcp import discover_tools
 from ..tools.web_search import SearchConfig
 
-__all__ = ["RunCatalog", "run_catalog", "tool_context", "unknown_policy_tool", "with_mcp_tools"]
+__all__ = [
+    "RunCatalog",
+    "run_catalog",
+    "tool_context",
+    "unknown_policy_tool",
+    "unoffered_policy_tools",
+    "with_mcp_tools",
+]
 
 
 class RunCatalog(Catalog):
@@ -42,7 +49,10 @@ class RunCatalog(Catalog):
             return self.missing.get(name)
         servers = [server for server in self.mcp_servers if name.startswith(server + "_")]
         if servers:
-            offered = ", ".join(tool.name for tool in self if tool.mcp_server in servers) or "none"
+            offered = ", ".join(
+                _closest_first(name, [tool.name for tool in self if tool.mcp_server in servers])
+            )
+            offered = offered or "none"
             if len(servers) == 1:
                 return f"the MCP server {servers[0]!r} offers no such tool (it offers: {offered})"
             named = " and ".join(repr(server) for server in servers)
@@ -81,6 +91,43 @@ def unknown_policy_tool(
             f"{', '.join(sorted(known))}, and <server>_<tool> for the MCP servers in mcp_servers"
         )
     return None
+
+
+def unoffered_policy_tools(
+    policies: Iterable[str], agent_policies: Mapping[str, Iterable[str]], catalog: RunCatalog
+) -> list[str]:
+    """What is wrong with tool policies naming `<server>_<tool>` for a tool its server does not offer.
+
+    `policies` are the run's, `agent_policies` each step's agent's (by step id). `unknown_policy_tool`
+    checks only the `<server>_` part (a run is created without listing the servers' tools): a
+    misspelt `notes_shuot` left `notes_shout` under its default policy, and under `--yes` it ran
+    without asking. Checked once the run's catalog lists the servers' tools.
+    """
+    named = [("tool_policies", policies)] + [
+        (f"agents.{step_id}.tool_policies", own) for step_id, own in agent_policies.items()
+    ]
+    return [problem for field, names in named for problem in _unoffered(names, catalog, field)]
+
+
+def _unoffered(names: Iterable[str], catalog: RunCatalog, field: str) -> list[str]:
+    from ..tools.team import TEAM_TOOL_NAMES
+
+    problems = []
+    for name in names:
+        if name in catalog or name in BUILTIN_TOOL_NAMES or name in TEAM_TOOL_NAMES:
+            continue
+        why = catalog.why_missing(name)
+        if why is not None and any(name.startswith(f"{server}_") for server in catalog.mcp_servers):
+            problems.append(f"{field} names {name!r}, which is not a tool of this run: {why}")
+    return problems
+
+
+def _closest_first(name: str, names: list[str]) -> list[str]:
+    """`names` with the ones most like `name` first (a misspelling's likely meaning)."""
+    from difflib import get_close_matches
+
+    close = get_close_matches(name, names, n=len(names)) if names else []
+    return [*close, *(other for other in names if other not in close)]
 
 
 def run_catalog(settings: Settings | None = None) -> RunCatalog:

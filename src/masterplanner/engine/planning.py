@@ -21,7 +21,7 @@ from ..plan import Plan, validate_plan
 from ..planner import plan as make_plan
 from ..prompting import create_prompts, prompts_to_json
 from ..registry import Cohort
-from .catalogs import RunCatalog
+from .catalogs import RunCatalog, unoffered_policy_tools
 from .records import AgentBrief, RunRecord, briefs, briefs_json
 from .requests import PlanDecision, Request
 from .resources import RunResources
@@ -220,6 +220,13 @@ async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDec
         task=run.plan.task if run.plan is not None else None,
     )
     edited_agents = dict(decision.agents if decision.agents is not None else run.agents)
+    problems = unoffered_policy_tools(
+        decision.tool_policies or {},
+        {step_id: agent.tool_policies for step_id, agent in (decision.agents or {}).items()},
+        resources.catalog,
+    )
+    if problems:
+        raise PlanError(problems, context="invalid edit")
     agents = await _write_missing_prompts(resources, run, plan, edited_agents)
     options = replace(
         run.options,

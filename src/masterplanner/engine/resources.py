@@ -17,6 +17,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
+from ..errors import ConfigError
 from ..models import resolve_model
 from ..models.retries import Reporter, RetriedModel, RetryNote
 from ..purpose import current_purpose
@@ -27,7 +28,7 @@ from ..tools.context import ToolContext
 from ..tools.workspace import Workspace
 from ..working_memory import ContextBudget
 from .budget import RunLedger
-from .catalogs import RunCatalog, run_catalog, tool_context, with_mcp_tools
+from .catalogs import RunCatalog, run_catalog, tool_context, unoffered_policy_tools, with_mcp_tools
 from .records import RunRecord
 from .step_agent import BudgetedModel, context_budget
 from .store import RunStore
@@ -62,6 +63,7 @@ async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunReso
     catalog, tools = await asyncio.to_thread(lambda: (run_catalog(settings), tool_context(settings)))
     if settings.mcp_servers:
         catalog, tools = await with_mcp_tools(settings, tools)
+        _check_policies(run, catalog)
     growth = run.options.workspace_max_growth_bytes
     workspace = await asyncio.to_thread(
         Workspace(
@@ -95,6 +97,18 @@ async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunReso
         memory=memory,
         retries=run.retries,
     )
+
+
+def _check_policies(run: RunRecord, catalog: RunCatalog) -> None:
+    """`ConfigError` for a tool policy of the run (or of a step's agent) naming an MCP tool its server lacks.
+
+    Found here, before planning and before any step: the run fails saying so, as it does when a
+    server cannot be listed.
+    """
+    agent_policies = {step_id: agent.tool_policies for step_id, agent in run.agents.items()}
+    problems = unoffered_policy_tools(run.options.tool_policies, agent_policies, catalog)
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def _retry_events(store: RunStore, run_id: str) -> Reporter:

@@ -50,7 +50,9 @@ def _mcp_tool(name: str, context: ToolContext) -> Tool[StepDeps] | None:
         if problems:
             raise ModelRetry(f"the arguments do not fit {name}: {'; '.join(problems)}")
         config = ctx.deps.context.mcp_servers[server]
-        return await ctx.deps.run_tool(name, arguments, lambda: call_mcp_tool(config, tool, arguments))
+        return await ctx.deps.run_tool(
+            name, arguments, lambda: call_mcp_tool(server, config, tool, arguments)
+        )
 
     return Tool.from_schema(call, name, spec.description, spec.args_schema, takes_ctx=True)
 

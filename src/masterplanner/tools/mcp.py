@@ -49,7 +49,15 @@ class McpServer(BaseModel):
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     url: str | None = None
-    timeout_s: float = Field(30.0, gt=0, le=600)
+    timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=600,
+        description=(
+            "how long the server has to start and answer the handshake, and then each request; a "
+            "stdio server given up on then has up to 2 s more to stop (4 s if it ignores SIGTERM)"
+        ),
+    )
     log_file: Path | None = Field(
         None, description="where a stdio server's standard error goes (default: <home>/logs/mcp-<name>.log)"
     )
@@ -85,7 +93,11 @@ def mcp_client(server: McpServer) -> Any:
         )
     else:
         transport = StreamableHttpTransport(str(server.url))
-    return Client(transport, timeout=server.timeout_s)
+    # init_timeout bounds the whole handshake: without it, the client waited 10 s for a reply to
+    # its `server/discover` probe (a fixed limit of the MCP library), then timeout_s for
+    # `initialize`, so a server that never answered was given up on after 15 to 20 s whatever
+    # its timeout_s
+    return Client(transport, timeout=server.timeout_s, init_timeout=server.timeout_s)
 
 
 async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
@@ -96,8 +108,9 @@ async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
             async with mcp_client(server) as client:
                 tools = await client.list_tools()
         except Exception as exc:  # any transport or protocol failure: the configuration is at fault
+            problem = _silent("it", server) if _timed_out(exc) else f"{type(exc).__name__}: {exc}"
             raise ConfigError(
-                f"MCP server {name!r}: cannot list its tools: {type(exc).__name__}: {exc}{_see_log(server)}"
+                f"MCP server {name!r}: cannot list its tools: {problem}{_see_log(server)}"
             ) from None
         for tool in tools:
             specs.append(
@@ -119,12 +132,13 @@ async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
     return specs
 
 
-async def call_mcp_tool(server: McpServer, tool: str, arguments: dict[str, Any]) -> str:
+async def call_mcp_tool(name: str, server: McpServer, tool: str, arguments: dict[str, Any]) -> str:
     """Call one tool and return its result as text; a tool-level error is a `ToolError` with it.
 
     Each call starts the server and stops it when the call ends (also when the call is
     cancelled: the run stopped, or the step timed out). A server that cannot be started, or that
-    stops or fails before it replies, is a `ToolError` saying so. A tool's error goes to the
+    stops or fails before it replies, or does not reply within its `timeout_s`, is a `ToolError`
+    saying so (`name`: the server's name in mcp_servers). A tool's error goes to the
     agent as every tool's failure does (marked, a library's "for further information" advice
     dropped): before, it was a result of its own kind, with the server's validation advice and
     URL in it.
@@ -133,6 +147,8 @@ async def call_mcp_tool(server: McpServer, tool: str, arguments: dict[str, Any])
         async with mcp_client(server) as client:
             result = await client.call_tool(tool, arguments, raise_on_error=False)
     except Exception as exc:
+        if _timed_out(exc):
+            raise ToolError(f"{_silent(f'the MCP server {name!r}', server)}{_see_log(server)}") from None
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ToolError(
             f"the MCP server stopped or failed before it replied ({detail}){_see_log(server)}"
@@ -187,6 +203,31 @@ def _decoded_size(data: str) -> int:
     """How many bytes base64 `data` holds, without decoding it."""
     data = data.strip()
     return len(data) * 3 // 4 - (len(data) - len(data.rstrip("=")))
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether the client gave up on the server for its silence: a request's or the handshake's timeout."""
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import REQUEST_TIMEOUT
+
+    if isinstance(error, MCPError):
+        return error.code == REQUEST_TIMEOUT
+    # the handshake's: fastmcp's "Client failed to connect: Failed to initialize server session",
+    # caused by a TimeoutError
+    cause = error.__cause__
+    for _ in range(10):  # a chain's few links (one made into a loop ends here too)
+        if cause is None or isinstance(cause, TimeoutError):
+            break
+        cause = cause.__cause__
+    return isinstance(cause, TimeoutError)
+
+
+def _silent(who: str, server: McpServer) -> str:
+    """A server (`who`) that did not answer in time, in our words: the limit and the setting that sets it.
+
+    Before, it read "Request 'tools/call' timed out" (or 'initialize'), naming neither.
+    """
+    return f"{who} did not answer within {server.timeout_s:g} s (its timeout_s)"
 
 
 def _see_log(server: McpServer) -> str:
