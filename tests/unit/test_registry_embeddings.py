@@ -617,3 +617,17 @@ def test_smollm2_embedder_runs_without_torch_and_prints_nothing() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (0, "(2, 576)\n", "")
+
+
+def test_past_fifty_copies_of_a_task_the_newest_still_come_first(isolated: Path) -> None:
+    # each run that reuses a team stores it again: a task soon has more copies than are ranked
+    isolated.mkdir(parents=True, exist_ok=True)
+    task = "Plot monthly sales"
+    embedder = TextEmbedder("fixed", _FixedVectors({task: [1.0, 0.0]}))
+    store = RegistryStore(f"sqlite:///{isolated / 'registry.sqlite'}", embedder)
+    ids = [f"20260101-{9 + minute // 60:02d}{minute % 60:02d}00-aaaaaa" for minute in range(60)]
+    for run_id in ids:
+        store.put_cohort(
+            Cohort.model_validate({"id": run_id, "task": task, "plan": {"task": task, "steps": []}})
+        )
+    assert [cohort.id for cohort, _ in store.similar_cohorts(task, 10)] == ids[::-1][:10]

@@ -397,9 +397,10 @@ class _Vectors:
         if not self.ids:
             return []
         scores = self.matrix @ query
-        count = min(count, len(self.ids))
-        top = np.argpartition(-scores, count - 1)[:count]
-        top = top[np.lexsort((-top, -scores[top]))]  # equal scores: the last id (the newest run's) first
+        # one ordering of all of them, equal scores the last id (the newest run's) first: a
+        # partition first (argpartition) kept whichever equal ones it met first at its cut, the
+        # oldest, so past 50 copies of a task the newest never came back
+        top = np.lexsort((-np.arange(len(self.ids)), -scores))[:count]
         return [(self.ids[n], float(scores[n])) for n in top]
 
 
