@@ -31,6 +31,7 @@ hold them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -301,8 +302,9 @@ def _number(value: Any) -> str:
         return repr(value)
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
         value = int(value)  # beyond that a float's digits are not the ones written (1e308)
-    if isinstance(value, int) and len(str(abs(value))) > 30:
-        return f"{value:.3e}"
+    if isinstance(value, int) and value.bit_length() > 100:  # past 30 digits: how long, not each digit
+        digits = int(value.bit_length() * math.log10(2)) + 1  # str() of such an int may be refused
+        return f"a number of about {digits:,} digits"
     return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 

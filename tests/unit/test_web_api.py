@@ -266,6 +266,16 @@ async def test_ids_numbers_and_bodies_past_what_is_taken(
         headers={"content-type": "application/json"},
     )
     assert (long_number.status_code, long_number.json()["problems"]) == (422, [unread])
+    # an integer past what a float holds is said by its length (its digits were a 500)
+    endless = await client.post(
+        "/runs/nobody/feedback",
+        content=b'{"rating": 1' + b"0" * 400 + b"}",
+        headers={"content-type": "application/json"},
+    )
+    assert (endless.status_code, endless.json()["problems"]) == (
+        422,
+        ["body.rating: must be at most 5, got a number of about 401 digits"],
+    )
     # a float is shown as written, not as the integer its binary value spells out
     vast = await client.post("/runs", json={"task": "x", "options": {"max_wall_s": 1e308}})
     assert vast.json()["problems"] == ["body.options.max_wall_s: must be at most 604,800, got 1e+308"]
