@@ -59,7 +59,8 @@ def _replacer(olds: Iterable[str]) -> re.Pattern[str] | None:
     alternatives = sorted(olds, key=len, reverse=True)
     if not alternatives:
         return None
-    return re.compile("|".join(rf"(?<![\w.]){re.escape(old)}(?![\w])" for old in alternatives))
+    # a whole token: not inside a word, a file name or a number (`report` in `report.md`, `5` in `5.5`)
+    return re.compile("|".join(rf"(?<![\w.]){re.escape(old)}(?![\w]|\.\w)" for old in alternatives))
 
 
 def _swap(text: str, pattern: re.Pattern[str], mapping: dict[str, str]) -> str:
@@ -67,8 +68,12 @@ def _swap(text: str, pattern: re.Pattern[str], mapping: dict[str, str]) -> str:
 
 
 def _unquoted(parameter: str) -> str | None:
-    """Quoted text without its quotes; None for a parameter that is not quoted."""
-    if len(parameter) > 2 and parameter[0] == parameter[-1] and parameter[0] in "\"'":
+    """Quoted text without its quotes.
+
+    None for a parameter that is not quoted, or too short to be told apart from the plan's other
+    words without them (`"a"`, `"to"`).
+    """
+    if len(parameter) > 4 and parameter[0] == parameter[-1] and parameter[0] in "\"'":
         return parameter[1:-1]
     return None
 
