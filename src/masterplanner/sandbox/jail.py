@@ -370,8 +370,9 @@ def _spawn(
 
     with compiled_filter() as program:
         info_read, info_write = os.pipe()
-        hidden = _hidden_files(workspace, before.read_only)
+        hidden: dict[tuple[str, ...], int] = {}
         try:
+            hidden = _hidden_files(workspace, before.read_only)
             command = _command(
                 argv,
                 limits,
@@ -402,19 +403,28 @@ def _spawn(
 
 
 def _hidden_files(workspace: Path, read_only: list[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
-    """The read-only regular files steps may not read (settings), each with an empty pipe to show instead."""
+    """The read-only regular files steps may not read (settings), each with an empty pipe to show instead.
+
+    Only entries the scan lists are seen: a settings file inside a folder bound read-only whole
+    (another user's, a protected one) stays readable there; `read_file` refuses it at any depth.
+    """
     hidden: dict[tuple[str, ...], int] = {}
-    for parts in read_only:
-        if unreadable_component(parts[-1:]) is None:
-            continue
-        try:
-            regular = stat.S_ISREG(os.lstat(workspace.joinpath(*parts)).st_mode)
-        except OSError:
-            continue
-        if regular:
-            read, write = os.pipe()
-            os.close(write)  # read at once to its end: the file bwrap puts in its place is empty
-            hidden[parts] = read
+    try:
+        for parts in read_only:
+            if unreadable_component(parts[-1:]) is None:
+                continue
+            try:
+                regular = stat.S_ISREG(os.lstat(workspace.joinpath(*parts)).st_mode)
+            except OSError:
+                continue
+            if regular:
+                read, write = os.pipe()
+                os.close(write)  # read at once to its end: the file bwrap puts in its place is empty
+                hidden[parts] = read
+    except BaseException:
+        for fd in hidden.values():
+            os.close(fd)
+        raise
     return hidden
 
 
