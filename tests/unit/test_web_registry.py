@@ -179,6 +179,18 @@ async def test_agents_teams_and_memory_pages(
         ["Keep it short.", "Name the source."],
         ["summary", "short"],
     )
+    # the same form sent again as a browser sends a textarea (CRLF) changes nothing
+    again = await client.post(
+        f"/agents/{agent_id}",
+        data=form | {"system_prompt": "Write it in one line.\r\nCite it.", "action": "save"},
+    )
+    assert "Saved as version 3." in again.text
+    resent = await client.post(
+        f"/agents/{agent_id}", data=form | {"system_prompt": "Write it in one line.\r\nCite it."}
+    )
+    assert resent.status_code == 200
+    stored = (await client.get(f"/api/v1/agents/{agent_id}")).json()
+    assert (stored["version"], stored["system_prompt"]) == (3, "Write it in one line.\nCite it.")
     typed = {"role": "", "system_prompt": "My new prompt, typed.", "lessons": "A lesson typed."}
     refused = await client.post(f"/agents/{agent_id}", data=form | typed)
     assert refused.status_code == 422 and "role: must not be empty" in refused.text

@@ -479,6 +479,15 @@ def _files(workspace: str) -> list[dict[str, Any]]:
     return found
 
 
+def form_text(form: Any, name: str) -> str:
+    """A form field's text as typed: a browser sends a textarea's line breaks as CRLF.
+
+    Read as sent, an unchanged multi-line prompt differed from the stored one: the review
+    marked it edited, and an agent's edit page saved a version that changed nothing.
+    """
+    return str(form.get(name, "")).replace("\r\n", "\n")
+
+
 def _as_edited(decision: dict[str, Any] | None) -> dict[str, Any]:
     """The review form's plan, prompts and policies as a refused decision had them (the graph stays)."""
     if decision is None:
@@ -497,7 +506,7 @@ def _review_decision(found: StoredRequest, form: Any) -> dict[str, Any]:
         edited = dict(step)
         for field in ("title", "instruction", "agent_role", "expected_output"):
             if f"{field}.{step_id}" in form:
-                edited[field] = str(form.get(f"{field}.{step_id}", ""))
+                edited[field] = form_text(form, f"{field}.{step_id}")
         if f"depends_on.{step_id}" in form:
             given = str(form.get(f"depends_on.{step_id}", "")).replace(",", " ").split()
             edited["depends_on"] = list(dict.fromkeys(given))
@@ -507,13 +516,13 @@ def _review_decision(found: StoredRequest, form: Any) -> dict[str, Any]:
             edited["tools"] = kept + [tool for tool in ticked if tool not in kept]
         edited["expand"] = form.get(f"expand.{step_id}") == "on"
         steps.append(edited)
-        prompt = form.get(f"prompt.{step_id}")
+        prompt = form_text(form, f"prompt.{step_id}") if f"prompt.{step_id}" in form else None
         if (
             prompt is not None
             and step_id in agents
-            and str(prompt).strip() != str(agents[step_id].get("prompt", "")).strip()
+            and prompt.strip() != str(agents[step_id].get("prompt", "")).strip()
         ):
-            agents[step_id] = {**agents[step_id], "prompt": str(prompt), "edited": True}
+            agents[step_id] = {**agents[step_id], "prompt": prompt, "edited": True}
     for step in steps:
         prefix = f"steppolicy.{step['id']}."
         chosen = {

@@ -17,7 +17,7 @@ from ..service import RegistryService
 from .api import REFUSALS
 from .api_responses import AgentOut, ListedAgentOut, MemoryOut, StoredAgentOut, success
 from .graph import plan_svg
-from .pages import templates
+from .pages import form_text, templates
 
 __all__ = ["api", "pages"]
 
@@ -195,13 +195,13 @@ async def agent_edit(request: Request, agent_id: str) -> Response:
         return RedirectResponse("/agents", status_code=303)
 
     def lines(name: str, separator: str = "\n") -> list[str]:
-        return [item.strip() for item in str(form.get(name, "")).split(separator) if item.strip()]
+        return [item.strip() for item in form_text(form, name).split(separator) if item.strip()]
 
     edited = spec.model_dump(mode="json") | {
-        "name": str(form.get("name", "")).strip(),
-        "role": str(form.get("role", "")).strip(),
-        "description": str(form.get("description", "")),
-        "system_prompt": str(form.get("system_prompt", "")),
+        "name": form_text(form, "name").strip(),
+        "role": form_text(form, "role").strip(),
+        "description": form_text(form, "description"),
+        "system_prompt": form_text(form, "system_prompt"),
         "tools": lines("tools", ","),
         "keywords": lines("keywords", ","),
         "lessons": lines("lessons"),
