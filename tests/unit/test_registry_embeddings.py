@@ -631,3 +631,19 @@ def test_past_fifty_copies_of_a_task_the_newest_still_come_first(isolated: Path)
             Cohort.model_validate({"id": run_id, "task": task, "plan": {"task": task, "steps": []}})
         )
     assert [cohort.id for cohort, _ in store.similar_cohorts(task, 10)] == ids[::-1][:10]
+
+
+def test_a_sentence_transformers_model_in_a_folder_under_home_is_loaded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # `~/models/minilm` was taken for a Hugging Face name, and failed as one
+    if importlib.util.find_spec("sentence_transformers") is None:
+        pytest.skip("sentence-transformers is not installed (extra embeddings)")
+    monkeypatch.setattr(embedders, "_resolved", {})
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "minilm").symlink_to(embedders.local_minilm_path())
+    embedder = resolve_embedder("sentence-transformers:~/models/minilm")
+    assert embedder is not None
+    (vector,) = embedder.embed_sync(["a text"], "query")
+    assert len(vector) == 384

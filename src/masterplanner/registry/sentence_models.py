@@ -30,10 +30,11 @@ class LocalSentenceTransformer(SentenceTransformerEmbeddingModel):
 
 def _load(name: str) -> SentenceTransformer:
     """The model `name` names, from this machine; one that is not here is refused in our words."""
-    try:
-        return SentenceTransformer(name, local_files_only=True)
-    except OSError:
-        if Path(name).expanduser().is_dir():
+    folder = Path(name).expanduser()
+    try:  # `~/models/x` is a folder, not a Hugging Face name
+        return SentenceTransformer(str(folder) if name.startswith("~") else name, local_files_only=True)
+    except (OSError, ValueError):  # not found; a name the hub refuses is a ValueError
+        if folder.is_dir():
             raise  # a folder that is here but does not load: the embedder's failure says why
         raise ConfigError(_not_here(name)) from None
 
