@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli import run_events
 from _plans import step
 
 from masterplanner import ConfigError, Settings
@@ -141,15 +142,8 @@ def test_a_run_calls_an_mcp_tool(write_script: Callable[..., Path]) -> None:
     result = _run_with_servers(script, {"notes": {"command": sys.executable, "args": [SERVER]}})
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    shown = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "masterplanner", "runs", "show", report["run_id"], "--json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
-    results = [e["data"] for e in shown["events"] if e["kind"] == "tool_result"]
+    events = run_events(report["run_id"])
+    results = [e["data"] for e in events if e["kind"] == "tool_result"]
     assert results == [{"tool": "notes_shout", "result": "HELLO"}]
 
 
@@ -226,15 +220,8 @@ def test_a_policy_for_a_tool_its_mcp_server_does_not_offer_fails_the_run_before_
         "tool_policies names 'notes_shuot', which is not a tool of this run: the MCP server 'notes' "
         "offers no such tool (it offers: notes_shout, notes_shoot, notes_add)",
     )
-    shown = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "masterplanner", "runs", "show", report["run_id"], "--json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
-    assert [e for e in shown["events"] if e["kind"] in ("step_started", "tool_call", "tool_result")] == []
+    events = run_events(report["run_id"])
+    assert [e for e in events if e["kind"] in ("step_started", "tool_call", "tool_result")] == []
 
 
 def test_a_server_that_prints_a_line_of_its_own_does_not_fill_the_terminal(
@@ -281,15 +268,8 @@ def test_a_tool_error_of_a_server_reaches_the_agent_as_a_failure_without_a_libra
     result = _run_with_servers(script, {"notes": {"command": sys.executable, "args": [SERVER]}})
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    shown = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "masterplanner", "runs", "show", report["run_id"], "--json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
-    [failed] = [e["data"] for e in shown["events"] if e["kind"] == "tool_result"]
+    events = run_events(report["run_id"])
+    [failed] = [e["data"] for e in events if e["kind"] == "tool_result"]
     assert failed["error"].startswith("the tool reported an error: ")
     assert "http" not in failed["error"] and "further information" not in failed["error"]
     # the server's own traceback went to its log, not into the terminal's view of the run
@@ -301,23 +281,8 @@ def test_a_tool_error_of_a_server_reaches_the_agent_as_a_failure_without_a_libra
 def _tool_results(result: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
     """The `tool_result` events of the run a `_run_with_servers` made."""
     assert result.returncode == 0, result.stderr
-    shown = json.loads(
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "masterplanner",
-                "runs",
-                "show",
-                json.loads(result.stdout)["run_id"],
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
-    return [e["data"] for e in shown["events"] if e["kind"] == "tool_result"]
+    events = run_events(json.loads(result.stdout)["run_id"])
+    return [e["data"] for e in events if e["kind"] == "tool_result"]
 
 
 def test_a_tool_goes_to_the_server_that_offers_it_when_one_server_s_name_begins_another_s(

@@ -297,20 +297,28 @@ def test_a_provider_embedder_without_its_client_package_names_it(monkeypatch: py
     )
 
 
-class _Failing(EmbeddingModel):
-    """An embedding model whose every call raises `error`."""
+class _Named(EmbeddingModel):
+    """The name and system the test embedding models give."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, name: str) -> None:
         super().__init__()
-        self.error = error
+        self._name = name
 
     @property
     def model_name(self) -> str:
-        return "failing"
+        return self._name
 
     @property
     def system(self) -> str:
         return "test"
+
+
+class _Failing(_Named):
+    """An embedding model whose every call raises `error`."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__("failing")
+        self.error = error
 
     async def embed(
         self, inputs: str | Sequence[str], *, input_type: EmbedInputType, settings: object = None
@@ -377,20 +385,12 @@ def test_a_sentence_transformers_model_not_here_points_to_the_minilm_package(
 # ---- the default embedder: the shipped SmolLM2 GGUF through llama.cpp (embedder = "smollm2")
 
 
-class _FixedVectors(EmbeddingModel):
+class _FixedVectors(_Named):
     """An embedding model that returns set vectors: cosines chosen by the test."""
 
     def __init__(self, vectors: dict[str, list[float]]) -> None:
-        super().__init__()
+        super().__init__("fixed")
         self.vectors = vectors
-
-    @property
-    def model_name(self) -> str:
-        return "fixed"
-
-    @property
-    def system(self) -> str:
-        return "test"
 
     async def embed(
         self, inputs: str | Sequence[str], *, input_type: EmbedInputType, settings: object = None

@@ -16,7 +16,7 @@ from _answers import execute_answering
 from _plans import step
 
 from masterplanner import Settings
-from masterplanner.engine import Engine, RunOptions
+from masterplanner.engine import Engine, RunOptions, RunRecord
 from masterplanner.engine.records import briefs_json
 from masterplanner.errors import ConfigError, RequestError, RunError
 from masterplanner.registry import RegistryStore
@@ -42,6 +42,16 @@ def _team_script(write_script: Callable[..., Path], *extra: dict[str, Any]) -> P
 
 async def _approve(run: Any, _catalog: Any) -> dict[str, Any]:
     return {"action": "approve"}
+
+
+async def _after(engine: Engine, script: Path, earlier: str, task: str) -> tuple[str, RunRecord]:
+    """Run `earlier` to success, then `task` (which may reuse its team): the first's id, the second's end."""
+    first = engine.create_run(earlier, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+    assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
+    second = engine.create_run(task, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+    final = await execute_answering(engine, second.id, review=_approve)
+    assert final.status == "succeeded", final.error
+    return first.id, final
 
 
 def _ready(engine: Engine, run_id: str) -> dict[str, Any]:
@@ -153,15 +163,11 @@ async def test_quoted_text_the_plan_wrote_without_its_quotes_is_swapped_too(
     )
     engine = Engine(Settings.load())
     try:
-        task = 'Write "hello world" to greeting.txt'
-        first = engine.create_run(task, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
-        task = 'Write "goodbye moon" to greeting.txt'
-        second = engine.create_run(task, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        final = await execute_answering(engine, second.id, review=_approve)
-        assert final.status == "succeeded", final.error
-        assert _ready(engine, second.id)["adaptation"] == "parameters"
-        assert set(engine.report(second.id)["usage"]["by_purpose"]) == {"step:write"}
+        _, final = await _after(
+            engine, script, 'Write "hello world" to greeting.txt', 'Write "goodbye moon" to greeting.txt'
+        )
+        assert _ready(engine, final.id)["adaptation"] == "parameters"
+        assert set(engine.report(final.id)["usage"]["by_purpose"]) == {"step:write"}
         [written] = final.plan.steps
         assert (written.instruction, written.expected_output) == (
             "Write the text goodbye moon to greeting.txt.",
@@ -195,18 +201,17 @@ async def test_a_number_the_plan_wrote_in_words_is_adapted_by_the_model(
     )
     engine = Engine(Settings.load())
     try:
-        task = "List the top 5 products in products.csv"
-        first = engine.create_run(task, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
-        task = "List the top 12 products in products.csv"
-        second = engine.create_run(task, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
-        final = await execute_answering(engine, second.id, review=_approve)
-        assert final.status == "succeeded", final.error
+        first, final = await _after(
+            engine,
+            script,
+            "List the top 5 products in products.csv",
+            "List the top 12 products in products.csv",
+        )
         # 5 is in the expected output and the prompt, but the instruction says "five": swapping
         # the 5s alone would run the old task, so the adapter rewrites the step
-        ready = _ready(engine, second.id)
-        assert (ready["reused_cohort"], ready["adaptation"]) == (first.id, "model")
-        usage = engine.report(second.id)["usage"]["by_purpose"]
+        ready = _ready(engine, final.id)
+        assert (ready["reused_cohort"], ready["adaptation"]) == (first, "model")
+        usage = engine.report(final.id)["usage"]["by_purpose"]
         assert set(usage) == {"adapter", "step:top"} and usage["adapter"]["calls"] == 1
         assert [s.instruction for s in final.plan.steps] == [adapted["instruction"]]
     finally:
