@@ -6,7 +6,6 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from rich.console import Console
 from rich.tree import Tree
 
+from _deep_folders import deep_folders
 from masterplanner.cli.live import (
     RunView,
     event_line,
@@ -332,29 +332,8 @@ def test_written_files_lists_changed_regular_files_sorted_and_capped(tmp_path: P
 
 def test_written_files_walks_folders_nested_deeper_than_python_recurses(tmp_path: Path) -> None:
     since = time.time() - 5
-    depth = sys.getrecursionlimit() + 100  # as a step's program once nested them
-    folder = os.open(tmp_path, os.O_RDONLY)
-    try:
-        for _ in range(depth):  # by descriptor: the path itself grows past what the OS takes
-            os.mkdir("d", dir_fd=folder)
-            inner = os.open("d", os.O_RDONLY, dir_fd=folder)
-            os.close(folder)
-            folder = inner
-        with open(os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=folder), "w") as file:
-            file.write("x")
-    finally:
-        os.close(folder)
-    try:
+    with deep_folders(tmp_path, "f.txt", "x") as depth:
         names, count, stopped = written_files(tmp_path, since)
-    finally:  # pytest's own clean-up of old temporary folders recurses too
-        top = tmp_path / "d"
-        while (top / "d").exists():  # lift the chain a level at a time
-            os.rename(top / "d", tmp_path / "lifted")
-            for name in os.listdir(top):
-                os.unlink(top / name)
-            os.rmdir(top)
-            os.rename(tmp_path / "lifted", top)
-        shutil.rmtree(top)
     assert (count, stopped, names[0].count("/"), names[0].endswith("/f.txt")) == (1, False, depth, True)
 
 

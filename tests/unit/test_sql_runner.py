@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _deep_folders import deep_folders
 from masterplanner.tools import sql_runner
 
 _WIDE = 20
@@ -76,3 +77,11 @@ def test_a_cell_longer_than_the_csv_module_reads_by_default_is_read(tmp_path: Pa
     (tmp_path / "wide.csv").write_text("a,b\n1," + "x" * 200_000 + "\n")
     done = _query(tmp_path, "SELECT length(b) FROM wide", 256)
     assert (done.returncode, done.stdout, done.stderr) == (0, "length(b)\n200000\n", "")
+
+
+def test_files_under_folders_nested_deeper_than_python_recurses_are_tables(tmp_path: Path) -> None:
+    """Before, `Path.rglob` recursed and the query failed with a `RecursionError` traceback."""
+    (tmp_path / "top.csv").write_text("v\n3\n")
+    with deep_folders(tmp_path, "low.csv", "v\n4\n"):
+        done = _query(tmp_path, "SELECT v FROM top", 256)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "v\n3\n", "")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import os
 import re
 import sqlite3
 import sys
@@ -75,7 +76,7 @@ def load(database: sqlite3.Connection, root: Path, query: str) -> dict[str, str]
     others only the header is read, for the error message that lists them.
     """
     tables: dict[str, str] = {}
-    for path in sorted(root.rglob("*")):
+    for path in _files(root):
         if not path.is_file() or path.suffix.lower() != ".csv" or path.stat().st_size > MAX_TABLE_BYTES:
             continue
         relative = path.relative_to(root).as_posix()
@@ -92,6 +93,25 @@ def load(database: sqlite3.Connection, root: Path, query: str) -> dict[str, str]
         except (csv.Error, sqlite3.Error) as exc:
             raise Unreadable(f"cannot read {relative} as a CSV file: {exc}") from None
     return tables
+
+
+def _files(root: Path) -> list[Path]:
+    """Every entry under `root` that is not a folder, in path order; linked folders not entered.
+
+    The walk keeps its own list of folders to read: `Path.rglob` recursed, and a workspace whose
+    folders a step's program nested past Python's recursion limit failed every query. (This
+    program uses the standard library only, so not `tools.workspace.walk_files`.)
+    """
+    found: list[Path] = []
+    folders = [root]
+    while folders:
+        try:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    (folders if entry.is_dir(follow_symlinks=False) else found).append(Path(entry.path))
+        except OSError:  # gone, or not readable: passed over
+            continue
+    return sorted(found)
 
 
 class Unreadable(Exception):
