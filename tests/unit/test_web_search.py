@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from _deep_folders import deep_folders
 from masterplanner import ToolError
 from masterplanner.tools.web_search import SearchConfig, SearchResult, web_search
 
@@ -28,6 +29,14 @@ def test_local_folder_search_ranks_files_and_quotes_the_best_line(tmp_path: Path
     moon = asyncio.run(web_search(config, "moon", 5))
     assert [hit.url for hit in moon] == ["sub/moon.md", "tides.md"]
     assert asyncio.run(web_search(config, "volcano", 5)) == []
+
+
+def test_local_folder_search_finds_files_under_folders_nested_past_python_s_recursion(tmp_path: Path) -> None:
+    """Before, `os.walk` recursed, and the search failed with a `RecursionError`."""
+    (tmp_path / "tides.md").write_text("# Tides\nThe moon pulls the sea.\n")
+    with deep_folders(tmp_path, "moon.md", "# Moon\nThe moon orbits the earth.\n") as depth:
+        hits = asyncio.run(web_search(SearchConfig(backend="local", folder=tmp_path), "moon", 5))
+    assert [hit.url for hit in hits] == [f"{'d/' * depth}moon.md", "tides.md"]
 
 
 def test_no_backend_says_how_to_configure_one() -> None:

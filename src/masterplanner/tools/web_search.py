@@ -14,7 +14,7 @@ import httpx
 
 from ..errors import ToolError
 from .selection import rank, words
-from .workspace import invalid_text
+from .workspace import invalid_text, walk_files
 
 __all__ = ["MAX_QUERY_CHARS", "SearchBackend", "SearchConfig", "SearchResult", "web_search"]
 
@@ -156,18 +156,16 @@ def _search_folder(folder: Path, query: str, limit: int) -> list[SearchResult]:
     if not folder.is_dir():
         raise ToolError(f"web_search_folder {folder} is not a folder")
     texts: dict[str, str] = {}
-    for root, directories, files in os.walk(folder, followlinks=False):
-        directories.sort()
-        for name in sorted(files):
-            path = Path(root) / name
-            if path.suffix.lower() not in _TEXT_SUFFIXES:
-                continue
-            text = _regular_text(path)
-            if text is None:
-                continue
-            texts[str(path.relative_to(folder))] = text
-            if len(texts) >= _MAX_FILES:
-                break
+    for entry in walk_files(folder):  # not `os.walk`: it recursed, and a deep folder chain broke it
+        path = Path(entry.path)
+        if path.suffix.lower() not in _TEXT_SUFFIXES:
+            continue
+        text = _regular_text(path)
+        if text is None:
+            continue
+        texts[path.relative_to(folder).as_posix()] = text
+        if len(texts) >= _MAX_FILES:
+            break
     terms = set(words(query))
     documents = {key: words(key) * 2 + words(text) for key, text in texts.items()}
     matching = {key: terms_ for key, terms_ in documents.items() if terms & set(terms_)}
