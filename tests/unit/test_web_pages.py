@@ -238,6 +238,13 @@ async def test_a_failed_run_is_retried_from_its_page(
     run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
     body = await _body_until(client, run_id, r'class="status status-failed"')
     assert "Retry from where it failed" in body
+    # the events say what the terminal's say: a run's reason too (before, only tools and errors)
+    gave_up = "the model called no_such_tool, a tool this step does not have, 3 times in a row"
+    assert (
+        f'step_failed <strong>b</strong><span class="tone-bad"> {gave_up}; the step gave up after 3 '
+        f"attempts</span></li><li><time>"
+    ) in body
+    assert f"run_failed step b failed: {gave_up}; the step gave up after 3 attempts</li></ol>" in body
     assert "Model calls for the whole run (now 13; used 13)" in body
     assert "Tokens for the whole run (now 2000000; used " in body
     assert (await client.get(f"/runs/{run_id}/body?failed=1")).status_code == 204  # still failed

@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..event_text import Part, event_detail, retry_wait
 from ..tools.workspace import walk_files
 from ..usage import money
 from .terminal import shown, visible
@@ -105,47 +106,14 @@ def wants_live_view(out: Console) -> bool:
 # ---- event lines (not a terminal, and `runs show`)
 
 
-def _event_detail(kind: str, data: dict[str, Any]) -> str:
-    """What an event's data says, as markup; every value in it may come from a model or a tool."""
-    if kind in ("tool_called", "tool_result"):
-        return f" {shown(data.get('tool'))}" + (f" [red]{shown(data['error'])}[/]" if "error" in data else "")
-    if kind in ("tool_approval_requested", "tool_approved", "tool_denied"):
-        return f" {shown(data.get('tool'))}" + (f" (by {shown(data['by'])})" if "by" in data else "")
-    if kind in ("step_failed", "step_retried"):
-        return f" [red]{shown(data.get('error', ''))}[/]"
-    if kind == "model_retried":
-        return f" [yellow]{_retry_wait(data)}[/]"
-    if kind in ("run_failed", "run_cancelled", "rejected"):
-        return f" {shown(data.get('reason', ''))}"
-    if kind in ("team_not_stored", "episode_not_kept") and "reason" in data:  # what the registry did not keep
-        return f" [yellow]{shown(data['reason'])}[/]"
-    if kind == "run_retried":
-        steps = ", ".join(str(step) for step in data.get("steps", []))
-        by = f" (by {shown(data['by'])})" if "by" in data else ""
-        return f" retry {shown(data.get('retry', ''))}" + (f": {shown(steps)}" if steps else "") + by
-    if kind == "run_refused":  # a worker that cannot coordinate it with its settings
-        return f" by {shown(data.get('process', ''))}: [red]{shown(data.get('reason', ''))}[/]"
-    if kind in ("approval_requested", "request_opened", "request_answered") and "request" in data:
-        detail = f" request {shown(data['request'])}"
-        detail += f" {shown(data['kind'])}" if "kind" in data else ""
-        detail += f" (by {shown(data['by'])})" if "by" in data else ""
-        if "refused_edit" in data:
-            detail += f" [red]edit refused: {shown(data['refused_edit'])}[/]"
-        return detail
-    team = _team_detail(kind, data)
-    if team is not None:
-        return team
-    if kind == "plan_ready" and data.get("cautions"):
-        return "".join(f" [yellow]caution: {shown(caution)}[/]" for caution in data["cautions"])
-    if kind == "plan_ready" and "reused_cohort" in data:
-        reuse = (
-            f"reusing the team of run {data['reused_cohort']} (similarity {data['similarity']}, "
-            f"adapted: {data.get('adaptation')})"
-        )
-        return f" {shown(reuse)}"
-    if kind == "plan_ready" and "reuse_failed" in data:
-        return f" [yellow]{shown(data['reuse_failed'])}[/]; planned afresh"
-    return ""
+_TONES = {"good": "green", "bad": "red", "warn": "yellow"}
+
+
+def _markup(parts: list[Part], *, trimmed: bool = False) -> str:
+    """An event's detail (`event_text.event_detail`) as markup; `trimmed`: without its leading space."""
+    if trimmed and parts:
+        parts = [(parts[0][0].lstrip(), parts[0][1]), *parts[1:]]
+    return "".join(f"[{_TONES[tone]}]{shown(text)}[/]" if tone else shown(text) for text, tone in parts)
 
 
 def event_line(event: Event) -> str:
@@ -154,7 +122,7 @@ def event_line(event: Event) -> str:
     step = f" [cyan]{shown(event.step)}[/]" if event.step else ""
     colour = {"run_succeeded": "green", "step_succeeded": "green", "run_failed": "red", "step_failed": "red"}
     kind = f"[{colour[event.kind]}]{event.kind}[/]" if event.kind in colour else shown(event.kind)
-    return f"[dim]{at}[/] {kind}{step}{_event_detail(event.kind, event.data)}"
+    return f"[dim]{at}[/] {kind}{step}{_markup(event_detail(event.kind, event.data))}"
 
 
 class EventLines:
@@ -208,45 +176,6 @@ def one_line(markup: str) -> Text:
     text = Text.from_markup(markup, overflow="ellipsis")
     text.no_wrap = True
     return text
-
-
-def _retry_wait(data: dict[str, Any]) -> str:
-    """A `model_retried` event: what the model server did, and when the next try comes."""
-    attempt, attempts = shown(data.get("attempt", "")), shown(data.get("attempts", ""))
-    delay = data.get("delay_s")
-    wait = f"{delay:g} s" if isinstance(delay, int | float) else "a moment"
-    return f"{shown(data.get('error', ''))}; try {attempt} of {attempts} in {wait}"
-
-
-def _team_detail(kind: str, data: dict[str, Any]) -> str | None:
-    """What a collaboration, plan-revision or resumption event says (None: not one of those)."""
-    if kind == "step_resumed":  # a process that stopped had started the step
-        return f" in {shown(data.get('process', ''))}"
-    if kind == "message_sent":
-        what = "question" if data.get("kind") == "question" else data.get("kind", "message")
-        to = ", ".join(str(step) for step in data.get("to", []))
-        return f" {shown(what)} to {shown(to)}: {shown(data.get('content', ''))}"
-    if kind == "message_delivered":
-        return f" #{shown(data.get('id'))} from {shown(data.get('from'))}"
-    if kind == "question_answered":
-        return f" #{shown(data.get('id'))} for {shown(data.get('from'))} (by {shown(data.get('by'))})"
-    if kind == "question_closed":
-        return f" #{shown(data.get('id'))} [yellow]{shown(data.get('reason', ''))}[/]"
-    if kind == "note_set":
-        return f" {shown(data.get('key'))} = {shown(data.get('value', ''))}"
-    if kind == "output_checked":
-        verdict = "[green]meets[/]" if data.get("meets") else "[red]falls short[/]"
-        return f" {verdict}: {shown(data.get('reason', ''))}"
-    if kind == "replan_requested":
-        return f" [yellow]replan {shown(data.get('n'))} after: {shown(data.get('error', ''))}[/]"
-    if kind in ("replanned", "step_expanded"):
-        into = ", ".join(str(step) for step in data.get("steps", []))
-        return f" into {shown(into)} (by {shown(data.get('by', ''))})"
-    if kind in ("replan_failed", "expand_failed"):
-        why = data.get("problems") or data.get("error") or data.get("rejected") or ""
-        why = "; ".join(why) if isinstance(why, list) else why
-        return f" [red]{shown(why)}[/]"
-    return None
 
 
 def team_lines(report: dict[str, Any]) -> list[str]:
@@ -360,7 +289,7 @@ class RunView:
             attempt = shown(data.get("attempt", ""))
             now.note = f"[yellow]attempt {attempt} after: {shown(data.get('error', ''))}[/]"
         elif event.kind == "model_retried":
-            now.note = f"[yellow]{_retry_wait(data)}[/]"
+            now.note = f"[yellow]{shown(retry_wait(data))}[/]"
         elif event.kind == "step_failed":
             now.tool, now.note = None, f"[red]{shown(data.get('error', ''))}[/]"
         elif event.kind in ("input_summarized", "input_cut"):
@@ -369,7 +298,7 @@ class RunView:
         elif event.kind in ("step_succeeded", "step_started"):
             now.tool, now.note = None, ""
         elif event.kind in _TEAM_NOTES:
-            now.note = _TEAM_NOTES[event.kind] + (_team_detail(event.kind, data) or "").lstrip() + "[/]"
+            now.note = _TEAM_NOTES[event.kind] + _markup(event_detail(event.kind, data), trimmed=True) + "[/]"
 
     def _apply_to_run(self, event: Event) -> None:
         data = event.data

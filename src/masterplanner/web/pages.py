@@ -25,6 +25,7 @@ from markupsafe import Markup
 from ..engine.records import BUDGET_LIMITS, FINISHED_RUN_STATUSES, WHOLE_OPTION_LIMITS, RunOptions, RunRecord
 from ..errors import MasterplannerError, PlanError, RunError
 from ..estimate import estimate_run
+from ..event_text import event_detail
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 from ..tools.workspace import walk_files
@@ -44,6 +45,7 @@ templates = Jinja2Templates(
         undefined=StrictUndefined,
     )
 )
+templates.env.globals["event_detail"] = event_detail  # an event's words, as the terminal says them
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
 """Characters no local path to go on to after a login holds (a backslash reads as a slash)."""
