@@ -147,8 +147,9 @@ def _assert_resumed_without_repeats(run_id: str, resumed: tuple[str, ...] = ("s3
 
 def test_kill_9_then_resume_never_repeats_finished_steps(write_script: Callable[..., Path]) -> None:
     # the killed process holds its lease long enough that the resume surely finds it still held
-    # (its holder sets how long it lasts; a 2 s lease could lapse while the resume starts up)
-    run_id = _chain_killed_after_s2(write_script, lease_s=8)
+    # (its holder sets how long it lasts; a 2 s lease could lapse while the resume starts up, and
+    # an 8 s one did, once, with the machine's two cores running several test jobs)
+    run_id = _chain_killed_after_s2(write_script, lease_s=15)
     resumed = mp("runs", "resume", run_id, "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["output"] == "out5"
