@@ -38,10 +38,10 @@ async def achat(prompt: str, *, model: str | None = None, settings: Settings | N
 
     from pydantic_ai import Agent
 
-    from .models import labelled, resolve_model
+    from .models import labelled, resolve_model_or_setting
 
     ledger = UsageLedger()
-    agent = Agent(labelled(resolve_model(spec, settings), "chat", ledger), output_type=str)
+    agent = Agent(labelled(resolve_model_or_setting(spec, settings), "chat", ledger), output_type=str)
     result = await run_agent(agent, prompt)
     return ChatResult(output=result, model=spec, usage=ledger.summary())
 

@@ -139,17 +139,42 @@ def _check_model_runs(settings: Settings, command: list[str] | None = None) -> I
 
 
 def _check_configured_model(settings: Settings) -> Check:
-    from .models import resolve_model
+    from .models import resolve_model_or_setting
 
     try:
-        model = resolve_model(settings.model, settings)
+        model = resolve_model_or_setting(None, settings)
     except MissingCredentialError as exc:
         return Check("configured model", False, True, str(exc), f"export {exc.variable}=<your key>")
     except MasterplannerError as exc:
-        return Check(
-            "configured model", False, True, str(exc), "set MASTERPLANNER_MODEL to a valid model spec"
-        )
+        fix = _change(settings, "model", "a valid model spec")
+        return Check("configured model", False, True, str(exc), fix)
     return Check("configured model", True, True, f"{settings.model} ({type(model).__name__})")
+
+
+def _check_settings_in_use(settings: Settings) -> Iterator[Check]:
+    """Settings that load but that runs refuse or cannot use, checked as a run checks them."""
+    from .engine.catalogs import settings_policy_problem
+    from .tools.builtin import search_setup_problem
+
+    if settings.tool_policies:
+        problem = settings_policy_problem(settings)
+        fix = _change(settings, "tool_policies", "policies for tools that exist")
+        yield Check("tool policies", problem is None, True, problem or "every tool named exists", fix)
+    if settings.web_search_backend != "none":
+        missing = search_setup_problem(settings)
+        problem = None if missing is None else settings.problem_in("web_search_backend", missing)
+        detail = problem or f"{settings.web_search_backend} is set up"
+        yield Check("web search", problem is None, True, detail, missing or "")
+
+
+def _change(settings: Settings, name: str, what: str) -> str:
+    """How to fix setting `name`, where it came from: its file, its variable or the flag."""
+    source = settings.source_of(name)
+    if source.startswith("in "):
+        return f"set {name} in {source.removeprefix('in ')} to {what}"
+    if source.startswith("from "):
+        return f"set {source.removeprefix('from ')} to {what}"
+    return f"give {name} {what}"
 
 
 def _check_database(settings: Settings) -> Check:
@@ -374,6 +399,7 @@ def run_checks(settings: Settings, on_start: Callable[[str], None] | None = None
     if settings.model != "local":
         note("configured model")
         checks.append(_check_configured_model(settings))
+    checks.extend(_check_settings_in_use(settings))
     note("database")
     checks.append(_check_database(settings))
     note("sandbox")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeGuard, get_args, get_origin
 
@@ -323,6 +323,15 @@ class Settings(BaseSettings):
         600.0, gt=0, le=86_400, description="seconds a model server has to answer one request"
     )
 
+    @field_validator("model")
+    @classmethod
+    def _model_given(cls, spec: str) -> str:
+        """A spec of spaces was taken and refused at the first run as `unknown model ''`."""
+        spec = spec.strip()
+        if not spec:
+            raise ValueError("must not be blank; give a model spec such as local or openai:gpt-4o")
+        return spec
+
     @field_validator("embedder")
     @classmethod
     def _embedder_form(cls, spec: str) -> str:
@@ -389,6 +398,20 @@ class Settings(BaseSettings):
 
     _ignored_config: tuple[Path, str] | None = PrivateAttr(default=None)
     _trusted_home: Path | None = PrivateAttr(default=None)
+    _given: frozenset[str] = PrivateAttr(default=frozenset())
+
+    def source_of(self, name: str) -> str:
+        """Where setting `name` came from, in the words errors use (`in FILE`, `from VARIABLE`).
+
+        An error found in a setting's value after loading (a model file that is not there, a
+        tool policy naming no tool) names the setting and its source, as a load error does.
+        """
+        flag_home = self.home if "home" in self._given else None
+        return _source(name, self._given, _TomlFiles(Settings, flag_home).origin)
+
+    def problem_in(self, name: str, problem: str) -> str:
+        """`problem` with the setting `name` it is about and where that setting came from."""
+        return f"setting {name!r} ({self.source_of(name)}): {problem}"
 
     @property
     def ignored_config(self) -> tuple[Path, str] | None:
@@ -431,6 +454,7 @@ class Settings(BaseSettings):
 
         try:
             super().__init__(**values)
+            self._given = frozenset(values)
         except ValidationError as exc:
             raise SettingsError(_describe(exc, values)) from None
         except SourceError as exc:
@@ -525,6 +549,17 @@ def _is_model(shape: Any) -> TypeGuard[type[BaseModel]]:
     return isinstance(shape, type) and issubclass(shape, BaseModel)
 
 
+def _source(key: str, given: Collection[str], origins: Mapping[str, Path]) -> str:
+    """Where setting `key` came from: an argument, its variable, a settings file, or its default."""
+    if key in given:
+        return "given as a flag or argument"
+    if f"{ENV_PREFIX}{key.upper()}" in os.environ:
+        return f"from {ENV_PREFIX}{key.upper()}"
+    if key in origins:
+        return f"in {origins[key]}"
+    return "default"
+
+
 def _describe(exc: ValidationError, given: dict[str, Any]) -> str:
     """One readable line per invalid setting, naming where the value came from."""
     origins = _TomlFiles(Settings, given.get("home")).origin
@@ -532,14 +567,7 @@ def _describe(exc: ValidationError, given: dict[str, Any]) -> str:
     for error in exc.errors():
         name = ".".join(str(part) for part in error["loc"]) or "settings"
         key = str(error["loc"][0]) if error["loc"] else ""
-        if key in given:
-            source = "given as a flag or argument"
-        elif f"{ENV_PREFIX}{key.upper()}" in os.environ:
-            source = f"from {ENV_PREFIX}{key.upper()}"
-        elif key in origins:
-            source = f"in {origins[key]}"
-        else:
-            source = "default"
+        source = _source(key, given, origins)
         if error["type"] == "extra_forbidden":
             known = ", ".join(sorted(_table_model(error["loc"][:-1]).model_fields))
             lines.append(f"unknown setting {name!r} {source}; known: {known}")

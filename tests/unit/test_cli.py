@@ -81,7 +81,7 @@ def test_unknown_model_form_exits_2_with_one_line() -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: unknown model 'nope:x'")
+    assert lines[0].startswith("error: setting 'model' (given as a flag or argument): unknown model 'nope:x'")
     for form in MODEL_FORMS:
         assert form in lines[0]
     assert result.stdout == ""
@@ -109,7 +109,7 @@ def test_debug_adds_the_traceback() -> None:
     result = run("--debug", "chat", "hi", "--model", "nope:x")
     assert result.returncode == 2
     assert "Traceback" in result.stderr
-    assert "error: unknown model 'nope:x'" in result.stderr
+    assert "error: setting 'model' (given as a flag or argument): unknown model 'nope:x'" in result.stderr
 
 
 def test_invalid_setting_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,7 +232,9 @@ def test_markup_and_escapes_in_an_error_are_one_literal_line() -> None:
     # `[/]` once made rich raise MarkupError (a traceback); ESC reached the terminal
     result = run("chat", "hi", "--model", "nope:[/]\x1b]0;pwned\x07")
     assert result.returncode == 2
-    assert result.stderr.startswith("error: unknown model 'nope:[/]\\x1b]0;pwned\\x07'")
+    assert result.stderr.startswith(
+        "error: setting 'model' (given as a flag or argument): unknown model 'nope:[/]\\x1b]0;pwned\\x07'"
+    )
     assert len(result.stderr.splitlines()) == 1
     assert "\x1b" not in result.stderr and "\x07" not in result.stderr
 

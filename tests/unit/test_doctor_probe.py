@@ -239,3 +239,43 @@ def test_doctor_lists_each_mcp_server_s_tools_and_names_one_that_cannot_be_liste
     }
     monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps({"notes": servers["notes"]}))
     assert CliRunner().invoke(app, ["doctor"]).exit_code == 0
+
+
+def test_doctor_fails_on_settings_every_run_refuses_naming_where_they_are(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A policy for no tool, a search backend without its folder, a bad model in a file: all were "ok"."""
+    from typer.testing import CliRunner
+
+    from masterplanner import doctor
+    from masterplanner.cli.app import app
+
+    monkeypatch.setattr(doctor, "_check_model_file", lambda: Check("embedded model file", True, True, "stub"))
+    monkeypatch.setattr(doctor, "_check_model_runs", lambda settings: iter(()))
+    settings_file = Path.cwd() / "masterplanner.toml"
+    settings_file.write_text('model = "openai:"\n')
+    env = {"MASTERPLANNER_TOOL_POLICIES": '{"fly": "auto"}', "MASTERPLANNER_WEB_SEARCH_BACKEND": "local"}
+    result = CliRunner().invoke(app, ["doctor", "--json"], env=env)
+    assert result.exit_code == 1, result.output
+    checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    model, policies, search = checks["configured model"], checks["tool policies"], checks["web search"]
+    assert (model["ok"], policies["ok"], search["ok"]) == (False, False, False)
+    assert model["detail"].startswith(f"setting 'model' (in {settings_file}): unknown model 'openai:'")
+    assert model["fix"] == f"set model in {settings_file} to a valid model spec"
+    assert policies["detail"].startswith(
+        "setting 'tool_policies' (from MASTERPLANNER_TOOL_POLICIES): tool_policies names 'fly', "
+        "which is not a tool"
+    )
+    assert policies["fix"] == "set MASTERPLANNER_TOOL_POLICIES to policies for tools that exist"
+    assert search["detail"] == (
+        "setting 'web_search_backend' (from MASTERPLANNER_WEB_SEARCH_BACKEND): web_search_backend is local: "
+        "set web_search_folder (MASTERPLANNER_WEB_SEARCH_FOLDER)"
+    )
+    settings_file.unlink()
+    folder = Path.cwd() / "notes"
+    folder.mkdir()
+    env |= {"MASTERPLANNER_TOOL_POLICIES": '{"web_search": "ask"}'}
+    env |= {"MASTERPLANNER_WEB_SEARCH_FOLDER": str(folder)}
+    fine = CliRunner().invoke(app, ["doctor", "--json"], env=env)
+    checks = {check["name"]: check for check in json.loads(fine.stdout)["checks"]}
+    assert (checks["tool policies"]["ok"], checks["web search"]["ok"]) == (True, True)

@@ -197,3 +197,54 @@ def test_an_embedder_that_is_no_form_of_one_is_refused_when_the_settings_load(
     )
     monkeypatch.setenv("MASTERPLANNER_EMBEDDER", "openai:text-embedding-3-small")
     assert Settings.load().embedder == "openai:text-embedding-3-small"
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ("openai:", "unknown model 'openai:' (expected PROVIDER:NAME); valid forms: "),
+        ("scripted:/nonexistent", "scripted model file /nonexistent does not exist"),
+        ("local:/x/not-a-gguf.txt", "model file /x/not-a-gguf.txt: no such file"),
+    ],
+)
+def test_a_bad_model_setting_says_it_is_the_setting_and_where_it_came_from(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, spec: str, problem: str
+) -> None:
+    from masterplanner import ConfigError, chat
+
+    path = write_toml(Path.cwd(), f'model = "{spec}"\n')
+    with pytest.raises(ConfigError) as caught:
+        chat("hi")
+    assert str(caught.value).startswith(f"setting 'model' (in {path}): {problem}")
+    monkeypatch.setenv("MASTERPLANNER_MODEL", spec)
+    with pytest.raises(ConfigError) as caught:
+        chat("hi")
+    assert str(caught.value).startswith(f"setting 'model' (from MASTERPLANNER_MODEL): {problem}")
+    with pytest.raises(ConfigError) as caught:
+        chat("hi", model=spec)
+    assert str(caught.value).startswith(f"setting 'model' (given as a flag or argument): {problem}")
+
+
+def test_a_blank_model_setting_is_refused_when_the_settings_load(isolated: Path) -> None:
+    path = write_toml(Path.cwd(), 'model = "   "\n')
+    with pytest.raises(SettingsError) as caught:
+        Settings.load()
+    assert str(caught.value) == (
+        f"invalid settings: setting 'model' (in {path}): must not be blank; give a model spec such as "
+        "local or openai:gpt-4o"
+    )
+
+
+def test_a_tool_policy_for_no_tool_names_the_file_it_is_in(isolated: Path) -> None:
+    from masterplanner import ConfigError, Engine
+
+    path = write_toml(Path.cwd(), '[tool_policies]\nfly = "auto"\n')
+    engine = Engine(Settings.load())
+    try:
+        with pytest.raises(ConfigError) as caught:
+            engine.create_run("x", model="local")
+    finally:
+        engine.close()
+    assert str(caught.value).startswith(
+        f"setting 'tool_policies' (in {path}): tool_policies names 'fly', which is not a tool; tools are "
+    )

@@ -130,7 +130,7 @@ def plan(
     import asyncio
 
     from ..errors import ConfigError
-    from ..models import resolve_model
+    from ..models import resolve_model_or_setting
     from ..planner import plan as make_plan
     from ..prompting import MAX_ROUNDS
     from ..tools import builtin_catalog
@@ -145,7 +145,7 @@ def plan(
             raise ConfigError(f"--tools: {exc.args[0]}; available: {', '.join(catalog.names)}") from None
     if not 0 <= rounds <= MAX_ROUNDS:
         raise ConfigError(f"--rounds must be between 0 and {MAX_ROUNDS}, got {rounds}")
-    chosen = resolve_model(settings.model, settings)
+    chosen = resolve_model_or_setting(None, settings)
     ledger = UsageLedger()
 
     async def work(note: Callable[[str], None]) -> tuple[Plan, dict[str, AgentPrompt]]:
@@ -309,10 +309,10 @@ def _evaluate_with_model(dataset: str, model: str | None, limit: int | None, res
     from rich.progress import Progress, TimeElapsedColumn
 
     from ..evaluation import Scores, evaluate_planning
-    from ..models import resolve_model
+    from ..models import resolve_model_or_setting
 
     settings = load_settings(model=model)
-    chosen = resolve_model(settings.model, settings)
+    chosen = resolve_model_or_setting(None, settings)
     title = shown(f"{dataset} with {settings.model}")
     with Progress(
         *Progress.get_default_columns(), TimeElapsedColumn(), console=console(stderr=True)

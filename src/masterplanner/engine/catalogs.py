@@ -17,6 +17,7 @@ from ..tools.web_search import SearchConfig
 __all__ = [
     "RunCatalog",
     "run_catalog",
+    "settings_policy_problem",
     "tool_context",
     "unknown_policy_tool",
     "unoffered_policy_tools",
@@ -91,6 +92,12 @@ def unknown_policy_tool(
             f"{', '.join(sorted(known))}, and <server>_<tool> for the MCP servers in mcp_servers"
         )
     return None
+
+
+def settings_policy_problem(settings: Settings) -> str | None:
+    """What is wrong with the `tool_policies` setting, naming where it came from (every run refuses it)."""
+    problem = unknown_policy_tool(settings.tool_policies, settings.mcp_servers)
+    return None if problem is None else settings.problem_in("tool_policies", problem)
 
 
 def unoffered_policy_tools(

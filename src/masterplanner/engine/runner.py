@@ -42,12 +42,12 @@ from ..errors import (
     RunError,
     ToolError,
 )
-from ..models import resolve_model
+from ..models import resolve_model_or_setting
 from ..plan import Plan, Step, tool_problems, validate_task
 from ..settings import Settings
 from ..tools.workspace import Workspace
 from .budget import RunLedger
-from .catalogs import RunCatalog, run_catalog, unknown_policy_tool
+from .catalogs import RunCatalog, run_catalog, settings_policy_problem, unknown_policy_tool
 from .planning import plan_run, review_run
 from .processes import Processes, ProcessKind
 from .records import (
@@ -164,7 +164,7 @@ class Engine:
             )
         spec = model or self.settings.model
         try:
-            small = uses_clause_plans(resolve_model(spec, self.settings))
+            small = uses_clause_plans(resolve_model_or_setting(spec, self.settings))
         except MissingCredentialError:
             if not for_workers:
                 raise
@@ -180,8 +180,9 @@ class Engine:
         problem = options_problem(options)
         if problem is None:
             # the settings' policies (config file, environment) under the run's own
-            options = replace(options, tool_policies={**self.settings.tool_policies, **options.tool_policies})
             problem = unknown_policy_tool(options.tool_policies, self.settings.mcp_servers)
+            options = replace(options, tool_policies={**self.settings.tool_policies, **options.tool_policies})
+            problem = problem or settings_policy_problem(self.settings)
         if problem is not None:
             raise ConfigError(problem)
         if options.max_cost_usd is not None and _price_unknown(spec):

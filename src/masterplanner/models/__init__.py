@@ -14,11 +14,12 @@ Provider SDKs are imported only when their spec is resolved, so `masterplanner -
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import MissingCredentialError, ModelSpecError
+from ..errors import ConfigError, MissingCredentialError, ModelSpecError
 from ..settings import PROVIDERS, provider_of
 from .labelled import LabelledModel, labelled
 
@@ -36,6 +37,7 @@ __all__ = [
     "missing_credential",
     "provider_of",
     "resolve_model",
+    "resolve_model_or_setting",
     "takes_tool_aids",
     "with_tool_aids",
 ]
@@ -131,6 +133,26 @@ def resolve_model(spec: str, settings: Settings | None = None) -> Model:
         case "ollama":
             return _retried(_ollama(name), settings)
     raise _unknown(spec, f"no provider {provider!r}")
+
+
+def resolve_model_or_setting(spec: str | None, settings: Settings) -> Model:
+    """The model `spec` names, or when it is None, empty or the setting's value, the `model` setting's.
+
+    An error in the setting's spec (an unknown form, a model or script file that is not there)
+    says it is the `model` setting and where that came from: a spec in a settings file was
+    reported as if typed on the command line, and `doctor` pointed at MASTERPLANNER_MODEL.
+    A missing API key is not the setting's fault and is raised as it is.
+    """
+    if spec and spec != settings.model:
+        return resolve_model(spec, settings)
+    try:
+        return resolve_model(settings.model, settings)
+    except MissingCredentialError:
+        raise
+    except ConfigError as exc:
+        located = copy.copy(exc)
+        located.args = (settings.problem_in("model", str(exc)),)
+        raise located from None
 
 
 def _retried(model: Model, settings: Settings | None) -> Model:

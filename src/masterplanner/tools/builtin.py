@@ -32,7 +32,14 @@ from .images import ImageConfig
 if TYPE_CHECKING:
     from ..settings import Settings
 
-__all__ = ["BUILTIN_TOOLS", "BUILTIN_TOOL_NAMES", "BuiltinTool", "builtin_catalog", "builtin_tool"]
+__all__ = [
+    "BUILTIN_TOOLS",
+    "BUILTIN_TOOL_NAMES",
+    "BuiltinTool",
+    "builtin_catalog",
+    "builtin_tool",
+    "search_setup_problem",
+]
 
 _WEB_SEARCH_HOW_TO = (
     "set web_search_backend to local (with web_search_folder), searxng (with searxng_url), "
@@ -258,6 +265,16 @@ async def web_search(ctx: Context, query: str, num_results: Annotated[int, Field
         return "\n\n".join(f"{n}. {hit.title}\n{hit.url}\n{hit.snippet}" for n, hit in enumerate(hits, 1))
 
     return await ctx.deps.run_tool("web_search", {"query": query, "num_results": num_results}, call)
+
+
+def search_setup_problem(settings: Settings) -> str | None:
+    """What the chosen web search backend lacks, or None when it has all it needs or none is chosen.
+
+    With a backend chosen and not usable, `web_search` is left out of every run (`doctor` says so).
+    """
+    if settings.web_search_backend == "none":
+        return None
+    return _search_missing(settings)
 
 
 def _search_missing(settings: Settings) -> str | None:
