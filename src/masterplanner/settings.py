@@ -57,6 +57,7 @@ from .tools.mcp import McpServer
 __all__ = [
     "CONFIG_FILE_NAME",
     "ENV_PREFIX",
+    "OTHER_VARIABLES",
     "PROVIDERS",
     "WORKSPACES_FILE_NAME",
     "ProviderLimit",
@@ -69,6 +70,10 @@ __all__ = [
 
 ENV_PREFIX = "MASTERPLANNER_"
 CONFIG_FILE_NAME = "masterplanner.toml"
+OTHER_VARIABLES = frozenset(
+    {"MASTERPLANNER_BENCHMARKS", "MASTERPLANNER_TEST_ARTIFACTS", "MASTERPLANNER_ANCHOR"}
+)
+"""`MASTERPLANNER_*` variables that are not settings: the benchmark data, test artifacts, bench's anchor."""
 WORKSPACES_FILE_NAME = "workspaces.jsonl"
 """In the home directory: every folder a run has used as its workspace, one JSON string a line."""
 
@@ -452,6 +457,7 @@ class Settings(BaseSettings):
         """
         from pydantic_settings import SettingsError as SourceError
 
+        _check_variable_names()
         try:
             super().__init__(**values)
             self._given = frozenset(values)
@@ -547,6 +553,28 @@ def _table_model(loc: Sequence[int | str]) -> type[BaseModel]:
 
 def _is_model(shape: Any) -> TypeGuard[type[BaseModel]]:
     return isinstance(shape, type) and issubclass(shape, BaseModel)
+
+
+def _check_variable_names() -> None:
+    """`SettingsError` for a `MASTERPLANNER_*` variable that is no setting (nor one of `OTHER_VARIABLES`).
+
+    A misspelt variable (`MASTERPLANNER_MODLE`) was ignored, and the run used another model.
+    Names are compared without case, as the settings read them.
+    """
+    from difflib import get_close_matches
+
+    settings = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    for variable in sorted(os.environ):
+        name = variable.upper()
+        if not name.startswith(ENV_PREFIX) or name in settings or name in OTHER_VARIABLES:
+            continue
+        close = get_close_matches(name, sorted(settings), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise SettingsError(
+            f"unknown setting variable {variable}: no setting is called "
+            f"{name.removeprefix(ENV_PREFIX).lower()!r}; {hint}a MASTERPLANNER_ variable is "
+            f"MASTERPLANNER_ and a setting's name: {', '.join(sorted(Settings.model_fields))}"
+        )
 
 
 def _source(key: str, given: Collection[str], origins: Mapping[str, Path]) -> str:

@@ -248,3 +248,22 @@ def test_a_tool_policy_for_no_tool_names_the_file_it_is_in(isolated: Path) -> No
     assert str(caught.value).startswith(
         f"setting 'tool_policies' (in {path}): tool_policies names 'fly', which is not a tool; tools are "
     )
+
+
+def test_an_unknown_masterplanner_variable_is_an_error_naming_it_and_the_closest_setting(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MASTERPLANNER_MODLE", "openai:x")
+    with pytest.raises(SettingsError) as caught:
+        Settings.load()
+    message = str(caught.value)
+    assert message.startswith(
+        "unknown setting variable MASTERPLANNER_MODLE: no setting is called 'modle'; did you mean "
+        "MASTERPLANNER_MODEL? a MASTERPLANNER_ variable is MASTERPLANNER_ and a setting's name: "
+        "agent_reuse_threshold, "
+    )
+    monkeypatch.delenv("MASTERPLANNER_MODLE")
+    for variable in ("MASTERPLANNER_BENCHMARKS", "MASTERPLANNER_TEST_ARTIFACTS", "MASTERPLANNER_ANCHOR"):
+        monkeypatch.setenv(variable, "/somewhere")  # read by the project, not settings
+    monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", "sqlite:///x.sqlite")
+    assert Settings.load().database_url == "sqlite:///x.sqlite"
