@@ -93,6 +93,18 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise SettingsError(f"{path}: not valid TOML: {exc}") from exc
 
 
+def _is_settings_file(path: Path) -> bool:
+    """Whether `path` is there to read; `SettingsError` for a folder or other non-file by that name.
+
+    A folder called masterplanner.toml was passed over in silence, with every setting in it unread.
+    """
+    if path.is_file():
+        return True
+    if path.exists():
+        raise SettingsError(f"{path}: is not a file; a settings file is a TOML file")
+    return False
+
+
 def known_workspaces(home: Path) -> list[Path]:
     """The folders runs recorded in `home` have used as workspaces (resolved, oldest first)."""
     path = home.expanduser() / WORKSPACES_FILE_NAME
@@ -193,20 +205,24 @@ class _TomlFiles(PydanticBaseSettingsSource):
         cwd_file = Path.cwd() / CONFIG_FILE_NAME
         self.ignored: tuple[Path, str] | None = None
         cwd_data: dict[str, Any] = {}
-        if cwd_file.is_file():
-            workspace = _workspace_holding(cwd_file.parent, _base_home(flag_home))
-            if workspace is None:
-                cwd_data = _read_toml(cwd_file)
-            else:
-                self.ignored = (
-                    cwd_file,
-                    f"{cwd_file.parent} is the workspace of an earlier run ({workspace}), where steps "
-                    "write; settings are never read from a workspace. Put them in "
-                    f"{_base_home(flag_home) / CONFIG_FILE_NAME}, the environment or flags",
-                )
+        if cwd_file.exists() and (workspace := _workspace_holding(cwd_file.parent, _base_home(flag_home))):
+            self.ignored = (
+                cwd_file,
+                f"{cwd_file.parent} is the workspace of an earlier run ({workspace}), where steps "
+                "write; settings are never read from a workspace. Put them in "
+                f"{_base_home(flag_home) / CONFIG_FILE_NAME}, the environment or flags",
+            )
+        elif _is_settings_file(cwd_file):
+            cwd_data = _read_toml(cwd_file)
         home = flag_home or os.environ.get(f"{ENV_PREFIX}HOME") or cwd_data.get("home") or default_home()
         home_file = Path(str(home)).expanduser() / CONFIG_FILE_NAME
-        home_data = _read_toml(home_file) if home_file.is_file() and home_file != cwd_file else {}
+        home_data = _read_toml(home_file) if home_file != cwd_file and _is_settings_file(home_file) else {}
+        if "home" in home_data:
+            raise SettingsError(
+                f"{home_file}: sets home, which the home folder's own settings file cannot (it is "
+                "found inside the home); set it with --home, MASTERPLANNER_HOME or masterplanner.toml "
+                "in the current directory"
+            )
         self.origin = dict.fromkeys(home_data, home_file) | dict.fromkeys(cwd_data, cwd_file)
         self.data = home_data | cwd_data
 

@@ -267,3 +267,29 @@ def test_an_unknown_masterplanner_variable_is_an_error_naming_it_and_the_closest
         monkeypatch.setenv(variable, "/somewhere")  # read by the project, not settings
     monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", "sqlite:///x.sqlite")
     assert Settings.load().database_url == "sqlite:///x.sqlite"
+
+
+def test_a_settings_file_that_is_a_folder_is_an_error_naming_it(isolated: Path) -> None:
+    folder = Path.cwd() / "masterplanner.toml"
+    folder.mkdir()
+    with pytest.raises(SettingsError) as caught:
+        Settings.load()
+    assert str(caught.value) == f"{folder}: is not a file; a settings file is a TOML file"
+    folder.rmdir()
+    (isolated / "masterplanner.toml").mkdir(parents=True)
+    with pytest.raises(SettingsError) as caught:
+        Settings.load()
+    assert (
+        str(caught.value)
+        == f"{isolated / 'masterplanner.toml'}: is not a file; a settings file is a TOML file"
+    )
+
+
+def test_home_set_in_the_home_folders_own_file_is_refused(isolated: Path, tmp_path: Path) -> None:
+    path = write_toml(isolated, f'home = "{tmp_path / "other"}"\n')
+    with pytest.raises(SettingsError) as caught:
+        Settings.load()
+    assert str(caught.value) == (
+        f"{path}: sets home, which the home folder's own settings file cannot (it is found inside the "
+        "home); set it with --home, MASTERPLANNER_HOME or masterplanner.toml in the current directory"
+    )
