@@ -385,3 +385,18 @@ def test_seconds_to_wait_that_are_not_a_number_of_seconds_are_refused(value: str
         2,
         f"error: --wait must be from 0 to 3,600 seconds, got {float(value):g}",
     )
+
+
+def test_chat_warns_that_a_settings_file_in_a_recorded_workspace_is_not_read(isolated: Path) -> None:
+    from masterplanner import Settings
+
+    Settings.load().record_workspace(Path.cwd())
+    (Path.cwd() / "masterplanner.toml").write_text('model = "openai:planted"\n')
+    result = run("chat", "hi", "--model", "nope:x")
+    assert result.returncode == 2
+    warning, error = result.stderr.strip().splitlines()
+    assert warning.startswith(
+        f"warning: {Path.cwd() / 'masterplanner.toml'} is not read: {Path.cwd()} is the workspace of an "
+        "earlier run"
+    )
+    assert error.startswith("error: setting 'model' (given as a flag or argument): unknown model 'nope:x'")

@@ -87,12 +87,13 @@ def chat(
     """
     from ..chatting import chat as run_chat
 
+    settings = load_settings(model=model)  # warns about a settings file it did not read
     if as_json:
-        result = run_chat(prompt, model=model)
+        result = run_chat(prompt, model=model, settings=settings)
         typer.echo(json_text(result.to_dict()))
         return
     with console(stderr=True).status(f"asking {shown(model or 'the configured model')}…"):
-        result = run_chat(prompt, model=model)
+        result = run_chat(prompt, model=model, settings=settings)
     typer.echo(visible(result.output, lines=True))
     usage = result.usage["by_purpose"].get("chat", {})
     console(stderr=True).print(
