@@ -255,6 +255,8 @@ def problem_in_our_words(item: Any, *, what: str | None = None) -> str:
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         shape = f"an object with the fields of {what}" if what else "a JSON object"
         return f"should be {shape}, got {json_kind(value)}"
+    if kind == "path_type":  # pydantic: "Input is not a valid path for <class 'pathlib.Path'>"
+        return f"should be a path (text), got {json_kind(value)}"
     if kind == "string_unicode":  # JSON text with a lone surrogate (`"\ud800"`)
         return "should be text, and it holds a character that is not one (a lone surrogate)"
     if kind in ("missing", "extra_forbidden"):

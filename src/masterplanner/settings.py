@@ -50,7 +50,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from .errors import SettingsError, problem_in_our_words
+from .errors import SettingsError, json_kind, problem_in_our_words
 from .text_files import read_text
 from .tools.mcp import McpServer
 
@@ -616,5 +616,8 @@ def _describe(exc: ValidationError, given: dict[str, Any]) -> str:
             known = ", ".join(sorted(_table_model(error["loc"][:-1]).model_fields))
             lines.append(f"unknown setting {name!r} {source}; known: {known}")
         else:
-            lines.append(f"setting {name!r} ({source}): {problem_in_our_words(error)}")
+            problem = problem_in_our_words(error)
+            if source.startswith("in ") and error["type"] in ("dict_type", "model_type"):
+                problem = f"should be a table, got {json_kind(error.get('input'))}"  # TOML's word
+            lines.append(f"setting {name!r} ({source}): {problem}")
     return "invalid settings: " + "; ".join(lines)

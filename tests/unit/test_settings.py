@@ -293,3 +293,20 @@ def test_home_set_in_the_home_folders_own_file_is_refused(isolated: Path, tmp_pa
         f"{path}: sets home, which the home folder's own settings file cannot (it is found inside the "
         "home); set it with --home, MASTERPLANNER_HOME or masterplanner.toml in the current directory"
     )
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("home = 5", "setting 'home' (in {path}): should be a path (text), got a number"),
+        ("mcp_servers = 5", "setting 'mcp_servers' (in {path}): should be a table, got a number"),
+    ],
+)
+def test_a_wrong_kind_of_value_in_a_settings_file_is_said_in_toml_words(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, line: str, problem: str
+) -> None:
+    monkeypatch.delenv("MASTERPLANNER_HOME")  # else it wins over the file's home
+    path = write_toml(Path.cwd(), line + "\n")
+    with pytest.raises(SettingsError) as caught:
+        Settings.load()
+    assert str(caught.value) == "invalid settings: " + problem.format(path=path)
