@@ -206,6 +206,11 @@ class StepAids(ToolAids):
     reads_each: bool = False
     """The step may read files: a text about each of several files is drafted from their contents
     (read by one `read_file` call each, before the drafts), not from their names alone."""
+    prompt: str = ""
+    """The step's prompt as the person edited it at review, else empty. A drafted text is asked
+    without the agent's prompt (the short draft request is what the 135M model follows), so an
+    edit would never reach the model: every text drafted for the step is asked with the edited
+    prompt in its system text, and none is copied or taken from labelled lines in its stead."""
 
 
 _TEXT_FILE = re.compile(r"\.(?:txt|md|markdown|rst|text)$", re.IGNORECASE)
@@ -330,6 +335,7 @@ def drafted_write(
         "",
         request,
     ).strip()
+    request = re.sub(r"[,;:]\s*([.!?])$", r"\1", request)  # "…, one per line, to fruits.txt." lost its file
     request = request if request.endswith((".", "!", "?")) else f"{request.rstrip(',;: ')}."
     if _TRANSLATE.search(request):  # "… into French": a language there are examples of
         languages = [word.capitalize() for word in _INTO.findall(request)]
@@ -417,7 +423,9 @@ def grounding_call(step: Step, tools: Sequence[str]) -> DirectCall | None:
     return None
 
 
-def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) -> ToolAids | None:
+def tool_aids(
+    plan: Plan, step: Step, tools: list[str], workspace: Workspace, *, prompt: str = ""
+) -> ToolAids | None:
     """Tool-use aids for a small local model, grounded in the step's text and the workspace's files.
 
     The file names the step mentions (and, for a step nothing depends on, the task) split in two:
@@ -426,7 +434,8 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
     tool calls (failed ones count). A step whose instruction only reads an existing file, or only
     lists the workspace, gets a `DirectCall`; one that asks to write one new text file, and names
     no existing file it could read itself, gets a `DraftedWrite` (both applied only for models
-    whose profile sets `masterplanner_structured_plans`).
+    whose profile sets `masterplanner_structured_plans`). `prompt`: the step's prompt when the
+    person edited it at review (`StepAids.prompt`).
     """
     texts = [step.title, step.instruction, step.expected_output]
     if step.id in sinks(plan.steps):
@@ -465,7 +474,7 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
     if not values:
         # nothing to ground: at least stop the model from calling tools until the request cap
         calls = _UNGROUNDED_CALLS + (grounding is not None)
-        return StepAids(max_tool_calls=calls, direct_call=direct, grounding=grounding)
+        return StepAids(max_tool_calls=calls, direct_call=direct, grounding=grounding, prompt=prompt)
     return StepAids(
         first_call_tools=tuple(values),
         argument_values=values,
@@ -473,6 +482,7 @@ def tool_aids(plan: Plan, step: Step, tools: list[str], workspace: Workspace) ->
         drafted_write=draft,
         direct_call=direct,
         grounding=grounding,
+        prompt=prompt,
     )
 
 
@@ -785,7 +795,9 @@ class BudgetedModel(WrapperModel):
         if direct is None and grounding is None and draft is None:
             return None
         reads = "read_file" in offered
-        return StepAids(drafted_write=draft, direct_call=direct, grounding=grounding, reads_each=reads)
+        return StepAids(
+            drafted_write=draft, direct_call=direct, grounding=grounding, reads_each=reads, prompt=aids.prompt
+        )
 
     async def _aided_turn(
         self, aids: StepAids, messages: list[ModelMessage], settings: ModelSettings | None
@@ -818,25 +830,27 @@ class BudgetedModel(WrapperModel):
         if isinstance(aid, DraftedWrite) and aid.each:  # the files it has a line each about
             items = list(grounded.files or listed_names(_input_bodies(inputs)[1]))[:MAX_EACH]
             if items:
-                return await self._each_turn(aid, items, aids.reads_each, responses, messages, settings)
+                return await self._each_turn(aid, items, aids, responses, messages, settings)
         if not responses:
             if isinstance(aid, DirectCall):
                 return self._call(aid)
+            if aids.prompt:  # the person's prompt: the text is the model's, asked under it
+                aid = replace(aid, copy=False, labelled="")
             if aid.copy and (copied := grounded.value or _one_input(inputs)):
                 return self._call(DirectCall("write_file", {"path": aid.path, "content": f"{copied}\n"}))
             if aid.translate_to and (source := _only_input(inputs)):
-                return await self._translate(aid, source, settings)
+                return await self._translate(aid, source, settings, aids.prompt)
             if aid.labelled and (lines := _labelled_lines(_only_input(inputs) or "", aid.labelled)):
                 content = "\n".join(f"- {line}" for line in lines) + "\n"
                 return self._call(DirectCall("write_file", {"path": aid.path, "content": content}))
-            return await self._draft(aid, messages, settings, grounded.text)
+            return await self._draft(aid, messages, settings, grounded.text, aids.prompt)
         return self._returned(aid, responses, messages)
 
     async def _each_turn(
         self,
         aid: DraftedWrite,
         items: list[str],
-        reads: bool,
+        aids: StepAids,
         responses: list[ModelResponse],
         messages: list[ModelMessage],
         settings: ModelSettings | None,
@@ -846,15 +860,16 @@ class BudgetedModel(WrapperModel):
         First the files' reads (when the step may read), then the drafts and their `write_file`
         call, then the text as the answer.
         """
+        reads = aids.reads_each
         if not responses:
             if reads:
                 parts = [ToolCallPart("read_file", {"path": item}) for item in items]
                 return ModelResponse(parts=list(parts), model_name=self.wrapped.model_name)
-            return await self._draft_each(aid, items, {}, settings)
+            return await self._draft_each(aid, items, {}, settings, aids.prompt)
         if reads and _reads_of(responses[0]) == items:
             if len(responses) == 1:  # the reads have returned
                 return await self._draft_each(
-                    aid, items, _returned_contents(responses[0], messages), settings
+                    aid, items, _returned_contents(responses[0], messages), settings, aids.prompt
                 )
             responses = responses[1:]
         return self._returned(aid, responses, messages)
@@ -929,8 +944,12 @@ class BudgetedModel(WrapperModel):
         messages: list[ModelMessage],
         settings: ModelSettings | None,
         grounded: str = "",
+        prompt: str = "",
     ) -> ModelResponse:
-        """Ask for the text (or program) alone and answer with the `write_file` call that saves it."""
+        """Ask for the text (or program) alone and answer with the `write_file` call that saves it.
+
+        `prompt`: the person's edited prompt, put in the system text (`StepAids.prompt`).
+        """
         brief = _brief_inputs(messages)
         count = _one_input(brief) if draft.counted_lines else None
         if count is not None and count.isascii() and count.isdigit() and 0 < int(count) <= MAX_COUNTED_LINES:
@@ -942,9 +961,9 @@ class BudgetedModel(WrapperModel):
             brief = _input_bodies(brief)[1]
         inputs = "\n\n".join(part for part in (brief, grounded) if part)
         system = (
-            render("step_program_system.j2", language=draft.language)
+            render("step_program_system.j2", language=draft.language, prompt=prompt)
             if draft.language
-            else render("step_draft_system.j2")
+            else render("step_draft_system.j2", prompt=prompt)
         )
         prompt = render("step_draft_user.j2", request=draft.request, form=draft.form, inputs=inputs)
         cap = 32 * draft.lines if draft.lines else 96 * draft.sentences if draft.sentences else 512
@@ -968,7 +987,7 @@ class BudgetedModel(WrapperModel):
         return ModelResponse(parts=[call], usage=reply.usage, model_name=reply.model_name)
 
     async def _translate(
-        self, draft: DraftedWrite, source: str, settings: ModelSettings | None
+        self, draft: DraftedWrite, source: str, settings: ModelSettings | None, prompt: str = ""
     ) -> ModelResponse:
         """Translate `source` a sentence at a time; answer with the `write_file` call of the translation.
 
@@ -977,7 +996,9 @@ class BudgetedModel(WrapperModel):
         """
         language = draft.translate_to
         examples: list[ModelMessage] = [
-            ModelRequest(parts=[SystemPromptPart(render("step_translate_system.j2", language=language))])
+            ModelRequest(
+                parts=[SystemPromptPart(render("step_translate_system.j2", language=language, prompt=prompt))]
+            )
         ]
         for english, other in _translation_examples()[language]:
             examples += [
@@ -1009,6 +1030,7 @@ class BudgetedModel(WrapperModel):
         items: Sequence[str],
         contents: dict[str, str],
         settings: ModelSettings | None,
+        prompt: str = "",
     ) -> ModelResponse:
         """Ask for one sentence about each file alone; answer with the `write_file` call of their lines.
 
@@ -1016,7 +1038,7 @@ class BudgetedModel(WrapperModel):
         line." for each file, with its start when it was read (`contents`); a line that does not
         name its file is headed by its name.
         """
-        system = render("step_draft_system.j2")
+        system = render("step_draft_system.j2", prompt=prompt)
         lines: list[str] = []
         usage = RequestUsage()
         for item in items:
