@@ -447,3 +447,23 @@ def test_ctrl_c_at_the_review_question_leaves_the_cursor_shown(write_script: Cal
     assert status == 130
     # the last word on the cursor shows it (a spinner beside the question had hidden it)
     assert raw.rfind("\x1b[?25h") > raw.rfind("\x1b[?25l")
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_a_summary_wider_than_the_terminal_wraps_and_keeps_its_cost(tmp_path: Path, tree: bool) -> None:
+    created = "2000-01-01T00:00:00.000Z"
+    report = _report("failed", tmp_path, created, llm_calls=2)
+    run = RunRecord("r1", "t", "failed", "openai:gpt", str(tmp_path), created, created)
+    console = Console(width=50, record=True, color_system=None, file=io.StringIO())
+    print_summary(console, report, run, 75.0, tree=tree)
+    lines = console.export_text().splitlines()
+    whole = "run r1 failed · 1m 15s · 2 model calls · 1,234 in / 5 out tokens · $0.00"
+    if tree:  # the tree's label wraps at the width; only its step lines are cut
+        assert lines[:3] == [
+            "run r1 failed · 1m 15s · 2 model calls · 1,234 in ",
+            "/ 5 out tokens · $0.00",
+            f"└── ✗ a failed             do {OSC52_SHOWN[:-3]}…",
+        ]
+    else:  # one line the terminal wraps
+        assert lines[:1] == [whole]
+    assert lines[-1] == f"no files written in {tmp_path}"

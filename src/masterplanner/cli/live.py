@@ -480,8 +480,11 @@ def print_summary(
             for step in steps
             if step.error and step.status in ("failed", "skipped", "cancelled")
         }
+        from rich.text import Text
+
+        label = Text.from_markup(first)  # wrapped, never cut: its cost is at its end
         out.print(
-            steps_tree(one_line(first), steps, _titles(report["plan"]), now=time.time(), notes=notes),
+            steps_tree(label, steps, _titles(report["plan"]), now=time.time(), notes=notes),
             highlight=False,
         )
     else:
