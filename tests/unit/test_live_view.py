@@ -148,7 +148,7 @@ def test_questions_pause_the_tree_and_it_resumes_after_them(write_script: Callab
     child = _spawn("run", "ask things", "--model", f"scripted:{script}")
     child.expect_exact("approve, reject or edit? [a/r/e]")
     child.sendline("a")
-    child.expect_exact("allow this call? [y/n]")
+    child.expect_exact("allow this call? [y/N]")
     before_approval = _plain(str(child.before))
     child.sendline("y")
     child.expect_exact("your answer")
@@ -424,7 +424,7 @@ def test_ctrl_c_at_a_tool_question_draws_the_tree_once_before_the_resume_hint(
     child = _spawn("run", "something", "--model", f"scripted:{script}", "--rounds", "0")
     child.expect_exact("[a/r/e]")
     child.sendline("a")
-    child.expect_exact("allow this call? [y/n]")
+    child.expect_exact("allow this call? [y/N]")
     child.sendintr()
     raw, status = _finish(child)
     assert status == 130

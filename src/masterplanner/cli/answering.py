@@ -212,7 +212,7 @@ class TerminalAnswerer:
 
     async def _yes_no(self, prompt: str, request: Request, *, default: bool) -> bool | None:
         while True:
-            line = await self._line(f"{prompt} [{'Y/n' if default else 'y/n'}]", request)
+            line = await self._line(f"{prompt} [{'Y/n' if default else 'y/N'}]", request)
             if line is None:
                 return None
             word = line.strip().lower()
