@@ -14,6 +14,8 @@ MasterplannerError                 anything masterplanner raises on purpose
 ├── ToolError                      a tool refused or failed a call (the agent is told; exit code 1)
 ├── RunError                       a run cannot be found, resumed, cancelled or stored (exit code 1)
 │   ├── BudgetExceededError        a run went over its model-call, token or wall-time budget
+│   ├── RunStoppedError            a run's execution stopped before its end could be recorded
+│   │                              (its database failed): the run is left to resume
 │   └── DatabaseUnavailableError   the Postgres server could not be reached (store calls retry
 │                                  for a while before raising it)
 ├── RequestError                   a run's request does not exist, is closed, or the answer does
@@ -52,6 +54,7 @@ __all__ = [
     "RequestError",
     "RunError",
     "RunNotFoundError",
+    "RunStoppedError",
     "SandboxError",
     "ScriptError",
     "ScriptExhaustedError",
@@ -182,6 +185,13 @@ class BudgetExceededError(RunError):
     def __init__(self, message: str, *, budget: str | None = None) -> None:
         super().__init__(message)
         self.budget = budget
+
+
+class RunStoppedError(RunError):
+    """A run's execution stopped before the run's end could be recorded (its database failed).
+
+    The run is left as it was, unfinished: `runs resume` goes on with it once the cause is gone.
+    """
 
 
 class DatabaseUnavailableError(RunError):

@@ -490,6 +490,59 @@ def test_a_full_disk_under_the_database_ends_the_run_in_our_words_and_keeps_the_
     assert record["steps"][0]["output"] == "a done"
 
 
+def test_a_home_too_small_to_end_the_run_stops_it_in_our_words_to_resume(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A 1 MiB home fills while a step's work is checkpointed: the writes that would end the run
+    failed, and so did giving the run up. Before, that last failure replaced the first one
+    ("cannot release a lease"), without the resume hint, and the run was left `running`."""
+    plan = [step("a", tools=["write_file"]), step("b", "a", tools=["write_file"]), step("c", "b")]
+    calls: list[dict[str, Any]] = [{"purpose": "planner", "output": {"steps": plan}}]
+    for one in ("a", "b"):
+        write = {"name": "write_file", "args": {"path": f"{one}.txt", "content": one}}
+        calls += [
+            {"purpose": f"step:{one}", "tool_calls": [write], "delay_s": 0.5},
+            {"purpose": f"step:{one}", "output": f"{one} done", "delay_s": 0.5},
+        ]
+    calls += [{"purpose": "step:c", "output": "c done"}, {"purpose": "*", "repeat": True}]
+    script = write_script(calls)
+    disk, copy = tmp_path / "disk", tmp_path / "home-after"
+    disk.mkdir()
+    home = disk / "home"
+    script_text = (
+        f'mount -t tmpfs -o size=1m tmpfs {disk} && "$@"; ended=$?; cp -r {home} {copy}; exit $ended'
+    )
+    namespace = ["unshare", "--map-root-user", "--mount", "sh", "-c", script_text, "sh", sys.executable]
+    flags = ["--yes", "--rounds", "0", "--max-replans", "0", "--workspace", str(tmp_path / "ws")]
+    done = subprocess.run(
+        [*namespace, "-m", "masterplanner", "run", "Do a, b, c.", "--model", f"scripted:{script}", *flags],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MASTERPLANNER_HOME": str(home), "COLUMNS": "200"},
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and "lease" not in done.stderr, done.stderr
+    said = re.search(
+        r"run (\S+) stopped; to go on from where it stopped: masterplanner runs resume \1\n"
+        rf"error: {re.escape(FULL)}\n$",
+        done.stderr,
+    )
+    assert said, done.stderr
+    run_id = said.group(1)
+    env = {**os.environ, "MASTERPLANNER_HOME": str(copy), "COLUMNS": "200"}
+    listed = subprocess.run(
+        [sys.executable, "-m", "masterplanner", "runs", "list", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    [record] = json.loads(listed.stdout)
+    assert (record["run_id"], record["status"], record["idle"]) == (run_id, "running", "stopped")
+
+
 # --- the run's process is stopped ---------------------------------------------------------------
 
 STOPS = [pytest.param(signal.SIGTERM, id="sigterm"), pytest.param(signal.SIGKILL, id="kill-9")]

@@ -339,6 +339,8 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
 
     Returns the run's final record, whether it was shown as a live tree, and its report.
     """
+    from ..errors import RunStoppedError
+
     terminal = _Terminal(service, run_id, await service.events(run_id))
     follower = asyncio.ensure_future(terminal.follow())
     answerer = asyncio.ensure_future(terminal.answerer.watch())
@@ -386,6 +388,8 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
         status = result.status if not isinstance(result, BaseException) else f"not resumed: {result}"
         terminal.out.print(f"run {shown(other)}: {shown(status)}", highlight=False, soft_wrap=True)
     if isinstance(results[0], BaseException):
+        if isinstance(results[0], RunStoppedError):  # its database failed: the run waits, unfinished
+            terminal.out.print(_resume_hint(run_id), highlight=False, soft_wrap=True)
         raise results[0]
     final = results[0]
     if final.error:

@@ -17,6 +17,7 @@ durable calls in the same order on replay (see docs/architecture.md, "The engine
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import time
@@ -40,6 +41,7 @@ from ..errors import (
     MissingCredentialError,
     PlanError,
     RunError,
+    RunStoppedError,
     ToolError,
 )
 from ..models import resolve_model_or_setting
@@ -269,8 +271,18 @@ class Engine:
             finally:
                 release(run.id)
         finally:
-            await asyncio.to_thread(self.store.release, run.id, owner)
+            await self._give_up(run.id, owner)
         return await asyncio.to_thread(self.store.get_run, run.id)
+
+    async def _give_up(self, run_id: str, owner: str) -> None:
+        """Give the run's lease up; when the database cannot write that (a full disk), let it lapse.
+
+        Raised, the database's failure here replaced the run's own outcome or the failure that
+        stopped it (said as "cannot release a lease"); a lease not given up lapses after
+        `run_lease_s`, and the run is then any process's to go on with.
+        """
+        with contextlib.suppress(MasterplannerError):
+            await asyncio.to_thread(self.store.release, run_id, owner)
 
     async def _take_lease(self, run_id: str, owner: str, on_wait: Callable[[Lease], None] | None) -> None:
         """Take the run's lease, waiting for a holder that stopped renewing it to lapse."""
@@ -567,15 +579,32 @@ class _Drive:
             if self.ending:
                 raise  # the end workflow itself failed: it records its own outcome
             # steps still running (on workers too) or queued stop: none finishes after the run failed
-            await self._cancel_step_workflows()
-            await self._end("failed", str(exc), tell_registry=False)
+            await self._stop_or_fail(str(exc), cancel_steps=True)
         except sa.exc.DBAPIError as exc:  # DBOS's own writes (a full disk, say); our stores raise RunError
             if exc.connection_invalidated:
                 raise  # a lost connection (Postgres restarting): the run's lease and recovery go on
             text = database_failure(exc, self.engine.settings.database_url)
             if self.ending:
-                raise RunError(text) from None
+                raise RunStoppedError(text) from None
+            await self._stop_or_fail(text, cancel_steps=False)
+
+    async def _stop_or_fail(self, text: str, *, cancel_steps: bool) -> None:
+        """End the run failed with `text`; if its database cannot record that, stop, saying `text`.
+
+        A full disk fails the run's work and then, often, the writes that end it too: the run is
+        then left unfinished (`RunStoppedError`), to resume once there is room. Before, the
+        driver's error of the second failure (a traceback) replaced the first.
+        """
+        try:
+            if cancel_steps:
+                await self._cancel_step_workflows()
             await self._end("failed", text, tell_registry=False)
+        except sa.exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise
+            raise RunStoppedError(text) from None
+        except MasterplannerError:
+            raise RunStoppedError(text) from None
 
     async def _finish_end(self) -> None:
         """Finish the end of a run that a crash cut short (its outcome recorded, the registry not told)."""
