@@ -98,6 +98,12 @@ def create_engine(url: str) -> Engine:
         )
         raise ConfigError(f"database URL {shown_url(url)!r} is not usable: {problem}") from None
     if engine.dialect.name == "sqlite":
+        if engine.url.database in (None, "", ":memory:"):
+            # a database of each connection's own: tables made on one were missing on the next
+            # ("no such table: mp_runs"), after tracebacks of connections closed across threads
+            raise ConfigError(
+                f"database_url {shown_url(url)!r} names no file: give SQLite one (sqlite:///PATH)"
+            )
         sa.event.listen(engine, "connect", _sqlite_pragmas)
     return engine
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -71,6 +74,25 @@ def test_an_unusable_database_url_is_a_configuration_error_without_its_password(
     with pytest.raises(ConfigError) as refused:
         RunStore(url)
     assert str(refused.value) == error
+
+
+@pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:"])
+def test_an_sqlite_url_without_a_file_is_refused_in_one_line(url: str, tmp_path: Path) -> None:
+    """Before, each connection had a database of its own: tracebacks, then "no such table: mp_runs"."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "masterplanner", "runs", "list"],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "MASTERPLANNER_HOME": str(tmp_path / "home"),
+            "MASTERPLANNER_DATABASE_URL": url,
+            "COLUMNS": "200",
+        },
+        timeout=60,
+    )
+    assert (listed.returncode, listed.stdout) == (2, "")
+    assert listed.stderr == f"error: database_url {url!r} names no file: give SQLite one (sqlite:///PATH)\n"
 
 
 def test_a_call_is_made_again_while_the_database_is_unavailable() -> None:
