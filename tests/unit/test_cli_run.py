@@ -551,3 +551,65 @@ def test_a_workspace_that_does_not_exist_is_made_and_said_or_refused(
     assert shared.stderr.startswith(
         f"error: workspace {isolated / 'workspaces'} is inside masterplanner's home"
     )
+
+
+def _run_in(
+    cwd: Path, workspace: str, *flags: str, prefix: tuple[str, ...] = (), home: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`masterplanner run --workspace WORKSPACE FLAGS` from `cwd` (`prefix`: the command it runs under)."""
+    model = ["--model", "scripted:none.json", "--yes"]
+    return subprocess.run(
+        [
+            *prefix,
+            sys.executable,
+            "-m",
+            "masterplanner",
+            "run",
+            "Do it.",
+            *model,
+            "--workspace",
+            workspace,
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "200", **({"HOME": str(home)} if home else {})},
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_a_workspace_under_tilde_is_the_home_s_and_an_empty_one_is_refused(tmp_path: Path) -> None:
+    """Before, `~` made a folder named `~` in the current one, and `''` was the current folder."""
+    home = tmp_path / "person"
+    home.mkdir()
+    (tmp_path / "none.json").write_text('{"calls": [{"purpose": "*", "repeat": true}]}')
+    mine = _run_in(tmp_path, "~", home=home)
+    assert mine.returncode == 2, mine.stderr
+    assert mine.stderr.endswith(
+        f"workspace {home} is a home folder itself; steps write and delete files there. "
+        "Choose a folder of its own\n"
+    )
+    made = _run_in(tmp_path, "~/sub", "--detach", home=home)
+    assert made.returncode == 0, made.stderr
+    assert f"workspace {home / 'sub'} did not exist: made it, empty" in made.stderr
+    assert (home / "sub").is_dir() and not (tmp_path / "~").exists()
+    empty = _run_in(tmp_path, "")
+    assert (empty.returncode, empty.stderr) == (
+        2,
+        "error: the workspace must be a folder's path, got '' (it is empty)\n",
+    )
+
+
+def test_a_workspace_the_person_cannot_write_to_is_refused(tmp_path: Path) -> None:
+    """Before, the run succeeded with each write 'permission denied'. Root passes every permission:
+    it runs without the capabilities that let it (as a person without them would be)."""
+    (tmp_path / "none.json").write_text('{"calls": [{"purpose": "*", "repeat": true}]}')
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    dropped = "-dac_override,-dac_read_search"
+    prefix = ("setpriv", f"--bounding-set={dropped}", f"--inh-caps={dropped}") if os.geteuid() == 0 else ()
+    done = _run_in(tmp_path, str(locked), prefix=prefix)
+    assert (done.returncode, done.stderr) == (2, f"error: workspace {locked} is not writable\n")

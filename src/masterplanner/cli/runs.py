@@ -65,7 +65,7 @@ def run(
         typer.Option("--yes", "-y", help="Approve the plan, tool calls and storing the team without asking."),
     ] = False,
     workspace: Annotated[
-        Path | None,
+        str | None,
         typer.Option("--workspace", help="Folder the step agents read and write (default: a new one)."),
     ] = None,
     max_parallel: Annotated[
@@ -153,7 +153,7 @@ def run(
     from ..service import answerer_name
 
     # made by the run only in a folder that exists (the engine refuses a path with a typo above it)
-    made = workspace if workspace is not None and not workspace.expanduser().exists() else None
+    made = workspace if workspace and not Path(workspace).expanduser().exists() else None
     settings = load_settings(model=model)
     service = _service(settings)
     options = RunOptions(

@@ -164,6 +164,8 @@ class Engine:
             raise ConfigError(
                 f"the workspace must be a folder's path, got {str(workspace)!r} (it holds a NUL)"
             )
+        if workspace is not None and not str(workspace).strip():
+            raise ConfigError("the workspace must be a folder's path, got '' (it is empty)")
         spec = model or self.settings.model
         try:
             small = uses_clause_plans(resolve_model_or_setting(spec, self.settings))
@@ -175,7 +177,9 @@ class Engine:
             small = False
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         # a link to a folder is the folder it points to (the workspace root itself is never a link)
-        folder = (Path(workspace) if workspace else self.settings.home / "workspaces" / run_id).resolve()
+        # `~` is the person's home for every front end (a folder named `~` was made in the current one)
+        named = None if workspace is None else Path(workspace).expanduser()
+        folder = (named or self.settings.home / "workspaces" / run_id).resolve()
         options = options or RunOptions()
         if not isinstance(options, RunOptions):
             raise ConfigError(f"options must be RunOptions, got {type(options).__name__}")
@@ -198,6 +202,9 @@ class Engine:
             start = Workspace(folder).create(parents=workspace is None).allocated_bytes()
         except ToolError as error:  # the run's configuration, not a step's tool call
             raise ConfigError(str(error)) from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            # each step's writes failed ("permission denied") and the run still succeeded
+            raise ConfigError(f"workspace {folder} is not writable")
         options = replace(
             options,
             team_tools=not small if options.team_tools is None else options.team_tools,

@@ -185,9 +185,10 @@ class RunIn(BaseModel):
 
 
 def workspace_path(value: str) -> str:
-    """`value` as a workspace folder on the server; ValueError unless it is an absolute path."""
-    # a relative one would be resolved against wherever the server was started
-    if not value.startswith("/") or "\x00" in value:
+    """`value` as a workspace folder on the server; ValueError unless absolute (or under `~`)."""
+    # a relative one would be resolved against wherever the server was started; `~` is the
+    # server's user's home, as on the command line (the engine expands it)
+    if not (value.startswith("/") or value == "~" or value.startswith("~/")) or "\x00" in value:
         raise ValueError(f"must be an absolute path on the server, got {value[:200]!r}")
     return value
 
