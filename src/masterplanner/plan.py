@@ -320,6 +320,17 @@ def sinks(steps: Iterable[Step]) -> list[str]:
     return [step.id for step in listed if step.id not in depended]
 
 
+def _tools_schema(names: list[str]) -> dict[str, Any]:
+    """A step's `tools` in the plan schema: up to 4 of `names`.
+
+    None when there are none (a sub-plan of a step approved without tools): an empty enum is no
+    grammar rule a local model could follow.
+    """
+    if not names:
+        return {"type": "array", "maxItems": 0}
+    return {"type": "array", "items": {"enum": names}, "maxItems": 4}
+
+
 def plan_output_schema(
     tool_names: Sequence[str],
     *,
@@ -351,11 +362,7 @@ def plan_output_schema(
                 "title": text | {"maxLength": _LIMITS["title"]},
                 "instruction": text | {"maxLength": _LIMITS["instruction"]},
                 "agent_role": text | {"maxLength": _LIMITS["agent_role"]},
-                "tools": {
-                    "type": "array",
-                    "items": {"enum": list(step_tools[number - 1]) if step_tools else list(tool_names)},
-                    "maxItems": 4,
-                },
+                "tools": _tools_schema(list(step_tools[number - 1]) if step_tools else list(tool_names)),
                 "after": after,
                 "expected_output": {"type": "string", "maxLength": _LIMITS["expected_output"]},
             }

@@ -372,6 +372,31 @@ def _splice(
     return [*before, *rewired, *after]
 
 
+def _outside_tools(steps: object, target: Step) -> tuple[list[str], object]:
+    """The problems of proposed sub-steps naming tools `target` was not approved with.
+
+    Also the steps without those tools, so the rest of the proposal is checked once, not told twice.
+    """
+    if not isinstance(steps, list):
+        return [], steps
+    allowed = ", ".join(target.tools) or "none"
+    problems: list[str] = []
+    kept: list[object] = []
+    for proposed in steps:
+        tools = proposed.get("tools") if isinstance(proposed, dict) else None
+        if not isinstance(proposed, dict) or not isinstance(tools, list):
+            kept.append(proposed)
+            continue
+        problems += [
+            f"step {proposed.get('id')!r}: tool {tool!r} is not one of the tools step {target.id!r} was"
+            f" approved with (a sub-step may use only those: {allowed})"
+            for tool in tools
+            if tool not in target.tools
+        ]
+        kept.append({**proposed, "tools": [tool for tool in tools if tool in target.tools]})
+    return problems, kept
+
+
 async def expand(
     original: Plan,
     step_id: str,
@@ -391,12 +416,20 @@ async def expand(
     target = original.step(step_id)
     if _depth(step_id) >= MAX_EXPANSION_DEPTH:
         raise PlanError([f"step {step_id!r}: already expanded {MAX_EXPANSION_DEPTH} levels deep"])
-    system = _system(catalog, max_steps, None)
+    # the sub-plan is not reviewed: its steps may use only the tools its step was approved with
+    approved = Catalog(tool for tool in catalog if tool.name in target.tools)
+    system = _system(approved, max_steps, None)
     shown = [(dep, (inputs or {}).get(dep, "")[:1500]) for dep in target.depends_on if dep in (inputs or {})]
     prompt = render("planner_expand.j2", task=original.task, step=target, inputs=shown)
 
     def accept(steps: object) -> Plan:
-        sub = validate_plan({"task": target.instruction, "steps": steps}, catalog, max_steps=max_steps)
+        outside, steps = _outside_tools(steps, target)
+        try:
+            sub = validate_plan({"task": target.instruction, "steps": steps}, approved, max_steps=max_steps)
+        except PlanError as error:
+            raise PlanError([*outside, *error.problems]) from None
+        if outside:
+            raise PlanError(outside)
         prefixed = [
             sub_step.model_copy(
                 update={
@@ -420,7 +453,7 @@ async def expand(
         )
 
     proposer = _Proposer(
-        "planner", model, ledger or UsageLedger(), system, catalog, max_steps, repairs, accept
+        "planner", model, ledger or UsageLedger(), system, approved, max_steps, repairs, accept
     )
     expanded, _ = await proposer.ask(prompt)
     return expanded

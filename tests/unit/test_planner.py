@@ -1,5 +1,6 @@
 """The Master Planner with the scripted model: proposals, repairs, expansion, replanning."""
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -110,13 +111,49 @@ async def test_hints_replace_the_shipped_examples(write_script: WriteScript) -> 
 
 async def test_expand_splices_a_sub_plan(write_script: WriteScript) -> None:
     original = await _plan(write_script, VALID)
-    sub = {"steps": [step("fetch"), step("clean", "fetch", tools=["code_execution"])]}
+    sub = {"steps": [step("fetch", tools=[]), step("clean", "fetch", tools=["code_execution"])]}
     script = write_script([{"purpose": "planner", "output": sub}])
     expanded = await expand(original, "total", CATALOG, model=resolve_model(f"scripted:{script}"))
     assert expanded.ids == ["load", "total--fetch", "total--clean", "report"]
     assert expanded.step("total--fetch").depends_on == ["load"]
     assert expanded.step("total--clean").depends_on == ["total--fetch"]
     assert expanded.step("report").depends_on == ["total--clean"]
+
+
+async def test_a_sub_plan_is_offered_only_its_steps_tools(write_script: WriteScript) -> None:
+    original = await _plan(write_script, VALID)  # total may use code_execution, and no other tool
+    wider = {"steps": [step("fetch", tools=["code_execution", "web_search"])]}
+    sub = {"steps": [step("fetch", tools=["code_execution"])]}
+    script = write_script([{"purpose": "planner", "output": wider}, {"purpose": "planner", "output": sub}])
+    model = resolve_model(f"scripted:{script}")
+    seen: list[tuple[str, Any]] = []
+    original_request = model.request
+
+    async def spy(messages, settings, params):  # type: ignore[no-untyped-def]
+        seen.append((str(messages), params.output_object.json_schema))
+        return await original_request(messages, settings, params)
+
+    model.request = spy  # type: ignore[method-assign]
+    expanded = await expand(original, "total", CATALOG, model=model)
+    assert expanded.step("total--fetch").tools == ["code_execution"]
+    first, schema = seen[0]
+    assert "code_execution" in first and "web_search" not in first and "read_file" not in first
+    offered = {json.dumps(part, sort_keys=True) for part in _tool_lists(schema)}
+    assert offered == {json.dumps({"items": {"enum": ["code_execution"]}, "maxItems": 4, "type": "array"})}
+    assert (
+        "step 'fetch': tool 'web_search' is not one of the tools step 'total' was approved with"
+        " (a sub-step may use only those: code_execution)"
+    ) in seen[1][0]
+
+
+def _tool_lists(schema: object) -> list[object]:
+    """Every step's `tools` in a plan schema, however the schema nests them."""
+    if isinstance(schema, dict):
+        own = [schema["properties"]["tools"]] if "tools" in schema.get("properties", {}) else []
+        return own + [found for value in schema.values() for found in _tool_lists(value)]
+    if isinstance(schema, list):
+        return [found for value in schema for found in _tool_lists(value)]
+    return []
 
 
 async def test_expansion_depth_is_limited(write_script: WriteScript) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _answers import execute_answering
 from _cli import LEASE_S, answer, mp, pending, run_events, shown, start
 from _plans import step
 
@@ -281,6 +282,71 @@ async def test_an_expand_step_runs_as_a_sub_plan_shown_under_it(
     text = mp("runs", "show", run.id).stdout
     assert "│   └ b--x │ succeeded │" in text
     assert "step_expanded b into b--x, b--y (by auto)" in text
+
+
+async def test_a_sub_plan_naming_a_tool_its_step_was_not_approved_with_is_refused(
+    engine: Engine, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    # the approved step may read files; its sub-plan proposes a step that remembers and writes
+    evil = step("evil", tools=["remember", "write_file"])
+    script = write_script(
+        [
+            _planner(step("work", tools=["read_file"]) | {"expand": True}),
+            {"purpose": "planner", "output": {"steps": [evil]}, "repeat": True},
+            {"purpose": "step:work", "output": "WORKED"},
+            DRAFTS,
+        ]
+    )
+    workspace = tmp_path / "ws"
+    run = engine.create_run("expand work", model=f"scripted:{script}", options=FAST, workspace=workspace)
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded", final.error
+    assert final.output == "WORKED"  # the step ran as itself, with its own tools
+    (failed,) = _events(engine, run.id, "expand_failed")
+    assert failed == (
+        "expand_failed",
+        "work",
+        {
+            "problems": [
+                "step 'evil': tool 'remember' is not one of the tools step 'work' was approved with"
+                " (a sub-step may use only those: read_file)",
+                "step 'evil': tool 'write_file' is not one of the tools step 'work' was approved with"
+                " (a sub-step may use only those: read_file)",
+            ]
+        },
+    )
+    assert [s.id for s in engine.store.steps(run.id)] == ["work"]
+    assert "work--evil" not in engine.store.get_run(run.id).agents
+
+
+async def test_a_sub_step_keeps_the_tool_policies_set_for_its_step_at_review(
+    engine: Engine, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    write = {"name": "write_file", "args": {"path": "out.txt", "content": "x"}}
+    script = write_script(
+        [
+            _planner(step("work", tools=["read_file", "write_file"]) | {"expand": True}),
+            {"purpose": "planner", "output": {"steps": [step("save", tools=["write_file"])]}},
+            {"purpose": "step:work--save", "tool_calls": [write]},
+            {"purpose": "step:work--save", "output": "SAVED"},
+            DRAFTS,
+        ]
+    )
+
+    async def review(run: Any, _catalog: Any) -> dict[str, Any]:
+        agents = {step_id: agent.to_json_dict() for step_id, agent in run.agents.items()}
+        work = agents["work"] | {"tool_policies": {"write_file": "deny"}}
+        return {"action": "approve", "plan": run.plan.to_json_dict(), "agents": agents | {"work": work}}
+
+    workspace = tmp_path / "ws"
+    options = RunOptions(prompt_rounds=0, retry_backoff_s=0.01)
+    run = engine.create_run("expand work", model=f"scripted:{script}", options=options, workspace=workspace)
+    final = await execute_answering(engine, run.id, review=review)
+    assert final.status == "succeeded", final.error
+    assert not (workspace / "out.txt").exists()
+    denied = [(e.step, e.data) for e in engine.store.events(run.id) if e.kind == "tool_denied"]
+    assert denied == [("work--save", {"tool": "write_file", "by": "policy"})]
+    assert engine.store.get_run(run.id).agents["work--save"].tool_policies == {"write_file": "deny"}
 
 
 def test_without_yes_the_replan_is_a_request_answered_from_another_process(

@@ -208,10 +208,16 @@ class PlanRevisions:
             await asyncio.to_thread(self.store.append_event, self.run_id, "expand_failed", step.id, why)
             return None
         revised = Plan.model_validate(proposal["plan"])
+        # the policies the person set for the step at review hold for the steps it became
+        inherited = run.agents[step.id].tool_policies if step.id in run.agents else {}
+        agents = {
+            sub_id: brief.model_copy(update={"tool_policies": {**inherited, **brief.tool_policies}})
+            for sub_id, brief in briefs(proposal["agents"]).items()
+        }
         return await self._store(
             run,
             revised,
-            briefs(proposal["agents"]),
+            agents,
             {step.id: "expanded"},
             "step_expanded",
             step.id,
