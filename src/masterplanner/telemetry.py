@@ -15,13 +15,19 @@ One trace per run, whichever processes executed it: the trace id and the run spa
 made from the run id, so a step's span on any worker names the same parent, and the run span,
 emitted by whichever process ends the run, has the id they named. Spans carry names, ids,
 counts, costs and outcomes, never prompts, outputs or tool arguments (they may hold secrets).
+
+A receiver that is down or slow never holds a process up for long: each export has
+`EXPORT_TIMEOUT_S` (retries included), and a process that could not send its spans says so
+once, in one line of its log (`traces could not be sent to URL: connection refused`).
 """
 
 from __future__ import annotations
 
 import contextvars
 import hashlib
+import logging
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,7 +41,20 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status,
 if TYPE_CHECKING:
     from .settings import Settings
 
-__all__ = ["configure", "exporting", "flush", "record_run", "run_context", "span", "tracer"]
+__all__ = [
+    "EXPORT_TIMEOUT_S",
+    "configure",
+    "exporting",
+    "flush",
+    "record_run",
+    "run_context",
+    "span",
+    "tracer",
+]
+
+EXPORT_TIMEOUT_S = 2.0
+"""Seconds one export of spans may take, its retries included (unless OTEL_EXPORTER_OTLP_TIMEOUT says)."""
+_EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
 
 _lock = threading.Lock()
 _provider: Any = None
@@ -57,6 +76,95 @@ def _exporter_endpoint(settings: Settings) -> str | None:
     if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return ""  # the exporter reads the standard variables itself
     return None
+
+
+def _problem(error: BaseException | None, seen: int = 0) -> str:
+    """What went wrong in a failed request, in a few words (the library's exception, unwrapped)."""
+    if error is None or seen > 8:
+        return "the request failed"
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, socket.gaierror):
+        return "host not found"
+    if isinstance(error, TimeoutError) or "Timeout" in type(error).__name__:
+        return "no answer in time"
+    inner = [getattr(error, "reason", None), error.__cause__, error.__context__, *error.args]
+    for cause in inner:
+        if isinstance(cause, BaseException):
+            problem = _problem(cause, seen + 1)
+            if problem != "the request failed":
+                return problem
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror.lower()
+    return "the request failed"
+
+
+class _ExportFailures(logging.Filter):
+    """The exporter's reports of failed exports, said once in our words.
+
+    The library logged every retry and every failed batch (`Transient error
+    HTTPConnectionPool(…) encountered while exporting spans batch, retrying in 1.09s.`), lines
+    that broke JSON logs and said nothing a person could act on beyond the endpoint and why.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.endpoint = ""
+        self.said = False
+        self._last: str | None = None
+        """Why the current export's last try failed (a retry's report says it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Drop the retries; turn the first failure into our line, drop the later ones."""
+        message = str(record.msg)
+        args = record.args if isinstance(record.args, tuple) else ()
+        if message.startswith("Transient error"):
+            self._last = _problem(args[0]) if args and isinstance(args[0], BaseException) else self._last
+            return False  # retries are the exporter's business
+        if not message.startswith("Failed to export"):
+            return True
+        if "code: %s" in message and len(args) == 3:
+            code, reason = args[1], args[2]
+            if code:
+                self._last = f"the receiver answered HTTP {code}"
+            elif isinstance(reason, BaseException):
+                self._last = _problem(reason)
+        # a request that used up the export's time before any retry leaves no other trace
+        problem = self._last or ("no answer in time" if "timeout" in message else "the request failed")
+        self._last = None
+        if self.said:
+            return False
+        self.said = True
+        record.name = "masterplanner.telemetry"
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.msg, record.args = f"traces could not be sent to {self.endpoint}: {problem}", ()
+        return True
+
+
+EXPORT_FAILURES = _ExportFailures()
+"""The filter on the trace exporter's logger (`configure` adds it; `logs.configure_logging` keeps it)."""
+
+
+def _exporter_timeout() -> float | None:
+    """`EXPORT_TIMEOUT_S`, or None when the standard variables set a timeout (the exporter reads them)."""
+    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT"):
+        return None
+    return EXPORT_TIMEOUT_S
+
+
+def _report_failures(endpoint: str) -> None:
+    """Route the exporter's failures through `EXPORT_FAILURES`, to stderr if nothing else logs them."""
+    EXPORT_FAILURES.endpoint = endpoint
+    EXPORT_FAILURES.said = False
+    exporter_logger = logging.getLogger(_EXPORTER_LOGGER)
+    if EXPORT_FAILURES not in exporter_logger.filters:
+        exporter_logger.addFilter(EXPORT_FAILURES)
+    library = logging.getLogger("opentelemetry")
+    if not library.handlers:  # `worker` and `serve` replace this with their format (logs.py)
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        library.addHandler(handler)
+        library.propagate = False
 
 
 def configure(settings: Settings) -> None:
@@ -86,7 +194,8 @@ def configure(settings: Settings) -> None:
         if _provider is not None:
             _provider.shutdown()
         provider = TracerProvider(resource=Resource({"service.name": "masterplanner"}), id_generator=RunIds())
-        exporter = OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
+        exporter = OTLPSpanExporter(endpoint=endpoint or None, timeout=_exporter_timeout())
+        _report_failures(exporter._endpoint)
         provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
         _provider, _endpoint = provider, endpoint
 
@@ -103,10 +212,10 @@ def tracer() -> trace.Tracer:
 
 
 def flush() -> None:
-    """Send the spans not yet sent (a process ending calls this)."""
+    """Send the spans not yet sent (a process ending calls this), waiting one export at most."""
     provider = _provider
     if provider is not None:
-        provider.force_flush(5_000)
+        provider.force_flush(int((_exporter_timeout() or EXPORT_TIMEOUT_S) * 1000) + 500)
 
 
 def run_context(run_id: str) -> Context:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from _otlp import ReceivedSpan, otlp_receiver
+from masterplanner.telemetry import EXPORT_TIMEOUT_S
 
 
 def plan_step(step_id: str, *deps: str, tools: list[str]) -> dict[str, Any]:
@@ -102,3 +105,64 @@ def test_a_run_is_one_trace_of_run_steps_requests_and_tool_calls(
     # nothing of the content: no prompt, output or tool argument in any attribute
     texts = json.dumps([span.attributes for span in received])
     assert "from a" not in texts and "Do a." not in texts and "wrote a.txt" not in texts
+
+
+def _one_step_script(write_script: Callable[..., Path]) -> Path:
+    steps = [plan_step("a", tools=[])]
+    return write_script(
+        [
+            {"purpose": "planner", "output": {"steps": steps}},
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+
+
+def _run_timed(script: Path, endpoint: str) -> tuple[int, list[str], float, float]:
+    """Run one task with traces sent to `endpoint`: exit code, stderr lines, summary's seconds, exit wait."""
+    env = {**os.environ, "MASTERPLANNER_OTEL_ENDPOINT": endpoint, "MASTERPLANNER_EMBEDDER": "none"}
+    command = [sys.executable, "-m", "masterplanner", "run", "do a", "-m", f"scripted:{script}", "--yes"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    assert process.stderr is not None
+    lines: list[str] = []
+    summary_at = None
+    for line in process.stderr:
+        lines.append(line.rstrip("\n"))
+        if " succeeded · " in line:
+            summary_at = time.monotonic()
+    code = process.wait(timeout=120)
+    assert summary_at is not None, lines
+    (summary,) = [line for line in lines if " succeeded · " in line]
+    seconds = float(summary.split(" · ")[1].removesuffix(" s"))
+    return code, lines, seconds, time.monotonic() - summary_at
+
+
+def test_a_receiver_that_does_not_answer_holds_the_run_up_for_moments_and_is_said_once(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    """Before, the run's summary counted a 5 s flush, the exit waited ~30 s of retries, and the
+    exporter's own lines (`Transient error HTTPConnectionPool(…)`) went to stderr."""
+    script = _one_step_script(write_script)
+    with socket.socket() as silent:  # accepts connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        code, lines, seconds, exit_wait = _run_timed(script, url)
+    assert code == 0, lines
+    assert seconds < 4.0 and exit_wait < 2 * EXPORT_TIMEOUT_S + 1.5, (seconds, exit_wait)
+    said = [line for line in lines if "trace" in line.lower() or "export" in line.lower()]
+    assert said == [f"traces could not be sent to {url}/v1/traces: no answer in time"]
+
+
+def test_a_receiver_that_is_down_is_said_once_in_our_words(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    script = _one_step_script(write_script)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, lines, _seconds, exit_wait = _run_timed(script, f"http://127.0.0.1:{port}")
+    assert code == 0, lines
+    assert exit_wait < 2 * EXPORT_TIMEOUT_S + 1.5
+    said = [line for line in lines if "trace" in line.lower() or "export" in line.lower()]
+    assert said == [f"traces could not be sent to http://127.0.0.1:{port}/v1/traces: connection refused"]

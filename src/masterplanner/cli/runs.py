@@ -265,12 +265,20 @@ def _detached(service: RunService, record: RunRecord, *, as_json: bool) -> None:
 
 def _execute(service: RunService, run_id: str, *, as_json: bool) -> None:
     started = time.monotonic()
-    final, live, report = _call(service, lambda service: _execute_with_progress(service, run_id))
+    took: list[float] = []
+
+    async def execute(service: RunService) -> tuple[RunRecord, bool, dict[str, Any]]:
+        try:
+            return await _execute_with_progress(service, run_id)
+        finally:  # the run's time, not the release of the service (sending its trace) after it
+            took.append(time.monotonic() - started)
+
+    final, live, report = _call(service, execute)
     if as_json:
         typer.echo(json_text(report))
     elif report.get("output"):
         typer.echo(visible(report["output"], lines=True))
-    print_summary(console(stderr=True), report, final, time.monotonic() - started, tree=live)
+    print_summary(console(stderr=True), report, final, took[0], tree=live)
     raise typer.Exit(_EXIT.get(final.status, 0))
 
 
