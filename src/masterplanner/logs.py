@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-__all__ = ["JsonLines", "configure_logging", "log"]
+__all__ = ["JsonLines", "configure_logging", "json_lines", "log"]
 
 LOGGER = "masterplanner"
 
@@ -71,12 +71,13 @@ def configure_logging(log_format: Literal["text", "json"], *, printable: Callabl
     """Send the `masterplanner` logger's records (INFO and up) to stderr in `log_format`.
 
     JSON lines are pure ASCII (every control character escaped); text goes through `printable`.
-    DBOS's own records (its errors) go the same way, in the same format: DBOS adds its console
-    handler only to a logger that has none.
+    DBOS's, OpenTelemetry's and uvicorn's own records (their errors, a trace exporter's failure
+    in our words, `telemetry._ExportFailures`) go the same way, in the same format: DBOS adds its
+    console handler only to a logger that has none, and `serve` leaves uvicorn's configuration off.
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLines() if log_format == "json" else _Text(printable))
-    for name in (LOGGER, "dbos"):
+    for name in (LOGGER, "dbos", "opentelemetry", "uvicorn"):
         logger = logging.getLogger(name)
         for old in list(logger.handlers):
             logger.removeHandler(old)
@@ -84,6 +85,11 @@ def configure_logging(log_format: Literal["text", "json"], *, printable: Callabl
         logger.propagate = False
     logging.getLogger(LOGGER).setLevel(logging.INFO)
     logging.getLogger("dbos").addFilter(WORKFLOW_OUTCOMES)
+
+
+def json_lines() -> bool:
+    """Whether this process logs JSON lines (`configure_logging` set them), so says all in them."""
+    return any(isinstance(handler.formatter, JsonLines) for handler in logging.getLogger(LOGGER).handlers)
 
 
 def log(name: str, message: str, **fields: Any) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
+import socket
 import time
 import urllib.request
 from collections.abc import Callable
@@ -14,6 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from _serve import serving
+from masterplanner.telemetry import EXPORT_TIMEOUT_S
 
 
 def _stream(url: str, path: str) -> http.client.HTTPResponse:
@@ -59,3 +62,49 @@ def test_the_server_stops_at_once_with_live_streams_of_a_run_that_is_not_over(
         api.read()  # the stream has ended
     log = (isolated / "serve.log").read_text()
     assert "graceful shutdown" not in log and "Cancel" not in log, log
+
+
+def test_serve_with_json_logs_writes_only_json_lines(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    """Before, `serving on …`, `terminated (SIGTERM)` and the trace exporter's retries were text."""
+    step = {"id": "a", "title": "a", "instruction": "Do a.", "agent_role": "worker", "tools": []}
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step]}},
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    with socket.socket() as probe:  # a trace receiver that is down
+        probe.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    env = {
+        **os.environ,
+        "MASTERPLANNER_LOG_FORMAT": "json",
+        "MASTERPLANNER_OTEL_ENDPOINT": down,
+        "MASTERPLANNER_EMBEDDER": "none",
+    }
+    with serving(isolated / "serve.log", env=env) as url:
+        body = json.dumps(
+            {"task": "one step", "model": f"scripted:{script}", "options": {"auto_approve": True}}
+        )
+        request = urllib.request.Request(
+            f"{url}/api/v1/runs", data=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            run_id = json.loads(response.read())["id"]
+        deadline = time.monotonic() + 60
+        while (
+            json.loads(urllib.request.urlopen(f"{url}/api/v1/runs/{run_id}").read())["status"] != "succeeded"
+        ):
+            assert time.monotonic() < deadline, "the run did not succeed"
+            time.sleep(0.2)
+        time.sleep(2 * EXPORT_TIMEOUT_S)  # the run's spans were sent, and failed
+    lines = (isolated / "serve.log").read_text().splitlines()
+    entries = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert [(entry["logger"], entry["message"]) for entry in entries] == [
+        ("masterplanner.serve", f"serving on {url}/api/v1 (Ctrl-C stops)"),
+        ("masterplanner.telemetry", f"traces could not be sent to {down}/v1/traces: connection refused"),
+        ("masterplanner.cli", "terminated (SIGTERM)"),
+    ]

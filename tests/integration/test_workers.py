@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -702,6 +703,10 @@ def test_a_worker_logging_json_writes_only_json_lines_when_a_run_fails(
     ]
     script.write_text(json.dumps({"calls": calls}))
     cluster.env["MASTERPLANNER_LOG_FORMAT"] = "json"
+    with socket.socket() as probe:  # a trace receiver that is down: its failure is a JSON line too
+        probe.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    cluster.env["MASTERPLANNER_OTEL_ENDPOINT"] = down
     worker = cluster.worker()
     cluster.worker_ids(1)
     queued = subprocess.run(
@@ -732,4 +737,14 @@ def test_a_worker_logging_json_writes_only_json_lines_when_a_run_fails(
     entries = [json.loads(line) for line in lines]  # every line is JSON
     ended = [entry for entry in entries if entry.get("run") == run_id and entry.get("status") == "failed"]
     assert len(ended) == 1, lines
+    error = cluster.store.get_run(run_id).error
+    assert error and (ended[0]["message"], ended[0]["reason"]) == (f"run {run_id}: failed: {error}", error)
     assert not any("Traceback" in line for line in lines)
+    said = [entry for entry in entries if entry["logger"] != "masterplanner.worker"]
+    assert [(entry["logger"], entry["level"], entry["message"]) for entry in said] == [
+        (
+            "masterplanner.telemetry",
+            "warning",
+            f"traces could not be sent to {down}/v1/traces: connection refused",
+        )
+    ]

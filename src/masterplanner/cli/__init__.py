@@ -68,8 +68,12 @@ def _not_utf8(args: list[str]) -> str | None:
 
 def _interrupted(by_sigterm: bool) -> NoReturn:
     """Say the command was stopped (Ctrl-C, or SIGTERM) and exit with the shell's code for it."""
+    from ..logs import json_lines, log
     from .app import console
 
+    if json_lines():  # `worker` or `serve` with log_format = json: the last line is JSON too
+        log("cli", "terminated (SIGTERM)" if by_sigterm else "interrupted", event="stopped")
+        sys.exit(128 + (signal.SIGTERM if by_sigterm else signal.SIGINT))
     err = console(stderr=True)
     # a spinner stopped by the interrupt (the one beside a question, say) may have left the
     # terminal's cursor hidden

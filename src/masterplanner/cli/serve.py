@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from .common import app, console, load_settings, whole_number
-from .terminal import shown, visible
+from .common import app, load_settings, whole_number
+from .terminal import visible
 
 __all__ = ["serve"]
 
@@ -41,19 +41,19 @@ def serve(
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port must be between 1 and 65535, got {port}")
     check_bind(host, auth=auth)
-    from ..logs import configure_logging
+    from ..logs import configure_logging, log
 
     settings = load_settings()
     configure_logging(settings.log_format, printable=visible)
     token = None
-    out = console(stderr=True)
-    if auth:
+    if auth:  # logged, not printed: with log_format = json every line on stderr is one JSON object
         token, path = web_token(settings.home)
-        out.print(f"token required: it is in {shown(str(path))}", highlight=False, soft_wrap=True)
+        log("serve", f"token required: it is in {path}", event="token_required", token_file=str(path))
     service = RunService(settings)
     try:
         where = f"[{host}]" if ":" in host else host
-        out.print(f"serving on http://{shown(where)}:{port}/api/v1 (Ctrl-C stops)", highlight=False)
+        url = f"http://{where}:{port}/api/v1"
+        log("serve", f"serving on {url} (Ctrl-C stops)", event="serving", url=url)
         serve_app(create_app(service, token=token, for_workers=workers), service, host=host, port=port)
     finally:
         service.close()

@@ -227,6 +227,15 @@ class Worker:
                 continue  # another worker took it first
             if record.finished:
                 summary.runs[run_id] = record.status
+                if record.status == "failed" and record.error:  # why, for whoever reads the log
+                    self.note(
+                        f"run {run_id}: failed: {record.error}",
+                        event="run_ended",
+                        run=run_id,
+                        status=record.status,
+                        reason=record.error,
+                    )
+                    continue
                 self.note(
                     f"run {run_id}: {record.status}", event="run_ended", run=run_id, status=record.status
                 )

@@ -35,6 +35,11 @@ class _Server(uvicorn.Server):
 def serve_app(app: FastAPI, service: RunService, *, host: str, port: int) -> None:
     """Serve `app` (made over `service`) until SIGTERM or Ctrl-C; live event streams end then."""
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        log_config=None,  # its records go through ours (`logs.configure_logging`): JSON lines stay JSON
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
     _Server(config, service).run()
