@@ -11,9 +11,11 @@ invoke_workflow masterplanner   the run, from its creation to its end (emitted w
     └── execute_tool <tool>     a tool call
 ```
 
-One trace per run, whichever processes executed it: the trace id and the run span's id are
-made from the run id, so a step's span on any worker names the same parent, and the run span,
-emitted by whichever process ends the run, has the id they named. Spans carry names, ids,
+One trace per run, whichever processes executed it: the trace id is made from the run id, and
+the run span's id from the run id and how many times it was retried, so a step's span on any
+worker names the same parent, and the run span, emitted by whichever process ends the run, has
+the id they named. A retried run ends again: each end is a run span of its own in the same trace
+(the steps run after the retry under it). Spans carry names, ids,
 counts, costs and outcomes, never prompts, outputs or tool arguments (they may hold secrets).
 
 A receiver that is down or slow never holds a process up for long: each export has
@@ -64,9 +66,15 @@ _pinned: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar
 """`(trace id, span id)` the next span started gets: the run span's, made from the run id."""
 
 
-def _ids(run_id: str) -> tuple[int, int]:
+def _ids(run_id: str, retries: int) -> tuple[int, int]:
+    """The run's trace id, and the id of its span for the `retries`-th retry (0: before any)."""
     digest = hashlib.sha256(f"masterplanner run {run_id}".encode()).digest()
-    return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
+    span_id = int.from_bytes(digest[16:24], "big")
+    if retries:  # before, every end of a retried run had the same span id as the first
+        span_id = int.from_bytes(
+            hashlib.sha256(f"masterplanner run {run_id} retry {retries}".encode()).digest()[:8], "big"
+        )
+    return int.from_bytes(digest[:16], "big") or 1, span_id or 1
 
 
 def _exporter_endpoint(settings: Settings) -> str | None:
@@ -218,9 +226,9 @@ def flush() -> None:
         provider.force_flush(int((_exporter_timeout() or EXPORT_TIMEOUT_S) * 1000) + 500)
 
 
-def run_context(run_id: str) -> Context:
-    """The context whose parent is the run's span: spans started in it join the run's trace."""
-    trace_id, span_id = _ids(run_id)
+def run_context(run_id: str, retries: int) -> Context:
+    """The context whose parent is the run's span (its `retries`-th retry's): spans in it join its trace."""
+    trace_id, span_id = _ids(run_id, retries)
     parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
     return trace.set_span_in_context(NonRecordingSpan(parent))
 
@@ -239,10 +247,13 @@ def span(name: str, attributes: dict[str, Any], *, context: Context | None = Non
             raise
 
 
-def record_run(run_id: str, *, status: str, created_at: str, model: str) -> None:
-    """Emit the run's span, from its creation (`created_at`, ISO 8601) to now, with the id its steps named."""
+def record_run(run_id: str, *, retries: int, status: str, created_at: str, model: str) -> None:
+    """Emit the run's span, from its creation (`created_at`, ISO 8601) to now, with the id its steps named.
+
+    `retries`: how many times the run was retried; each end of a retried run is a span of its own.
+    """
     started_ns = int(datetime.fromisoformat(created_at.replace("Z", "+00:00")).timestamp() * 1e9)
-    token = _pinned.set(_ids(run_id))
+    token = _pinned.set(_ids(run_id, retries))
     try:
         run_span = tracer().start_span(
             "invoke_workflow masterplanner",
@@ -253,6 +264,7 @@ def record_run(run_id: str, *, status: str, created_at: str, model: str) -> None
                 "gen_ai.operation.name": "invoke_workflow",
                 "masterplanner.run.id": run_id,
                 "masterplanner.run.status": status,
+                "masterplanner.run.retries": retries,
                 "gen_ai.request.model": model,
             },
         )

@@ -166,3 +166,63 @@ def test_a_receiver_that_is_down_is_said_once_in_our_words(
     assert exit_wait < 2 * EXPORT_TIMEOUT_S + 1.5
     said = [line for line in lines if "trace" in line.lower() or "export" in line.lower()]
     assert said == [f"traces could not be sent to http://127.0.0.1:{port}/v1/traces: connection refused"]
+
+
+def test_each_end_of_a_retried_run_is_a_run_span_of_its_own_in_the_run_s_trace(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    """Before, the failed end and the retry's end were two spans with the same trace AND span id."""
+    write = {"name": "write_file", "args": {"path": "a.txt", "content": "A"}}
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [plan_step("a", tools=["write_file"])]}},
+            {"purpose": "step:a", "turn": 1, "tool_calls": [write]},  # the second turn is over the budget
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    mp = [sys.executable, "-m", "masterplanner"]
+    with otlp_receiver() as (url, spans):
+        env = {**os.environ, "MASTERPLANNER_OTEL_ENDPOINT": url, "MASTERPLANNER_EMBEDDER": "none"}
+        first = subprocess.run(
+            [
+                *mp,
+                "run",
+                "a",
+                "-m",
+                f"scripted:{script}",
+                "--yes",
+                "--rounds",
+                "0",
+                "--max-calls",
+                "2",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        run_id = json.loads(first.stdout)["run_id"]
+        assert json.loads(first.stdout)["status"] == "failed", first.stderr
+        again = subprocess.run(
+            [*mp, "runs", "retry", run_id, "--max-calls", "20"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert again.returncode == 0, again.stderr
+        received = list(spans)
+    runs = [span for span in received if span.name == "invoke_workflow masterplanner"]
+    assert len(runs) == 2 and runs[0].span_id != runs[1].span_id
+    assert [
+        (span.attributes["masterplanner.run.status"], span.attributes["masterplanner.run.retries"])
+        for span in runs
+    ] == [
+        ("failed", 0),
+        ("succeeded", 1),
+    ]
+    assert {span.trace_id for span in received} == {runs[0].trace_id}  # one trace
+    assert runs[0].span_id != runs[1].span_id and runs[0].parent_id == runs[1].parent_id == ""
+    agents = [span for span in received if span.name.startswith("invoke_agent ")]
+    assert [span.parent_id for span in agents] == [runs[0].span_id, runs[1].span_id]  # each run's own step

@@ -494,7 +494,9 @@ def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on re
     store.append_event(run_id, "run_cancelled", data={"reason": reason})
     if telemetry.exporting():
         run = store.get_run(run_id)
-        telemetry.record_run(run_id, status="cancelled", created_at=run.created_at, model=run.model)
+        telemetry.record_run(
+            run_id, retries=run.retries, status="cancelled", created_at=run.created_at, model=run.model
+        )
 
 
 def _check_budget_left(store: RunStore, run_id: str, options: RunOptions) -> None:
@@ -541,16 +543,16 @@ class _Drive:
         """How many times the run was retried: its workflows' ids say which retry they belong to."""
 
     async def run(self) -> None:
+        run = await asyncio.to_thread(self.store.get_run, self.run_id)
+        self.model, self.retries = run.model, run.retries
         # this task's spans (planning, the review, inline steps) join the run's trace
-        token = otel_context.attach(telemetry.run_context(self.run_id))
+        token = otel_context.attach(telemetry.run_context(self.run_id, run.retries))
         try:
-            await self._run()
+            await self._run(run)
         finally:
             otel_context.detach(token)
 
-    async def _run(self) -> None:
-        run = await asyncio.to_thread(self.store.get_run, self.run_id)
-        self.model, self.retries = run.model, run.retries
+    async def _run(self, run: RunRecord) -> None:
         try:
             if run.finished:
                 self.ending = True

@@ -146,7 +146,7 @@ async def step_workflow(run_id: str, step_id: str) -> dict[str, Any]:
         "masterplanner.run.id": run_id,
         "masterplanner.process": executor_id() or "",
     }
-    context = telemetry.run_context(run_id)
+    context = telemetry.run_context(run_id, run.retries)
     with telemetry.span(f"invoke_agent {step_run.step.agent_role}", attributes, context=context) as span:
         outcome = await step_run.run(resumed=resumed)
         span.set_attribute("masterplanner.step.status", outcome["status"])
@@ -209,7 +209,9 @@ async def end_workflow(
     def record() -> None:
         if telemetry.exporting():
             run = store.get_run(run_id)
-            telemetry.record_run(run_id, status=status, created_at=run.created_at, model=run.model)
+            telemetry.record_run(
+                run_id, retries=run.retries, status=status, created_at=run.created_at, model=run.model
+            )
         if status == "succeeded":
             store.set_status(run_id, "succeeded", output=text)
             store.requests.close_run(run_id, "expired", keep_remember=True)
