@@ -370,6 +370,31 @@ class Settings(BaseSettings):
             )
         return spec
 
+    @field_validator("otel_endpoint")
+    @classmethod
+    def _otlp_url(cls, url: str) -> str:
+        """Empty, or an http(s) URL with a host: anything else failed in the exporter, in its words.
+
+        Before, "127.0.0.1:4318" or "http://[::1" failed each run with the library's error and
+        advice ("Perhaps you meant https://…"), naming no setting.
+        """
+        from urllib.parse import urlsplit
+
+        url = url.strip()
+        if not url:
+            return url
+        try:
+            parts = urlsplit(url)
+            good = parts.scheme in ("http", "https") and bool(parts.hostname) and " " not in url
+            parts.port  # noqa: B018 - a port that is no number raises here
+        except ValueError:
+            good = False
+        if not good:
+            raise ValueError(
+                f"expected an http:// or https:// URL such as http://127.0.0.1:4318, got {url!r}"
+            )
+        return url
+
     @field_validator("http_allowed_domains")
     @classmethod
     def _host_names(cls, domains: list[str]) -> list[str]:

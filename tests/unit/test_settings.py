@@ -310,3 +310,21 @@ def test_a_wrong_kind_of_value_in_a_settings_file_is_said_in_toml_words(
     with pytest.raises(SettingsError) as caught:
         Settings.load()
     assert str(caught.value) == "invalid settings: " + problem.format(path=path)
+
+
+@pytest.mark.parametrize(
+    "url", ["not a url", "127.0.0.1:4318", "http://[::1", "ftp://host", "http://", "http://h:x"]
+)
+def test_an_otel_endpoint_that_is_not_an_http_url_is_refused_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """Before, each run failed in the exporter with its own words ("Perhaps you meant https://…")."""
+    monkeypatch.setenv("MASTERPLANNER_OTEL_ENDPOINT", url)
+    with pytest.raises(SettingsError) as refused:
+        Settings.load()
+    assert str(refused.value) == (
+        "invalid settings: setting 'otel_endpoint' (from MASTERPLANNER_OTEL_ENDPOINT): expected an http:// "
+        f"or https:// URL such as http://127.0.0.1:4318, got {url!r}"
+    )
+    monkeypatch.setenv("MASTERPLANNER_OTEL_ENDPOINT", " https://collector.example:4318/ ")
+    assert Settings.load().otel_endpoint == "https://collector.example:4318/"
