@@ -22,22 +22,56 @@ def test_bars_share_one_scale_and_name_where_each_step_ran() -> None:
         step("c", "skipped", None, None),
     ]
     lines = timeline_lines(steps, {"a": "host:1:w1", "b": "host:2:w2"}, width=80, now=0.0)
-    assert lines == [
-        "        0 s                          6.0 s",
-        "a       ███████████                         succeeded    2.0 s  host:1:w1",
-        "b                  ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓  failed       4.0 s  host:2:w2",
-        "  b--x             ████████████             succeeded    2.0 s",
-        "c                                           skipped",
+    assert lines == [  # the bars take the width the processes' column leaves
+        "        0 s                                 6.0 s",
+        "a       ██████████████                             succeeded    2.0 s  host:1:w1",
+        "b                     ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓  failed       4.0 s  host:2:w2",
+        "  b--x                █████████████                succeeded    2.0 s",
+        "c                                                  skipped",
     ]
 
 
 def test_a_running_step_ends_now_and_a_run_with_no_start_says_so() -> None:
     now = datetime(2026, 11, 25, 10, 0, 4, tzinfo=UTC).timestamp()
     assert timeline_lines([step("a", "running", 0, None)], {}, width=50, now=now) == [
-        "   0 s  4.0 s",
-        "a  ▒▒▒▒▒▒▒▒▒▒  running      4.0 s",
+        "   0 s                   4.0 s",
+        "a  ▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒  running      4.0 s",
     ]
     assert timeline_lines([step("a", "pending", None, None)], {}, width=50, now=now) == [
         "no step has started"
     ]
     assert timeline_lines([], {}, width=50, now=now) == ["no steps"]
+
+
+LONG = "extract-quarterly-revenue-from-report"
+
+
+def test_long_ids_are_cut_with_an_ellipsis_and_stay_apart_and_replaced_steps_look_replaced() -> None:
+    """Before, ids were cut to 24 characters with no marker (`…-report-1` and `-2` looked the same)
+    and a replaced step had a success's solid bar."""
+    steps = [
+        step(f"{LONG}-1", "succeeded", 0, 3),
+        step(f"{LONG}-2", "replaced", 1, 4),
+        step("b", "skipped", None, None),
+    ]
+    assert timeline_lines(steps, {f"{LONG}-1": "host:1:w1"}, width=80, now=0.0) == [
+        "                          0 s               4.0 s",
+        "extract-qua…rom-report-1  █████████████████        succeeded    3.0 s  host:1:w1",
+        "extract-qua…rom-report-2        ▚▚▚▚▚▚▚▚▚▚▚▚▚▚▚▚▚  replaced     3.0 s",
+        "b                                                  skipped",
+    ]
+    # ids that differ only in the middle: the labels widen until they differ
+    twins = [step(f"fetch-sales-{side}-region-2024", "succeeded", 0, 1) for side in ("north", "south")]
+    labels = [line.split("  ")[0] for line in timeline_lines(twins, {}, width=80, now=0.0)[1:]]
+    assert labels == ["fetch-sales-n…h-region-2024", "fetch-sales-s…h-region-2024"]
+
+
+def test_a_narrow_terminal_gets_lines_no_wider_than_it() -> None:
+    """Before, COLUMNS=40 gave lines of ~70 characters, wrapped by the terminal off the scale."""
+    steps = [step(f"{LONG}-1", "succeeded", 0, 3), step(f"{LONG}-2", "failed", 1, 4)]
+    assert timeline_lines(steps, {f"{LONG}-1": "host:1:w1"}, width=40, now=0.0) == [
+        "          0 s  4.0 s",
+        "ext…rt-1  ████████    succeeded    3.0 s",
+        "          host:1:w1",
+        "ext…rt-2    ▓▓▓▓▓▓▓▓  failed       3.0 s",
+    ]

@@ -10,8 +10,39 @@ from .terminal import shown
 
 __all__ = ["timeline_lines"]
 
-_BAR = {"succeeded": "█", "failed": "▓", "running": "▒", "cancelled": "░"}
+_BAR = {
+    "succeeded": "█",
+    "failed": "▓",
+    "running": "▒",
+    "cancelled": "░",
+    "replaced": "▚",
+    "skipped": "·",
+    "expanded": "═",
+}
 """How a step's bar is drawn, by its status (anything else that ran: █)."""
+_LABEL_MOST = 24
+"""The widest a step's label is drawn (an id cut to it keeps its start and end)."""
+_BAR_LEAST = 10
+_FIXED = 22
+"""The columns beside the label and the bar: two gaps, the status (9), a space, the duration (8)."""
+
+
+def _cut(label: str, width: int) -> str:
+    """`label` in `width` characters: its start and its end with `…` between (the end tells ids apart)."""
+    if len(label) <= width:
+        return label
+    head = (width - 1) // 2
+    return label[:head] + "…" + label[len(label) - (width - 1 - head) :]
+
+
+def _labels(full: list[str], most: int) -> list[str]:
+    """The labels cut to at most `most` characters, wider if two different labels would look the same."""
+    width = min(most, max(len(label) for label in full))
+    while True:
+        cut = [_cut(label, width) for label in full]
+        if len(set(cut)) == len(set(full)) or width >= max(len(label) for label in full):
+            return cut
+        width += 1
 
 
 def _seconds(stamp: str | None) -> float | None:
@@ -54,12 +85,20 @@ def timeline_lines(
         return ["no step has started"]
     first = min(start for start, _end in started)
     total = max(max(end for _start, end in started) - first, 1e-3)
-    label_width = min(24, max(len(("  " * depth) + str(step["id"])) for depth, step in rows))
-    bar_width = max(10, width - label_width - 40)
+    wheres = [shown(processes.get(str(step["id"]), "")) for _depth, step in rows]
+    where_room = max(len(where) for where in wheres) + 2 if any(wheres) else 0
+    # in a narrow terminal the labels give way first, then the bars (to _BAR_LEAST), then the
+    # processes go under their steps: before, the lines were as wide as in a wide terminal
+    labels = _labels(
+        [("  " * depth) + shown(step["id"]) for depth, step in rows],
+        min(_LABEL_MOST, max(8, width - _FIXED - _BAR_LEAST - where_room)),
+    )
+    label_width = max(len(label) for label in labels)
+    bar_width = max(_BAR_LEAST, width - label_width - _FIXED - where_room)
+    inline = label_width + bar_width + _FIXED + where_room <= width
     end_label = f"{total:.1f} s"
     lines = [f"{'':<{label_width}}  0 s{' ' * max(1, bar_width - 3 - len(end_label))}{end_label}"]
-    for (depth, step), span in zip(rows, spans, strict=True):
-        label = (("  " * depth) + shown(step["id"]))[:label_width]
+    for label, where, (_depth, step), span in zip(labels, wheres, rows, spans, strict=True):
         status = str(step["status"])
         if span is None:
             bar = " " * bar_width
@@ -71,6 +110,9 @@ def timeline_lines(
                 " " * start_col + _BAR.get(status, "█") * (end_col - start_col) + " " * (bar_width - end_col)
             )
             took = f"{span[1] - span[0]:.1f} s"
-        where = processes.get(str(step["id"]), "")
-        lines.append(f"{label:<{label_width}}  {bar}  {status:<9} {took:>8}  {shown(where)}".rstrip())
+        row = f"{label:<{label_width}}  {bar}  {status:<9} {took:>8}"
+        if inline or not where:
+            lines.append(f"{row}  {where}".rstrip())
+        else:
+            lines.extend([row.rstrip(), f"{'':<{label_width}}  {where}"])
     return lines
