@@ -19,7 +19,12 @@ _SECRET = re.compile(
     r"|(?i:\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}|\bxox[abpr]-[-A-Za-z0-9]{10,})"
     r"|\bAKIA[0-9A-Z]{16}\b|\bAIza[-_A-Za-z0-9]{30,}"
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
-    r"|(?i:\b(?:api[_-]?key|secret|token|password|passwd)\b\s*[:=]\s*\S{6,})"
+    # a name ending in a credential word, alone or as the last part of a longer one
+    # (OPENAI_API_KEY=…, DB_PASSWORD=…, X-Api-Key: …): `\b` alone missed `_KEY`, `_` being a
+    # word character
+    r"|(?i:(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_-])*"
+    r"(?:api[_-]?key|(?:secret|access|private)[_-]?key|secret|token|password|passwd)"
+    r"(?![A-Za-z0-9_-])\s*[:=]\s*\S{6,})"
     r"|(?i:\bBearer\s+[A-Za-z0-9._~+/-]{16,})"
 )
 _SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$")

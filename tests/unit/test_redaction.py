@@ -19,6 +19,14 @@ CREDENTIALS = [
     "password: hunter22",
     "Authorization: Bearer abcdefghijklmnop1234",
     "-----BEGIN RSA PRIVATE KEY-----",
+    # .env and export forms: a name ending in a credential word
+    "OPENAI_API_KEY=abcd1234efgh5678",
+    "DB_PASSWORD=hunter2hunter2",
+    "GITHUB_TOKEN=abcdef123456xyz",
+    "MY_API_KEY: abcdef1234567",
+    "export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMIK7MDENG",
+    "X-Api-Key: abcdef1234567",
+    "api_key=abcdef123456",
 ]
 # words that begin like a key prefix: before, a team whose task held one was not stored
 WORDS = [
@@ -29,6 +37,9 @@ WORDS = [
     "PKCS1_OAEP_padding",
     "a risk-assessment-framework",
     "the password is strong",
+    "count tokens: 123456 in total",
+    "the token_count=123456",
+    "password_hint: the usual one",
 ]
 
 
