@@ -11,6 +11,7 @@ request, in order, and then `always` on every request if given:
 | --- | --- |
 | `429` / `429:S` | HTTP 429, with `Retry-After: S` when S is given |
 | `500` | HTTP 500 with an error body |
+| `401` | HTTP 401 whose message echoes the key the client sent, as some proxies do |
 | `hang` | nothing: the connection stays open and silent until the server stops |
 | `malformed` | HTTP 200 whose body is cut-off JSON |
 | `wrong_schema` | a well-formed completion whose text is `{"unexpected": true}` |
@@ -109,6 +110,10 @@ class ModelServer:
                     self._send(
                         429, {"error": {"message": "rate limit reached", "type": "rate_limit"}}, headers
                     )
+                elif kind == "401":
+                    key = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                    message = f"Incorrect API key provided: {key}"
+                    self._send(401, {"error": {"message": message, "type": "invalid_request_error"}})
                 elif kind == "500":
                     self._send(500, {"error": {"message": "the server had an error", "type": "server_error"}})
                 elif kind == "hang":

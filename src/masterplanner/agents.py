@@ -6,6 +6,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, MasterplannerError, ModelError
+from .redaction import redacted
 
 if TYPE_CHECKING:
     from pydantic_ai.settings import ModelSettings
@@ -55,7 +56,7 @@ async def run_agent(agent: Any, prompt: str, **options: Any) -> Any:
     except AgentRunError as exc:
         raise ModelError(f"model call failed: {failure_text(exc)}") from exc
     except OSError as exc:
-        raise ModelError(f"model call failed: {exc}") from exc
+        raise ModelError(f"model call failed: {redacted(str(exc))}") from exc
     return result.output
 
 
@@ -66,7 +67,8 @@ def failure_text(exc: BaseException) -> str:
     retries count of 2. Consider raising the retry limit, or see the docs … https://…"); the
     person running a plan can act on neither the advice nor the link. Retries that ran out say
     what the model kept doing wrong, how often, and the last problem; any other message of the
-    library loses its advice and links. A provider's own error is kept as it is.
+    library loses its advice and links. A provider's own error is kept, less any credential in it
+    (a proxy answering 401 may echo the key it was sent: `redaction.redacted`).
     """
     from pydantic_ai.exceptions import ModelAPIError, UnexpectedModelBehavior, UsageLimitExceeded
 
@@ -84,7 +86,7 @@ def failure_text(exc: BaseException) -> str:
             cap = "the provider's output token limit"
         return _CUT_OFF[match["where"]].format(cap)
     if isinstance(exc, ModelAPIError):
-        return message
+        return redacted(message)  # a server's error body may echo the key it was sent
     plain = _without_advice(message).removesuffix(".")
     if isinstance(exc, UsageLimitExceeded):
         return f"the model run reached its limit: {_lower_first(plain)}"

@@ -323,6 +323,27 @@ def test_a_plan_in_the_wrong_form_fails_the_run_at_planning_and_says_why(
     assert f"\n{error}" in done.stderr
 
 
+SHAPELESS_KEY = "zq7Hkd92LmPq0xWv3nRt"
+"""A key of no known shape: only its being the value of OPENAI_API_KEY marks it a secret."""
+
+
+@pytest.mark.parametrize("rule", ["fetch", "planner"])
+def test_a_model_server_error_echoing_the_key_is_stored_and_printed_without_it(
+    scene: Callable[[list[Rule]], Scene], rule: str
+) -> None:
+    here = scene(rules(step("fetch"), always={rule: "401"}))
+    done = here.run(*RUN_ARGS, "--yes", env={"OPENAI_API_KEY": SHAPELESS_KEY})
+    assert done.returncode == 1
+    assert here.server.given({"fetch": "Do fetch.", "planner": PLANNER}[rule])[0] == "401"
+    report = json.loads(done.stdout)
+    assert report["status"] == "failed"
+    assert "Incorrect API key provided: [secret removed]" in report["error"]
+    stored = json.dumps([here.store.get_run(report["run_id"]).error, here.events(report["run_id"])])
+    assert "[secret removed]" in stored
+    for text in (done.stdout, done.stderr, stored):
+        assert SHAPELESS_KEY not in text
+
+
 # --- tools fail ----------------------------------------------------------------------------------
 
 

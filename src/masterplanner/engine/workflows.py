@@ -48,6 +48,7 @@ from ..models import takes_tool_aids, with_tool_aids
 from ..models.labelled import labelled
 from ..plan import Plan, Step, sinks
 from ..purpose import step_purpose
+from ..redaction import redacted
 from ..registry.memory import episode_text
 from ..tools.catalog import Catalog
 from ..tools.context import StepDeps, ToolRunner
@@ -218,13 +219,14 @@ async def end_workflow(
             store.append_event(run_id, "run_succeeded", data={"output_chars": len(text)})
             return
         now = utc_now()
+        reason = redacted(text)  # a model server's error may echo the key it was sent
         for step in store.steps(run_id):
             if step.status in ("pending", "running"):
                 store.update_step(run_id, step.id, status="cancelled", finished_at=now)
-        store.set_status(run_id, "failed", error=text)
+        store.set_status(run_id, "failed", error=reason)
         store.requests.close_run(run_id, "expired", keep_remember=True)
         # `outcome_counted`: the registry is told this failure (a retry that succeeds corrects it)
-        store.append_event(run_id, "run_failed", data={"reason": text, "outcome_counted": tell_registry})
+        store.append_event(run_id, "run_failed", data={"reason": reason, "outcome_counted": tell_registry})
 
     await _recorded(record, "run_ended")
     if tell_registry:
@@ -405,7 +407,7 @@ class _StepRun:
                 error = database_failure(exc, self.resources.settings.database_url)
                 break
             except Exception as exc:  # a tool or provider bug must fail the step, not the engine
-                error = f"{type(exc).__name__}: {exc}"
+                error = redacted(f"{type(exc).__name__}: {exc}")
                 break
             shortfall = await self._check(output) if options.check_outputs else None
             if shortfall is not None:
@@ -599,4 +601,5 @@ def _describe(exc: BaseException) -> str:
         return f"the step agent used more than {AGENT_REQUEST_LIMIT} model requests"
     if isinstance(exc, AgentRunError):
         return failure_text(exc)
-    return str(exc) or type(exc).__name__
+    # a model server's error body may echo the key it was sent
+    return redacted(str(exc)) or type(exc).__name__

@@ -29,6 +29,7 @@ from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 
 from ..errors import ModelRetriesExhaustedError
+from ..redaction import redacted
 
 __all__ = ["MAX_WAIT_S", "Problem", "Reporter", "RetriedModel", "RetryNote", "transient_problem"]
 
@@ -82,7 +83,8 @@ def transient_problem(error: BaseException, timeout_s: float | None = None) -> P
         detail = ": ".join(part for part in (http, _error_message(error.body)) if part)
         return Problem(f"the model server failed ({detail or 'no reason given'})", error.retry_after)
     if isinstance(error, api.ModelConnectionError):
-        return Problem(f"could not reach the model server ({_first_line(error.message)})", error.retry_after)
+        reason = redacted(_first_line(error.message))
+        return Problem(f"could not reach the model server ({reason})", error.retry_after)
     if isinstance(error, json.JSONDecodeError) or isinstance(error.__cause__, json.JSONDecodeError):
         return Problem("the model server's reply was not valid JSON")
     return None
@@ -93,7 +95,7 @@ def _error_message(body: object) -> str:
         inner = body.get("error", body)
         message = inner.get("message") if isinstance(inner, dict) else inner
         if isinstance(message, str):
-            return _first_line(message)[:200]
+            return redacted(_first_line(message))[:200]
     return ""
 
 
