@@ -6,6 +6,7 @@ URLs, timestamps, SQLite settings, transactions with readable errors, and named 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -104,8 +105,23 @@ def create_engine(url: str) -> Engine:
             raise ConfigError(
                 f"database_url {shown_url(url)!r} names no file: give SQLite one (sqlite:///PATH)"
             )
+        _create_private(engine.url.database)
         sa.event.listen(engine, "connect", _sqlite_pragmas)
     return engine
+
+
+def _create_private(database: str | None) -> None:
+    """A SQLite database file not there yet, created empty and its owner's only (0600).
+
+    It holds what people typed. SQLite gives its `-wal` and `-shm` files the database file's
+    permissions.
+    """
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    try:
+        os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:  # there already, or its folder missing: SQLite says so in its own words
+        pass
 
 
 @contextmanager

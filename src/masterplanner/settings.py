@@ -551,9 +551,14 @@ class Settings(BaseSettings):
             record_workspace(home, folder)
 
     def ensure_home(self) -> Path:
-        """Create the home directory if needed and return it."""
+        """Create the home directory if needed and return it.
+
+        A home created here is its owner's only (0700): it holds what people typed. A folder the
+        person made themselves keeps the permissions they gave it.
+        """
         try:
-            self.home.mkdir(parents=True, exist_ok=True)
+            self.home.parent.mkdir(parents=True, exist_ok=True)
+            self.home.mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             raise SettingsError(f"home directory {self.home}: cannot create: {exc.strerror}") from exc
         return self.home

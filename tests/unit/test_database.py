@@ -190,3 +190,9 @@ def test_a_worker_is_offered_only_the_queued_runs_of_its_providers(tmp_path: Pat
         assert store.claimable_runs(10, providers=["local"]) == ["r4"]  # r2 is held
     finally:
         store.close()
+
+
+def test_the_sqlite_database_file_is_only_its_owners(tmp_path: Path) -> None:
+    path = tmp_path / "masterplanner.sqlite"
+    RunStore(f"sqlite:///{path}").list_runs()
+    assert (path.stat().st_mode & 0o777) == 0o600

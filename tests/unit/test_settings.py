@@ -328,3 +328,15 @@ def test_an_otel_endpoint_that_is_not_an_http_url_is_refused_naming_the_setting(
     )
     monkeypatch.setenv("MASTERPLANNER_OTEL_ENDPOINT", " https://collector.example:4318/ ")
     assert Settings.load().otel_endpoint == "https://collector.example:4318/"
+
+
+def test_a_home_masterplanner_creates_is_only_its_owners(isolated: Path) -> None:
+    home = Settings.load().ensure_home()
+    assert (home.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_home_the_person_made_keeps_its_permissions(isolated: Path) -> None:
+    isolated.mkdir(mode=0o755)
+    isolated.chmod(0o755)
+    Settings.load().ensure_home()
+    assert (isolated.stat().st_mode & 0o777) == 0o755
