@@ -15,6 +15,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from .. import telemetry
 from ..errors import MasterplannerError, ToolError
+from ..redaction import REMOVED, redacted
 from ..tools.results import TOOL_FAILED, TOOL_OUTPUT
 from .records import EventKind
 from .store import RunStore
@@ -59,9 +60,34 @@ def _shorten(value: Any, limit: int) -> Any:
     return value if len(text) <= limit else f"{text[:limit]}…"
 
 
+_CREDENTIAL_HEADER = re.compile(
+    r"(?i)^(?:authorization|proxy-authorization|cookie|set-cookie)$|key|token|secret"
+)
+"""Headers whose values are credentials (`Authorization`, `X-Api-Key`, …): masked in events."""
+
+
 def _shown_in_events(arguments: dict[str, Any]) -> dict[str, Any]:
-    """Arguments as the run's events record them: each value cut at 200 characters."""
-    return {key: _shorten(value, 200) for key, value in arguments.items()}
+    """Arguments as the run's events record them: no secret, each value cut at 200 characters.
+
+    Credentials are taken out as `runs audit` takes them out, and credential headers' values
+    masked; the tool itself is given the arguments as they were.
+    """
+    return {key: _shorten(_without_secrets(key, value), 200) for key, value in arguments.items()}
+
+
+def _without_secrets(key: str, value: Any) -> Any:
+    if isinstance(value, str):
+        return redacted(value)
+    if isinstance(value, dict):
+        return {
+            name: REMOVED
+            if key == "headers" and _CREDENTIAL_HEADER.search(str(name))
+            else _without_secrets(str(name), inner)
+            for name, inner in value.items()
+        }
+    if isinstance(value, list):
+        return [_without_secrets(key, inner) for inner in value]
+    return value
 
 
 def _approval_size(arguments: dict[str, Any]) -> int:
@@ -258,7 +284,8 @@ class ToolCalls:
         data = {"tool": tool, "by": answered.answered_by or answered.state, "request": answered.id}
         reason = (answered.answer or {}).get("reason")
         await self._event(
-            "tool_approved" if approved else "tool_denied", data | ({"reason": reason} if reason else {})
+            "tool_approved" if approved else "tool_denied",
+            data | ({"reason": redacted(str(reason))} if reason else {}),
         )
         return approved
 
