@@ -375,6 +375,20 @@ def test_walk_files_lists_depth_first_in_name_order_without_following_links(tmp_
     assert walked == ["a.txt", "b/a/y.txt", "b/z.txt", "c.txt", "d"]
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["masterplanner.toml~", "masterplanner.toml.bak", ".masterplanner.toml.swp", "#masterplanner.toml#"],
+)
+def test_a_backup_of_masterplanner_s_settings_cannot_be_read(tmp_path: Path, name: str) -> None:
+    workspace = Workspace(tmp_path).create()
+    (tmp_path / name).write_text('[mcp_servers.x]\nenv = { TOKEN = "sk-secret" }\n')
+    with pytest.raises(ToolError) as refused:
+        workspace.read_file(name)
+    assert str(refused.value) == (
+        f"{name!r} holds masterplanner's settings, which may hold secrets; steps may not read it"
+    )
+
+
 def test_masterplanner_s_settings_in_a_workspace_cannot_be_read(tmp_path: Path) -> None:
     # `--workspace .` in a project folder: its settings may hold an MCP server's secrets
     workspace = Workspace(tmp_path).create()

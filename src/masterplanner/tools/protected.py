@@ -20,6 +20,7 @@ a fullwidth dot matches a dot), so no such spelling of a protected name slips pa
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterable
 
@@ -83,9 +84,21 @@ def protected_component(parts: Iterable[str]) -> str | None:
     return _named(parts, PROTECTED_NAMES)
 
 
+_BACKUP = re.compile(r"^[.#]?(?P<name>.+?)(?:~|#|\.(?:bak|orig|old|save|tmp|sw[a-p]))*$", re.IGNORECASE)
+"""An editor's or a person's copy of a file: `name~`, `name.bak`, `.name.swp`, `#name#`, …"""
+
+
 def unreadable_component(parts: Iterable[str]) -> str | None:
-    """The first component of a workspace path that names a file steps may not read."""
-    return _named(parts, UNREADABLE_NAMES)
+    """The first component of a workspace path that names a file steps may not read, or its backup.
+
+    An editor's or a person's copy (`masterplanner.toml~`, `.masterplanner.toml.swp`) holds the
+    same secrets.
+    """
+    for part in parts:
+        found = _BACKUP.match(part)
+        if _named([part, found["name"] if found else part], UNREADABLE_NAMES) is not None:
+            return part
+    return None
 
 
 def unreadable_notice(name: str) -> str:
