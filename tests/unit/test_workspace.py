@@ -389,6 +389,23 @@ def test_a_backup_of_masterplanner_s_settings_cannot_be_read(tmp_path: Path, nam
     )
 
 
+def test_a_hard_link_to_masterplanner_s_settings_cannot_be_read(tmp_path: Path) -> None:
+    """The same file under another name: before, `read_file` returned the settings' secrets."""
+    workspace = Workspace(tmp_path).create()
+    (tmp_path / "masterplanner.toml").write_text('[mcp_servers.x]\nenv = { TOKEN = "sk-secret" }\n')
+    (tmp_path / "sub").mkdir()
+    os.link(tmp_path / "masterplanner.toml", tmp_path / "sub" / "notes.txt")
+    (tmp_path / "other.txt").write_text("fine")
+    os.link(tmp_path / "other.txt", tmp_path / "other-link.txt")  # a hard link to anything else reads
+    with pytest.raises(ToolError) as refused:
+        workspace.read_file("sub/notes.txt")
+    assert str(refused.value) == (
+        "'notes.txt' holds masterplanner's settings, which may hold secrets; steps may not read it "
+        "(this name is a hard link to it)"
+    )
+    assert workspace.read_file("other-link.txt") == "fine"
+
+
 def test_masterplanner_s_settings_in_a_workspace_cannot_be_read(tmp_path: Path) -> None:
     # `--workspace .` in a project folder: its settings may hold an MCP server's secrets
     workspace = Workspace(tmp_path).create()

@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ..errors import ToolError
-from .protected import protected_component, protection_notice, unreadable_component, unreadable_notice
+from .protected import (
+    UNREADABLE_NAMES,
+    protected_component,
+    protection_notice,
+    unreadable_component,
+    unreadable_notice,
+)
 
 __all__ = [
     "MAX_LIST_ENTRIES",
@@ -407,6 +413,8 @@ class Workspace:
                 info = os.fstat(fd)
                 if not stat.S_ISREG(info.st_mode):
                     raise ToolError(f"{_shown(path)} is not a regular file")
+                if info.st_nlink > 1 and self._settings_file(info):
+                    raise ToolError(unreadable_notice(parts[-1]) + " (this name is a hard link to it)")
                 if info.st_size > MAX_READ_BYTES:
                     size = f"{info.st_size:,} bytes"
                     raise ToolError(f"{_shown(path)} is {size}; read_file returns at most {MAX_READ_BYTES:,}")
@@ -414,6 +422,20 @@ class Workspace:
             finally:
                 os.close(fd)
         return data.decode("utf-8", errors="replace")
+
+    def _settings_file(self, info: os.stat_result) -> bool:
+        """Whether `info` is the file of a settings file a run reads: the workspace's or the current folder's.
+
+        A hard link is the same file under another name, which the name check cannot see.
+        """
+        for file in {folder / name for folder in (self.root, Path.cwd()) for name in UNREADABLE_NAMES}:
+            try:
+                settings = os.stat(file, follow_symlinks=False)
+            except OSError:
+                continue
+            if (settings.st_dev, settings.st_ino) == (info.st_dev, info.st_ino):
+                return True
+        return False
 
     def write_file(self, path: str, content: str) -> str:
         r"""Create or replace a regular file atomically; creates missing directories. Returns a summary.
