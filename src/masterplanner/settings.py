@@ -545,7 +545,7 @@ class Settings(BaseSettings):
                 )
         for home in homes:
             try:
-                home.mkdir(parents=True, exist_ok=True)
+                home.mkdir(mode=0o700, parents=True, exist_ok=True)  # its owner's only, as ensure_home
             except OSError as exc:
                 raise SettingsError(f"home directory {home}: cannot create: {exc.strerror}") from exc
             record_workspace(home, folder)

@@ -330,9 +330,22 @@ def test_an_otel_endpoint_that_is_not_an_http_url_is_refused_naming_the_setting(
     assert Settings.load().otel_endpoint == "https://collector.example:4318/"
 
 
-def test_a_home_masterplanner_creates_is_only_its_owners(isolated: Path) -> None:
-    home = Settings.load().ensure_home()
-    assert (home.stat().st_mode & 0o777) == 0o700
+def test_a_home_masterplanner_creates_is_only_its_owners(isolated: Path, tmp_path: Path) -> None:
+    """Whichever creates it first: the home, the run store's folder, a workspace's record, the web token."""
+    from masterplanner import RunService
+    from masterplanner.web.auth import web_token
+
+    assert (Settings.load().ensure_home().stat().st_mode & 0o777) == 0o700
+    for made in ("service", "workspace", "token"):
+        home = tmp_path / made / "home"
+        settings = Settings.load(home=home)
+        if made == "service":
+            RunService(settings).close()
+        elif made == "workspace":
+            settings.record_workspace(tmp_path / "work")
+        else:
+            web_token(home)
+        assert (made, home.stat().st_mode & 0o777) == (made, 0o700)
 
 
 def test_a_home_the_person_made_keeps_its_permissions(isolated: Path) -> None:

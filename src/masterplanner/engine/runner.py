@@ -104,8 +104,8 @@ class Engine:
         self.queued_steps = queued_steps
         if settings.database_url.startswith("sqlite:///"):
             folder = Path(settings.database_url.removeprefix("sqlite:///")).parent
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
+            try:  # the home, by default: its owner's only (Settings.ensure_home), as what holds the database
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as exc:
                 raise RunError(f"database folder {folder}: cannot create: {exc.strerror}") from None
         self.store = RunStore(settings.database_url)

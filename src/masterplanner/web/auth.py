@@ -55,7 +55,7 @@ def check_bind(host: str, *, auth: bool) -> None:
 def web_token(home: Path) -> tuple[str, Path]:
     """The token and its file, created on first use; `ConfigError` if others can read the file."""
     path = home.expanduser() / TOKEN_FILE_NAME
-    home.expanduser().mkdir(parents=True, exist_ok=True)
+    home.expanduser().mkdir(mode=0o700, parents=True, exist_ok=True)  # its owner's only, as ensure_home
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
