@@ -61,7 +61,7 @@ def _shorten(value: Any, limit: int) -> Any:
 
 
 _CREDENTIAL_HEADER = re.compile(
-    r"(?i)^(?:authorization|proxy-authorization|cookie|set-cookie)$|key|token|secret"
+    r"(?i)^(?:authorization|proxy-authorization|cookie|set-cookie)$|key|token|secret|pass(?:word|wd)?|auth|credential"
 )
 """Headers whose values are credentials (`Authorization`, `X-Api-Key`, …): masked in events."""
 
@@ -76,8 +76,8 @@ def _shown_in_events(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _without_secrets(key: str, value: Any) -> Any:
-    if isinstance(value, str):
-        return redacted(value)
+    if isinstance(value, str):  # only what the event keeps (200 characters) and a little after it
+        return redacted(value[:400]) + ("…" if len(value) > 400 else "")
     if isinstance(value, dict):
         return {
             name: REMOVED
