@@ -512,6 +512,31 @@ def test_existing_protected_entries_are_read_only(workspace: Workspace) -> None:
     assert {path: path.read_bytes() for path in root.rglob("*") if path.is_file()} == before
 
 
+def test_backups_of_the_settings_file_are_shown_empty(workspace: Workspace) -> None:
+    """Before, `read_file` refused `masterplanner.toml~` but code read it whole."""
+    root = workspace.root
+    for name in ("masterplanner.toml~", ".masterplanner.toml.swp", "sub/masterplanner.toml.bak"):
+        (root / name).parent.mkdir(exist_ok=True)
+        (root / name).write_text('[mcp_servers.x]\nenv = { TOKEN = "sk-secret" }\n')
+    (root / "notes.txt").write_text("kept")
+    code, out, _, _ = python(
+        workspace,
+        "for name in ('masterplanner.toml~', '.masterplanner.toml.swp', 'sub/masterplanner.toml.bak', "
+        "'notes.txt'):\n"
+        "    print(name, repr(open(name).read()))",
+    )
+    assert (code, out.splitlines()) == (
+        0,
+        [
+            "masterplanner.toml~ ''",
+            ".masterplanner.toml.swp ''",
+            "sub/masterplanner.toml.bak ''",
+            "notes.txt 'kept'",
+        ],
+    )
+    assert "sk-secret" in (root / "masterplanner.toml~").read_text()  # the file itself is left as it was
+
+
 @as_root
 def test_a_1100_deep_tree_is_handed_back_and_no_uid_lock_leaks(workspace: Workspace) -> None:
     code, out, _, _ = python(

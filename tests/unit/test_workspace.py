@@ -377,7 +377,14 @@ def test_walk_files_lists_depth_first_in_name_order_without_following_links(tmp_
 
 @pytest.mark.parametrize(
     "name",
-    ["masterplanner.toml~", "masterplanner.toml.bak", ".masterplanner.toml.swp", "#masterplanner.toml#"],
+    [
+        "masterplanner.toml~",
+        "masterplanner.toml.bak",
+        ".masterplanner.toml.swp",
+        "#masterplanner.toml#",
+        ".masterplanner.toml.un~",
+        "masterplanner.toml\uff0ebak",  # a fullwidth dot
+    ],
 )
 def test_a_backup_of_masterplanner_s_settings_cannot_be_read(tmp_path: Path, name: str) -> None:
     workspace = Workspace(tmp_path).create()

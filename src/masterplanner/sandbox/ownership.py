@@ -25,7 +25,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..tools.protected import PROTECTED_NAMES
+from ..tools.protected import PROTECTED_NAMES, unreadable_component
 
 __all__ = ["Recorded", "Settled", "Snapshot", "WalkError", "measure", "scan", "settle", "walk"]
 
@@ -236,7 +236,8 @@ def scan(root_fd: int, *, lend_to: int | None, pool: range) -> Snapshot:
         protected = is_protected(name)
         if protected:
             snapshot.protected_inodes.add(info.st_ino)
-        if record(fd, name, info, protected=protected):
+        # settings steps may not read (and their backups): bound read-only, then shown empty
+        if record(fd, name, info, protected=protected or unreadable_component([name]) is not None):
             return True
         snapshot.read_only_inodes.add(info.st_ino)
         if not stat.S_ISLNK(info.st_mode):

@@ -84,8 +84,8 @@ def protected_component(parts: Iterable[str]) -> str | None:
     return _named(parts, PROTECTED_NAMES)
 
 
-_BACKUP = re.compile(r"^[.#]?(?P<name>.+?)(?:~|#|\.(?:bak|orig|old|save|tmp|sw[a-p]))*$", re.IGNORECASE)
-"""An editor's or a person's copy of a file: `name~`, `name.bak`, `.name.swp`, `#name#`, …"""
+_BACKUP = re.compile(r"^[.#]?(?P<name>.+?)(?:~|#|\.(?:bak|orig|old|save|tmp|sw[a-p]|un~))*$", re.IGNORECASE)
+"""An editor's or a person's copy of a file: `name~`, `name.bak`, `.name.swp`, `.name.un~`, `#name#`, …"""
 
 
 def unreadable_component(parts: Iterable[str]) -> str | None:
@@ -95,9 +95,10 @@ def unreadable_component(parts: Iterable[str]) -> str | None:
     same secrets.
     """
     for part in parts:
-        found = _BACKUP.match(part)
-        if _named([part, found["name"] if found else part], UNREADABLE_NAMES) is not None:
-            return part
+        for spelling in (part, unicodedata.normalize("NFKC", part)):  # a fullwidth dot before `bak`
+            found = _BACKUP.match(spelling)
+            if _named([spelling, found["name"] if found else spelling], UNREADABLE_NAMES) is not None:
+                return part
     return None
 
 
