@@ -78,11 +78,17 @@ def _ids(run_id: str, retries: int) -> tuple[int, int]:
 
 
 def _exporter_endpoint(settings: Settings) -> str | None:
-    """Where spans go: the setting (a base URL, `/v1/traces` added), else the standard variables."""
+    """Where spans go: the setting (a base URL, `/v1/traces` added), else the standard variables.
+
+    The traces variable is the whole URL; the general one a base, `/v1/traces` added (as the
+    OpenTelemetry exporter reads them).
+    """
     if settings.otel_endpoint:
         return settings.otel_endpoint.rstrip("/") + "/v1/traces"
-    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        return ""  # the exporter reads the standard variables itself
+    if traces := os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return traces
+    if base := os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return base.removesuffix("/") + "/v1/traces"
     return None
 
 
@@ -153,11 +159,15 @@ EXPORT_FAILURES = _ExportFailures()
 """The filter on the trace exporter's logger (`configure` adds it; `logs.configure_logging` keeps it)."""
 
 
-def _exporter_timeout() -> float | None:
-    """`EXPORT_TIMEOUT_S`, or None when the standard variables set a timeout (the exporter reads them)."""
-    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT"):
-        return None
-    return EXPORT_TIMEOUT_S
+def _exporter_timeout() -> float:
+    """`EXPORT_TIMEOUT_S`, or the seconds the standard variables set (for a collector known to be slow)."""
+    variables = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+    given = next((os.environ[name] for name in variables if os.environ.get(name)), None)
+    try:
+        seconds = float(given or EXPORT_TIMEOUT_S)
+    except ValueError:
+        return EXPORT_TIMEOUT_S
+    return seconds if 0 < seconds < 3600 else EXPORT_TIMEOUT_S
 
 
 def _report_failures(endpoint: str) -> None:
@@ -202,8 +212,8 @@ def configure(settings: Settings) -> None:
         if _provider is not None:
             _provider.shutdown()
         provider = TracerProvider(resource=Resource({"service.name": "masterplanner"}), id_generator=RunIds())
-        exporter = OTLPSpanExporter(endpoint=endpoint or None, timeout=_exporter_timeout())
-        _report_failures(exporter._endpoint)
+        exporter = OTLPSpanExporter(endpoint=endpoint, timeout=_exporter_timeout())
+        _report_failures(endpoint)
         provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
         _provider, _endpoint = provider, endpoint
 
@@ -223,7 +233,7 @@ def flush() -> None:
     """Send the spans not yet sent (a process ending calls this), waiting one export at most."""
     provider = _provider
     if provider is not None:
-        provider.force_flush(int((_exporter_timeout() or EXPORT_TIMEOUT_S) * 1000) + 500)
+        provider.force_flush(int(_exporter_timeout() * 1000) + 500)
 
 
 def run_context(run_id: str, retries: int) -> Context:

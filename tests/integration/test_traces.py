@@ -118,9 +118,11 @@ def _one_step_script(write_script: Callable[..., Path]) -> Path:
     )
 
 
-def _run_timed(script: Path, endpoint: str) -> tuple[int, list[str], float, float]:
+def _run_timed(
+    script: Path, endpoint: str, variable: str = "MASTERPLANNER_OTEL_ENDPOINT"
+) -> tuple[int, list[str], float, float]:
     """Run one task with traces sent to `endpoint`: exit code, stderr lines, summary's seconds, exit wait."""
-    env = {**os.environ, "MASTERPLANNER_OTEL_ENDPOINT": endpoint, "MASTERPLANNER_EMBEDDER": "none"}
+    env = {**os.environ, variable: endpoint, "MASTERPLANNER_EMBEDDER": "none"}
     command = [sys.executable, "-m", "masterplanner", "run", "do a", "-m", f"scripted:{script}", "--yes"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     assert process.stderr is not None
@@ -149,7 +151,8 @@ def test_a_receiver_that_does_not_answer_holds_the_run_up_for_moments_and_is_sai
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
         code, lines, seconds, exit_wait = _run_timed(script, url)
     assert code == 0, lines
-    assert seconds < 4.0 and exit_wait < 2 * EXPORT_TIMEOUT_S + 1.5, (seconds, exit_wait)
+    # before: a summary of 21.5 s and an exit ~30 s late; the bounds leave a loaded machine room
+    assert seconds < 12 and exit_wait < 2 * EXPORT_TIMEOUT_S + 5, (seconds, exit_wait)
     said = [line for line in lines if "trace" in line.lower() or "export" in line.lower()]
     assert said == [f"traces could not be sent to {url}/v1/traces: no answer in time"]
 
@@ -163,9 +166,25 @@ def test_a_receiver_that_is_down_is_said_once_in_our_words(
         port = probe.getsockname()[1]
     code, lines, _seconds, exit_wait = _run_timed(script, f"http://127.0.0.1:{port}")
     assert code == 0, lines
-    assert exit_wait < 2 * EXPORT_TIMEOUT_S + 1.5
+    assert exit_wait < 2 * EXPORT_TIMEOUT_S + 5
     said = [line for line in lines if "trace" in line.lower() or "export" in line.lower()]
     assert said == [f"traces could not be sent to http://127.0.0.1:{port}/v1/traces: connection refused"]
+
+
+def test_the_standard_endpoint_variable_is_a_base_url_as_the_setting_is(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    script = _one_step_script(write_script)
+    with otlp_receiver() as (url, spans):
+        code, lines, _seconds, _exit_wait = _run_timed(script, url + "/", "OTEL_EXPORTER_OTLP_ENDPOINT")
+        assert code == 0, lines
+        assert "invoke_workflow masterplanner" in {span.name for span in spans}
+    with socket.socket() as probe:  # a port nothing listens on: the message names the URL used
+        probe.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    code, lines, _seconds, _exit_wait = _run_timed(script, down, "OTEL_EXPORTER_OTLP_ENDPOINT")
+    said = [line for line in lines if "trace" in line.lower()]
+    assert (code, said) == (0, [f"traces could not be sent to {down}/v1/traces: connection refused"])
 
 
 def test_each_end_of_a_retried_run_is_a_run_span_of_its_own_in_the_run_s_trace(
