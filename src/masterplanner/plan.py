@@ -323,8 +323,8 @@ def sinks(steps: Iterable[Step]) -> list[str]:
 def _tools_schema(names: list[str]) -> dict[str, Any]:
     """A step's `tools` in the plan schema: up to 4 of `names`.
 
-    None when there are none (a sub-plan of a step approved without tools): an empty enum is no
-    grammar rule a local model could follow.
+    An empty list when there are none (a sub-plan of a step approved without tools): an empty
+    enum is no grammar rule a local model could follow.
     """
     if not names:
         return {"type": "array", "maxItems": 0}

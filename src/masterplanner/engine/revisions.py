@@ -211,7 +211,7 @@ class PlanRevisions:
         # the policies the person set for the step at review hold for the steps it became
         inherited = run.agents[step.id].tool_policies if step.id in run.agents else {}
         agents = {
-            sub_id: brief.model_copy(update={"tool_policies": {**inherited, **brief.tool_policies}})
+            sub_id: brief.model_copy(update={"tool_policies": {**brief.tool_policies, **inherited}})
             for sub_id, brief in briefs(proposal["agents"]).items()
         }
         return await self._store(
