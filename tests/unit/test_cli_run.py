@@ -595,6 +595,11 @@ def test_a_workspace_under_tilde_is_the_home_s_and_an_empty_one_is_refused(tmp_p
     assert made.returncode == 0, made.stderr
     assert f"workspace {home / 'sub'} did not exist: made it, empty" in made.stderr
     assert (home / "sub").is_dir() and not (tmp_path / "~").exists()
+    nobody = _run_in(tmp_path, "~no-such-user-here/x")  # before: a traceback
+    assert (nobody.returncode, nobody.stderr) == (
+        2,
+        "error: workspace ~no-such-user-here/x: ~no-such-user-here names no user's home on this machine\n",
+    )
     empty = _run_in(tmp_path, "")
     assert (empty.returncode, empty.stderr) == (
         2,

@@ -153,7 +153,7 @@ def run(
     from ..service import answerer_name
 
     # made by the run only in a folder that exists (the engine refuses a path with a typo above it)
-    made = workspace if workspace and not Path(workspace).expanduser().exists() else None
+    made = workspace if workspace and not _exists(workspace) else None
     settings = load_settings(model=model)
     service = _service(settings)
     options = RunOptions(
@@ -261,6 +261,14 @@ def _detached(service: RunService, record: RunRecord, *, as_json: bool) -> None:
         typer.echo(record.id)
     if waiting is not None:
         console(stderr=True).print(waiting, highlight=False, soft_wrap=True)
+
+
+def _exists(folder: str) -> bool:
+    """Whether `folder` (`~` expanded) exists; a `~name` of no user is the engine's to refuse."""
+    try:
+        return Path(folder).expanduser().exists()
+    except RuntimeError:
+        return False
 
 
 def _execute(service: RunService, run_id: str, *, as_json: bool) -> None:

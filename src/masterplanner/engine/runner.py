@@ -178,7 +178,11 @@ class Engine:
         run_id = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         # a link to a folder is the folder it points to (the workspace root itself is never a link)
         # `~` is the person's home for every front end (a folder named `~` was made in the current one)
-        named = None if workspace is None else Path(workspace).expanduser()
+        try:
+            named = None if workspace is None else Path(workspace).expanduser()
+        except RuntimeError:  # `~name/…` for a user this machine does not have
+            user = str(workspace).split("/", 1)[0]
+            raise ConfigError(f"workspace {workspace}: {user} names no user's home on this machine") from None
         folder = (named or self.settings.home / "workspaces" / run_id).resolve()
         options = options or RunOptions()
         if not isinstance(options, RunOptions):
