@@ -217,6 +217,8 @@ class _TomlFiles(PydanticBaseSettingsSource):
         home = flag_home or os.environ.get(f"{ENV_PREFIX}HOME") or cwd_data.get("home") or default_home()
         home_file = Path(str(home)).expanduser() / CONFIG_FILE_NAME
         home_data = _read_toml(home_file) if home_file != cwd_file and _is_settings_file(home_file) else {}
+        if "home" in home_data and _same_folder(home_data["home"], home):
+            del home_data["home"]  # it names the folder it is in: nothing to obey or refuse
         if "home" in home_data:
             raise SettingsError(
                 f"{home_file}: sets home, which the home folder's own settings file cannot (it is "
@@ -562,6 +564,13 @@ class Settings(BaseSettings):
         except OSError as exc:
             raise SettingsError(f"home directory {self.home}: cannot create: {exc.strerror}") from exc
         return self.home
+
+
+def _same_folder(given: object, home: object) -> bool:
+    """Whether setting `home` to `given` names the folder `home` is (`~` expanded, links resolved)."""
+    if not isinstance(given, str):
+        return False
+    return Path(given).expanduser().resolve() == Path(str(home)).expanduser().resolve()
 
 
 def _describe_source_error(exc: Exception) -> str:

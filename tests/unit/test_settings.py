@@ -293,6 +293,8 @@ def test_home_set_in_the_home_folders_own_file_is_refused(isolated: Path, tmp_pa
         f"{path}: sets home, which the home folder's own settings file cannot (it is found inside the "
         "home); set it with --home, MASTERPLANNER_HOME or masterplanner.toml in the current directory"
     )
+    write_toml(isolated, f'home = "{isolated}/."\nmodel = "scripted:x.json"\n')  # itself: harmless
+    assert (Settings.load().home, Settings.load().model) == (isolated, "scripted:x.json")
 
 
 @pytest.mark.parametrize(
