@@ -82,6 +82,8 @@ def test_a_cell_longer_than_the_csv_module_reads_by_default_is_read(tmp_path: Pa
 def test_files_under_folders_nested_deeper_than_python_recurses_are_tables(tmp_path: Path) -> None:
     """Before, `Path.rglob` recursed and the query failed with a `RecursionError` traceback."""
     (tmp_path / "top.csv").write_text("v\n3\n")
-    with deep_folders(tmp_path, "low.csv", "v\n4\n"):
-        done = _query(tmp_path, "SELECT v FROM top", 256)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "v\n3\n", "")
+    with deep_folders(tmp_path, "low.csv", "v\n4\n") as depth:
+        done = _query(
+            tmp_path, f"SELECT (SELECT v FROM top) AS a, (SELECT v FROM {'d_' * depth}low) AS b", 256
+        )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "a,b\n3,4\n", "")
