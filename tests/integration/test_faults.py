@@ -454,6 +454,33 @@ def test_a_full_disk_is_a_tool_error_and_nothing_stored_is_lost(
     assert json.loads(shown.stdout)["status"] == "succeeded"
 
 
+def _run_on_a_small_home(
+    tmp_path: Path, script: Path, size: str, task: str, *flags: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`run TASK` with its home on a `size` file system, and the folder the home is copied to after.
+
+    The file system is a tmpfs in a mount namespace of the run's own; the home is copied out once
+    the run has ended (no process has the database open then) and read back from there.
+    """
+    disk, copy = tmp_path / "disk", tmp_path / "home-after"
+    disk.mkdir()
+    home = disk / "home"
+    script_text = (
+        f'mount -t tmpfs -o size={size} tmpfs {disk} && "$@"; ended=$?; cp -r {home} {copy}; exit $ended'
+    )
+    namespace = ["unshare", "--map-root-user", "--mount", "sh", "-c", script_text, "sh", sys.executable]
+    options = [*flags, "--yes", "--rounds", "0", "--max-replans", "0", "--workspace", str(tmp_path / "ws")]
+    done = subprocess.run(
+        [*namespace, "-m", "masterplanner", "run", task, "--model", f"scripted:{script}", *options],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MASTERPLANNER_HOME": str(home), "COLUMNS": "200"},
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    return done, copy
+
+
 FULL = "the run's database failed: database or disk is full"
 FILLS = [
     # DBOS cannot checkpoint step b's reply: the step fails, the run fails with it
@@ -476,24 +503,7 @@ def test_a_full_disk_under_the_database_ends_the_run_in_our_words_and_keeps_the_
         + [{"purpose": purpose, "output": output} for purpose, output in replies.items()]
         + [{"purpose": "*", "repeat": True}]
     )
-    disk, copy = tmp_path / "disk", tmp_path / "home-after"
-    disk.mkdir()
-    home = disk / "home"
-    # a 2 MiB file system for the home, in a mount namespace of the run's own; the home is copied
-    # out once the run has ended (no process has the database open then) and read back from there
-    script_text = (
-        f'mount -t tmpfs -o size=2m tmpfs {disk} && "$@"; ended=$?; cp -r {home} {copy}; exit $ended'
-    )
-    flags = ["--yes", "--json", "--rounds", "0", "--max-replans", "0", "--workspace", str(tmp_path / "ws")]
-    namespace = ["unshare", "--map-root-user", "--mount", "sh", "-c", script_text, "sh", sys.executable]
-    done = subprocess.run(
-        [*namespace, "-m", "masterplanner", "run", "Do a and b.", "--model", f"scripted:{script}", *flags],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "MASTERPLANNER_HOME": str(home), "COLUMNS": "200"},
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done, copy = _run_on_a_small_home(tmp_path, script, "2m", "Do a and b.", "--json")
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["error"] == error
     assert "INSERT" not in done.stderr and "sqlalche.me" not in done.stderr and "Traceback" not in done.stderr
@@ -527,22 +537,7 @@ def test_a_home_too_small_to_end_the_run_stops_it_in_our_words_to_resume(
         ]
     calls += [{"purpose": "step:c", "output": "c done"}, {"purpose": "*", "repeat": True}]
     script = write_script(calls)
-    disk, copy = tmp_path / "disk", tmp_path / "home-after"
-    disk.mkdir()
-    home = disk / "home"
-    script_text = (
-        f'mount -t tmpfs -o size=1m tmpfs {disk} && "$@"; ended=$?; cp -r {home} {copy}; exit $ended'
-    )
-    namespace = ["unshare", "--map-root-user", "--mount", "sh", "-c", script_text, "sh", sys.executable]
-    flags = ["--yes", "--rounds", "0", "--max-replans", "0", "--workspace", str(tmp_path / "ws")]
-    done = subprocess.run(
-        [*namespace, "-m", "masterplanner", "run", "Do a, b, c.", "--model", f"scripted:{script}", *flags],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "MASTERPLANNER_HOME": str(home), "COLUMNS": "200"},
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done, copy = _run_on_a_small_home(tmp_path, script, "1m", "Do a, b, c.")
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and "lease" not in done.stderr, done.stderr
     said = re.search(

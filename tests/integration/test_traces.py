@@ -139,6 +139,18 @@ def _run_timed(
     return code, lines, seconds, time.monotonic() - summary_at
 
 
+def _nobody_listening() -> str:
+    """An http URL on 127.0.0.1 at a port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def _said(lines: list[str]) -> list[str]:
+    """The lines of stderr about traces or their export."""
+    return [line for line in lines if "trace" in line.lower() or "export" in line.lower()]
+
+
 def test_a_receiver_that_does_not_answer_holds_the_run_up_for_moments_and_is_said_once(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:
@@ -153,22 +165,18 @@ def test_a_receiver_that_does_not_answer_holds_the_run_up_for_moments_and_is_sai
     assert code == 0, lines
     # before: a summary of 21.5 s and an exit ~30 s late; the bounds leave a loaded machine room
     assert seconds < 12 and exit_wait < 2 * EXPORT_TIMEOUT_S + 5, (seconds, exit_wait)
-    said = [line for line in lines if "trace" in line.lower() or "export" in line.lower()]
-    assert said == [f"traces could not be sent to {url}/v1/traces: no answer in time"]
+    assert _said(lines) == [f"traces could not be sent to {url}/v1/traces: no answer in time"]
 
 
 def test_a_receiver_that_is_down_is_said_once_in_our_words(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:
     script = _one_step_script(write_script)
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    code, lines, _seconds, exit_wait = _run_timed(script, f"http://127.0.0.1:{port}")
+    down = _nobody_listening()
+    code, lines, _seconds, exit_wait = _run_timed(script, down)
     assert code == 0, lines
     assert exit_wait < 2 * EXPORT_TIMEOUT_S + 5
-    said = [line for line in lines if "trace" in line.lower() or "export" in line.lower()]
-    assert said == [f"traces could not be sent to http://127.0.0.1:{port}/v1/traces: connection refused"]
+    assert _said(lines) == [f"traces could not be sent to {down}/v1/traces: connection refused"]
 
 
 def test_the_standard_endpoint_variable_is_a_base_url_as_the_setting_is(
@@ -179,12 +187,9 @@ def test_the_standard_endpoint_variable_is_a_base_url_as_the_setting_is(
         code, lines, _seconds, _exit_wait = _run_timed(script, url + "/", "OTEL_EXPORTER_OTLP_ENDPOINT")
         assert code == 0, lines
         assert "invoke_workflow masterplanner" in {span.name for span in spans}
-    with socket.socket() as probe:  # a port nothing listens on: the message names the URL used
-        probe.bind(("127.0.0.1", 0))
-        down = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    down = _nobody_listening()  # the message names the URL used
     code, lines, _seconds, _exit_wait = _run_timed(script, down, "OTEL_EXPORTER_OTLP_ENDPOINT")
-    said = [line for line in lines if "trace" in line.lower()]
-    assert (code, said) == (0, [f"traces could not be sent to {down}/v1/traces: connection refused"])
+    assert (code, _said(lines)) == (0, [f"traces could not be sent to {down}/v1/traces: connection refused"])
 
 
 def test_each_end_of_a_retried_run_is_a_run_span_of_its_own_in_the_run_s_trace(

@@ -366,16 +366,21 @@ def test_the_cost_is_shown_when_known(spent: dict[str, Any], price: str | None) 
     assert line == (f"{expected} · {price}" if price else expected)
 
 
+def _failed_run_summary(workspace: Path, *, width: int, tree: bool) -> list[str]:
+    """The summary lines of a failed run of 75 s in `workspace`, printed `width` columns wide."""
+    created = "2000-01-01T00:00:00.000Z"
+    report = _report("failed", workspace, created, llm_calls=2)
+    run = RunRecord("r1", "t", "failed", "openai:gpt", str(workspace), created, created)
+    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+    print_summary(console, report, run, 75.0, tree=tree)
+    return console.export_text().splitlines()
+
+
 @pytest.mark.parametrize("tree", [True, False])
 def test_the_summary_lists_the_files_and_hangs_the_steps_under_it(tmp_path: Path, tree: bool) -> None:
-    created = "2000-01-01T00:00:00.000Z"
     for index in range(25):
         (tmp_path / f"{OSC52}{index:02d}.txt").write_text("x")
-    report = _report("failed", tmp_path, created, llm_calls=2)
-    run = RunRecord("r1", "t", "failed", "openai:gpt", str(tmp_path), created, created)
-    console = Console(width=200, record=True, color_system=None, file=io.StringIO())
-    print_summary(console, report, run, 75.0, tree=tree)
-    lines = console.export_text().splitlines()
+    lines = _failed_run_summary(tmp_path, width=200, tree=tree)
     first = "run r1 failed · 1m 15s · 2 model calls · 1,234 in / 5 out tokens · $0.00"
     steps = [f"└── ✗ a failed             do {OSC52_SHOWN}  it broke"] if tree else []
     files = [f"  {OSC52_SHOWN}{index:02d}.txt" for index in range(20)]
@@ -451,12 +456,7 @@ def test_ctrl_c_at_the_review_question_leaves_the_cursor_shown(write_script: Cal
 
 @pytest.mark.parametrize("tree", [True, False])
 def test_a_summary_wider_than_the_terminal_wraps_and_keeps_its_cost(tmp_path: Path, tree: bool) -> None:
-    created = "2000-01-01T00:00:00.000Z"
-    report = _report("failed", tmp_path, created, llm_calls=2)
-    run = RunRecord("r1", "t", "failed", "openai:gpt", str(tmp_path), created, created)
-    console = Console(width=50, record=True, color_system=None, file=io.StringIO())
-    print_summary(console, report, run, 75.0, tree=tree)
-    lines = console.export_text().splitlines()
+    lines = _failed_run_summary(tmp_path, width=50, tree=tree)
     whole = "run r1 failed · 1m 15s · 2 model calls · 1,234 in / 5 out tokens · $0.00"
     if tree:  # the tree's label wraps at the width; only its step lines are cut
         assert lines[:3] == [
