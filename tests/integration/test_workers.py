@@ -600,6 +600,35 @@ def test_each_worker_keeps_its_own_concurrency(cluster: Cluster, write_script: C
     assert 2 <= _most_at_once(spans[wide]) <= 3
 
 
+def _said(cluster: Cluster, index: int, words: str, timeout: float = 60) -> str:
+    """Worker `index`'s log, once it holds `words`."""
+    deadline = time.monotonic() + timeout
+    while words not in cluster.log(index):
+        assert time.monotonic() < deadline, f"worker {index} did not say {words!r}: {cluster.log(index)}"
+        time.sleep(0.2)
+    return cluster.log(index)
+
+
+def test_a_worker_started_with_other_provider_limits_says_it_changed_them_for_all(cluster: Cluster) -> None:
+    """The queue's row holds one global limit for all workers: a worker that changes it says so."""
+    cluster.env["MASTERPLANNER_PROVIDER_LIMITS"] = '{"scripted": {"concurrency": 4, "per_minute": 600}}'
+    cluster.worker("--queues", "scripted")
+    cluster.worker_ids(1)
+    cluster.env["MASTERPLANNER_PROVIDER_LIMITS"] = '{"scripted": {"concurrency": 2}}'
+    cluster.worker("--queues", "scripted")
+    cluster.worker_ids(2)
+    cluster.worker("--queues", "scripted")  # the same as the last: nothing changes
+    cluster.worker_ids(3)
+    logs = [_said(cluster, index, "steps from steps-scripted") for index in range(3)]
+    changed = [line for line in logs[1].splitlines() if "provider_limits" in line]
+    assert len(changed) == 1
+    assert changed[0].endswith(
+        "provider_limits.scripted: the workers already running held 4 at once and 600 a minute; "
+        "this worker's settings say 2 at once and no limit a minute, which now hold for all of them"
+    )
+    assert "provider_limits" not in logs[0] + logs[2]
+
+
 def test_a_run_that_failed_on_workers_is_retried_on_them_with_a_larger_budget(
     cluster: Cluster, tmp_path: Path
 ) -> None:

@@ -121,16 +121,18 @@ class Engine:
         release_registry(self.settings)
         self.store.close()
 
-    def launch(self, *, worker_of: list[str] | None = None) -> None:
+    def launch(self, *, worker_of: list[str] | None = None) -> list[str]:
         """Launch DBOS in this process for this engine (once); `close` or `stop` stops it.
 
-        `worker_of`: as a worker, taking the steps of those providers from their queues.
+        `worker_of`: as a worker, taking the steps of those providers from their queues. Returns a
+        sentence per provider whose limits, shared by all workers, this worker's settings changed.
         """
         kind: ProcessKind = "process" if worker_of is None else "worker"
-        launch_dbos(
+        changes = launch_dbos(
             self.settings, self.store, executor_id=self.owner, debug=self.debug, kind=kind, listen=worker_of
         )
         self._launched = True
+        return changes
 
     def stop(self, *, grace_s: float = 0) -> None:
         """Stop DBOS in this process if this engine launched it; running steps get `grace_s` to finish."""

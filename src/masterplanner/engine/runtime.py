@@ -97,15 +97,16 @@ def launch_dbos(
     debug: bool = False,
     kind: ProcessKind = "process",
     listen: list[str] | None = None,
-) -> None:
+) -> list[str]:
     """Launch DBOS on the settings' database in this process (once; relaunches if the URL changes).
 
     `settings` and `store` become what workflows started in this process work with. A worker
     (`kind`) dequeues the step queues of the providers in `listen` (all by default); any other
-    process dequeues none.
+    process dequeues none. Returns what a worker changed for the workers already running: a
+    sentence per provider whose shared limits its settings changed (`_limits_change`).
     """
     with _lock:
-        _launch(settings, store, executor_id=executor_id, debug=debug, kind=kind, listen=listen)
+        return _launch(settings, store, executor_id=executor_id, debug=debug, kind=kind, listen=listen)
 
 
 def _launch(
@@ -116,12 +117,12 @@ def _launch(
     debug: bool,
     kind: ProcessKind,
     listen: list[str] | None,
-) -> None:
+) -> list[str]:
     global _launched_url, _host, _heartbeat, _executor, _worker
     database_url = settings.database_url
     if _launched_url == database_url:
         _host = (settings, store)
-        return
+        return []
     if _launched_url is not None:
         _refuse_switch_while_busy(database_url)
         shutdown_dbos()
@@ -154,9 +155,7 @@ def _launch(
     _launched_url = database_url
     _executor = executor_id
     _worker = kind == "worker"
-    if kind == "worker":
-        for provider in providers:
-            _register_queue(settings, provider, worker=True)
+    changes = _register_worker_queues(settings, store, providers) if kind == "worker" else []
     store.processes.register(
         executor_id,
         kind,
@@ -166,6 +165,7 @@ def _launch(
     )
     _heartbeat = Heartbeat(store.processes, executor_id, lease_s=settings.run_lease_s)
     _heartbeat.start()
+    return changes
 
 
 def _refuse_switch_while_busy(database_url: str) -> None:
@@ -244,6 +244,46 @@ def _queue_with_own_limits(*args: Any, **kwargs: Any) -> Queue:
 
 _read_queue_row = dbos_system_database.queue_from_db_row
 dbos_system_database.queue_from_db_row = _queue_with_own_limits
+
+
+def _limits_text(at_once: int | None, per_minute: int | None) -> str:
+    return (
+        f"{'no limit' if at_once is None else at_once} at once and "
+        f"{'no limit' if per_minute is None else per_minute} a minute"
+    )
+
+
+def _limits_change(settings: Settings, provider: str) -> str | None:
+    """What this worker's settings change of the provider's shared limits, which running workers hold.
+
+    The queue's row holds one global concurrency and rate for all workers, and the last started
+    worker writes its own (`_register_queue`); a worker started with other settings than those
+    running changes theirs too, so it says so (None when nothing changes).
+    """
+    queue = DBOS.retrieve_queue(step_queue_name(provider))
+    if queue is None:
+        return None
+    limiter = queue.limiter
+    before = (queue.global_concurrency, None if limiter is None else int(limiter["limit"]))
+    limit = settings.provider_limits.get(provider)
+    after = (None, None) if limit is None else (limit.concurrency, limit.per_minute)
+    if before == after:
+        return None
+    return (
+        f"provider_limits.{provider}: the workers already running held {_limits_text(*before)}; "
+        f"this worker's settings say {_limits_text(*after)}, which now hold for all of them"
+    )
+
+
+def _register_worker_queues(settings: Settings, store: RunStore, providers: list[str]) -> list[str]:
+    """Write a starting worker's limits into its providers' queue rows; what that changed for others."""
+    served = {queue for each in store.processes.listed() if each.kind == "worker" for queue in each.queues}
+    changes = []
+    for provider in providers:
+        change = _limits_change(settings, provider) if step_queue_name(provider) in served else None
+        changes += [change] if change else []
+        _register_queue(settings, provider, worker=True)
+    return changes
 
 
 def _register_queue(settings: Settings, provider: str, *, worker: bool) -> Queue:

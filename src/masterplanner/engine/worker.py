@@ -105,7 +105,7 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> WorkerSummary:
         """Work until `stop` is set; then hand over, let running steps finish, and return."""
         engine, summary = self.engine, WorkerSummary()
-        await asyncio.to_thread(partial(engine.launch, worker_of=self.providers))
+        changes = await asyncio.to_thread(partial(engine.launch, worker_of=self.providers))
         left_out = "".join(
             f"; not {name}'s ({variable} is not set here)" for name, variable in self.left_out.items()
         )
@@ -119,6 +119,8 @@ class Worker:
             concurrency=self.settings.worker_concurrency,
             left_out=self.left_out,
         )
+        for change in changes:
+            self.note(f"worker {self.id}: {change}", event="limits_changed", worker=self.id)
         runs: dict[str, asyncio.Task[RunRecord | None]] = {}
         try:
             while not stop.is_set():
