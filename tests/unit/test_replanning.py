@@ -349,6 +349,53 @@ async def test_a_sub_step_keeps_the_tool_policies_set_for_its_step_at_review(
     assert engine.store.get_run(run.id).agents["work--save"].tool_policies == {"write_file": "deny"}
 
 
+async def test_the_steps_of_a_replan_keep_the_tool_policies_set_at_review_for_the_steps_they_replace(
+    engine: Engine, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The replacement of a step whose write_file the person denied at review wrote the file."""
+    write = {"name": "write_file", "args": {"path": "out.txt", "content": "x"}}
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("c", "a", tools=["write_file", "read_file"])),
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:c"} | GARBAGE,
+            _planner(step("c1", "a", tools=["write_file", "read_file"]), purpose="replanner")
+            | {"repeat": True},
+            {"purpose": "step:c1", "tool_calls": [write]},
+            {"purpose": "step:c1", "output": "C1"},
+            DRAFTS,
+        ]
+    )
+    options = replace(FAST, auto_approve=False)
+    workspace = tmp_path / "ws"
+    run = engine.create_run("replan c", model=f"scripted:{script}", options=options, workspace=workspace)
+    service = RunService(engine.settings)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    try:
+        review = await _opened(service, run.id, "plan_review")
+        agents = review.payload["agents"]
+        denied = {"write_file": "deny", "read_file": "ask"}
+        c = agents["c"] | {"tool_policies": denied}
+        await service.answer(review.id, {"action": "approve", "agents": agents | {"c": c}}, by="test")
+        request = await _opened(service, run.id, "replan")
+        shown = request.payload["agents"]["c1"]
+        assert shown["tool_policies"] == denied  # the person sees what the new step keeps
+        # an answer that loosens them (as a client sending back an edited agent might) cannot
+        loosened = shown | {"tool_policies": {"write_file": "auto", "read_file": "deny"}}
+        await service.answer(request.id, {"action": "approve", "agents": {"c1": loosened}}, by="test")
+        final = await asyncio.wait_for(execution, 60)
+    finally:
+        if not execution.done():
+            execution.cancel()
+        service.close()
+    assert (final.status, final.output) == ("succeeded", "C1"), final.error
+    assert not (workspace / "out.txt").exists()
+    refused = [(e.step, e.data) for e in engine.store.events(run.id) if e.kind == "tool_denied"]
+    assert refused == [("c1", {"tool": "write_file", "by": "policy"})]
+    kept = engine.store.get_run(run.id).agents["c1"].tool_policies
+    assert kept == {"write_file": "deny", "read_file": "deny"}  # the stricter of each
+
+
 def test_without_yes_the_replan_is_a_request_answered_from_another_process(
     write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,6 +7,11 @@ request (approve, edit, reject) unless the run approves everything (`--yes`); a 
 approved at review, when its step was marked `expand`. The revised plan, its new steps' agents
 and the retired steps' statuses (`replaced`, `expanded`) are stored in one transaction; steps
 that finished are kept and never run again, and new step ids never reuse a recorded one.
+
+The tool policies the person set at review for the steps a revision retires hold for the steps
+that take their place: each new step's agent gets, tool by tool, the strictest of its own policy
+and the retired steps' (`deny` over `ask` over `auto`), so neither the planner's proposal nor an
+answer to the replan request loosens what was denied at review.
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import Any, Literal
 
 from dbos import DBOS, SetWorkflowID
 from pydantic import ValidationError
@@ -33,6 +38,39 @@ from .runtime import launched_host
 from .scheduler import StepOutcome
 
 __all__ = ["PlanRevisions", "expand_workflow", "replan_workflow"]
+
+
+_Policy = Literal["auto", "ask", "deny"]
+_STRICTNESS: dict[str, int] = {"auto": 0, "ask": 1, "deny": 2}
+
+
+def _strictest(policies: Iterable[Mapping[str, _Policy]]) -> dict[str, _Policy]:
+    """Each tool's strictest policy among the maps given (`deny` over `ask` over `auto`)."""
+    merged: dict[str, _Policy] = {}
+    for given in policies:
+        for tool, policy in given.items():
+            if tool not in merged or _STRICTNESS[policy] > _STRICTNESS[merged[tool]]:
+                merged[tool] = policy
+    return merged
+
+
+def _inheriting(run: RunRecord, revised: Plan, agents: Mapping[str, AgentBrief]) -> dict[str, AgentBrief]:
+    """`agents`, those of `revised`'s new steps holding the review policies of the steps it retires.
+
+    A new step cannot be told apart by the work it took over, so each keeps those of all the
+    retired steps: a tool denied for one of them stays denied in every step in their place.
+    """
+    assert run.plan is not None
+    retired = [step_id for step_id in run.plan.ids if step_id not in revised.ids]
+    inherited = _strictest(run.agents[step_id].tool_policies for step_id in retired if step_id in run.agents)
+    if not inherited:
+        return dict(agents)
+    return {
+        step_id: brief
+        if step_id in run.plan.ids
+        else brief.model_copy(update={"tool_policies": _strictest([brief.tool_policies, inherited])})
+        for step_id, brief in agents.items()
+    }
 
 
 async def _proposal_resources(run_id: str) -> tuple[RunResources, RunRecord, dict[str, str]]:
@@ -176,7 +214,7 @@ class PlanRevisions:
                 context=f"step {step.id} failed ({error}) and replanning it found no valid plan",
             )
         revised = Plan.model_validate(proposal["plan"])
-        agents = briefs(proposal["agents"])
+        agents = _inheriting(run, revised, briefs(proposal["agents"]))  # shown so at review
         by = "auto"
         if not run.options.auto_approve:
             refused: str | None = None
@@ -192,6 +230,7 @@ class PlanRevisions:
                     break
                 except PlanError as problem:
                     refused = "; ".join(problem.problems)
+            agents = _inheriting(run, revised, agents)  # an edit cannot loosen them
         return await self._store(
             run, revised, agents, {step.id: "replaced"}, "replanned", step.id, number, by
         )
@@ -209,11 +248,7 @@ class PlanRevisions:
             return None
         revised = Plan.model_validate(proposal["plan"])
         # the policies the person set for the step at review hold for the steps it became
-        inherited = run.agents[step.id].tool_policies if step.id in run.agents else {}
-        agents = {
-            sub_id: brief.model_copy(update={"tool_policies": {**brief.tool_policies, **inherited}})
-            for sub_id, brief in briefs(proposal["agents"]).items()
-        }
+        agents = _inheriting(run, revised, briefs(proposal["agents"]))
         return await self._store(
             run,
             revised,
