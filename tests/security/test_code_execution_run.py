@@ -106,3 +106,65 @@ def test_doctor_reports_the_sandbox_ready() -> None:
     checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
     assert checks["sandbox: ready"]["ok"] is True
     assert checks["sandbox: ready"]["detail"].startswith("code runs jailed")
+
+
+def test_a_hard_link_to_a_settings_file_reads_empty_in_the_sandbox_and_is_refused_by_read_file(
+    write_script: Callable[..., Path], isolated: Path, tmp_path: Path
+) -> None:
+    """Before, code read the home's or the workspace's settings whole through a link of another name."""
+    if sandbox_problems():
+        if os.environ.get("CI"):
+            pytest.fail("; ".join(sandbox_problems()))
+        pytest.skip("; ".join(sandbox_problems()))
+    isolated.mkdir(parents=True, exist_ok=True)
+    (isolated / "masterplanner.toml").write_text('# OPENAI_API_KEY = "sk-home-0123456789abcdef"\n')
+    workspace = tmp_path / "ws"
+    (workspace / "sub").mkdir(parents=True)
+    (workspace / "masterplanner.toml").write_text("# the-workspace-settings-0123456789\n")
+    os.link(isolated / "masterplanner.toml", workspace / "notes.txt")
+    os.link(workspace / "masterplanner.toml", workspace / "sub" / "kept.txt")
+    (workspace / "other.txt").write_text("fine")
+    os.link(workspace / "other.txt", workspace / "other-link.txt")  # a link to anything else reads
+    step = {
+        "id": "peek",
+        "title": "read the notes",
+        "instruction": "Print notes.txt, sub/kept.txt and other-link.txt",
+        "agent_role": "programmer",
+        "tools": ["code_execution", "read_file"],
+        "depends_on": [],
+        "expected_output": "their text",
+    }
+    code = (
+        "for name in ('notes.txt', 'sub/kept.txt', 'other-link.txt'):\n"
+        "    print(name, repr(open(name).read()))\n"
+    )
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step]}},
+            {"purpose": "step:peek", "tool_calls": [{"name": "code_execution", "args": {"code": code}}]},
+            {"purpose": "step:peek", "tool_calls": [{"name": "read_file", "args": {"path": "notes.txt"}}]},
+            {"purpose": "step:peek", "output": "done"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    command = [sys.executable, "-m", "masterplanner", "run", "peek", "--model", f"scripted:{script}"]
+    command += ["--workspace", str(workspace), "--yes", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    shown = subprocess.run(
+        [sys.executable, "-m", "masterplanner", "runs", "show", report["run_id"], "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    results = [e["data"] for e in json.loads(shown)["events"] if e["kind"] == "tool_result"]
+    executed, read = results
+    stdout = executed["result"].split("--- stdout ---\n")[1].splitlines()
+    assert stdout[:3] == ["notes.txt ''", "sub/kept.txt ''", "other-link.txt 'fine'"]
+    assert read["error"] == (
+        "'notes.txt' holds masterplanner's settings, which may hold secrets; steps may not read it "
+        "(this name is a hard link to it)"
+    )
+    assert "sk-home" not in shown and "the-workspace-settings" not in shown
+    assert (isolated / "masterplanner.toml").read_text().startswith("# OPENAI_API_KEY")  # left as it was

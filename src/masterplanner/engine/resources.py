@@ -23,7 +23,7 @@ from ..models.retries import Reporter, RetriedModel, RetryNote
 from ..purpose import current_purpose
 from ..registry import RegistryStore, open_registry
 from ..registry.memory import MemoryStore
-from ..settings import Settings
+from ..settings import CONFIG_FILE_NAME, Settings
 from ..tools.context import ToolContext
 from ..tools.workspace import Workspace
 from ..working_memory import ContextBudget
@@ -65,9 +65,12 @@ async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunReso
         catalog, tools = await with_mcp_tools(settings, tools)
         _check_policies(run, catalog)
     growth = run.options.workspace_max_growth_bytes
+    home_settings = settings.home / CONFIG_FILE_NAME  # steps may not read it under another name either
     workspace = await asyncio.to_thread(
         Workspace(
-            run.workspace, max_bytes=None if growth is None else run.options.workspace_start_bytes + growth
+            run.workspace,
+            max_bytes=None if growth is None else run.options.workspace_start_bytes + growth,
+            settings_files=[home_settings],
         ).create
     )
     ledger = RunLedger(store, run.id, run.options)

@@ -38,12 +38,12 @@ import signal
 import stat
 import subprocess
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from ..errors import SandboxError
-from ..tools.protected import unreadable_component
 from .budget import Budget, Watchdog
 from .ownership import Settled, Snapshot, WalkError, scan, settle
 from .pool import UID_POOL, Lease, stage_dir
@@ -234,16 +234,25 @@ def _command(
 
 
 async def run_in_sandbox(
-    argv: list[str], workspace: Path, *, stdin: str = "", limits: SandboxLimits | None = None
+    argv: list[str],
+    workspace: Path,
+    *,
+    stdin: str = "",
+    limits: SandboxLimits | None = None,
+    unreadable: Collection[tuple[int, int]] = frozenset(),
 ) -> SandboxResult:
-    """Run `argv` in the jail, `workspace` as its read-write `/workspace`; refuse if the jail can't start."""
+    """Run `argv` in the jail, `workspace` as its read-write `/workspace`; refuse if the jail can't start.
+
+    Settings files in the workspace (and their backups) are shown empty by name; `unreadable`,
+    (device, inode) pairs, names files shown empty under any name (a hard link to a settings file).
+    """
     limits = limits or SandboxLimits()
     problems = await asyncio.to_thread(sandbox_problems)
     if problems:
         raise SandboxError("the code sandbox cannot start: " + "; ".join(problems))
     workspace_fd = _open_workspace(workspace)
     loop = asyncio.get_running_loop()
-    prepared = loop.run_in_executor(None, _prepare, workspace_fd, os.geteuid() == 0)
+    prepared = loop.run_in_executor(None, _prepare, workspace_fd, os.geteuid() == 0, frozenset(unreadable))
     try:
         lease, before = await asyncio.shield(prepared)
     except BaseException:
@@ -272,12 +281,14 @@ def _open_workspace(workspace: Path) -> int:
     return fd
 
 
-def _prepare(workspace_fd: int, as_root: bool) -> tuple[Lease | None, Snapshot]:
+def _prepare(
+    workspace_fd: int, as_root: bool, unreadable: frozenset[tuple[int, int]]
+) -> tuple[Lease | None, Snapshot]:
     """Before the run: as root, lend the workspace to a pool uid; else only look at it."""
     if as_root:
-        lease = Lease.acquire(workspace_fd)
+        lease = Lease.acquire(workspace_fd, unreadable)
         return lease, lease.run
-    return None, scan(workspace_fd, lend_to=None, pool=UID_POOL)
+    return None, scan(workspace_fd, lend_to=None, pool=UID_POOL, unreadable=unreadable)
 
 
 def _settle(workspace_fd: int, lease: Lease | None, before: Snapshot) -> Settled:
@@ -372,7 +383,7 @@ def _spawn(
         info_read, info_write = os.pipe()
         hidden: dict[tuple[str, ...], int] = {}
         try:
-            hidden = _hidden_files(workspace, before.read_only)
+            hidden = _hidden_files(workspace, before.hidden)
             command = _command(
                 argv,
                 limits,
@@ -402,17 +413,15 @@ def _spawn(
     return process, info_read, started
 
 
-def _hidden_files(workspace: Path, read_only: list[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
-    """The read-only regular files steps may not read (settings), each with an empty pipe to show instead.
+def _hidden_files(workspace: Path, hidden: list[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
+    """The files steps may not read (`Snapshot.hidden`), each with an empty pipe to show in its place.
 
     Only entries the scan lists are seen: a settings file inside a folder bound read-only whole
     (another user's, a protected one) stays readable there; `read_file` refuses it at any depth.
     """
-    hidden: dict[tuple[str, ...], int] = {}
+    shown_empty: dict[tuple[str, ...], int] = {}
     try:
-        for parts in read_only:
-            if unreadable_component(parts[-1:]) is None:
-                continue
+        for parts in hidden:
             try:
                 regular = stat.S_ISREG(os.lstat(workspace.joinpath(*parts)).st_mode)
             except OSError:
@@ -420,12 +429,12 @@ def _hidden_files(workspace: Path, read_only: list[tuple[str, ...]]) -> dict[tup
             if regular:
                 read, write = os.pipe()
                 os.close(write)  # read at once to its end: the file bwrap puts in its place is empty
-                hidden[parts] = read
+                shown_empty[parts] = read
     except BaseException:
-        for fd in hidden.values():
+        for fd in shown_empty.values():
             os.close(fd)
         raise
-    return hidden
+    return shown_empty
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

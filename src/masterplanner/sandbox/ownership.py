@@ -22,7 +22,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from ..tools.protected import PROTECTED_NAMES, unreadable_component
@@ -70,6 +70,9 @@ class Snapshot:
     """Inodes of those entries, symlinks included."""
     protected_inodes: set[int] = field(default_factory=set)
     """Inodes of the existing protected entries, symlinks included."""
+    hidden: list[tuple[str, ...]] = field(default_factory=list)
+    """Paths of the read-only regular files code may not read, shown to it empty: settings files
+    and their backups by name, and any file given as `unreadable` (a hard link to one) by inode."""
     blocks: int = 0
     """Bytes allocated to the entries walked (st_blocks * 512, each inode once)."""
     count: int = 0
@@ -201,7 +204,13 @@ def _reopen(root_fd: int, names: list[str], identities: list[tuple[int, int]]) -
     return fd
 
 
-def scan(root_fd: int, *, lend_to: int | None, pool: range) -> Snapshot:
+def scan(
+    root_fd: int,
+    *,
+    lend_to: int | None,
+    pool: range,
+    unreadable: Collection[tuple[int, int]] = frozenset(),
+) -> Snapshot:
     """Record the workspace below `root_fd`; with `lend_to`, lend that uid what it may write.
 
     Lent: entries owned by the workspace's owner (or by a pool uid, left by a run that crashed),
@@ -209,6 +218,9 @@ def scan(root_fd: int, *, lend_to: int | None, pool: range) -> Snapshot:
     another file system. A folder keeps its setgid bit when lent (it only sets the group of new
     entries, and `chown` leaves it on folders). Each entry is recorded before it is lent, so a
     failure half-way can be undone (`settle(..., adopt_created=False)`).
+
+    `unreadable`: (device, inode) of files code may not read under any name (the settings files a
+    run reads): a hard link to one, whatever it is called, is kept read-only and listed `hidden`.
     """
     root = os.fstat(root_fd)
     owner = (root.st_uid, root.st_gid) if root.st_uid not in pool else (os.geteuid(), os.getegid())
@@ -236,12 +248,18 @@ def scan(root_fd: int, *, lend_to: int | None, pool: range) -> Snapshot:
         protected = is_protected(name)
         if protected:
             snapshot.protected_inodes.add(info.st_ino)
-        # settings steps may not read (and their backups): bound read-only, then shown empty
-        if record(fd, name, info, protected=protected or unreadable_component([name]) is not None):
+        # settings steps may not read (their backups, hard links to them): bound read-only, shown empty
+        regular = stat.S_ISREG(info.st_mode)
+        secret = unreadable_component([name]) is not None or (
+            regular and (info.st_dev, info.st_ino) in unreadable
+        )
+        if record(fd, name, info, protected=protected or secret):
             return True
         snapshot.read_only_inodes.add(info.st_ino)
         if not stat.S_ISLNK(info.st_mode):
             snapshot.read_only.append((*names, name))
+        if secret and regular:
+            snapshot.hidden.append((*names, name))
         return False  # bound read-only whole: nothing inside can change
 
     record(None, ".", root, protected=False)

@@ -21,6 +21,7 @@ import itertools
 import os
 import stat
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -117,8 +118,11 @@ class Lease:
         self._released = False
 
     @classmethod
-    def acquire(cls, workspace_fd: int) -> Lease:
-        """Lend the workspace to its pool uid (taking one if no run in it holds one)."""
+    def acquire(cls, workspace_fd: int, unreadable: Collection[tuple[int, int]] = frozenset()) -> Lease:
+        """Lend the workspace to its pool uid (taking one if no run in it holds one).
+
+        `unreadable`: files never lent, whatever their name (see `ownership.scan`).
+        """
         info = os.fstat(workspace_fd)
         key = (info.st_dev, info.st_ino)
         with cls._lock:
@@ -126,7 +130,7 @@ class Lease:
             if held is None:
                 uid, lock_fd = _lock_uid()
                 try:
-                    snapshot = _lend(workspace_fd, uid)
+                    snapshot = _lend(workspace_fd, uid, unreadable)
                 except BaseException:
                     os.close(lock_fd)
                     raise
@@ -135,7 +139,7 @@ class Lease:
             held.users += 1
             uid = held.uid
         try:
-            run = scan(workspace_fd, lend_to=None, pool=UID_POOL)
+            run = scan(workspace_fd, lend_to=None, pool=UID_POOL, unreadable=unreadable)
         except BaseException:
             with cls._lock:
                 cls._leave(key)
@@ -165,9 +169,9 @@ class Lease:
             os.close(held.lock_fd)
 
 
-def _lend(workspace_fd: int, uid: int) -> Snapshot:
+def _lend(workspace_fd: int, uid: int, unreadable: Collection[tuple[int, int]]) -> Snapshot:
     try:
-        return scan(workspace_fd, lend_to=uid, pool=UID_POOL)
+        return scan(workspace_fd, lend_to=uid, pool=UID_POOL, unreadable=unreadable)
     except BaseException:
         # give back what was lent before the failure (pool-owned entries count as the owner's)
         with contextlib.suppress(Exception):

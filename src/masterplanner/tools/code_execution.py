@@ -64,7 +64,8 @@ async def execute_code(
     if max_growth_bytes is not None:
         base = replace(base, max_growth_bytes=max(0, max_growth_bytes))
     argv = [*INTERPRETERS[language], code]
-    return await run_in_sandbox(argv, workspace.root, stdin=stdin, limits=base)
+    unreadable = workspace.settings_identities()  # hard links to them, whatever their names
+    return await run_in_sandbox(argv, workspace.root, stdin=stdin, limits=base, unreadable=unreadable)
 
 
 def format_result(result: SandboxResult) -> str:

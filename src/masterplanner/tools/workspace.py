@@ -22,7 +22,7 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -268,10 +268,15 @@ _MAX_ROOT_DEPTH = 256
 class Workspace:
     """A directory that a run's step agents read and write, and nothing outside it."""
 
-    def __init__(self, root: str | Path, *, max_bytes: int | None = None) -> None:
+    def __init__(
+        self, root: str | Path, *, max_bytes: int | None = None, settings_files: Iterable[Path] = ()
+    ) -> None:
         self.root = Path(root)
         self.max_bytes = max_bytes
         """Most bytes the workspace may hold (allocated, the run's start plus its growth allowance)."""
+        self.settings_files = tuple(settings_files)
+        """Settings files besides the workspace's and the current folder's (the home's) that steps
+        may not read under any name (a hard link in the workspace is the same file)."""
 
     def allocated_bytes(self) -> int:
         """Bytes the workspace's files and folders take on disk (hard links counted once)."""
@@ -413,7 +418,7 @@ class Workspace:
                 info = os.fstat(fd)
                 if not stat.S_ISREG(info.st_mode):
                     raise ToolError(f"{_shown(path)} is not a regular file")
-                if info.st_nlink > 1 and self._settings_file(info):
+                if info.st_nlink > 1 and (info.st_dev, info.st_ino) in self.settings_identities():
                     raise ToolError(unreadable_notice(parts[-1]) + " (this name is a hard link to it)")
                 if info.st_size > MAX_READ_BYTES:
                     size = f"{info.st_size:,} bytes"
@@ -423,19 +428,22 @@ class Workspace:
                 os.close(fd)
         return data.decode("utf-8", errors="replace")
 
-    def _settings_file(self, info: os.stat_result) -> bool:
-        """Whether `info` is the file of a settings file a run reads: the workspace's or the current folder's.
+    def settings_identities(self) -> frozenset[tuple[int, int]]:
+        """(device, inode) of the settings files a run reads: the workspace's, the current folder's, home's.
 
-        A hard link is the same file under another name, which the name check cannot see.
+        A hard link is the same file under another name, which the name check cannot see:
+        `read_file` refuses such a file, and `code_execution` shows it empty.
         """
-        for file in {folder / name for folder in (self.root, Path.cwd()) for name in UNREADABLE_NAMES}:
+        files = {folder / name for folder in (self.root, Path.cwd()) for name in UNREADABLE_NAMES}
+        identities: set[tuple[int, int]] = set()
+        for file in files | set(self.settings_files):
             try:
-                settings = os.stat(file, follow_symlinks=False)
-            except OSError:
+                settings = os.stat(file)  # a settings file that is a symlink is read through it
+            except (OSError, ValueError):
                 continue
-            if (settings.st_dev, settings.st_ino) == (info.st_dev, info.st_ino):
-                return True
-        return False
+            if stat.S_ISREG(settings.st_mode):
+                identities.add((settings.st_dev, settings.st_ino))
+        return frozenset(identities)
 
     def write_file(self, path: str, content: str) -> str:
         r"""Create or replace a regular file atomically; creates missing directories. Returns a summary.
