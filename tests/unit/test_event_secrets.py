@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _plans import step
+
+from masterplanner import Settings
+from masterplanner.engine import Engine, RunOptions
 from masterplanner.engine.tool_calls import _shown_in_events
 from masterplanner.redaction import REMOVED
+from masterplanner.service import RunService
+
+SECRET = "sk-proj-a1b2c3d4e5f6g7h8i9j0"
 
 
 def test_an_http_requests_credential_headers_are_masked_in_its_event() -> None:
@@ -36,3 +49,62 @@ def test_a_long_argument_is_cut_and_keeps_no_secret_near_its_start() -> None:
     content = "token=abcdefghij1234567890 " + "a_" * 20_000
     shown = _shown_in_events({"path": "notes.txt", "content": content})
     assert shown == {"path": "notes.txt", "content": f"{REMOVED} " + "a_" * 91 + "a…"}
+
+
+async def _opened(service: RunService, run_id: str, kind: str) -> Any:
+    while True:
+        found = [request for request in await service.pending(run_id) if request.kind == kind]
+        if found:
+            return found[0]
+        await asyncio.sleep(0.05)
+
+
+async def test_denied_calls_keep_no_secret_of_their_arguments_or_the_reason_in_the_run_s_events(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """One call denied by a person (whose reason quotes the key), one by policy: neither event keeps it."""
+    write = {"name": "write_file", "args": {"path": "creds.txt", "content": f"OPENAI_API_KEY={SECRET}"}}
+    read = {"name": "read_file", "args": {"path": f"OPENAI_API_KEY={SECRET}.txt"}}
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("w", tools=["write_file", "read_file"])]}},
+            {"purpose": "step:w", "tool_calls": [write]},
+            {"purpose": "step:w", "tool_calls": [read]},
+            {"purpose": "step:w", "output": "done"},
+            {"purpose": "prompt_creator", "output": "You are a worker.", "repeat": True},
+        ]
+    )
+    options = RunOptions(prompt_rounds=0, tool_policies={"write_file": "ask", "read_file": "deny"})
+    engine = Engine(Settings.load())
+    service = RunService(engine.settings)
+    try:
+        run = engine.create_run("w", model=f"scripted:{script}", options=options, workspace=tmp_path / "ws")
+        execution = asyncio.ensure_future(engine.execute(run.id))
+        try:
+            review = await _opened(service, run.id, "plan_review")
+            await service.answer(review.id, {"action": "approve"}, by="test")
+            approval = await _opened(service, run.id, "tool_approval")
+            # the person decides on the call as it is: the request holds it whole
+            assert approval.payload["arguments"]["content"] == f"OPENAI_API_KEY={SECRET}"
+            reason = f"never write OPENAI_API_KEY={SECRET} to a file"
+            await service.answer(approval.id, {"approved": False, "reason": reason}, by="test")
+            final = await asyncio.wait_for(execution, 60)
+        finally:
+            if not execution.done():
+                execution.cancel()
+        events = engine.store.events(run.id)
+    finally:
+        service.close()
+        engine.close()
+    assert (final.status, final.output) == ("succeeded", "done"), final.error
+    assert not (tmp_path / "ws" / "creds.txt").exists()
+    denied = [(event.step, event.data) for event in events if event.kind == "tool_denied"]
+    reason_shown = f"never write {REMOVED} to a file"
+    assert denied == [
+        ("w", {"tool": "write_file", "by": "test", "request": approval.id, "reason": reason_shown}),
+        ("w", {"tool": "read_file", "by": "policy"}),
+    ]
+    (asked,) = [event.data for event in events if event.kind == "tool_approval_requested"]
+    assert asked["arguments"] == {"path": "creds.txt", "content": REMOVED}
+    stored = json.dumps([event.to_json_dict() for event in events])
+    assert SECRET not in stored and "a1b2c3d4e5f6" not in stored
