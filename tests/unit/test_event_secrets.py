@@ -108,3 +108,43 @@ async def test_denied_calls_keep_no_secret_of_their_arguments_or_the_reason_in_t
     assert asked["arguments"] == {"path": "creds.txt", "content": REMOVED}
     stored = json.dumps([event.to_json_dict() for event in events])
     assert SECRET not in stored and "a1b2c3d4e5f6" not in stored
+
+
+async def test_what_a_tool_read_or_failed_with_keeps_no_secret_in_the_run_s_events(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The step reads a file holding a key, and a call fails naming one: the events keep neither."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "config.txt").write_text("x" * 490 + f" OPENAI_API_KEY={SECRET}\nend\n")
+    read = {"name": "read_file", "args": {"path": "config.txt"}}
+    missing = {"name": "read_file", "args": {"path": f"token={SECRET}.txt"}}
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("r", tools=["read_file"])]}},
+            {"purpose": "step:r", "tool_calls": [read]},
+            {"purpose": "step:r", "tool_calls": [missing]},
+            {"purpose": "step:r", "output": "done"},
+            {"purpose": "prompt_creator", "output": "You are a worker.", "repeat": True},
+        ]
+    )
+    engine = Engine(Settings.load())
+    try:
+        run = engine.create_run(
+            "r",
+            model=f"scripted:{script}",
+            options=RunOptions(prompt_rounds=0, auto_approve=True),
+            workspace=workspace,
+        )
+        final = await engine.execute(run.id)
+        events = engine.store.events(run.id)
+    finally:
+        engine.close()
+    assert (final.status, final.output) == ("succeeded", "done"), final.error
+    results = [event.data for event in events if event.kind == "tool_result"]
+    assert [sorted(data) for data in results] == [["result", "tool"], ["error", "tool"]]
+    # the key begins at character 491: taken out before the result was cut at 500
+    assert results[0]["result"] == "x" * 490 + f" {REMOVED}"[:10]
+    assert REMOVED in results[1]["error"]
+    stored = json.dumps([event.to_json_dict() for event in events])
+    assert SECRET not in stored and "a1b2c3d4" not in stored

@@ -8,7 +8,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from dbos import DBOS
 from opentelemetry.trace import Status, StatusCode
@@ -238,7 +238,7 @@ class ToolCalls:
                 f"{name}: an earlier try of this call was cut off when its process stopped; it may "
                 "have taken effect, so it was not made again. Check its effect before calling it again."
             )
-            await self._event("tool_result", {"tool": name, "error": message})
+            await self._outcome(name, "error", message)
             return False, message
         await self._event("tool_called", {"tool": name, "arguments": _shown_in_events(arguments)} | marked)
         try:
@@ -247,19 +247,17 @@ class ToolCalls:
                 result = await result
         except ToolError as exc:
             message = _printable("\n".join(_without_advice(str(exc))).strip()) or f"{name} failed"
-            await self._event("tool_result", {"tool": name, "error": message})
+            await self._outcome(name, "error", message)
             return False, message
         except MasterplannerError as exc:
-            await self._event(
-                "tool_result", {"tool": name, "error": _printable(f"{type(exc).__name__}: {exc}")}
-            )
+            await self._outcome(name, "error", _printable(f"{type(exc).__name__}: {exc}"))
             raise
         except Exception as exc:
             message = _failure(name, exc)
-            await self._event("tool_result", {"tool": name, "error": message})
+            await self._outcome(name, "error", message)
             return False, message
         text = _printable(result if isinstance(result, str) else str(result))
-        await self._event("tool_result", {"tool": name, "result": text[:500]})
+        await self._outcome(name, "result", text)
         return True, text
 
     async def _decide(self, tool: str, arguments: dict[str, Any], policy: str) -> bool:
@@ -291,3 +289,12 @@ class ToolCalls:
 
     async def _event(self, kind: EventKind, data: dict[str, Any]) -> None:
         await asyncio.to_thread(self.store.append_event, self.run_id, kind, self.step_id, data)
+
+    async def _outcome(self, name: str, key: Literal["result", "error"], text: str) -> None:
+        """The `tool_result` event: what the tool gave or why it failed, with no key in it.
+
+        A result is kept to 500 characters, taken out of what it read before it is cut so that
+        no key is cut short of its shape.
+        """
+        shown = redacted(text[:1000])[:500] if key == "result" else redacted(text)
+        await self._event("tool_result", {"tool": name, key: shown})
