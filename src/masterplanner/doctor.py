@@ -239,7 +239,7 @@ def _check_sqlite(url: str, path: Path) -> Check:
     engine = None
     try:
         if not url.partition("?")[0].removeprefix("sqlite:///").startswith("file:"):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the engine makes it
         engine = create_engine(url)
         connection = engine.raw_connection()
         try:
@@ -317,6 +317,7 @@ def _check_sandbox_runs(settings: Settings) -> Check:
     import asyncio
     import tempfile
 
+    from .private import private_folder
     from .sandbox import run_in_sandbox, sandbox_problems
 
     name = "sandbox: ready"
@@ -324,8 +325,7 @@ def _check_sandbox_runs(settings: Settings) -> Check:
     if problems:
         return Check(name, False, False, "; ".join(problems), "apt-get install -y bubblewrap")
     try:
-        scratch_root = settings.ensure_home() / "workspaces"
-        scratch_root.mkdir(exist_ok=True)
+        scratch_root = private_folder(settings.ensure_home() / "workspaces")  # as a run makes it
         with tempfile.TemporaryDirectory(dir=scratch_root, prefix="doctor-") as scratch:
             result = asyncio.run(run_in_sandbox(["/usr/bin/true"], Path(scratch)))
     except (MasterplannerError, OSError) as exc:

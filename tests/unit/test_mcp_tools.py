@@ -147,6 +147,65 @@ def test_a_run_calls_an_mcp_tool(write_script: Callable[..., Path]) -> None:
     assert results == [{"tool": "notes_shout", "result": "HELLO"}]
 
 
+def test_what_a_run_makes_in_a_home_the_person_made_is_only_its_owner_s(
+    write_script: Callable[..., Path], isolated: Path, tmp_path: Path
+) -> None:
+    """Before, the home was 0700 only when masterplanner made it: in one the person made (0755
+    here), `logs/` and the servers' logs in it, `workspaces/` and a run's workspace took the
+    umask's mode, readable by every user of the machine."""
+    import stat
+
+    isolated.mkdir(mode=0o755)
+    isolated.chmod(0o755)
+    theirs = tmp_path / "their-logs"  # a folder of their own for one server's log
+    theirs.mkdir(mode=0o755)
+    theirs.chmod(0o755)
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_shout", "other_shout"])]}},
+            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": "a"}}]},
+            {"purpose": "step:loud", "tool_calls": [{"name": "other_shout", "args": {"text": "b"}}]},
+            {"purpose": "step:loud", "output": "shouted"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    servers = {
+        "notes": {"command": sys.executable, "args": [SERVER]},
+        "other": {"command": sys.executable, "args": [SERVER], "log_file": str(theirs / "new" / "other.log")},
+    }
+    result = _run_with_servers(script, servers, {"notes_shout": "auto", "other_shout": "auto"})
+    assert result.returncode == 0, result.stderr
+    workspace = Path(json.loads(result.stdout)["workspace"])
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert {
+        str(path.relative_to(tmp_path)): oct(mode(path))
+        for path in (
+            isolated,
+            isolated / "logs",
+            isolated / "logs" / "mcp-notes.log",
+            isolated / "workspaces",
+            workspace,
+            isolated / "masterplanner.sqlite",
+            theirs,
+            theirs / "new",
+            theirs / "new" / "other.log",
+        )
+    } == {
+        "home": "0o755",  # theirs: kept
+        "home/logs": "0o700",
+        "home/logs/mcp-notes.log": "0o600",
+        "home/workspaces": "0o700",
+        str(workspace.relative_to(tmp_path)): "0o700",
+        "home/masterplanner.sqlite": "0o600",
+        "their-logs": "0o755",  # theirs: kept
+        "their-logs/new": "0o700",
+        "their-logs/new/other.log": "0o600",
+    }
+
+
 @pytest.mark.parametrize(
     ("servers", "error"),
     [

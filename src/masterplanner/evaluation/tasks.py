@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.records import flat_steps
 from ..errors import ConfigError, MasterplannerError
+from ..private import private_folder
 from ..text_files import json_problem, read_text
 from ..tools.workspace import Workspace
 from ..usage import UsageLedger
@@ -330,8 +331,7 @@ async def evaluate_tasks(
     ledger = UsageLedger()
     with tempfile.TemporaryDirectory(prefix="masterplanner-tasks-") as temporary:
         root = Path(keep or temporary)
-        workspaces = root / "workspaces"
-        workspaces.mkdir(parents=True, exist_ok=True)
+        workspaces = private_folder(root / "workspaces")  # the runs' files: as a home's `workspaces`
         engine: Engine | None = None
         try:
             for done, task in enumerate(tasks):

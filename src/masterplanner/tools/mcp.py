@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import ConfigError, ToolError
+from ..private import create_private_file, private_folder
 from .catalog import ToolSpec
 
 # The MCP client library logs what it cannot parse from a server (a line a server prints that is
@@ -85,9 +86,11 @@ def mcp_client(server: McpServer) -> Any:
         # its result, and made the call again on resume: its side effect twice.
         # the server's own messages (a tool's traceback, say) go to its log, not into the terminal
         # and the live view of the run
+        # (its owner's only: what a server says may quote what it was given)
         log = server.log_file
         if log is not None:
-            log.parent.mkdir(parents=True, exist_ok=True)
+            private_folder(log.parent)
+            create_private_file(log)
         transport: Any = StdioTransport(
             server.command, list(server.args), env=dict(server.env) or None, keep_alive=False, log_file=log
         )

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ..errors import ToolError
+from ..private import private_folder
 from .protected import (
     UNREADABLE_NAMES,
     protected_component,
@@ -304,7 +305,8 @@ class Workspace:
 
         Without `parents`, only the folder itself may be made: the folder it goes in must exist
         (a person's path with a typo would otherwise become new empty folders the steps then
-        work in, finding none of the files meant).
+        work in, finding none of the files meant). A folder made here is its owner's only (0700,
+        as each made on the way to it); one there already keeps its mode.
         """
         depth = len(self.root.parts)
         if depth > _MAX_ROOT_DEPTH:
@@ -317,7 +319,7 @@ class Workspace:
                 f"workspace {self.root}: no such folder, nor {self.root.parent} to make it in; check the path"
             )
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            private_folder(self.root)
         except (FileExistsError, NotADirectoryError):  # a folder above it is a file
             raise ToolError(f"workspace {self.root}: cannot create it: a folder above it is a file") from None
         except OSError as exc:
