@@ -4,6 +4,8 @@ Each call appends a line to the file named by `FAULTS_TALLY`, so a test can coun
 """
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -51,6 +53,27 @@ def _slowly(label: str) -> str:
         time.sleep(0.05)
     _tally(f"end {label}")
     return f"done {label}"
+
+
+@server.tool()
+def linger(label: str) -> str:
+    """Start a program of its own and wait for it, minding nothing else (as `npx` runs its server).
+
+    Counts `linger <label> <own pid> <program's pid>` first, so a test can look for both.
+    """
+    program = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; time.sleep(float(sys.argv[1]))",
+            os.environ["FAULTS_SLOW_S"],
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    _tally(f"linger {label} {os.getpid()} {program.pid}")
+    program.wait()
+    return f"lingered {label}"
 
 
 @server.tool()

@@ -112,6 +112,7 @@ class Scene:
                     "faults_slow": "auto",
                     "faults_slow_idempotent": "auto",
                     "faults_crash": "auto",
+                    "faults_linger": "auto",
                     "code_execution": "auto",
                 }
             ),
@@ -665,6 +666,57 @@ def test_stopped_during_a_call_a_tool_declares_idempotent_only_that_call_runs_ag
     results = [data["tool"] for kind, _, data in here.events(run_id) if kind == "tool_result"]
     assert results == ["faults_tally", "faults_slow_idempotent"]
     assert here.kinds(run_id)[("step_succeeded", "work")] == 1
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def lingering(here: Scene, label: str) -> list[int]:
+    """The pids of the MCP server calling `faults_linger` with `label` and of the program it started."""
+    for line in here.tallied():
+        if line.startswith(f"linger {label} "):
+            return [int(pid) for pid in line.split()[2:]]
+    return []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_killed_during_a_call_its_mcp_server_and_what_the_server_started_end_too(
+    scene: Callable[[list[Rule]], Scene],
+) -> None:
+    """Before, a server busy in a call (one not checking for its client, as `slow` does) ran on,
+    orphaned, for ever after its run's process was killed with SIGKILL, and so did its children."""
+    call = {"name": "faults_linger", "args": {"label": "cut"}}
+    here = scene(rules(step("work", tools=["faults_linger"]), calls={"work": [call]}))
+    running_run = here.start(*RUN_ARGS, "--yes", env={"MASTERPLANNER_MODEL_TIMEOUT_S": "120"})
+    here.wait_for(lambda: bool(lingering(here, "cut")), why="the server's call to start")
+    pids = lingering(here, "cut")
+    assert all(running(pid) for pid in pids)
+    stopped(running_run, signal.SIGKILL)
+    try:
+        here.wait_for(lambda: not any(map(running, pids)), timeout=5, why=f"processes {pids} to end")
+    finally:  # none left running after the test, whatever it found
+        for pid in filter(running, pids):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_call_that_ends_ends_its_mcp_server(scene: Callable[[list[Rule]], Scene]) -> None:
+    call = {"name": "faults_linger", "args": {"label": "done"}}
+    here = scene(rules(step("work", tools=["faults_linger"]), calls={"work": [call]}))
+    quick = json.loads(here.env["MASTERPLANNER_MCP_SERVERS"])
+    quick["faults"]["env"]["FAULTS_SLOW_S"] = "0.2"
+    here.env["MASTERPLANNER_MCP_SERVERS"] = json.dumps(quick)
+    done = here.run_task()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["output"] == "work done"
+    pids = lingering(here, "done")
+    assert len(pids) == 2
+    here.wait_for(lambda: not any(map(running, pids)), timeout=5, why=f"processes {pids} to end")
 
 
 @pytest.mark.parametrize("signum", STOPS)

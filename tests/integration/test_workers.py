@@ -713,6 +713,53 @@ def test_runs_resume_finishes_a_run_whose_only_worker_died_mid_step_without_any_
     }
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_a_worker_killed_mid_call_leaves_no_mcp_server_running(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    """Before, the stdio MCP server of the call (and what it started) ran on, orphaned, for ever."""
+    from test_faults import FAULTS_SERVER, running
+
+    tally = cluster.home / "tally.txt"
+    servers = {
+        "faults": {
+            "command": sys.executable,
+            "args": [FAULTS_SERVER],
+            "env": {"FAULTS_TALLY": str(tally), "FAULTS_SLOW_S": "30"},
+        }
+    }
+    cluster.env["MASTERPLANNER_MCP_SERVERS"] = json.dumps(servers)
+    cluster.env["MASTERPLANNER_TOOL_POLICIES"] = json.dumps({"faults_linger": "auto"})
+    linger = {"name": "faults_linger", "args": {"label": "cut"}}
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [plan_step("a", tools=["faults_linger"])]}},
+            {"purpose": "step:a", "tool_calls": [linger]},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    worker = cluster.worker("--concurrency", "1")
+    cluster.worker_ids(1)
+    cluster.enqueue(script, ["linger"])
+    pids: list[int] = []
+    deadline = time.monotonic() + 120
+    while not pids and time.monotonic() < deadline:
+        lines = tally.read_text().splitlines() if tally.exists() else []
+        pids = [int(pid) for line in lines if line.startswith("linger cut ") for pid in line.split()[2:]]
+        time.sleep(0.1)
+    assert pids and all(map(running, pids)), "the server's call did not start"
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=30)
+    try:
+        deadline = time.monotonic() + 5
+        while any(map(running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(running, pids)), f"processes {pids} still run"
+    finally:  # none left running after the test, whatever it found
+        for pid in filter(running, pids):
+            os.kill(pid, signal.SIGKILL)
+
+
 MP = [sys.executable, "-m", "masterplanner"]
 
 

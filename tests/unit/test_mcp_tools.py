@@ -15,6 +15,7 @@ from _cli import run_events
 from _plans import step
 
 from masterplanner import ConfigError, Settings
+from masterplanner.tools import mcp_guard
 from masterplanner.tools.mcp import McpServer, argument_problems, call_mcp_tool, discover_tools
 
 SERVER = str(Path(__file__).with_name("mcp_notes_server.py"))
@@ -54,6 +55,60 @@ async def test_a_server_that_never_answers_is_given_up_on_after_its_timeout_s_sa
     with pytest.raises(ToolError) as failed:
         await call_mcp_tool("notes", notes, "shout", {"text": "never"})
     assert str(failed.value) == "the MCP server 'notes' did not answer within 5 s (its timeout_s)"
+
+
+GUARD = str(Path(mcp_guard.__file__))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_the_guard_runs_the_server_on_its_streams_and_ends_as_it_ends(tmp_path: Path) -> None:
+    """What starts a stdio server (the ends of a run it outlives are the fault suite's)."""
+    server = [sys.executable, "-c", "import sys; print(sys.stdin.readline().upper(), end=''); sys.exit(3)"]
+    ran = subprocess.run(
+        [sys.executable, "-I", "-S", GUARD, str(os.getpid()), server[0], *server],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (ran.returncode, ran.stdout, ran.stderr) == (3, "HELLO\n", "")
+    ended = subprocess.run(
+        [sys.executable, "-I", "-S", GUARD, str(os.getpid()), "/bin/sh", "sh", "-c", "kill -TERM $$"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (ended.returncode, ended.stderr) == (-15, "")  # as the server ended: by SIGTERM
+    missing = str(tmp_path / "no-such-server")
+    failed = subprocess.run(
+        [sys.executable, "-I", "-S", GUARD, str(os.getpid()), missing, missing],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (failed.returncode, failed.stderr) == (
+        127,
+        f"masterplanner (MCP server guard): cannot start {missing}: No such file or directory\n",
+    )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_the_guard_does_not_start_a_server_whose_starter_has_already_ended(tmp_path: Path) -> None:
+    """A parent that died before the guard asked for the signal would never send it."""
+    made = tmp_path / "started"
+    not_the_parent = os.getppid()  # pytest's parent, not the guard's
+    ran = subprocess.run(
+        [sys.executable, "-I", "-S", GUARD, str(not_the_parent), "/bin/touch", "touch", str(made)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (ran.returncode, ran.stderr) == (
+        127,
+        f"masterplanner (MCP server guard): the process that started touch ({not_the_parent}) has "
+        "ended; not starting it\n",
+    )
+    assert not made.exists()
 
 
 def test_arguments_are_checked_against_the_declared_schema_in_our_words() -> None:

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,8 +94,11 @@ def mcp_client(server: McpServer) -> Any:
         if log is not None:
             private_folder(log.parent)
             create_private_file(log)
+        # on Linux under a guard that ends it with this process, also on kill -9: before, a server
+        # busy in a call ran on, orphaned, for ever
+        command, args = _guarded(server.command, list(server.args), server.env)
         transport: Any = StdioTransport(
-            server.command, list(server.args), env=dict(server.env) or None, keep_alive=False, log_file=log
+            command, args, env=dict(server.env) or None, keep_alive=False, log_file=log
         )
     else:
         transport = StreamableHttpTransport(str(server.url))
@@ -101,6 +107,25 @@ def mcp_client(server: McpServer) -> Any:
     # `initialize`, so a server that never answered was given up on after 15 to 20 s whatever
     # its timeout_s
     return Client(transport, timeout=server.timeout_s, init_timeout=server.timeout_s)
+
+
+_GUARD = Path(__file__).with_name("mcp_guard.py")
+
+
+def _guarded(command: str, args: list[str], env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """The command line that starts a stdio server under `mcp_guard.py`, which ends it with us.
+
+    Linux only (the kernel's parent-death signal); elsewhere the server's own command line. A
+    command that cannot be found is left as it is: starting it fails as before, in the MCP
+    library's words ("No such file or directory: 'x'"), and there is no server to end.
+    """
+    if not sys.platform.startswith("linux"):
+        return command, args
+    # found as the library's spawn finds it: on the PATH of the server's environment
+    executable = shutil.which(command, path=env.get("PATH", os.environ.get("PATH", os.defpath)))
+    if executable is None:
+        return command, args
+    return sys.executable, ["-I", "-S", str(_GUARD), str(os.getpid()), executable, command, *args]
 
 
 async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
