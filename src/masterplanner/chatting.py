@@ -8,6 +8,7 @@ from typing import Any
 
 from .agents import run_agent
 from .errors import ConfigError, json_kind
+from .redaction import secret_parts, secret_refusal
 from .settings import Settings
 from .usage import UsageLedger
 
@@ -28,11 +29,16 @@ class ChatResult:
 
 
 async def achat(prompt: str, *, model: str | None = None, settings: Settings | None = None) -> ChatResult:
-    """Send `prompt` to `model` (default: the configured model) and return its answer and usage."""
+    """Send `prompt` to `model` (default: the configured model) and return its answer and usage.
+
+    `ConfigError` for a prompt that is empty or holds what looks like a secret.
+    """
     if not isinstance(prompt, str):
         raise ConfigError(f"the prompt should be text, got {json_kind(prompt)}")
     if not prompt.strip():
         raise ConfigError("the prompt is empty")
+    if secret_parts(prompt):  # it would be sent to the model (a hosted one keeps what it is sent)
+        raise ConfigError(secret_refusal("the prompt", not_in="a prompt"))
     settings = settings or Settings.load(model=model)
     spec = model or settings.model
 

@@ -22,7 +22,7 @@ from .errors import ConfigError, ModelError, RunError
 from .models.labelled import labelled
 from .plan import Plan, Step
 from .prompts import render
-from .redaction import looks_secret, redacted
+from .redaction import looks_secret, secret_parts, secret_refusal
 from .registry import RegistryStore
 from .usage import UsageLedger
 
@@ -89,10 +89,10 @@ async def give_feedback(
     """Rate the run's agents and cohort; at `LOW_RATING` or below, teach the agents involved a lesson.
 
     The lessons come from `model`'s failure analysis when it gives usable ones, otherwise from
-    `comment` (see the module's docstring). Secrets in the comment are taken out before the
-    model or a lesson sees it. Nothing is stored until the end, and then all of it in one
-    transaction with the run's rating (`RegistryStore.apply_rating`): a run is rated once, also
-    when two ratings come at once, and a rating stopped on the way changes nothing.
+    `comment` (see the module's docstring). A comment holding what looks like a secret is a
+    `ConfigError`: it would reach the model and a lesson. Nothing is stored until the end, and
+    then all of it in one transaction with the run's rating (`RegistryStore.apply_rating`): a run
+    is rated once, also when two ratings come at once, and a rating stopped on the way changes nothing.
     """
     check_rating(rating)
     if not comment.isascii():
@@ -100,7 +100,10 @@ async def give_feedback(
             comment.encode("utf-8")
         except UnicodeEncodeError:
             raise ConfigError("the comment is not valid UTF-8 text") from None
-    comment = redacted(comment)
+    if secret_parts(comment):  # it would reach the analysis's prompt and, as a lesson, the registry
+        raise ConfigError(
+            secret_refusal("the comment", not_in="a rating's comment") + "; the run is not rated"
+        )
     # the registry's calls are database work (and may embed): off the event loop
     involved = await asyncio.to_thread(involved_agents, registry, run_id, plan, agents)
     if not involved:

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import PlanError, json_kind, problem_in_our_words
+from .redaction import secret_parts, secret_refusal
 from .tools.catalog import Catalog
 
 __all__ = [
@@ -122,7 +123,11 @@ class Plan(BaseModel):
 
 
 def validate_task(task: str) -> str:
-    """Return the task stripped, or raise `PlanError` if it is empty or too long, or not text."""
+    """Return the task stripped, or raise `PlanError` if it is empty or too long, or not text.
+
+    A task holding what looks like a secret is refused too: it would go into every planning and
+    step prompt and be stored with the run (the check every front end's task passes through).
+    """
     if not isinstance(task, str):
         raise PlanError([f"the task should be text, got {json_kind(task)}"], context="invalid task")
     text = task.strip()
@@ -141,6 +146,8 @@ def validate_task(task: str) -> str:
             raise PlanError(
                 ["the task holds a character that is not text (a lone surrogate)"], context="invalid task"
             ) from None
+    if secret_parts(text):
+        raise PlanError([secret_refusal("the task", not_in="the task")], context="invalid task")
     return text
 
 

@@ -1,7 +1,8 @@
 """What looks like a credential in text (a key, token, password, private key), and text with it taken out.
 
-Agents' memories, the registry's stored teams and feedback's lessons refuse such text; the audit
-log and a rating's comment have it taken out.
+What a person types (a task, an answer, a plan or prompt edit, a rating's comment, a chat prompt,
+an agent edit), agents' memories, the registry's stored teams and feedback's lessons refuse such
+text (`secret_parts`, `secret_refusal`); the audit log and events have it taken out (`redacted`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["looks_secret", "redacted"]
+__all__ = ["looks_secret", "redacted", "secret_parts", "secret_refusal"]
 
 _SECRET = re.compile(
     # providers' key shapes: a prefix, its separator, then a long run holding a digit. Without
@@ -38,9 +39,40 @@ def looks_secret(text: str) -> bool:
     return _SECRET.search(text) is not None
 
 
+def _secret_values() -> list[str]:
+    """The values of this process's secret environment variables (`OPENAI_API_KEY`, …) long enough to tell."""
+    return [
+        value
+        for name, value in os.environ.items()
+        if len(value) >= 8 and _SECRET_VARIABLE.search(name.upper())
+    ]
+
+
 def redacted(text: str) -> str:
     """`text` with every credential-shaped part, and every value of a secret variable here, removed."""
-    for name, value in os.environ.items():
-        if len(value) >= 8 and _SECRET_VARIABLE.search(name.upper()) and value in text:
+    for value in _secret_values():
+        if value in text:
             text = text.replace(value, REMOVED)
     return _SECRET.sub(REMOVED, text)
+
+
+def secret_parts(text: str) -> list[str]:
+    """The parts of `text` that look like a credential, or are the value of a secret variable here.
+
+    Empty for text that holds none. The parts are for comparing (was this secret there before?),
+    never for showing.
+    """
+    return [value for value in _secret_values() if value in text] + [
+        match.group(0) for match in _SECRET.finditer(text)
+    ]
+
+
+def secret_refusal(what: str, *, not_in: str) -> str:
+    """Why a person's input is refused: `what` ("the task") holds what looks like a secret.
+
+    Names the input and where secrets go instead, never the secret itself.
+    """
+    return (
+        f"{what} holds what looks like a secret (an API key, a token or a password, such as "
+        f"`OPENAI_API_KEY=…`): put secrets in the environment or the settings file, not in {not_in}"
+    )

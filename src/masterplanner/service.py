@@ -27,7 +27,7 @@ from .audit import AuditEntry, audit_entries
 from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
 from .engine.processes import ProcessRecord
 from .engine.records import FINISHED_RUN_STATUSES, RunStatus, briefs_json
-from .engine.requests import closed_text
+from .engine.requests import closed_text, secret_in_answer
 from .engine.reuse import remember_run, secret_in_team
 from .engine.runtime import step_queue_name
 from .engine.store import Lease
@@ -43,6 +43,7 @@ from .errors import (
     validation_problems,
 )
 from .plan import validate_plan
+from .redaction import secret_parts, secret_refusal
 from .settings import Settings, provider_of
 from .tools import ToolSpec
 from .tools.catalog import Catalog
@@ -69,6 +70,7 @@ __all__ = [
     "WorkerSummary",
     "answerer_name",
     "catalog_of_review",
+    "secret_in_answer",
 ]
 
 _FOLLOW_POLL_S = 0.2
@@ -155,6 +157,12 @@ def _agent_problems(spec: AgentSpec, settings: Settings) -> list[str]:
     for field in ("description", "system_prompt"):  # text is never meant to hold a NUL; searches stop at it
         if "\x00" in getattr(spec, field):
             problems.append(f"{field}: must not hold a NUL character")
+    # each goes into the prompts of the runs that use the agent
+    for field, text in [
+        (field, getattr(spec, field)) for field in ("name", "role", "description", "system_prompt")
+    ] + [(f"lessons.{number}", lesson) for number, lesson in enumerate(spec.lessons)]:
+        if secret_parts(text):
+            problems.append(f"{field}: " + secret_refusal("it", not_in="an agent"))
     if not spec.system_prompt.strip():  # spaces alone: a step would run with no instructions
         problems.append("system_prompt: must not be blank")
     twice = sorted({tool for tool in spec.tools if spec.tools.count(tool) > 1})

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from masterplanner.redaction import REMOVED, looks_secret, redacted
+from masterplanner.redaction import REMOVED, looks_secret, redacted, secret_parts, secret_refusal
 
 CREDENTIALS = [
     "sk-abcdefghijklmnop1234",
@@ -62,3 +62,17 @@ def test_a_long_run_of_name_parts_is_read_once_not_once_per_part() -> None:
     started = time.perf_counter()
     assert redacted("a_" * 8000) == "a_" * 8000 and not looks_secret("x-" * 8000)
     assert time.perf_counter() - started < 1.0
+
+
+def test_what_a_person_types_holds_a_secret_by_its_shape_or_as_a_secret_variables_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WEATHER_TOKEN", "plainvalue123")
+    assert secret_parts("call it with plainvalue123 please") == ["plainvalue123"]
+    assert secret_parts("OPENAI_API_KEY=abcd1234efgh5678") == ["OPENAI_API_KEY=abcd1234efgh5678"]
+    assert [secret_parts(text) for text in WORDS] == [[] for _ in WORDS]
+    refusal = secret_refusal("the task", not_in="the task")
+    assert refusal == (
+        "the task holds what looks like a secret (an API key, a token or a password, such as "
+        "`OPENAI_API_KEY=…`): put secrets in the environment or the settings file, not in the task"
+    )

@@ -671,9 +671,7 @@ async def test_a_run_is_rated_once_all_or_nothing_and_only_after_something_ran(
 
         # two ratings at once: one is applied, the other refused, each agent rated once
         outcomes = await asyncio.gather(
-            service.feedback(
-                done.id, rating=1, comment="the report step leaked api_key=abcdef123456", by="a"
-            ),
+            service.feedback(done.id, rating=1, comment="the report step left out May", by="a"),
             service.feedback(done.id, rating=2, comment="the report was bad", by="b"),
             return_exceptions=True,
         )
@@ -683,10 +681,10 @@ async def test_a_run_is_rated_once_all_or_nothing_and_only_after_something_ran(
         registry = RegistryStore(Settings.load().database_url)
         try:
             assert [registry.get_agent(agent).stats.ratings for agent in agents] == [1, 1]
-            # the comment named the report step: only its agent learns, and never a secret
+            # the comment named the report step: only its agent learns
             [lesson] = registry.get_agent(agents[1]).lessons
             assert registry.get_agent(agents[0]).lessons == []
-            assert "abcdef123456" not in lesson and (lesson.endswith('bad"') or "[secret removed]" in lesson)
+            assert lesson.endswith(('bad"', 'May"'))
         finally:
             registry.close()
         assert summary.rated_agents == agents
@@ -738,13 +736,7 @@ def _weather_script(write_script: Callable[..., Path], instruction: str, prompt:
 @pytest.mark.parametrize(
     ("task", "instruction", "prompt", "where"),
     [
-        # as models do: the planner and the Prompt Creator echo the key typed in the task
-        (
-            f"Use api_key={KEY} to fetch the weather and write it to forecast.txt",
-            f"Call the weather API with api_key={KEY} and write the forecast to forecast.txt.",
-            f"You call the API using the key {KEY}.",
-            "the task",
-        ),
+        # (a key typed in the task is refused when the run is created: `test_typed_secrets.py`)
         (WEATHER, f"Call the weather API with the key {KEY}.", "You call the API.", "step call of the plan"),
         (
             WEATHER,
@@ -753,7 +745,7 @@ def _weather_script(write_script: Callable[..., Path], instruction: str, prompt:
             "the prompt of step call",
         ),
     ],
-    ids=["task", "instruction", "prompt"],
+    ids=["instruction", "prompt"],
 )
 async def test_a_team_holding_a_secret_is_not_stored_and_reaches_no_later_task(
     isolated: Path, write_script: Callable[..., Path], task: str, instruction: str, prompt: str, where: str
@@ -800,7 +792,19 @@ async def test_a_team_holding_a_secret_is_not_stored_and_reaches_no_later_task(
 async def test_reused_agents_count_a_secret_runs_outcome_and_no_one_is_asked_to_store_its_team(
     isolated: Path, write_script: Callable[..., Path], monkeypatch: Any
 ) -> None:
-    script = _team_script(write_script)
+    # the stored plan fitted to a paraphrase by a model that writes a password into a step
+    leaky = {
+        "title": "load sales",
+        "instruction": "Read sales.csv with password: hunter2hunter2.",
+        "expected_output": "monthly totals",
+    }
+    report = {
+        "title": "report",
+        "instruction": "Write the totals to report.md.",
+        "expected_output": "report.md",
+    }
+    adapted = {"steps": [leaky, report]}
+    script = _team_script(write_script, {"purpose": "adapter", "output": adapted})
     settings = Settings.load()
     engine = Engine(settings)
     try:
@@ -808,9 +812,7 @@ async def test_reused_agents_count_a_secret_runs_outcome_and_no_one_is_asked_to_
         assert (await execute_answering(engine, first.id, review=_approve)).status == "succeeded"
         monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "ask")
         asked = RunOptions(prompt_rounds=0)
-        secret = engine.create_run(
-            f"{T1} with password: hunter2hunter2", model=f"scripted:{script}", options=asked
-        )
+        secret = engine.create_run(T2, model=f"scripted:{script}", options=asked)
         done = await execute_answering(engine, secret.id, review=_approve)
         assert done.status == "succeeded"
         assert done.agents["load"].agent_id == f"{first.id}.load"  # the first run's agents, reused
@@ -828,7 +830,7 @@ async def test_reused_agents_count_a_secret_runs_outcome_and_no_one_is_asked_to_
             assert [c.id for c in registry.list_cohorts()] == [first.id]
             assert len(registry.list_agents()) == 2
             told = [e.data for e in engine.store.events(secret.id) if e.kind.startswith("team_")]
-            reason = "the task holds what looks like a secret"
+            reason = "step load of the plan holds what looks like a secret"
             assert [data["reason"].split(" (")[0] for data in told] == [reason, reason]
             assert told[1]["request"] == question.id
             assert "hunter2" not in json.dumps(told)

@@ -248,7 +248,9 @@ def test_runs_audit_says_who_did_what_and_when_with_secrets_removed(
             {
                 "purpose": "step:a",
                 "turn": 1,
-                "tool_calls": [{"name": "ask_user", "args": {"question": "Key?"}}],
+                "tool_calls": [
+                    {"name": "ask_user", "args": {"question": "Key? The old sk-abcdefghijklmnop1234 failed"}}
+                ],
             },
             {"purpose": "step:a", "turn": 2, "tool_calls": [write]},
             {"purpose": "step:a", "turn": 3, "output": "done"},
@@ -259,7 +261,8 @@ def test_runs_audit_says_who_did_what_and_when_with_secrets_removed(
     try:
         answer(pending("plan_review")["id"], "--approve")
         question = pending("ask_user")
-        answer(question["id"], "--text", "it is sk-abcdefghijklmnop1234, keep it")
+        # a secret the person types is refused (test_typed_secrets.py); the model's is shown redacted
+        answer(question["id"], "--text", "not sk-abcdefghijklmnop1234 again, the new one is in the vault")
         approval = pending("tool_approval")
         answer(approval["id"], "--deny", "--reason", "not that file")
         out, err = run.communicate(timeout=90)
@@ -273,7 +276,12 @@ def test_runs_audit_says_who_did_what_and_when_with_secrets_removed(
     assert [(entry["action"], entry["step"], entry["front_end"]) for entry in entries] == [
         ("created the run", None, "cli"),
         ("approved the plan", None, "cli"),
-        ("answered the question 'Key?': 'it is [secret removed], keep it'", "a", "cli"),
+        (
+            "answered the question 'Key? The old [secret removed] failed': "
+            "'not [secret removed] again, the new one is in the vault'",
+            "a",
+            "cli",
+        ),
         ("denied a call to write_file: not that file", "a", "cli"),
     ]
     assert all(entry["by"].startswith("cli@") for entry in entries)

@@ -176,6 +176,7 @@ class TerminalAnswerer:
             await self.service.answer(request.id, answer, by=self.by)
         except (RequestError, PlanError) as error:
             self._print(f"[yellow]{shown(str(error))}[/]")
+            self._seen.discard(request.id)  # still open (a refused answer): asked again
 
     async def _line(self, prompt: str, request: Request) -> str | None:
         """A line typed for `request`; None when input closed or another process answered first."""
@@ -272,7 +273,7 @@ class TerminalAnswerer:
         from ..errors import ConfigError, PlanError
         from ..plan import Plan
         from ..review import edit_in_editor, parse_review_yaml, render_review_yaml, with_errors_on_top
-        from ..service import catalog_of_review
+        from ..service import catalog_of_review, secret_in_answer
         from .commands import print_plan_dict
 
         payload = request.payload
@@ -321,11 +322,19 @@ class TerminalAnswerer:
                     self._print(f"[red]the edit is invalid:[/] {shown('; '.join(exc.problems))}")
                     text = with_errors_on_top(edited, exc)
                     continue
-                plan, agents, policies = edit.plan, edit.agents, edit.tool_policies
-                decision = {
+                edited_decision = {
                     "action": "approve",
-                    "plan": plan.to_json_dict(),
-                    "agents": agents,
-                    "tool_policies": policies,
+                    "plan": edit.plan.to_json_dict(),
+                    "agents": edit.agents,
+                    "tool_policies": edit.tool_policies,
                 }
+                # said here, where the edit can be mended, rather than when it is sent
+                refusal = secret_in_answer(request, edited_decision)
+                if refusal is not None:
+                    refused = True
+                    self._print(f"[red]the edit is refused:[/] {shown(refusal)}")
+                    text = with_errors_on_top(edited, PlanError([refusal], context="invalid edit"))
+                    continue
+                plan, agents, policies = edit.plan, edit.agents, edit.tool_policies
+                decision = edited_decision
                 break

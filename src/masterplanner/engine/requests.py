@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
 from ..errors import RequestClosedError, RequestError, validation_problems
+from ..redaction import secret_parts, secret_refusal
 from .records import AgentBrief, utc_now
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ __all__ = [
     "StepClock",
     "closed_text",
     "create_requests_table",
+    "secret_in_answer",
 ]
 
 RequestKind = Literal["plan_review", "tool_approval", "ask_user", "remember", "replan"]
@@ -173,7 +175,66 @@ def _problems(error: ValidationError) -> str:
     return "; ".join(validation_problems(error.errors(), whole="answer"))
 
 
+def _texts(value: object, where: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Each text in a JSON value with where it is (a step named by its id, not its place)."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _texts(item, (*where, str(key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            name = item.get("id") if isinstance(item, dict) else None
+            yield from _texts(item, (*where, f"step {name!r}" if isinstance(name, str) else str(index + 1)))
+
+
+def _edited_part(where: tuple[str, ...]) -> str:
+    """Where in a plan review's answer a text is, as a person reads it."""
+    if where[:1] == ("plan",):
+        inner = [part for part in where[1:] if part != "steps"]
+        return f"the edited plan ({', '.join(inner) or 'plan'})"
+    if where[:1] == ("agents",) and len(where) >= 2:
+        field = ".".join(where[2:]) or "agent"
+        return f"the edited agent of step {where[1]!r} ({field})"
+    return f"the answer's {'.'.join(where)}"
+
+
+def secret_in_answer(request: Request, answer: dict[str, Any]) -> str | None:
+    """Why `answer` is refused because the person typed what looks like a secret into it, or None.
+
+    Every text of an answer is stored with the request, and goes into the run's prompts (an
+    agent's question's answer, an edited plan or prompt). Only what the person wrote is judged:
+    a text of a plan review's answer is refused when it holds a secret-shaped part the reviewed
+    plan and prompts (the request's payload) did not hold already.
+    """
+    shown = "\n".join(text for _, text in _texts(request.payload))
+    for where, text in _texts(answer):
+        if any(part not in shown for part in secret_parts(text)):
+            if where == ("text",):
+                what = "the answer"
+            elif where == ("reason",):
+                what = "the reason"
+            else:
+                what = _edited_part(where)
+            return secret_refusal(what, not_in="an answer")
+    return None
+
+
 def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
+    """`answer` in the shape `request`'s kind takes, or `RequestError` naming what is wrong.
+
+    Also refused: an answer holding what looks like a secret the person typed (`secret_in_answer`).
+    """
+    shaped = _shaped_answer(request, answer)
+    refusal = secret_in_answer(request, shaped)
+    if refusal is not None:
+        raise RequestError(
+            f"request {request.id}: {refusal}; nothing was stored, and the request is still open"
+        )
+    return shaped
+
+
+def _shaped_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
     """`answer` in the shape `request`'s kind takes, or `RequestError` naming what is wrong.
 
     - plan review and a replan's review: `{"action": "approve" | "reject", "reason"?, "plan"?,
