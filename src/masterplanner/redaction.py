@@ -26,7 +26,9 @@ _SECRET = re.compile(
     # took seconds on a 16 KB `a_a_…` argument: tried from every part, each scanned to the end)
     r"|(?i:(?<![A-Za-z0-9_-])(?:[A-Za-z0-9_-]*[_-])?"
     r"(?:api[_-]?key|(?:secret|access|private)[_-]?key|secret|token|password|passwd)"
-    r"(?![A-Za-z0-9_-])\s*[:=]\s*\S{6,})"
+    # and a value that holds a digit or is long: a requirement ("password: minimum 12 characters",
+    # "token: bucket") is not a credential, and a task saying so was refused
+    r"(?![A-Za-z0-9_-])\s*[:=]\s*(?=\S*\d|\S{12})\S{6,})"
     r"|(?i:\bBearer\s+[A-Za-z0-9._~+/-]{16,})"
 )
 _SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$")

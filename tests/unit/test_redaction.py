@@ -29,6 +29,7 @@ CREDENTIALS = [
     "export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMIK7MDENG",
     "X-Api-Key: abcdef1234567",
     "api_key=abcdef123456",
+    "password: correcthorsebatterystaple",
 ]
 # words that begin like a key prefix: before, a team whose task held one was not stored
 WORDS = [
@@ -42,6 +43,10 @@ WORDS = [
     "count tokens: 123456 in total",
     "the token_count=123456",
     "password_hint: the usual one",
+    # a requirement named like a credential: a value with no digit, shorter than 12
+    "Make a signup form; password: minimum 12 characters",
+    "Explain the difference: token: bucket algorithms",
+    "secret: unknown",
 ]
 
 
