@@ -1,14 +1,19 @@
 """Step aids for small models: which steps are one direct tool call, which get their text drafted."""
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+from _answers import execute_answering
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, SystemPromptPart, TextPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from masterplanner import Settings
+from masterplanner.engine import Engine, RunOptions
 from masterplanner.engine.file_questions import CountedFile, ListingQuestion, counted_file, listing_question
 from masterplanner.engine.step_agent import (
     BudgetedModel,
@@ -783,3 +788,71 @@ async def test_a_prompt_the_person_edited_reaches_the_model_when_the_text_is_dra
     await agent.run("### Output of step count\n5")
     assert contents == ["apple\npear\nplum\nfig\nkiwi"]
     assert [system for system, _ in asked] == [f"{drafting}\n\nThe step's instructions:\n{edited}"]
+
+
+async def test_a_read_step_whose_prompt_was_edited_is_answered_by_the_model_under_the_edit(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "Read notes.txt." on a small model is the engine's own read_file call, its result the
+    # step's output with no model turn; a prompt the person edited reached no model, and the
+    # step answered with the whole file whatever the edit asked
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("buy milk\ncall Sam\n")
+    read = {
+        "id": "read",
+        "title": "Read the notes",
+        "instruction": "Read notes.txt.",
+        "agent_role": "reader",
+        "tools": ["read_file"],
+        "depends_on": [],
+        "expected_output": "",
+    }
+    edited = "Read notes.txt, then reply with its first line only, in capitals."
+    read_call = {"name": "read_file", "args": {"path": "notes.txt"}}
+    titled = {"title": "Read the notes", "agent_role": "file clerk"}  # the small model's plan call
+    calls = [
+        {"purpose": "planner", "output": {"steps": [titled]}, "repeat": True},
+        {"purpose": "prompt_creator", "output": "You read files.", "repeat": True},
+        {"purpose": "step:read", "turn": 1, "tool_calls": [read_call], "expect": [edited]},
+        {"purpose": "step:read", "turn": 2, "output": "BUY MILK", "expect": ["buy milk"]},
+        {"purpose": "*", "repeat": True},
+    ]
+    script = write_script(None, raw=json.dumps({"small_model": True, "calls": calls}))
+
+    def review(prompt: str | None) -> Callable[[Any, Any], Any]:
+        async def answer(run: Any, _catalog: Any) -> dict[str, Any]:
+            decision = {"action": "approve", "plan": run.plan.to_json_dict() | {"steps": [read]}}
+            if prompt is None:  # the plan alone is edited: the Prompt Creator writes the prompt
+                return decision
+            return decision | {"agents": {"read": {"prompt": prompt, "edited": True}}}
+
+        return answer
+
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "never")  # the second run reuses no agent
+    engine = Engine(Settings.load())
+    try:
+        outcomes = []
+        for prompt in (edited, None):
+            run = engine.create_run(
+                "Read notes.txt.",
+                model=f"scripted:{script}",
+                options=RunOptions(prompt_rounds=0),
+                workspace=workspace,
+            )
+            final = await execute_answering(engine, run.id, review=review(prompt))
+            assert final.status == "succeeded", final.error
+            report = engine.report(run.id)
+            tools = [
+                (event.kind, event.step, event.data["tool"])
+                for event in engine.store.events(run.id)
+                if event.kind == "tool_called"
+            ]
+            outcomes.append(([s["output"] for s in report["steps"]], tools))
+    finally:
+        engine.close()
+    # the edit: the model, shown the edited prompt (its script entry expects it), makes the read
+    # itself and answers under the edit
+    assert outcomes[0] == (["BUY MILK"], [("tool_called", "read", "read_file")])
+    # no edit: the engine's direct call, the file as it is the output (the script's answer unused)
+    assert outcomes[1] == (["buy milk\ncall Sam\n"], [("tool_called", "read", "read_file")])

@@ -181,6 +181,10 @@ class DirectCall:
     with a made-up path. Here the engine makes the one call through the normal tool path and the
     step's result is what it returned. "Run it." after a step that wrote `hello.py` is the same:
     `code_execution` of that one script (the model asked to run it wrote a program of its own).
+
+    Not for a step whose prompt the person edited at review: with no model turn, the edit would
+    be ignored (an edit may say what to do with what is read, or that the script must not run),
+    so the model works under the edited prompt and makes its calls itself.
     """
 
     tool: str
@@ -435,7 +439,7 @@ def tool_aids(
     lists the workspace, gets a `DirectCall`; one that asks to write one new text file, and names
     no existing file it could read itself, gets a `DraftedWrite` (both applied only for models
     whose profile sets `masterplanner_structured_plans`). `prompt`: the step's prompt when the
-    person edited it at review (`StepAids.prompt`).
+    person edited it at review (`StepAids.prompt`); such a step gets no `DirectCall`.
     """
     texts = [step.title, step.instruction, step.expected_output]
     if step.id in sinks(plan.steps):
@@ -469,7 +473,12 @@ def tool_aids(
     question = listing_question(step.instruction) if "list_files" in tools else None
     counted = counted_file(_USE_NOTE.sub("", step.instruction), existing) if "read_file" in tools else None
     answered = question or counted
-    direct = None if answered is not None else direct_call(step, tools, (*existing, *programs), programs)
+    # A direct call's result is the step's output, with no model turn for a prompt to reach: a
+    # prompt the person edited (it may say what to do with the file, or not to run the script) is
+    # followed by the model, which makes the call itself, its first call held to the files named.
+    direct = (
+        None if answered is not None or prompt else direct_call(step, tools, (*existing, *programs), programs)
+    )
     grounding = None if direct is not None else query or answered or grounding_call(step, tools)
     if not values:
         # nothing to ground: at least stop the model from calling tools until the request cap

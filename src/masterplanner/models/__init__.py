@@ -91,17 +91,27 @@ def context_window(model: Model) -> tuple[int, int] | None:
 
 
 def takes_tool_aids(model: Model) -> bool:
-    """Whether tool-use aids apply to `model` (the in-process llama.cpp model; others take none)."""
-    from .local import LocalModel
+    """Whether tool-use aids apply to `model`.
 
+    The in-process llama.cpp model, and the scripted model standing in for a small one
+    (`"small_model": true`), so tests drive the aided steps through the engine; others take none.
+    """
+    from .local import STRUCTURED_PLANS, LocalModel
+    from .scripted import ScriptedModel
+
+    if isinstance(model, ScriptedModel):
+        return bool(model.profile.get(STRUCTURED_PLANS, False))
     return isinstance(model, LocalModel)
 
 
 def with_tool_aids(model: Model, aids: object) -> Model | None:
     """The model with tool-use `aids` applied to its requests, or None when it takes no aids."""
     from .local import LocalModel, ToolAids
+    from .scripted import ScriptedModel
 
-    if isinstance(model, LocalModel) and isinstance(aids, ToolAids):
+    if not isinstance(aids, ToolAids) or not takes_tool_aids(model):
+        return None
+    if isinstance(model, LocalModel | ScriptedModel):
         return model.aided(aids)
     return None
 

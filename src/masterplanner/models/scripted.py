@@ -22,7 +22,10 @@ what a model was shown. `"cut_off": true` ends the reply as a model that reached
 limit does (finish reason `length`), for a text `output` such as a JSON reply cut short. A call
 with no entry left fails with `ScriptExhaustedError` naming its purpose. `"small_model": true`
 beside `"calls"` makes the model plan as a small local model does (`clause_planner`: the planner
-call only fills in each step's title and role). `"turn": N` makes an entry answer only the N-th
+call only fills in each step's title and role), and its steps take the small-model step aids as
+the embedded model's do (`engine.step_agent`: a step that only reads a file is the engine's own
+`read_file` call, a text to write is drafted; the grammar it would impose is not applied, the
+script is the model's choice). `"turn": N` makes an entry answer only the N-th
 request of a conversation (one that already holds N-1 replies): a step's first request can call
 a tool and its second answer, whatever order steps of several runs ask in, in any process, and
 when a step is replayed after a crash.
@@ -30,6 +33,7 @@ when a step is replayed after a crash.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections import deque
@@ -57,7 +61,7 @@ from ..errors import ScriptError, ScriptExhaustedError, validation_problems
 from ..purpose import current_purpose
 from ..text_files import json_problem, read_text
 from ._schema import minimal_instance
-from .local import LocalModelProfile
+from .local import LocalModelProfile, ToolAids
 
 __all__ = ["ScriptedModel"]
 
@@ -136,6 +140,15 @@ class ScriptedModel(Model):
                 masterplanner_structured_plans=self._script.small_model,
             ),
         )
+
+        self.aids: ToolAids | None = None
+        """The step's tool-use aids (a small model's step only; see `aided`)."""
+
+    def aided(self, aids: ToolAids) -> ScriptedModel:
+        """The same script (its entries shared, each still answered once) carrying a step's `aids`."""
+        twin = copy.copy(self)
+        twin.aids = aids
+        return twin
 
     @property
     def model_name(self) -> str:
