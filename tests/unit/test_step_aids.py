@@ -856,3 +856,65 @@ async def test_a_read_step_whose_prompt_was_edited_is_answered_by_the_model_unde
     assert outcomes[0] == (["BUY MILK"], [("tool_called", "read", "read_file")])
     # no edit: the engine's direct call, the file as it is the output (the script's answer unused)
     assert outcomes[1] == (["buy milk\ncall Sam\n"], [("tool_called", "read", "read_file")])
+
+
+async def test_a_counting_step_whose_prompt_was_edited_answers_from_the_read_under_the_edit(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "Count the names in names.txt." is the engine's read_file call and its count of the lines,
+    # with no model turn: an edited prompt was ignored as a direct call's was
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "names.txt").write_text("Ann\nBob\nCy\n")
+    count = {
+        "id": "count",
+        "title": "Count the names",
+        "instruction": "Count the names in names.txt.",
+        "agent_role": "counter",
+        "tools": ["read_file"],
+        "depends_on": [],
+        "expected_output": "",
+    }
+    edited = "Count the names in names.txt and reply with the count and the names, in one sentence."
+    titled = {"title": "Count the names", "agent_role": "data analyst"}
+    calls = [
+        {"purpose": "planner", "output": {"steps": [titled]}, "repeat": True},
+        {"purpose": "prompt_creator", "output": "You count things.", "repeat": True},
+        # the engine made the read (the first turn): the model answers the second, shown both
+        {"purpose": "step:count", "turn": 2, "output": "Three: Ann, Bob and Cy.", "expect": [edited, "Bob"]},
+        {"purpose": "*", "repeat": True},
+    ]
+    script = write_script(None, raw=json.dumps({"small_model": True, "calls": calls}))
+
+    def review(prompt: str | None) -> Callable[[Any, Any], Any]:
+        async def answer(run: Any, _catalog: Any) -> dict[str, Any]:
+            decision = {"action": "approve", "plan": run.plan.to_json_dict() | {"steps": [count]}}
+            if prompt is None:
+                return decision
+            return decision | {"agents": {"count": {"prompt": prompt, "edited": True}}}
+
+        return answer
+
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "never")
+    engine = Engine(Settings.load())
+    try:
+        outputs = []
+        for prompt in (edited, None):
+            run = engine.create_run(
+                "Count the names in names.txt.",
+                model=f"scripted:{script}",
+                options=RunOptions(prompt_rounds=0),
+                workspace=workspace,
+            )
+            final = await execute_answering(engine, run.id, review=review(prompt))
+            assert final.status == "succeeded", final.error
+            called = [
+                (event.step, event.data["tool"], event.data["arguments"])
+                for event in engine.store.events(run.id)
+                if event.kind == "tool_called"
+            ]
+            assert called == [("count", "read_file", {"path": "names.txt"})]
+            outputs.append([step["output"] for step in engine.report(run.id)["steps"]])
+    finally:
+        engine.close()
+    assert outputs == [["Three: Ann, Bob and Cy."], ["3"]]

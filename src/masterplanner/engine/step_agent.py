@@ -831,8 +831,10 @@ class BudgetedModel(WrapperModel):
             responses = responses[1:]
         aid = aids.direct_call or aids.drafted_write
         if aid is None:
-            if grounded.result and not responses:
-                # the query's or the question's result is the step's answer: its one value, or its lines
+            if grounded.result and not responses and not aids.prompt:
+                # the query's or the question's result is the step's answer: its one value, or its
+                # lines; under a prompt the person edited, the model answers from it (no turn of
+                # the model's, the edit would be ignored)
                 return ModelResponse(parts=[TextPart(grounded.result)], model_name=self.wrapped.model_name)
             return None  # the model answers from the grounding call's result
         inputs = _brief_inputs(messages)
