@@ -311,6 +311,58 @@ def test_reject_exits_1_and_read_only_commands_never_execute(write_script: Calla
     assert again.stderr.strip() == f"error: run {run_id} already cancelled"
 
 
+def test_with_nothing_to_read_the_review_question_is_not_printed_and_a_pipe_still_answers(
+    write_script: Callable[..., Path],
+) -> None:
+    script = write_script([_planner(step("a", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}])
+    # input piped in answers the question: it is asked, then taken (not echoed, so the line ends)
+    piped = mp("run", "one thing", "--model", f"scripted:{script}", "--json", stdin="a\n")
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["status"] == "succeeded"
+    lines = piped.stderr.splitlines()
+    assert lines.count("approve, reject or edit? [a/r/e] ") == 1
+    assert not [line for line in lines if "waiting for an answer" in line or "answer it with" in line]
+
+    # no input at all (/dev/null, or a pipe closed at once): a question that cannot be answered
+    # here is not printed; what is printed is how to answer it from elsewhere
+    reading, writing = os.pipe()
+    os.close(writing)  # a pipe whose writer is gone: the first read is its end
+    for stdin in (subprocess.DEVNULL, reading):
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "masterplanner", "run", "another thing", "--model", f"scripted:{script}"],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        try:
+            deadline = time.monotonic() + 60
+            pending: list[dict[str, Any]] = []
+            while not pending and time.monotonic() < deadline:
+                pending = json.loads(mp("runs", "pending", "--json").stdout)
+            [review] = pending
+            answered = mp("runs", "answer", review["id"], "--approve")
+            assert answered.returncode == 0, answered.stderr
+            out, err = waiting.communicate(timeout=60)
+        finally:
+            waiting.kill()
+        assert waiting.returncode == 0, err
+        assert out.strip() == "ok"
+        lines = err.splitlines()
+        assert not [line for line in lines if "[a/r/e]" in line]
+        at = lines.index(
+            f"waiting for an answer to request {review['id']}: review the plan of 1 step(s): "
+            "approve, reject or edit"
+        )
+        assert lines[at + 1] == (
+            f"  answer it with: masterplanner runs answer {review['id']} --approve   "
+            "(or --deny [--reason '…'])"
+        )
+        assert lines[at - 1].startswith("estimate for the steps: ")
+    os.close(reading)
+
+
 def test_unknown_run_and_bad_options_are_clear_errors() -> None:
     missing = mp("runs", "show", "nope-nope")
     assert missing.returncode == 2  # a usage error, as an unknown request id is

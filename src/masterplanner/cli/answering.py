@@ -4,8 +4,10 @@ A run's pauses (plan review, tool approvals, agents' questions, whether to store
 stored requests any process may answer. The terminal that started the run shows each open
 request of its run and asks the person, one at a time, with the live display paused. It stops
 asking the moment another process (`masterplanner runs answer`, a browser) has answered. When
-its input is closed (a run in the background, input from a file that ran out) it asks nothing:
-it prints how to answer from another shell and the run waits for that answer.
+its input has nothing left to read (a run in the background, `< /dev/null`, a file or pipe that
+ran out) it asks nothing: it prints how to answer from another shell and the run waits for that
+answer. Input that is not a terminal is read ahead before a question is printed, so `echo a |`
+still approves, while a question that could never be answered here is not printed at all.
 
 Lines are read from standard input only while a question waits for one, so nothing the person
 types is taken by a question that was answered elsewhere meanwhile, and an editor opened for a
@@ -49,17 +51,26 @@ class Input:
             self._fd = None
             self.closed = True
 
-    async def line(self) -> str | None:
-        """The next line (without its newline), or None once the input is closed."""
-        while not self.closed:
-            if b"\n" in self._buffer:
-                line, _, self._buffer = self._buffer.partition(b"\n")
-                return line.decode("utf-8", "replace").rstrip("\r")
+    @property
+    def exhausted(self) -> bool:
+        """Whether no line is left to read: the input is closed and all it held was read."""
+        return self.closed and not self._buffer
+
+    async def wait(self) -> None:
+        """Return once a line can be read at once, or the input is closed (read ahead, kept)."""
+        while not self.closed and b"\n" not in self._buffer:
             data = await self._read()
             if data:
                 self._buffer += data
             else:
                 self.closed = True
+
+    async def line(self) -> str | None:
+        """The next line (without its newline), or None once the input is closed."""
+        await self.wait()
+        if b"\n" in self._buffer:
+            line, _, self._buffer = self._buffer.partition(b"\n")
+            return line.decode("utf-8", "replace").rstrip("\r")
         if self._buffer:  # a last line without a newline
             line, self._buffer = self._buffer, b""
             return line.decode("utf-8", "replace")
@@ -157,7 +168,7 @@ class TerminalAnswerer:
         )
 
     async def _ask(self, request: Request) -> None:
-        if self.input.closed:
+        if self.input.exhausted:
             self._waiting(request)
             return
         from ..errors import PlanError, RequestError
@@ -179,23 +190,21 @@ class TerminalAnswerer:
             self._seen.discard(request.id)  # still open (a refused answer): asked again
 
     async def _line(self, prompt: str, request: Request) -> str | None:
-        """A line typed for `request`; None when input closed or another process answered first."""
+        """A line typed for `request`; None when input closed or another process answered first.
+
+        Input that is not a terminal (a pipe, a file, /dev/null) is read ahead before the
+        question is printed: with nothing left in it, the question could not be answered here,
+        so it is not asked and only the way to answer from elsewhere is printed.
+        """
+        if not self.input.echoed:
+            if await self._until_answered_elsewhere(self.input.wait(), request, prompted=False):
+                return None
+            if self.input.exhausted:
+                self._waiting(request)
+                return None
         self.out.print(f"{prompt} ", end="", highlight=False, markup=False)
         reading = asyncio.ensure_future(self.input.line())
-        watching = asyncio.ensure_future(self._answered_elsewhere(request.id))
-        done, _ = await asyncio.wait({reading, watching}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (reading, watching):
-            if task not in done:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if watching in done:
-            current = watching.result()
-            self.out.print()
-            by = f" by {current.answered_by}" if current.answered_by else ""
-            self._print(
-                f"[dim]request {shown(current.id)} was {shown(current.state)}{shown(by)} meanwhile[/]"
-            )
+        if await self._until_answered_elsewhere(reading, request, prompted=True):
             return None
         line = reading.result()
         if line is None or not self.input.echoed:
@@ -203,6 +212,30 @@ class TerminalAnswerer:
         if line is None:
             self._waiting(request)
         return line
+
+    async def _until_answered_elsewhere(
+        self, reading: Awaitable[object], request: Request, *, prompted: bool
+    ) -> bool:
+        """Await `reading`; True (and said) if another process answered `request` first.
+
+        `prompted`: a question is printed and waits on its line, which the note then ends.
+        """
+        read = asyncio.ensure_future(reading)
+        watching = asyncio.ensure_future(self._answered_elsewhere(request.id))
+        done, _ = await asyncio.wait({read, watching}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (read, watching):
+            if task not in done:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if watching not in done:
+            return False
+        current = watching.result()
+        if prompted:
+            self.out.print()
+        by = f" by {current.answered_by}" if current.answered_by else ""
+        self._print(f"[dim]request {shown(current.id)} was {shown(current.state)}{shown(by)} meanwhile[/]")
+        return True
 
     async def _answered_elsewhere(self, request_id: str) -> Request:
         while True:
