@@ -65,7 +65,8 @@ class Cluster:
         home.mkdir(parents=True, exist_ok=True)
         self.store = RunStore(database)
 
-    def worker(self, *flags: str) -> subprocess.Popen[str]:
+    def worker(self, *flags: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """A worker process with the cluster's environment (and `env` on top)."""
         log = (self.home / f"worker{len(self.workers)}.log").open("w")
         process = subprocess.Popen(
             [sys.executable, "-m", "masterplanner", "worker", *flags],
@@ -73,7 +74,7 @@ class Cluster:
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
-            env=self.env,
+            env={**self.env, **(env or {})},
         )
         self.workers.append(process)
         return process
@@ -381,6 +382,56 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
     assert drawn.returncode == 0, drawn.stderr
     (row,) = [line for line in drawn.stdout.splitlines() if line.startswith("a ")]
     assert "█" in row and "succeeded" in row and row.endswith(worker["id"])
+
+
+def test_a_worker_whose_tool_policies_setting_is_invalid_refuses_to_start_saying_which_and_where(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [plan_step("a")]}, "repeat": True},
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    (run_id,) = cluster.enqueue(script, ["one step"])  # queued with the enqueuing process's settings
+    tools = (
+        "tools are ask_agent, ask_user, broadcast, code_execution, delete_file, generate_image, "
+        "get_note, http_request, list_files, list_notes, read_file, recall, remember, reply, "
+        "send_message, set_note, web_search, write_file, and <server>_<tool> for the MCP servers in "
+        "mcp_servers"
+    )
+    # a misspelt tool, in the environment: the worker exits at once, naming the setting and its variable
+    bad_tool = cluster.worker(env={"MASTERPLANNER_TOOL_POLICIES": '{"code_exec": "auto"}'})
+    assert bad_tool.wait(timeout=120) == 2
+    assert cluster.log(0) == (
+        "error: setting 'tool_policies' (from MASTERPLANNER_TOOL_POLICIES): tool_policies names "
+        f"'code_exec', which is not a tool; did you mean 'code_execution'? {tools}; this worker does "
+        "not start until it is fixed\n"
+    )
+    # the same in the home's settings file: the file is named
+    settings_file = cluster.home / "masterplanner.toml"
+    settings_file.write_text('[tool_policies]\nwrite_flie = "ask"\n')
+    in_file = cluster.worker()
+    assert in_file.wait(timeout=120) == 2
+    assert cluster.log(1) == (
+        f"error: setting 'tool_policies' (in {settings_file}): tool_policies names 'write_flie', which "
+        f"is not a tool; did you mean 'write_file'? {tools}; this worker does not start until it is fixed\n"
+    )
+    # a misspelt policy: refused as the settings load
+    settings_file.write_text('[tool_policies]\nwrite_file = "aks"\n')
+    bad_policy = cluster.worker()
+    assert bad_policy.wait(timeout=120) == 2
+    assert cluster.log(2) == (
+        f"error: invalid settings: setting 'tool_policies.write_file' (in {settings_file}): should be "
+        "'auto', 'ask' or 'deny', got 'aks'\n"
+    )
+    # none of them registered or claimed anything: the run waits, queued, for a worker that can run it
+    assert [record.id for record in cluster.store.processes.listed(include_dead=True)] == []
+    assert cluster.store.get_run(run_id).status == "planning"
+    settings_file.write_text('[tool_policies]\nwrite_file = "ask"\n')
+    cluster.worker()
+    assert cluster.wait_finished([run_id]) == {run_id: "succeeded"}
 
 
 def _postgres_cluster() -> list[str] | None:

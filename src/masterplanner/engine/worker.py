@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from ..errors import ConfigError, MasterplannerError, RunError
 from ..models import missing_credential
 from ..settings import PROVIDERS, Settings
+from .catalogs import settings_policy_problem
 from .records import RunRecord
 from .runner import Engine
 from .runtime import process_lost, step_queue_name
@@ -69,6 +70,12 @@ class Worker:
         note: Note | None = None,
         debug: bool = False,
     ) -> None:
+        # A misspelt tool in `tool_policies` is refused where a run is made and failed by `doctor`;
+        # a worker started with it and said nothing, so the mistake went unseen where it was
+        # deployed. It is refused here, naming the setting and where it came from.
+        problem = settings_policy_problem(settings)
+        if problem is not None:
+            raise ConfigError(f"{problem}; this worker does not start until it is fixed")
         unknown = sorted(set(providers or []) - set(PROVIDERS))
         if unknown:
             raise ConfigError(
