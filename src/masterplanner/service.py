@@ -23,15 +23,23 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
+from . import telemetry
+from ._lazy import lazy_names
 from .audit import AuditEntry, audit_entries
-from .engine import Engine, Event, Request, RunOptions, RunRecord, StepRecord
-from .engine.processes import ProcessRecord
-from .engine.records import FINISHED_RUN_STATUSES, RunStatus, briefs_json
-from .engine.requests import closed_text, secret_in_answer
-from .engine.reuse import remember_run, secret_in_team
-from .engine.runtime import step_queue_name
-from .engine.store import Lease
-from .engine.worker import Note, Worker, WorkerSummary
+from .engine.control import open_run_store, request_cancel, run_report
+from .engine.processes import ProcessRecord, step_queue_name
+from .engine.records import (
+    FINISHED_RUN_STATUSES,
+    Event,
+    RunOptions,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    briefs_json,
+)
+from .engine.registries import release_registry
+from .engine.requests import Request, closed_text, secret_in_answer
+from .engine.store import Lease, process_identity
 from .errors import (
     AgentEditError,
     ConfigError,
@@ -49,6 +57,8 @@ from .tools import ToolSpec
 from .tools.catalog import Catalog
 
 if TYPE_CHECKING:
+    from .engine.runner import Engine
+    from .engine.worker import Note, WorkerSummary
     from .registry import AgentSpec, Cohort, RegistryStore
     from .registry.memory import MemoryItem, MemoryKind, MemoryStore
     from .registry.store import ImportedAgents
@@ -72,6 +82,10 @@ __all__ = [
     "catalog_of_review",
     "secret_in_answer",
 ]
+
+# what a worker's run ends with: its module imports the engine (DBOS, the models), which reading,
+# answering and cancelling runs do without
+__getattr__ = lazy_names(__name__, {".engine.worker": ("WorkerSummary",)}, __all__)[0]
 
 _FOLLOW_POLL_S = 0.2
 
@@ -195,8 +209,13 @@ class RunService:
 
     def __init__(self, settings: Settings, *, debug: bool = False) -> None:
         self.settings = settings
-        self._engine = Engine(settings, debug=debug)
-        self._store = self._engine.store
+        # the store alone: reading, answering and cancelling runs need neither DBOS nor the
+        # models, which the engine imports (seconds of CPU) when a run is created or executed
+        self._store = open_run_store(settings)
+        self._owner = process_identity()
+        telemetry.configure(settings)
+        self._made: Engine | None = None
+        self._making = threading.Lock()
         self._debug = debug
         self._following = threading.Event()
         self._following.set()
@@ -204,7 +223,26 @@ class RunService:
 
     def close(self) -> None:
         """Stop what this service started (DBOS, database connections)."""
-        self._engine.close()
+        if self._made is not None:
+            self._made.close()  # the store too
+            return
+        telemetry.flush()
+        release_registry(self.settings)
+        self._store.close()
+
+    async def _engine(self) -> Engine:
+        """The engine over this service's store, made (and its modules imported) off the loop on first use."""
+        if self._made is not None:
+            return self._made
+        return await asyncio.to_thread(self._make_engine)
+
+    def _make_engine(self) -> Engine:
+        with self._making:
+            if self._made is None:
+                from .engine.runner import Engine
+
+                self._made = Engine(self.settings, debug=self._debug, store=self._store)
+            return self._made
 
     def stop_following(self) -> None:
         """End every `follow` within moments, run over or not (a server that is stopping)."""
@@ -236,9 +274,10 @@ class RunService:
         the caller; the first worker to claim it executes it. `by` (`answerer_name(front end)`,
         the library's by default) is who created it, for the audit log.
         """
+        engine = await self._engine()
         return await asyncio.to_thread(
             partial(
-                self._engine.create_run,
+                engine.create_run,
                 task,
                 model=model,
                 options=options,
@@ -256,7 +295,7 @@ class RunService:
         when it died is taken over once that process's lease lapses (`on_wait` is told when
         this waits for it); one whose holder is alive is a `RunError`.
         """
-        return await self._engine.execute(run_id, on_wait=on_wait)
+        return await (await self._engine()).execute(run_id, on_wait=on_wait)
 
     async def get(self, run_id: str) -> RunRecord:
         """The run (a unique prefix of its id is enough); `RunNotFoundError` if there is none."""
@@ -302,7 +341,7 @@ class RunService:
 
     async def report(self, run_id: str) -> dict[str, Any]:
         """The JSON report of a run: run_id, status, task, output, error, plan, steps, usage and more."""
-        return await asyncio.to_thread(self._engine.report, run_id)
+        return await asyncio.to_thread(run_report, self._store, run_id)
 
     async def usage(self, run_id: str) -> dict[str, Any]:
         """The run's model usage: calls, tokens and seconds, in all and by purpose."""
@@ -350,12 +389,13 @@ class RunService:
         the library's by default) is who asked, for the audit log.
         """
         who = by or answerer_name("library")
-        record = await asyncio.to_thread(partial(self._engine.request_cancel, run_id, by=who))
+        ask = partial(request_cancel, self._store, owner=self._owner, lease_s=self.settings.run_lease_s)
+        record = await asyncio.to_thread(partial(ask, run_id, by=who))
         deadline = time.monotonic() + wait_s
         while not record.finished and time.monotonic() < deadline:
             await asyncio.sleep(_FOLLOW_POLL_S)
             try:  # again: a process that died holding the run lets go of it when its lease lapses
-                record = await asyncio.to_thread(self._engine.request_cancel, record.id)
+                record = await asyncio.to_thread(ask, record.id)
             except RunError:  # it ended meanwhile, cancelled or otherwise
                 record = await self.get(record.id)
         return record
@@ -379,9 +419,10 @@ class RunService:
         fail is refused (`RunError`). `for_workers`: queue it for the workers, or (False) execute
         it in the caller; None keeps it as it was. `by` is who asked, for the audit log.
         """
+        engine = await self._engine()
         return await asyncio.to_thread(
             partial(
-                self._engine.retry,
+                engine.retry,
                 run_id,
                 by=by or answerer_name("library"),
                 for_workers=for_workers,
@@ -401,7 +442,7 @@ class RunService:
 
     async def abandoned_runs(self) -> list[str]:
         """Runs whose executing process died (its lease lapsed): `execute` takes them over."""
-        return await asyncio.to_thread(self._engine.abandoned_runs)
+        return await asyncio.to_thread(self._store.abandoned_runs)
 
     # ---- workers
 
@@ -489,6 +530,8 @@ class RunService:
         `providers` limits the step queues it takes from (all by default); `note` is told what
         it does, a line at a time with fields for a log collector. See `masterplanner.engine.worker`.
         """
+        from .engine.worker import Worker
+
         worker = Worker(
             self.settings,
             providers=providers,
@@ -588,6 +631,7 @@ class RunService:
 
     def _remember(self, request: Request) -> None:
         """Apply an answered `remember` request: store the run's team, or record that it was not."""
+        from .engine.reuse import remember_run, secret_in_team
         from .registry import open_registry
 
         assert request.answer is not None

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..settings import Settings
-from ..tools import BUILTIN_TOOL_NAMES, BUILTIN_TOOLS, Catalog, ToolSpec
-from ..tools.context import ToolContext
-from ..tools.http import HttpPolicy
-from ..tools.images import ImageConfig
-from ..tools.mcp import discover_tools
-from ..tools.web_search import SearchConfig
+from ..tools.catalog import Catalog, ToolSpec
+from ..tools.names import BUILTIN_TOOL_NAMES, TEAM_TOOL_NAMES
+
+if TYPE_CHECKING:
+    from ..tools.context import ToolContext
+
+# The tools' definitions (pydantic-ai) and their configurations (httpx) are imported by the
+# functions that make a run's catalog and tool context: checking tool names, as answering a
+# plan review does (`RunService.answer`), needs only the names.
 
 __all__ = [
     "RunCatalog",
@@ -78,8 +82,6 @@ def unknown_policy_tool(
     """
     from difflib import get_close_matches
 
-    from ..tools.team import TEAM_TOOL_NAMES
-
     known = [*BUILTIN_TOOL_NAMES, *TEAM_TOOL_NAMES]
     servers = list(mcp_servers)
     for name in policies:
@@ -117,8 +119,6 @@ def unoffered_policy_tools(
 
 
 def _unoffered(names: Iterable[str], catalog: RunCatalog, field: str) -> list[str]:
-    from ..tools.team import TEAM_TOOL_NAMES
-
     problems = []
     for name in names:
         if name in catalog or name in BUILTIN_TOOL_NAMES or name in TEAM_TOOL_NAMES:
@@ -147,6 +147,8 @@ def run_catalog(settings: Settings | None = None) -> RunCatalog:
     haiku in twelve steps and called `web_search` until its request cap.) The catalog remembers
     what would enable each of them, for plan validation to say.
     """
+    from ..tools.builtin import BUILTIN_TOOLS
+
     if settings is None:
         return RunCatalog((tool.spec for tool in BUILTIN_TOOLS), missing={})
     missing: dict[str, str] = {}
@@ -163,6 +165,11 @@ def run_catalog(settings: Settings | None = None) -> RunCatalog:
 
 def tool_context(settings: Settings) -> ToolContext:
     """The configuration the step tools of a run work with."""
+    from ..tools.context import ToolContext
+    from ..tools.http import HttpPolicy
+    from ..tools.images import ImageConfig
+    from ..tools.web_search import SearchConfig
+
     return ToolContext(
         http=HttpPolicy(
             allowed_domains=tuple(settings.http_allowed_domains), allow_loopback=settings.http_allow_loopback
@@ -178,6 +185,8 @@ def tool_context(settings: Settings) -> ToolContext:
 
 async def with_mcp_tools(settings: Settings, context: ToolContext) -> tuple[RunCatalog, ToolContext]:
     """The run catalog plus the configured MCP servers' tools, and the tool context that can call them."""
+    from ..tools.mcp import discover_tools
+
     specs = await discover_tools(settings.mcp_servers)
     base = run_catalog(settings)
     builtin = {spec.name for spec in base} | set(BUILTIN_TOOL_NAMES)

@@ -28,14 +28,28 @@ from sqlalchemy.engine import Connection
 
 from ..database import database_now, reconnecting_methods
 from ..errors import RunError
+from ..settings import provider_of
 
 if TYPE_CHECKING:
     from .store import RunStore
 
-__all__ = ["Heartbeat", "ProcessKind", "ProcessRecord", "Processes", "create_process_table"]
+__all__ = [
+    "Heartbeat",
+    "ProcessKind",
+    "ProcessRecord",
+    "Processes",
+    "create_process_table",
+    "step_queue_name",
+]
 
 ProcessKind = Literal["worker", "process"]
 """A worker takes steps and runs from queues; any other process executes the runs it was given."""
+
+
+def step_queue_name(model: str) -> str:
+    """The queue that steps of a run with this model spec go through (a worker lists it in `queues`)."""
+    return f"steps-{provider_of(model)}"
+
 
 metadata = sa.MetaData()
 

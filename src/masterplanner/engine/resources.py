@@ -13,7 +13,6 @@ that recovers a step's workflow can build what the step needs.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -21,7 +20,7 @@ from ..errors import ConfigError
 from ..models import resolve_model
 from ..models.retries import Reporter, RetriedModel, RetryNote
 from ..purpose import current_purpose
-from ..registry import RegistryStore, open_registry
+from ..registry import RegistryStore
 from ..registry.memory import MemoryStore
 from ..settings import CONFIG_FILE_NAME, Settings
 from ..tools.context import ToolContext
@@ -30,10 +29,11 @@ from ..working_memory import ContextBudget
 from .budget import RunLedger
 from .catalogs import RunCatalog, run_catalog, tool_context, unoffered_policy_tools, with_mcp_tools
 from .records import RunRecord
+from .registries import shared_registry
 from .step_agent import BudgetedModel, context_budget
 from .store import RunStore
 
-__all__ = ["RunResources", "hold", "release", "release_registry", "resources_of"]
+__all__ = ["RunResources", "hold", "release", "resources_of"]
 
 _KEPT_IDLE = 16
 """Resources made for runs this process does not execute (a step recovered on its own) it keeps."""
@@ -78,7 +78,7 @@ async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunReso
     if isinstance(resolved, RetriedModel):
         resolved = resolved.reporting(_retry_events(store, run.id))
     model = BudgetedModel(resolved, ledger.check, call=ledger.call)
-    registry = await asyncio.to_thread(_registry, settings)
+    registry = await asyncio.to_thread(shared_registry, settings)
     memory = (
         None
         if registry is None
@@ -130,45 +130,6 @@ def _retry_events(store: RunStore, run_id: str) -> Reporter:
         await asyncio.to_thread(store.append_event, run_id, "model_retried", step, data)
 
     return report
-
-
-_REGISTRIES_KEPT = 4
-"""Registries (one per database and embedder) a process keeps open; the least recently used goes first."""
-_registries: OrderedDict[tuple[str, str], RegistryStore] = OrderedDict()
-_registries_lock = threading.Lock()
-
-
-def _registry(settings: Settings) -> RegistryStore:
-    """The registry of the settings' database, shared by every run this process works on.
-
-    One per process, not one per run: each holds a pool of database connections, and a worker
-    coordinating dozens of runs with one each ran Postgres out of connections (bench/scale.py).
-    A registry is safe to share between tasks and threads.
-    """
-    key = (settings.database_url, settings.embedder)
-    with _registries_lock:
-        if key in _registries:
-            _registries.move_to_end(key)
-            return _registries[key]
-        registry = open_registry(settings)
-        _registries[key] = registry
-        while len(_registries) > _REGISTRIES_KEPT:
-            _key, dropped = _registries.popitem(last=False)
-            dropped.close()  # its pooled connections; a run still using it opens new ones
-        return registry
-
-
-def release_registry(settings: Settings) -> None:
-    """Close the registry of the settings' database (its pooled connections), as an engine closes.
-
-    Kept open after `RunService.close`, it held its database file: a program that removed its
-    home and made it again stored its next teams in the removed file. A run another engine of
-    this process still executes goes on with it, opening new connections.
-    """
-    with _registries_lock:
-        registry = _registries.pop((settings.database_url, settings.embedder), None)
-    if registry is not None:
-        registry.close()
 
 
 class _Kept:

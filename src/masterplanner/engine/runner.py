@@ -50,18 +50,19 @@ from ..settings import Settings
 from ..tools.workspace import Workspace
 from .budget import RunLedger
 from .catalogs import RunCatalog, run_catalog, settings_policy_problem, unknown_policy_tool
+from .control import mark_cancelled as _mark_cancelled
+from .control import open_run_store, request_cancel, run_report
 from .planning import plan_run, review_run
 from .processes import Processes, ProcessKind
 from .records import (
     RunOptions,
     RunRecord,
     budget_problem,
-    nested_steps,
     options_problem,
-    utc_now,
     workflow_id,
 )
-from .resources import RunResources, hold, release, release_registry, resources_of
+from .registries import release_registry
+from .resources import RunResources, hold, release, resources_of
 from .revisions import PlanRevisions
 from .runtime import (
     launch_dbos,
@@ -93,22 +94,24 @@ def _parse_time(text: str) -> float:
 class Engine:
     """Creates, executes, resumes and cancels runs stored in the settings' database."""
 
-    def __init__(self, settings: Settings, *, debug: bool = False, queued_steps: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        debug: bool = False,
+        queued_steps: bool = False,
+        store: RunStore | None = None,
+    ) -> None:
         """An engine over the settings' database.
 
         `queued_steps`: steps go through the provider's DBOS queue to whichever worker takes them
-        (a worker's engine); otherwise this process runs them itself.
+        (a worker's engine); otherwise this process runs them itself. `store`: the settings' run
+        store if the caller opened it already (the run service); the engine closes it.
         """
         self.settings = settings
         self.debug = debug
         self.queued_steps = queued_steps
-        if settings.database_url.startswith("sqlite:///"):
-            folder = Path(settings.database_url.removeprefix("sqlite:///")).parent
-            try:  # the home, by default: its owner's only (Settings.ensure_home), as what holds the database
-                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            except OSError as exc:
-                raise RunError(f"database folder {folder}: cannot create: {exc.strerror}") from None
-        self.store = RunStore(settings.database_url)
+        self.store = open_run_store(settings) if store is None else store
         self.owner = process_identity()
         self._guards = _Guards(self.store, settings.run_lease_s)
         self._launched = False
@@ -321,19 +324,7 @@ class Engine:
 
         `by`: who asks (`front end@host:pid`), recorded for the audit log the first time they ask.
         """
-        run = self.store.get_run(run_id)
-        if run.finished:
-            raise RunError(f"run {run.id} already {run.status}")
-        if by is not None:
-            self.store.append_event(run.id, "cancel_requested", data={"by": by})
-        self.store.update_run(run.id, cancel_requested=True)
-        canceller = f"{self.owner}/cancel-{secrets.token_hex(3)}"  # never an execution's name
-        if self.store.claim(run.id, canceller, lease_s=self.settings.run_lease_s):
-            try:
-                _mark_cancelled(self.store, run.id)
-            finally:
-                self.store.release(run.id, canceller)
-        return self.store.get_run(run.id)
+        return request_cancel(self.store, run_id, owner=self.owner, lease_s=self.settings.run_lease_s, by=by)
 
     def retry(
         self,
@@ -396,29 +387,8 @@ class Engine:
         return self.store.abandoned_runs()
 
     def report(self, run_id: str) -> dict[str, Any]:
-        """The JSON report of a run: id, status, output, error, plan, steps, usage (and its workspace).
-
-        `retries`: how many times the run was retried after it failed.
-
-        An expanded step's sub-steps are under it (`sub_steps`); messages between steps and
-        the run's notes are there too.
-        """
-        run = self.store.get_run(run_id)
-        return {
-            "run_id": run.id,
-            "status": run.status,
-            "task": run.task,
-            "output": run.output,
-            "error": run.error,
-            "workspace": run.workspace,
-            "created_at": run.created_at,
-            "retries": run.retries,
-            "plan": None if run.plan is None else run.plan.to_json_dict(),
-            "steps": nested_steps([step.to_json_dict() for step in self.store.steps(run.id)]),
-            "usage": self.store.usage(run.id),
-            "messages": [message.to_json_dict() for message in self.store.messages.of_run(run.id)],
-            "notes": [note.to_json_dict() for note in self.store.messages.notes(run.id)],
-        }
+        """The JSON report of a run (`control.run_report`)."""
+        return run_report(self.store, run_id)
 
 
 class _Refused(Exception):
@@ -485,24 +455,6 @@ async def _alive(processes: Processes, executor: str) -> bool:
     alive = await asyncio.to_thread(processes.alive, executor)
     _liveness[executor] = (now, alive)
     return alive
-
-
-def _mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on request") -> None:
-    """Record a run as cancelled: its unfinished steps and its open requests too."""
-    now = utc_now()
-    for step in store.steps(run_id):
-        if step.status in ("pending", "running"):
-            store.update_step(
-                run_id, step.id, status="cancelled", finished_at=now if step.started_at else None
-            )
-    store.set_status(run_id, "cancelled", error=reason)
-    store.requests.close_run(run_id, "cancelled", keep_remember=False)
-    store.append_event(run_id, "run_cancelled", data={"reason": reason})
-    if telemetry.exporting():
-        run = store.get_run(run_id)
-        telemetry.record_run(
-            run_id, retries=run.retries, status="cancelled", created_at=run.created_at, model=run.model
-        )
 
 
 def _check_budget_left(store: RunStore, run_id: str, options: RunOptions) -> None:

@@ -36,7 +36,7 @@ from .._version import __version__
 from ..errors import RunError
 from ..logs import WORKFLOW_OUTCOMES
 from ..settings import PROVIDERS, Settings, provider_of
-from .processes import Heartbeat, ProcessKind
+from .processes import Heartbeat, ProcessKind, step_queue_name
 from .store import RunStore, engine_url, held_here
 
 __all__ = [
@@ -82,11 +82,6 @@ class _WalConnection(sqlite3.Connection):
         super().__init__(*args, **kwargs)
         self.execute("PRAGMA journal_mode=WAL")
         self.execute("PRAGMA synchronous=NORMAL")
-
-
-def step_queue_name(model: str) -> str:
-    """The queue that steps of a run with this model spec go through."""
-    return f"steps-{provider_of(model)}"
 
 
 def launch_dbos(
