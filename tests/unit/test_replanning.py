@@ -380,9 +380,17 @@ async def test_the_steps_of_a_replan_keep_the_tool_policies_set_at_review_for_th
         request = await _opened(service, run.id, "replan")
         shown = request.payload["agents"]["c1"]
         assert shown["tool_policies"] == denied  # the person sees what the new step keeps
-        # an answer that loosens them (as a client sending back an edited agent might) cannot
+        # an answer that loosens them (as a client sending back an edited agent might) is
+        # refused, saying why, and asked again; one that tightens them is taken
         loosened = shown | {"tool_policies": {"write_file": "auto", "read_file": "deny"}}
         await service.answer(request.id, {"action": "approve", "agents": {"c1": loosened}}, by="test")
+        again = await _opened(service, run.id, "replan", besides=request.id)
+        assert again.payload["refused_edit"] == (
+            "step 'c1': write_file is 'deny' for the steps it replaces (set at review), "
+            "so it cannot be 'auto' here"
+        )
+        tightened = shown | {"tool_policies": {"read_file": "deny"}}
+        await service.answer(again.id, {"action": "approve", "agents": {"c1": tightened}}, by="test")
         final = await asyncio.wait_for(execution, 60)
     finally:
         if not execution.done():

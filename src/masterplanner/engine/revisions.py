@@ -10,8 +10,9 @@ that finished are kept and never run again, and new step ids never reuse a recor
 
 The tool policies the person set at review for the steps a revision retires hold for the steps
 that take their place: each new step's agent gets, tool by tool, the strictest of its own policy
-and the retired steps' (`deny` over `ask` over `auto`), so neither the planner's proposal nor an
-answer to the replan request loosens what was denied at review.
+and the retired steps' (`deny` over `ask` over `auto`), so the planner's proposal cannot loosen
+what was denied at review; an answer to the replan request that sets one looser is refused
+(`_loosened`) and asked again.
 """
 
 from __future__ import annotations
@@ -71,6 +72,25 @@ def _inheriting(run: RunRecord, revised: Plan, agents: Mapping[str, AgentBrief])
         else brief.model_copy(update={"tool_policies": _strictest([brief.tool_policies, inherited])})
         for step_id, brief in agents.items()
     }
+
+
+def _loosened(run: RunRecord, revised: Plan, agents: Mapping[str, AgentBrief]) -> list[str]:
+    """Each policy an edit of a replan sets looser than the review set for the steps it replaces.
+
+    Not taken silently: the edit is refused saying which, and the person is asked again (a
+    policy the edit leaves out is the inherited one, `_inheriting`).
+    """
+    assert run.plan is not None
+    retired = [step_id for step_id in run.plan.ids if step_id not in revised.ids]
+    inherited = _strictest(run.agents[step_id].tool_policies for step_id in retired if step_id in run.agents)
+    return [
+        f"step {step_id!r}: {tool} is {inherited[tool]!r} for the steps it replaces (set at review), "
+        f"so it cannot be {policy!r} here"
+        for step_id, brief in agents.items()
+        if step_id not in run.plan.ids
+        for tool, policy in brief.tool_policies.items()
+        if tool in inherited and _STRICTNESS[policy] < _STRICTNESS[inherited[tool]]
+    ]
 
 
 async def _proposal_resources(run_id: str) -> tuple[RunResources, RunRecord, dict[str, str]]:
@@ -230,7 +250,7 @@ class PlanRevisions:
                     break
                 except PlanError as problem:
                     refused = "; ".join(problem.problems)
-            agents = _inheriting(run, revised, agents)  # an edit cannot loosen them
+            agents = _inheriting(run, revised, agents)  # what an edit left out is inherited
         return await self._store(
             run, revised, agents, {step.id: "replaced"}, "replanned", step.id, number, by
         )
@@ -362,6 +382,9 @@ class PlanRevisions:
                 )
             )
             kept |= briefs({step_id: written[step_id] for step_id in missing})
+        loosened = _loosened(run, edited, kept)
+        if loosened:
+            raise PlanError(loosened, context="the edited replan cannot be applied")
         return edited, kept
 
     async def _store(
