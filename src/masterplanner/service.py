@@ -85,7 +85,7 @@ __all__ = [
 
 # what a worker's run ends with: its module imports the engine (DBOS, the models), which reading,
 # answering and cancelling runs do without
-__getattr__ = lazy_names(__name__, {".engine.worker": ("WorkerSummary",)}, __all__)[0]
+__getattr__ = lazy_names(__name__, {"masterplanner.engine.worker": ("WorkerSummary",)}, __all__)[0]
 
 _FOLLOW_POLL_S = 0.2
 

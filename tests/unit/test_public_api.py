@@ -59,6 +59,27 @@ def test_all_is_pinned_and_importable() -> None:
         assert getattr(masterplanner, name) is not None
 
 
+def test_every_public_name_of_the_package_the_engine_and_the_service_imports_on_first_use() -> None:
+    """In a fresh process, so each lazily imported name is imported by its own `__getattr__`.
+
+    `masterplanner.service.WorkerSummary` once named its module relative to the service module,
+    not the package, and did not import.
+    """
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib\n"
+        "for name in ('masterplanner', 'masterplanner.engine', 'masterplanner.service'):\n"
+        "    module = importlib.import_module(name)\n"
+        "    for public in module.__all__:\n"
+        "        assert getattr(module, public) is not None, (name, public)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
+
+
 def test_no_public_name_is_shadowed_by_a_module_of_the_package() -> None:
     """Importing a submodule sets it on the package: one named like a public name replaced that name.
 

@@ -384,7 +384,7 @@ async def test_the_steps_of_a_replan_keep_the_tool_policies_set_at_review_for_th
         # refused, saying why, and asked again; one that tightens them is taken
         loosened = shown | {"tool_policies": {"write_file": "auto", "read_file": "deny"}}
         await service.answer(request.id, {"action": "approve", "agents": {"c1": loosened}}, by="test")
-        again = await _opened(service, run.id, "replan", besides=request.id)
+        again = await asyncio.wait_for(_opened(service, run.id, "replan", besides=request.id), 60)
         assert again.payload["refused_edit"] == (
             "step 'c1': write_file is 'deny' for the steps it replaces (set at review), "
             "so it cannot be 'auto' here"
