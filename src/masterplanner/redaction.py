@@ -19,16 +19,20 @@ _SECRET = re.compile(
     r"(?i:\b(?:sk|pk|rk)[-_](?=[-_A-Za-z0-9]*\d)[-_A-Za-z0-9]{16,})"
     r"|(?i:\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}|\bxox[abpr]-[-A-Za-z0-9]{10,})"
     r"|\bAKIA[0-9A-Z]{16}\b|\bAIza[-_A-Za-z0-9]{30,}"
-    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+    # a private key whole, to its END line (or the text's end, if cut): the header alone left
+    # the key's body in what was shown
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----|[\s\S]*)"
     # a name ending in a credential word, alone or as the last part of a longer one
     # (OPENAI_API_KEY=…, DB_PASSWORD=…, X-Api-Key: …): `\b` alone missed `_KEY`, `_` being a
     # word character. The name's earlier parts are one run (not `(?:[A-Za-z0-9]+[_-])*`, which
     # took seconds on a 16 KB `a_a_…` argument: tried from every part, each scanned to the end)
     r"|(?i:(?<![A-Za-z0-9_-])(?:[A-Za-z0-9_-]*[_-])?"
     r"(?:api[_-]?key|(?:secret|access|private)[_-]?key|secret|token|password|passwd)"
-    # and a value that holds a digit or is long: a requirement ("password: minimum 12 characters",
-    # "token: bucket") is not a credential, and a task saying so was refused
-    r"(?![A-Za-z0-9_-])\s*[:=]\s*(?=\S*\d|\S{12})\S{6,})"
+    # and a value of 8 or more characters that holds a digit or is long, and is neither code nor a
+    # placeholder: a requirement ("password: minimum 12 characters", "token: bucket"), a reference
+    # (`api_key = os.environ['OPENAI_API_KEY']`, `password=${DB_PASSWORD}`) or `YOUR_API_KEY_HERE`
+    # is not a credential, and a task saying so was refused
+    r"(?![A-Za-z0-9_-])\s*[:=]\s*(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?!(?-i:[A-Z_]+)(?:\s|$))\S{8,})"
     r"|(?i:\bBearer\s+[A-Za-z0-9._~+/-]{16,})"
 )
 _SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$")

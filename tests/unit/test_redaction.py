@@ -30,6 +30,8 @@ CREDENTIALS = [
     "X-Api-Key: abcdef1234567",
     "api_key=abcdef123456",
     "password: correcthorsebatterystaple",
+    'password = "hunter2hunter2"',
+    "API_KEY=ABCDEF1234567890XYZ",
 ]
 # words that begin like a key prefix: before, a team whose task held one was not stored
 WORDS = [
@@ -47,6 +49,13 @@ WORDS = [
     "Make a signup form; password: minimum 12 characters",
     "Explain the difference: token: bucket algorithms",
     "secret: unknown",
+    # code and placeholders: references to a secret, not one
+    "Add a settings field api_key = os.environ['OPENAI_API_KEY'] to config.py",
+    "Write a tokenizer: token = text.split() in python",
+    "password=${DB_PASSWORD} in docker-compose.yml",
+    "api_key: YOUR_API_KEY_HERE placeholder",
+    "token=abc123 in a test fixture",
+    "api_key=os.getenv('OPENAI_API_KEY')",
 ]
 
 
@@ -81,3 +90,11 @@ def test_what_a_person_types_holds_a_secret_by_its_shape_or_as_a_secret_variable
         "the task holds what looks like a secret (an API key, a token or a password, such as "
         "`OPENAI_API_KEY=…`): put secrets in the environment or the settings file, not in the task"
     )
+
+
+def test_a_private_key_is_taken_out_whole_not_only_its_first_line() -> None:
+    body = "MIIEowIBAAKCAQEA1x2y3z4\nQWERTYUIOPasdfghjkl0987"
+    key = f"-----BEGIN RSA PRIVATE KEY-----\n{body}\n-----END RSA PRIVATE KEY-----"
+    assert redacted(f"the key:\n{key}\nand after it") == f"the key:\n{REMOVED}\nand after it"
+    # cut before its END line (a preview of 500 characters): taken out to the end
+    assert redacted(f"the key:\n{key[:60]}") == f"the key:\n{REMOVED}"
