@@ -214,7 +214,7 @@ def tool_problems(step: Step, catalog: Catalog) -> list[str]:
     missing = [tool for tool in step.tools if tool not in catalog]
     if not missing:
         return []
-    from .tools.builtin import BUILTIN_TOOL_NAMES  # imports pydantic-ai: only when a tool is missing
+    from .tools.names import BUILTIN_TOOL_NAMES
 
     explain = catalog.why_missing if isinstance(catalog, _ExplainsMissingTools) else None
     where, available = f"step {step.id!r}", ", ".join(catalog.names) or "none"

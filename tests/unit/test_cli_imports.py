@@ -136,5 +136,5 @@ def test_the_tool_names_kept_apart_are_the_tools_defined() -> None:
     """`tools.names` lets a check of tool names skip the definitions (pydantic-ai); it must not drift."""
     from masterplanner.tools import builtin, names, team
 
-    assert names.BUILTIN_TOOL_NAMES == builtin.BUILTIN_TOOL_NAMES
-    assert names.TEAM_TOOL_NAMES == team.TEAM_TOOL_NAMES
+    assert names.BUILTIN_TOOL_NAMES == tuple(tool.name for tool in builtin.BUILTIN_TOOLS)
+    assert names.TEAM_TOOL_NAMES == tuple(tool.name for tool in team.TEAM_TOOLS)

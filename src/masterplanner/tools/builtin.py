@@ -28,6 +28,7 @@ from .catalog import Approval, Catalog, SideEffect, ToolSpec
 from .code_execution import Language
 from .context import StepDeps
 from .images import ImageConfig
+from .names import BUILTIN_TOOL_NAMES
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -447,7 +448,8 @@ BUILTIN_TOOLS: tuple[BuiltinTool, ...] = (
 )
 """Every shipped tool, in catalog order."""
 
-BUILTIN_TOOL_NAMES = tuple(tool.name for tool in BUILTIN_TOOLS)
+# BUILTIN_TOOL_NAMES (imported from `names.py`): the same names without the definitions, for
+# checks that need no more; `test_the_tool_names_kept_apart_are_the_tools_defined` keeps them in step
 
 _BY_NAME = {tool.name: tool for tool in BUILTIN_TOOLS}
 

@@ -17,6 +17,7 @@ from pydantic_ai import RunContext
 from ..errors import ToolError
 from .builtin import BuiltinTool
 from .context import StepDeps, Team
+from .names import TEAM_TOOL_NAMES
 
 __all__ = ["TEAM_TOOLS", "TEAM_TOOL_NAMES", "team_tool"]
 
@@ -124,7 +125,7 @@ TEAM_TOOLS: tuple[BuiltinTool, ...] = (
 )
 """The team tools, in the order step agents are given them."""
 
-TEAM_TOOL_NAMES = tuple(tool.name for tool in TEAM_TOOLS)
+# TEAM_TOOL_NAMES (imported from `names.py`): see `builtin.py`
 
 _BY_NAME = {tool.name: tool for tool in TEAM_TOOLS}
 
