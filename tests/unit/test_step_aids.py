@@ -790,6 +790,47 @@ async def test_a_prompt_the_person_edited_reaches_the_model_when_the_text_is_dra
     assert [system for system, _ in asked] == [f"{drafting}\n\nThe step's instructions:\n{edited}"]
 
 
+async def _run_edited_then_not(
+    step: dict[str, Any], edited: str, script: Path, workspace: Path
+) -> list[tuple[list[str], list[tuple[str, str, Any]]]]:
+    """Run `step`'s task twice, the plan edited to `step` at review: with its prompt edited, then not.
+
+    Each run's step outputs and tool calls (step, tool, arguments). Set MASTERPLANNER_REMEMBER_RUNS
+    to never first, so that the second run reuses no agent of the first.
+    """
+
+    def review(prompt: str | None) -> Callable[[Any, Any], Any]:
+        async def answer(run: Any, _catalog: Any) -> dict[str, Any]:
+            decision = {"action": "approve", "plan": run.plan.to_json_dict() | {"steps": [step]}}
+            if prompt is None:  # the plan alone is edited: the Prompt Creator writes the prompt
+                return decision
+            return decision | {"agents": {step["id"]: {"prompt": prompt, "edited": True}}}
+
+        return answer
+
+    engine = Engine(Settings.load())
+    try:
+        outcomes = []
+        for prompt in (edited, None):
+            run = engine.create_run(
+                step["instruction"],
+                model=f"scripted:{script}",
+                options=RunOptions(prompt_rounds=0),
+                workspace=workspace,
+            )
+            final = await execute_answering(engine, run.id, review=review(prompt))
+            assert final.status == "succeeded", final.error
+            called = [
+                (event.step, event.data["tool"], event.data["arguments"])
+                for event in engine.store.events(run.id)
+                if event.kind == "tool_called"
+            ]
+            outcomes.append(([each["output"] for each in engine.report(run.id)["steps"]], called))
+    finally:
+        engine.close()
+    return outcomes
+
+
 async def test_a_read_step_whose_prompt_was_edited_is_answered_by_the_model_under_the_edit(
     isolated: Path, write_script: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -820,42 +861,14 @@ async def test_a_read_step_whose_prompt_was_edited_is_answered_by_the_model_unde
     ]
     script = write_script(None, raw=json.dumps({"small_model": True, "calls": calls}))
 
-    def review(prompt: str | None) -> Callable[[Any, Any], Any]:
-        async def answer(run: Any, _catalog: Any) -> dict[str, Any]:
-            decision = {"action": "approve", "plan": run.plan.to_json_dict() | {"steps": [read]}}
-            if prompt is None:  # the plan alone is edited: the Prompt Creator writes the prompt
-                return decision
-            return decision | {"agents": {"read": {"prompt": prompt, "edited": True}}}
-
-        return answer
-
     monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "never")  # the second run reuses no agent
-    engine = Engine(Settings.load())
-    try:
-        outcomes = []
-        for prompt in (edited, None):
-            run = engine.create_run(
-                "Read notes.txt.",
-                model=f"scripted:{script}",
-                options=RunOptions(prompt_rounds=0),
-                workspace=workspace,
-            )
-            final = await execute_answering(engine, run.id, review=review(prompt))
-            assert final.status == "succeeded", final.error
-            report = engine.report(run.id)
-            tools = [
-                (event.kind, event.step, event.data["tool"])
-                for event in engine.store.events(run.id)
-                if event.kind == "tool_called"
-            ]
-            outcomes.append(([s["output"] for s in report["steps"]], tools))
-    finally:
-        engine.close()
+    outcomes = await _run_edited_then_not(read, edited, script, workspace)
+    the_read = [("read", "read_file", {"path": "notes.txt"})]
     # the edit: the model, shown the edited prompt (its script entry expects it), makes the read
     # itself and answers under the edit
-    assert outcomes[0] == (["BUY MILK"], [("tool_called", "read", "read_file")])
+    assert outcomes[0] == (["BUY MILK"], the_read)
     # no edit: the engine's direct call, the file as it is the output (the script's answer unused)
-    assert outcomes[1] == (["buy milk\ncall Sam\n"], [("tool_called", "read", "read_file")])
+    assert outcomes[1] == (["buy milk\ncall Sam\n"], the_read)
 
 
 async def test_a_counting_step_whose_prompt_was_edited_answers_from_the_read_under_the_edit(
@@ -886,35 +899,7 @@ async def test_a_counting_step_whose_prompt_was_edited_answers_from_the_read_und
     ]
     script = write_script(None, raw=json.dumps({"small_model": True, "calls": calls}))
 
-    def review(prompt: str | None) -> Callable[[Any, Any], Any]:
-        async def answer(run: Any, _catalog: Any) -> dict[str, Any]:
-            decision = {"action": "approve", "plan": run.plan.to_json_dict() | {"steps": [count]}}
-            if prompt is None:
-                return decision
-            return decision | {"agents": {"count": {"prompt": prompt, "edited": True}}}
-
-        return answer
-
     monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "never")
-    engine = Engine(Settings.load())
-    try:
-        outputs = []
-        for prompt in (edited, None):
-            run = engine.create_run(
-                "Count the names in names.txt.",
-                model=f"scripted:{script}",
-                options=RunOptions(prompt_rounds=0),
-                workspace=workspace,
-            )
-            final = await execute_answering(engine, run.id, review=review(prompt))
-            assert final.status == "succeeded", final.error
-            called = [
-                (event.step, event.data["tool"], event.data["arguments"])
-                for event in engine.store.events(run.id)
-                if event.kind == "tool_called"
-            ]
-            assert called == [("count", "read_file", {"path": "names.txt"})]
-            outputs.append([step["output"] for step in engine.report(run.id)["steps"]])
-    finally:
-        engine.close()
-    assert outputs == [["Three: Ann, Bob and Cy."], ["3"]]
+    outcomes = await _run_edited_then_not(count, edited, script, workspace)
+    the_read = [("count", "read_file", {"path": "names.txt"})]
+    assert outcomes == [(["Three: Ann, Bob and Cy."], the_read), (["3"], the_read)]
