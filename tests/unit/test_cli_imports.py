@@ -11,13 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from _cli import LEASE_S, mp
+from _cli import LEASE_S, mp, pending, start
 from _plans import step
 
 from masterplanner import Settings
@@ -89,19 +87,9 @@ def test_reading_answering_and_cancelling_runs_import_nothing_heavy(
         ]
     )
     # a run waiting for its plan review, in a process of its own (input closed: it asks nothing)
-    waiting = subprocess.Popen(
-        [sys.executable, "-m", "masterplanner", "run", "one thing", "--model", f"scripted:{script}"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    waiting = start("run", "one thing", "--model", f"scripted:{script}")
     try:
-        deadline = time.monotonic() + 90
-        pending: list[dict[str, Any]] = []
-        while not pending and time.monotonic() < deadline:
-            pending = json.loads(mp("runs", "pending", "--json").stdout)
-        [review] = pending
+        review = pending("plan_review")
         engine = Engine(Settings.load())  # a run no process executes: a cancel ends it at once
         try:
             idle = engine.create_run("another thing", model=f"scripted:{script}").id
