@@ -271,3 +271,34 @@ def test_a_comment_holding_a_secret_is_refused_and_the_run_is_rated_after(
     lesson = 'A person rated an earlier run 1/5 and said: "it printed the key"'
     assert json.loads(rated.stdout)["lessons"] == {f"{run_id}.a": [lesson]}
     assert _copies(isolated) == []
+
+
+def test_a_review_answer_is_judged_on_the_secrets_it_holds_not_on_text_the_plan_already_shows() -> None:
+    """A secret the person types is refused even when it is the start of a longer one the plan shows."""
+    from masterplanner.service import Request, secret_in_answer
+
+    shown = f"Call the service with OPENAI_API_KEY={KEY}XYZ789 set."
+    review = Request(
+        id="r1",
+        run_id="run",
+        step_id=None,
+        kind="plan_review",
+        payload={"plan": {"steps": [step("a", tools=[])]}, "agents": {"a": {"prompt": shown}}},
+        state="open",
+        answer=None,
+        answered_by=None,
+        created_at="2026-11-28T00:00:00+00:00",
+        answered_at=None,
+    )
+
+    def approve(prompt: str) -> dict[str, Any]:
+        return {"action": "approve", "agents": {"a": {"prompt": prompt}}}
+
+    # the prompt as shown, and a change around its secret, are the person's to keep
+    assert secret_in_answer(review, approve(shown)) is None
+    assert secret_in_answer(review, approve(shown + " Be brief.")) is None
+    # a key the person typed, though the shown key starts with it
+    typed = f"Call the service with {KEY} set."
+    assert secret_in_answer(review, approve(typed)) == (
+        f"the edited agent of step 'a' (prompt) {SECRET} an answer"
+    )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import secrets
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -209,7 +210,7 @@ def secret_in_answer(request: Request, answer: dict[str, Any]) -> str | None:
     """
     shown = "\n".join(text for _, text in _texts(request.payload))
     for where, text in _texts(answer):
-        if any(part not in shown for part in secret_parts(text)):
+        if not all(_shown_whole(part, shown) for part in secret_parts(text)):
             if where == ("text",):
                 what = "the answer"
             elif where == ("reason",):
@@ -218,6 +219,15 @@ def secret_in_answer(request: Request, answer: dict[str, Any]) -> str | None:
                 what = _edited_part(where)
             return secret_refusal(what, not_in="an answer")
     return None
+
+
+def _shown_whole(part: str, shown: str) -> bool:
+    """Whether `shown` holds `part` whole: not as the start or end of a longer key or name.
+
+    A key the person typed that begins a longer key the plan shows is the person's own.
+    """
+    edge = "-_A-Za-z0-9"
+    return re.search(f"(?<![{edge}]){re.escape(part)}(?![{edge}])", shown) is not None
 
 
 def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
