@@ -38,7 +38,7 @@ from .engine.records import (
     briefs_json,
 )
 from .engine.registries import release_registry
-from .engine.requests import Request, closed_text, secret_in_answer
+from .engine.requests import Request, closed_text, secret_in_answer, typed_secrets_removed
 from .engine.store import Lease, process_identity
 from .errors import (
     AgentEditError,
@@ -81,6 +81,7 @@ __all__ = [
     "answerer_name",
     "catalog_of_review",
     "secret_in_answer",
+    "typed_secrets_removed",
 ]
 
 # what a worker's run ends with: its module imports the engine (DBOS, the models), which reading,

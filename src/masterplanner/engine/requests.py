@@ -34,7 +34,7 @@ from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
 from ..errors import RequestClosedError, RequestError, validation_problems
-from ..redaction import secret_parts, secret_refusal
+from ..redaction import REMOVED, secret_parts, secret_refusal
 from .records import AgentBrief, utc_now
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ __all__ = [
     "closed_text",
     "create_requests_table",
     "secret_in_answer",
+    "typed_secrets_removed",
 ]
 
 RequestKind = Literal["plan_review", "tool_approval", "ask_user", "remember", "replan"]
@@ -228,6 +229,35 @@ def _shown_whole(part: str, shown: str) -> bool:
     """
     edge = "-_A-Za-z0-9"
     return re.search(f"(?<![{edge}]){re.escape(part)}(?![{edge}])", shown) is not None
+
+
+def typed_secrets_removed(request: Request, answer: Any) -> Any:
+    """`answer` with each secret-shaped part the person typed into it replaced by `[secret removed]`.
+
+    For showing a refused answer back to the person (the web's review form as they left it)
+    without sending their secret back over the wire: the parts `secret_in_answer` refuses go,
+    the rest of each text stays, so they see where it was.
+    """
+    shown = "\n".join(text for _, text in _texts(request.payload))
+
+    def removed(value: Any) -> Any:
+        if isinstance(value, str):
+            for _ in range(10):  # again: a part taken out may have held or split another
+                typed = [part for part in secret_parts(value) if not _shown_whole(part, shown)]
+                if not typed:
+                    break
+                for part in typed:
+                    value = value.replace(part, REMOVED)
+            else:  # still one after that many rounds: none of the text is shown
+                value = REMOVED
+            return value
+        if isinstance(value, dict):
+            return {key: removed(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [removed(item) for item in value]
+        return value
+
+    return removed(answer)
 
 
 def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:

@@ -23,11 +23,12 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from markupsafe import Markup
 
 from ..engine.records import BUDGET_LIMITS, FINISHED_RUN_STATUSES, WHOLE_OPTION_LIMITS, RunOptions, RunRecord
-from ..errors import MasterplannerError, PlanError, RunError
+from ..errors import MasterplannerError, PlanError, RequestClosedError, RunError
 from ..estimate import estimate_run
 from ..event_text import event_detail
+from ..redaction import REMOVED
 from ..service import Request as StoredRequest
-from ..service import RunService, answerer_name
+from ..service import RunService, answerer_name, typed_secrets_removed
 from ..tools.workspace import walk_files
 from ..usage import money
 from .api import Executions, event_seq, existing_run, workspace_path
@@ -303,14 +304,19 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
     record = await existing_run(request, run_id)
     form = await request.form()
     choice = str(form.get("choice", ""))
-    problem = None
+    problem: dict[str, Any] | None = None
+    status = 200
     decision: dict[str, Any] | None = None
+    edited: dict[str, Any] | None = None
     try:
         found = await service.request(request_id)
         if found.run_id != record.id:
             raise HTTPException(404, f"run {record.id} has no request {request_id!r}")
         if found.kind in ("plan_review", "replan") and choice == "approve":
             decision = _review_decision(found, form)
+            # shown again if refused, as the person left it; a secret they typed is not sent
+            # back (nothing of it was stored): taken out, and said so below
+            edited = typed_secrets_removed(found, decision)
             await service.answer(found.id, decision, by=answerer_name("web"))
         elif found.kind == "ask_user":
             await service.answer_plainly(found.id, by=answerer_name("web"), text=str(form.get("text", "")))
@@ -321,13 +327,17 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
                 found.id, by=answerer_name("web"), approve=approve, reason=None if approve else reason
             )
     except PlanError as error:
-        problem = {"request": request_id, "message": str(error), "problems": error.problems}
+        problem, status = {"request": request_id, "message": str(error), "problems": error.problems}, 422
+    except RequestClosedError as error:  # answered elsewhere meanwhile, or its run cancelled
+        message = f"{error}; yours was not taken"
+        problem, status = {"request": request_id, "message": message, "problems": []}, 409
     except MasterplannerError as error:
-        problem = {"request": request_id, "message": str(error), "problems": []}
+        problem, status = {"request": request_id, "message": str(error), "problems": []}, 422
+    if problem is not None and status == 422 and edited != decision:  # the form is shown again
+        problem["message"] += f"; the form shows your edit with the secret taken out (marked {REMOVED})"
     record = await service.get(record.id)
-    # a refused edit comes back as the person left it, with the problems beside it
-    context = await _body_context(request, record, problem, edited=decision if problem else None)
-    return templates.TemplateResponse(request, "_run_body.html", context, status_code=422 if problem else 200)
+    context = await _body_context(request, record, problem, edited=edited if problem else None)
+    return templates.TemplateResponse(request, "_run_body.html", context, status_code=status)
 
 
 @router.post("/runs/{run_id}/feedback", response_class=HTMLResponse)
@@ -591,7 +601,9 @@ async def _body_context(
             "catalog": (review.payload.get("tools") if review is not None else None) or [],
             "policies": (review.payload.get("tool_policies") if review is not None else None) or {},
         }
-        | _as_edited(edited)
+        # the refused edit only in the form of the review it answered: one opened since (a
+        # replan's, say) is shown as it is
+        | (_as_edited(edited) if review is not None and review.id == (problem or {}).get("request") else {})
         | {
             "events": events[-200:],
             "last_seq": events[-1].seq if events else 0,

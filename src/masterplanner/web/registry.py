@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
 
 from ..errors import MasterplannerError, NotFoundError
+from ..redaction import REMOVED, redacted
 from ..registry import AgentSpec, Cohort
 from ..service import RegistryService
 from .api import REFUSALS
@@ -186,7 +187,12 @@ def _form_of(spec: AgentSpec) -> dict[str, str]:
 
 @pages.post("/agents/{agent_id}", response_class=HTMLResponse)
 async def agent_edit(request: Request, agent_id: str) -> Response:
-    """Save the edit form as the agent's next version, or show what is wrong with it."""
+    """Save the edit form as the agent's next version, or show what is wrong with it.
+
+    The form says which version was the latest when it was loaded (`latest`): when another
+    version was stored since (an edit elsewhere, a lesson a rating wrote), the edit is refused
+    (409) rather than saved over it, and comes back as typed beside what changed.
+    """
     registry = _registry(request)
     spec = await _agent(registry, agent_id)
     form = await request.form()
@@ -197,6 +203,32 @@ async def agent_edit(request: Request, agent_id: str) -> Response:
     def lines(name: str, separator: str = "\n") -> list[str]:
         return [item.strip() for item in form_text(form, name).split(separator) if item.strip()]
 
+    versions = await registry.versions(spec.id)
+
+    def refused(error: str, status: int) -> Response:
+        # the form as the person left it, beside what is wrong with it; a secret they typed is
+        # not sent back (the edit was not stored): taken out, and said so
+        typed = {name: str(form.get(name, "")) for name in _form_of(spec)}
+        shown = {name: redacted(value) for name, value in typed.items()}
+        if shown != typed:
+            error += f"; the form shows your edit with the secret taken out (marked {REMOVED})"
+        context = {
+            "agent": spec,
+            "versions": versions,
+            "error": error,
+            "saved": False,
+            "form": shown,
+        }
+        return templates.TemplateResponse(request, "agent.html", context, status_code=status)
+
+    loaded = str(form.get("latest", ""))
+    if loaded.isascii() and loaded.isdigit() and int(loaded) != spec.version:
+        return refused(
+            f"agent {spec.id} changed since this page was loaded (version {int(loaded)} then, "
+            f"{spec.version} now): nothing was saved; see version {spec.version} above, and save "
+            "again to store your edit over it",
+            409,
+        )
     edited = spec.model_dump(mode="json") | {
         "name": form_text(form, "name").strip(),
         "role": form_text(form, "role").strip(),
@@ -209,15 +241,7 @@ async def agent_edit(request: Request, agent_id: str) -> Response:
     try:
         saved = await registry.edit_agent(spec.id, edited)
     except MasterplannerError as error:
-        context = {
-            "agent": spec,
-            "versions": await registry.versions(spec.id),
-            "error": str(error),
-            "saved": False,
-            # the form as the person left it, beside what is wrong with it
-            "form": {name: str(form.get(name, "")) for name in _form_of(spec)},
-        }
-        return templates.TemplateResponse(request, "agent.html", context, status_code=422)
+        return refused(str(error), 422)
     context = {"agent": saved, "versions": await registry.versions(saved.id), "error": None, "saved": True}
     return templates.TemplateResponse(request, "agent.html", context | {"form": _form_of(saved)})
 
