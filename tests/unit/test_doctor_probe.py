@@ -215,12 +215,15 @@ def test_doctor_lists_each_mcp_server_s_tools_and_names_one_that_cannot_be_liste
     servers = {
         "notes": {"command": sys.executable, "args": [notes, "shout", "add"]},
         "bad": {"command": "/nonexistent/server"},
+        "script": {"command": "./serve.sh"},
     }
+    script = Path.cwd() / "serve.sh"  # without execute permission: the library's words before
+    script.write_text("#!/bin/sh\necho started\n")
+    script.chmod(0o644)
     monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps(servers))
     result = CliRunner().invoke(app, ["doctor", "--json"])
     assert result.exit_code == 1, result.output
     found = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
-    home = Settings.load().home
     assert found["MCP server notes"] == {
         "name": "MCP server notes",
         "ok": True,
@@ -232,11 +235,13 @@ def test_doctor_lists_each_mcp_server_s_tools_and_names_one_that_cannot_be_liste
         "name": "MCP server bad",
         "ok": False,
         "required": True,
-        "detail": "MCP server 'bad': cannot list its tools: RuntimeError: Client failed to connect: "
-        "[Errno 2] No such file or directory: '/nonexistent/server' "
-        f"(its messages are in {home}/logs/mcp-bad.log)",
+        "detail": "MCP server 'bad': its command /nonexistent/server could not be started: no such file",
         "fix": "correct mcp_servers.bad in masterplanner.toml (or MASTERPLANNER_MCP_SERVERS)",
     }
+    assert found["MCP server script"]["detail"] == (
+        "MCP server 'script': its command ./serve.sh could not be started: permission denied (the file "
+        "is not executable; chmod +x makes it so)"
+    )
     monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps({"notes": servers["notes"]}))
     assert CliRunner().invoke(app, ["doctor"]).exit_code == 0
 

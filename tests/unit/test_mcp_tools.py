@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,70 @@ async def test_a_server_that_never_answers_is_given_up_on_after_its_timeout_s_sa
     with pytest.raises(ToolError) as failed:
         await call_mcp_tool("notes", notes, "shout", {"text": "never"})
     assert str(failed.value) == "the MCP server 'notes' did not answer within 5 s (its timeout_s)"
+
+
+def _commands_that_cannot_be_executed() -> dict[str, str]:
+    """Commands in the working directory that exist but cannot be executed, each with the reason given."""
+    work = Path.cwd()
+    no_shebang = work / "serve.sh"
+    no_shebang.write_text("echo started > started.txt\n")
+    no_shebang.chmod(0o755)
+    not_executable = work / "notes.py"
+    not_executable.write_text("#!/bin/sh\necho started > started.txt\n")
+    not_executable.chmod(0o644)
+    (work / "servers").mkdir()
+    missing_interpreter = work / "lost.sh"
+    missing_interpreter.write_text("#!/nonexistent/bin/sh\necho started > started.txt\n")
+    missing_interpreter.chmod(0o755)
+    return {
+        "./serve.sh": "exec format error (a script needs a first line like #!/bin/sh)",
+        "./notes.py": "permission denied (the file is not executable; chmod +x makes it so)",
+        "./servers": "it is a folder, not a program",
+        "./lost.sh": "the interpreter its first line names (/nonexistent/bin/sh) was not found",
+        "/nonexistent/mcp-server": "no such file",
+        "no-such-mcp-server": "no program of that name is on the PATH",
+    }
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard tells what the exec said")
+async def test_a_server_whose_command_cannot_be_executed_is_named_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, a script without a `#!` line (or with a missing interpreter) failed as "Connection
+    closed", and the reason ("Exec format error") was in the server's log alone; a file without
+    execute permission, a folder or a missing command failed in the MCP library's words."""
+    from masterplanner.errors import ToolError
+
+    reports = tmp_path / "tmp"  # where the guard's report files are made (and removed)
+    reports.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(reports))
+    for command, reason in _commands_that_cannot_be_executed().items():
+        server = McpServer(command=command, timeout_s=10)
+        error = f"MCP server 'notes': its command {command} could not be started: {reason}"
+        with pytest.raises(ConfigError) as caught:
+            await discover_tools({"notes": server})
+        assert str(caught.value) == error
+        with pytest.raises(ToolError) as failed:
+            await call_mcp_tool("notes", server, "shout", {"text": "never"})
+        assert str(failed.value) == error
+    assert not (Path.cwd() / "started.txt").exists()
+    assert list(reports.iterdir()) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard tells what the exec said")
+def test_a_run_whose_mcp_server_cannot_be_executed_fails_naming_it_and_why(
+    write_script: Callable[..., Path],
+) -> None:
+    script = write_script([{"purpose": "*", "repeat": True}])
+    _commands_that_cannot_be_executed()
+    result = _run_with_servers(script, {"notes": {"command": "./serve.sh"}})
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["status"], report["error"]) == (
+        "failed",
+        "MCP server 'notes': its command ./serve.sh could not be started: exec format error (a script "
+        "needs a first line like #!/bin/sh)",
+    )
 
 
 GUARD = str(Path(mcp_guard.__file__))
@@ -266,14 +331,12 @@ def test_what_a_run_makes_in_a_home_the_person_made_is_only_its_owner_s(
     [
         (
             {"bad": {"command": "/nonexistent/mcp-server"}},
-            "MCP server 'bad': cannot list its tools: RuntimeError: Client failed to connect: "
-            "[Errno 2] No such file or directory: '/nonexistent/mcp-server' "
-            "(its messages are in {home}/logs/mcp-bad.log)",
+            "MCP server 'bad': its command /nonexistent/mcp-server could not be started: no such file",
         ),
         (
             {"notes": {"command": sys.executable, "args": [SERVER]}, "notes_shout": {"command": "x"}},
-            "MCP server 'notes_shout': cannot list its tools: RuntimeError: Client failed to connect: "
-            "[Errno 2] No such file or directory: 'x' (its messages are in {home}/logs/mcp-notes_shout.log)",
+            "MCP server 'notes_shout': its command x could not be started: no program of that name is "
+            "on the PATH",
         ),
         (  # a server called "write" offering "file": write_file is a built-in tool
             {"write": {"command": sys.executable, "args": [SERVER, "file"]}},

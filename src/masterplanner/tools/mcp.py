@@ -14,12 +14,15 @@ Their tools default to the `ask` approval policy: what a third-party server does
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,11 @@ def mcp_tool_name(server: str, tool: str) -> str:
 
 def mcp_client(server: McpServer) -> Any:
     """A FastMCP client for the server (not connected yet)."""
+    return _client(server, None)
+
+
+def _client(server: McpServer, report: Path | None) -> Any:
+    """`mcp_client`; a stdio server's guard writes why its exec failed into `report` (`_session`)."""
     from fastmcp import Client
     from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
 
@@ -96,7 +104,7 @@ def mcp_client(server: McpServer) -> Any:
             create_private_file(log)
         # on Linux under a guard that ends it with this process, also on kill -9: before, a server
         # busy in a call ran on, orphaned, for ever
-        command, args = _guarded(server.command, list(server.args), server.env)
+        command, args = _guarded(server.command, list(server.args), server.env, report)
         transport: Any = StdioTransport(
             command, args, env=dict(server.env) or None, keep_alive=False, log_file=log
         )
@@ -112,20 +120,131 @@ def mcp_client(server: McpServer) -> Any:
 _GUARD = Path(__file__).with_name("mcp_guard.py")
 
 
-def _guarded(command: str, args: list[str], env: Mapping[str, str]) -> tuple[str, list[str]]:
+def _guarded(
+    command: str, args: list[str], env: Mapping[str, str], report: Path | None = None
+) -> tuple[str, list[str]]:
     """The command line that starts a stdio server under `mcp_guard.py`, which ends it with us.
 
     Linux only (the kernel's parent-death signal); elsewhere the server's own command line. A
-    command that cannot be found is left as it is: starting it fails as before, in the MCP
-    library's words ("No such file or directory: 'x'"), and there is no server to end.
+    command that cannot be found is left as it is (`_session` refuses it before this), and there
+    is no server to end. The guard writes the errno of an exec that fails into `report`.
     """
-    if not sys.platform.startswith("linux"):
+    if not _GUARDED:
         return command, args
-    # found as the library's spawn finds it: on the PATH of the server's environment
-    executable = shutil.which(command, path=env.get("PATH", os.environ.get("PATH", os.defpath)))
+    executable = shutil.which(command, path=_search_path(env))
     if executable is None:
         return command, args
-    return sys.executable, ["-I", "-S", str(_GUARD), str(os.getpid()), executable, command, *args]
+    reporting = [f"--report={report}"] if report is not None else []
+    return sys.executable, ["-I", "-S", str(_GUARD), *reporting, str(os.getpid()), executable, command, *args]
+
+
+_GUARDED = sys.platform.startswith("linux")
+
+
+def _search_path(env: Mapping[str, str]) -> str:
+    """Where a command without a slash is looked for, as the library's spawn looks.
+
+    On the PATH of the server's environment (the library's default environment keeps ours).
+    """
+    return env.get("PATH", os.environ.get("PATH", os.defpath))
+
+
+class _CannotStart(Exception):
+    """A stdio server whose command cannot be executed; the message says which and why, in our words."""
+
+
+@asynccontextmanager
+async def _session(server: McpServer) -> AsyncIterator[Any]:
+    """A connected client of the server; `_CannotStart` when a stdio server's command cannot run.
+
+    Before, a command that exists but cannot be executed (a script without a `#!` line, a file
+    without execute permission, a folder) failed as "Connection closed" or in the library's
+    words, and the reason was in the server's log alone. What can be seen without starting it is
+    checked first (`_command_problem`); what only the exec tells (a script without `#!`, a
+    missing interpreter) the guard writes into a report file, read once the connection failed.
+    """
+    command = server.command
+    if command is not None:
+        problem = _command_problem(command, _search_path(server.env))
+        if problem is not None:
+            raise _CannotStart(f"its command {command} could not be started: {problem}")
+    report = _report_file() if command is not None and _GUARDED else None
+    try:
+        async with _client(server, report) as client:
+            yield client
+    except Exception:
+        failure = None if report is None or command is None else _exec_failure(command, server, report)
+        if failure is None:
+            raise
+        raise _CannotStart(f"its command {command} could not be started: {failure}") from None
+    finally:
+        if report is not None:
+            report.unlink(missing_ok=True)
+
+
+def _report_file() -> Path:
+    """An empty file of its owner's only, for the guard to write a failed exec's errno into."""
+    descriptor, name = tempfile.mkstemp(prefix="masterplanner-mcp-", suffix=".exec")
+    os.close(descriptor)
+    return Path(name)
+
+
+def _command_problem(command: str, search_path: str) -> str | None:
+    """Why a stdio server's command cannot be executed, as far as can be seen without running it.
+
+    None when it is an executable file (found on `search_path` if it has no slash), as the
+    library's spawn would find it.
+    """
+    if shutil.which(command, path=search_path) is not None:
+        return None
+    if os.sep in command:
+        candidates = [command]
+    else:
+        candidates = [os.path.join(folder or os.curdir, command) for folder in search_path.split(os.pathsep)]
+    found = next((path for path in candidates if os.path.exists(path)), None)
+    if found is None:
+        return "no such file" if os.sep in command else "no program of that name is on the PATH"
+    if os.path.isdir(found):
+        return f"{found} is a folder, not a program" if found != command else "it is a folder, not a program"
+    which = "the file" if found == command else found
+    return f"permission denied ({which} is not executable; chmod +x makes it so)"
+
+
+def _exec_failure(command: str, server: McpServer, report: Path) -> str | None:
+    """Why the guard could not execute a server's command, from its report; None if it did not fail."""
+    try:
+        written = report.read_text().strip()
+    except OSError:
+        return None
+    if not written.isdigit():
+        return None
+    number = int(written)
+    if number == errno.ENOEXEC:
+        return "exec format error (a script needs a first line like #!/bin/sh)"
+    if number == errno.ENOENT:
+        interpreter = _interpreter(shutil.which(command, path=_search_path(server.env)))
+        if interpreter is not None:
+            return f"the interpreter its first line names ({interpreter}) was not found"
+        return "no such file (the loader it needs is missing: a program built for another system?)"
+    if number == errno.EACCES:
+        return "permission denied (is it on a file system mounted noexec?)"
+    reason = os.strerror(number)
+    return reason[:1].lower() + reason[1:]
+
+
+def _interpreter(executable: str | None) -> str | None:
+    """The interpreter a script's `#!` line names, or None (not a script, or unreadable)."""
+    if executable is None:
+        return None
+    try:
+        with open(executable, "rb") as script:
+            first = script.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode(errors="replace").split()
+    return words[0] if words else None
 
 
 async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
@@ -133,8 +252,10 @@ async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
     specs: list[ToolSpec] = []
     for name, server in servers.items():
         try:
-            async with mcp_client(server) as client:
+            async with _session(server) as client:
                 tools = await client.list_tools()
+        except _CannotStart as exc:
+            raise ConfigError(f"MCP server {name!r}: {exc}") from None
         except Exception as exc:  # any transport or protocol failure: the configuration is at fault
             problem = _silent("it", server) if _timed_out(exc) else f"{type(exc).__name__}: {exc}"
             raise ConfigError(
@@ -164,7 +285,8 @@ async def call_mcp_tool(name: str, server: McpServer, tool: str, arguments: dict
     """Call one tool and return its result as text; a tool-level error is a `ToolError` with it.
 
     Each call starts the server and stops it when the call ends (also when the call is
-    cancelled: the run stopped, or the step timed out). A server that cannot be started, or that
+    cancelled: the run stopped, or the step timed out). A server whose command cannot be
+    executed is a `ToolError` naming the command and the reason (`_session`); one that
     stops or fails before it replies, or does not reply within its `timeout_s`, is a `ToolError`
     saying so (`name`: the server's name in mcp_servers). A tool's error goes to the
     agent as every tool's failure does (marked, a library's "for further information" advice
@@ -172,8 +294,10 @@ async def call_mcp_tool(name: str, server: McpServer, tool: str, arguments: dict
     URL in it.
     """
     try:
-        async with mcp_client(server) as client:
+        async with _session(server) as client:
             result = await client.call_tool(tool, arguments, raise_on_error=False)
+    except _CannotStart as exc:
+        raise ToolError(f"MCP server {name!r}: {exc}") from None
     except Exception as exc:
         if _timed_out(exc):
             raise ToolError(f"{_silent(f'the MCP server {name!r}', server)}{_see_log(server)}") from None

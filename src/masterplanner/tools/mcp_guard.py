@@ -1,8 +1,8 @@
 """Runs a stdio MCP server so that it ends with the process that started it, even on kill -9 (Linux).
 
-`python -I -S mcp_guard.py PARENT_PID EXECUTABLE ARGV0 [ARG ...]` is what `tools/mcp.py` starts
-in place of a server's command. Before, a server outlived a `masterplanner run` or `worker`
-killed with SIGKILL (nothing was left to stop it) and ran on, orphaned, for ever.
+`python -I -S mcp_guard.py [--report=FILE] PARENT_PID EXECUTABLE ARGV0 [ARG ...]` is what
+`tools/mcp.py` starts in place of a server's command. Before, a server outlived a `masterplanner
+run` or `worker` killed with SIGKILL (nothing was left to stop it) and ran on, orphaned, for ever.
 
 The guard asks the kernel for SIGHUP when its parent dies (`PR_SET_PDEATHSIG`), then checks its
 parent is still `PARENT_PID` (one that died before that request sends nothing), forks the server
@@ -10,6 +10,12 @@ parent is still `PARENT_PID` (one that died before that request sends nothing), 
 ending as it ends. On SIGHUP it kills its whole process group with SIGKILL: the MCP library
 starts the guard in a session of its own, so the group is the server and whatever the server
 started (`npx`, `uvx` and `docker` run the real server as a child), not only the guard's child.
+
+A server that cannot be executed (a script without a `#!` line: "Exec format error"; one whose
+`#!` interpreter is missing) only closed its pipes: its starter saw a closed connection, and the
+reason was in the server's log alone. The guard writes the `errno` of the failed exec into FILE
+(made by the starter, empty until then), which the starter reads once the connection fails and
+turns into an error naming the reason (`tools/mcp.py` `_exec_failure`).
 
 A normal stop is as before: the library closes the server's standard input, then sends SIGTERM
 and, 2 s later, SIGKILL to the group; the guard lets the server handle SIGTERM and ends with it.
@@ -47,15 +53,34 @@ def _say(message: str) -> None:
     os.write(2, f"masterplanner (MCP server guard): {message}\n".encode(errors="replace"))
 
 
-def _run_server(executable: str, argv: list[str]) -> None:
-    """In the forked child: the signals as a freshly started program has them, then the server."""
+def _run_server(executable: str, argv: list[str], report: str | None) -> None:
+    """In the forked child: the signals as a freshly started program has them, then the server.
+
+    An exec that fails is said in the log and, with `report`, its errno written there for the
+    starter: before the child ends, so before the starter can see the pipes close.
+    """
     for number in (_PARENT_GONE, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(number, signal.SIG_DFL)  # Python ignores SIGPIPE and SIGXFSZ; exec keeps that
     try:
         os.execv(executable, argv)
     except OSError as exc:
         _say(f"cannot start {argv[0]}: {exc.strerror}")
+        if report is not None and exc.errno is not None:
+            _report(report, exc.errno)
     os._exit(_CANNOT_START)
+
+
+def _report(path: str, errno: int) -> None:
+    """Write `errno` into the starter's report file (one the starter made: never created here)."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+    except OSError as exc:
+        _say(f"cannot tell its starter why: {exc.strerror}")
+        return
+    try:
+        os.write(descriptor, f"{errno}\n".encode())
+    finally:
+        os.close(descriptor)
 
 
 def _ended_as(pid: int) -> int:
@@ -65,9 +90,15 @@ def _ended_as(pid: int) -> int:
 
 
 def main(arguments: list[str]) -> int:
-    """Start the server named by `arguments` (`PARENT_PID EXECUTABLE ARGV0 [ARG ...]`); its exit code."""
+    """Start the server named by `arguments` (`[--report=FILE] PARENT_PID EXECUTABLE ARGV0 [ARG ...]`).
+
+    Its exit code.
+    """
+    report = None
+    if arguments and arguments[0].startswith("--report="):
+        report, arguments = arguments[0].removeprefix("--report="), arguments[1:]
     if len(arguments) < 3 or not arguments[0].isdigit():
-        _say("usage: mcp_guard.py PARENT_PID EXECUTABLE ARGV0 [ARG ...]")
+        _say("usage: mcp_guard.py [--report=FILE] PARENT_PID EXECUTABLE ARGV0 [ARG ...]")
         return 2
     parent, executable, argv = int(arguments[0]), arguments[1], arguments[2:]
     if os.getpgrp() != os.getpid():  # the library makes it a session's leader; else a group of its own
@@ -83,7 +114,7 @@ def main(arguments: list[str]) -> int:
         return _CANNOT_START
     pid = os.fork()
     if pid == 0:
-        _run_server(executable, argv)
+        _run_server(executable, argv, report)
     # the server holds the pipes now: the client sees their end when the server ends, not the guard
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
