@@ -65,11 +65,14 @@ class Cluster:
         home.mkdir(parents=True, exist_ok=True)
         self.store = RunStore(database)
 
-    def worker(self, *flags: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        """A worker process with the cluster's environment (and `env` on top)."""
+    def worker(
+        self, *flags: str, env: dict[str, str] | None = None, under: list[str] | None = None
+    ) -> subprocess.Popen[str]:
+        """A worker process with the cluster's environment (and `env` on top), started by `under`'s
+        command if given (which ends by executing the rest of its command line)."""
         log = (self.home / f"worker{len(self.workers)}.log").open("w")
         process = subprocess.Popen(
-            [sys.executable, "-m", "masterplanner", "worker", *flags],
+            [*(under or []), sys.executable, "-m", "masterplanner", "worker", *flags],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -678,6 +681,62 @@ def test_a_worker_started_with_other_provider_limits_says_it_changed_them_for_al
         "this worker's settings say 2 at once and no limit a minute, which now hold for all of them"
     )
     assert "provider_limits" not in logs[0] + logs[2]
+
+
+def _limits_said(cluster: Cluster, index: int) -> list[str]:
+    """The `provider_limits` lines of worker `index` once it has started (a moment after, to be sure)."""
+    _said(cluster, index, "steps from steps-scripted")
+    time.sleep(0.5)  # a change is noted right after the start
+    return [line for line in cluster.log(index).splitlines() if "provider_limits" in line]
+
+
+def test_a_worker_restarted_after_a_kill_does_not_count_the_one_it_replaces_as_running(
+    cluster: Cluster,
+) -> None:
+    """Before, a worker killed a moment ago still held its lease (`run_lease_s`), so the one
+    restarted in its place said its limits "now hold for all" the workers already running."""
+    lease = {"MASTERPLANNER_RUN_LEASE_S": "60"}  # the killed worker's lease outlasts the restart
+    cluster.env["MASTERPLANNER_PROVIDER_LIMITS"] = '{"scripted": {"concurrency": 4, "per_minute": 600}}'
+    killed = cluster.worker("--queues", "scripted", env=lease)
+    (killed_id,) = cluster.worker_ids(1)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=30)
+    cluster.env["MASTERPLANNER_PROVIDER_LIMITS"] = '{"scripted": {"concurrency": 2}}'
+    cluster.worker("--queues", "scripted", env=lease)
+    assert _limits_said(cluster, 1) == []
+    assert killed_id in cluster.worker_ids(2)  # its lease has not lapsed: only the kill tells it is gone
+
+
+def test_a_worker_of_another_host_not_heard_from_for_half_its_lease_is_not_counted_as_running(
+    cluster: Cluster,
+) -> None:
+    """A worker on another machine that was killed (or cut off) is not heard from: once half its
+    lease has passed without a renewal, a worker started then does not count it as running."""
+    elsewhere = ["unshare", "--uts", "sh", "-c", 'hostname elsewhere && exec "$@"', "sh"]
+    if shutil.which("unshare") is None or subprocess.run([*elsewhere, "true"], check=False).returncode:
+        pytest.skip("cannot start a process under a host name of its own (unshare --uts)")
+    # renewed every 8 s; silent past 20 s; lapsed at 40 s, after the next worker's start
+    lease = {"MASTERPLANNER_RUN_LEASE_S": "40"}
+    cluster.env["MASTERPLANNER_PROVIDER_LIMITS"] = '{"scripted": {"concurrency": 4, "per_minute": 600}}'
+    killed = cluster.worker("--queues", "scripted", env=lease, under=elsewhere)
+    (killed_id,) = cluster.worker_ids(1)
+    assert killed_id.startswith("elsewhere:")
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while (heard := _heard_from_s(cluster, killed_id)) is None or heard <= 20.5:
+        assert heard is not None and time.monotonic() < deadline, f"worker 0 was heard from {heard} s ago"
+        time.sleep(0.2)
+    cluster.env["MASTERPLANNER_PROVIDER_LIMITS"] = '{"scripted": {"concurrency": 2}}'
+    cluster.worker("--queues", "scripted", env=lease)
+    assert _limits_said(cluster, 1) == []
+    assert killed_id in cluster.worker_ids(2)  # its lease has not lapsed yet
+
+
+def _heard_from_s(cluster: Cluster, process_id: str) -> float | None:
+    """How long ago a live process renewed its lease (None once it is not alive)."""
+    found = [record.age_s for record in cluster.store.processes.listed() if record.id == process_id]
+    return found[0] if found else None
 
 
 def test_a_run_that_failed_on_workers_is_retried_on_them_with_a_larger_budget(

@@ -164,6 +164,49 @@ def test_a_lease_that_lapsed_is_not_renewed_and_the_heartbeat_is_told(tmp_path: 
     store.close()
 
 
+def test_only_workers_that_are_alive_count_as_running(tmp_path: Path) -> None:
+    """Before, every live lease counted (`_limits_change`): a worker killed a moment ago, or this
+    process in an earlier life, was "already running" beside the worker that replaced it."""
+    url = f"sqlite:///{tmp_path / 'runs.sqlite'}"
+    register = (
+        "import sys, time\n"
+        "from masterplanner.engine.store import RunStore\n"
+        "store = RunStore(sys.argv[1])\n"
+        "store.processes.register(sys.argv[2], 'worker', lease_s=60)\n"
+        "print('registered', flush=True)\n"
+        "if sys.argv[3] == 'stay':\n"
+        "    sys.stdin.readline()\n"
+    )
+    ended = subprocess.run(
+        [sys.executable, "-c", register, url, "ended", "go"], capture_output=True, text=True, timeout=60
+    )
+    assert ended.returncode == 0, ended.stderr
+    alive = subprocess.Popen(
+        [sys.executable, "-c", register, url, "alive", "stay"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert alive.stdout is not None and alive.stdout.readline() == "registered\n"
+        store = RunStore(url)
+        store.processes.register("earlier-life", "worker", lease_s=60)  # this process's pid
+        store.processes.register("stopped", "worker", lease_s=60)
+        store.processes.stop("stopped")
+        store.processes.register("a-run", "process", lease_s=60)
+        # every lease but the stopped one's is live; only the process still running is a running worker
+        assert sorted(record.id for record in store.processes.listed()) == [
+            "a-run",
+            "alive",
+            "earlier-life",
+            "ended",
+        ]
+        assert [record.id for record in store.processes.running_workers()] == ["alive"]
+        store.close()
+    finally:
+        alive.communicate("\n", timeout=60)
+
+
 def test_a_worker_is_offered_only_the_queued_runs_of_its_providers(tmp_path: Path) -> None:
     from masterplanner.engine import RunOptions
 

@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
@@ -202,6 +203,68 @@ class Processes:
                 for row in rows
             ]
         return [record for record in records if include_dead or record.alive]
+
+    def running_workers(self) -> list[ProcessRecord]:
+        """The workers running now, as far as can be told; stricter than a live lease.
+
+        A lease lasts `run_lease_s` after its last renewal, so a worker killed a moment ago still
+        holds one: a worker restarted at once (under systemd, say) counted the one it replaces,
+        or itself in an earlier life, as running beside it. Left out are, besides the dead and
+        stopped: a worker not heard from for more than half its lease (renewed every fifth of
+        it: two renewals and more missed), and on this host one of this process's pid (an
+        earlier life: this one has not registered yet) or of a pid no process has (any more).
+        Not for taking work over, which waits for the lease to lapse (`alive`): a worker only
+        suspended would resume it.
+        """
+        with self._store.begin("list running workers") as connection:
+            now = database_now(connection)
+            rows = connection.execute(
+                sa.select(processes_table).where(
+                    processes_table.c.kind == "worker",
+                    processes_table.c.stopped.is_(False),
+                    processes_table.c.lease_until >= now,
+                )
+            ).mappings()
+            running = []
+            for row in rows:
+                heard, until = float(row["heartbeat_at"]), float(row["lease_until"])
+                if now - heard > (until - heard) / 2:
+                    continue  # renewals missed
+                if row["host"] == socket.gethostname() and not _another_live_process(int(row["pid"])):
+                    continue
+                running.append(
+                    ProcessRecord(
+                        id=row["id"],
+                        kind=row["kind"],
+                        host=row["host"],
+                        pid=int(row["pid"]),
+                        queues=list(json.loads(row["queues"])),
+                        concurrency=row["concurrency"],
+                        age_s=max(0.0, now - heard),
+                        alive=True,
+                        stopped=False,
+                    )
+                )
+        return running
+
+
+def _another_live_process(pid: int) -> bool:
+    """Whether a process of this host other than this one has that pid, and has not ended (a zombie)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    if not Path("/proc/self/stat").exists():  # no /proc (not Linux): the signal's answer
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # it ended just now
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"  # the state follows the parenthesised name
 
 
 class Heartbeat:

@@ -253,7 +253,10 @@ def _limits_change(settings: Settings, provider: str) -> str | None:
 
     The queue's row holds one global concurrency and rate for all workers, and the last started
     worker writes its own (`_register_queue`); a worker started with other settings than those
-    running changes theirs too, so it says so (None when nothing changes).
+    running changes theirs too, so it says so (None when nothing changes). Asked only when a
+    worker that is running serves the queue (`Processes.running_workers`): before, a worker
+    killed a moment ago (its lease not lapsed yet) counted, so one restarted at once said it
+    changed the limits of "the workers already running" when none was.
     """
     queue = DBOS.retrieve_queue(step_queue_name(provider))
     if queue is None:
@@ -272,7 +275,7 @@ def _limits_change(settings: Settings, provider: str) -> str | None:
 
 def _register_worker_queues(settings: Settings, store: RunStore, providers: list[str]) -> list[str]:
     """Write a starting worker's limits into its providers' queue rows; what that changed for others."""
-    served = {queue for each in store.processes.listed() if each.kind == "worker" for queue in each.queues}
+    served = {queue for each in store.processes.running_workers() for queue in each.queues}
     changes = []
     for provider in providers:
         change = _limits_change(settings, provider) if step_queue_name(provider) in served else None
