@@ -313,6 +313,31 @@ async def test_a_cancel_whose_clean_up_is_slow_is_not_cut_short_by_the_next_look
     assert _kinds(engine, run.id)[-1] == ("run_cancelled", None)
 
 
+async def test_a_cancel_landing_as_the_review_is_approved_keeps_the_run_cancelled(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The approval's move to `running` does not bring back a run a cancel recorded meanwhile."""
+    from masterplanner.engine.control import mark_cancelled
+
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "step:a", "output": "a done"}, DRAFTS])
+    run = engine.create_run("one step", model=f"scripted:{script}", options=FAST)
+    store = engine.store
+    appending = store.append_event
+
+    def append_event(run_id: str, kind: str, *args: Any, **kwargs: Any) -> Any:
+        appended = appending(run_id, kind, *args, **kwargs)
+        if kind == "approved":  # another process's cancel, recorded between the event and the status
+            mark_cancelled(store, run_id)
+        return appended
+
+    monkeypatch.setattr(store, "append_event", append_event)
+    final = await asyncio.wait_for(engine.execute(run.id), 60)
+    assert final.status == "cancelled"
+    assert store.get_run(run.id).status == "cancelled"
+    assert [step.status for step in store.steps(run.id)] in ([], ["pending"], ["cancelled"])
+    assert "step_started" not in [kind for kind, _ in _kinds(engine, run.id)]
+
+
 async def test_review_decisions(engine: Engine, write_script: Callable[..., Path]) -> None:
     script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
     options = RunOptions(prompt_rounds=0)

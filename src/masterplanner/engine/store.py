@@ -269,20 +269,29 @@ class RunStore:
                 )
             )
 
-    def update_run(self, run_id: str, **values: Any) -> None:
-        """Set columns of a run (`plan` as a `Plan`, `agents` as a map of `AgentBrief`s)."""
+    def update_run(self, run_id: str, *, unless_cancelled: bool = False, **values: Any) -> None:
+        """Set columns of a run (`plan` as a `Plan`, `agents` as a map of `AgentBrief`s).
+
+        With `unless_cancelled`, a run that is cancelled by then is left as it is.
+        """
         if values.get("plan") is not None:
             values["plan"] = json.dumps(values["plan"].to_json_dict())
         if values.get("agents") is not None:
             values["agents"] = json.dumps(briefs_json(values["agents"]))
+        which = runs_table.c.id == run_id
+        if unless_cancelled:
+            which = sa.and_(which, runs_table.c.status != "cancelled")
         with self.begin("update a run") as connection:
-            connection.execute(
-                runs_table.update().where(runs_table.c.id == run_id).values(updated_at=utc_now(), **values)
-            )
+            connection.execute(runs_table.update().where(which).values(updated_at=utc_now(), **values))
 
     def set_status(self, run_id: str, status: RunStatus, **values: Any) -> None:
-        """Move a run to `status`, setting other columns in the same write."""
-        self.update_run(run_id, status=status, **values)
+        """Move a run to `status`, setting other columns in the same write.
+
+        A cancelled run stays cancelled: a cancel from another process can land while the
+        executing one writes its next status (the review's approval moving it to `running`, on a
+        thread the cancel cannot stop), and that write must not bring the run back.
+        """
+        self.update_run(run_id, unless_cancelled=status != "cancelled", status=status, **values)
 
     def get_run(self, run_id: str) -> RunRecord:
         """The stored run; `RunError` if there is none with this id (a unique prefix also works)."""
