@@ -784,10 +784,13 @@ class RegistryService:
 
         `AgentEditError` naming every problem when the edit is not a valid agent, or changes its
         id or origin; nothing changes then. An edit that changes nothing stores no new version.
+        One that changes the prompt marks it a person's (`AgentSpec.prompt_by_person`, never
+        cleared by an edit).
         """
         from pydantic import ValidationError
 
         from .registry import AgentSpec
+        from .registry.specs import with_prompt_author
 
         current = await self.agent(agent_id)
         if not isinstance(edited, dict):
@@ -813,7 +816,8 @@ class RegistryService:
         problems = fixed + _agent_problems(spec, self.settings)
         if problems:
             raise AgentEditError(problems)
-        spec = spec.model_copy(update={"origin": current.origin})
+        # a prompt a person writes here is theirs: runs reusing the agent put it before the model
+        spec = with_prompt_author(spec.model_copy(update={"origin": current.origin}), current)
         if spec == current:  # nothing changed: no version that repeats the last
             return current
         return await self._run(lambda: self._store().put_agent(spec))

@@ -217,3 +217,113 @@ def test_cohorts_and_the_cli(store: RegistryStore) -> None:
     )
     assert mp("cohorts", "rm", "c1").returncode == 0
     assert store.list_cohorts() == []
+
+
+async def test_a_prompt_a_person_writes_is_marked_theirs_and_no_edit_clears_the_mark(
+    store: RegistryStore, tmp_path: Path
+) -> None:
+    from masterplanner import Settings
+    from masterplanner.service import RegistryService
+
+    service = RegistryService(Settings.load())
+    try:
+        store.put_agent(_agent("csv", "data analyst", "You read CSV files."))
+        form = (await service.agent("csv")).model_dump(mode="json", exclude={"stats", "version"})
+        assert form["prompt_by_person"] is False  # shown in the JSON form `agents edit` opens
+        described = await service.edit_agent("csv", form | {"description": "Reads CSV files."})
+        assert (described.version, described.prompt_by_person) == (2, False)  # the prompt left alone
+        # the form as it was read (false) with the prompt rewritten: the prompt is the person's
+        mine = "Read the CSV file and reply with its header line only."
+        rewritten = await service.edit_agent("csv", form | {"system_prompt": mine})
+        assert (rewritten.version, rewritten.prompt_by_person) == (3, True)
+        # false sent back (a stale form, or set by hand) does not clear it: the shortcuts of a
+        # small model's step aids would skip the person's prompt again
+        current = rewritten.model_dump(mode="json")
+        kept = await service.edit_agent("csv", current | {"prompt_by_person": False})
+        assert (kept.version, kept.prompt_by_person) == (3, True)  # nothing else changed: no version
+        renamed = await service.edit_agent("csv", current | {"prompt_by_person": False, "name": "csv reader"})
+        assert (renamed.version, renamed.prompt_by_person, renamed.system_prompt) == (4, True, mine)
+        # a person may mark the prompt they keep as theirs: the model then works under it
+        store.put_agent(_agent("poet", "poet", "You write haiku."))
+        poet = (await service.agent("poet")).model_dump(mode="json")
+        marked = await service.edit_agent("poet", poet | {"prompt_by_person": True})
+        assert (marked.version, marked.prompt_by_person) == (2, True)
+
+        # an import follows the same rule: a file's prompt that differs is a person's, and a
+        # file's false does not clear the mark here
+        store.put_agent(_agent("clerk", "clerk", "You file things."))
+        exported = tmp_path / "agents.jsonl"
+        await service.export_agents(exported)
+        lines = [json.loads(line) for line in exported.read_text().splitlines()]
+        for line in lines:
+            if line["id"] == "clerk":
+                line["system_prompt"] = "File each thing by its date."
+            line["prompt_by_person"] = False
+        exported.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        done = await service.import_agents(exported)
+        assert (done.added, done.updated, sorted(done.unchanged)) == ([], ["clerk"], ["csv", "poet"])
+        assert {agent.id: agent.prompt_by_person for agent in await service.agents()} == {
+            "clerk": True,
+            "csv": True,
+            "poet": True,
+        }
+    finally:
+        service.close()
+
+
+def test_agents_stored_before_the_mark_are_marked_where_a_person_wrote_their_prompt(
+    database_url: str,
+) -> None:
+    # a registry from before `prompt_by_person`: its specs lack the field, and reading them gives
+    # false, so a run reusing an agent whose prompt a person wrote would skip that prompt again
+    import sqlalchemy as sa
+
+    from masterplanner.database import create_engine
+    from masterplanner.engine import RunOptions
+    from masterplanner.engine.records import AgentBrief
+    from masterplanner.engine.store import RunStore
+
+    runs = RunStore(database_url)
+    for run_id, edited in (("r-edited", True), ("r-written", False)):
+        runs.create_run(run_id, "Read notes.txt.", model="scripted", workspace=".", options=RunOptions())
+        runs.update_run(run_id, agents={"read": AgentBrief(prompt=f"prompt of {run_id}", edited=edited)})
+    runs.close()
+    store = RegistryStore(database_url)
+    origin = {"step_id": "read"}
+    store.put_agent(
+        _agent("r-edited.read", "reader", "prompt of r-edited", origin=origin | {"run_id": "r-edited"})
+    )
+    store.put_agent(
+        _agent("r-written.read", "reader", "prompt of r-written", origin=origin | {"run_id": "r-written"})
+    )
+    store.put_agent(_agent("rewritten", "reader", "You read files."))
+    store.put_agent(_agent("rewritten", "reader", "Read the file; reply with its first line only."))
+    store.put_agent(_agent("rewritten", "reader", "Read the file; reply with its first line only.", name="r"))
+    store.put_agent(_agent("described", "reader", "You read files."))
+    store.put_agent(_agent("described", "reader", "You read files.", description="Reads files."))
+    store.close()
+    engine = create_engine(database_url)
+    with engine.begin() as connection:  # as the version before the mark stored them
+        for table, key in (("mp_agents", "id"), ("mp_agent_versions", "agent_id")):
+            for row in connection.execute(sa.text(f"SELECT {key}, spec FROM {table}")).all():
+                spec = json.loads(row[1])
+                assert spec.pop("prompt_by_person") is False
+                connection.execute(
+                    sa.text(f"UPDATE {table} SET spec = :spec WHERE {key} = :id AND spec = :old"),
+                    {"spec": json.dumps(spec), "id": row[0], "old": row[1]},
+                )
+        connection.execute(sa.text("DELETE FROM mp_migrations WHERE name = 'registry_0005_prompt_by_person'"))
+    engine.dispose()
+
+    store = RegistryStore(database_url)
+    try:
+        assert {agent.id: agent.prompt_by_person for agent in store.list_agents()} == {
+            "r-edited.read": True,  # its run's step had the prompt edited at review
+            "r-written.read": False,
+            "rewritten": True,  # a version changed the prompt
+            "described": False,  # its versions changed only the description
+        }
+        versions = [store.get_agent("rewritten", number).prompt_by_person for number in (1, 2, 3)]
+        assert versions == [False, True, True]
+    finally:
+        store.close()

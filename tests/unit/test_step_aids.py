@@ -31,6 +31,7 @@ from masterplanner.engine.table_queries import DraftedQuery
 from masterplanner.errors import BudgetExceededError
 from masterplanner.models.local import STRUCTURED_PLANS
 from masterplanner.plan import Plan, Step
+from masterplanner.service import RegistryService
 from masterplanner.tools.workspace import Workspace
 
 
@@ -903,3 +904,156 @@ async def test_a_counting_step_whose_prompt_was_edited_answers_from_the_read_und
     outcomes = await _run_edited_then_not(count, edited, script, workspace)
     the_read = [("count", "read_file", {"path": "names.txt"})]
     assert outcomes == [(["Three: Ann, Bob and Cy."], the_read), (["3"], the_read)]
+
+
+_READ_NOTES = {
+    "id": "read",
+    "title": "Read the notes",
+    "instruction": "Read notes.txt.",
+    "agent_role": "reader",
+    "tools": ["read_file"],
+    "depends_on": [],
+    "expected_output": "",
+}
+_FIRST_LINE = "Read notes.txt, then reply with its first line only, in capitals."
+
+
+def _notes_script(write_script: Callable[..., Path]) -> Path:
+    """A small model that plans "Read notes.txt." and, shown `_FIRST_LINE`, answers under it."""
+    read_call = {"name": "read_file", "args": {"path": "notes.txt"}}
+    calls = [
+        {
+            "purpose": "planner",
+            "output": {"steps": [{"title": "Read the notes", "agent_role": "file clerk"}]},
+        },
+        {"purpose": "prompt_creator", "output": "You read files.", "repeat": True},
+        # each run's model turns: only under the person's prompt (each expects it) is there any
+        {
+            "purpose": "step:read",
+            "turn": 1,
+            "tool_calls": [read_call],
+            "expect": [_FIRST_LINE],
+            "repeat": True,
+        },
+        {"purpose": "step:read", "turn": 2, "output": "BUY MILK", "expect": ["buy milk"], "repeat": True},
+        {"purpose": "*", "repeat": True},
+    ]
+    return write_script(None, raw=json.dumps({"small_model": True, "calls": calls}))
+
+
+async def _notes_run(
+    engine: Engine, script: Path, workspace: Path, review: Callable[[Any, Any], Any]
+) -> tuple[str, list[str], list[tuple[str, str, Any]]]:
+    """Run "Read notes.txt." to success: its id, its step outputs and its tool calls."""
+    run = engine.create_run(
+        _READ_NOTES["instruction"],
+        model=f"scripted:{script}",
+        options=RunOptions(prompt_rounds=0),
+        workspace=workspace,
+    )
+    final = await execute_answering(engine, run.id, review=review)
+    assert final.status == "succeeded", final.error
+    called = [
+        (event.step, event.data["tool"], event.data["arguments"])
+        for event in engine.store.events(run.id)
+        if event.kind == "tool_called"
+    ]
+    return run.id, [each["output"] for each in engine.report(run.id)["steps"]], called
+
+
+def _plan_ready(engine: Engine, run_id: str) -> dict[str, Any]:
+    return next(event.data for event in engine.store.events(run_id) if event.kind == "plan_ready")
+
+
+async def test_a_reused_agent_whose_prompt_was_edited_at_review_is_answered_under_that_prompt(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    # the first run's edited prompt was stored as its agent's; the next run reusing that agent had
+    # `edited` false, so "Read notes.txt." was the engine's direct call again and the person's
+    # prompt ("its first line only, in capitals") reached no model
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("buy milk\ncall Sam\n")
+    script = _notes_script(write_script)
+
+    async def edit(run: Any, _catalog: Any) -> dict[str, Any]:
+        plan = run.plan.to_json_dict() | {"steps": [_READ_NOTES]}
+        return {
+            "action": "approve",
+            "plan": plan,
+            "agents": {"read": {"prompt": _FIRST_LINE, "edited": True}},
+        }
+
+    async def approve(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve"}
+
+    engine = Engine(Settings.load())
+    service = RegistryService(engine.settings)
+    try:
+        first, outputs, called = await _notes_run(engine, script, workspace, edit)
+        the_read = [("read", "read_file", {"path": "notes.txt"})]
+        assert (outputs, called) == (["BUY MILK"], the_read)
+        second, outputs, called = await _notes_run(engine, script, workspace, approve)
+        assert _plan_ready(engine, second)["reused_cohort"] == first
+        reused = engine.store.get_run(second).agents["read"]
+        assert (reused.agent_id, reused.prompt, reused.edited) == (f"{first}.read", _FIRST_LINE, False)
+        # the model, shown the person's prompt, makes the read and answers under it
+        assert (outputs, called) == (["BUY MILK"], the_read)
+        # still the first run's agent: its uses counted, no new agent stored for the second run
+        (agent,) = await service.agents()
+        assert (agent.id, agent.prompt_by_person, agent.stats.uses, agent.stats.successes) == (
+            f"{first}.read",
+            True,
+            2,
+            2,
+        )
+    finally:
+        service.close()
+        engine.close()
+
+
+async def test_a_reused_agent_whose_prompt_was_edited_in_the_registry_is_answered_under_that_prompt(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    # `agents edit` (and the web registry page) stored the person's prompt as the agent's next
+    # version; a run reusing it took the direct call and the prompt reached no model
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("buy milk\ncall Sam\n")
+    script = _notes_script(write_script)
+
+    async def edit_plan(run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve", "plan": run.plan.to_json_dict() | {"steps": [_READ_NOTES]}}
+
+    async def approve(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve"}
+
+    engine = Engine(Settings.load())
+    service = RegistryService(engine.settings)
+    try:
+        first, outputs, called = await _notes_run(engine, script, workspace, edit_plan)
+        the_read = [("read", "read_file", {"path": "notes.txt"})]
+        # the Prompt Creator's prompt: the engine's direct call, the file as it is
+        assert (outputs, called) == (["buy milk\ncall Sam\n"], the_read)
+        stored = await service.agent(f"{first}.read")
+        assert stored.system_prompt == "You read files."
+        form = stored.model_dump(mode="json", exclude={"stats", "version"})  # as `agents edit` shows it
+        edited = await service.edit_agent(stored.id, form | {"system_prompt": _FIRST_LINE})
+        assert edited.version == 2
+
+        second, outputs, called = await _notes_run(engine, script, workspace, approve)
+        assert _plan_ready(engine, second)["reused_cohort"] == first
+        assert engine.store.get_run(second).agents["read"].agent_id == f"{first}.read"
+        assert (outputs, called) == (["BUY MILK"], the_read)
+        (agent,) = await service.agents()
+        # the person's prompt is marked theirs in the registry (read before the edit: not yet)
+        assert (stored.prompt_by_person, edited.prompt_by_person) == (False, True)
+        assert (agent.id, agent.version, agent.stats.uses, agent.stats.successes) == (
+            f"{first}.read",
+            2,
+            2,
+            2,
+        )
+    finally:
+        service.close()
+        engine.close()

@@ -219,7 +219,7 @@ def print_plan_dict(result: Plan, agents: dict[str, Any], *, stderr: bool = Fals
 
 
 def _agent_notes(agent: dict[str, Any]) -> str:
-    """The critic's scores, `(edited)` and where a reused agent came from, as markup."""
+    """The critic's scores, `(edited)`, a reused person's prompt and where a reused agent came from."""
     notes = ""
     critique = agent.get("critique")
     if critique:
@@ -230,6 +230,8 @@ def _agent_notes(agent: dict[str, Any]) -> str:
         notes += f" [dim]({shown(scores)})[/]"
     if agent.get("edited"):
         notes += " [yellow](edited)[/]"
+    elif agent.get("prompt_by_person"):
+        notes += " [yellow](written by a person)[/]"
     if agent.get("reused_from"):
         reused = f"reused agent {agent.get('agent_id', '')} from run {agent['reused_from']}"
         notes += f" [green]({shown(reused)})[/]"

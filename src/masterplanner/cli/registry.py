@@ -112,7 +112,7 @@ def agents_show(
     out.print(f"[dim]role[/] {shown(agent.role)}   [dim]tools[/] {tools}", highlight=False, soft_wrap=True)
     if agent.description:
         out.print(shown(agent.description, lines=True), highlight=False)
-    out.print("[bold]prompt[/]")
+    out.print("[bold]prompt[/]" + (" [yellow](written by a person)[/]" if agent.prompt_by_person else ""))
     out.print(shown(agent.system_prompt, lines=True), highlight=False)
     for lesson in agent.lessons:
         out.print(f"[yellow]lesson[/] {shown(lesson, lines=True)}", highlight=False)
@@ -161,6 +161,11 @@ def agents_edit(agent_id: Annotated[str, typer.Argument(metavar="AGENT_ID", help
     console(stderr=True).print(
         f"agent {shown(stored.id)} is now version {stored.version}", highlight=False, soft_wrap=True
     )
+    if isinstance(data, dict) and data.get("prompt_by_person") is False and stored.prompt_by_person:
+        why = "stays true" if agent.prompt_by_person else "is now true (its prompt is yours)"
+        console(stderr=True).print(
+            f"prompt_by_person {why}: runs that reuse the agent have the model work under its prompt"
+        )
 
 
 @agents_app.command("rm")

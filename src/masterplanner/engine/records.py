@@ -245,7 +245,10 @@ class AgentBrief(BaseModel):
     """A plan step's agent as a run holds it: its prompt and where the prompt came from.
 
     Written by the Prompt Creator (`draft`, `critique`, `rounds`), taken from a stored agent
-    (`agent_id`, `reused_from`), or edited at review (`edited`, `fresh`, `tool_policies`).
+    (`agent_id`, `reused_from`, `prompt_by_person`), or edited at review (`edited`, `fresh`,
+    `tool_policies`). Whether a person wrote the prompt (`persons_prompt`) and whether the agent
+    is a new one (`edited`, or no `agent_id`) are kept apart: a reused agent whose stored prompt
+    a person wrote is worked under as an edited prompt is, and still counts as the reused agent.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -261,12 +264,22 @@ class AgentBrief(BaseModel):
     """The stored agent this one is (a reused agent)."""
     reused_from: str | None = None
     """The run the reused agent was stored from ("" when unknown)."""
+    prompt_by_person: bool = False
+    """The reused agent's stored prompt is a person's (`AgentSpec.prompt_by_person`)."""
     edited: bool = False
     """The person edited the prompt at review (a reused agent then becomes a new one)."""
     fresh: bool = False
     """The person asked for a freshly written prompt at review."""
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] = {}
     """Approval policies for this agent's tools, overriding the run's."""
+
+    @property
+    def persons_prompt(self) -> str:
+        """The prompt when a person wrote it (edited at review, or a reused agent's), else empty.
+
+        The step aids put it before the model instead of taking a shortcut that skips it.
+        """
+        return self.prompt if self.edited or self.prompt_by_person else ""
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON form, without fields left at their defaults."""

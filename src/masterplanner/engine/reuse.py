@@ -57,7 +57,9 @@ def lessons_prompt(agent: AgentSpec) -> str:
 
 
 def _reused(agent: AgentSpec, run_id: str) -> dict[str, Any]:
-    return {"prompt": lessons_prompt(agent), "agent_id": agent.id, "reused_from": run_id}
+    """The run's entry for a stored agent it reuses; a person's prompt stays marked as one."""
+    reused = {"prompt": lessons_prompt(agent), "agent_id": agent.id, "reused_from": run_id}
+    return reused | {"prompt_by_person": True} if agent.prompt_by_person else reused
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,8 @@ def remember_run(
     store = succeeded and store_new
     for step in plan.steps:
         agent = agents.get(step.id) or {}
-        # a reused agent whose prompt the person edited at review is a new agent
+        # a reused agent whose prompt the person edited at review is a new agent (one whose stored
+        # prompt a person wrote, `prompt_by_person`, is still the reused one)
         agent_id = None if agent.get("edited") else agent.get("agent_id")
         if agent_id is not None and not count_reused:
             agent_ids[step.id] = agent_id
@@ -201,6 +204,8 @@ def remember_run(
                         "model": model,
                         "keywords": sorted(set(words(plan.task)))[:20],
                         "origin": {"run_id": run_id, "step_id": step.id},
+                        # edited at review: runs that reuse it work under the person's prompt too
+                        "prompt_by_person": bool(agent.get("edited") or agent.get("prompt_by_person")),
                     }
                 )
             )

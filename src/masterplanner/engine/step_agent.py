@@ -182,9 +182,10 @@ class DirectCall:
     step's result is what it returned. "Run it." after a step that wrote `hello.py` is the same:
     `code_execution` of that one script (the model asked to run it wrote a program of its own).
 
-    Not for a step whose prompt the person edited at review: with no model turn, the edit would
-    be ignored (an edit may say what to do with what is read, or that the script must not run),
-    so the model works under the edited prompt and makes its calls itself.
+    Not for a step whose prompt a person wrote (edited at review, or the prompt of a reused agent
+    a person wrote: `AgentBrief.persons_prompt`): with no model turn, the prompt would be ignored
+    (it may say what to do with what is read, or that the script must not run), so the model
+    works under it and makes its calls itself.
     """
 
     tool: str
@@ -211,10 +212,11 @@ class StepAids(ToolAids):
     """The step may read files: a text about each of several files is drafted from their contents
     (read by one `read_file` call each, before the drafts), not from their names alone."""
     prompt: str = ""
-    """The step's prompt as the person edited it at review, else empty. A drafted text is asked
-    without the agent's prompt (the short draft request is what the 135M model follows), so an
-    edit would never reach the model: every text drafted for the step is asked with the edited
-    prompt in its system text, and none is copied or taken from labelled lines in its stead."""
+    """The step's prompt when a person wrote it (edited at review, or a reused agent's prompt a
+    person wrote: `AgentBrief.persons_prompt`), else empty. A drafted text is asked without the
+    agent's prompt (the short draft request is what the 135M model follows), so an edit would
+    never reach the model: every text drafted for the step is asked with that prompt in its
+    system text, and none is copied or taken from labelled lines in its stead."""
 
 
 _TEXT_FILE = re.compile(r"\.(?:txt|md|markdown|rst|text)$", re.IGNORECASE)
@@ -438,8 +440,8 @@ def tool_aids(
     tool calls (failed ones count). A step whose instruction only reads an existing file, or only
     lists the workspace, gets a `DirectCall`; one that asks to write one new text file, and names
     no existing file it could read itself, gets a `DraftedWrite` (both applied only for models
-    whose profile sets `masterplanner_structured_plans`). `prompt`: the step's prompt when the
-    person edited it at review (`StepAids.prompt`); such a step gets no `DirectCall`.
+    whose profile sets `masterplanner_structured_plans`). `prompt`: the step's prompt when a
+    person wrote it (`StepAids.prompt`); such a step gets no `DirectCall`.
     """
     texts = [step.title, step.instruction, step.expected_output]
     if step.id in sinks(plan.steps):
@@ -833,7 +835,7 @@ class BudgetedModel(WrapperModel):
         if aid is None:
             if grounded.result and not responses and not aids.prompt:
                 # the query's or the question's result is the step's answer: its one value, or its
-                # lines; under a prompt the person edited, the model answers from it (no turn of
+                # lines; under a prompt a person wrote, the model answers from it (no turn of
                 # the model's, the edit would be ignored)
                 return ModelResponse(parts=[TextPart(grounded.result)], model_name=self.wrapped.model_name)
             return None  # the model answers from the grounding call's result
@@ -959,7 +961,7 @@ class BudgetedModel(WrapperModel):
     ) -> ModelResponse:
         """Ask for the text (or program) alone and answer with the `write_file` call that saves it.
 
-        `prompt`: the person's edited prompt, put in the system text (`StepAids.prompt`).
+        `prompt`: the prompt a person wrote, put in the system text (`StepAids.prompt`).
         """
         brief = _brief_inputs(messages)
         count = _one_input(brief) if draft.counted_lines else None

@@ -531,8 +531,8 @@ class _StepRun:
         model = self.resources.model
         if not self.tools or not takes_tool_aids(model.wrapped):
             return model  # the aids read the workspace (a CSV file's rows): only for a model that takes them
-        agent = self._agent()  # the person's edited prompt must reach the model on the draft path too
-        prompt = agent.prompt if agent.edited and agent.prompt else ""
+        # a prompt a person wrote (at review, or a reused agent's) must reach the model on the draft path too
+        prompt = self._agent().persons_prompt
         aids = tool_aids(self.plan, self.step, self.tools, self.resources.workspace, prompt=prompt)
         aided = None if aids is None else with_tool_aids(model.wrapped, aids)
         if aided is None:

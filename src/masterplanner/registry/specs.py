@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["AgentSpec", "AgentStats", "Cohort"]
+__all__ = ["AgentSpec", "AgentStats", "Cohort", "with_prompt_author"]
 
 
 class AgentStats(BaseModel):
@@ -68,6 +68,14 @@ class AgentSpec(BaseModel):
     version: int = Field(1, ge=1)
     stats: AgentStats = AgentStats(uses=0, successes=0, failures=0, ratings=0, rating_sum=0.0)
     lessons: list[str] = Field(default_factory=list, max_length=50)
+    prompt_by_person: bool = False
+    """A person wrote its prompt: edited at review in the run that stored it, or edited here.
+
+    A run that reuses the agent treats the prompt as one the person edited at review: a small
+    model's step aids take no shortcut past it (no direct call, drafts asked under it). It is never
+    cleared by an edit (`with_prompt_author`): a stale or careless form would let the shortcuts skip
+    a prompt a person wrote.
+    """
 
     def search_text(self) -> str:
         """What lexical search matches against."""
@@ -86,3 +94,23 @@ class Cohort(BaseModel):
     outcome: Literal["succeeded", "failed"] = "succeeded"
     rating: float | None = Field(None, ge=1, le=5)
     run_id: str = ""
+
+
+def with_prompt_author(spec: AgentSpec, current: AgentSpec) -> AgentSpec:
+    """`spec` as the next version of `current`, `prompt_by_person` set as the registry keeps it.
+
+    Set when `current` has it, when `spec` changes the prompt (a person edited or imported it), or
+    when `spec` asks for it (the model is then to work under the prompt: it only costs the step
+    aids' shortcuts). A `false` sent is not taken when it is set: the JSON form a person edits, or
+    an API client's earlier read of it, would otherwise have a person's prompt bypassed.
+    """
+    by_person = (
+        current.prompt_by_person
+        or spec.prompt_by_person
+        or spec.system_prompt.strip() != current.system_prompt.strip()
+    )
+    return (
+        spec
+        if spec.prompt_by_person == by_person
+        else spec.model_copy(update={"prompt_by_person": by_person})
+    )

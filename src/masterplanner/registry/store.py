@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import ValidationError
+from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -37,7 +38,7 @@ from ..database import Migration, create_engine, migrate, reconnecting_methods, 
 from ..errors import ConfigError, NotFoundError, RunError, validation_problems
 from ..text_files import read_text
 from .embedders import TextEmbedder
-from .specs import AgentSpec, AgentStats, Cohort
+from .specs import AgentSpec, AgentStats, Cohort, with_prompt_author
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -140,11 +141,61 @@ def _create_run_ratings(connection: Connection) -> None:
     )
 
 
+def _edited_at_review(connection: Connection, origin: Mapping[str, str]) -> bool:
+    """Whether the run an agent was stored from had its step's prompt edited at review."""
+    if not origin.get("run_id"):
+        return False
+    row = _sql(connection, "SELECT agents FROM mp_runs WHERE id = ?", (origin["run_id"],)).first()
+    try:
+        agents = json.loads(row[0]) if row is not None and row[0] else {}
+        return bool(agents.get(origin.get("step_id", ""), {}).get("edited"))
+    except (ValueError, AttributeError):  # not a run's agents map: nothing to tell from it
+        return False
+
+
+def _mark_person_prompts(connection: Connection) -> None:
+    """Mark the stored agents whose prompt a person wrote (`AgentSpec.prompt_by_person`).
+
+    Agents stored before the mark: one made from a step whose prompt was edited at review (its
+    run says so), and each version from the first whose prompt differs from the version before
+    it (an edit, or an import of one). Unmarked, a run reusing them would skip their prompt.
+    """
+    runs = inspect(connection).has_table("mp_runs")  # (a registry opened before any run store)
+    rows = _sql(
+        connection, "SELECT agent_id, version, spec FROM mp_agent_versions ORDER BY agent_id, version"
+    )
+    marked: dict[str, bool] = {}
+    prompts: dict[str, str] = {}
+    for agent_id, version, text in rows.all():
+        spec = json.loads(text)
+        prompt = str(spec.get("system_prompt", ""))
+        if agent_id not in marked:
+            marked[agent_id] = runs and _edited_at_review(connection, spec.get("origin") or {})
+        elif prompt.strip() != prompts[agent_id].strip():
+            marked[agent_id] = True
+        prompts[agent_id] = prompt
+        if marked[agent_id] and not spec.get("prompt_by_person"):
+            _sql(
+                connection,
+                "UPDATE mp_agent_versions SET spec = ? WHERE agent_id = ? AND version = ?",
+                (json.dumps(spec | {"prompt_by_person": True}), agent_id, version),
+            )
+    for agent_id, text in _sql(connection, "SELECT id, spec FROM mp_agents").all():
+        spec = json.loads(text)
+        if marked.get(agent_id) and not spec.get("prompt_by_person"):
+            _sql(
+                connection,
+                "UPDATE mp_agents SET spec = ? WHERE id = ?",
+                (json.dumps(spec | {"prompt_by_person": True}), agent_id),
+            )
+
+
 REGISTRY_MIGRATIONS: list[Migration] = [
     ("registry_0001_agents_versions_cohorts_fts", _create_registry_tables),
     ("registry_0002_cohort_index_vectors", _index_cohorts_and_vectors),
     ("registry_0003_memories", _create_memories),
     ("registry_0004_run_ratings", _create_run_ratings),
+    ("registry_0005_prompt_by_person", _mark_person_prompts),
 ]
 
 RRF_K = 60
@@ -825,7 +876,8 @@ class RegistryStore:
 
         An agent not here is added as it was exported (its version and track record). One that
         is here gets the imported one as its next version when they differ, its history and its
-        track record here kept; one equal to its current version is left as it is.
+        track record here kept; one equal to its current version is left as it is. Its prompt
+        stays a person's if it was, and becomes one if the file changes it (`with_prompt_author`).
         """
         imported = ImportedAgents()
         with self._begin("import agents") as connection:
@@ -836,6 +888,7 @@ class RegistryStore:
                     self.put_agent(spec, connection)
                     imported.added.append(spec.id)
                     continue
+                spec = with_prompt_author(spec, current)
                 if _content(current) == _content(spec):
                     imported.unchanged.append(spec.id)
                 else:
