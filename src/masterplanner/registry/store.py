@@ -12,7 +12,9 @@ Ranking: with no embedder, the text index alone; with one, its list and the cosi
 fused by reciprocal rank fusion. Either way a prior from the agent's success rate and rating is
 applied. Vectors are compared in memory (numpy, exhaustive) from a cache reloaded when the
 registry's write counter moves; items stored while no (or another) embedder was configured are
-embedded on the next search. sqlite-vec is not used: Python builds without loadable SQLite
+embedded on the next search. The embedder named by a setting is checked when the store opens and
+loaded when a search first needs it: reading and writing agents, teams and memories import no
+NumPy and no model code. sqlite-vec is not used: Python builds without loadable SQLite
 extensions (pyenv's default, this project's CI among them) cannot load it, and its vec0 search
 is exhaustive too.
 """
@@ -28,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from pydantic import ValidationError
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
@@ -37,11 +38,13 @@ from sqlalchemy.exc import IntegrityError
 from ..database import Migration, create_engine, migrate, reconnecting_methods, transaction, utc_now
 from ..errors import ConfigError, NotFoundError, RunError, validation_problems
 from ..text_files import read_text
-from .embedders import TextEmbedder
 from .specs import AgentSpec, AgentStats, Cohort, with_prompt_author
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..settings import Settings
+    from .embedders import TextEmbedder
 
 __all__ = [
     "REGISTRY_MIGRATIONS",
@@ -451,6 +454,8 @@ class _Vectors:
         # one ordering of all of them, equal scores the last id (the newest run's) first: a
         # partition first (argpartition) kept whichever equal ones it met first at its cut, the
         # oldest, so past 50 copies of a task the newest never came back
+        import numpy as np
+
         top = np.lexsort((-np.arange(len(self.ids)), -scores))[:count]
         return [(self.ids[n], float(scores[n])) for n in top]
 
@@ -459,14 +464,40 @@ class _Vectors:
 class RegistryStore:
     """Agents and cohorts; safe to share between tasks and threads of one process."""
 
-    def __init__(self, url: str, embedder: TextEmbedder | None = None) -> None:
+    def __init__(self, url: str, embedder: TextEmbedder | str | None = None) -> None:
+        """The registry at `url`, with `embedder`: one made already, or the setting that names one.
+
+        A setting is checked now (`check_embedder`: a bad one is refused before the database is
+        touched) and its embedder made when a search first needs it (`embedder`).
+        """
+        if isinstance(embedder, str):
+            from .embedders import check_embedder
+
+            check_embedder(embedder)
+            self._embedder_spec: str | None = embedder
+            self._embedder: TextEmbedder | None = None
+        else:
+            self._embedder_spec, self._embedder = None, embedder
         self.url = url
-        self.embedder = embedder
         self.engine = create_engine(url)
         self._vectors: dict[str, tuple[int, _Vectors]] = {}
         self._queries: dict[str, np.ndarray] = {}
         self._counts: dict[str, tuple[int, dict[str, int]]] = {}
         migrate(self.engine, self.url, REGISTRY_MIGRATIONS)
+
+    @property
+    def embedder(self) -> TextEmbedder | None:
+        """The embedder searches rank and compare with; None ranks by the text index alone.
+
+        Made (its code imported: NumPy, pydantic-ai, the model's) on first use, from the setting
+        the store was opened with.
+        """
+        if self._embedder_spec is not None:
+            from .embedders import resolve_embedder
+
+            self._embedder = resolve_embedder(self._embedder_spec)
+            self._embedder_spec = None
+        return self._embedder
 
     def _begin(self, action: str) -> AbstractContextManager[Connection]:
         return transaction(self.engine, self.url, action)
@@ -825,6 +856,8 @@ class RegistryStore:
             "SELECT item_id, vector FROM mp_vectors WHERE embedder = ? AND kind = ? ORDER BY item_id",
             (name, kind),
         ).all()
+        import numpy as np
+
         ids = [row[0] for row in rows]
         matrix = (
             np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float32).reshape(len(rows), -1)
@@ -992,10 +1025,8 @@ class RegistryStore:
 
 
 def open_registry(settings: Settings) -> RegistryStore:
-    """The registry in the settings' database, with the configured embedder."""
-    from .embedders import resolve_embedder
-
-    return RegistryStore(settings.database_url, resolve_embedder(settings.embedder))
+    """The registry in the settings' database, with the configured embedder (checked now, made when used)."""
+    return RegistryStore(settings.database_url, settings.embedder)
 
 
 def _forget_vectors(connection: Connection, kind: str, item_id: str) -> None:
