@@ -1,15 +1,18 @@
-"""CLI command cost: wall and CPU time of the commands that read or cancel runs, beside anchors.
+"""CLI command cost: wall and CPU time of the commands that read runs or the registry, beside anchors.
 
     python bench/cli.py [--repeat N] [--runs N] [--json]
 
 Each command runs in a fresh process on a home of its own (made here, with `--runs` runs in its
-database, none executing), `--repeat` times; the figures are medians. Anchors, measured in the
+database, none executing, and as many agents and teams in its registry, with three memories),
+`--repeat` times; the figures are medians. The registry's commands run with the default
+embedder setting (smollm2), as a user's would. Anchors, measured in the
 same run the same way: `python -c pass` (the interpreter's start-up) and
 `python -c "import sqlalchemy"` (what reading the run store needs at the least). Ratios are to
 the sqlalchemy anchor: machines here are noisy, so compare ratios across runs, not seconds.
 
 Why: a `runs list` that imported the engine (pydantic-ai, DBOS, the models) took 4 s of CPU on
-a loaded machine, and a `runs cancel` landed 14 s late.
+a loaded machine, and a `runs cancel` landed 14 s late; `agents list` imported NumPy,
+pydantic-ai and the embedder's code to read the database.
 """
 
 from __future__ import annotations
@@ -61,6 +64,36 @@ def make_runs(home: Path, count: int) -> list[str]:
         engine.close()
 
 
+def fill_registry(home: Path, count: int) -> str:
+    """`count` agents and teams and three memories in the home's registry; the first agent's id."""
+    from masterplanner import Settings
+    from masterplanner.registry import AgentSpec, Cohort, open_registry
+    from masterplanner.registry.memory import MemoryStore
+
+    os.environ["MASTERPLANNER_HOME"] = str(home)
+    registry = open_registry(Settings.load(embedder="none"))  # nothing is embedded here
+    try:
+        for number in range(count):
+            registry.put_agent(
+                AgentSpec(
+                    id=f"agent-{number}",
+                    name=f"writer {number}",
+                    role="report writer",
+                    description=f"Writes report number {number} from the monthly figures.",
+                    system_prompt="You write short, exact reports.",
+                )
+            )
+            task = f"Write report {number} on the monthly figures"
+            plan = {"task": task, "steps": []}
+            registry.put_cohort(Cohort.model_validate({"id": f"team-{number}", "task": task, "plan": plan}))
+        memory = MemoryStore(registry, ttl_days=30, max_items=100)
+        for fact in ("Reports go to reports/", "Figures are in EUR", "The month starts on the 1st"):
+            memory.remember(fact, source="bench")
+    finally:
+        registry.close()
+    return "agent-0"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -71,7 +104,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mp-bench-cli-") as folder:
         home = Path(folder) / "home"
         runs = make_runs(home, max(args.runs, args.repeat))
+        agent = fill_registry(home, args.runs)
         env = {**os.environ, "MASTERPLANNER_HOME": str(home), "COLUMNS": "200"}
+        env.pop("MASTERPLANNER_EMBEDDER", None)  # the default: smollm2
         mp = [sys.executable, "-m", "masterplanner"]
         anchors = {
             "python -c pass": median_of([sys.executable, "-c", "pass"], env, args.repeat),
@@ -83,6 +118,10 @@ def main() -> None:
             "--help": median_of([*mp, "--help"], env, args.repeat),
             "runs list": median_of([*mp, "runs", "list"], env, args.repeat),
             "runs show RUN": median_of([*mp, "runs", "show", runs[0]], env, args.repeat),
+            "agents list": median_of([*mp, "agents", "list"], env, args.repeat),
+            "agents show AGENT": median_of([*mp, "agents", "show", agent], env, args.repeat),
+            "cohorts list": median_of([*mp, "cohorts", "list"], env, args.repeat),
+            "memory list": median_of([*mp, "memory", "list"], env, args.repeat),
         }
         cancels = [
             timed([*mp, "runs", "cancel", run_id, "--wait", "0"], env) for run_id in runs[-args.repeat :]
