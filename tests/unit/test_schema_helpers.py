@@ -91,3 +91,41 @@ def test_grammar_schema_bounds_arrays_and_drops_long_string_bounds() -> None:
     assert bounded["properties"]["c"]["maxItems"] == 40
     assert bounded["properties"]["d"] == {"enum": [{"type": "array"}]}
     assert "maxItems" not in schema["properties"]["a"]  # the input is not changed
+
+
+def test_minimal_instance_fills_prefix_items_and_patterns() -> None:
+    schema = {
+        "type": "array",
+        "prefixItems": [{"type": "integer", "minimum": 3}, {"type": "string", "pattern": "^[a-z][a-z-]*$"}],
+        "minItems": 2,
+        "maxItems": 2,
+    }
+    assert minimal_instance(schema) == [3, "a"]
+
+
+def test_minimal_instance_of_the_plan_schema_is_a_valid_plan() -> None:
+    # what the scripted model answers a planner call its script does not spell out
+    import jsonschema
+
+    from masterplanner.plan import plan_output_schema, steps_from_output, validate_plan
+    from masterplanner.tools import builtin_catalog
+
+    schema = plan_output_schema(["read_file", "write_file"])
+    value = minimal_instance(schema)
+    jsonschema.validate(value, schema)
+    assert value == {
+        "actions": ["a"],
+        "steps": [
+            {
+                "id": "a",
+                "title": "a",
+                "instruction": "a",
+                "agent_role": "a",
+                "tools": [],
+                "after": [],
+                "expected_output": "",
+            }
+        ],
+    }
+    plan = validate_plan({"task": "t", "steps": steps_from_output(value["steps"])}, builtin_catalog())
+    assert [step.id for step in plan.steps] == ["a"]

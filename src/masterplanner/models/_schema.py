@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from typing import Any
 
 __all__ = [
@@ -72,8 +73,9 @@ def _minimal_of_type(kind: str, schema: JsonSchema, root: JsonSchema, depth: int
         }
     if kind == "array":
         count = int(schema.get("minItems", 0))
-        item_schema = schema.get("items", {})
-        return [minimal_instance(item_schema, root, depth + 1) for _ in range(count)]
+        prefix: list[JsonSchema] = schema.get("prefixItems", [])
+        item_schemas = [*prefix[:count], *[schema.get("items", {})] * (count - len(prefix))]
+        return [minimal_instance(item_schema, root, depth + 1) for item_schema in item_schemas]
     if kind == "string":
         return _minimal_string(schema)
     if kind in ("integer", "number"):
@@ -94,7 +96,17 @@ def _minimal_string(schema: JsonSchema) -> str:
     }
     if schema.get("format") in formats:
         return formats[schema["format"]]
-    return "a" * int(schema.get("minLength", 0))
+    shortest = int(schema.get("minLength", 0))
+    pattern = schema.get("pattern")
+    if pattern is None:
+        return "a" * shortest
+    # The shortest run of one letter or digit the pattern takes (slugs, codes); for a pattern
+    # that takes none (words, say) the string stays as without it, and validation names it.
+    for length in range(shortest, shortest + 9):
+        for letter in "a0A":
+            if re.search(pattern, letter * length):
+                return letter * length
+    return "a" * shortest
 
 
 def _minimal_number(kind: str, schema: JsonSchema) -> int | float:
