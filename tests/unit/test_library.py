@@ -75,6 +75,49 @@ def test_the_readme_example_runs_a_task_and_answers_its_review(
     ]
 
 
+def _readme_block(section: str, language: str, number: int = 0) -> str:
+    """The `number`-th ```LANGUAGE block of README's `section` (a heading line, up to the next `## `)."""
+    text = README.read_text().split(f"\n{section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{language}\n(.*?)```", text, re.DOTALL)[number]
+
+
+def test_the_readme_model_seam_example_prints_the_answer_and_the_usage_its_comment_shows(
+    write_script: Callable[..., Path],
+) -> None:
+    code = _readme_block("## Library", "python", 1)
+    assert code.count('resolve_model("local")') == 1
+    script = write_script([{"purpose": "chat", "output": "red, green, blue"}])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code.replace('"local"', repr(f"scripted:{script}")), "README", "exec"), {})
+    answer, usage = printed.getvalue().splitlines()
+    assert answer == "red, green, blue"
+    # the comment under the print shows the same keys, in order, and the same fixed values
+    comment = re.search(r"^# (\{'chat'.*\})$", code, re.MULTILINE)
+    assert comment is not None
+    shown = re.sub(r"'(\w+)': …", r"'\1': ANY", comment.group(1))
+    assert re.sub(r"'(input_tokens|output_tokens|seconds)': [0-9.]+", r"'\1': ANY", usage) == shown
+
+
+def test_the_readme_scripted_model_example_runs_as_the_readme_says(isolated: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "work" / "script.json").write_text(_readme_block("### The scripted model", "json"))
+    said = re.search(r"`(masterplanner run [^`]*)`\s+writes `a.txt` and answers `done`", README.read_text())
+    assert said is not None
+    args = said.group(1).split(" ", 2)[1:]
+    args = [args[0], *re.findall(r'"[^"]*"|\S+', args[1])]
+    args = [arg.strip('"') for arg in args]
+    assert args == ["run", "Write x to a.txt", "--model", "scripted:script.json", "--yes"]
+    done = subprocess.run(
+        [sys.executable, "-m", "masterplanner", *args], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout) == (0, "done\n"), done.stderr
+    (workspace,) = (isolated / "workspaces").iterdir()
+    assert (workspace / "a.txt").read_text() == "x"
+
+
 async def _only_run_of(home: Path, task: str) -> str:
     service = RunService(Settings(home=home))
     try:
