@@ -84,6 +84,28 @@ async def test_agents_and_teams_through_the_api(
     assert edited.status_code == 200, edited.text
     assert (typed(AgentOut, edited).version, edited.json()["system_prompt"]) == (2, "Write it short.")
     assert (await client.get(f"/api/v1/agents/{agent_id}", params={"version": 1})).json()["version"] == 1
+    # an edit made from a version read before another was stored is refused when it says so (If-Match)
+    read = await client.get(f"/api/v1/agents/{agent_id}", params={"version": 1})
+    assert (read.headers["etag"], edited.headers["etag"]) == ('"1"', '"2"')
+    stale = await client.put(
+        f"/api/v1/agents/{agent_id}",
+        json=read.json() | {"system_prompt": "Write it long."},
+        headers={"If-Match": read.headers["etag"]},
+    )
+    assert (stale.status_code, stale.json()) == (
+        412,
+        {
+            "error": f'agent {agent_id!r} changed since it was read (If-Match "1", version 2 now): '
+            "nothing was saved; read it again and send the edit made from it"
+        },
+    )
+    assert (await client.get(f"/api/v1/agents/{agent_id}")).json()["system_prompt"] == "Write it short."
+    fresh = await client.put(
+        f"/api/v1/agents/{agent_id}",
+        json=agent | {"system_prompt": "Write it short."},
+        headers={"If-Match": 'W/"0", "2"'},
+    )
+    assert (fresh.status_code, typed(AgentOut, fresh).version) == (200, 2)  # the latest named: taken
     assert (await client.get(f"/api/v1/agents/{agent_id}", params={"version": 99})).status_code == 404
     bad = await client.put(
         f"/api/v1/agents/{agent_id}", json=agent | {"system_prompt": "", "tools": ["nope"]}

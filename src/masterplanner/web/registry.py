@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
 
@@ -15,7 +15,7 @@ from ..errors import MasterplannerError, NotFoundError
 from ..redaction import REMOVED, redacted
 from ..registry import AgentSpec, Cohort
 from ..service import RegistryService
-from .api import REFUSALS
+from .api import REFUSALS, ErrorOut
 from .api_responses import AgentOut, ListedAgentOut, MemoryOut, StoredAgentOut, success
 from .graph import plan_svg
 from .pages import form_text, templates
@@ -75,25 +75,76 @@ async def list_agents(
 
 @api.get("/agents/{agent_id}", summary="One agent", **success(StoredAgentOut, "The agent"))
 async def get_agent(
-    request: Request, agent_id: str, version: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None
+    request: Request,
+    response: Response,
+    agent_id: str,
+    version: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
 ) -> dict[str, Any]:
-    """The agent (its latest version, or `version`) and the versions stored."""
+    """The agent (its latest version, or `version`) and the versions stored.
+
+    Its `ETag` is the version read: sent back as `If-Match` with an edit, the edit is refused
+    if another version was stored meanwhile.
+    """
     registry = _registry(request)
     spec = await _agent(registry, agent_id, version)
+    response.headers["ETag"] = _etag(spec)
     return _agent_json(spec) | {"versions": await registry.versions(spec.id)}
 
 
+def _etag(spec: AgentSpec) -> str:
+    return f'"{spec.version}"'
+
+
+def _matches(if_match: str, spec: AgentSpec) -> bool:
+    """Whether an `If-Match` header names `spec`'s version (or any, `*`)."""
+    tags = [tag.strip().removeprefix("W/") for tag in if_match.split(",")]
+    return "*" in tags or _etag(spec) in tags
+
+
+_STALE = {
+    412: {
+        "model": ErrorOut,
+        "description": "`If-Match` named a version of the agent other than its latest: nothing was saved",
+    }
+}
+"""The edit's refusal when the version it was made from is not the latest (an optimistic lock)."""
+
+
 @api.put(
-    "/agents/{agent_id}", summary="Edit an agent (a new version)", **success(AgentOut, "The new version")
+    "/agents/{agent_id}",
+    summary="Edit an agent (a new version)",
+    response_model=None,
+    responses=success(AgentOut, "The new version")["responses"] | _STALE,
 )
-async def edit_agent(request: Request, agent_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Store the body (the agent's JSON form) as its next version; its id and stats stay."""
+async def edit_agent(
+    request: Request,
+    response: Response,
+    agent_id: str,
+    body: dict[str, Any],
+    if_match: Annotated[
+        str | None,
+        Header(description="The `ETag` of the version the edit is made from: refused (412) if not latest"),
+    ] = None,
+) -> dict[str, Any]:
+    """Store the body (the agent's JSON form) as its next version; its id and stats stay.
+
+    Without `If-Match` the edit is stored over whatever version is latest (a run's rating may
+    have added lessons since the client read it); with it, only over the version it names.
+    """
     registry = _registry(request)
     spec = await _agent(registry, agent_id)
+    if if_match is not None and not _matches(if_match, spec):
+        raise HTTPException(
+            412,
+            f"agent {spec.id!r} changed since it was read (If-Match {if_match.strip()}, version "
+            f"{spec.version} now): nothing was saved; read it again and send the edit made from it",
+        )
     edited = {
         key: value for key, value in body.items() if key not in ("success_rate", "mean_rating", "versions")
     }
-    return _agent_json(await registry.edit_agent(spec.id, edited))
+    saved = await registry.edit_agent(spec.id, edited)
+    response.headers["ETag"] = _etag(saved)
+    return _agent_json(saved)
 
 
 @api.delete("/agents/{agent_id}", status_code=204, summary="Delete an agent")
