@@ -11,6 +11,7 @@ import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +276,7 @@ def test_a_comment_holding_a_secret_is_refused_and_the_run_is_rated_after(
 
 def test_a_review_answer_is_judged_on_the_secrets_it_holds_not_on_text_the_plan_already_shows() -> None:
     """A secret the person types is refused even when it is the start of a longer one the plan shows."""
+    from masterplanner.engine.requests import typed_secrets_removed
     from masterplanner.service import Request, secret_in_answer
 
     shown = f"Call the service with OPENAI_API_KEY={KEY}XYZ789 set."
@@ -302,3 +304,13 @@ def test_a_review_answer_is_judged_on_the_secrets_it_holds_not_on_text_the_plan_
     assert secret_in_answer(review, approve(typed)) == (
         f"the edited agent of step 'a' (prompt) {SECRET} an answer"
     )
+    # shown as the form shows it back: the typed key taken out, the shown one whole
+    assert typed_secrets_removed(review, approve(f"{typed} {shown}")) == approve(
+        f"Call the service with [secret removed] set. {shown}"
+    )
+    # keys the plan shows next to a dash or an underscore, sent back as they were (the web form
+    # sends the whole plan): taken, and shown back as they are
+    for text in (f"with my-{KEY}", "id AKIAIOSFODNN7EXAMPLE-backup", "ghp_abcdefghijklmnopqrstuvwx-old"):
+        held = replace(review, payload={"agents": {"a": {"prompt": text}}})
+        assert secret_in_answer(held, approve(text)) is None
+        assert typed_secrets_removed(held, approve(text)) == approve(text)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import secrets
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -206,12 +205,12 @@ def secret_in_answer(request: Request, answer: dict[str, Any]) -> str | None:
 
     Every text of an answer is stored with the request, and goes into the run's prompts (an
     agent's question's answer, an edited plan or prompt). Only what the person wrote is judged:
-    a text of a plan review's answer is refused when it holds a secret-shaped part the reviewed
-    plan and prompts (the request's payload) did not hold already.
+    a text of a plan review's answer is refused when it holds a secret-shaped part that is not
+    one the reviewed plan and prompts (the request's payload) held already (`_shown_parts`).
     """
-    shown = "\n".join(text for _, text in _texts(request.payload))
+    shown = _shown_parts(request)
     for where, text in _texts(answer):
-        if not all(_shown_whole(part, shown) for part in secret_parts(text)):
+        if any(part not in shown for part in secret_parts(text)):
             if where == ("text",):
                 what = "the answer"
             elif where == ("reason",):
@@ -222,13 +221,14 @@ def secret_in_answer(request: Request, answer: dict[str, Any]) -> str | None:
     return None
 
 
-def _shown_whole(part: str, shown: str) -> bool:
-    """Whether `shown` holds `part` whole: not as the start or end of a longer key or name.
+def _shown_parts(request: Request) -> set[str]:
+    """The secret-shaped parts of the request's texts, each as the detector cuts it.
 
-    A key the person typed that begins a longer key the plan shows is the person's own.
+    Parts are compared whole: a key the person typed that only begins a longer key the plan
+    shows is the person's own (a text holding it was once taken), while the plan's own text sent
+    back as it is (the web form sends all of it) is always taken.
     """
-    edge = "-_A-Za-z0-9"
-    return re.search(f"(?<![{edge}]){re.escape(part)}(?![{edge}])", shown) is not None
+    return {part for _, text in _texts(request.payload) for part in secret_parts(text)}
 
 
 def typed_secrets_removed(request: Request, answer: Any) -> Any:
@@ -236,18 +236,17 @@ def typed_secrets_removed(request: Request, answer: Any) -> Any:
 
     For showing a refused answer back to the person (the web's review form as they left it)
     without sending their secret back over the wire: the parts `secret_in_answer` refuses go,
-    the rest of each text stays, so they see where it was.
+    the rest of each text stays (the parts the plan showed too), so they see where it was.
     """
-    shown = "\n".join(text for _, text in _texts(request.payload))
+    shown = _shown_parts(request)
 
     def removed(value: Any) -> Any:
         if isinstance(value, str):
             for _ in range(10):  # again: a part taken out may have held or split another
-                typed = [part for part in secret_parts(value) if not _shown_whole(part, shown)]
+                typed = [part for part in secret_parts(value) if part not in shown]
                 if not typed:
                     break
-                for part in typed:
-                    value = value.replace(part, REMOVED)
+                value = _replaced(value, typed, keep=shown)
             else:  # still one after that many rounds: none of the text is shown
                 value = REMOVED
             return value
@@ -258,6 +257,19 @@ def typed_secrets_removed(request: Request, answer: Any) -> Any:
         return value
 
     return removed(answer)
+
+
+def _replaced(text: str, parts: list[str], *, keep: set[str]) -> str:
+    """`text` with `parts` replaced by `[secret removed]`, the `keep` parts in it left whole."""
+    kept = sorted((part for part in keep if part in text), key=len, reverse=True)
+    marks = {f"\x00{index}\x00": part for index, part in enumerate(kept)}
+    for mark, part in marks.items():
+        text = text.replace(part, mark)
+    for part in parts:
+        text = text.replace(part, REMOVED)
+    for mark, part in marks.items():
+        text = text.replace(mark, part)
+    return text
 
 
 def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
