@@ -338,6 +338,29 @@ async def test_a_cancel_landing_as_the_review_is_approved_keeps_the_run_cancelle
     assert "step_started" not in [kind for kind, _ in _kinds(engine, run.id)]
 
 
+async def test_a_cancel_landing_as_the_run_ends_keeps_it_cancelled_and_stores_no_team(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's end does not say it succeeded, nor store its team, after a cancel was recorded."""
+    from masterplanner.engine.control import mark_cancelled
+
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "step:a", "output": "a done"}, DRAFTS])
+    run = engine.create_run("one step", model=f"scripted:{script}", options=FAST)
+    store = engine.store
+    setting = store.set_status
+
+    def set_status(run_id: str, status: Any, **values: Any) -> bool:
+        if status == "succeeded":  # another process's cancel, recorded as the run ends
+            mark_cancelled(store, run_id)
+        return setting(run_id, status, **values)
+
+    monkeypatch.setattr(store, "set_status", set_status)
+    final = await asyncio.wait_for(engine.execute(run.id), 60)
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert (final.status, store.get_run(run.id).status) == ("cancelled", "cancelled")
+    assert kinds[-1] == "run_cancelled" and "run_succeeded" not in kinds and "team_stored" not in kinds
+
+
 async def test_review_decisions(engine: Engine, write_script: Callable[..., Path]) -> None:
     script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
     options = RunOptions(prompt_rounds=0)

@@ -97,9 +97,9 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
         ready["cautions"] = cautions
 
     def record() -> RunRecord:
-        store.set_status(run.id, "awaiting_approval", plan=plan, agents=agents)
-        store.append_event(run.id, "plan_ready", data={"steps": plan.ids, **ready})
-        return store.get_run(run.id)
+        if store.set_status(run.id, "awaiting_approval", plan=plan, agents=agents):
+            store.append_event(run.id, "plan_ready", data={"steps": plan.ids, **ready})
+        return store.get_run(run.id)  # cancelled meanwhile: as it is
 
     return await asyncio.to_thread(record)
 
@@ -159,6 +159,8 @@ async def review_run(resources: RunResources, run: RunRecord) -> RunRecord:
         break
 
     def approved() -> RunRecord:
+        # the approval is recorded first (who approved is kept even if this process dies next);
+        # a cancel recorded meanwhile stands: the run is not moved to `running`
         store.append_event(run.id, "approved", data={"by": by})
         store.set_status(run.id, "running")
         return store.get_run(run.id)

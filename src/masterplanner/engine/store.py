@@ -269,10 +269,11 @@ class RunStore:
                 )
             )
 
-    def update_run(self, run_id: str, *, unless_cancelled: bool = False, **values: Any) -> None:
+    def update_run(self, run_id: str, *, unless_cancelled: bool = False, **values: Any) -> bool:
         """Set columns of a run (`plan` as a `Plan`, `agents` as a map of `AgentBrief`s).
 
-        With `unless_cancelled`, a run that is cancelled by then is left as it is.
+        With `unless_cancelled`, a run that is cancelled by then is left as it is. Whether the
+        run was written (False: no such run, or left cancelled).
         """
         if values.get("plan") is not None:
             values["plan"] = json.dumps(values["plan"].to_json_dict())
@@ -282,16 +283,18 @@ class RunStore:
         if unless_cancelled:
             which = sa.and_(which, runs_table.c.status != "cancelled")
         with self.begin("update a run") as connection:
-            connection.execute(runs_table.update().where(which).values(updated_at=utc_now(), **values))
+            update = runs_table.update().where(which).values(updated_at=utc_now(), **values)
+            return connection.execute(update).rowcount > 0
 
-    def set_status(self, run_id: str, status: RunStatus, **values: Any) -> None:
+    def set_status(self, run_id: str, status: RunStatus, **values: Any) -> bool:
         """Move a run to `status`, setting other columns in the same write.
 
         A cancelled run stays cancelled: a cancel from another process can land while the
         executing one writes its next status (the review's approval moving it to `running`, on a
-        thread the cancel cannot stop), and that write must not bring the run back.
+        thread the cancel cannot stop), and that write must not bring the run back. Whether the
+        status was written: a caller then records nothing of the move it did not make.
         """
-        self.update_run(run_id, unless_cancelled=status != "cancelled", status=status, **values)
+        return self.update_run(run_id, unless_cancelled=status != "cancelled", status=status, **values)
 
     def get_run(self, run_id: str) -> RunRecord:
         """The stored run; `RunError` if there is none with this id (a unique prefix also works)."""

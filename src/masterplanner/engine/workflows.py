@@ -207,29 +207,35 @@ async def end_workflow(
     """
     settings, store = launched_host()
 
-    def record() -> None:
+    def record() -> bool:
+        """Whether the run ended so: a cancel recorded meanwhile stands, and nothing else is said."""
+        if status == "succeeded":
+            if not store.set_status(run_id, "succeeded", output=text):
+                return False
+            store.requests.close_run(run_id, "expired", keep_remember=True)
+            store.append_event(run_id, "run_succeeded", data={"output_chars": len(text)})
+        else:
+            now = utc_now()
+            reason = redacted(text)  # a model server's error may echo the key it was sent
+            for step in store.steps(run_id):
+                if step.status in ("pending", "running"):
+                    store.update_step(run_id, step.id, status="cancelled", finished_at=now)
+            if not store.set_status(run_id, "failed", error=reason):
+                return False
+            store.requests.close_run(run_id, "expired", keep_remember=True)
+            # `outcome_counted`: the registry is told this failure (a retry that succeeds corrects it)
+            store.append_event(
+                run_id, "run_failed", data={"reason": reason, "outcome_counted": tell_registry}
+            )
         if telemetry.exporting():
             run = store.get_run(run_id)
             telemetry.record_run(
                 run_id, retries=run.retries, status=status, created_at=run.created_at, model=run.model
             )
-        if status == "succeeded":
-            store.set_status(run_id, "succeeded", output=text)
-            store.requests.close_run(run_id, "expired", keep_remember=True)
-            store.append_event(run_id, "run_succeeded", data={"output_chars": len(text)})
-            return
-        now = utc_now()
-        reason = redacted(text)  # a model server's error may echo the key it was sent
-        for step in store.steps(run_id):
-            if step.status in ("pending", "running"):
-                store.update_step(run_id, step.id, status="cancelled", finished_at=now)
-        store.set_status(run_id, "failed", error=reason)
-        store.requests.close_run(run_id, "expired", keep_remember=True)
-        # `outcome_counted`: the registry is told this failure (a retry that succeeds corrects it)
-        store.append_event(run_id, "run_failed", data={"reason": reason, "outcome_counted": tell_registry})
+        return True
 
-    await _recorded(record, "run_ended")
-    if tell_registry:
+    ended = await _recorded(record, "run_ended")
+    if tell_registry and ended is not False:  # (None: recorded by a version that returned nothing)
         resources = await resources_of(run_id, settings, store)
 
         def tell() -> None:
