@@ -1045,14 +1045,24 @@ async def test_a_reused_agent_whose_prompt_was_edited_in_the_registry_is_answere
         assert _plan_ready(engine, second)["reused_cohort"] == first
         assert engine.store.get_run(second).agents["read"].agent_id == f"{first}.read"
         assert (outputs, called) == (["BUY MILK"], the_read)
+
+        async def approve_as_a_client(run: Any, _catalog: Any) -> dict[str, Any]:
+            # an API client sends the agents back, each without the mark it did not know of
+            unmarked = {"prompt_by_person": False}
+            sent = {step: brief.to_json_dict() | unmarked for step, brief in run.agents.items()}
+            return {"action": "approve", "agents": sent}
+
+        third, outputs, called = await _notes_run(engine, script, workspace, approve_as_a_client)
+        assert engine.store.get_run(third).agents["read"].prompt_by_person
+        assert (outputs, called) == (["BUY MILK"], the_read)
         (agent,) = await service.agents()
         # the person's prompt is marked theirs in the registry (read before the edit: not yet)
         assert (stored.prompt_by_person, edited.prompt_by_person) == (False, True)
         assert (agent.id, agent.version, agent.stats.uses, agent.stats.successes) == (
             f"{first}.read",
             2,
-            2,
-            2,
+            3,
+            3,
         )
     finally:
         service.close()

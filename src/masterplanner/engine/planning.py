@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
@@ -221,7 +222,7 @@ async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDec
         resources.catalog,
         task=run.plan.task if run.plan is not None else None,
     )
-    edited_agents = dict(decision.agents if decision.agents is not None else run.agents)
+    edited_agents = _kept_marks(run.agents, decision.agents if decision.agents is not None else run.agents)
     problems = unoffered_policy_tools(
         decision.tool_policies or {},
         {step_id: agent.tool_policies for step_id, agent in (decision.agents or {}).items()},
@@ -246,6 +247,20 @@ async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDec
         return store.get_run(run.id)
 
     return await asyncio.to_thread(record)
+
+
+def _kept_marks(before: Mapping[str, AgentBrief], after: Mapping[str, AgentBrief]) -> dict[str, AgentBrief]:
+    """`after` with each reused agent's `prompt_by_person` as the run held it.
+
+    The mark is the stored agent's, not the answer's to give: an API client's answer that sends
+    a reused agent's brief back without it would have the step aids skip a person's prompt.
+    """
+    kept = dict(after)
+    for step_id, brief in after.items():
+        held = before.get(step_id)
+        if held is not None and held.prompt_by_person and brief.agent_id == held.agent_id:
+            kept[step_id] = brief.model_copy(update={"prompt_by_person": True})
+    return kept
 
 
 async def _write_missing_prompts(
