@@ -185,10 +185,12 @@ async def test_an_agent_page_saved_after_a_rating_taught_the_agent_keeps_the_les
     shown = html.unescape(refused.text)
     assert (
         f'<p class="error" role="alert">agent {agent_id} changed since this page was loaded (version 1 '
-        "then, 2 now): nothing was saved; see version 2 above, and save again to store your edit over "
-        "it</p>"
+        "then, 2 now): nothing was saved; the form shows version 2 with your changes on top, and saving "
+        "it stores them</p>"
     ) in shown
     assert ">Write it short.</textarea>" in shown and '<input type="hidden" name="latest" value="2">' in shown
+    # the lessons the person left as loaded show the lesson the rating wrote meanwhile
+    assert ">Always include the totals.</textarea>" in shown
 
     # a refused edit holding a secret comes back without it
     leaky = await client.post(
@@ -205,8 +207,20 @@ async def test_an_agent_page_saved_after_a_rating_taught_the_agent_keeps_the_les
     ) in shown
     assert ">Write it short. [secret removed]</textarea>" in shown
 
-    # sent again from the page that said so: saved over version 2, as the person chose
-    again = await client.post(f"/agents/{agent_id}", data=typed | {"latest": "2"})
+    # the form as it came back, saved: version 3 holds the person's prompt and the rating's lesson
+    again = await client.post(
+        f"/agents/{agent_id}", data=typed | {"latest": "2", "lessons": "Always include the totals."}
+    )
     assert again.status_code == 200 and "Saved as version 3." in again.text
     stored = (await client.get(f"/api/v1/agents/{agent_id}")).json()
-    assert (stored["version"], stored["system_prompt"], stored["lessons"]) == (3, "Write it short.", [])
+    assert (stored["version"], stored["system_prompt"], stored["lessons"]) == (
+        3,
+        "Write it short.",
+        ["Always include the totals."],
+    )
+    # a page loaded at version 2 whose person changed the prompt, which version 3 changed too
+    clash = await client.post(
+        f"/agents/{agent_id}", data=typed | {"latest": "2", "lessons": "Totals last.", "system_prompt": "x"}
+    )
+    assert clash.status_code == 409
+    assert "(you and version 3 both changed system_prompt: the form shows yours)" in html.unescape(clash.text)

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
@@ -236,13 +238,65 @@ def _form_of(spec: AgentSpec) -> dict[str, str]:
     }
 
 
+def _same_field(name: str, one: str, other: str) -> bool:
+    """Whether two values of the edit form's field `name` say the same (lists item by item)."""
+    separator = {"tools": ",", "keywords": ",", "lessons": "\n"}.get(name)
+    if separator is None:
+        return one.strip() == other.strip()
+    return [item.strip() for item in one.split(separator) if item.strip()] == [
+        item.strip() for item in other.split(separator) if item.strip()
+    ]
+
+
+async def _stale_edit(
+    registry: RegistryService,
+    latest: AgentSpec,
+    loaded: int,
+    form: Any,
+    refused: Callable[[str, int, dict[str, str] | None], Response],
+) -> Response:
+    """The edit of a page loaded at version `loaded`, another version stored since: refused (409).
+
+    The form comes back as the latest version with the person's changes on top: each field they
+    left as they loaded it shows the latest version's value (a lesson a rating wrote meanwhile
+    stays), each they changed shows theirs, and the message names the fields both changed.
+    """
+    base = None  # a version never stored (a hand-made form): their edit comes back as typed
+    if 1 <= loaded <= latest.version:
+        with contextlib.suppress(NotFoundError):
+            base = _form_of(await registry.agent(latest.id, loaded))
+    now = _form_of(latest)
+    merged, both = {}, []
+    for name, value in now.items():
+        typed = form_text(form, name)
+        if base is not None and _same_field(name, typed, base[name]):
+            merged[name] = value
+            continue
+        merged[name] = typed
+        theirs_too = base is not None and not _same_field(name, value, base[name])
+        if theirs_too and not _same_field(name, typed, value):
+            both.append(name)
+    version = latest.version
+    clash = (
+        f" (you and version {version} both changed {', '.join(both)}: the form shows yours)" if both else ""
+    )
+    return refused(
+        f"agent {latest.id} changed since this page was loaded (version {loaded} then, {version} now): "
+        f"nothing was saved; the form shows version {version} with your changes on top{clash}, and "
+        "saving it stores them",
+        409,
+        merged if base is not None else None,
+    )
+
+
 @pages.post("/agents/{agent_id}", response_class=HTMLResponse)
 async def agent_edit(request: Request, agent_id: str) -> Response:
     """Save the edit form as the agent's next version, or show what is wrong with it.
 
     The form says which version was the latest when it was loaded (`latest`): when another
     version was stored since (an edit elsewhere, a lesson a rating wrote), the edit is refused
-    (409) rather than saved over it, and comes back as typed beside what changed.
+    (409) rather than saved over it, and comes back as that version with the person's changes
+    on top (`_stale_edit`).
     """
     registry = _registry(request)
     spec = await _agent(registry, agent_id)
@@ -256,10 +310,10 @@ async def agent_edit(request: Request, agent_id: str) -> Response:
 
     versions = await registry.versions(spec.id)
 
-    def refused(error: str, status: int) -> Response:
-        # the form as the person left it, beside what is wrong with it; a secret they typed is
-        # not sent back (the edit was not stored): taken out, and said so
-        typed = {name: str(form.get(name, "")) for name in _form_of(spec)}
+    def refused(error: str, status: int, typed: dict[str, str] | None = None) -> Response:
+        # the form as the person left it (or `typed`), beside what is wrong with it; a secret they
+        # typed is not sent back (the edit was not stored): taken out, and said so
+        typed = typed or {name: form_text(form, name) for name in _form_of(spec)}
         shown = {name: redacted(value) for name, value in typed.items()}
         if shown != typed:
             error += f"; the form shows your edit with the secret taken out (marked {REMOVED})"
@@ -274,12 +328,7 @@ async def agent_edit(request: Request, agent_id: str) -> Response:
 
     loaded = str(form.get("latest", ""))
     if loaded.isascii() and loaded.isdigit() and int(loaded) != spec.version:
-        return refused(
-            f"agent {spec.id} changed since this page was loaded (version {int(loaded)} then, "
-            f"{spec.version} now): nothing was saved; see version {spec.version} above, and save "
-            "again to store your edit over it",
-            409,
-        )
+        return await _stale_edit(registry, spec, int(loaded), form, refused)
     edited = spec.model_dump(mode="json") | {
         "name": form_text(form, "name").strip(),
         "role": form_text(form, "role").strip(),
