@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -693,16 +695,22 @@ def test_killed_during_a_call_its_mcp_server_and_what_the_server_started_end_too
     orphaned, for ever after its run's process was killed with SIGKILL, and so did its children."""
     call = {"name": "faults_linger", "args": {"label": "cut"}}
     here = scene(rules(step("work", tools=["faults_linger"]), calls={"work": [call]}))
-    running_run = here.start(*RUN_ARGS, "--yes", env={"MASTERPLANNER_MODEL_TIMEOUT_S": "120"})
+    temporary = Path(tempfile.mkdtemp(prefix="mp-faults-tmp-"))
+    env = {"MASTERPLANNER_MODEL_TIMEOUT_S": "120", "TMPDIR": str(temporary)}
+    running_run = here.start(*RUN_ARGS, "--yes", env=env)
     here.wait_for(lambda: bool(lingering(here, "cut")), why="the server's call to start")
     pids = lingering(here, "cut")
     assert all(running(pid) for pid in pids)
+    assert [path.name.startswith("masterplanner-mcp-") for path in temporary.iterdir()] == [True]
     stopped(running_run, signal.SIGKILL)
     try:
         here.wait_for(lambda: not any(map(running, pids)), timeout=5, why=f"processes {pids} to end")
+        # the starter's file for a failed exec's reason goes with the server (the starter cannot)
+        here.wait_for(lambda: not any(temporary.iterdir()), timeout=5, why="the report file to go")
     finally:  # none left running after the test, whatever it found
         for pid in filter(running, pids):
             os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 def test_a_call_that_ends_ends_its_mcp_server(scene: Callable[[list[Rule]], Scene]) -> None:

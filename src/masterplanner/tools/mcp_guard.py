@@ -39,9 +39,26 @@ _PARENT_GONE = signal.SIGHUP
 _CANNOT_START = 127  # what a shell answers for a command it cannot run
 
 
+_report_path: str | None = None
+"""The starter's report file (`--report`): removed here when the starter dies, which cannot."""
+
+
 def _end_group(signum: int, frame: FrameType | None) -> None:
-    """The parent died: the server and everything it started end now (the guard too)."""
+    """The parent died: the server and everything it started end now (the guard too).
+
+    The starter's report file goes too: the starter removes it when the session ends, which a
+    starter killed with SIGKILL never does (one file a call was left in the temporary folder).
+    """
+    _forget_report()
     os.killpg(0, signal.SIGKILL)
+
+
+def _forget_report() -> None:
+    if _report_path is not None:
+        try:
+            os.unlink(_report_path)
+        except OSError:
+            pass  # removed already (the starter ended its session first)
 
 
 def _let_the_server_stop(signum: int, frame: FrameType | None) -> None:
@@ -94,9 +111,11 @@ def main(arguments: list[str]) -> int:
 
     Its exit code.
     """
+    global _report_path
     report = None
     if arguments and arguments[0].startswith("--report="):
         report, arguments = arguments[0].removeprefix("--report="), arguments[1:]
+    _report_path = report
     if len(arguments) < 3 or not arguments[0].isdigit():
         _say("usage: mcp_guard.py [--report=FILE] PARENT_PID EXECUTABLE ARGV0 [ARG ...]")
         return 2
@@ -111,6 +130,7 @@ def main(arguments: list[str]) -> int:
         return _CANNOT_START
     if os.getppid() != parent:  # it died before the request: no signal will come
         _say(f"the process that started {argv[0]} ({parent}) has ended; not starting it")
+        _forget_report()
         return _CANNOT_START
     pid = os.fork()
     if pid == 0:
