@@ -313,14 +313,19 @@ async def test_a_cancel_whose_clean_up_is_slow_is_not_cut_short_by_the_next_look
     assert _kinds(engine, run.id)[-1] == ("run_cancelled", None)
 
 
+def _one_step_run(engine: Engine, write_script: Callable[..., Path]) -> RunRecord:
+    """A created run of one step, "a", that succeeds at once."""
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "step:a", "output": "a done"}, DRAFTS])
+    return engine.create_run("one step", model=f"scripted:{script}", options=FAST)
+
+
 async def test_a_cancel_landing_as_the_review_is_approved_keeps_the_run_cancelled(
     engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The approval's move to `running` does not bring back a run a cancel recorded meanwhile."""
     from masterplanner.engine.control import mark_cancelled
 
-    script = write_script([_planner(step("a", tools=[])), {"purpose": "step:a", "output": "a done"}, DRAFTS])
-    run = engine.create_run("one step", model=f"scripted:{script}", options=FAST)
+    run = _one_step_run(engine, write_script)
     store = engine.store
     appending = store.append_event
 
@@ -344,8 +349,7 @@ async def test_a_cancel_landing_as_the_run_ends_keeps_it_cancelled_and_stores_no
     """The run's end does not say it succeeded, nor store its team, after a cancel was recorded."""
     from masterplanner.engine.control import mark_cancelled
 
-    script = write_script([_planner(step("a", tools=[])), {"purpose": "step:a", "output": "a done"}, DRAFTS])
-    run = engine.create_run("one step", model=f"scripted:{script}", options=FAST)
+    run = _one_step_run(engine, write_script)
     store = engine.store
     setting = store.set_status
 

@@ -961,6 +961,18 @@ async def _notes_run(
     return run.id, [each["output"] for each in engine.report(run.id)["steps"]], called
 
 
+def _notes_workspace(folder: Path) -> Path:
+    """A workspace holding `notes.txt` ("buy milk", "call Sam")."""
+    workspace = folder / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("buy milk\ncall Sam\n")
+    return workspace
+
+
+async def _approve(_run: Any, _catalog: Any) -> dict[str, Any]:
+    return {"action": "approve"}
+
+
 def _plan_ready(engine: Engine, run_id: str) -> dict[str, Any]:
     return next(event.data for event in engine.store.events(run_id) if event.kind == "plan_ready")
 
@@ -971,10 +983,7 @@ async def test_a_reused_agent_whose_prompt_was_edited_at_review_is_answered_unde
     # the first run's edited prompt was stored as its agent's; the next run reusing that agent had
     # `edited` false, so "Read notes.txt." was the engine's direct call again and the person's
     # prompt ("its first line only, in capitals") reached no model
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    (workspace / "notes.txt").write_text("buy milk\ncall Sam\n")
-    script = _notes_script(write_script)
+    workspace, script = _notes_workspace(tmp_path), _notes_script(write_script)
 
     async def edit(run: Any, _catalog: Any) -> dict[str, Any]:
         plan = run.plan.to_json_dict() | {"steps": [_READ_NOTES]}
@@ -984,16 +993,13 @@ async def test_a_reused_agent_whose_prompt_was_edited_at_review_is_answered_unde
             "agents": {"read": {"prompt": _FIRST_LINE, "edited": True}},
         }
 
-    async def approve(_run: Any, _catalog: Any) -> dict[str, Any]:
-        return {"action": "approve"}
-
     engine = Engine(Settings.load())
     service = RegistryService(engine.settings)
     try:
         first, outputs, called = await _notes_run(engine, script, workspace, edit)
         the_read = [("read", "read_file", {"path": "notes.txt"})]
         assert (outputs, called) == (["BUY MILK"], the_read)
-        second, outputs, called = await _notes_run(engine, script, workspace, approve)
+        second, outputs, called = await _notes_run(engine, script, workspace, _approve)
         assert _plan_ready(engine, second)["reused_cohort"] == first
         reused = engine.store.get_run(second).agents["read"]
         assert (reused.agent_id, reused.prompt, reused.edited) == (f"{first}.read", _FIRST_LINE, False)
@@ -1017,16 +1023,10 @@ async def test_a_reused_agent_whose_prompt_was_edited_in_the_registry_is_answere
 ) -> None:
     # `agents edit` (and the web registry page) stored the person's prompt as the agent's next
     # version; a run reusing it took the direct call and the prompt reached no model
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    (workspace / "notes.txt").write_text("buy milk\ncall Sam\n")
-    script = _notes_script(write_script)
+    workspace, script = _notes_workspace(tmp_path), _notes_script(write_script)
 
     async def edit_plan(run: Any, _catalog: Any) -> dict[str, Any]:
         return {"action": "approve", "plan": run.plan.to_json_dict() | {"steps": [_READ_NOTES]}}
-
-    async def approve(_run: Any, _catalog: Any) -> dict[str, Any]:
-        return {"action": "approve"}
 
     engine = Engine(Settings.load())
     service = RegistryService(engine.settings)
@@ -1041,7 +1041,7 @@ async def test_a_reused_agent_whose_prompt_was_edited_in_the_registry_is_answere
         edited = await service.edit_agent(stored.id, form | {"system_prompt": _FIRST_LINE})
         assert edited.version == 2
 
-        second, outputs, called = await _notes_run(engine, script, workspace, approve)
+        second, outputs, called = await _notes_run(engine, script, workspace, _approve)
         assert _plan_ready(engine, second)["reused_cohort"] == first
         assert engine.store.get_run(second).agents["read"].agent_id == f"{first}.read"
         assert (outputs, called) == (["BUY MILK"], the_read)

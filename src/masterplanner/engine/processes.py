@@ -188,20 +188,7 @@ class Processes:
                     processes_table.c.kind.desc(), processes_table.c.started_at.desc()
                 )
             ).mappings()
-            records = [
-                ProcessRecord(
-                    id=row["id"],
-                    kind=row["kind"],
-                    host=row["host"],
-                    pid=int(row["pid"]),
-                    queues=list(json.loads(row["queues"])),
-                    concurrency=row["concurrency"],
-                    age_s=max(0.0, now - float(row["heartbeat_at"])),
-                    alive=not row["stopped"] and float(row["lease_until"]) >= now,
-                    stopped=bool(row["stopped"]),
-                )
-                for row in rows
-            ]
+            records = [_record(row, now) for row in rows]
         return [record for record in records if include_dead or record.alive]
 
     def running_workers(self) -> list[ProcessRecord]:
@@ -232,20 +219,23 @@ class Processes:
                     continue  # renewals missed
                 if row["host"] == socket.gethostname() and not _another_live_process(int(row["pid"])):
                     continue
-                running.append(
-                    ProcessRecord(
-                        id=row["id"],
-                        kind=row["kind"],
-                        host=row["host"],
-                        pid=int(row["pid"]),
-                        queues=list(json.loads(row["queues"])),
-                        concurrency=row["concurrency"],
-                        age_s=max(0.0, now - heard),
-                        alive=True,
-                        stopped=False,
-                    )
-                )
+                running.append(_record(row, now))
         return running
+
+
+def _record(row: sa.RowMapping, now: float) -> ProcessRecord:
+    """A process's row as a record, its lease judged at `now` (the database's time)."""
+    return ProcessRecord(
+        id=row["id"],
+        kind=row["kind"],
+        host=row["host"],
+        pid=int(row["pid"]),
+        queues=list(json.loads(row["queues"])),
+        concurrency=row["concurrency"],
+        age_s=max(0.0, now - float(row["heartbeat_at"])),
+        alive=not row["stopped"] and float(row["lease_until"]) >= now,
+        stopped=bool(row["stopped"]),
+    )
 
 
 def _another_live_process(pid: int) -> bool:
