@@ -224,3 +224,39 @@ async def test_an_agent_page_saved_after_a_rating_taught_the_agent_keeps_the_les
     )
     assert clash.status_code == 409
     assert "(you and version 3 both changed system_prompt: the form shows yours)" in html.unescape(clash.text)
+
+
+async def test_a_review_of_reused_agents_says_so_and_which_prompts_a_person_wrote(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """The review page of a run that reuses a stored team marks each reused agent (it failed to render)."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("write", tools=[])]}, "repeat": True},
+            DRAFTS,
+            {"purpose": "step:write", "output": "a summary", "repeat": True},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+
+    async def started(approve: bool) -> str:
+        body = {"task": "summarise", "model": f"scripted:{script}", "options": {"auto_approve": approve}}
+        created = await client.post("/api/v1/runs", json=body)
+        assert created.status_code in (200, 201, 202), created.text
+        return str(created.json()["id"])
+
+    first = await started(True)
+    for _ in range(600):
+        teams = (await client.get("/api/v1/teams")).json()
+        if teams:
+            break
+        await asyncio.sleep(0.05)
+    agent_id = teams[0]["agents"]["write"]
+    marked = f"reuses agent {agent_id} from run {first}"
+    body = await _body_until(client, await started(False), "review-form")
+    assert f"{marked}</span>" in body
+    agent = (await client.get(f"/api/v1/agents/{agent_id}")).json()
+    edited = await client.put(f"/api/v1/agents/{agent_id}", json=agent | {"system_prompt": "Write it short."})
+    assert edited.status_code == 200, edited.text
+    body = await _body_until(client, await started(False), "review-form")
+    assert f"{marked}, its prompt written by a person</span>" in body
