@@ -838,18 +838,7 @@ async def test_a_read_step_whose_prompt_was_edited_is_answered_by_the_model_unde
     # "Read notes.txt." on a small model is the engine's own read_file call, its result the
     # step's output with no model turn; a prompt the person edited reached no model, and the
     # step answered with the whole file whatever the edit asked
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    (workspace / "notes.txt").write_text("buy milk\ncall Sam\n")
-    read = {
-        "id": "read",
-        "title": "Read the notes",
-        "instruction": "Read notes.txt.",
-        "agent_role": "reader",
-        "tools": ["read_file"],
-        "depends_on": [],
-        "expected_output": "",
-    }
+    workspace, read = _notes_workspace(tmp_path), _READ_NOTES
     edited = "Read notes.txt, then reply with its first line only, in capitals."
     read_call = {"name": "read_file", "args": {"path": "notes.txt"}}
     titled = {"title": "Read the notes", "agent_role": "file clerk"}  # the small model's plan call

@@ -12,6 +12,7 @@ import html
 import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -46,6 +47,16 @@ async def _body_until(client: httpx.AsyncClient, run_id: str, pattern: str) -> s
             return body
         await asyncio.sleep(0.05)
     raise AssertionError(f"the run's page never showed {pattern!r}:\n{body}")
+
+
+async def _stored_team(client: httpx.AsyncClient) -> dict[str, Any]:
+    """The first team the registry stores (a run that succeeds stores its team as it ends)."""
+    for _ in range(600):
+        teams = (await client.get("/api/v1/teams")).json()
+        if teams:
+            return dict(teams[0])
+        await asyncio.sleep(0.05)
+    raise AssertionError("no team was stored")
 
 
 def _review_id(body: str) -> str:
@@ -154,12 +165,7 @@ async def test_an_agent_page_saved_after_a_rating_taught_the_agent_keeps_the_les
     )
     body = {"task": "summarise", "model": f"scripted:{script}", "options": {"auto_approve": True}}
     run_id = (await client.post("/api/v1/runs", json=body)).json()["id"]
-    for _ in range(600):
-        teams = (await client.get("/api/v1/teams")).json()
-        if teams:
-            break
-        await asyncio.sleep(0.05)
-    agent_id = teams[0]["agents"]["write"]
+    agent_id = (await _stored_team(client))["agents"]["write"]
     page = html.unescape((await client.get(f"/agents/{agent_id}")).text)
 
     # while the page is open, a rating writes the agent a lesson (its version 2)
@@ -246,12 +252,7 @@ async def test_a_review_of_reused_agents_says_so_and_which_prompts_a_person_wrot
         return str(created.json()["id"])
 
     first = await started(True)
-    for _ in range(600):
-        teams = (await client.get("/api/v1/teams")).json()
-        if teams:
-            break
-        await asyncio.sleep(0.05)
-    agent_id = teams[0]["agents"]["write"]
+    agent_id = (await _stored_team(client))["agents"]["write"]
     marked = f"reuses agent {agent_id} from run {first}"
     body = await _body_until(client, await started(False), "review-form")
     assert f"{marked}</span>" in body
