@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _api import web_client
 from _cli import mp
 from _plans import step
 
@@ -30,7 +31,6 @@ from masterplanner import (
     achat,
 )
 from masterplanner.service import RegistryService, RunService
-from masterplanner.web import create_app
 
 KEY = "sk-proj-Abc123def456ghi789jkl"
 SEEN = "such as `OPENAI_API_KEY=…`): put secrets in the environment or the settings file, not in"
@@ -126,13 +126,8 @@ async def test_the_library_refuses_a_secret_task_chat_prompt_and_agent_edit(
 
 @pytest.fixture
 async def client(isolated: Path) -> AsyncIterator[httpx.AsyncClient]:
-    service = RunService(Settings.load())
-    app = create_app(service)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8765/api/v1") as opened:
+    async with web_client("/api/v1") as opened:
         yield opened
-    await app.state.executions.stop()
-    service.close()
 
 
 async def _open(client: httpx.AsyncClient, run_id: str, kind: str) -> dict[str, Any]:

@@ -16,11 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
+from _api import web_client
 from _plans import step
-
-from masterplanner import Settings
-from masterplanner.service import RunService
-from masterplanner.web import create_app
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
 GARBAGE = {"tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True}
@@ -29,14 +26,8 @@ KEY = "sk-proj-Abc123def456ghi789jkl"
 
 @pytest.fixture
 async def client(isolated: Path) -> AsyncIterator[httpx.AsyncClient]:
-    service = RunService(Settings.load())
-    app = create_app(service)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8765") as opened:
+    async with web_client() as opened:
         yield opened
-    await app.state.executions.stop()
-    app.state.registry.close()
-    service.close()
 
 
 async def _body_until(client: httpx.AsyncClient, run_id: str, pattern: str) -> str:

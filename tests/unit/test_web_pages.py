@@ -12,12 +12,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _api import web_client
 from _cli import start
 from _plans import step
 
 from masterplanner import RunOptions, Settings
 from masterplanner.service import RunService
-from masterplanner.web import create_app
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
 CRITIC = {
@@ -36,13 +36,8 @@ WRITE = {"name": "write_file", "args": {"path": "out.txt", "content": "hello fro
 
 @pytest.fixture
 async def client(isolated: Path) -> AsyncIterator[httpx.AsyncClient]:
-    service = RunService(Settings.load())
-    app = create_app(service)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8765") as opened:
+    async with web_client() as opened:
         yield opened
-    await app.state.executions.stop()
-    service.close()
 
 
 def _script(write_script: Callable[..., Path]) -> Path:

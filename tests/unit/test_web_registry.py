@@ -10,13 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-from _api import typed
+from _api import typed, web_client
 from _plans import step
 
-from masterplanner import Settings
 from masterplanner.registry import Cohort
-from masterplanner.service import RunService
-from masterplanner.web import create_app
 from masterplanner.web.api_responses import AgentOut, ListedAgentOut, MemoryOut, StoredAgentOut
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
@@ -24,15 +21,8 @@ DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.
 
 @pytest.fixture
 async def client(isolated: Path) -> AsyncIterator[httpx.AsyncClient]:
-    service = RunService(Settings.load())
-    app = create_app(service)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8765"
-    ) as opened:
+    async with web_client() as opened:
         yield opened
-    await app.state.executions.stop()
-    app.state.registry.close()
-    service.close()
 
 
 async def _finished_run(client: httpx.AsyncClient, write_script: Callable[..., Path]) -> dict[str, Any]:
