@@ -58,7 +58,7 @@ def _forget_report() -> None:
         try:
             os.unlink(_report_path)
         except OSError:
-            pass  # removed already (the starter ended its session first)
+            pass  # gone already (the starter ended its session first); the group is ended regardless
 
 
 def _let_the_server_stop(signum: int, frame: FrameType | None) -> None:
