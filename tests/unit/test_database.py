@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -205,6 +207,102 @@ def test_only_workers_that_are_alive_count_as_running(tmp_path: Path) -> None:
         store.close()
     finally:
         alive.communicate("\n", timeout=60)
+
+
+_REGISTER_WORKER = (
+    "import os, sys\n"
+    "from masterplanner.engine.store import RunStore\n"
+    "store = RunStore(sys.argv[1])\n"
+    "store.processes.register(sys.argv[2], 'worker', lease_s=60)\n"
+    "print(os.getpid(), flush=True)\n"
+    "if sys.argv[3] == 'stay':\n"
+    "    sys.stdin.readline()\n"
+)
+
+
+def _ended_worker(url: str, process_id: str) -> int:
+    """Register a worker from a process of this pid namespace that then ends; its pid."""
+    ended = subprocess.run(
+        [sys.executable, "-c", _REGISTER_WORKER, url, process_id, "go"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ended.returncode == 0, ended.stderr
+    return int(ended.stdout)
+
+
+def test_a_worker_in_another_pid_namespace_under_this_host_name_counts_as_running(database_url: str) -> None:
+    """Before, a worker of this host name whose pid no process here had was left out: a live
+    worker in a container beside this one (`--network host`) has a pid of its own namespace."""
+    # a new pid namespace whose next pid is one no process of ours has, as in another container
+    free = next(pid for pid in range(30000, 1000, -1) if not Path(f"/proc/{pid}").exists())
+    container = ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c"]
+    first = 'echo "$1" > /proc/sys/kernel/ns_last_pid && shift && "$@"; true'
+    if shutil.which("unshare") is None or subprocess.run([*container, first, "sh", "1", "true"]).returncode:
+        pytest.skip("cannot start a process in a pid namespace of its own (unshare --pid)")
+    register = [sys.executable, "-c", _REGISTER_WORKER, database_url, "in-a-container", "stay"]
+    elsewhere = subprocess.Popen(
+        [*container, first, "sh", str(free - 1), *register],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert elsewhere.stdout is not None and elsewhere.stdout.readline() == f"{free}\n"
+        assert not Path(f"/proc/{free}").exists()  # its pid is no process's here
+        _ended_worker(database_url, "ended-here")
+        store = RunStore(database_url)
+        try:
+            store.processes.register("earlier-life", "worker", lease_s=60)  # this process's pid
+            workers = {record.id: record for record in store.processes.listed()}
+            assert sorted(workers) == ["earlier-life", "ended-here", "in-a-container"]
+            assert {record.host for record in workers.values()} == {socket.gethostname()}
+            assert workers["in-a-container"].pid == free
+            assert [record.id for record in store.processes.running_workers()] == ["in-a-container"]
+        finally:
+            store.close()
+    finally:
+        elsewhere.communicate("\n", timeout=60)
+
+
+def test_a_worker_recorded_before_pid_namespaces_is_judged_by_its_host_name(database_url: str) -> None:
+    """Migration `0010_process_pid_namespace` on a database whose workers have no namespace: as
+    before it, one of this host name whose pid no process has is not running; one of another is."""
+    import sqlalchemy as sa
+
+    dead_pid = _ended_worker(database_url, "written")
+    store = RunStore(database_url)
+    with store.begin("make the database as versions before the migration left it") as connection:
+        for process_id, host in [("ended-here", socket.gethostname()), ("of-another-host", "elsewhere")]:
+            connection.execute(
+                sa.text(
+                    "INSERT INTO mp_processes (id, kind, host, pid, queues, started_at, heartbeat_at, "
+                    "lease_until, stopped) SELECT :id, kind, :host, pid, queues, started_at, heartbeat_at, "
+                    "lease_until, stopped FROM mp_processes WHERE id = 'written'"
+                ),
+                {"id": process_id, "host": host},
+            )
+        connection.execute(sa.text("DELETE FROM mp_processes WHERE id = 'written'"))
+        connection.execute(sa.text("ALTER TABLE mp_processes DROP COLUMN pid_namespace"))
+        connection.execute(sa.text("DELETE FROM mp_migrations WHERE name = '0010_process_pid_namespace'"))
+    store.close()
+    store = RunStore(database_url)
+    try:
+        workers = {record.id: (record.host, record.pid) for record in store.processes.listed()}
+        assert workers == {
+            "ended-here": (socket.gethostname(), dead_pid),
+            "of-another-host": ("elsewhere", dead_pid),
+        }
+        assert [record.id for record in store.processes.running_workers()] == ["of-another-host"]
+        store.processes.register("this-one", "worker", lease_s=60)  # with its namespace: the column is back
+        assert sorted(record.id for record in store.processes.listed()) == [
+            "ended-here",
+            "of-another-host",
+            "this-one",
+        ]
+    finally:
+        store.close()
 
 
 def test_a_worker_is_offered_only_the_queued_runs_of_its_providers(tmp_path: Path) -> None:

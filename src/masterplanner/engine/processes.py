@@ -12,6 +12,10 @@ run's lease) asks `alive` about a step it waits for that is PENDING, and hands a
 step back to its queue (`runtime.recover_workflow`), where a live worker takes it and replays it
 from its last checkpoint. Nothing is recovered for a run nobody coordinates: a run stopped with
 Ctrl-C waits for `runs resume`, as before.
+
+A pid means something only in its pid namespace, so each row says which one (`pid_namespace`,
+`pid_namespace_of_this_process`): containers sharing a host name (`--network host`, or given
+the same one) each have their own, and a pid of another's need not exist in ours.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +44,9 @@ __all__ = [
     "ProcessKind",
     "ProcessRecord",
     "Processes",
+    "add_process_pid_namespace",
     "create_process_table",
+    "pid_namespace_of_this_process",
     "step_queue_name",
 ]
 
@@ -61,6 +68,7 @@ processes_table = sa.Table(
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("host", sa.String(200), nullable=False),
     sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("pid_namespace", sa.String(200)),
     sa.Column("queues", sa.Text, nullable=False),
     sa.Column("concurrency", sa.Integer),
     sa.Column("started_at", sa.Float, nullable=False),
@@ -73,6 +81,34 @@ processes_table = sa.Table(
 def create_process_table(connection: Connection) -> None:
     """Migration `0005_processes`: the processes executing workflows, and their leases."""
     processes_table.create(connection, checkfirst=True)
+
+
+def add_process_pid_namespace(connection: Connection) -> None:
+    """Migration `0010_process_pid_namespace`: the pid namespace a process's pid belongs to.
+
+    Rows written before it have none (NULL); `running_workers` judges them as it did then.
+    """
+    columns = {column["name"] for column in sa.inspect(connection).get_columns("mp_processes")}
+    if "pid_namespace" not in columns:
+        connection.execute(sa.text("ALTER TABLE mp_processes ADD COLUMN pid_namespace VARCHAR(200)"))
+
+
+def pid_namespace_of_this_process() -> str:
+    """Which pids this process's pid is among: the machine's boot and its pid namespace.
+
+    On Linux, `BOOT_ID/pid:[DEVICE:INODE]`: the kernel's id of this boot and the namespace's
+    inode (two processes share a pid namespace exactly when both are equal; inodes are reused
+    across boots and machines, hence the boot id). Where either cannot be read (not Linux, or
+    /proc hidden) it is `unknown:PLATFORM`, the same for every such process of the platform:
+    those of one host name are then told apart by the host name alone, as before namespaces
+    were recorded (right where a host has one pid space, as without Linux's namespaces).
+    """
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid")
+    except OSError:
+        return f"unknown:{sys.platform}"
+    return f"{boot_id}/pid:[{namespace.st_dev}:{namespace.st_ino}]"
 
 
 @dataclass(frozen=True)
@@ -128,6 +164,7 @@ class Processes:
                 "kind": kind,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
+                "pid_namespace": pid_namespace_of_this_process(),
                 "queues": json.dumps(queues or []),
                 "concurrency": concurrency,
                 "heartbeat_at": now,
@@ -198,10 +235,14 @@ class Processes:
         holds one: a worker restarted at once (under systemd, say) counted the one it replaces,
         or itself in an earlier life, as running beside it. Left out are, besides the dead and
         stopped: a worker not heard from for more than half its lease (renewed every fifth of
-        it: two renewals and more missed), and on this host one of this process's pid (an
-        earlier life: this one has not registered yet) or of a pid no process has (any more).
-        Not for taking work over, which waits for the lease to lapse (`alive`): a worker only
-        suspended would resume it.
+        it: two renewals and more missed), and on this host, in this pid namespace, one of this
+        process's pid (an earlier life: this one has not registered yet) or of a pid no process
+        has (any more). A worker of another pid namespace under the same host name (a container
+        beside this one) is not judged by its pid, which means nothing here; nor is one on a
+        host of another name. A row written before the namespace was recorded (NULL, by a
+        version before `0010_process_pid_namespace`) is judged by its host name alone, as that
+        version did. Not for taking work over, which waits for the lease to lapse (`alive`): a
+        worker only suspended would resume it.
         """
         with self._store.begin("list running workers") as connection:
             now = database_now(connection)
@@ -212,12 +253,13 @@ class Processes:
                     processes_table.c.lease_until >= now,
                 )
             ).mappings()
+            here = (socket.gethostname(), pid_namespace_of_this_process())
             running = []
             for row in rows:
                 heard, until = float(row["heartbeat_at"]), float(row["lease_until"])
                 if now - heard > (until - heard) / 2:
                     continue  # renewals missed
-                if row["host"] == socket.gethostname() and not _another_live_process(int(row["pid"])):
+                if _among_our_pids(row, *here) and not _another_live_process(int(row["pid"])):
                     continue
                 running.append(_record(row, now))
         return running
@@ -236,6 +278,11 @@ def _record(row: sa.RowMapping, now: float) -> ProcessRecord:
         alive=not row["stopped"] and float(row["lease_until"]) >= now,
         stopped=bool(row["stopped"]),
     )
+
+
+def _among_our_pids(row: sa.RowMapping, host: str, pid_namespace: str) -> bool:
+    """Whether the row's pid is one of this process's pid namespace (NULL: of its host name)."""
+    return row["host"] == host and row["pid_namespace"] in (None, pid_namespace)
 
 
 def _another_live_process(pid: int) -> bool:

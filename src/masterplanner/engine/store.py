@@ -41,7 +41,7 @@ from ..database import (
 from ..errors import RunError, RunNotFoundError
 from ..plan import Plan
 from .messages import Messages, add_message_hand_on, create_message_tables, hand_on
-from .processes import Processes, create_process_table
+from .processes import Processes, add_process_pid_namespace, create_process_table
 from .records import (
     EVENT_KINDS,
     FINISHED_RUN_STATUSES,
@@ -164,6 +164,7 @@ MIGRATIONS: list[Migration] = [
     ("0007_usage_cost", _add_usage_cost),
     ("0008_run_retries", _add_run_retries),
     ("0009_message_hand_on", add_message_hand_on),
+    ("0010_process_pid_namespace", add_process_pid_namespace),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
