@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -965,6 +967,10 @@ def test_a_tool_call_in_a_process_running_steps_inline_needs_the_run_still_held_
     keep_lease(run.id)  # lapsed, and nobody took it (a laptop that slept): it carries on
     set_lease(owner="elsewhere:4242:0badc0de/def456", lease_until=1e12)
     with pytest.raises(DBOSWorkflowConflictIDError):  # a worker took it over: no call here
+        keep_lease(run.id)
+    # a worker in another container under this host name, where it too has this pid
+    set_lease(owner=f"{socket.gethostname()}:{os.getpid()}:0badc0-0badc0de/def456")
+    with pytest.raises(DBOSWorkflowConflictIDError):
         keep_lease(run.id)
     set_lease(owner=None)
     with pytest.raises(DBOSWorkflowConflictIDError):  # given up: nobody here runs its steps

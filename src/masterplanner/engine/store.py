@@ -173,15 +173,21 @@ _this_process: tuple[int, str] | None = None
 
 
 def _process_prefix() -> str:
-    """`host:pid:` of this process, the host name as it was when the process first asked."""
+    """`host:pid:token-` of this process, the host name as it was when the process first asked.
+
+    The token is this process's own: two containers given one host name may each run
+    masterplanner under the same pid (pid 1, say), and without it each would take the other's
+    lease for its own (`held_here`) and go on executing a run the other took over.
+    """
     global _this_process
     if _this_process is None or _this_process[0] != os.getpid():
-        _this_process = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:")
+        token = uuid.uuid4().hex[:6]
+        _this_process = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{token}-")
     return _this_process[1]
 
 
 def process_identity() -> str:
-    """`host:pid:token`, unique to this engine in this process, used as the lease owner."""
+    """`host:pid:token-token`, unique to this engine in this process, used as the lease owner."""
     return f"{_process_prefix()}{uuid.uuid4().hex[:8]}"
 
 
