@@ -141,6 +141,25 @@ async def test_a_refused_review_edit_is_shown_again_without_the_secret_typed_int
     assert (await client.get(f"/api/v1/requests/{review}")).json()["state"] == "open"
 
 
+async def test_a_refused_new_task_is_shown_again_without_the_secret_typed_into_it(
+    client: httpx.AsyncClient,
+) -> None:
+    form = {"task": f"Fetch the report with OPENAI_API_KEY={KEY} and sum it", "model": "scripted:/x.json"}
+    refused = await client.post("/new", data=form)
+    assert refused.status_code == 422
+    assert KEY not in refused.text
+    shown = html.unescape(refused.text)
+    assert (
+        '<p class="error" role="alert">invalid task: the task holds what looks like a secret (an API key, '
+        "a token or a password, such as `OPENAI_API_KEY=…`): put secrets in the environment or the settings "
+        "file, not in the task; the form shows your task with the secret taken out (marked "
+        "[secret removed])</p>"
+    ) in shown
+    # the rest of the task as typed, the secret taken out where it was
+    assert ">Fetch the report with [secret removed] and sum it</textarea>" in shown
+    assert (await client.get("/api/v1/runs")).json() == []
+
+
 async def test_an_agent_page_saved_after_a_rating_taught_the_agent_keeps_the_lesson(
     client: httpx.AsyncClient, write_script: Callable[..., Path]
 ) -> None:

@@ -26,7 +26,7 @@ from ..engine.records import BUDGET_LIMITS, FINISHED_RUN_STATUSES, WHOLE_OPTION_
 from ..errors import MasterplannerError, PlanError, RequestClosedError, RunError
 from ..estimate import estimate_run
 from ..event_text import event_detail
-from ..redaction import REMOVED
+from ..redaction import REMOVED, redacted
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name, typed_secrets_removed
 from ..tools.workspace import walk_files
@@ -179,10 +179,15 @@ async def create_run(request: Request) -> Response:
     typed = {name: str(form.get(name, "")).strip()[:100] for name, *_ in _NEW_RUN_FIELDS}
 
     def refused(error: str) -> Response:  # the form again as the person left it, with the error
+        # a secret typed into the task is not sent back (nothing of it was stored): taken out, and
+        # said so; before, the form echoed the task as typed, key included
+        shown = redacted(task)
+        if shown != task:
+            error += f"; the form shows your task with the secret taken out (marked {REMOVED})"
         context = _new_context(
             model=model,
             error=error,
-            task=task,
+            task=shown,
             workspace=workspace,
             yes=yes,
             typed=typed,
