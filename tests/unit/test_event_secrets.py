@@ -148,3 +148,40 @@ async def test_what_a_tool_read_or_failed_with_keeps_no_secret_in_the_run_s_even
     assert REMOVED in results[1]["error"]
     stored = json.dumps([event.to_json_dict() for event in events])
     assert SECRET not in stored and "a1b2c3d4" not in stored
+
+
+async def test_a_step_that_kept_calling_a_failing_tool_keeps_no_secret_in_its_error(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The step fails for its model requests, naming its last failed call: neither the step's error
+    nor its `step_failed` event keeps the key that call's error quoted."""
+    missing = {"name": "read_file", "args": {"path": f"token={SECRET}.txt"}}
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("r", tools=["read_file"])]}},
+            {"purpose": "step:r", "tool_calls": [missing], "repeat": True},
+            {"purpose": "prompt_creator", "output": "You are a worker.", "repeat": True},
+        ]
+    )
+    engine = Engine(Settings.load())
+    try:
+        run = engine.create_run(
+            "r",
+            model=f"scripted:{script}",
+            options=RunOptions(prompt_rounds=0, auto_approve=True, max_replans=0),
+            workspace=tmp_path / "ws",
+        )
+        final = await engine.execute(run.id)
+        steps = engine.store.steps(run.id)
+        events = engine.store.events(run.id)
+    finally:
+        engine.close()
+    expected = (
+        "the step agent used more than 12 model requests (its last tool call failed: "
+        f"file '{REMOVED} does not exist in the workspace)"
+    )
+    assert final.status == "failed"
+    assert [(s.id, s.status, s.error) for s in steps] == [("r", "failed", expected)]
+    assert [event.data for event in events if event.kind == "step_failed"] == [{"error": expected}]
+    stored = json.dumps([event.to_json_dict() for event in events]) + str(final.error)
+    assert SECRET not in stored and "a1b2c3d4" not in stored

@@ -406,7 +406,8 @@ class _StepRun:
                 error = _describe(exc)
                 if isinstance(exc, UsageLimitExceeded) and failed(self.last_tool_result):
                     # a model that kept calling a failing tool: say what kept failing
-                    problem = str(self.last_tool_result).removeprefix(TOOL_FAILED).strip()
+                    # as the agent saw it, which may quote a key the call was given (a path, a URL)
+                    problem = redacted(str(self.last_tool_result).removeprefix(TOOL_FAILED).strip())
                     error += f" (its last tool call failed: {problem})"
                 break
             except sa.exc.DBAPIError as exc:  # DBOS's own writes (a full disk); our stores raise RunError
@@ -605,7 +606,7 @@ def _describe(exc: BaseException) -> str:
     """A step attempt's failure in our words: a library's advice and links never reach the person."""
     if isinstance(exc, UsageLimitExceeded):
         return f"the step agent used more than {AGENT_REQUEST_LIMIT} model requests"
-    if isinstance(exc, AgentRunError):
-        return failure_text(exc)
+    if isinstance(exc, AgentRunError):  # its last problem may quote a tool's failure, key and all
+        return redacted(failure_text(exc))
     # a model server's error body may echo the key it was sent
     return redacted(str(exc)) or type(exc).__name__
