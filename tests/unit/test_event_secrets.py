@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _plans import step
 
 from masterplanner import Settings
@@ -185,3 +188,63 @@ async def test_a_step_that_kept_calling_a_failing_tool_keeps_no_secret_in_its_er
     assert [event.data for event in events if event.kind == "step_failed"] == [{"error": expected}]
     stored = json.dumps([event.to_json_dict() for event in events]) + str(final.error)
     assert SECRET not in stored and "a1b2c3d4" not in stored
+
+
+def test_an_images_api_error_echoing_the_key_reaches_the_model_without_it(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server answering 401 with the key it was sent: the step's model reads the failure, not the key.
+
+    The key has no provider's shape: it is known as the value of the images API's variable here.
+    """
+    key = "images-key-0123456789abcdef"
+
+    class Refusing(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            sent = self.headers["Authorization"].removeprefix("Bearer ")
+            reply = json.dumps({"error": {"message": f"Incorrect API key provided: {sent}"}}).encode()
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    monkeypatch.setenv("MASTERPLANNER_IMAGE_BASE_URL", f"http://127.0.0.1:{server.server_address[1]}/v1")
+    draw = {"name": "generate_image", "args": {"prompt": "a lighthouse", "path": "light.png"}}
+    shown = f"Incorrect API key provided: {REMOVED}"
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("g", tools=["generate_image"])]}},
+            {"purpose": "step:g", "tool_calls": [draw]},
+            # the step's model is shown the failure with the key taken out
+            {
+                "purpose": "step:g",
+                "expect": ["the images API failed: AuthenticationError", shown],
+                "output": "done",
+            },
+            {"purpose": "prompt_creator", "output": "You are a worker.", "repeat": True},
+        ]
+    )
+    options = RunOptions(
+        prompt_rounds=0, auto_approve=True, max_replans=0, tool_policies={"generate_image": "auto"}
+    )
+    engine = Engine(Settings.load())
+    try:
+        run = engine.create_run("g", model=f"scripted:{script}", options=options, workspace=tmp_path / "ws")
+        final = asyncio.run(engine.execute(run.id))
+        events = engine.store.events(run.id)
+    finally:
+        engine.close()
+        server.shutdown()
+    assert (final.status, final.output, final.error) == ("succeeded", "done", None)
+    (result,) = [event.data for event in events if event.kind == "tool_result"]
+    assert result["tool"] == "generate_image" and shown in result["error"]
+    stored = json.dumps([event.to_json_dict() for event in events])
+    assert key not in stored and "0123456789abcdef" not in stored

@@ -103,13 +103,14 @@ def _without_advice(message: str) -> list[str]:
 
 
 def _failure(tool: str, exc: Exception) -> str:
-    """A tool's unexpected exception in our words: one line, cut, without the library's advice."""
+    """A tool's unexpected exception in our words: one line, cut, without the library's advice or a key."""
     try:
         message = str(exc)
     except Exception:  # a broken __str__ must not hide the failure
         message = ""
     detail = "; ".join(line.strip() for line in _without_advice(message) if line.strip()) or "no details"
-    text = _printable(f"{tool} failed: {type(exc).__name__}: {detail}")
+    # no key of it, taken out before the cut so that none is cut short of its shape
+    text = redacted(_printable(f"{tool} failed: {type(exc).__name__}: {detail}"))
     return text if len(text) <= _FAILURE_CHARS else f"{text[: _FAILURE_CHARS - 1]}…"
 
 
@@ -141,6 +142,10 @@ class ToolCalls:
 
     Text the agent or the person sees (results, errors, arguments shown for approval) has lone
     surrogates escaped, so a tool's odd output cannot break the model API call or the terminal.
+    An error the agent sees has every credential-shaped part and every value of a secret variable
+    here taken out (`redaction.redacted`): a server's error may echo the key it was sent (an
+    images API answering 401 with `Incorrect API key provided: …`), and the key went into the
+    model's prompt and the call's checkpoint.
     """
 
     store: RunStore
@@ -246,7 +251,9 @@ class ToolCalls:
             if inspect.isawaitable(result):
                 result = await result
         except ToolError as exc:
-            message = _printable("\n".join(_without_advice(str(exc))).strip()) or f"{name} failed"
+            # what the agent reads (and the checkpoint keeps): a server's error may echo the key
+            # it was sent (an images API answering 401), which would go into the model's prompt
+            message = redacted(_printable("\n".join(_without_advice(str(exc))).strip())) or f"{name} failed"
             await self._outcome(name, "error", message)
             return False, message
         except MasterplannerError as exc:
