@@ -52,9 +52,11 @@ async def run_agent(agent: Any, prompt: str, **options: Any) -> Any:
     except UserError as exc:
         raise ConfigError(str(exc)) from exc
     except ModelAuthenticationError as exc:
-        raise ConfigError(f"the model provider rejected the credentials: {exc}") from exc
+        # its body may echo the key it was sent ("Incorrect API key provided: …"): printed by
+        # `plan` and `chat`, and in a run's error, without it
+        raise ConfigError(f"the model provider rejected the credentials: {redacted(str(exc))}") from exc
     except AgentRunError as exc:
-        raise ModelError(f"model call failed: {failure_text(exc)}") from exc
+        raise ModelError(f"model call failed: {redacted(failure_text(exc))}") from exc
     except OSError as exc:
         raise ModelError(f"model call failed: {redacted(str(exc))}") from exc
     return result.output

@@ -400,3 +400,19 @@ def test_chat_warns_that_a_settings_file_in_a_recorded_workspace_is_not_read(iso
         "earlier run"
     )
     assert error.startswith("error: setting 'model' (given as a flag or argument): unknown model 'nope:x'")
+
+
+@pytest.mark.parametrize("command", [("plan", "Summarise the files"), ("chat", "Say hi")])
+def test_a_model_server_refusing_the_key_and_echoing_it_is_said_without_it(command: tuple[str, ...]) -> None:
+    """`plan` and `chat` print a provider's 401 without the key it echoes (a key of no known shape)."""
+    from _model_server import Rule, model_server
+
+    key = "zq7Hkd92LmPq0xWv3nRt"
+    with model_server([Rule(match=[""], always="401")]) as server:
+        env = {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": server.base_url, "MASTERPLANNER_MODEL_ATTEMPTS": "1"}
+        done = run(*command, "--model", "openai:gpt-4o", env=env)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "error: the model provider rejected the credentials: status_code: 401, model_name: gpt-4o, "
+        "body: {'message': 'Incorrect API key provided: [secret removed]', 'type': 'invalid_request_error'}\n"
+    )
