@@ -35,6 +35,7 @@ __all__ = [
     "editor_command",
     "parse_review_yaml",
     "render_review_yaml",
+    "reused_agent_origin",
     "with_errors_on_top",
 ]
 
@@ -53,6 +54,20 @@ _HEADER = (
 )
 FRESH = "fresh"
 """What a person writes in a step's `agent` to replace a reused agent with a newly written one."""
+
+
+def reused_agent_origin(agent: dict[str, Any]) -> str:
+    """A reused agent's id, its run and whether a person wrote its prompt, as the web review words them.
+
+    "ID from run R, its prompt written by a person": the run is left out when unknown, the person
+    when the prompt is theirs only because they edited it in this review (it is then marked edited).
+    """
+    origin = str(agent.get("agent_id") or "")
+    if agent.get("reused_from"):
+        origin += f" from run {agent['reused_from']}"
+    if agent.get("prompt_by_person") and not agent.get("edited"):
+        origin += ", its prompt written by a person"
+    return origin
 
 
 @dataclass(frozen=True)
@@ -91,8 +106,7 @@ def render_review_yaml(
             entry["expand"] = True
         agent = (agents or {}).get(step.id) or {}
         if agent.get("agent_id") and agent.get("reused_from") is not None:
-            origin = f" from run {agent['reused_from']}" if agent["reused_from"] else ""
-            entry["agent"] = f"reused {agent['agent_id']}{origin}"
+            entry["agent"] = f"reused {reused_agent_origin(agent)}"
         prompt = agent.get("prompt")
         if prompt:
             entry["prompt"] = prompt.rstrip() + "\n" if "\n" in prompt else prompt

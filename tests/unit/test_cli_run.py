@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from _cli import LEASE_S, mp
 from _plans import step
 
@@ -670,3 +671,52 @@ def test_a_workspace_the_person_cannot_write_to_is_refused(tmp_path: Path) -> No
     prefix = ("setpriv", f"--bounding-set={dropped}", f"--inh-caps={dropped}") if os.geteuid() == 0 else ()
     done = _run_in(tmp_path, str(locked), prefix=prefix)
     assert (done.returncode, done.stderr) == (2, f"error: workspace {locked} is not writable\n")
+
+
+LOGGING_EDITOR = """
+import pathlib, sys
+path = pathlib.Path(sys.argv[-1])
+pathlib.Path(__file__).with_suffix(".log").write_text(path.read_text())
+"""
+PROMPT_EDITOR = """
+import pathlib, sys
+path = pathlib.Path(sys.argv[-1])
+path.write_text(path.read_text().replace("You are a worker. Do the step.", "Write it short."))
+"""
+
+
+def test_the_review_says_a_reused_agent_s_prompt_was_written_by_a_person(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The plan shown and the YAML edited say so, as the web review does; only the page did."""
+    script = write_script([_planner(step("write", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}])
+    words = {"MASTERPLANNER_EMBEDDER": "none"}  # the team is found by its task's words: no model loads
+    first = mp("run", "summarise", "--model", f"scripted:{script}", "--yes", "--json", env=words)
+    assert first.returncode == 0, first.stderr
+    first_id = json.loads(first.stdout)["run_id"]
+    agent_id = f"{first_id}.write"
+    editor = tmp_path / "prompt.py"
+    editor.write_text(PROMPT_EDITOR)
+    edited = mp("agents", "edit", agent_id, env={"VISUAL": f"{sys.executable} {editor}"})
+    assert edited.returncode == 0, edited.stderr
+    logger = tmp_path / "review.py"
+    logger.write_text(LOGGING_EDITOR)
+    second = mp(
+        "run",
+        "summarise",
+        "--model",
+        f"scripted:{script}",
+        "--json",
+        stdin="e\na\n",
+        env=words | {"EDITOR": f"{sys.executable} {logger}", "VISUAL": ""},
+    )
+    assert second.returncode == 0, second.stderr
+    origin = f"{agent_id} from run {first_id}, its prompt written by a person"
+    assert f"    └── prompt (reused agent {origin})\n" in second.stderr  # the plan shown
+    [shown] = yaml.safe_load((tmp_path / "review.log").read_text())["steps"]  # the YAML edited
+    assert (shown["agent"], shown["prompt"]) == (f"reused {origin}", "Write it short.")
+    report = json.loads(second.stdout)
+    assert report["status"] == "succeeded"
+    # the line left as it was keeps the agent: the run counts on it, and stores no other
+    agents = json.loads(mp("agents", "list", "--json").stdout)
+    assert [(agent["id"], agent["stats"]["uses"]) for agent in agents] == [(agent_id, 2)]

@@ -230,11 +230,12 @@ def _agent_notes(agent: dict[str, Any]) -> str:
         notes += f" [dim]({shown(scores)})[/]"
     if agent.get("edited"):
         notes += " [yellow](edited)[/]"
-    elif agent.get("prompt_by_person"):
+    if agent.get("agent_id") and agent.get("reused_from") is not None:
+        from ..review import reused_agent_origin
+
+        notes += f" [green]({shown('reused agent ' + reused_agent_origin(agent))})[/]"
+    elif agent.get("prompt_by_person") and not agent.get("edited"):
         notes += " [yellow](written by a person)[/]"
-    if agent.get("reused_from"):
-        reused = f"reused agent {agent.get('agent_id', '')} from run {agent['reused_from']}"
-        notes += f" [green]({shown(reused)})[/]"
     return notes
 
 
