@@ -64,6 +64,7 @@ __all__ = [
     "Settings",
     "default_home",
     "known_workspaces",
+    "missing_credential",
     "provider_of",
     "record_workspace",
 ]
@@ -242,6 +243,26 @@ PROVIDERS = ("anthropic", "local", "ollama", "openai", "scripted")
 def provider_of(spec: str) -> str:
     """The provider a model spec names: `local` for `local` and `local:PATH`, else its prefix."""
     return spec.strip().partition(":")[0]
+
+
+_CREDENTIALS: dict[str, tuple[str, ...]] = {
+    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL"),
+    "anthropic": ("ANTHROPIC_API_KEY",),
+}
+"""The environment variables, any one of which a provider's requests need (the first is its key)."""
+
+
+def missing_credential(provider: str) -> str | None:
+    """The environment variable `provider` needs and this process lacks, or None when it has what it needs.
+
+    Only hosted providers need one: the embedded and scripted models run here, and an Ollama
+    server is reached without a key. Here, not in `models`, so that opening the registry with a
+    provider's embedder checks its key without importing the models or pydantic-ai.
+    """
+    names = _CREDENTIALS.get(provider, ())
+    if not names or any(os.environ.get(name) for name in names):
+        return None
+    return names[0]
 
 
 class ProviderLimit(BaseModel):

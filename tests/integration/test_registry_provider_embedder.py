@@ -44,3 +44,29 @@ def test_openai_embeddings_from_a_compatible_server_index_the_registry(
     assert found[0][0].id == "sales" and found[0][1] == pytest.approx(1.0, abs=1e-4)
     with store.engine.connect() as connection:
         assert connection.exec_driver_sql("SELECT count(*) FROM mp_vectors").scalar_one() == 2
+
+
+def test_a_registry_opened_with_the_setting_makes_the_provider_embedder_on_first_search(
+    embedding_server: str, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the CLI and the engine open it: the setting is checked at open, the embedder made when needed."""
+    from pydantic_ai import models
+
+    monkeypatch.setenv("OPENAI_BASE_URL", embedding_server)
+    monkeypatch.setattr(models, "ALLOW_MODEL_REQUESTS", True)  # loopback server only
+    isolated.mkdir(parents=True, exist_ok=True)
+    store = RegistryStore(f"sqlite:///{isolated / 'registry.sqlite'}", "openai:smollm2")
+    for key, task in (
+        ("sales", "Read sales.csv and total it by month"),
+        ("haiku", "Write a haiku about the sea"),
+    ):
+        store.put_cohort(
+            Cohort.model_validate({"id": key, "task": task, "plan": {"task": task, "steps": []}})
+        )
+    with store.engine.connect() as connection:  # stored by their words: nothing embedded yet
+        assert connection.exec_driver_sql("SELECT count(*) FROM mp_vectors").scalar_one() == 0
+    found = store.similar_cohorts("Read sales.csv and total it by month", 2)
+    assert found[0][0].id == "sales" and found[0][1] == pytest.approx(1.0, abs=1e-4)
+    assert store.embedder is not None and store.embedder.spec == "openai:smollm2"
+    with store.engine.connect() as connection:
+        assert connection.exec_driver_sql("SELECT count(*) FROM mp_vectors").scalar_one() == 2

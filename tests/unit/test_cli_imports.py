@@ -129,7 +129,7 @@ def test_reading_answering_and_cancelling_runs_import_nothing_heavy(
 def test_reading_the_registry_and_rating_a_run_import_nothing_heavy(
     tmp_path: Path, write_script: Callable[..., Path]
 ) -> None:
-    """With the default embedder (smollm2) set, listing and showing load no embedder and no vectors."""
+    """With the default embedder (smollm2) or a provider's set, reading loads no embedder or vectors."""
     from masterplanner.registry import open_registry
     from masterplanner.registry.memory import MemoryStore
 
@@ -175,6 +175,28 @@ def test_reading_the_registry_and_rating_a_run_import_nothing_heavy(
     rated = json.loads(read("feedback", run_id, "--rating", "4", "--json").stdout)
     assert rated == {"rated_agents": [agent_id], "cohort_rated": True, "lessons": {}}
     assert json.loads(read("cohorts", "show", run_id, "--json").stdout)["rating"] == 4
+
+    # a provider's embedder is made on first use too: these commands neither import pydantic-ai nor
+    # reach the provider (its address is a closed port here, so a call would fail the command)
+    again = mp("run", "Summarise notes.txt", "--model", f"scripted:{script}", "--yes", "--json",
+               env={"MASTERPLANNER_EMBEDDER": "none"})  # fmt: skip
+    unrated = json.loads(again.stdout)["run_id"]  # a run is rated once
+    provider = {
+        "MASTERPLANNER_EMBEDDER": "openai:text-embedding-3-small",
+        "OPENAI_API_KEY": "sk-masterplanner-test-not-a-key",
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+    }
+    for args in [
+        ("agents", "list", "--json"),
+        ("agents", "show", agent_id),
+        ("cohorts", "list"),
+        ("cohorts", "show", run_id, "--json"),
+        ("memory", "list", "--json"),
+        ("feedback", unrated, "--rating", "3"),
+    ]:
+        code, heavy, done = imported(tmp_path, *args, heavy=REGISTRY_HEAVY, env=provider)
+        assert (code, heavy) == (0, []), (args, done.stderr)
+    assert json.loads(read("cohorts", "show", unrated, "--json").stdout)["rating"] == 3
 
     # a setting that cannot work is still refused when the registry opens, before anything is read
     code, _heavy, done = imported(

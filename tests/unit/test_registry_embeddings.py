@@ -514,9 +514,11 @@ def test_the_default_embedder_names_the_fix_when_the_model_package_is_missing(
     assert (str(opened.value), database.exists()) == (said, False)
 
 
+@pytest.mark.parametrize("setting", ["smollm2", "openai:text-embedding-3-small"])
 def test_the_registry_makes_its_embedder_when_a_search_first_needs_it(
-    isolated: Path, monkeypatch: pytest.MonkeyPatch
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, setting: str
 ) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-masterplanner-test-not-a-key")  # never used: no call is made
     made: list[str] = []
     vectors = {"Plot the readings in weather.csv": [1.0, 0.0], "Chart weather.csv": [0.8, 0.6]}
 
@@ -527,25 +529,33 @@ def test_the_registry_makes_its_embedder_when_a_search_first_needs_it(
     monkeypatch.setattr(embedders, "_resolved", {})
     monkeypatch.setattr(embedders, "_new_embedder", new_embedder)
     isolated.mkdir()
-    store = RegistryStore(f"sqlite:///{isolated / 'registry.db'}", "smollm2")
+    store = RegistryStore(f"sqlite:///{isolated / 'registry.db'}", setting)
     task = "Plot the readings in weather.csv"
     store.put_cohort(Cohort.model_validate({"id": "c1", "task": task, "plan": {"task": task, "steps": []}}))
     assert ([cohort.id for cohort in store.list_cohorts()], made) == (["c1"], [])
     found = store.similar_cohorts("Plot the readings in weather.csv")
-    assert ([cohort.id for cohort, _ in found], made) == (["c1"], ["smollm2"])
-    assert store.embedder is embedders._resolved["smollm2"]
+    assert ([cohort.id for cohort, _ in found], made) == (["c1"], [setting])
+    assert store.embedder is embedders._resolved[setting]
     store.similar_cohorts("Chart weather.csv")
-    assert made == ["smollm2"]  # made once
+    assert made == [setting]  # made once
     for bad, message in [
         ("minilm", "embedder 'minilm': expected smollm2, none, local, sentence-transformers:NAME or "
          "PROVIDER:MODEL (e.g. openai:text-embedding-3-small)"),
         ("sentence-transformers:", "embedder 'sentence-transformers:' needs a model name or path after "
          "the colon"),
+        ("openai:", "embedder 'openai:' needs a model name after the colon, e.g. "
+         "openai:text-embedding-3-small"),
+        (":text-embedding-3-small", "embedder ':text-embedding-3-small': expected smollm2, none, local, "
+         "sentence-transformers:NAME or PROVIDER:MODEL (e.g. openai:text-embedding-3-small)"),
     ]:  # fmt: skip
         with pytest.raises(ConfigError) as refused:
             RegistryStore(f"sqlite:///{isolated / 'registry.db'}", bad)
         assert str(refused.value) == message
-    assert made == ["smollm2"]
+    monkeypatch.delenv("OPENAI_API_KEY")
+    with pytest.raises(MissingCredentialError) as keyless:  # the key the provider needs, at once
+        RegistryStore(f"sqlite:///{isolated / 'other.db'}", "openai:text-embedding-3-small")
+    assert (keyless.value.variable, (isolated / "other.db").exists()) == ("OPENAI_API_KEY", False)
+    assert made == [setting]
 
 
 def test_the_shipped_centre_belongs_to_the_shipped_gguf() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, MissingCredentialError, ModelSpecError
-from ..settings import PROVIDERS, provider_of
+from ..settings import PROVIDERS, missing_credential, provider_of
 from .labelled import LabelledModel, labelled
 
 if TYPE_CHECKING:
@@ -57,25 +57,6 @@ CONTEXT_TOKENS = "masterplanner_context_tokens"
 """Profile key: the context window in tokens, for a model whose window the engine must plan for."""
 MAX_OUTPUT_TOKENS = "masterplanner_max_output_tokens"
 """Profile key: the most tokens one reply of such a model may take."""
-
-
-_CREDENTIALS: dict[str, tuple[str, ...]] = {
-    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL"),
-    "anthropic": ("ANTHROPIC_API_KEY",),
-}
-"""The environment variables, any one of which a provider's requests need (the first is its key)."""
-
-
-def missing_credential(provider: str) -> str | None:
-    """The environment variable `provider` needs and this process lacks, or None when it has what it needs.
-
-    Only hosted providers need one: the embedded and scripted models run here, and an Ollama
-    server is reached without a key.
-    """
-    names = _CREDENTIALS.get(provider, ())
-    if not names or any(os.environ.get(name) for name in names):
-        return None
-    return names[0]
 
 
 def context_window(model: Model) -> tuple[int, int] | None:

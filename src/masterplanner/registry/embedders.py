@@ -11,8 +11,11 @@ The setting `embedder` picks one:
 | `PROVIDER:MODEL`, e.g. `openai:text-embedding-3-small` | the provider's API through pydantic-ai |
 
 `openai:` also reaches an OpenAI-compatible server (llama.cpp, vLLM, Ollama) at `OPENAI_BASE_URL`.
-A provider's missing key or client package is refused when the embedder is resolved, in our words;
-any other library error is one short line, without the library's advice and links.
+A provider's missing key or client package is refused in our words: the key of a provider the
+models know (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`) when the registry opens, the rest (another
+provider's key, its client package, a provider pydantic-ai has no embeddings for) when the
+embedder is resolved; any other library error is one short line, without the library's advice
+and links.
 
 Vectors come back L2-normalised as float32, so a dot product is the cosine similarity. What the
 reuse thresholds are compared with is the embedder's `similarity` of that cosine: the cosine itself,
@@ -21,9 +24,10 @@ registry store is synchronous (the CLI and the engine share it), so an embedding
 completion on the process's embedding loop, a daemon thread, and the caller waits for it.
 
 Opening the registry checks the setting at once (`check_embedder`: its form, the model file or
-package it needs, a provider's key) but loads nothing: NumPy, pydantic-ai and the model code are
-imported when something is first embedded (`resolve_embedder`), so listing and showing agents,
-teams and memories stays as cheap as reading the database. This module imports neither.
+package it needs, a known provider's key) but loads nothing, for every form: NumPy, pydantic-ai
+and the model code are imported when something is first embedded (`resolve_embedder`), so
+listing and showing agents, teams and memories stays as cheap as reading the database, and a
+provider is never called by it. This module imports neither.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ..agents import failure_text
 from ..errors import ConfigError, MasterplannerError, MissingCredentialError, ModelError, ModelFileError
+from ..settings import missing_credential
 
 if TYPE_CHECKING:
     import numpy as np
@@ -184,10 +189,11 @@ def check_embedder(spec: str) -> None:
 
     What each form needs and can be checked without loading it is checked: the form itself, the
     shipped GGUF (`smollm2`), the MiniLM package and its runtime's packages (`local`), the
-    sentence-transformers package and a model name (`sentence-transformers:`). A provider's
-    embedder (`PROVIDER:MODEL`) is resolved here in full (pydantic-ai knows its providers, their
-    client packages and keys): it is made once per process, and only that form imports
-    pydantic-ai when the registry opens.
+    sentence-transformers package and a model name (`sentence-transformers:`), a provider and a
+    model name and the key of a provider the models know (`PROVIDER:MODEL`). What only
+    pydantic-ai knows (its other providers, their client packages and keys) is checked when the
+    embedder is made (`resolve_embedder`); before, a provider's embedder was made here, so
+    reading the registry with one imported pydantic-ai.
     """
     spec = spec.strip()
     if spec in ("", "none"):
@@ -204,13 +210,19 @@ def check_embedder(spec: str) -> None:
             raise ConfigError("embedder 'sentence-transformers:' needs a model name or path after the colon")
         if importlib.util.find_spec("sentence_transformers") is None:
             raise ConfigError(f"embedder {spec!r} needs sentence-transformers; {_EXTRA_HINT}")
-    elif ":" not in spec:
+    elif ":" not in spec or not spec.partition(":")[0].strip():
         raise ConfigError(
             f"embedder {spec!r}: expected smollm2, none, local, sentence-transformers:NAME or PROVIDER:MODEL "
             "(e.g. openai:text-embedding-3-small)"
         )
     else:
-        resolve_embedder(spec)
+        provider, _, model = spec.partition(":")
+        if not model.strip():
+            raise ConfigError(
+                f"embedder {spec!r} needs a model name after the colon, e.g. openai:text-embedding-3-small"
+            )
+        if (variable := missing_credential(provider)) is not None:
+            raise MissingCredentialError(variable, spec, what="embedder")
 
 
 def resolve_embedder(spec: str) -> TextEmbedder | None:
@@ -278,14 +290,11 @@ def _sentence_transformers_embedder(spec: str) -> TextEmbedder:
 
 
 def _provider_embedder(spec: str) -> TextEmbedder:
-    """A provider's embedding model; a missing key is named now, in our words."""
+    """A provider's embedding model; a missing key or client package is named now, in our words."""
+    check_embedder(spec)  # its form and a known provider's key, as when the registry opened
     from pydantic_ai.embeddings import infer_embedding_model
     from pydantic_ai.exceptions import UserError
 
-    from ..models import missing_credential
-
-    if (variable := missing_credential(spec.partition(":")[0])) is not None:
-        raise MissingCredentialError(variable, spec, what="embedder")
     try:
         return TextEmbedder(spec, infer_embedding_model(spec))
     except (UserError, ValueError, ImportError) as exc:
