@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, MasterplannerError, ModelError
+from .errors import ConfigError, MasterplannerError, ModelError, problem_in_our_words
 from .redaction import redacted
 
 if TYPE_CHECKING:
@@ -137,7 +137,11 @@ def _problem(cause: BaseException | None, kind: str) -> str:
 
 
 def _details(errors: Any, kind: str) -> str:
-    """Pydantic error details as `missing argument 'path'; unexpected argument 'file'; …`."""
+    """Pydantic error details as `missing argument 'path'; argument 'n': should be text, got a number`.
+
+    In our words (`problem_in_our_words`): pydantic's ("input should be a valid string") and its
+    JSON reader's ("invalid JSON: expected ident at line 1 column 2") reached the person before.
+    """
     problems = []
     for item in errors[:5]:
         where = ".".join(str(part) for part in item.get("loc", ()))
@@ -145,6 +149,10 @@ def _details(errors: Any, kind: str) -> str:
             problems.append(f"missing {kind} {where!r}")
         elif item.get("type") == "extra_forbidden":
             problems.append(f"unexpected {kind} {where!r}")
+        elif "type" in item:
+            whole = "its arguments" if kind == "argument" else "its answer"
+            problem = problem_in_our_words(item)
+            problems.append(f"{kind} {where!r}: {problem}" if where else f"{whole} {problem}")
         else:
             message = _lower_first(str(item.get("msg", "")))
             problems.append(f"{kind} {where!r}: {message}" if where else message)

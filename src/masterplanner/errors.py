@@ -34,6 +34,7 @@ hold them.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -241,6 +242,46 @@ _SHAPES = {
     "missing": "is missing",
     "extra_forbidden": "unknown field",
 }
+_WHOLE_PROBLEMS = {
+    "missing": _SHAPES["missing"],
+    "extra_forbidden": _SHAPES["extra_forbidden"],
+    # JSON text with a lone surrogate (`"\ud800"`)
+    "string_unicode": "should be text, and it holds a character that is not one (a lone surrogate)",
+}
+"""The kinds of problem said the same whatever was given."""
+
+
+_JSON_READER_PROBLEMS = (
+    ("EOF while parsing", "the text ends before the JSON does"),
+    ("expected ident", "a value was expected"),
+    ("expected value", "a value was expected"),
+    ("trailing characters", "more text follows the JSON value"),
+    ("trailing comma", "a comma is followed by no value"),
+    ("key must be a string", "a key in double quotes was expected"),
+    ("expected `,` or `}`", "a comma or } was expected"),
+    ("expected `,` or `]`", "a comma or ] was expected"),
+    ("expected `:`", "a colon was expected"),
+    ("control character", "a string holds a control character (write it as an escape)"),
+    ("invalid escape", "a string holds an escape JSON does not have"),
+    ("invalid number", "a number is not written as JSON writes numbers"),
+    ("number out of range", "a number is too large"),
+)
+"""pydantic's JSON reader's words for text that is not JSON (`expected ident`), and ours."""
+_JSON_READER_PLACE = re.compile(r"^(?P<why>.*?) at line (?P<line>\d+) column (?P<column>\d+)$")
+
+
+def _not_json(item: Any) -> str:
+    """Where and why text given as JSON is not JSON, from a `json_invalid` problem.
+
+    The reader's own words ("expected ident at line 1 column 2") reached people as they were.
+    """
+    error = str((item.get("ctx") or {}).get("error", ""))
+    place = _JSON_READER_PLACE.match(error)
+    why = place["why"] if place else error
+    words = next((ours for theirs, ours in _JSON_READER_PROBLEMS if why.startswith(theirs)), None)
+    words = words or "not valid JSON here"
+    where = f"line {place['line']}, column {place['column']}: " if place else ""
+    return f"is not valid JSON ({where}{words})"
 
 
 def validation_problems(errors: Iterable[Any], *, whole: str) -> list[str]:
@@ -267,10 +308,10 @@ def problem_in_our_words(item: Any, *, what: str | None = None) -> str:
         return f"should be {shape}, got {json_kind(value)}"
     if kind == "path_type":  # pydantic: "Input is not a valid path for <class 'pathlib.Path'>"
         return f"should be a path (text), got {json_kind(value)}"
-    if kind == "string_unicode":  # JSON text with a lone surrogate (`"\ud800"`)
-        return "should be text, and it holds a character that is not one (a lone surrogate)"
-    if kind in ("missing", "extra_forbidden"):
-        return _SHAPES[kind]
+    if kind == "json_invalid":
+        return _not_json(item)
+    if kind in _WHOLE_PROBLEMS:
+        return _WHOLE_PROBLEMS[kind]
     if kind in _SHAPES:
         return f"{_SHAPES[kind]}, got {_given(kind, value)}"
     if kind == "string_too_short":

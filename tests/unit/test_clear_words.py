@@ -230,6 +230,12 @@ def _step_errors(report: dict[str, Any]) -> list[str]:
             "(last problem: missing argument 'path'; unexpected argument 'file')",
         ),
         (
+            {"tool_calls": [{"name": "read_file", "args": {"path": 5, "encoding": ["utf-8"]}}]},
+            "the model called read_file with bad arguments 3 times in a row "
+            "(last problem: argument 'path': should be text, got a number; "
+            "unexpected argument 'encoding')",
+        ),
+        (
             {"tool_calls": [{"name": "teleport", "args": {}}]},
             "the model called teleport, a tool this step does not have, 3 times in a row",
         ),
@@ -238,7 +244,7 @@ def _step_errors(report: dict[str, Any]) -> list[str]:
             "the model gave no usable answer 3 times in a row (last problem: its reply was empty)",
         ),
     ],
-    ids=["bad-arguments", "unknown-tool", "empty-reply"],
+    ids=["bad-arguments", "wrong-types", "unknown-tool", "empty-reply"],
 )
 def test_retries_that_run_out_are_worded_by_us(
     write_script: Callable[..., Path], answer: dict[str, Any], problem: str
@@ -252,6 +258,29 @@ def test_retries_that_run_out_are_worded_by_us(
     assert errors[:2] == [problem, problem]  # each retried attempt says what went wrong
     for text in errors:
         assert not any(word in text for word in ("http", "Consider", "docs", "pydantic")), text
+
+
+@pytest.mark.parametrize(
+    ("output", "problem"),
+    [
+        ("nope", "its answer is not valid JSON (line 1, column 2: a value was expected)"),
+        ('{"steps": [1 2]}', "its answer is not valid JSON (line 1, column 14: a comma or ] was expected)"),
+        (5, "its answer should be a JSON object, got a number"),
+    ],
+    ids=["not-json", "broken-json", "not-an-object"],
+)
+def test_a_planner_answer_that_is_not_a_plan_is_worded_by_us(
+    write_script: Callable[..., Path], output: Any, problem: str
+) -> None:
+    # a reply that is no JSON object failed with the JSON reader's and pydantic's words:
+    # "invalid JSON: expected ident at line 1 column 2", "input should be an object"
+    script = write_script([{"purpose": "planner", "output": output, "repeat": True}])
+    result = mp("plan", "write a poem to poem.txt", "--model", f"scripted:{script}")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == (
+        "error: model call failed: the model gave no usable answer 3 times in a row "
+        f"(last problem: {problem})"
+    )
 
 
 def _caused(error: Exception, cause: BaseException | None) -> Exception:
@@ -292,8 +321,7 @@ def test_library_messages_lose_their_advice_and_keep_the_problem() -> None:
     assert [failure_text(error) for error in (cut_off, older, rejected)] == [
         "the model's reply was cut off at its output token limit (2048 tokens) while it wrote a tool call",
         "the model gave no usable answer 2 times in a row "
-        "(last problem: field 'count': input should be a valid integer, "
-        "unable to parse string as an integer)",
+        "(last problem: field 'count': should be a whole number, got 'many')",
         "the model gave no usable answer 3 times in a row (last problem: cite a source)",
     ]
     assert failure_text(UsageLimitExceeded("The next request would exceed the request_limit of 3")) == (
