@@ -334,6 +334,18 @@ def test_agents_import_adds_versions_and_refuses_what_an_edit_would(tmp_path: Pa
         assert refused.returncode == 2
         assert refused.stderr.startswith(f"error: {backup}: line 2: {problem}"), refused.stderr
         assert refused.stderr.endswith("; nothing was imported\n")
+    # a line that is no JSON object was "line 2: line: invalid JSON: expected ident at line 1 column 2"
+    for text, problem in [
+        ("nope", "line 2 is not valid JSON (at column 2: a value was expected)"),
+        ('{"id": "x",}', "line 2 is not valid JSON (at column 12: a comma is followed by no value)"),
+        ("[1]", "line 2 should be a JSON object, got a list"),
+    ]:
+        backup.write_text(json.dumps(line | {"id": "other"}) + "\n" + text + "\n")
+        refused = run("agents", "import", str(backup))
+        assert (refused.returncode, refused.stderr) == (
+            2,
+            f"error: {backup}: {problem}; nothing was imported\n",
+        )
     assert [agent["id"] for agent in json.loads(run("agents", "list", "--json").stdout)] == ["poet"]
 
 

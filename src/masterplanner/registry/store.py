@@ -36,7 +36,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..database import Migration, create_engine, migrate, reconnecting_methods, transaction, utc_now
-from ..errors import ConfigError, NotFoundError, RunError, validation_problems
+from ..errors import ConfigError, NotFoundError, RunError, problem_in_our_words, validation_problems
 from ..text_files import read_text
 from .specs import AgentSpec, AgentStats, Cohort, with_prompt_author
 
@@ -893,8 +893,7 @@ class RegistryStore:
             try:
                 spec = AgentSpec.model_validate_json(line)
             except ValidationError as exc:
-                problem = validation_problems(exc.errors()[:1], whole="line")[0]
-                raise ConfigError(f"{path}: line {number}: {problem}; nothing was imported") from None
+                raise ConfigError(f"{path}: {_line_problem(number, exc)}; nothing was imported") from None
             if spec.id in lines:
                 raise ConfigError(
                     f"{path}: line {number}: agent {spec.id!r} is on line {lines[spec.id]} too; "
@@ -1075,3 +1074,17 @@ def _prior(stats: AgentStats) -> float:
     if rating is not None:
         boost += 0.1 * (rating - 3) / 2
     return max(0.5, boost)
+
+
+def _line_problem(number: int, exc: ValidationError) -> str:
+    """The first problem of line `number` of an agents file: `line 2: role: must not be empty`.
+
+    A line that is no agent at all (not JSON, not an object) is named once, as the line it is:
+    it read "line 2: line: invalid JSON: expected ident at line 1 column 2".
+    """
+    item = exc.errors()[0]
+    if item["loc"]:
+        return f"line {number}: {validation_problems([item], whole='line')[0]}"
+    # each agent is one line of the file, so the JSON reader's line is always 1
+    problem = problem_in_our_words(item).replace("(line 1, column ", "(at column ")
+    return f"line {number} {problem}"
