@@ -52,7 +52,7 @@ from pydantic_settings import (
 
 from .errors import SettingsError, json_kind, problem_in_our_words
 from .text_files import read_text
-from .tools.mcp import McpServer
+from .tools.mcp import McpServer, is_http_url
 
 __all__ = [
     "CONFIG_FILE_NAME",
@@ -401,18 +401,8 @@ class Settings(BaseSettings):
         Before, "127.0.0.1:4318" or "http://[::1" failed each run with the library's error and
         advice ("Perhaps you meant https://…"), naming no setting.
         """
-        from urllib.parse import urlsplit
-
         url = url.strip()
-        if not url:
-            return url
-        try:
-            parts = urlsplit(url)
-            good = parts.scheme in ("http", "https") and bool(parts.hostname) and " " not in url
-            parts.port  # noqa: B018 - a port that is no number raises here
-        except ValueError:
-            good = False
-        if not good:
+        if url and not is_http_url(url):
             raise ValueError(
                 f"expected an http:// or https:// URL such as http://127.0.0.1:4318, got {url!r}"
             )

@@ -332,6 +332,27 @@ def test_an_otel_endpoint_that_is_not_an_http_url_is_refused_naming_the_setting(
     assert Settings.load().otel_endpoint == "https://collector.example:4318/"
 
 
+@pytest.mark.parametrize(
+    "url", ["notaurl", "localhost:8000/mcp", "http://[::1", "ftp://host/mcp", "http://h:x"]
+)
+def test_an_mcp_server_url_that_is_not_an_http_url_is_refused_naming_the_setting(
+    isolated: Path, url: str
+) -> None:
+    """Before, the settings loaded and each run failed listing the server's tools, in the MCP library's words.
+
+    ("MCP server 'remote': cannot list its tools: ValueError: Invalid HTTP/S URL provided for …")
+    """
+    path = write_toml(Path.cwd(), f'[mcp_servers.remote]\nurl = "{url}"\n')
+    with pytest.raises(SettingsError) as refused:
+        Settings.load()
+    assert str(refused.value) == (
+        f"invalid settings: setting 'mcp_servers.remote.url' (in {path}): expected an http:// or "
+        f"https:// URL such as http://localhost:8000/mcp, got {url!r}"
+    )
+    write_toml(Path.cwd(), '[mcp_servers.remote]\nurl = " http://localhost:8000/mcp "\n')
+    assert str(Settings.load().mcp_servers["remote"].url) == "http://localhost:8000/mcp"
+
+
 def test_a_home_masterplanner_creates_is_only_its_owners(isolated: Path, tmp_path: Path) -> None:
     """Whichever creates it first: the home, the run store's folder, a workspace's record, the web token."""
     from masterplanner import RunService

@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import ConfigError, ToolError
 from ..private import create_private_file, private_folder
@@ -42,6 +42,7 @@ __all__ = [
     "McpServer",
     "argument_problems",
     "discover_tools",
+    "is_http_url",
     "mcp_client",
     "mcp_tool_name",
 ]
@@ -69,11 +70,40 @@ class McpServer(BaseModel):
         None, description="where a stdio server's standard error goes (default: <home>/logs/mcp-<name>.log)"
     )
 
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        """An http(s) URL with a host, refused at load otherwise, naming the setting.
+
+        Before, each run failed as the server's tools were listed, in the MCP library's words
+        ("Invalid HTTP/S URL provided for Streamable HTTP.").
+        """
+        if url is None:
+            return None
+        url = url.strip()
+        if not is_http_url(url):
+            raise ValueError(
+                f"expected an http:// or https:// URL such as http://localhost:8000/mcp, got {url!r}"
+            )
+        return url
+
     @model_validator(mode="after")
     def _one_transport(self) -> McpServer:
         if (self.command is None) == (self.url is None):
             raise ValueError("give either 'command' (stdio) or 'url' (streamable HTTP)")
         return self
+
+
+def is_http_url(url: str) -> bool:
+    """Whether `url` is an http:// or https:// URL with a host (and a port, if any, that is a number)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port that is no number raises here
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and " " not in url
 
 
 def mcp_tool_name(server: str, tool: str) -> str:
