@@ -39,6 +39,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -236,6 +237,9 @@ class _TomlFiles(PydanticBaseSettingsSource):
         return dict(self.data)
 
 
+_URL_EXAMPLES = {"searxng_url": "http://127.0.0.1:8888", "image_base_url": "https://api.openai.com/v1"}
+"""What the URL settings' errors give as an example."""
+
 PROVIDERS = ("anthropic", "local", "ollama", "openai", "scripted")
 """The providers a model spec may name (its part before the first colon); each has a step queue."""
 
@@ -406,6 +410,22 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"expected an http:// or https:// URL such as http://127.0.0.1:4318, got {url!r}"
             )
+        return url
+
+    @field_validator("searxng_url", "image_base_url")
+    @classmethod
+    def _server_url(cls, url: str | None, info: ValidationInfo) -> str | None:
+        """None (empty), or an http(s) URL with a host.
+
+        Before, "ftp://host" or "http://[::1" loaded, and each web_search or generate_image call
+        failed in httpx's words ("UnsupportedProtocol: Request URL has an unsupported protocol").
+        """
+        url = (url or "").strip()
+        if not url:
+            return None
+        if not is_http_url(url):
+            example = _URL_EXAMPLES[str(info.field_name)]
+            raise ValueError(f"expected an http:// or https:// URL such as {example}, got {url!r}")
         return url
 
     @field_validator("http_allowed_domains")

@@ -353,6 +353,32 @@ def test_an_mcp_server_url_that_is_not_an_http_url_is_refused_naming_the_setting
     assert str(Settings.load().mcp_servers["remote"].url) == "http://localhost:8000/mcp"
 
 
+@pytest.mark.parametrize(
+    ("setting", "example"),
+    [("searxng_url", "http://127.0.0.1:8888"), ("image_base_url", "https://api.openai.com/v1")],
+)
+@pytest.mark.parametrize("url", ["ftp://host", "notaurl", "http://[::1"])
+def test_a_search_or_image_server_url_that_is_not_an_http_url_is_refused_naming_the_setting(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, setting: str, example: str, url: str
+) -> None:
+    """Before, they loaded, and each web_search or generate_image call failed in httpx's words.
+
+    ("web search (searxng) failed: UnsupportedProtocol: Request URL has an unsupported protocol …")
+    """
+    variable = f"MASTERPLANNER_{setting.upper()}"
+    monkeypatch.setenv(variable, url)
+    with pytest.raises(SettingsError) as refused:
+        Settings.load()
+    assert str(refused.value) == (
+        f"invalid settings: setting {setting!r} (from {variable}): expected an http:// or https:// URL "
+        f"such as {example}, got {url!r}"
+    )
+    monkeypatch.setenv(variable, f" {example} ")
+    assert getattr(Settings.load(), setting) == example
+    monkeypatch.setenv(variable, "")  # empty: none (SearXNG unset; OpenAI's own images API)
+    assert getattr(Settings.load(), setting) is None
+
+
 def test_a_home_masterplanner_creates_is_only_its_owners(isolated: Path, tmp_path: Path) -> None:
     """Whichever creates it first: the home, the run store's folder, a workspace's record, the web token."""
     from masterplanner import RunService
