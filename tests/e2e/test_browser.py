@@ -273,7 +273,7 @@ def _api_run(server: str, script: Path, task: str, options: dict[str, Any]) -> s
 def test_what_the_person_types_survives_the_page_following_the_run(
     server: str, browser_page: Any, tmp_path: Path
 ) -> None:
-    """An answer being typed stays while other steps finish; an edited replan is not replaced."""
+    """An answer being typed stays while other steps finish; an edited replan too, the page live around it."""
     page = browser_page
     script = tmp_path / "script.json"
     calls = [
@@ -304,18 +304,91 @@ def test_what_the_person_types_survives_the_page_following_the_run(
         {"purpose": "*", "repeat": True},
     ]
     script.write_text(json.dumps({"calls": calls}))
-    page.goto(f"{server}/runs/{_api_run(server, script, 'replan while b runs', {'auto_approve': False})}")
+    run_id = _api_run(server, script, "replan while b runs", {"auto_approve": False})
+    page.goto(f"{server}/runs/{run_id}")
     page.locator("#review-form").get_by_role("button", name="Approve").click()
     page.get_by_role("heading", name="Replan: step a failed").wait_for()
     title = page.get_by_label("Title").first
     title.fill("Do a again, carefully")
-    changed = page.locator("#run-changed")
-    changed.wait_for()  # b ended: the page says so and keeps the edit
-    assert (title.input_value(), page.locator("tr.status-running", has_text="b").count()) == (
-        "Do a again, carefully",
-        1,
-    )
-    page.get_by_role("button", name="Show the latest").click()
+    assert page.locator("tr.status-running", has_text="b").count() == 1
+    # b ends: the page shows it and keeps the edit (the replan is still the one to answer: no note)
     page.locator("tr.status-succeeded", has_text="b").wait_for()
-    assert page.get_by_label("Title").first.input_value() == "Do a2"
-    assert changed.is_hidden()
+    assert (title.input_value(), page.locator("#run-changed").is_hidden()) == ("Do a again, carefully", True)
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+    page.locator("h1 .status-succeeded").wait_for()
+    with urllib.request.urlopen(f"{server}/api/v1/runs/{run_id}", timeout=30) as response:
+        steps = json.loads(response.read())["plan"]["steps"]
+    assert [(step["id"], step["title"]) for step in steps] == [("a2", "Do a again, carefully"), ("b", "Do b")]
+
+
+def test_a_refused_edit_keeps_what_was_typed_and_the_page_still_follows_the_run(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """A 422 is about the person's input, not the run: the run's progress goes on showing."""
+    page = browser_page
+    script = tmp_path / "script.json"
+    broken = {"purpose": "step:a", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True}
+    calls = [
+        {"purpose": "planner", "output": {"steps": [_step("a", tools=[]), _step("b", tools=[])]}},
+        broken,
+        {"purpose": "step:b", "delay_s": 10, "output": "B"},  # a fails three times meanwhile
+        {"purpose": "replanner", "output": {"steps": [_step("a2", tools=[])]}, "repeat": True},
+        {"purpose": "step:a2", "output": "A2"},
+        {"purpose": "*", "repeat": True},
+    ]
+    script.write_text(json.dumps({"calls": calls}))
+    page.goto(f"{server}/runs/{_api_run(server, script, 'a refused replan edit', {'auto_approve': False})}")
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+    page.get_by_role("heading", name="Replan: step a failed").wait_for()
+    after = page.get_by_label("After (step ids, comma-separated; empty: starts at once)").first
+    after.fill("nowhere")
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+    refusal = page.locator("section.review").get_by_role("alert").filter(has_text="nowhere").first
+    refusal.wait_for()
+    assert page.locator("tr.status-running", has_text="b").count() == 1
+    # b ends meanwhile: the page shows it, the refused edit and why stay as they were
+    page.locator("tr.status-succeeded", has_text="b").wait_for(timeout=30_000)
+    assert (after.input_value(), refusal.is_visible()) == ("nowhere", True)
+    assert page.locator("#run-changed").is_hidden()  # the run did not change what they answer
+    after.fill("")
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+    page.locator("h1 .status-succeeded").wait_for(timeout=30_000)
+    assert page.locator("tr.status-succeeded", has_text="a2").count() == 1
+
+
+def test_an_answer_the_run_moved_past_stays_on_the_page_which_still_follows_the_run(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """A 409 (answered elsewhere): the run's progress goes on showing, the edit kept, the latest offered."""
+    page = browser_page
+    script = tmp_path / "script.json"
+    calls = [
+        {"purpose": "planner", "output": {"steps": [_step("a", tools=[]), _step("b", "a", tools=[])]}},
+        {"purpose": "step:a", "output": "A"},
+        {"purpose": "step:b", "delay_s": 3, "output": "B"},
+        {"purpose": "*", "repeat": True},
+    ]
+    script.write_text(json.dumps({"calls": calls}))
+    run_id = _api_run(server, script, "reviewed twice", {"auto_approve": False})
+    page.goto(f"{server}/runs/{run_id}")
+    page.get_by_role("heading", name="Review the plan").wait_for()
+    title = page.get_by_label("Title").first
+    title.fill("Do a, my way")
+    with urllib.request.urlopen(f"{server}/api/v1/requests?run_id={run_id}", timeout=30) as response:
+        review_id = json.loads(response.read())[0]["id"]
+    data, headers = json.dumps({"approve": True}).encode(), {"Content-Type": "application/json"}
+    answer = f"{server}/api/v1/requests/{review_id}/answer"
+    elsewhere = urllib.request.Request(answer, data=data, headers=headers)
+    urllib.request.urlopen(elsewhere, timeout=30).close()
+    changed = page.locator("#run-changed")
+    changed.wait_for()  # the review they edit was answered elsewhere: said, and their edit kept
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+    page.get_by_role("alert").filter(has_text="yours was not taken").wait_for()
+    # the run goes on to its end on the page, around their edit and the offer of the latest
+    page.locator("h1 .status-succeeded").wait_for(timeout=30_000)
+    assert page.locator("tr.status-succeeded", has_text="b").count() == 1
+    assert (title.input_value(), changed.is_visible()) == ("Do a, my way", True)
+    assert page.get_by_role("alert").filter(has_text="yours was not taken").is_visible()
+    page.get_by_role("button", name="Show the latest").click()
+    page.locator("#review-form").wait_for(state="detached")
+    assert changed.is_hidden() and page.locator("pre.output").count() == 1

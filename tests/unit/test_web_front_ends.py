@@ -88,8 +88,8 @@ async def test_a_review_page_submitted_after_the_review_was_answered_elsewhere_t
     assert "EDITED A" not in shown and 'id="card-c"' not in shown
     assert sent.status_code == 409
     assert re.search(
-        rf'<p class="error" role="alert">request {review} is already answered \(by web@[^ ]+ at [^)]+\); '
-        r"yours was not taken</p>",
+        rf'<p id="run-problem" class="error" role="alert">request {review} is already answered '
+        r"\(by web@[^ ]+ at [^)]+\); yours was not taken</p>",
         shown,
     ), shown
     answered = await client.post(f"/runs/{run_id}/requests/{replan}", data={"choice": "approve"})

@@ -1,48 +1,120 @@
-// The run page's live body (`#run-body`) is fetched again on the run's change events. What the
-// person is doing in it is not thrown away by such a refresh:
+// The run page's live body (`#run-body`) is fetched again on the run's change events, and the
+// page goes on following the run whatever the person does in it. What they are doing is not
+// thrown away by such a refresh:
 // - what they type to answer a request (or in the feedback comment) is kept across refreshes
 //   (`hx-preserve` on those fields);
-// - while they edit the plan review or the retry form, or after an answer of theirs was refused
-//   (409, 422: the page shows their edit and what is wrong), the body is not fetched again; a
-//   note says the run has changed and offers the latest, which they take when they choose.
+// - a part of the body with a form (`data-part`: the plan review, a request, the retry form, the
+//   rating) that they typed in, or whose answer was refused (409, 422: the body shows their
+//   input and what is wrong), is held: a refresh shows everything else as the run now is and
+//   keeps that part as they left it (its place in the fetched body is marked `hx-preserve`, so
+//   HTMX keeps the part on the page there);
+// - when the run has moved past a held part (its request answered elsewhere, or replaced by
+//   another, or the run cancelled), the part stays where it was, with their input, and a note
+//   says the run has changed and offers the latest, which they take when they choose.
+// A part is let go when its form is sent and taken, or with the latest. (Before, a held part held
+// the whole body: after one refused edit, a 422 about their input alone, the page no longer
+// showed the run's progress until they asked for it.)
 (function () {
   "use strict";
-  window.mpEditing = false;
-  var EDITED = "#review-form, #retry-form";
+  var held = {}; // the ids of the held parts, and of a refusal shown beside a part the run moved past
+  var stale = false; // a held part the run has moved past
 
-  function changedNote(shown) {
+  function changedNote() {
     var note = document.getElementById("run-changed");
-    if (note) note.hidden = !shown;
+    if (note) note.hidden = !stale;
+  }
+
+  function partOf(element) {
+    var part = element && element.closest ? element.closest("[data-part]") : null;
+    return part && part.id ? part : null;
+  }
+
+  // In the fetched body `body`, the place of the element `id` now on the page is marked to be kept.
+  function keep(body, id) {
+    var shown = document.getElementById(id);
+    if (!shown) {
+      delete held[id];
+      return;
+    }
+    var fresh = body.querySelector("#" + CSS.escape(id));
+    if (shown.hasAttribute("data-part")) {
+      var moved = !fresh || fresh.getAttribute("data-part") !== shown.getAttribute("data-part");
+      stale = stale || moved;
+    }
+    var place = document.createElement(shown.tagName.toLowerCase()); // empty: nothing in it to keep
+    place.id = id;
+    place.setAttribute("hx-preserve", "true");
+    if (fresh) {
+      fresh.replaceWith(place);
+      return;
+    }
+    // gone from the run's body: where it was, before the next element still there
+    for (var next = shown.nextElementSibling; next; next = next.nextElementSibling) {
+      var after = next.id ? body.querySelector(":scope > #" + CSS.escape(next.id)) : null;
+      if (after) {
+        body.insertBefore(place, after);
+        return;
+      }
+    }
+    body.appendChild(place);
   }
 
   document.addEventListener("input", function (event) {
-    if (event.target.closest && event.target.closest(EDITED)) window.mpEditing = true;
+    var part = partOf(event.target);
+    if (part) held[part.id] = true;
   });
 
-  document.addEventListener("htmx:beforeRequest", function (event) {
+  document.addEventListener("htmx:beforeSwap", function (event) {
     var detail = event.detail;
-    if (detail.elt.id === "run-body" && detail.requestConfig.verb === "get" && window.mpEditing) {
-      event.preventDefault(); // checked when the request would go, not only when the event came
-      changedNote(true);
+    if (!detail.shouldSwap || !detail.target || detail.target.id !== "run-body") return;
+    if (typeof detail.serverResponse !== "string") return;
+    var status = detail.xhr ? detail.xhr.status : 200;
+    var refused = status === 409 || status === 422;
+    var request = detail.requestConfig; // (`detail.elt` is the body swapped, not what sent the request)
+    var sent = request && request.verb === "post" ? partOf(request.elt) : null;
+    if (sent) {
+      delete held[sent.id]; // the answer to its own form says how it went, and why if refused
+      delete held["run-problem"];
     }
-  });
-
-  document.addEventListener("htmx:afterRequest", function (event) {
-    var detail = event.detail;
-    if (detail.requestConfig.verb !== "post" || !detail.xhr) return;
-    var refused = detail.xhr.status === 409 || detail.xhr.status === 422;
-    var form = detail.elt.closest ? detail.elt.closest("form") : null;
-    // a refused answer comes back with what was sent and why: keep it on the page
-    window.mpEditing = refused && form !== null;
-    if (!window.mpEditing) changedNote(false);
+    if (!Object.keys(held).length && !(sent && refused)) {
+      stale = false;
+      changedNote();
+      return;
+    }
+    var page = document.createElement("template");
+    page.innerHTML = detail.serverResponse;
+    var body = page.content.querySelector("#run-body");
+    if (!body) return;
+    stale = false;
+    var parts = Object.keys(held).filter(function (id) {
+      var shown = document.getElementById(id);
+      return shown !== null && shown.hasAttribute("data-part");
+    });
+    if (!parts.length && !(sent && refused)) held = {}; // a refusal shown beside no part: let go
+    Object.keys(held).forEach(function (id) {
+      keep(body, id);
+    });
+    if (sent && refused) {
+      var fresh = body.querySelector("#" + CSS.escape(sent.id));
+      if (!fresh || fresh.getAttribute("data-part") !== sent.getAttribute("data-part")) {
+        // the run moved past it: the answer stays as they sent it, and why it was refused
+        keep(body, sent.id);
+        var why = body.querySelector("#run-problem");
+        if (why) held[why.id] = true;
+      }
+      held[sent.id] = true; // else the body shows their input and what is wrong: kept from now on
+    }
+    detail.serverResponse = page.innerHTML;
+    changedNote();
   });
 
   document.addEventListener("click", function (event) {
     if (!event.target.closest || !event.target.closest("#run-changed-show")) return;
     var body = document.getElementById("run-body");
     if (!body) return;
-    window.mpEditing = false;
-    changedNote(false);
+    held = {};
+    stale = false;
+    changedNote();
     htmx.ajax("GET", body.getAttribute("hx-get"), { target: "#run-body", swap: "outerHTML" });
   });
 })();
