@@ -136,6 +136,11 @@ def _problem(cause: BaseException | None, kind: str) -> str:
     return text if len(text) <= _PROBLEM_CHARS else text[: _PROBLEM_CHARS - 1] + "…"
 
 
+def _agreeing(whole: str, problem: str) -> str:
+    """`problem` ("is not valid JSON (…)") said of `whole`: "its arguments are not valid JSON (…)"."""
+    return f"are{problem[2:]}" if whole.endswith("s") and problem.startswith("is ") else problem
+
+
 def _details(errors: Any, kind: str) -> str:
     """Pydantic error details as `missing argument 'path'; argument 'n': should be text, got a number`.
 
@@ -152,7 +157,8 @@ def _details(errors: Any, kind: str) -> str:
         elif "type" in item:
             whole = "its arguments" if kind == "argument" else "its answer"
             problem = problem_in_our_words(item)
-            problems.append(f"{kind} {where!r}: {problem}" if where else f"{whole} {problem}")
+            said = f"{kind} {where!r}: {problem}" if where else f"{whole} {_agreeing(whole, problem)}"
+            problems.append(said)
         else:
             message = _lower_first(str(item.get("msg", "")))
             problems.append(f"{kind} {where!r}: {message}" if where else message)

@@ -308,19 +308,21 @@ def problem_in_our_words(item: Any, *, what: str | None = None) -> str:
         return f"should be {shape}, got {json_kind(value)}"
     if kind == "path_type":  # pydantic: "Input is not a valid path for <class 'pathlib.Path'>"
         return f"should be a path (text), got {json_kind(value)}"
-    if kind == "json_invalid":
+    if kind == "json_invalid" and (item.get("ctx") or {}).get("error"):
         return _not_json(item)
     if kind in _WHOLE_PROBLEMS:
         return _WHOLE_PROBLEMS[kind]
     if kind in _SHAPES:
         return f"{_SHAPES[kind]}, got {_given(kind, value)}"
-    if kind == "string_too_short":
+    # (each of the bounded kinds needs its bound: items made without context, as pydantic-ai makes
+    # a retry's, are said in pydantic's message, which has it)
+    if kind == "string_too_short" and limit is not None:
         return "must not be empty" if limit == 1 else f"should have at least {limit} characters"
-    if kind == "string_too_long" and isinstance(value, str):
+    if kind == "string_too_long" and isinstance(value, str) and limit is not None:
         return f"is {len(value):,} characters; the limit is {limit:,}"
-    if kind == "too_short":
+    if kind == "too_short" and limit is not None:
         return "must not be empty" if limit == 1 else f"should have at least {limit} items"
-    if kind == "too_long":
+    if kind == "too_long" and limit is not None and "actual_length" in (item.get("ctx") or {}):
         return f"has {(item.get('ctx') or {}).get('actual_length')} items; the limit is {limit}"
     if kind == "value_error":
         return str(item["msg"]).removeprefix("Value error, ")

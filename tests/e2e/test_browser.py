@@ -321,6 +321,37 @@ def test_what_the_person_types_survives_the_page_following_the_run(
     assert [(step["id"], step["title"]) for step in steps] == [("a2", "Do a again, carefully"), ("b", "Do b")]
 
 
+def test_typing_in_a_held_part_goes_on_through_a_refresh_in_a_browser_without_move_before(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """Where HTMX puts a kept part back by taking it out and in again, the focus and caret come back."""
+    page = browser_page
+    page.add_init_script(  # as in browsers without Element.moveBefore (before Chromium 133, Safari)
+        "for (const kind of [Element, Document, DocumentFragment]) delete kind.prototype.moveBefore;"
+    )
+    script = tmp_path / "script.json"
+    calls = [
+        {"purpose": "planner", "output": {"steps": [_step("a", tools=[]), _step("b", tools=[])]}},
+        {"purpose": "step:a", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True},
+        {"purpose": "step:b", "delay_s": 8, "output": "B"},  # a fails three times meanwhile
+        {"purpose": "replanner", "output": {"steps": [_step("a2", tools=[])]}, "repeat": True},
+        {"purpose": "step:a2", "output": "A2"},
+        {"purpose": "*", "repeat": True},
+    ]
+    script.write_text(json.dumps({"calls": calls}))
+    run_id = _api_run(server, script, "typing through a refresh", {"auto_approve": False})
+    page.goto(f"{server}/runs/{run_id}")
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+    page.get_by_role("heading", name="Replan: step a failed").wait_for()
+    assert page.evaluate("typeof Element.prototype.moveBefore") == "undefined"
+    title = page.get_by_label("Title").first
+    title.fill("Do a again")
+    title.press("Home")  # the caret at the start, where the next keys go
+    page.locator("tr.status-succeeded", has_text="b").wait_for()  # the body was fetched again
+    page.keyboard.type("Now: ")
+    assert title.input_value() == "Now: Do a again"
+
+
 def test_a_refused_edit_keeps_what_was_typed_and_the_page_still_follows_the_run(
     server: str, browser_page: Any, tmp_path: Path
 ) -> None:

@@ -388,3 +388,50 @@ def test_failed_tool_calls_are_results_the_step_goes_on_from(write_script: Calla
         ("read_file", True),
         ("read_file", True),
     ]
+
+
+def test_arguments_that_are_no_json_are_said_so_in_our_words() -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
+
+    from masterplanner.agents import run_agent
+    from masterplanner.errors import ModelError
+
+    broken = ModelResponse([ToolCallPart("note", '{"text": tru')])  # the JSON cut short
+    agent = Agent(FunctionModel(lambda _messages, _info: broken))
+
+    @agent.tool_plain
+    def note(text: str) -> str:
+        return text
+
+    with pytest.raises(ModelError) as failed:
+        asyncio.run(run_agent(agent, "go"))
+    assert str(failed.value) == (
+        "model call failed: the model called note with bad arguments 2 times in a row (last problem: its "
+        "arguments are not valid JSON (line 1, column 12: the text ends before the JSON does))"
+    )
+
+
+def test_problems_reported_without_their_context_keep_their_bounds() -> None:
+    """pydantic-ai makes a retry's problems without context: the bounds were said as None, or raised."""
+    from pydantic import BaseModel, Field, ValidationError
+
+    from masterplanner.errors import problem_in_our_words
+
+    class Note(BaseModel):
+        text: str = Field(max_length=5)
+        tags: list[str] = Field(min_length=2)
+
+    with pytest.raises(ValidationError) as refused:
+        Note.model_validate({"text": "too long", "tags": ["a"]})
+    bare = refused.value.errors(include_context=False, include_url=False)
+    assert [problem_in_our_words(item) for item in bare] == [
+        "string should have at most 5 characters",
+        "list should have at least 2 items after validation, not 1",
+    ]
+    full = refused.value.errors(include_url=False)
+    assert [problem_in_our_words(item) for item in full] == [
+        "is 8 characters; the limit is 5",
+        "should have at least 2 items",
+    ]

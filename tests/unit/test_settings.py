@@ -357,7 +357,7 @@ def test_an_mcp_server_url_that_is_not_an_http_url_is_refused_naming_the_setting
     ("setting", "example"),
     [("searxng_url", "http://127.0.0.1:8888"), ("image_base_url", "https://api.openai.com/v1")],
 )
-@pytest.mark.parametrize("url", ["ftp://host", "notaurl", "http://[::1"])
+@pytest.mark.parametrize("url", ["ftp://host", "notaurl", "http://[::1", "https://exa\tmple.com/v1"])
 def test_a_search_or_image_server_url_that_is_not_an_http_url_is_refused_naming_the_setting(
     isolated: Path, monkeypatch: pytest.MonkeyPatch, setting: str, example: str, url: str
 ) -> None:

@@ -103,7 +103,9 @@ def is_http_url(url: str) -> bool:
         parts.port  # noqa: B018 - a port that is no number raises here
     except ValueError:
         return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname) and " " not in url
+    # (urlsplit drops a tab or a line break inside the URL, which HTTP clients then refuse)
+    blank = any(character.isspace() or ord(character) < 32 for character in url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not blank
 
 
 def mcp_tool_name(server: str, tool: str) -> str:

@@ -18,6 +18,8 @@
   "use strict";
   var held = {}; // the ids of the held parts, and of a refusal shown beside a part the run moved past
   var stale = false; // a held part the run has moved past
+  var refusedPart = null; // the part whose refusal `#run-problem` explains
+  var typing = null; // what the person types in, in a held part, and where the caret is, over a swap
 
   function changedNote() {
     var note = document.getElementById("run-changed");
@@ -74,7 +76,10 @@
     var sent = request && request.verb === "post" ? partOf(request.elt) : null;
     if (sent) {
       delete held[sent.id]; // the answer to its own form says how it went, and why if refused
-      delete held["run-problem"];
+      if (refusedPart === sent.id) {
+        delete held["run-problem"]; // it explained this part's refusal; another part's answer keeps it
+        refusedPart = null;
+      }
     }
     if (!Object.keys(held).length && !(sent && refused)) {
       stale = false;
@@ -100,12 +105,38 @@
         // the run moved past it: the answer stays as they sent it, and why it was refused
         keep(body, sent.id);
         var why = body.querySelector("#run-problem");
-        if (why) held[why.id] = true;
+        if (why) {
+          held[why.id] = true;
+          refusedPart = sent.id;
+        }
       }
       held[sent.id] = true; // else the body shows their input and what is wrong: kept from now on
     }
     detail.serverResponse = page.innerHTML;
     changedNote();
+    // A browser without `moveBefore` puts a kept part back by taking it out of the page and in
+    // again, which takes the focus from what the person types in: given back after the swap.
+    var active = document.activeElement;
+    var where = partOf(active);
+    typing = where && held[where.id] ? { element: active, start: null, end: null } : null;
+    if (typing) {
+      try {
+        typing.start = active.selectionStart;
+        typing.end = active.selectionEnd;
+      } catch (error) {
+        // an input without a caret (a checkbox, a number): the focus alone is given back
+      }
+    }
+  });
+
+  document.addEventListener("htmx:afterSwap", function () {
+    var was = typing;
+    typing = null;
+    if (!was || !document.contains(was.element) || document.activeElement === was.element) return;
+    was.element.focus({ preventScroll: true });
+    if (typeof was.start === "number" && was.element.setSelectionRange) {
+      was.element.setSelectionRange(was.start, was.end);
+    }
   });
 
   document.addEventListener("click", function (event) {
@@ -113,6 +144,7 @@
     var body = document.getElementById("run-body");
     if (!body) return;
     held = {};
+    refusedPart = null;
     stale = false;
     changedNote();
     htmx.ajax("GET", body.getAttribute("hx-get"), { target: "#run-body", swap: "outerHTML" });
