@@ -122,6 +122,8 @@ class TextEmbedder:
     model: EmbeddingModel
     similarity: Calibration = Calibration()
     """Maps a cosine of two of its vectors to the similarity the reuse thresholds are compared with."""
+    one_text_per_request: bool = False
+    """Set once the model answered a batch with a vector per token: it is then asked one text at a time."""
 
     async def embed(self, texts: Sequence[str], kind: Literal["query", "document"]) -> np.ndarray:
         """One row per text, L2-normalised float32."""
@@ -129,6 +131,29 @@ class TextEmbedder:
 
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
+        embeddings: Sequence[Any]
+        if self.one_text_per_request:
+            embeddings = [(await self._request([text], kind))[0] for text in texts]
+        else:
+            embeddings = await self._request(texts, kind)
+            if len(texts) > 1 and any(_per_token(item) for item in embeddings):
+                # A server that answers a vector per token cannot be trusted with a batch:
+                # llama-cpp-python's (0.3.36, model without a pooling layer) reads each text's
+                # token vectors after the first from the wrong offset in its output (`pos`
+                # floats instead of `pos * n_embd`), so the second text of a batch got the first
+                # one's vectors, shifted. One text per request is always right, whatever server.
+                self.one_text_per_request = True
+                embeddings = [(await self._request([text], kind))[0] for text in texts]
+        vectors = _one_vector_per_text(self.spec, embeddings, len(texts))
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors / np.where(norms == 0, 1, norms)
+
+    def embed_sync(self, texts: Sequence[str], kind: Literal["query", "document"]) -> np.ndarray:
+        """`embed`, callable from synchronous code (also while an event loop runs)."""
+        return _run_to_completion(self.embed(texts, kind))
+
+    async def _request(self, texts: Sequence[str], kind: Literal["query", "document"]) -> Sequence[Any]:
+        """The model's reply for `texts`, as it gave it; its errors in our words, naming the embedder."""
         try:
             result = await self.model.embed(list(texts), input_type=kind)
         except MasterplannerError:
@@ -137,13 +162,17 @@ class TextEmbedder:
             raise ConfigError(f"embedder {self.spec!r} needs sentence-transformers; {_EXTRA_HINT}") from None
         except Exception as exc:  # a provider's HTTP or client error: name the embedder
             raise ModelError(f"embedder {self.spec!r} failed: {_reason(exc)}") from exc
-        vectors = _one_vector_per_text(self.spec, result.embeddings, len(texts))
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        return vectors / np.where(norms == 0, 1, norms)
+        if len(result.embeddings) != len(texts):
+            raise ModelError(
+                f"embedder {self.spec!r} returned {len(result.embeddings)} vectors for {len(texts)} texts"
+            )
+        return result.embeddings
 
-    def embed_sync(self, texts: Sequence[str], kind: Literal["query", "document"]) -> np.ndarray:
-        """`embed`, callable from synchronous code (also while an event loop runs)."""
-        return _run_to_completion(self.embed(texts, kind))
+
+def _per_token(item: Any) -> bool:
+    """Whether one text's reply is a vector per token (a list of lists), not one vector."""
+    first = item[0] if len(item) else None
+    return isinstance(first, Sequence) or getattr(first, "ndim", 0) >= 1
 
 
 def _reason(exc: BaseException) -> str:
@@ -156,7 +185,8 @@ def _one_vector_per_text(spec: str, embeddings: Sequence[Any], count: int) -> np
     """The reply as a (texts, dimensions) matrix.
 
     A server that returns a vector per token instead of per text (llama-cpp-python's server with
-    a model that has no pooling layer) gets its token vectors mean-pooled, as a pooling layer would.
+    a model that has no pooling layer) gets its token vectors mean-pooled, as a pooling layer would;
+    `TextEmbedder.embed` asks such a server one text per request, as its batches are wrong.
     """
     import numpy as np
 
