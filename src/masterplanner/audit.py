@@ -13,7 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .engine import Event, Request
+from pydantic import ValidationError
+
+from .engine import Event, PlanDecision, Request
+from .engine.records import briefs
+from .plan import Plan
 from .redaction import redacted
 
 __all__ = ["AuditEntry", "audit_entries"]
@@ -47,15 +51,46 @@ class AuditEntry:
         }
 
 
-def _edits(answer: dict[str, Any]) -> str:
+def _edits(request: Request) -> str:
+    answer = request.answer or {}
     changed = []
-    if answer.get("plan") is not None:
-        changed.append("the plan")
-    if answer.get("agents"):
-        changed.append("the prompts of " + ", ".join(sorted(answer["agents"])))
-    if answer.get("tool_policies"):
-        changed.append("the tool policies")
+    reviewed = _review_changes(request) if request.kind == "plan_review" else None
+    if reviewed is not None:  # what the answer changed of what the review showed
+        decision, prompts = reviewed
+        if decision.plan is not None:
+            changed.append("the plan")
+        if prompts:
+            changed.append("the prompts of " + ", ".join(prompts))
+        if decision.tool_policies is not None:
+            changed.append("the tool policies")
+    else:  # a replan's answer, or a review's that cannot be read against its payload: as it was sent
+        if answer.get("plan") is not None:
+            changed.append("the plan")
+        if answer.get("agents"):
+            changed.append("the prompts of " + ", ".join(sorted(answer["agents"])))
+        if answer.get("tool_policies"):
+            changed.append("the tool policies")
     return f" with edits to {' and '.join(changed)}" if changed else ""
+
+
+def _review_changes(request: Request) -> tuple[PlanDecision, list[str]] | None:
+    """What a plan review's answer changed (`PlanDecision.changes`), and the steps whose agent it changed.
+
+    An answer that gives the review back as it was shown (the web form always sends the whole
+    plan) is a plain approval, not one "with edits". None when the answer or the payload cannot
+    be read (stored by an earlier version).
+    """
+    payload = request.payload
+    try:
+        decision = PlanDecision.model_validate(request.answer or {})
+        plan = Plan.model_validate(payload["plan"]) if payload.get("plan") else None
+        held = briefs(payload.get("agents"), stored=True)
+        policies = dict(payload.get("tool_policies") or {})
+    except (ValidationError, TypeError, ValueError, AttributeError):
+        return None
+    changes = decision.changes(plan, held, policies)
+    agents = changes.agents or {}
+    return changes, sorted(step_id for step_id, brief in agents.items() if brief != held.get(step_id))
 
 
 def _reason(answer: dict[str, Any]) -> str:
@@ -68,7 +103,7 @@ def _action(request: Request) -> str:
     if request.kind in ("plan_review", "replan"):
         what = "the plan" if request.kind == "plan_review" else f"the replan of step {request.step_id}"
         if answer.get("action") == "approve":
-            return f"approved {what}{_edits(answer)}"
+            return f"approved {what}{_edits(request)}"
         return f"rejected {what}{_reason(answer)}"
     if request.kind == "tool_approval":
         tool = request.payload.get("tool")

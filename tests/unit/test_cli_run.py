@@ -720,3 +720,64 @@ def test_the_review_says_a_reused_agent_s_prompt_was_written_by_a_person(
     # the line left as it was keeps the agent: the run counts on it, and stores no other
     agents = json.loads(mp("agents", "list", "--json").stdout)
     assert [(agent["id"], agent["stats"]["uses"]) for agent in agents] == [(agent_id, 2)]
+    # the YAML saved as it was shown is no edit: nothing recorded, nothing marked edited
+    assert "the edit changed nothing; the plan is unchanged\n" in second.stderr
+    kinds = [event["kind"] for event in _events(report["run_id"])]
+    assert kinds[: kinds.index("approved") + 1] == [
+        "run_created",
+        "plan_ready",
+        "approval_requested",
+        "request_answered",
+        "approved",
+    ]
+    assert "plan_edited" not in kinds
+
+
+LONG = (
+    "Read every line of the quarterly report, note each figure that changed since the last quarter "
+    "together with its page number, and say in one sentence why each change matters to the reader."
+)
+
+
+def test_an_edit_saved_unchanged_is_no_edit(write_script: Callable[..., Path]) -> None:
+    """Long values wrapped at width 100, a multi-line prompt, policies, saved as shown: no `plan_edited`."""
+    long_step = step("a", tools=["read_file"]) | {"instruction": LONG, "expected_output": LONG}
+    prompt = {
+        "purpose": "prompt_creator",
+        "output": "You are a worker.\n\n  Do the step:\n" + LONG,
+        "repeat": True,
+    }
+    script = write_script(
+        [_planner(long_step, step("b", "a", tools=[])), prompt, {"purpose": "*", "repeat": True}]
+    )
+    result = mp(
+        "run",
+        "two things, the first at length",
+        "--model",
+        f"scripted:{script}",
+        "--json",
+        stdin="e\na\n",
+        env={"EDITOR": "true", "VISUAL": "", "MASTERPLANNER_TOOL_POLICIES": '{"read_file": "ask"}'},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "the edit changed nothing; the plan is unchanged\n" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["status"] == "succeeded"
+    assert report["plan"]["steps"][0]["instruction"] == LONG
+    engine = Engine(Settings.load())
+    try:
+        agents = engine.store.get_run(report["run_id"]).agents
+    finally:
+        engine.close()
+    assert [agent.edited for agent in agents.values()] == [False, False]
+    kinds = [event["kind"] for event in _events(report["run_id"])]
+    assert kinds[: kinds.index("approved") + 1] == [
+        "run_created",
+        "plan_ready",
+        "approval_requested",
+        "request_answered",
+        "approved",
+    ]
+    assert "plan_edited" not in kinds
+    audit = json.loads(mp("runs", "audit", report["run_id"], "--json").stdout)
+    assert [entry["action"] for entry in audit][1:] == ["approved the plan"]

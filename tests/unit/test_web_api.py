@@ -522,3 +522,38 @@ async def test_a_failed_run_is_retried_through_the_api(
         f"run {run_id} succeeded: only a failed run can be retried",
     )
     assert (await client.post("/runs/nope-nope/retry")).status_code == 404
+
+
+async def test_a_review_answered_with_the_plan_as_it_was_is_no_edit(
+    client: httpx.AsyncClient, service: RunService, write_script: Callable[..., Path]
+) -> None:
+    """A client that sends the whole review back unchanged approves it: nothing is recorded as edited."""
+    body = {
+        "task": "do a then b",
+        "model": f"scripted:{_script(write_script)}",
+        "options": {"prompt_rounds": 0, "tool_policies": {"read_file": "ask"}},
+    }
+    run = (await client.post("/runs", json=body)).json()
+    (review,) = await _wait_for(client, f"/requests?run_id={run['id']}", lambda found: len(found) == 1)
+    payload = review["payload"]
+    decision = {
+        "action": "approve",
+        "plan": payload["plan"],
+        "agents": payload["agents"],
+        "tool_policies": payload["tool_policies"],
+    }
+    answered = await client.post(f"/requests/{review['id']}/answer", json={"decision": decision})
+    assert answered.status_code == 200, answered.text
+    report = await _wait_for(client, f"/runs/{run['id']}", lambda found: found["status"] == "succeeded")
+    assert not any(agent.get("edited") for agent in report["agents"].values())
+    kinds = [event["kind"] for event in (await client.get(f"/runs/{run['id']}/events")).json()]
+    assert kinds[: kinds.index("approved") + 1] == [
+        "run_created",
+        "plan_ready",
+        "approval_requested",
+        "request_answered",
+        "approved",
+    ]
+    assert "plan_edited" not in kinds
+    audit = await service.audit(run["id"])
+    assert [entry.action for entry in audit][1:] == ["approved the plan"]

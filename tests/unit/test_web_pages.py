@@ -8,7 +8,9 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Callable
+from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -119,6 +121,14 @@ async def test_a_task_is_started_reviewed_with_edits_answered_and_followed(
     assert [s["tools"] for s in report["plan"]["steps"]] == [[], ["write_file"]]
     assert report["agents"]["b"]["prompt"] == "Write out.txt politely." and report["agents"]["b"]["edited"]
     assert report["agents"]["b"]["tool_policies"] == {"write_file": "auto"}
+    service = RunService(Settings.load())
+    try:  # the audit names what changed, not every prompt the form sent back
+        approvals = [entry.action for entry in await service.audit(run_id) if entry.request is not None]
+    finally:
+        service.close()
+    assert approvals == [
+        "approved the plan with edits to the plan and the prompts of b and the tool policies"
+    ]
     served = await client.get(f"/runs/{run_id}/file", params={"path": "out.txt"})
     assert (served.status_code, served.text) == (200, "hello from b")
     outside = await client.get(f"/runs/{run_id}/file", params={"path": "../../../etc/passwd"})
@@ -363,3 +373,121 @@ async def test_a_page_that_cannot_be_shown_is_a_page_that_says_why(client: httpx
     ):
         answer = await client.get(path, headers=headers)
         assert (answer.status_code, answer.json()) == (404, {"error": "no run 'nope'"})
+
+
+class _FormAsSent(HTMLParser):
+    """The fields a browser sends for the form `form_id` as it is shown, untouched.
+
+    Text inputs and hidden ones their value; ticked checkboxes theirs (`on` without one); a select
+    its selected option (else its first); a textarea its text without the line break right after
+    its start tag, with line breaks sent as CRLF. Buttons are left to the caller.
+    """
+
+    def __init__(self, form_id: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.form_id = form_id
+        self.inside = False
+        self.fields: list[tuple[str, str]] = []
+        self._textarea: str | None = None
+        self._text = ""
+        self._select: str | None = None
+        self._options: list[tuple[str, bool]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = {key: value or "" for key, value in attrs}
+        if tag == "form":
+            self.inside = found.get("id") == self.form_id
+        if not self.inside:
+            return
+        if tag == "input" and "name" in found:
+            kind = found.get("type", "text")
+            if kind == "checkbox":
+                if "checked" in found:
+                    self.fields.append((found["name"], found.get("value") or "on"))
+            elif kind not in ("submit", "button"):
+                self.fields.append((found["name"], found.get("value", "")))
+        elif tag == "textarea":
+            self._textarea, self._text = found["name"], ""
+        elif tag == "select":
+            self._select, self._options = found["name"], []
+        elif tag == "option" and self._select is not None:
+            self._options.append((found.get("value", ""), "selected" in found))
+
+    def handle_data(self, data: str) -> None:
+        if self._textarea is not None:
+            self._text += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self.inside = False
+        elif tag == "textarea" and self._textarea is not None:
+            text = self._text[1:] if self._text.startswith("\n") else self._text
+            self.fields.append((self._textarea, text.replace("\n", "\r\n")))
+            self._textarea = None
+        elif tag == "select" and self._select is not None:
+            chosen = [value for value, selected in self._options if selected] or [self._options[0][0]]
+            self.fields.append((self._select, chosen[0]))
+            self._select = None
+
+
+def _form_as_sent(body: str, form_id: str) -> dict[str, Any]:
+    parser = _FormAsSent(form_id)
+    parser.feed(body)
+    fields: dict[str, Any] = {}
+    for name, value in parser.fields:
+        fields.setdefault(name, []).append(value)
+    return {name: values[0] if len(values) == 1 else values for name, values in fields.items()}
+
+
+async def test_the_review_form_approved_as_shown_is_no_edit(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """The form sends the whole plan back; sent as shown, nothing is recorded or marked as edited."""
+    long = (
+        "Read every line of the quarterly report, note each figure that changed since the last quarter "
+        "together with its page number, and say in one sentence why each change matters to the reader."
+    )
+    script = write_script(
+        [
+            {
+                "purpose": "planner",
+                "output": {
+                    "steps": [
+                        step("a", tools=["read_file"]) | {"instruction": long, "expected_output": long},
+                        step("b", "a", tools=[]),
+                    ]
+                },
+            },
+            {
+                "purpose": "prompt_creator",
+                "output": "You are a worker.\n\n  Do the step:\n" + long,
+                "repeat": True,
+            },
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    options = {"prompt_rounds": 0, "tool_policies": {"read_file": "ask"}}
+    body = {"task": "two things, the first at length", "model": f"scripted:{script}", "options": options}
+    created = await client.post("/api/v1/runs", json=body)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    page = await _body_until(client, run_id, "Review the plan")
+    review_id = re.search(r'hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', page)
+    assert review_id is not None
+    form = _form_as_sent(page, "review-form")
+    assert form["instruction.a"] == long and form["policy.read_file"] == "ask"
+    assert form["prompt.a"] == ("You are a worker.\n\n  Do the step:\n" + long).replace("\n", "\r\n")
+    approved = await client.post(f"/runs/{run_id}/requests/{review_id[1]}", data=form | {"choice": "approve"})
+    assert approved.status_code == 200, approved.text
+    await _body_until(client, run_id, r"status status-succeeded")
+    report = (await client.get(f"/api/v1/runs/{run_id}")).json()
+    assert not any(agent.get("edited") for agent in report["agents"].values())
+    kinds = [event["kind"] for event in (await client.get(f"/api/v1/runs/{run_id}/events")).json()]
+    assert kinds[: kinds.index("approved") + 1] == [
+        "run_created",
+        "plan_ready",
+        "approval_requested",
+        "request_answered",
+        "approved",
+    ]
+    assert "plan_edited" not in kinds

@@ -355,6 +355,11 @@ class TerminalAnswerer:
                     self._print(f"[red]the edit is invalid:[/] {shown('; '.join(exc.problems))}")
                     text = with_errors_on_top(edited, exc)
                     continue
+                if (edit.plan, edit.agents, edit.tool_policies) == (plan, agents, policies):
+                    # saved as shown (the engine would find it no edit too): nothing to send or show
+                    self._print("the edit changed nothing; the plan is unchanged")
+                    changed = False
+                    break
                 edited_decision = {
                     "action": "approve",
                     "plan": edit.plan.to_json_dict(),

@@ -214,7 +214,12 @@ async def _review_answer(resources: RunResources, run: RunRecord) -> tuple[PlanD
 
 
 async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDecision) -> RunRecord:
-    """Store an approved edit of the plan, the prompts or the tool policies (validated first)."""
+    """Store an approved edit of the plan, the prompts or the tool policies (validated first).
+
+    What the answer gives back as the run holds it is no edit (`PlanDecision.changes`): an
+    answer that changes nothing records no `plan_edited` and marks no prompt `edited`.
+    """
+    decision = decision.changes(run.plan, run.agents, run.options.tool_policies)
     if not decision.edits:
         return run
     plan = validate_plan(

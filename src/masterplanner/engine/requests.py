@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
 from ..errors import RequestClosedError, RequestError, validation_problems
+from ..plan import Plan
 from ..redaction import REMOVED, secret_parts, secret_refusal
 from .records import AgentBrief, utc_now
 
@@ -83,6 +84,48 @@ class PlanDecision(BaseModel):
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON form, without fields that were not given."""
         return self.model_dump(mode="json", exclude_none=True)
+
+    def changes(
+        self, plan: Plan | None, agents: Mapping[str, AgentBrief], tool_policies: Mapping[str, str]
+    ) -> PlanDecision:
+        """This answer without what it gives back as the run holds it: what it changes.
+
+        A front end may send the whole review back: the web form always does, the terminal after
+        any edit, an API client as it likes. The plan, the agents map or the tool policies equal
+        to the run's are left out, so an answer that changes nothing is a plain approval: no
+        `plan_edited`, and no agent marked `edited` (which would switch off the step aids'
+        shortcuts). A step's prompt that differs only in the whitespace around it (an editor's
+        final line break, a browser's) is the run's, with the run's marks.
+        """
+        if self.action != "approve" or not self.edits:
+            return self
+        update: dict[str, Any] = {}
+        if self.plan is not None and plan is not None:
+            try:
+                if Plan.model_validate(self.plan) == plan:
+                    update["plan"] = None
+            except ValidationError:  # not a plan: refused, with its problems, when it is applied
+                pass
+        if self.agents is not None:
+            given = {step_id: _as_held(brief, agents.get(step_id)) for step_id, brief in self.agents.items()}
+            update["agents"] = None if given == dict(agents) else given
+        if self.tool_policies is not None and dict(self.tool_policies) == dict(tool_policies):
+            update["tool_policies"] = None
+        return self.model_copy(update=update)
+
+
+def _as_held(brief: AgentBrief, held: AgentBrief | None) -> AgentBrief:
+    """`brief` with the run's prompt and marks when its prompt is the run's but for surrounding whitespace.
+
+    The marks are the run's to keep: `edited` says the person changed the prompt, and
+    `prompt_by_person` is the stored agent's (`planning._kept_marks`).
+    """
+    if held is None or brief.prompt.strip() != held.prompt.strip():
+        return brief
+    update: dict[str, Any] = {"prompt": held.prompt, "edited": held.edited}
+    if brief.agent_id == held.agent_id:
+        update["prompt_by_person"] = held.prompt_by_person
+    return brief.model_copy(update=update)
 
 
 metadata = sa.MetaData()
