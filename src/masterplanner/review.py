@@ -129,23 +129,22 @@ def with_errors_on_top(text: str, error: PlanError) -> str:
     return "\n".join([*marks, *kept]) + "\n"
 
 
-def _policies(raw: object, catalog: Catalog, where: str) -> dict[str, str]:
+def _policies(raw: object, catalog: Catalog, where: str, problems: list[str]) -> dict[str, str]:
+    """`raw` as tool policies; what is wrong with it goes to `problems` (then nothing is taken)."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise PlanError(
-            [f"{where}: tool_policies must map tool names to auto, ask or deny"], context="invalid edit"
-        )
-    problems = [
+        problems.append(f"{where}: tool_policies must map tool names to auto, ask or deny")
+        return {}
+    found = [
         f"{where}: tool_policies: {tool!r} is not a tool of this run" for tool in raw if tool not in catalog
     ] + [
         f"{where}: tool_policies: {tool} must be auto, ask or deny, got {value!r}"
         for tool, value in raw.items()
         if value not in POLICIES
     ]
-    if problems:
-        raise PlanError(problems, context="invalid edit")
-    return {str(tool): str(value) for tool, value in raw.items()}
+    problems.extend(found)
+    return {} if found else {str(tool): str(value) for tool, value in raw.items()}
 
 
 @dataclass
@@ -155,9 +154,13 @@ class _AgentEdits:
     policies: dict[str, dict[str, str]] = field(default_factory=dict)
     prompts: dict[str, str] = field(default_factory=dict)
     fresh: set[str] = field(default_factory=set)
+    problems: list[str] = field(default_factory=list)
 
     def take(self, step: object, catalog: Catalog) -> object:
-        """`step` without its `agent`, `tool_policies` and `prompt` keys, which are recorded here."""
+        """`step` without its `agent`, `tool_policies` and `prompt` keys, which are recorded here.
+
+        What is wrong with them is added to `problems`, so that one edit's problems are all named at once.
+        """
         if not isinstance(step, dict):
             return step
         step = dict(step)
@@ -167,17 +170,17 @@ class _AgentEdits:
             if isinstance(choice, str) and choice.strip().lower() == FRESH:
                 self.fresh.add(str(step.get("id")))
             elif not (isinstance(choice, str) and choice.startswith("reused ")):
-                raise PlanError(
-                    [f"{where}: agent must be left as it is or set to {FRESH!r}"], context="invalid edit"
-                )
+                self.problems.append(f"{where}: agent must be left as it is or set to {FRESH!r}")
         if "tool_policies" in step:
-            self.policies[str(step.get("id"))] = _policies(step.pop("tool_policies"), catalog, where)
+            policies = _policies(step.pop("tool_policies"), catalog, where, self.problems)
+            self.policies[str(step.get("id"))] = policies
         if "prompt" in step:
             prompt = step.pop("prompt")
             if isinstance(step.get("id"), str):
                 if not isinstance(prompt, str) or not prompt.strip():
-                    raise PlanError([f"{where}: prompt must be non-empty text"], context="invalid edit")
-                self.prompts[step["id"]] = prompt
+                    self.problems.append(f"{where}: prompt must be non-empty text")
+                else:
+                    self.prompts[step["id"]] = prompt
         return step
 
     def agent(self, step_id: str, before: dict[str, Any]) -> dict[str, Any]:
@@ -218,15 +221,23 @@ def parse_review_yaml(
 ) -> ReviewEdit:
     """Read an edited review back: the validated plan, the agents map, the run-wide tool policies.
 
-    Raises `PlanError` naming each problem; the plan and prompts given are never changed. `task`:
-    the run's, which the edit must keep (`validate_plan`).
+    Raises `PlanError` naming every problem at once; the plan and prompts given are never changed.
+    `task`: the run's, which the edit must keep (`validate_plan`); an edit without a `task` keeps
+    it, as the edit's header says.
     """
     document = _load_yaml(text)
-    run_policies = _policies(document.pop("tool_policies", None), catalog, "the run")
+    if task is not None and "task" not in document:
+        document["task"] = task
     edits = _AgentEdits()
+    run_policies = _policies(document.pop("tool_policies", None), catalog, "the run", edits.problems)
     if isinstance(document.get("steps"), list):
         document = {**document, "steps": [edits.take(step, catalog) for step in document["steps"]]}
-    plan = validate_plan(document, catalog, task=task)
+    try:
+        plan = validate_plan(document, catalog, task=task)
+    except PlanError as exc:
+        raise PlanError([*edits.problems, *exc.problems], context="invalid edit") from None
+    if edits.problems:
+        raise PlanError(edits.problems, context="invalid edit")
     new_agents: dict[str, Any] = {}
     for step in plan.steps:
         after = edits.agent(step.id, dict((agents or {}).get(step.id) or {}))

@@ -417,6 +417,39 @@ def test_the_task_is_not_edited_at_review_and_an_edit_closed_unsaved_is_given_up
     assert "plan_edited" not in [e["kind"] for e in _events(report["run_id"])]
 
 
+UNTASKING_EDITOR = """
+import pathlib, sys
+path = pathlib.Path(sys.argv[-1])
+text = path.read_text()
+if "# ERROR:" not in text:  # reopened with an error on top: closed without saving
+    path.write_text(text.replace("task: two things\\n", "").replace("title: do b", "title: do b well"))
+"""
+
+
+def test_an_edit_without_its_task_keeps_the_run_task_as_its_header_says(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    script = write_script(
+        [_planner(step("a", tools=[]), step("b", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}]
+    )
+    editor = tmp_path / "editor.py"
+    editor.write_text(UNTASKING_EDITOR)
+    result = mp(
+        "run",
+        "two things",
+        "--model",
+        f"scripted:{script}",
+        "--json",
+        stdin="e\na\n",
+        env={"EDITOR": f"{sys.executable} {editor}", "VISUAL": ""},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "the edit is invalid" not in result.stderr
+    report = json.loads(result.stdout)
+    assert (report["status"], report["plan"]["task"]) == ("succeeded", "two things")
+    assert [s["title"] for s in report["plan"]["steps"]] == ["do a", "do b well"]
+
+
 def _fake_editor(tmp_path: Path, body: str) -> str:
     script = tmp_path / "fake-editor.sh"
     script.write_text("#!/bin/sh\nfor file; do :; done\n" + body + "\n")  # the file is the last argument

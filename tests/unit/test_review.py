@@ -84,11 +84,37 @@ def test_tool_policies_for_the_run_and_for_one_agent() -> None:
     )
     with pytest.raises(PlanError) as raised:
         parse_review_yaml(bad, run_catalog(), AGENTS)
-    assert raised.value.problems == [
-        "the run: tool_policies: code_execution must be auto, ask or deny, got 'sometimes'"
+    assert raised.value.problems == [  # both named at once, not one per attempt
+        "the run: tool_policies: code_execution must be auto, ask or deny, got 'sometimes'",
+        "step b: tool_policies: 'nope' is not a tool of this run",
     ]
     with pytest.raises(PlanError, match="step b: tool_policies: 'nope' is not a tool of this run"):
         parse_review_yaml(text.replace("write_file: ask", "nope: ask"), run_catalog(), AGENTS)
+
+
+def test_an_edit_without_its_task_keeps_the_run_task_as_the_header_says() -> None:
+    text = render_review_yaml(PLAN, AGENTS)
+    assert "# The task is the run's and stays as it is." in text
+    edit = parse_review_yaml(
+        text.replace("task: Do a then b\n", ""), run_catalog(), AGENTS, task="Do a then b"
+    )
+    assert edit.plan == PLAN
+
+
+def test_every_problem_of_an_edit_is_named_at_once() -> None:
+    text = (
+        render_review_yaml(PLAN, AGENTS)
+        .replace("- id: a\n", "- id: a\n  agent: mine\n  expand: maybe\n  colour: red\n")
+        .replace("- id: b\n", "- id: b\n  tool_policies: {write_file: sometimes}\n")
+    )
+    with pytest.raises(PlanError) as raised:
+        parse_review_yaml(text, run_catalog(), AGENTS, task="Do a then b")
+    assert raised.value.problems == [
+        "step a: agent must be left as it is or set to 'fresh'",
+        "step b: tool_policies: write_file must be auto, ask or deny, got 'sometimes'",
+        "step 'a': expand: should be true or false, got 'maybe'",
+        "step 'a': colour: unknown field",
+    ]
 
 
 # ---- the person's editor
