@@ -471,6 +471,25 @@ class Settings(BaseSettings):
     mcp_servers: dict[str, McpServer] = Field(
         default_factory=dict, description="MCP servers whose tools steps may use, by name (see README)"
     )
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _tool_name_safe(cls, servers: dict[str, McpServer]) -> dict[str, McpServer]:
+        """Server names of ASCII letters, digits, `_` and `-`: they begin its tools' names.
+
+        Before, `[mcp_servers."a b"]` loaded and its tools were named `a b_<tool>`, a name model
+        providers refuse (they take ^[a-zA-Z0-9_-]{1,64}$).
+        """
+        import re
+
+        for name in servers:
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(
+                    f"server name {name!r} may hold only ASCII letters, digits, '_' and '-': its tools "
+                    "are named <server>_<tool>, and model providers take no other characters in a tool name"
+                )
+        return servers
+
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] = Field(
         default_factory=dict, description="approval policy per tool, overriding the catalog's"
     )

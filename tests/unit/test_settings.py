@@ -353,6 +353,23 @@ def test_an_mcp_server_url_that_is_not_an_http_url_is_refused_naming_the_setting
     assert str(Settings.load().mcp_servers["remote"].url) == "http://localhost:8000/mcp"
 
 
+@pytest.mark.parametrize("name", ["a b", "notes.v2", "ünï", ""])
+def test_an_mcp_server_name_that_cannot_begin_a_tool_name_is_refused_naming_the_setting(
+    isolated: Path, name: str
+) -> None:
+    """Before, `[mcp_servers."a b"]` loaded; its tools, `a b_<tool>`, are names providers refuse."""
+    path = write_toml(Path.cwd(), f'[mcp_servers."{name}"]\ncommand = "true"\n')
+    with pytest.raises(SettingsError) as refused:
+        Settings.load()
+    assert str(refused.value) == (
+        f"invalid settings: setting 'mcp_servers' (in {path}): server name {name!r} may hold only ASCII "
+        "letters, digits, '_' and '-': its tools are named <server>_<tool>, and model providers take no "
+        "other characters in a tool name"
+    )
+    write_toml(Path.cwd(), '[mcp_servers.Notes_v2-b]\ncommand = "true"\n')
+    assert list(Settings.load().mcp_servers) == ["Notes_v2-b"]
+
+
 @pytest.mark.parametrize(
     ("setting", "example"),
     [("searxng_url", "http://127.0.0.1:8888"), ("image_base_url", "https://api.openai.com/v1")],
