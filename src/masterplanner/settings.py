@@ -371,6 +371,37 @@ class Settings(BaseSettings):
         600.0, gt=0, le=86_400, description="seconds a model server has to answer one request"
     )
 
+    @field_validator("home", mode="before")
+    @classmethod
+    def _home_given(cls, home: object) -> object:
+        """Empty is refused, as for every setting that cannot be empty (`model`, `local_threads`).
+
+        Before, an empty MASTERPLANNER_HOME made the current directory the home: the database and
+        logs were written wherever the command ran.
+        """
+        if isinstance(home, str) and not home.strip():
+            raise ValueError(f"must not be empty; leave it unset for the default home, {default_home()}")
+        return home
+
+    @field_validator("home")
+    @classmethod
+    def _home_a_folder(cls, home: Path) -> Path:
+        """A home that is a file, or lies under one, is refused naming that file.
+
+        Before, `MASTERPLANNER_HOME=/etc/passwd` failed each command with "database folder
+        /etc/passwd: cannot create: File exists", naming no setting.
+        """
+        place = home.expanduser()
+        while not place.exists() and place.parent != place:
+            place = place.parent
+        if place.exists() and not place.is_dir():
+            where = "is" if place == home.expanduser() else f"is under {place}, which is"
+            raise ValueError(
+                f"{home} {where} a file, not a folder; "
+                "the home is the folder runs, agents and logs are kept in"
+            )
+        return home
+
     @field_validator("model")
     @classmethod
     def _model_given(cls, spec: str) -> str:

@@ -353,6 +353,43 @@ def test_an_mcp_server_url_that_is_not_an_http_url_is_refused_naming_the_setting
     assert str(Settings.load().mcp_servers["remote"].url) == "http://localhost:8000/mcp"
 
 
+def test_a_home_that_is_a_file_or_empty_is_refused_naming_its_variable(
+    isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, a file failed each command as "database folder /etc/passwd: cannot create: File exists".
+
+    And an empty MASTERPLANNER_HOME made the current directory the home, database and all.
+    """
+    from masterplanner.settings import default_home
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    monkeypatch.setenv("MASTERPLANNER_HOME", str(a_file))
+    with pytest.raises(SettingsError) as refused:
+        Settings.load()
+    assert str(refused.value) == (
+        f"invalid settings: setting 'home' (from MASTERPLANNER_HOME): {a_file} is a file, not a folder; "
+        "the home is the folder runs, agents and logs are kept in"
+    )
+    monkeypatch.setenv("MASTERPLANNER_HOME", str(a_file / "home"))
+    with pytest.raises(SettingsError) as refused:
+        Settings.load()
+    assert str(refused.value) == (
+        f"invalid settings: setting 'home' (from MASTERPLANNER_HOME): {a_file / 'home'} is under {a_file}, "
+        "which is a file, not a folder; the home is the folder runs, agents and logs are kept in"
+    )
+    monkeypatch.setenv("MASTERPLANNER_HOME", "")
+    with pytest.raises(SettingsError) as refused:
+        Settings.load()
+    assert str(refused.value) == (
+        "invalid settings: setting 'home' (from MASTERPLANNER_HOME): must not be empty; leave it unset "
+        f"for the default home, {default_home()}"
+    )
+    assert not list(Path.cwd().iterdir())  # nothing made where the command ran
+    monkeypatch.setenv("MASTERPLANNER_HOME", str(tmp_path / "new-home"))
+    assert Settings.load().home == tmp_path / "new-home"
+
+
 @pytest.mark.parametrize("name", ["a b", "notes.v2", "ünï", ""])
 def test_an_mcp_server_name_that_cannot_begin_a_tool_name_is_refused_naming_the_setting(
     isolated: Path, name: str
