@@ -582,6 +582,7 @@ class Settings(BaseSettings):
         from pydantic_settings import SettingsError as SourceError
 
         _check_variable_names()
+        _check_json_nulls()
         try:
             super().__init__(**values)
             self._given = frozenset(values)
@@ -710,6 +711,25 @@ def _check_variable_names() -> None:
             f"unknown setting variable {variable}: no setting is called "
             f"{name.removeprefix(ENV_PREFIX).lower()!r}; {hint}a MASTERPLANNER_ variable is "
             f"MASTERPLANNER_ and a setting's name: {', '.join(sorted(Settings.model_fields))}"
+        )
+
+
+def _check_json_nulls() -> None:
+    """`SettingsError` for a list or table setting whose variable is the JSON `null`.
+
+    pydantic-settings takes a variable whose JSON is `null` as unset: `MASTERPLANNER_TOOL_POLICIES=null`
+    silently became the defaults. The README says such a variable is a JSON object or list.
+    """
+    for name, field in Settings.model_fields.items():
+        shape = get_origin(field.annotation)
+        variable = f"{ENV_PREFIX}{name.upper()}"
+        value = next((v for k, v in os.environ.items() if k.upper() == variable), None)
+        if shape not in (dict, list) or value is None or value.strip() != "null":
+            continue
+        kind, empty = ("a JSON object", "{}") if shape is dict else ("a JSON list", "[]")
+        raise SettingsError(
+            f"invalid settings: setting {name!r} (from {variable}): should be {kind}, got null; "
+            f"write {empty} or leave the variable unset for the default"
         )
 
 

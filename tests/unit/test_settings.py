@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -388,6 +389,31 @@ def test_a_home_that_is_a_file_or_empty_is_refused_naming_its_variable(
     assert not list(Path.cwd().iterdir())  # nothing made where the command ran
     monkeypatch.setenv("MASTERPLANNER_HOME", str(tmp_path / "new-home"))
     assert Settings.load().home == tmp_path / "new-home"
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "empty"),
+    [
+        ("tool_policies", "a JSON object", "{}"),
+        ("mcp_servers", "a JSON object", "{}"),
+        ("provider_limits", "a JSON object", "{}"),
+        ("http_allowed_domains", "a JSON list", "[]"),
+    ],
+)
+def test_a_json_setting_given_null_is_refused_naming_its_variable(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, name: str, kind: str, empty: str
+) -> None:
+    """Before, `MASTERPLANNER_TOOL_POLICIES=null` was taken silently as the defaults."""
+    variable = f"MASTERPLANNER_{name.upper()}"
+    monkeypatch.setenv(variable, " null ")
+    with pytest.raises(SettingsError) as refused:
+        Settings.load()
+    assert str(refused.value) == (
+        f"invalid settings: setting {name!r} (from {variable}): should be {kind}, got null; "
+        f"write {empty} or leave the variable unset for the default"
+    )
+    monkeypatch.setenv(variable, empty)
+    assert getattr(Settings.load(), name) == json.loads(empty)
 
 
 @pytest.mark.parametrize("name", ["a b", "notes.v2", "ünï", ""])
