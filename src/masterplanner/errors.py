@@ -63,6 +63,7 @@ __all__ = [
     "ToolError",
     "json_kind",
     "problem_in_our_words",
+    "quoted_id",
     "validation_problems",
 ]
 
@@ -293,6 +294,18 @@ def validation_problems(errors: Iterable[Any], *, whole: str) -> list[str]:
         f"{'.'.join(str(part) for part in item['loc']) or whole}: {problem_in_our_words(item)}"
         for item in errors
     ]
+
+
+ID_SHOWN_CHARS = 40
+"""How much of an id given from outside (a URL's, a command line's) an error message repeats."""
+
+
+def quoted_id(value: str) -> str:
+    """An id given from outside, quoted for a message, cut to its first 40 characters and `…`.
+
+    Before, `GET /api/v1/runs/<5,000 characters>` repeated all of them in its 404.
+    """
+    return repr(value if len(value) <= ID_SHOWN_CHARS else value[:ID_SHOWN_CHARS] + "…")
 
 
 def problem_in_our_words(item: Any, *, what: str | None = None) -> str:

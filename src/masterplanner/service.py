@@ -48,6 +48,7 @@ from .errors import (
     RequestError,
     RunError,
     json_kind,
+    quoted_id,
     validation_problems,
 )
 from .plan import validate_plan
@@ -131,7 +132,7 @@ def _check_names_in_decision(request: Request, answer: dict[str, Any]) -> None:
     for step_id, agent in agents.items():
         if step_id not in steps:
             raise RequestError(
-                f"request {request.id}: agents names step {step_id!r}, which the plan does not have "
+                f"request {request.id}: agents names step {quoted_id(step_id)}, which the plan does not have "
                 f"(its steps: {', '.join(map(str, steps)) or 'none'})"
             )
         own = agent.get("tool_policies") if isinstance(agent, dict) else None
@@ -772,7 +773,7 @@ class RegistryService:
         def read() -> list[int]:
             found = self._store().versions(agent_id)
             if not found:  # as `agent` says it (an empty list read as "an agent with no versions")
-                raise NotFoundError(f"no agent {agent_id!r} in the registry")
+                raise NotFoundError(f"no agent {quoted_id(agent_id)} in the registry")
             return found
 
         return await self._run(read)

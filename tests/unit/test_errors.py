@@ -22,6 +22,7 @@ def _examples() -> list[errors.MasterplannerError]:
             "AgentEditError",
             "json_kind",
             "problem_in_our_words",
+            "quoted_id",
             "validation_problems",
         )
     ]

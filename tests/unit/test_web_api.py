@@ -225,6 +225,24 @@ async def test_unknown_ids_malformed_json_huge_bodies_and_bad_models(client: htt
     assert (await client.get("/runs")).json() == []
 
 
+async def test_a_long_id_is_cut_where_an_error_repeats_it(client: httpx.AsyncClient) -> None:
+    """Before, `GET /runs/<5,000 characters>` repeated all 5,000 in its 404."""
+    long_id = "r" * 40 + "x" * 4_960
+    cut = "'" + "r" * 40 + "…'"
+    for path, error in [
+        (f"/runs/{long_id}", f"no run {cut}"),
+        (f"/requests/{long_id}", f"no request {cut}"),
+        (f"/teams/{long_id}", f"no team {cut} in the registry"),
+        (f"/agents/{long_id}", f"no agent {cut} in the registry"),
+    ]:
+        missing = await client.get(path)
+        assert (missing.status_code, missing.json()) == (404, {"error": error}), path
+    answered = await client.post(f"/requests/{long_id}/answer", json={"approve": True})
+    assert (answered.status_code, answered.json()) == (404, {"error": f"no request {cut}"})
+    forgotten = await client.delete(f"/memories/{long_id}")
+    assert (forgotten.status_code, forgotten.json()) == (404, {"error": f"no memory {cut}"})
+
+
 async def test_ids_numbers_and_bodies_past_what_is_taken(
     client: httpx.AsyncClient, write_script: Callable[..., Path], tmp_path: Path
 ) -> None:

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
-from ..errors import RequestClosedError, RequestError, validation_problems
+from ..errors import RequestClosedError, RequestError, quoted_id, validation_problems
 from ..plan import Plan
 from ..redaction import REMOVED, secret_parts, secret_refusal
 from .records import AgentBrief, utc_now
@@ -446,7 +446,7 @@ class Requests:
                 )
                 row = rows[0] if len(rows) == 1 else None
         if row is None:
-            raise RequestError(f"no request {request_id!r} (see `masterplanner runs pending`)")
+            raise RequestError(f"no request {quoted_id(request_id)} (see `masterplanner runs pending`)")
         return _request(row)
 
     def find(self, run_id: str | None = None, *, state: RequestState | None = "open") -> list[Request]:

@@ -38,7 +38,7 @@ from ..database import (
     shown_url,
     transaction,
 )
-from ..errors import RunError, RunNotFoundError
+from ..errors import RunError, RunNotFoundError, quoted_id
 from ..plan import Plan
 from .messages import Messages, add_message_hand_on, create_message_tables, hand_on
 from .processes import Processes, add_process_pid_namespace, create_process_table
@@ -321,14 +321,14 @@ class RunStore:
                 )
                 if len(rows) > 1:
                     raise RunNotFoundError(
-                        f"{run_id!r} is the start of more than one run's id: give more of it "
+                        f"{quoted_id(run_id)} is the start of more than one run's id: give more of it "
                         "(see `masterplanner runs list`)",
                         ambiguous=True,
                     )
                 row = rows[0] if rows else None
         if row is None:
             raise RunNotFoundError(
-                f"no run {run_id!r} in {shown_url(self.url)} (see `masterplanner runs list`)"
+                f"no run {quoted_id(run_id)} in {shown_url(self.url)} (see `masterplanner runs list`)"
             )
         return _run_record(row)
 
@@ -406,7 +406,7 @@ class RunStore:
     ) -> list[str]:
         row = connection.execute(sa.select(runs_table).where(runs_table.c.id == run_id)).mappings().first()
         if row is None:
-            raise RunNotFoundError(f"no run {run_id!r}")
+            raise RunNotFoundError(f"no run {quoted_id(run_id)}")
         now = database_now(connection)
         if row["status"] != "failed":
             state = {"succeeded": "succeeded", "cancelled": "was cancelled"}.get(
@@ -496,7 +496,7 @@ class RunStore:
             if updated.rowcount == 1:
                 return True
             if connection.scalar(sa.select(runs_table.c.id).where(runs_table.c.id == run_id)) is None:
-                raise RunNotFoundError(f"no run {run_id!r}")
+                raise RunNotFoundError(f"no run {quoted_id(run_id)}")
             return False
 
     def heartbeat(self, run_id: str, owner: str, *, lease_s: float) -> bool:

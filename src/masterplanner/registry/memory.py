@@ -22,7 +22,7 @@ from typing import Literal
 from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
-from ..errors import NotFoundError, ToolError
+from ..errors import NotFoundError, ToolError, quoted_id
 from ..redaction import looks_secret
 from .store import RegistryStore, _count_write, _sql, _text_index
 
@@ -159,7 +159,7 @@ class MemoryStore:
         """Delete one memory."""
         with self.registry._begin("forget a memory") as connection:
             if not _delete(connection, memory_id):
-                raise NotFoundError(f"no memory {memory_id!r} (see `masterplanner memory list`)")
+                raise NotFoundError(f"no memory {quoted_id(memory_id)} (see `masterplanner memory list`)")
             _count_write(connection)
 
 

@@ -36,7 +36,14 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..database import Migration, create_engine, migrate, reconnecting_methods, transaction, utc_now
-from ..errors import ConfigError, NotFoundError, RunError, problem_in_our_words, validation_problems
+from ..errors import (
+    ConfigError,
+    NotFoundError,
+    RunError,
+    problem_in_our_words,
+    quoted_id,
+    validation_problems,
+)
 from ..text_files import read_text
 from .specs import AgentSpec, AgentStats, Cohort, with_prompt_author
 
@@ -581,7 +588,9 @@ class RegistryStore:
             (agent_id,),
         ).first()
         if row is None:
-            raise NotFoundError(f"no agent {agent_id!r} in the registry (see `masterplanner agents list`)")
+            raise NotFoundError(
+                f"no agent {quoted_id(agent_id)} in the registry (see `masterplanner agents list`)"
+            )
         text = row[0]
         if version is not None:
             found = _sql(
@@ -590,7 +599,7 @@ class RegistryStore:
                 (agent_id, version),
             ).first()
             if found is None:
-                raise NotFoundError(f"agent {agent_id!r} has no version {version}")
+                raise NotFoundError(f"agent {quoted_id(agent_id)} has no version {version}")
             text = found[0]
         return _with_stats(text, row[1:])
 
@@ -619,7 +628,7 @@ class RegistryStore:
         with self._begin("delete an agent") as connection:
             deleted = _sql(connection, "DELETE FROM mp_agents WHERE id = ?", (agent_id,)).rowcount
             if not deleted:
-                raise NotFoundError(f"no agent {agent_id!r} in the registry")
+                raise NotFoundError(f"no agent {quoted_id(agent_id)} in the registry")
             _sql(connection, "DELETE FROM mp_agent_versions WHERE agent_id = ?", (agent_id,))
             _text_index(connection, "agent").delete(connection, agent_id)
             _forget_vectors(connection, "agent", agent_id)
@@ -951,7 +960,9 @@ class RegistryStore:
         with self._begin("read a cohort") as connection:
             row = _sql(connection, "SELECT cohort FROM mp_cohorts WHERE id = ?", (cohort_id,)).first()
         if row is None:
-            raise NotFoundError(f"no cohort {cohort_id!r} in the registry (see `masterplanner cohorts list`)")
+            raise NotFoundError(
+                f"no cohort {quoted_id(cohort_id)} in the registry (see `masterplanner cohorts list`)"
+            )
         return Cohort.model_validate_json(row[0])
 
     def list_cohorts(self) -> list[Cohort]:
@@ -1018,7 +1029,7 @@ class RegistryStore:
         """Remove a cohort (its agents stay)."""
         with self._begin("delete a cohort") as connection:
             if not _sql(connection, "DELETE FROM mp_cohorts WHERE id = ?", (cohort_id,)).rowcount:
-                raise NotFoundError(f"no cohort {cohort_id!r} in the registry")
+                raise NotFoundError(f"no cohort {quoted_id(cohort_id)} in the registry")
             _text_index(connection, "cohort").delete(connection, cohort_id)
             _forget_vectors(connection, "cohort", cohort_id)
 

@@ -29,7 +29,7 @@ from ..engine.records import (
     RunRecord,
     RunStatus,
 )
-from ..errors import DatabaseUnavailableError, RequestError, RunError, RunNotFoundError
+from ..errors import DatabaseUnavailableError, RequestError, RunError, RunNotFoundError, quoted_id
 from ..plan import MAX_TASK_CHARS
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
@@ -358,9 +358,9 @@ async def _run(service: RunService, run_id: str) -> RunRecord:
     except RunNotFoundError as error:
         if error.ambiguous:
             raise HTTPException(
-                404, f"{run_id!r} is the start of more than one run's id: give more of it"
+                404, f"{quoted_id(run_id)} is the start of more than one run's id: give more of it"
             ) from None
-        raise HTTPException(404, f"no run {run_id!r}") from None
+        raise HTTPException(404, f"no run {quoted_id(run_id)}") from None
 
 
 async def existing_run(request: Request, run_id: str) -> RunRecord:
@@ -573,7 +573,7 @@ async def _request(service: RunService, request_id: str) -> StoredRequest:
     try:
         return await service.request(request_id)
     except RequestError:
-        raise HTTPException(404, f"no request {request_id!r}") from None
+        raise HTTPException(404, f"no request {quoted_id(request_id)}") from None
 
 
 def _check_fits(found: StoredRequest, body: AnswerIn) -> None:

@@ -23,7 +23,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from markupsafe import Markup
 
 from ..engine.records import BUDGET_LIMITS, FINISHED_RUN_STATUSES, WHOLE_OPTION_LIMITS, RunOptions, RunRecord
-from ..errors import MasterplannerError, PlanError, RequestClosedError, RunError
+from ..errors import MasterplannerError, PlanError, RequestClosedError, RunError, quoted_id
 from ..estimate import estimate_run
 from ..event_text import event_detail
 from ..redaction import REMOVED, redacted
@@ -316,7 +316,7 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
     try:
         found = await service.request(request_id)
         if found.run_id != record.id:
-            raise HTTPException(404, f"run {record.id} has no request {request_id!r}")
+            raise HTTPException(404, f"run {record.id} has no request {quoted_id(request_id)}")
         if found.kind in ("plan_review", "replan") and choice == "approve":
             decision = _review_decision(found, form)
             # shown again if refused, as the person left it; a secret they typed is not sent

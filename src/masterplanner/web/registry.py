@@ -13,7 +13,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
 
-from ..errors import MasterplannerError, NotFoundError
+from ..errors import MasterplannerError, NotFoundError, quoted_id
 from ..redaction import REMOVED, redacted
 from ..registry import AgentSpec, Cohort
 from ..service import RegistryService
@@ -39,7 +39,7 @@ async def _agent(registry: RegistryService, agent_id: str, version: int | None =
     try:
         return await registry.agent(agent_id, version)
     except NotFoundError:
-        what = f"agent {agent_id!r}" + (f" version {version}" if version is not None else "")
+        what = f"agent {quoted_id(agent_id)}" + (f" version {version}" if version is not None else "")
         raise HTTPException(404, f"no {what} in the registry") from None
 
 
@@ -47,7 +47,7 @@ async def _team(registry: RegistryService, team_id: str) -> Cohort:
     try:
         return await registry.cohort(team_id)
     except NotFoundError:
-        raise HTTPException(404, f"no team {team_id!r} in the registry") from None
+        raise HTTPException(404, f"no team {quoted_id(team_id)} in the registry") from None
 
 
 def _agent_json(spec: AgentSpec) -> dict[str, Any]:
@@ -195,7 +195,7 @@ async def forget(request: Request, memory_id: str) -> Response:
     try:
         await _registry(request).forget(memory_id)
     except NotFoundError:
-        raise HTTPException(404, f"no memory {memory_id!r}") from None
+        raise HTTPException(404, f"no memory {quoted_id(memory_id)}") from None
     return Response(status_code=204)
 
 
@@ -382,5 +382,5 @@ async def memory_forget(request: Request, memory_id: str) -> Response:
     try:
         await _registry(request).forget(memory_id)
     except NotFoundError:
-        raise HTTPException(404, f"no memory {memory_id!r}") from None
+        raise HTTPException(404, f"no memory {quoted_id(memory_id)}") from None
     return RedirectResponse("/memory", status_code=303)
