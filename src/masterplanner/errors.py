@@ -62,6 +62,7 @@ __all__ = [
     "SettingsError",
     "ToolError",
     "json_kind",
+    "known_fields",
     "problem_in_our_words",
     "quoted_id",
     "validation_problems",
@@ -285,15 +286,46 @@ def _not_json(item: Any) -> str:
     return f"is not valid JSON ({where}{words})"
 
 
-def validation_problems(errors: Iterable[Any], *, whole: str) -> list[str]:
+def validation_problems(errors: Iterable[Any], *, whole: str, model: Any = None) -> list[str]:
     """Each problem of a pydantic `ValidationError` (its `errors()`) as `field: what is wrong`.
 
     In our words (`problem_in_our_words`); `whole` names where a problem with no field is (`file`).
+    With the `model` validated, an unknown field is said with the fields known where it is.
     """
-    return [
-        f"{'.'.join(str(part) for part in item['loc']) or whole}: {problem_in_our_words(item)}"
-        for item in errors
-    ]
+    problems = []
+    for item in errors:
+        problem = problem_in_our_words(item)
+        known = known_fields(model, item["loc"][:-1]) if item["type"] == "extra_forbidden" else None
+        if known:
+            problem += f"; known: {', '.join(known)}"
+        problems.append(f"{'.'.join(str(part) for part in item['loc']) or whole}: {problem}")
+    return problems
+
+
+def known_fields(model: Any, loc: Iterable[int | str]) -> list[str] | None:
+    """The fields of the pydantic model at `loc` inside `model` (a model class), or None if none is there.
+
+    `loc` is a problem's place (`agents.asker`): fields by name, a table's entries by key and a
+    list's by index. Before, `agents.asker.system_prompt: unknown field` named no field it takes.
+    """
+    from typing import Union, get_args, get_origin
+
+    shape = model
+    for part in loc:
+        if get_origin(shape) in (Union, type(int | None)):
+            shape = next((arg for arg in get_args(shape) if arg is not type(None)), None)
+        if isinstance(getattr(shape, "model_fields", None), dict) and str(part) in shape.model_fields:
+            shape = shape.model_fields[str(part)].annotation
+        elif get_origin(shape) is dict:
+            shape = get_args(shape)[1]
+        elif get_origin(shape) is list:
+            shape = get_args(shape)[0]
+        else:
+            return None
+    if get_origin(shape) in (Union, type(int | None)):
+        shape = next((arg for arg in get_args(shape) if arg is not type(None)), None)
+    fields = getattr(shape, "model_fields", None)
+    return sorted(fields) if isinstance(fields, dict) else None
 
 
 ID_SHOWN_CHARS = 40

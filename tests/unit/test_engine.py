@@ -861,7 +861,8 @@ async def test_a_review_answer_that_does_not_fit_is_refused_naming_the_field(
         with pytest.raises(RequestError) as misspelt:
             await service.answer(review.id, {"action": "approve", "agnets": {}}, by="test")
         assert str(misspelt.value) == (
-            f"request {review.id}: the answer does not fit a plan review: agnets: unknown field"
+            f"request {review.id}: the answer does not fit a plan review: agnets: unknown field; known: "
+            "action, agents, plan, reason, tool_policies"
         )
         with pytest.raises(
             RequestError,

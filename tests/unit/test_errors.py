@@ -21,6 +21,7 @@ def _examples() -> list[errors.MasterplannerError]:
             "ScriptExhaustedError",
             "AgentEditError",
             "json_kind",
+            "known_fields",
             "problem_in_our_words",
             "quoted_id",
             "validation_problems",

@@ -146,7 +146,10 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
     [
         ({}, ["body.task: is missing"]),
         ({"task": ""}, ["body.task: must not be empty"]),
-        ({"task": "x", "colour": "red"}, ["body.colour: unknown field"]),
+        (
+            {"task": "x", "colour": "red"},
+            ["body.colour: unknown field; known: model, options, task, workspace"],
+        ),
         (
             {"task": "x", "options": {"max_parallel": 0}},
             ["body.options.max_parallel: must be at least 1, got 0"],
@@ -352,6 +355,17 @@ async def test_answers_that_do_not_fit_the_request_are_refused(
             {"decision": {"action": "approve", "plan": {"task": "t", "steps": []}}},
             "invalid plan: plan: steps: must not be empty",
         ),
+        (  # the fields taken are named: before, only "agents.a.system_prompt: unknown field"
+            {"decision": {"action": "approve", "agents": {"a": {"system_prompt": "x"}}}},
+            f"request {review['id']}: the answer does not fit a plan review: agents.a.system_prompt: "
+            "unknown field; known: agent_id, critique, draft, edited, fresh, prompt, prompt_by_person, "
+            "reused_from, rounds, tool_policies",
+        ),
+        (
+            {"decision": {"action": "approve", "colour": "red"}},
+            f"request {review['id']}: the answer does not fit a plan review: colour: unknown field; "
+            "known: action, agents, plan, reason, tool_policies",
+        ),
     ]
     for answer, error in cases:
         refused = await client.post(f"/requests/{review['id']}/answer", json=answer)
@@ -518,7 +532,7 @@ async def test_a_failed_run_is_retried_through_the_api(
     assert bad.status_code == 422
     assert bad.json()["problems"] == [
         "body.max_model_calls: must be at least 1, got 0",
-        "body.colour: unknown field",
+        "body.colour: unknown field; known: max_cost_usd, max_model_calls, max_tokens, max_wall_s",
     ]
     spent = await client.post(f"/runs/{run_id}/retry", json={"max_model_calls": 10})
     assert spent.status_code == 409

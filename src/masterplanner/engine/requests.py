@@ -214,9 +214,9 @@ def _call_line(tool: str, arguments: dict[str, Any]) -> str:
     return f"{tool}({', '.join(shown)})"
 
 
-def _problems(error: ValidationError) -> str:
-    """A validation error's problems in our words: where, and what is wrong there."""
-    return "; ".join(validation_problems(error.errors(), whole="answer"))
+def _problems(error: ValidationError, model: type[BaseModel]) -> str:
+    """A validation error's problems in our words: where, what is wrong there, the fields known there."""
+    return "; ".join(validation_problems(error.errors(), whole="answer", model=model))
 
 
 def _texts(value: object, where: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
@@ -356,7 +356,7 @@ def _shaped_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
             return PlanDecision.model_validate(answer).to_json_dict()
         except ValidationError as exc:
             raise RequestError(
-                f"request {request.id}: the answer does not fit {what}: {_problems(exc)}"
+                f"request {request.id}: the answer does not fit {what}: {_problems(exc, PlanDecision)}"
             ) from None
     if request.kind == "ask_user":
         text = answer.get("text")

@@ -24,6 +24,7 @@ from ..errors import (
     PlanError,
     RequestClosedError,
     RequestError,
+    known_fields,
     problem_in_our_words,
 )
 from ..service import RegistryService, RunService
@@ -117,6 +118,16 @@ def _refused(request: Request, status: int, message: str, **more: Any) -> Respon
     return pages.templates.TemplateResponse(request, "error.html", context, status_code=status)
 
 
+def _known_fields(request: Request, item: Any) -> str:
+    """`; known: …`, the fields the body takes where an unknown one was sent (else nothing)."""
+    location = tuple(item.get("loc", ()))
+    body = getattr(request.scope.get("route"), "body_field", None)
+    if item.get("type") != "extra_forbidden" or body is None or location[:1] != ("body",):
+        return ""
+    known = known_fields(body.field_info.annotation, location[1:-1])
+    return f"; known: {', '.join(known)}" if known else ""
+
+
 async def _invalid_request(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     problems = []
@@ -130,7 +141,8 @@ async def _invalid_request(request: Request, exc: Exception) -> Response:
             problems.append("body: should be JSON, sent with the header Content-Type: application/json")
             continue
         where = ".".join(str(part) for part in item.get("loc", ()))
-        problems.append(f"{where}: {problem_in_our_words(item)}" if where else problem_in_our_words(item))
+        problem = problem_in_our_words(item) + _known_fields(request, item)
+        problems.append(f"{where}: {problem}" if where else problem)
     return _refused(request, 422, "the request is invalid: " + "; ".join(problems), problems=problems)
 
 
