@@ -13,10 +13,21 @@ import re
 __all__ = ["looks_secret", "redacted", "secret_parts", "secret_refusal"]
 
 _SECRET = re.compile(
+    # a URL's password (`scheme://user:PASSWORD@host`): only the password goes, the user name and
+    # host stay readable. It runs to the token's last `@`, as a password may hold `@`, `/` or `?`
+    # unescaped (an `@` later in the URL hides more than the password, never less), within 256
+    # characters: unbounded, `x://x://…` took seconds. httpx quotes the whole URL in its errors,
+    # and a SearXNG URL with basic auth reached the model so.
+    r"(?P<url_user>\b[A-Za-z][A-Za-z0-9+.-]{0,30}://[^\s:/?#@'\"<>]*:)(?P<url_password>[^\s'\"<>]{1,256})(?=@)"
+    # a credential-named query parameter's value, however short (`?api_key=…`, `&key=…`,
+    # `?password=…`, `?access_token=…`): the name stays, the value goes (and one gone stays so)
+    r"|(?P<query_name>(?i:[?&;](?:[A-Za-z0-9_.-]*[_-])?"
+    r"(?:api[_-]?key|key|token|password|passwd|pwd|secret|signature|auth|credentials?)=))"
+    r"(?!\[secret removed\])(?P<query_value>[^\s&#'\"<>]+)"
     # providers' key shapes: a prefix, its separator, then a long run holding a digit. Without
     # the separator and the digit, words matched ("skill-building", "ghost-writer-style",
     # "PKCS1_OAEP_padding"), and a team whose task said so was not stored.
-    r"(?i:\b(?:sk|pk|rk)[-_](?=[-_A-Za-z0-9]*\d)[-_A-Za-z0-9]{16,})"
+    r"|(?i:\b(?:sk|pk|rk)[-_](?=[-_A-Za-z0-9]*\d)[-_A-Za-z0-9]{16,})"
     r"|(?i:\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}|\bxox[abpr]-[-A-Za-z0-9]{10,})"
     r"|\bAKIA[0-9A-Z]{16}\b|\bAIza[-_A-Za-z0-9]{30,}"
     # a private key whole, to its END line (or the text's end, if cut): the header alone left
@@ -54,12 +65,21 @@ def _secret_values() -> list[str]:
     ]
 
 
+def _removed(match: re.Match[str]) -> str:
+    """A match of `_SECRET` with its credential removed, and a URL's user name or a parameter's name kept."""
+    return (match.group("url_user") or match.group("query_name") or "") + REMOVED
+
+
 def redacted(text: str) -> str:
-    """`text` with every credential-shaped part, and every value of a secret variable here, removed."""
+    """`text` with every credential-shaped part, and every value of a secret variable here, removed.
+
+    A URL keeps its user name and host (`http://alice:[secret removed]@host/…`) and a
+    credential-named query parameter its name (`?api_key=[secret removed]`).
+    """
     for value in _secret_values():
         if value in text:
             text = text.replace(value, REMOVED)
-    return _SECRET.sub(REMOVED, text)
+    return _SECRET.sub(_removed, text)
 
 
 def secret_parts(text: str) -> list[str]:

@@ -248,3 +248,56 @@ def test_an_images_api_error_echoing_the_key_reaches_the_model_without_it(
     assert result["tool"] == "generate_image" and shown in result["error"]
     stored = json.dumps([event.to_json_dict() for event in events])
     assert key not in stored and "0123456789abcdef" not in stored
+
+
+def test_a_search_servers_error_quoting_its_url_reaches_the_model_and_events_without_the_password(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SearXNG behind basic auth answers 401; httpx's error quotes the whole URL, password and all.
+
+    The step's model, the `tool_result` event and the run keep the user name and the host, not the password.
+    """
+
+    class Refusing(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    monkeypatch.setenv("MASTERPLANNER_WEB_SEARCH_BACKEND", "searxng")
+    monkeypatch.setenv("MASTERPLANNER_SEARXNG_URL", f"http://alice:s3cretpass@127.0.0.1:{port}")
+    search = {"name": "web_search", "args": {"query": "tides"}}
+    shown = (
+        f"Client error '401 Unauthorized' for url "
+        f"'http://alice:{REMOVED}@127.0.0.1:{port}/search?q=tides&format=json'"
+    )
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("s", tools=["web_search"])]}},
+            {"purpose": "step:s", "tool_calls": [search]},
+            {"purpose": "step:s", "expect": [shown], "output": "done"},
+            {"purpose": "prompt_creator", "output": "You are a worker.", "repeat": True},
+        ]
+    )
+    options = RunOptions(
+        prompt_rounds=0, auto_approve=True, max_replans=0, tool_policies={"web_search": "auto"}
+    )
+    engine = Engine(Settings.load())
+    try:
+        run = engine.create_run("s", model=f"scripted:{script}", options=options, workspace=tmp_path / "ws")
+        final = asyncio.run(engine.execute(run.id))
+        events = engine.store.events(run.id)
+    finally:
+        engine.close()
+        server.shutdown()
+    assert (final.status, final.output, final.error) == ("succeeded", "done", None), final.error
+    (result,) = [event.data for event in events if event.kind == "tool_result"]
+    assert result["tool"] == "web_search" and shown in result["error"]
+    stored = json.dumps([event.to_json_dict() for event in events])
+    assert "s3cretpass" not in stored

@@ -98,3 +98,52 @@ def test_a_private_key_is_taken_out_whole_not_only_its_first_line() -> None:
     assert redacted(f"the key:\n{key}\nand after it") == f"the key:\n{REMOVED}\nand after it"
     # cut before its END line (a preview of 500 characters): taken out to the end
     assert redacted(f"the key:\n{key[:60]}") == f"the key:\n{REMOVED}"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # a URL's password goes; its user name, host and path stay readable
+        (
+            "Client error '401 Unauthorized' for url 'http://alice:s3cretpass@127.0.0.1:9/search?q=x'",
+            f"Client error '401 Unauthorized' for url 'http://alice:{REMOVED}@127.0.0.1:9/search?q=x'",
+        ),
+        ("redis://:pw@cache:6379/0", f"redis://:{REMOVED}@cache:6379/0"),
+        # a password holding `@`, `/` or `?` unescaped goes whole, to the URL's last `@`
+        (
+            "postgresql+psycopg://u:p@ss/w?rd@db.example/runs",
+            f"postgresql+psycopg://u:{REMOVED}@db.example/runs",
+        ),
+        # a credential-named query parameter's value, however short, goes; its name stays
+        ("https://api.example/v1?q=tides&api_key=abc", f"https://api.example/v1?q=tides&api_key={REMOVED}"),
+        ("https://maps.example/geo?key=plain&lang=en", f"https://maps.example/geo?key={REMOVED}&lang=en"),
+        ("http://h/db?password=secret123", f"http://h/db?password={REMOVED}"),
+        ("wss://h/stream?access_token=t0k#top", f"wss://h/stream?access_token={REMOVED}#top"),
+        ("GET /feed?TOKEN=x1&page=2", f"GET /feed?TOKEN={REMOVED}&page=2"),
+    ],
+)
+def test_a_url_loses_its_password_and_credential_parameters_and_keeps_the_rest(text: str, shown: str) -> None:
+    assert redacted(text) == shown
+    assert looks_secret(text) and not looks_secret(shown)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "https://example.org/search?q=key&sort=keyword",
+        "mailto:alice@example.org",
+        "ssh git@github.com:owner/repo.git",
+        "http://alice@example.org/no-password",
+        "https://example.org/a?monkey=1&turkey=2",
+    ],
+)
+def test_urls_without_a_credential_are_left_as_they_are(text: str) -> None:
+    assert (looks_secret(text), redacted(text)) == (False, text)
+
+
+def test_text_full_of_url_starts_is_read_in_time() -> None:
+    """The password runs to the last `@` of its token: unbounded, `x://u:` repeated took seconds."""
+    started = time.perf_counter()
+    for text in ("x://u:" * 3000, "x://" * 4000, "a-" * 8000, "?" + "a_" * 8000):
+        assert redacted(text) == text
+    assert time.perf_counter() - started < 1.0
