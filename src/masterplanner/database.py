@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from .errors import ConfigError, DatabaseUnavailableError, RunError
+from .redaction import CREDENTIAL_PARAMETER
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -197,21 +198,22 @@ def _first_line(error: object) -> str:
 
 
 def shown_url(url: str) -> str:
-    """A database URL as it may be shown in a message or log: a password in it is replaced by `***`.
+    """A URL (a database's, a collector's) as it may be shown in a message or log: its password is `***`.
 
     Read from the text itself, not a parser's idea of it: the password as written (percent-encoded,
-    or holding `@`, `/` or `?` unescaped) goes, and so does a `password=` query parameter. The
-    credentials end at the URL's last `@`: a password holding `?` was shown whole when the query
-    was cut off first. (An `@` in the query hides a little more than the password: never less.)
-    Before, an encoded password (`p%40ss`) was compared in its decoded form, not found, and shown.
+    or holding `@`, `/` or `?` unescaped) goes, and so does the value of a credential-named query
+    parameter (`password=`, `sslpassword=`, `token=`, `key=`: `redaction.CREDENTIAL_PARAMETER`).
+    The credentials end at the URL's last `@`: a password holding `?` was shown whole when the
+    query was cut off first. (An `@` in the query hides a little more than the password: never
+    less.) Before, an encoded password (`p%40ss`) was compared in its decoded form, not found, and
+    shown; a URL given without its `scheme://` (`alice:PW@collector:4318`), refused for that, was
+    echoed password and all.
     """
-    scheme, sep, rest = url.partition("://")
-    if sep:
-        userinfo, at, host = rest.rpartition("@")
-        if at and ":" in userinfo:
-            rest = f"{userinfo.split(':', 1)[0]}:***@{host}"
-        url = f"{scheme}://{rest}"
-    return re.sub(r"(?i)(password=)[^&]*", r"\1***", url)
+    scheme, sep, rest = url.partition("://") if "://" in url else ("", "", url)
+    userinfo, at, host = rest.rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    return CREDENTIAL_PARAMETER.sub(r"\g<name>***", f"{scheme}{sep}{rest}")
 
 
 def without_password(text: str, url: str) -> str:
@@ -220,8 +222,8 @@ def without_password(text: str, url: str) -> str:
     A password holding an unescaped `@` or `/` splits the URL elsewhere than meant, and the
     driver then names a piece of it as a host ("failed to resolve host 'PW@127.0.0.1'").
     """
-    secrets = re.findall(r"(?i)password=([^&]+)", url)
-    userinfo = url.partition("://")[2].rpartition("@")[0]
+    secrets = [found.group("value") for found in CREDENTIAL_PARAMETER.finditer(url) if found.group("value")]
+    userinfo = (url.partition("://")[2] or url).rpartition("@")[0]
     if ":" in userinfo:
         secrets.append(userinfo.split(":", 1)[1])
     pieces = {

@@ -10,7 +10,15 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["looks_secret", "redacted", "secret_parts", "secret_refusal"]
+__all__ = ["CREDENTIAL_PARAMETER", "looks_secret", "redacted", "secret_parts", "secret_refusal"]
+
+_CREDENTIAL_PARAMETER = (
+    r"(?i:[?&;](?:[A-Za-z0-9_.-]*(?:password|passwd|secret|token|api[_-]?key)"
+    r"|(?:[A-Za-z0-9_.-]*[_-])?(?:key|pwd|auth|signature|credentials?))=)"
+)
+"""A URL's query parameter named as a credential, to its `=` (`?api_key=`, `&key=`, `?sslpassword=`)."""
+CREDENTIAL_PARAMETER = re.compile(rf"(?P<name>{_CREDENTIAL_PARAMETER})(?P<value>[^\s&#]*)")
+"""A credential-named query parameter (`name`, to its `=`) and its value (`value`) in a URL."""
 
 _SECRET = re.compile(
     # a URL's password (`scheme://user:PASSWORD@host`): only the password goes, the user name and
@@ -21,9 +29,7 @@ _SECRET = re.compile(
     r"(?P<url_user>\b[A-Za-z][A-Za-z0-9+.-]{0,30}://[^\s:/?#@'\"<>]*:)(?P<url_password>[^\s'\"<>]{1,256})(?=@)"
     # a credential-named query parameter's value, however short (`?api_key=…`, `&key=…`,
     # `?password=…`, `?access_token=…`): the name stays, the value goes (and one gone stays so)
-    r"|(?P<query_name>(?i:[?&;](?:[A-Za-z0-9_.-]*[_-])?"
-    r"(?:api[_-]?key|key|token|password|passwd|pwd|secret|signature|auth|credentials?)=))"
-    r"(?!\[secret removed\])(?P<query_value>[^\s&#'\"<>]+)"
+    rf"|(?P<query_name>{_CREDENTIAL_PARAMETER})(?!\[secret removed\])(?P<query_value>[^\s&#'\"<>]+)"
     # providers' key shapes: a prefix, its separator, then a long run holding a digit. Without
     # the separator and the digit, words matched ("skill-building", "ghost-writer-style",
     # "PKCS1_OAEP_padding"), and a team whose task said so was not stored.

@@ -438,8 +438,10 @@ class Settings(BaseSettings):
         """
         url = url.strip()
         if url and not is_http_url(url):
+            from .database import shown_url  # its password never in the message
+
             raise ValueError(
-                f"expected an http:// or https:// URL such as http://127.0.0.1:4318, got {url!r}"
+                f"expected an http:// or https:// URL such as http://127.0.0.1:4318, got {shown_url(url)!r}"
             )
         return url
 
@@ -456,7 +458,9 @@ class Settings(BaseSettings):
             return None
         if not is_http_url(url):
             example = _URL_EXAMPLES[str(info.field_name)]
-            raise ValueError(f"expected an http:// or https:// URL such as {example}, got {url!r}")
+            from .database import shown_url  # its password never in the message
+
+            raise ValueError(f"expected an http:// or https:// URL such as {example}, got {shown_url(url)!r}")
         return url
 
     @field_validator("http_allowed_domains")
@@ -485,9 +489,11 @@ class Settings(BaseSettings):
             except UnicodeError:
                 ascii_name = ""
             if not re.fullmatch(rf"{label}(\.{label})*", ascii_name):
+                from .database import shown_url  # a URL given here may hold a password
+
                 raise ValueError(
-                    f"{entry!r} is not a host name; give host names such as example.com (a subdomain "
-                    "of one is allowed too), not URLs, ports or paths, or '*' for any host"
+                    f"{shown_url(entry)!r} is not a host name; give host names such as example.com (a "
+                    "subdomain of one is allowed too), not URLs, ports or paths, or '*' for any host"
                 )
         return domains
 

@@ -428,3 +428,45 @@ def test_a_model_server_refusing_the_key_and_echoing_it_is_said_without_it(comma
         "error: the model provider rejected the credentials: status_code: 401, model_name: gpt-4o, "
         "body: {'message': 'Incorrect API key provided: [secret removed]', 'type': 'invalid_request_error'}\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "error"),
+    [
+        (
+            "MASTERPLANNER_OTEL_ENDPOINT",
+            "alice:s3cretpass@collector:4318",
+            "setting 'otel_endpoint' (from MASTERPLANNER_OTEL_ENDPOINT): expected an http:// or https:// "
+            "URL such as http://127.0.0.1:4318, got 'alice:***@collector:4318'",
+        ),
+        (
+            "MASTERPLANNER_OTEL_ENDPOINT",
+            "https://alice:s3cretpass@collector:x/?token=s3cretpass",
+            "setting 'otel_endpoint' (from MASTERPLANNER_OTEL_ENDPOINT): expected an http:// or https:// "
+            "URL such as http://127.0.0.1:4318, got 'https://alice:***@collector:x/?token=***'",
+        ),
+        (
+            "MASTERPLANNER_HTTP_ALLOWED_DOMAINS",
+            '["https://alice:s3cretpass@api.example"]',
+            "setting 'http_allowed_domains' (from MASTERPLANNER_HTTP_ALLOWED_DOMAINS): "
+            "'https://alice:***@api.example' is not a host name; give host names such as example.com (a "
+            "subdomain of one is allowed too), not URLs, ports or paths, or '*' for any host",
+        ),
+    ],
+)
+def test_a_url_setting_that_is_refused_is_echoed_without_its_password(
+    variable: str, value: str, error: str
+) -> None:
+    """Before, the error quoted the URL as given, password and all, when it had no `scheme://`."""
+    done = run("runs", "list", env={variable: value})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: invalid settings: {error}\n")
+
+
+def test_a_database_url_without_its_scheme_is_refused_without_its_password() -> None:
+    done = run("runs", "list", env={"MASTERPLANNER_DATABASE_URL": "alice:s3cretpass@db.example/runs"})
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2,
+        "",
+        "error: database URL 'alice:***@db.example/runs' is not usable: masterplanner stores runs in "
+        "SQLite (sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DATABASE)\n",
+    )

@@ -50,6 +50,13 @@ def test_a_password_with_unescaped_url_characters_is_in_no_message(password: str
             "postgresql://h/db?user=u&password=***&sslmode=require",
         ),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
+        # without its scheme (refused for that, and echoed): the password still goes
+        ("alice:s3cretpass@db.example/runs", "alice:***@db.example/runs"),
+        # libpq's `sslpassword`, and other credential-named parameters
+        (
+            "postgresql://h/db?sslpassword=zz&sslmode=require&token=t1",
+            "postgresql://h/db?sslpassword=***&sslmode=require&token=***",
+        ),
         ("sqlite:////tmp/a.sqlite", "sqlite:////tmp/a.sqlite"),
     ],
 )

@@ -482,3 +482,19 @@ def test_a_home_the_person_made_keeps_its_permissions(isolated: Path) -> None:
     isolated.chmod(0o755)
     Settings.load().ensure_home()
     assert (isolated.stat().st_mode & 0o777) == 0o755
+
+
+def test_a_refused_server_url_is_quoted_without_its_password(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MASTERPLANNER_SEARXNG_URL", "ftp://alice:s3cretpass@search.example")
+    with pytest.raises(SettingsError) as refused:
+        Settings.load()
+    assert "s3cretpass" not in str(refused.value)
+    assert str(refused.value).endswith("got 'ftp://alice:***@search.example'")
+    monkeypatch.delenv("MASTERPLANNER_SEARXNG_URL")
+    write_toml(Path.cwd(), '[mcp_servers.remote]\nurl = "htps://user:sk-proj-abcdefghijklmnop@host/mcp"\n')
+    with pytest.raises(SettingsError) as refused:
+        Settings.load()
+    assert "abcdefghijklmnop" not in str(refused.value)
+    assert str(refused.value).endswith("got 'htps://user:***@host/mcp'")

@@ -82,9 +82,10 @@ class McpServer(BaseModel):
             return None
         url = url.strip()
         if not is_http_url(url):
-            raise ValueError(
-                f"expected an http:// or https:// URL such as http://localhost:8000/mcp, got {url!r}"
-            )
+            from ..database import shown_url  # its password never in the message
+
+            example = "http://localhost:8000/mcp"
+            raise ValueError(f"expected an http:// or https:// URL such as {example}, got {shown_url(url)!r}")
         return url
 
     @model_validator(mode="after")
