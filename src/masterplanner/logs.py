@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-__all__ = ["JsonLines", "configure_logging", "json_lines", "log"]
+__all__ = ["REDACTING", "JsonLines", "configure_logging", "json_lines", "log"]
 
 LOGGER = "masterplanner"
 
@@ -67,6 +67,29 @@ WORKFLOW_OUTCOMES = _NotWorkflowOutcomes()
 """The filter on DBOS's logger in every process (`engine/runtime.py` adds it at launch)."""
 
 
+class _Redacting(logging.Filter):
+    """Takes credentials out of a record's message (`redaction.redacted`), keeping the record.
+
+    DBOS logs the database URL it was given (at INFO, shown with `--debug`) with SQLAlchemy's
+    password hiding, which leaves a `?password=` parameter whole and shows part of an unescaped
+    password holding `@`.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Always keeps the record, with its message redacted."""
+        from .redaction import redacted
+
+        message = record.getMessage()
+        shown = redacted(message)
+        if shown != message:
+            record.msg, record.args = shown, None
+        return True
+
+
+REDACTING = _Redacting()
+"""The filter that redacts what DBOS logs, on its logger in every process (added at launch, `--debug` too)."""
+
+
 def configure_logging(log_format: Literal["text", "json"], *, printable: Callable[[str], str] = str) -> None:
     """Send the `masterplanner` logger's records (INFO and up) to stderr in `log_format`.
 
@@ -85,6 +108,7 @@ def configure_logging(log_format: Literal["text", "json"], *, printable: Callabl
         logger.propagate = False
     logging.getLogger(LOGGER).setLevel(logging.INFO)
     logging.getLogger("dbos").addFilter(WORKFLOW_OUTCOMES)
+    logging.getLogger("dbos").addFilter(REDACTING)
 
 
 def json_lines() -> bool:

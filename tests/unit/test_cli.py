@@ -470,3 +470,42 @@ def test_a_database_url_without_its_scheme_is_refused_without_its_password() -> 
         "error: database URL 'alice:***@db.example/runs' is not usable: masterplanner stores runs in "
         "SQLite (sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DATABASE)\n",
     )
+
+
+@pytest.mark.postgres
+def test_dbos_s_debug_log_names_the_database_without_its_password(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--debug` lets DBOS log the URL it was given; SQLAlchemy's hiding left `?password=` whole.
+
+    (The local server trusts its clients: the password is in the URL only to be hidden.)
+    """
+    import signal
+    import threading
+
+    url = f"{postgres_database}?password=secret123"
+    monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", url)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "masterplanner", "--debug", "worker"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    watchdog = threading.Timer(90, worker.kill)  # a worker that never logs the line ends all the same
+    watchdog.start()
+    logged = []
+    try:
+        assert worker.stderr is not None
+        for line in worker.stderr:
+            logged.append(line)
+            if "Initializing DBOS system database" in line:
+                break
+    finally:
+        worker.send_signal(signal.SIGINT)
+        logged.append(worker.communicate(timeout=60)[1])
+        watchdog.cancel()
+    shown = url.replace("postgresql://", "postgresql+psycopg://").replace("secret123", "[secret removed]")
+    assert f"Initializing DBOS system database with URL: {shown} (schema: dbos)\n" in logged
+    assert "secret123" not in "".join(logged)

@@ -34,7 +34,7 @@ from dbos._error import DBOSWorkflowConflictIDError
 
 from .._version import __version__
 from ..errors import RunError
-from ..logs import WORKFLOW_OUTCOMES
+from ..logs import REDACTING, WORKFLOW_OUTCOMES
 from ..settings import PROVIDERS, Settings, provider_of
 from .processes import Heartbeat, ProcessKind, step_queue_name
 from .store import RunStore, engine_url, held_here
@@ -136,6 +136,7 @@ def _launch(
     }
     if engine_url(database_url).startswith("sqlite"):
         config["db_engine_kwargs"] = {"connect_args": {"factory": _WalConnection}}
+    logging.getLogger("dbos").addFilter(REDACTING)  # it logs the database URL it is given
     if not debug:
         logging.getLogger("dbos").setLevel(logging.ERROR)
         logging.getLogger("dbos").addFilter(WORKFLOW_OUTCOMES)
