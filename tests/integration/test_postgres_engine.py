@@ -154,12 +154,20 @@ async def test_a_worker_stopped_as_its_run_ends_reports_the_run_ended_not_handed
         worker.close()
 
 
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("gone.gguf", "gone.gguf"),
+        # a key in the reason (here the file's name) reaches neither the worker's log nor the event
+        ("sk-proj-a1b2c3d4e5f6g7h8i9j0.gguf", "[secret removed].gguf"),
+    ],
+)
 async def test_a_run_a_worker_cannot_coordinate_with_its_settings_is_refused_once_and_says_why(
-    database: str, tmp_path: Path
+    database: str, tmp_path: Path, name: str, shown: str
 ) -> None:
     from masterplanner.engine.worker import Worker
 
-    gguf = tmp_path / "gone.gguf"
+    gguf = tmp_path / name
     gguf.write_bytes(b"GGUF" + bytes(60))  # starts like a model: the run is accepted
     settings = Settings.load(database_url=database, remember_runs="never", embedder="none")
     notes: list[tuple[str, dict[str, object]]] = []
@@ -173,7 +181,7 @@ async def test_a_run_a_worker_cannot_coordinate_with_its_settings_is_refused_onc
         gguf.unlink()  # not on this worker's disk any more
         stop = asyncio.Event()
         working = asyncio.ensure_future(worker.run(stop))
-        reason = f"model file {gguf}: no such file"
+        reason = f"model file {tmp_path / shown}: no such file"
         deadline = time.monotonic() + 60
         while not [event for event in worker.engine.store.events(run.id) if event.kind == "run_refused"]:
             assert time.monotonic() < deadline, "no refusal recorded"

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError, MasterplannerError, RunError
 from ..models import missing_credential
+from ..redaction import redacted
 from ..settings import PROVIDERS, Settings
 from .catalogs import settings_policy_problem
 from .records import RunRecord
@@ -218,7 +219,7 @@ class Worker:
                 continue
             error = task.exception()
             if error is not None:
-                reason = (
+                reason = redacted(  # for the log and the run's events: a key the error quotes goes
                     str(error)
                     if isinstance(error, MasterplannerError)
                     else f"{type(error).__name__}: {error}"
