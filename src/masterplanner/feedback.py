@@ -19,7 +19,7 @@ from .agents import run_agent
 from .errors import ConfigError, ModelError, RunError
 from .plan import Plan, Step
 from .prompts import render
-from .redaction import looks_secret, secret_parts, secret_refusal
+from .redaction import secret_parts, secret_refusal
 from .usage import UsageLedger
 
 if TYPE_CHECKING:  # a rating above LOW_RATING calls no model: pydantic-ai is imported for the analysis
@@ -196,7 +196,7 @@ def _usable_lessons(analysis: object, plan: Plan, involved: dict[str, str]) -> d
         target = involved.get(step_id.strip()) if isinstance(step_id, str) else None
         lesson = " ".join(text.split())[:MAX_LESSON_CHARS] if isinstance(text, str) else ""
         words = _words(lesson)
-        if target is None or len(lesson.split()) < 2 or not words - known_words or looks_secret(lesson):
+        if target is None or len(lesson.split()) < 2 or not words - known_words or secret_parts(lesson):
             continue
         found = lessons.setdefault(target, [])
         if lesson not in found:

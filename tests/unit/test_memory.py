@@ -89,6 +89,20 @@ def test_bad_memories_are_refused_and_nothing_is_stored(
     assert memory.list() == []
 
 
+def test_the_value_of_a_secret_variable_is_not_remembered_whatever_its_shape(
+    registry: RegistryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key of no known shape, as a person's input is judged: before, only the shapes were refused."""
+    monkeypatch.setenv("WEATHER_API_KEY", "zq7Hkd92LmPq0xWv3nRt")
+    memory = MemoryStore(registry)
+    with pytest.raises(ToolError) as refused:
+        memory.remember("The weather API takes the key zq7Hkd92LmPq0xWv3nRt.")
+    assert str(refused.value) == (
+        "that looks like a secret (a key, token or password); secrets are not remembered"
+    )
+    assert memory.list() == []
+
+
 def test_the_memory_commands(registry: RegistryStore) -> None:
     memory = MemoryStore(registry)
     kept = memory.remember("Invoices are due within 30 days.")

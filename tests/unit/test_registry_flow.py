@@ -533,12 +533,18 @@ def _rated_run(
                 ]
             }
         },
+        # or a key of no known shape, the value of a secret variable here (WEATHER_API_KEY below)
+        {"output": {"lessons": [{"step": "summary", "lesson": "Do not print the key zq7Hkd92LmPq0xWv3nRt"}]}},
     ],
-    ids=["no-lessons", "junk-lessons", "analysis-fails", "secret-lessons"],
+    ids=["no-lessons", "junk-lessons", "analysis-fails", "secret-lessons", "variable-lessons"],
 )
 def test_a_low_rating_with_a_comment_teaches_the_comment_when_the_analysis_gives_nothing_usable(
-    isolated: Path, write_script: Callable[..., Path], analysis: dict[str, Any]
+    isolated: Path,
+    write_script: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    analysis: dict[str, Any],
 ) -> None:
+    monkeypatch.setenv("WEATHER_API_KEY", "zq7Hkd92LmPq0xWv3nRt")
     summary = {**step("summary", tools=[]), "instruction": "Summarise notes.txt.", "agent_role": "summarizer"}
     run_id = _rated_run(write_script, [summary], analysis)
     comment = "The summary was far too long"
@@ -719,6 +725,7 @@ async def test_an_agent_reused_by_two_steps_is_rated_once(isolated: Path) -> Non
 
 
 KEY = "sk-live-ABCDEFGHIJKLMNOP1234"
+PLAIN_KEY = "zq7Hkd92LmPq0xWv3nRt"
 WEATHER = "Fetch the weather and write it to forecast.txt"
 
 
@@ -744,12 +751,26 @@ def _weather_script(write_script: Callable[..., Path], instruction: str, prompt:
             f"You call the API using the key {KEY}.",
             "the prompt of step call",
         ),
+        # a key of no known shape, the value of a secret variable here (before, only shapes counted)
+        (
+            WEATHER,
+            f"Call the weather API with the key {PLAIN_KEY}.",
+            "You call the API.",
+            "step call of the plan",
+        ),
     ],
-    ids=["instruction", "prompt"],
+    ids=["instruction", "prompt", "variable"],
 )
 async def test_a_team_holding_a_secret_is_not_stored_and_reaches_no_later_task(
-    isolated: Path, write_script: Callable[..., Path], task: str, instruction: str, prompt: str, where: str
+    isolated: Path,
+    write_script: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    task: str,
+    instruction: str,
+    prompt: str,
+    where: str,
 ) -> None:
+    monkeypatch.setenv("WEATHER_API_KEY", PLAIN_KEY)
     settings = Settings.load()
     engine = Engine(settings)
     try:

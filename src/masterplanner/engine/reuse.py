@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import NotFoundError, PlanError, RunError
 from ..plan import Plan, Step, validate_plan
 from ..planner import PlanExample
-from ..redaction import looks_secret
+from ..redaction import secret_parts
 from ..registry import AgentSpec, Cohort, RegistryStore
 from ..tools import Catalog
 from ..tools.selection import words
@@ -148,7 +148,7 @@ def secret_in_team(plan: Plan, agents: dict[str, Any]) -> str | None:
     their prompts and the planner's examples), and listed and exported: a key typed in one
     task would reach them all. The reason names where the secret is, not the secret.
     """
-    where = next((where for where, text in _team_texts(plan, agents) if looks_secret(text)), None)
+    where = next((where for where, text in _team_texts(plan, agents) if secret_parts(text)), None)
     if where is None:
         return None
     return (

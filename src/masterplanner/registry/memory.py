@@ -23,10 +23,10 @@ from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
 from ..errors import NotFoundError, ToolError, quoted_id
-from ..redaction import looks_secret
+from ..redaction import secret_parts
 from .store import RegistryStore, _count_write, _sql, _text_index
 
-__all__ = ["MAX_MEMORY_CHARS", "MemoryItem", "MemoryKind", "MemoryStore", "episode_text", "looks_secret"]
+__all__ = ["MAX_MEMORY_CHARS", "MemoryItem", "MemoryKind", "MemoryStore", "episode_text"]
 
 MemoryKind = Literal["fact", "episode"]
 MAX_MEMORY_CHARS = 2000
@@ -78,7 +78,7 @@ class MemoryStore:
             raise ToolError("there is nothing to remember: the text is empty")
         if len(text) > MAX_MEMORY_CHARS:
             raise ToolError(f"a memory is at most {MAX_MEMORY_CHARS} characters; this one is {len(text)}")
-        if looks_secret(text):
+        if secret_parts(text):  # a key's shape, or the value of a secret variable here
             raise ToolError("that looks like a secret (a key, token or password); secrets are not remembered")
         now = _now()
         item = MemoryItem(f"m{secrets.token_hex(6)}", kind, text, source[:200], now, now, _now(self.ttl_days))
