@@ -28,6 +28,7 @@ import pytest
 
 from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
+from masterplanner.redaction import REMOVED
 from unit._answers import execute_answering
 from unit._plans import step
 
@@ -260,8 +261,10 @@ async def test_an_obeyed_injection_gains_nothing(
         assert asked == [(name, arguments)]
         assert [kind for kind, _ in after] == ["tool_approval_requested", "tool_denied"]
     else:  # refused by the tool's own limits; under `ask` (http) before anyone is asked
+        # the event keeps the call without the key the injection asked to send (`?key=`)
+        shown = json.loads(json.dumps(arguments).replace("key=sk-secret", f"key={REMOVED}"))
         assert after == [
-            ("tool_called", {"tool": name, "arguments": arguments}),
+            ("tool_called", {"tool": name, "arguments": shown}),
             ("tool_result", {"tool": name, "error": REFUSALS[attack.name]}),
         ]
         assert asked == []
