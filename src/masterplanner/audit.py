@@ -56,11 +56,13 @@ def _edits(request: Request) -> str:
     changed = []
     reviewed = _review_changes(request) if request.kind == "plan_review" else None
     if reviewed is not None:  # what the answer changed of what the review showed
-        decision, prompts = reviewed
+        decision, prompts, policies = reviewed
         if decision.plan is not None:
             changed.append("the plan")
         if prompts:
             changed.append("the prompts of " + ", ".join(prompts))
+        if policies:
+            changed.append("the tool policies of " + ", ".join(policies))
         if decision.tool_policies is not None:
             changed.append("the tool policies")
     else:  # a replan's answer, or a review's that cannot be read against its payload: as it was sent
@@ -73,8 +75,11 @@ def _edits(request: Request) -> str:
     return f" with edits to {' and '.join(changed)}" if changed else ""
 
 
-def _review_changes(request: Request) -> tuple[PlanDecision, list[str]] | None:
+def _review_changes(request: Request) -> tuple[PlanDecision, list[str], list[str]] | None:
     """What a plan review's answer changed (`PlanDecision.changes`), and the steps whose agent it changed.
+
+    The steps come as two lists: those whose prompt or agent changed, those whose agent's tool
+    policies alone changed.
 
     An answer that gives the review back as it was shown (the web form always sends the whole
     plan) is a plain approval, not one "with edits". None when the answer or the payload cannot
@@ -89,8 +94,16 @@ def _review_changes(request: Request) -> tuple[PlanDecision, list[str]] | None:
     except (ValidationError, TypeError, ValueError, AttributeError):
         return None
     changes = decision.changes(plan, held, policies)
-    agents = changes.agents or {}
-    return changes, sorted(step_id for step_id, brief in agents.items() if brief != held.get(step_id))
+    changed = {
+        step_id: brief for step_id, brief in (changes.agents or {}).items() if brief != held.get(step_id)
+    }
+    policies_alone = sorted(
+        step_id
+        for step_id, brief in changed.items()
+        if step_id in held
+        and brief.model_copy(update={"tool_policies": held[step_id].tool_policies}) == held[step_id]
+    )
+    return changes, sorted(set(changed) - set(policies_alone)), policies_alone
 
 
 def _reason(answer: dict[str, Any]) -> str:

@@ -13,27 +13,30 @@ import re
 __all__ = ["CREDENTIAL_PARAMETER", "looks_secret", "redacted", "secret_parts", "secret_refusal"]
 
 _CREDENTIAL_PARAMETER = (
-    r"(?i:[?&;](?:[A-Za-z0-9_.-]*(?:password|passwd|secret|token|api[_-]?key)"
+    r"(?i:[?&](?:[A-Za-z0-9_.-]*(?:password|passwd|secret|token|api[_-]?key)"
     r"|(?:[A-Za-z0-9_.-]*[_-])?(?:key|pwd|auth|signature|credentials?))=)"
 )
-"""A URL's query parameter named as a credential, to its `=` (`?api_key=`, `&key=`, `?sslpassword=`)."""
-CREDENTIAL_PARAMETER = re.compile(rf"(?P<name>{_CREDENTIAL_PARAMETER})(?P<value>[^\s&#]*)")
-"""A credential-named query parameter (`name`, to its `=`) and its value (`value`) in a URL."""
+"""A URL's query parameter named as a credential, to its `=` (`?api_key=`, `&key=`, `?sslpassword=`).
 
-_SECRET = re.compile(
-    # a URL's password (`scheme://user:PASSWORD@host`): only the password goes, the user name and
-    # host stay readable. It runs to the token's last `@`, as a password may hold `@`, `/` or `?`
-    # unescaped (an `@` later in the URL hides more than the password, never less), within 256
-    # characters: unbounded, `x://x://…` took seconds. httpx quotes the whole URL in its errors,
-    # and a SearXNG URL with basic auth reached the model so.
-    r"(?P<url_user>\b[A-Za-z][A-Za-z0-9+.-]{0,30}://[^\s:/?#@'\"<>]*:)(?P<url_password>[^\s'\"<>]{1,256})(?=@)"
-    # a credential-named query parameter's value, however short (`?api_key=…`, `&key=…`,
-    # `?password=…`, `?access_token=…`): the name stays, the value goes (and one gone stays so)
-    rf"|(?P<query_name>{_CREDENTIAL_PARAMETER})(?!\[secret removed\])(?P<query_value>[^\s&#'\"<>]+)"
+Broad: for taking out of what is shown (`redacted`, `shown_url`), where hiding a `?page_token=`
+costs nothing. What a person types is refused on narrower shapes (`_TYPED_QUERY`).
+"""
+CREDENTIAL_PARAMETER = re.compile(rf"(?P<name>{_CREDENTIAL_PARAMETER})(?P<value>[^&]*)")
+"""A credential-named query parameter (`name`, to its `=`) and its value (`value`) in a URL.
+
+The value runs to the next `&`, as a database driver reads it (`?password=s3cr#et` is `s3cr#et`).
+"""
+
+_URL_USER = r"\b[A-Za-z][A-Za-z0-9+.-]{0,30}://[^\s:/?#@'\"<>\[\]]*:"
+"""A URL to the `:` that ends its user name (`scheme://user:`); an IPv6 host (`[::1]`) is none."""
+_NOT_A_PORT = r"(?!\d+(?:[/?#\s'\"<>]|$))"
+"""What follows `host:` is a port, not a password, when digits end at the path (`example.org:443/@types`)."""
+
+_KEY_SHAPES = (
     # providers' key shapes: a prefix, its separator, then a long run holding a digit. Without
     # the separator and the digit, words matched ("skill-building", "ghost-writer-style",
     # "PKCS1_OAEP_padding"), and a team whose task said so was not stored.
-    r"|(?i:\b(?:sk|pk|rk)[-_](?=[-_A-Za-z0-9]*\d)[-_A-Za-z0-9]{16,})"
+    r"(?i:\b(?:sk|pk|rk)[-_](?=[-_A-Za-z0-9]*\d)[-_A-Za-z0-9]{16,})"
     r"|(?i:\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}|\bxox[abpr]-[-A-Za-z0-9]{10,})"
     r"|\bAKIA[0-9A-Z]{16}\b|\bAIza[-_A-Za-z0-9]{30,}"
     # a private key whole, to its END line (or the text's end, if cut): the header alone left
@@ -52,6 +55,46 @@ _SECRET = re.compile(
     r"(?![A-Za-z0-9_-])\s*[:=]\s*(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?!(?-i:[A-Z_]+)(?:\s|$))\S{8,})"
     r"|(?i:\bBearer\s+[A-Za-z0-9._~+/-]{16,})"
 )
+
+_SECRET = re.compile(
+    # a URL's password (`scheme://user:PASSWORD@host`): only the password goes, the user name and
+    # host stay readable. It runs to the token's last `@`, as a password may hold `@`, `/` or `?`
+    # unescaped (an `@` later in the URL hides more than the password, never less), within 256
+    # characters (unbounded, `x://x://…` took seconds), or, holding none of `@/?#`, however long
+    # (a token as password). httpx quotes the whole URL in its errors, and a SearXNG URL with
+    # basic auth reached the model so.
+    rf"(?P<url_user>{_URL_USER}){_NOT_A_PORT}"
+    r"(?P<url_password>[^\s'\"<>]{1,256}(?=@)|[^\s'\"<>@/?#]{257,}(?=@))"
+    # a credential-named query parameter's value, however short (`?api_key=…`, `&key=…`,
+    # `?password=…`, `?access_token=…`): the name stays, the value goes (and one gone stays so)
+    rf"|(?P<query_name>{_CREDENTIAL_PARAMETER})(?!\[secret removed\])(?P<query_value>[^\s&#'\"<>]+)"
+    rf"|{_KEY_SHAPES}"
+)
+"""Everything taken out of what is shown (`redacted`): broad, as hiding too much there costs little."""
+
+_TYPED_QUERY = (
+    r"(?i:[?&](?:[A-Za-z0-9_.-]*[_-])?(?:password|passwd|secret|api[_-]?key|apikey|access[_-]?token|key)=)"
+)
+"""A query parameter that names a credential beyond doubt (`?api_key=`, `&key=`, not `?page_token=`)."""
+
+_TYPED_SECRET = re.compile(
+    # a URL's password as written in a sentence: no `/`, `?` or `@` in it, not a port, and not a
+    # placeholder (`https://user:{password}@host`, `:$PASSWORD@`)
+    rf"{_URL_USER}{_NOT_A_PORT}(?![^\s/?#@]*[{{}}$<>()])[^\s/?#@'\"<>]+@"
+    # a credential-named query parameter's value that looks like one: as for `NAME=value` below,
+    # 8 or more characters holding a digit or 12 and more, no code or placeholder
+    # (`?api_key={api_key}`, `?token=$TOKEN`, `?key=YOUR_API_KEY_HERE`, `?key=value`)
+    rf"|{_TYPED_QUERY}(?=[^\s&#]*\d|[^\s&#]{{12}})(?![^\s&#]*[()\[\]{{}}$<>%])"
+    r"(?!(?-i:[A-Z_]+)(?:[\s&#]|$))[^\s&#'\"<>]{8,}"
+    rf"|{_KEY_SHAPES}"
+)
+"""What a person's input, a memory, a stored team or a lesson is refused for (`secret_parts`).
+
+Narrower than `_SECRET` where ordinary text meets URLs: a port before a later `@`
+(`http://localhost:8080/?email=bob@example.com`), a parameter such as `?page_token=2` or
+`?sort_key=date`, code (`?api_key={api_key}`) and placeholders were refused as secrets.
+"""
+
 _SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$")
 """Environment variables whose values are secrets by their name (OPENAI_API_KEY, …)."""
 REMOVED = "[secret removed]"
@@ -59,7 +102,7 @@ REMOVED = "[secret removed]"
 
 def looks_secret(text: str) -> bool:
     """Whether `text` contains something shaped like a credential (a key, token, password, private key)."""
-    return _SECRET.search(text) is not None
+    return _TYPED_SECRET.search(text) is not None
 
 
 def _secret_values() -> list[str]:
@@ -95,7 +138,7 @@ def secret_parts(text: str) -> list[str]:
     never for showing.
     """
     return [value for value in _secret_values() if value in text] + [
-        match.group(0) for match in _SECRET.finditer(text)
+        match.group(0) for match in _TYPED_SECRET.finditer(text)
     ]
 
 

@@ -57,6 +57,15 @@ def test_a_password_with_unescaped_url_characters_is_in_no_message(password: str
             "postgresql://h/db?sslpassword=zz&sslmode=require&token=t1",
             "postgresql://h/db?sslpassword=***&sslmode=require&token=***",
         ),
+        # a value holding `#` or a space, as the driver reads it: to the next `&`
+        (
+            "postgresql://alice@db.example/app?password=s3cr#et99",
+            "postgresql://alice@db.example/app?password=***",
+        ),
+        (
+            "postgresql://h/db?password=two words&sslmode=require",
+            "postgresql://h/db?password=***&sslmode=require",
+        ),
         ("sqlite:////tmp/a.sqlite", "sqlite:////tmp/a.sqlite"),
     ],
 )

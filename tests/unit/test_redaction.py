@@ -124,7 +124,48 @@ def test_a_private_key_is_taken_out_whole_not_only_its_first_line() -> None:
 )
 def test_a_url_loses_its_password_and_credential_parameters_and_keeps_the_rest(text: str, shown: str) -> None:
     assert redacted(text) == shown
-    assert looks_secret(text) and not looks_secret(shown)
+    assert not looks_secret(shown)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a port before a later `@` is no password (it took the path out, and refused the task)
+        "Sign up bob at http://localhost:8080/subscribe?email=bob@example.com",
+        "https://registry.npmjs.org:443/@types/node",
+        "http://localhost:3000/@alice",
+        "http://[::1]:8080/@me",
+        # parameters that are no credential, or whose value is none
+        "Page through https://api.example.com/items?page_token=2 and list every item",
+        "sort with ?sort_key=date&partition_key=user_id&auth=none",
+        "the docs say ?key=value and ?token=abc",
+        "for(i=0;key=next(it);i++) a=1;token=abc",
+        # code and placeholders
+        "f'https://api.example.com/data?api_key={api_key}&q={city}'",
+        'curl "https://api.example.com/v1/items?token=$TOKEN"',
+        "https://maps.example/geo?key=YOUR_API_KEY_HERE",
+        "https://user:{password}@host/x",
+    ],
+)
+def test_what_a_person_types_about_urls_is_no_secret_unless_it_holds_one(text: str) -> None:
+    """What a person types is refused on narrower shapes than what is taken out of what is shown."""
+    assert (looks_secret(text), secret_parts(text)) == (False, [])
+    assert redacted(text) == text or REMOVED in redacted(text)  # shown: hiding more costs little
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "fetch http://alice:s3cretpass@127.0.0.1:9/search",
+        "pull from https://oauth2:" + "eyJhbGciOi" * 40 + "@registry.example.com/v2/",
+        "call https://api.example/v1?api_key=abcd1234efgh&q=x",
+        "open https://maps.example/geo?key=AIzaSyD-plain1234&lang=en",
+    ],
+)
+def test_a_url_holding_a_credential_is_refused_when_typed(text: str) -> None:
+    assert looks_secret(text)
+    assert "s3cretpass" not in redacted(text) and "abcd1234efgh" not in redacted(text)
+    assert "eyJhbGciOi" not in redacted(text)
 
 
 @pytest.mark.parametrize(

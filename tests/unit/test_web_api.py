@@ -589,3 +589,23 @@ async def test_a_review_answered_with_the_plan_as_it_was_is_no_edit(
     assert "plan_edited" not in kinds
     audit = await service.audit(run["id"])
     assert [entry.action for entry in audit][1:] == ["approved the plan"]
+
+
+async def test_a_review_answer_naming_some_steps_agents_leaves_the_others_as_they_were(
+    client: httpx.AsyncClient, service: RunService, write_script: Callable[..., Path]
+) -> None:
+    """An answer's agents are the ones it edits: before, the steps it left out lost their agents."""
+    model = f"scripted:{_script(write_script)}"
+    body = {"task": "do a then b", "model": model, "options": {"prompt_rounds": 0}}
+    run = (await client.post("/runs", json=body)).json()
+    (review,) = await _wait_for(client, f"/requests?run_id={run['id']}", lambda found: len(found) == 1)
+    held = review["payload"]["agents"]
+    decision = {"action": "approve", "agents": {"a": held["a"] | {"prompt": "Do a, and say so."}}}
+    answered = await client.post(f"/requests/{review['id']}/answer", json={"decision": decision})
+    assert answered.status_code == 200, answered.text
+    report = await _wait_for(client, f"/runs/{run['id']}", lambda found: found["status"] == "succeeded")
+    assert report["agents"]["a"]["prompt"] == "Do a, and say so."
+    assert report["agents"]["b"] == held["b"]
+    assert report["usage"]["by_purpose"]["prompt_creator"]["calls"] == 2  # b's prompt not written anew
+    audit = await service.audit(run["id"])
+    assert [entry.action for entry in audit][1:] == ["approved the plan with edits to the prompts of a"]

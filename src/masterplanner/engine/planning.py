@@ -227,7 +227,13 @@ async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDec
         resources.catalog,
         task=run.plan.task if run.plan is not None else None,
     )
-    edited_agents = _kept_marks(run.agents, decision.agents if decision.agents is not None else run.agents)
+    # an answer's agents are those it edits: a step it leaves out keeps its agent (an API client
+    # that sent one step's brief had every other step's reused agent and policies dropped and its
+    # prompt written anew); a step the edited plan no longer has has none
+    given = {**run.agents, **decision.agents} if decision.agents is not None else dict(run.agents)
+    edited_agents = _kept_marks(
+        run.agents, {step_id: given[step_id] for step_id in plan.ids if step_id in given}
+    )
     problems = unoffered_policy_tools(
         decision.tool_policies or {},
         {step_id: agent.tool_policies for step_id, agent in (decision.agents or {}).items()},

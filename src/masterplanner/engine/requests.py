@@ -72,7 +72,7 @@ class PlanDecision(BaseModel):
     plan: dict[str, Any] | None = None
     """An edited plan (public form); validated against the run's catalog when it is applied."""
     agents: dict[str, AgentBrief] | None = None
-    """Edited agents by step id (prompts, per-agent tool policies)."""
+    """Edited agents by step id (prompts, per-agent tool policies); a step left out keeps its agent."""
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] | None = None
     """The run's tool policies as edited."""
 
@@ -106,9 +106,11 @@ class PlanDecision(BaseModel):
                     update["plan"] = None
             except ValidationError:  # not a plan: refused, with its problems, when it is applied
                 pass
-        if self.agents is not None:
+        if self.agents is not None:  # the steps it leaves out keep their agents (`planning._apply_edit`)
             given = {step_id: _as_held(brief, agents.get(step_id)) for step_id, brief in self.agents.items()}
-            update["agents"] = None if given == dict(agents) else given
+            update["agents"] = (
+                None if all(agents.get(step_id) == brief for step_id, brief in given.items()) else given
+            )
         if self.tool_policies is not None and dict(self.tool_policies) == dict(tool_policies):
             update["tool_policies"] = None
         return self.model_copy(update=update)
