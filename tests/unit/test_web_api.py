@@ -7,6 +7,7 @@ import json
 import os
 import stat
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -609,3 +610,14 @@ async def test_a_review_answer_naming_some_steps_agents_leaves_the_others_as_the
     assert report["usage"]["by_purpose"]["prompt_creator"]["calls"] == 2  # b's prompt not written anew
     audit = await service.audit(run["id"])
     assert [entry.action for entry in audit][1:] == ["approved the plan with edits to the prompts of a"]
+    # the audit of an answer that changes one step's tool policies alone says so
+    from masterplanner.audit import audit_entries
+    from masterplanner.engine import Request
+
+    shown = (await client.get(f"/requests/{review['id']}")).json()
+    answered_review = Request(**{name: shown[name] for name in Request.__dataclass_fields__})
+    policies = {"b": held["b"] | {"tool_policies": {"read_file": "ask"}}}
+    other = replace(answered_review, answer={"action": "approve", "agents": policies | decision["agents"]})
+    assert [entry.action for entry in audit_entries([other], [])] == [
+        "approved the plan with edits to the prompts of a and the tool policies of b"
+    ]
