@@ -229,15 +229,16 @@ path.write_text(text)
 """
 
 
-def test_an_invalid_edit_is_reopened_with_the_error_on_top(
-    write_script: Callable[..., Path], tmp_path: Path
-) -> None:
+def _two_things_edited_by(
+    source: str, write_script: Callable[..., Path], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """`run "two things"` (steps a, b), its review edited by a Python editor running `source`."""
     script = write_script(
         [_planner(step("a", tools=[]), step("b", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}]
     )
     editor = tmp_path / "editor.py"
-    editor.write_text(EDITOR)
-    result = mp(
+    editor.write_text(source)
+    return mp(
         "run",
         "two things",
         "--model",
@@ -246,6 +247,12 @@ def test_an_invalid_edit_is_reopened_with_the_error_on_top(
         stdin="e\na\n",
         env={"EDITOR": f"{sys.executable} {editor}", "VISUAL": ""},
     )
+
+
+def test_an_invalid_edit_is_reopened_with_the_error_on_top(
+    write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    result = _two_things_edited_by(EDITOR, write_script, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "the edit is invalid: steps form a cycle" in result.stderr
     opened = (tmp_path / "editor.log").read_text().split("\n=====\n")
@@ -392,20 +399,7 @@ if "# ERROR:" not in text:  # first opening: another task
 def test_the_task_is_not_edited_at_review_and_an_edit_closed_unsaved_is_given_up(
     write_script: Callable[..., Path], tmp_path: Path
 ) -> None:
-    script = write_script(
-        [_planner(step("a", tools=[]), step("b", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}]
-    )
-    editor = tmp_path / "editor.py"
-    editor.write_text(RETASKING_EDITOR)
-    result = mp(
-        "run",
-        "two things",
-        "--model",
-        f"scripted:{script}",
-        "--json",
-        stdin="e\na\n",
-        env={"EDITOR": f"{sys.executable} {editor}", "VISUAL": ""},
-    )
+    result = _two_things_edited_by(RETASKING_EDITOR, write_script, tmp_path)
     assert result.returncode == 0, result.stderr
     assert (
         "the edit is invalid: task: is the run's task and cannot be edited; "
@@ -429,20 +423,7 @@ if "# ERROR:" not in text:  # reopened with an error on top: closed without savi
 def test_an_edit_without_its_task_keeps_the_run_task_as_its_header_says(
     write_script: Callable[..., Path], tmp_path: Path
 ) -> None:
-    script = write_script(
-        [_planner(step("a", tools=[]), step("b", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}]
-    )
-    editor = tmp_path / "editor.py"
-    editor.write_text(UNTASKING_EDITOR)
-    result = mp(
-        "run",
-        "two things",
-        "--model",
-        f"scripted:{script}",
-        "--json",
-        stdin="e\na\n",
-        env={"EDITOR": f"{sys.executable} {editor}", "VISUAL": ""},
-    )
+    result = _two_things_edited_by(UNTASKING_EDITOR, write_script, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "the edit is invalid" not in result.stderr
     report = json.loads(result.stdout)
