@@ -61,6 +61,27 @@
     body.appendChild(place);
   }
 
+  // An answer sent from the page (a POST into the body) while a refresh is on its way: the refresh
+  // replaced the body the answer was to be shown in, and the answer's response (a refusal and
+  // why) went into a body no longer on the page. While an answer is out, refreshes are not shown:
+  // its response is the run as it is then, and a refresh left out is fetched again after it.
+  var sending = [];
+  var missed = false;
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var request = event.detail.requestConfig;
+    if (request && request.verb === "post") sending.push(event.detail.xhr);
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    sending = sending.filter(function (xhr) {
+      return xhr !== event.detail.xhr;
+    });
+    var body = document.getElementById("run-body");
+    if (!sending.length && missed && body) {
+      missed = false;
+      htmx.trigger(body, "sse:change");
+    }
+  });
+
   document.addEventListener("input", function (event) {
     var part = partOf(event.target);
     if (part) held[part.id] = true;
@@ -73,6 +94,11 @@
     var status = detail.xhr ? detail.xhr.status : 200;
     var refused = status === 409 || status === 422;
     var request = detail.requestConfig; // (`detail.elt` is the body swapped, not what sent the request)
+    if (request && request.verb === "get" && sending.length) {
+      detail.shouldSwap = false; // an answer is out: its response shows the run
+      missed = true;
+      return;
+    }
     var sent = request && request.verb === "post" ? partOf(request.elt) : null;
     if (sent) {
       delete held[sent.id]; // the answer to its own form says how it went, and why if refused
@@ -102,15 +128,15 @@
     if (sent && refused) {
       var fresh = body.querySelector("#" + CSS.escape(sent.id));
       if (!fresh || fresh.getAttribute("data-part") !== sent.getAttribute("data-part")) {
-        // the run moved past it: the answer stays as they sent it, and why it was refused
-        keep(body, sent.id);
-        var why = body.querySelector("#run-problem");
-        if (why) {
-          held[why.id] = true;
-          refusedPart = sent.id;
-        }
+        keep(body, sent.id); // the run moved past it: the answer stays as they sent it
       }
       held[sent.id] = true; // else the body shows their input and what is wrong: kept from now on
+      // and why it was refused stays beside it (outside the part, it went with the next refresh)
+      var why = body.querySelector("#run-problem");
+      if (why) {
+        held[why.id] = true;
+        refusedPart = sent.id;
+      }
     }
     detail.serverResponse = page.innerHTML;
     changedNote();
