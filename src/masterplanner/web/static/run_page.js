@@ -102,8 +102,10 @@
     var sent = request && request.verb === "post" ? partOf(request.elt) : null;
     if (sent) {
       delete held[sent.id]; // the answer to its own form says how it went, and why if refused
-      if (refusedPart === sent.id) {
-        delete held["run-problem"]; // it explained this part's refusal; another part's answer keeps it
+      if (refusedPart === sent.id || refused) {
+        // it explained this part's refusal, or a newer refusal's reason takes its place; another
+        // part's answer taken keeps it
+        delete held["run-problem"];
         refusedPart = null;
       }
     }
