@@ -14,3 +14,12 @@ def step(step_id: str, *deps: str, tools: list[str] | None = None) -> dict[str, 
         "depends_on": list(deps),
         "expected_output": f"{step_id} done",
     }
+
+
+APPROVED_AS_SHOWN = ["run_created", "plan_ready", "approval_requested", "request_answered", "approved"]
+"""A run's events to the approval of a review answered as it was shown (no `plan_edited`)."""
+
+
+def to_approval(kinds: list[str]) -> tuple[list[str], bool]:
+    """A run's event kinds to its approval, and whether a `plan_edited` is among them all."""
+    return kinds[: kinds.index("approved") + 1], "plan_edited" in kinds
