@@ -14,7 +14,7 @@ import pytest
 from _plans import step
 
 from masterplanner import Settings
-from masterplanner.engine import Engine, RunOptions
+from masterplanner.engine import Engine, Event, RunOptions, RunRecord
 from masterplanner.engine.tool_calls import _shown_in_events
 from masterplanner.redaction import REMOVED
 from masterplanner.service import RunService
@@ -219,29 +219,10 @@ def test_an_images_api_error_echoing_the_key_reaches_the_model_without_it(
     monkeypatch.setenv("MASTERPLANNER_IMAGE_BASE_URL", f"http://127.0.0.1:{server.server_address[1]}/v1")
     draw = {"name": "generate_image", "args": {"prompt": "a lighthouse", "path": "light.png"}}
     shown = f"Incorrect API key provided: {REMOVED}"
-    script = write_script(
-        [
-            {"purpose": "planner", "output": {"steps": [step("g", tools=["generate_image"])]}},
-            {"purpose": "step:g", "tool_calls": [draw]},
-            # the step's model is shown the failure with the key taken out
-            {
-                "purpose": "step:g",
-                "expect": ["the images API failed: AuthenticationError", shown],
-                "output": "done",
-            },
-            {"purpose": "prompt_creator", "output": "You are a worker.", "repeat": True},
-        ]
-    )
-    options = RunOptions(
-        prompt_rounds=0, auto_approve=True, max_replans=0, tool_policies={"generate_image": "auto"}
-    )
-    engine = Engine(Settings.load())
-    try:
-        run = engine.create_run("g", model=f"scripted:{script}", options=options, workspace=tmp_path / "ws")
-        final = asyncio.run(engine.execute(run.id))
-        events = engine.store.events(run.id)
+    try:  # the step's model is shown the failure with the key taken out
+        expected = ["the images API failed: AuthenticationError", shown]
+        final, events = _one_tool_call_run(write_script, tmp_path, draw, expected)
     finally:
-        engine.close()
         server.shutdown()
     assert (final.status, final.output, final.error) == ("succeeded", "done", None)
     (result,) = [event.data for event in events if event.kind == "tool_result"]
@@ -277,27 +258,35 @@ def test_a_search_servers_error_quoting_its_url_reaches_the_model_and_events_wit
         f"Client error '401 Unauthorized' for url "
         f"'http://alice:{REMOVED}@127.0.0.1:{port}/search?q=tides&format=json'"
     )
-    script = write_script(
-        [
-            {"purpose": "planner", "output": {"steps": [step("s", tools=["web_search"])]}},
-            {"purpose": "step:s", "tool_calls": [search]},
-            {"purpose": "step:s", "expect": [shown], "output": "done"},
-            {"purpose": "prompt_creator", "output": "You are a worker.", "repeat": True},
-        ]
-    )
-    options = RunOptions(
-        prompt_rounds=0, auto_approve=True, max_replans=0, tool_policies={"web_search": "auto"}
-    )
-    engine = Engine(Settings.load())
     try:
-        run = engine.create_run("s", model=f"scripted:{script}", options=options, workspace=tmp_path / "ws")
-        final = asyncio.run(engine.execute(run.id))
-        events = engine.store.events(run.id)
+        final, events = _one_tool_call_run(write_script, tmp_path, search, [shown])
     finally:
-        engine.close()
         server.shutdown()
     assert (final.status, final.output, final.error) == ("succeeded", "done", None), final.error
     (result,) = [event.data for event in events if event.kind == "tool_result"]
     assert result["tool"] == "web_search" and shown in result["error"]
     stored = json.dumps([event.to_json_dict() for event in events])
     assert "s3cretpass" not in stored
+
+
+def _one_tool_call_run(
+    write_script: Callable[..., Path], tmp_path: Path, call: dict[str, Any], expected: list[str]
+) -> tuple[RunRecord, list[Event]]:
+    """A run of one step that makes `call` and is then shown `expected` (the scripted `expect`), ended."""
+    tool = call["name"]
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("t", tools=[tool])]}},
+            {"purpose": "step:t", "tool_calls": [call]},
+            {"purpose": "step:t", "expect": expected, "output": "done"},
+            {"purpose": "prompt_creator", "output": "You are a worker.", "repeat": True},
+        ]
+    )
+    options = RunOptions(prompt_rounds=0, auto_approve=True, max_replans=0, tool_policies={tool: "auto"})
+    engine = Engine(Settings.load())
+    try:
+        run = engine.create_run("t", model=f"scripted:{script}", options=options, workspace=tmp_path / "ws")
+        final = asyncio.run(engine.execute(run.id))
+        return final, engine.store.events(run.id)
+    finally:
+        engine.close()
