@@ -430,6 +430,27 @@ def test_a_model_server_refusing_the_key_and_echoing_it_is_said_without_it(comma
     )
 
 
+def test_debug_s_traceback_shows_no_key_that_a_library_s_error_quotes() -> None:
+    """Before, `--debug` printed the chained exceptions as raised: the client's own error, with
+    the key the server echoed, stood whole above the redacted line."""
+    from _model_server import Rule, model_server
+
+    key = "zq7Hkd92LmPq0xWv3nRt"
+    with model_server([Rule(match=[""], always="401")]) as server:
+        env = {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": server.base_url, "MASTERPLANNER_MODEL_ATTEMPTS": "1"}
+        done = run("--debug", "chat", "Say hi", "--model", "openai:gpt-4o", env=env)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert key not in done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    echoed = "openai.AuthenticationError: Error code: 401 - Incorrect API key provided: [secret removed]"
+    assert echoed in lines
+    assert lines[-1] == (
+        "error: the model provider rejected the credentials: status_code: 401, model_name: gpt-4o, "
+        "body: {'message': 'Incorrect API key provided: [secret removed]', 'type': 'invalid_request_error'}"
+    )
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "error"),
     [

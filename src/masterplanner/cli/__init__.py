@@ -110,13 +110,16 @@ def _fail(error: BaseException, debug: bool, trace: BaseException | None = None)
     """Print `error` as one sanitised line (after the traceback with --debug) and exit with its code."""
     import traceback
 
+    from ..redaction import redacted
     from .app import console
     from .terminal import shown
 
     stderr = console(stderr=True)
     if debug:
-        # the message may quote model output: printed through the same sanitiser as the rest
-        lines = "".join(traceback.format_exception(trace or error)).rstrip("\n")
+        # the message may quote model output: printed through the same sanitiser as the rest;
+        # and the exceptions it chains may quote a key a server echoed or a URL with its password
+        # (ours are redacted, a library's are not): redacted as a whole, as logs are
+        lines = redacted("".join(traceback.format_exception(trace or error)).rstrip("\n"))
         stderr.print(shown(lines, lines=True), highlight=False, soft_wrap=True)
     # one line, whatever the message holds (newlines, escape sequences, rich markup)
     stderr.print(f"[bold red]error:[/] {shown(error)}", highlight=False, soft_wrap=True)
