@@ -3,7 +3,9 @@
 Everything goes through the `masterplanner` logger to stderr. With `log_format = "json"` each
 record is one JSON object a line: `time` (ISO 8601 UTC), `level`, `logger`, `message`, and the
 fields the caller attached (`run`, `status`, `worker`, …), for a log collector to index.
-Messages name runs, steps and processes, never secrets (database URLs hide their password).
+Messages name runs, steps and processes, never secrets (database URLs hide their password), and
+every record, ours or a library's, passes `REDACTING` on its way out: what looks like a credential
+in its message, its fields or its exception's traceback is replaced by `[secret removed]`.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ class JsonLines(logging.Formatter):
             "message": record.getMessage(),
         }
         entry |= getattr(record, "fields", {})
-        if record.exc_info:
-            entry["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        if record.exc_info:  # the traceback `REDACTING` redacted, when it passed
+            entry["error"] = (record.exc_text or self.formatException(record.exc_info)).splitlines()[-1]
         return json.dumps(entry, ensure_ascii=True, default=str)
 
 
@@ -68,26 +70,38 @@ WORKFLOW_OUTCOMES = _NotWorkflowOutcomes()
 
 
 class _Redacting(logging.Filter):
-    """Takes credentials out of a record's message (`redaction.redacted`), keeping the record.
+    """Takes credentials out of what a record shows (`redaction.redacted`), keeping the record.
 
-    DBOS logs the database URL it was given (at INFO, shown with `--debug`) with SQLAlchemy's
-    password hiding, which leaves a `?password=` parameter whole and shows part of an unescaped
-    password holding `@`.
+    Its message, its fields (JSON lines) and its exception's traceback: an exception's message
+    may quote a key a server echoed or a URL with its password (an error uvicorn or the web app
+    logs with its traceback). On the handler of `configure_logging`, so every logger's records
+    pass it, on the trace exporter's own handler, and on DBOS's logger, whose console handler
+    `--debug` shows: DBOS logs the database URL it was given with SQLAlchemy's password hiding,
+    which leaves a `?password=` parameter whole and shows part of an unescaped password holding `@`.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Always keeps the record, with its message redacted."""
+        """Always keeps the record, with its message, fields and traceback redacted."""
         from .redaction import redacted
 
         message = record.getMessage()
         shown = redacted(message)
         if shown != message:
             record.msg, record.args = shown, None
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            record.fields = {
+                name: redacted(value) if isinstance(value, str) else value for name, value in fields.items()
+            }
+        if record.exc_info and not record.exc_text:  # what a formatter shows of it, made here first
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redacted(record.exc_text)
         return True
 
 
 REDACTING = _Redacting()
-"""The filter that redacts what DBOS logs, on its logger in every process (added at launch, `--debug` too)."""
+"""The filter that redacts each record shown (on `configure_logging`'s handler and DBOS's logger)."""
 
 
 def configure_logging(log_format: Literal["text", "json"], *, printable: Callable[[str], str] = str) -> None:
@@ -99,6 +113,7 @@ def configure_logging(log_format: Literal["text", "json"], *, printable: Callabl
     console handler only to a logger that has none, and `serve` leaves uvicorn's configuration off.
     """
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(REDACTING)
     handler.setFormatter(JsonLines() if log_format == "json" else _Text(printable))
     for name in (LOGGER, "dbos", "opentelemetry", "uvicorn"):
         logger = logging.getLogger(name)

@@ -451,6 +451,45 @@ def test_debug_s_traceback_shows_no_key_that_a_library_s_error_quotes() -> None:
     )
 
 
+def test_a_log_record_s_traceback_and_fields_are_redacted_in_json_lines_and_text() -> None:
+    """Before, a JSON line's `error` (its traceback's last line) and fields were written as given:
+    an error uvicorn or the web app logs with its exception may quote a key or a URL's password."""
+    program = (
+        "import logging, sys\n"
+        "from masterplanner.logs import configure_logging, log\n"
+        "configure_logging(sys.argv[1])\n"
+        "try:\n"
+        "    raise RuntimeError('cannot reach https://alice:Pw9sEcret@api.example/v1?api_key=Kq81secret')\n"
+        "except RuntimeError:\n"
+        "    logging.getLogger('uvicorn.error').exception('Exception in ASGI application')\n"
+        "log('serve', 'reached https://bob:Pw9sEcret@api.example', url='https://bob:Pw9sEcret@api.example')\n"
+    )
+    for log_format in ("json", "text"):
+        done = subprocess.run(
+            [sys.executable, "-c", program, log_format], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert "Pw9sEcret" not in done.stderr and "Kq81secret" not in done.stderr, done.stderr
+        lines = done.stderr.splitlines()
+        if log_format == "text":
+            assert lines == [
+                "Exception in ASGI application",
+                "reached https://bob:[secret removed]@api.example",
+            ]
+            continue
+        error, reached = (json.loads(line) for line in lines)
+        assert (error["logger"], error["message"], error["error"]) == (
+            "uvicorn.error",
+            "Exception in ASGI application",
+            "RuntimeError: cannot reach https://alice:[secret removed]@api.example/v1?api_key="
+            "[secret removed]",
+        )
+        assert (reached["message"], reached["url"]) == (
+            "reached https://bob:[secret removed]@api.example",
+            "https://bob:[secret removed]@api.example",
+        )
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "error"),
     [
