@@ -172,14 +172,20 @@ def _exporter_timeout() -> float:
 
 def _report_failures(endpoint: str) -> None:
     """Route the exporter's failures through `EXPORT_FAILURES`, to stderr if nothing else logs them."""
-    EXPORT_FAILURES.endpoint = endpoint
+    from .redaction import redacted
+
+    # redacted here, alone: in the line, a `?token=` value would run on into the `:` after it
+    EXPORT_FAILURES.endpoint = redacted(endpoint)
     EXPORT_FAILURES.said = False
     exporter_logger = logging.getLogger(_EXPORTER_LOGGER)
     if EXPORT_FAILURES not in exporter_logger.filters:
         exporter_logger.addFilter(EXPORT_FAILURES)
     library = logging.getLogger("opentelemetry")
     if not library.handlers:  # `worker` and `serve` replace this with their format (logs.py)
+        from .logs import REDACTING
+
         handler = logging.StreamHandler()
+        handler.addFilter(REDACTING)  # the endpoint may hold a password or a `?token=`
         handler.setFormatter(logging.Formatter("%(message)s"))
         library.addHandler(handler)
         library.propagate = False

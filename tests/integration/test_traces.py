@@ -179,6 +179,23 @@ def test_a_receiver_that_is_down_is_said_once_in_our_words(
     assert _said(lines) == [f"traces could not be sent to {down}/v1/traces: connection refused"]
 
 
+def test_a_receiver_s_url_is_said_without_its_password_or_token(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    """Before, the line named the endpoint as configured, password and `?token=` value included."""
+    script = _one_step_script(write_script)
+    down = _nobody_listening()
+    host = down.removeprefix("http://")
+    endpoint = f"http://alice:Pw9sEcret@{host}/v1/traces?token=Tk81secret"
+    code, lines, _seconds, _exit_wait = _run_timed(script, endpoint, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    assert code == 0, lines
+    assert _said(lines) == [
+        f"traces could not be sent to http://alice:[secret removed]@{host}/v1/traces?token=[secret removed]: "
+        "connection refused"
+    ]
+    assert not [line for line in lines if "Pw9sEcret" in line or "Tk81secret" in line]
+
+
 def test_the_standard_endpoint_variable_is_a_base_url_as_the_setting_is(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:
