@@ -451,6 +451,27 @@ def test_debug_s_traceback_shows_no_key_that_a_library_s_error_quotes() -> None:
     )
 
 
+def test_the_traceback_of_an_error_that_is_not_ours_is_redacted() -> None:
+    """Before, a bug's traceback was Python's, printed as raised: a library error quoting a URL's
+    password or a key showed it whole (a command that raises one stands in for the bug)."""
+    program = (
+        "from masterplanner.cli import main\n"
+        "from masterplanner.cli.common import app\n"
+        "@app.command('crash')\n"
+        "def crash() -> None:\n"
+        "    raise RuntimeError('cannot reach https://alice:Pw9sEcret@api.example/v1?api_key=Kq81secret')\n"
+        "main(['crash'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "Pw9sEcret" not in done.stderr and "Kq81secret" not in done.stderr, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[-1] == (
+        "RuntimeError: cannot reach https://alice:[secret removed]@api.example/v1?api_key=[secret removed]"
+    )
+
+
 def test_a_log_record_s_traceback_and_fields_are_redacted_in_json_lines_and_text() -> None:
     """Before, a JSON line's `error` (its traceback's last line) and fields were written as given:
     an error uvicorn or the web app logs with its exception may quote a key or a URL's password."""

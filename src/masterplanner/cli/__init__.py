@@ -18,9 +18,6 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `masterplanner` console script."""
-    from ..errors import MasterplannerError
-    from .app import app
-
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     problem = _not_utf8(args)
@@ -28,6 +25,18 @@ def main(argv: list[str] | None = None) -> None:
         from ..errors import ConfigError
 
         _fail(ConfigError(problem), debug)
+    try:
+        _dispatch(args, debug)
+    except Exception as error:  # not ours (a bug): Python's traceback, printed as raised before
+        _redacted_traceback(error)
+        sys.exit(1)
+
+
+def _dispatch(args: list[str], debug: bool) -> None:
+    """Run the command `args` name; an error of ours is one line (`_fail`), a stop by a signal too."""
+    from ..errors import MasterplannerError
+    from .app import app
+
     terminated = _stop_on_sigterm()
     # pydantic-ai's first-run console banner is not ours to show (it landed inside the live view)
     os.environ.setdefault("PYDANTIC_AI_NO_BANNER", "1")
@@ -49,6 +58,20 @@ def main(argv: list[str] | None = None) -> None:
         if ended.code == 130:  # typer's (silent) exit for a KeyboardInterrupt
             _interrupted(bool(terminated))
         raise
+
+
+def _redacted_traceback(error: BaseException) -> None:
+    """Print the traceback of an error that is not ours (a bug), redacted, as Python would print it.
+
+    Python printed it as raised: a library's exception quoting a key or a URL's password went
+    to stderr whole, with or without `--debug`. (Not a `sys.excepthook`: typer sets its own.)
+    """
+    import traceback
+
+    from ..redaction import redacted
+
+    sys.stderr.write(redacted("".join(traceback.format_exception(error))))
+    sys.stderr.flush()
 
 
 def _not_utf8(args: list[str]) -> str | None:
