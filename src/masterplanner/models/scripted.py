@@ -25,7 +25,10 @@ beside `"calls"` makes the model plan as a small local model does (`clause_plann
 call only fills in each step's title and role), and its steps take the small-model step aids as
 the embedded model's do (`engine.step_agent`: a step that only reads a file is the engine's own
 `read_file` call, a text to write is drafted; the grammar it would impose is not applied, the
-script is the model's choice). `"turn": N` makes an entry answer only the N-th
+script is the model's choice). `"max_output_tokens": N` beside `"calls"` is the most tokens one reply
+may take, as a GGUF model's cap (the run's token and money budgets reserve that much for each
+request; a reply of more words fails with `ScriptError`). A reply's tokens are its words, a
+request's the words of what it was sent. `"turn": N` makes an entry answer only the N-th
 request of a conversation (one that already holds N-1 replies): a step's first request can call
 a tool and its second answer, whatever order steps of several runs ask in, in any process, and
 when a step is replayed after a crash.
@@ -105,6 +108,7 @@ class _Script(BaseModel):
 
     calls: list[_Entry]
     small_model: bool = False
+    max_output_tokens: int | None = Field(None, ge=1, le=10**9)
 
 
 def _load(path: Path) -> _Script:
@@ -138,6 +142,11 @@ class ScriptedModel(Model):
                 supports_json_schema_output=True,
                 supports_json_object_output=True,
                 masterplanner_structured_plans=self._script.small_model,
+                **(
+                    {}
+                    if self._script.max_output_tokens is None
+                    else {"masterplanner_max_output_tokens": self._script.max_output_tokens}
+                ),
             ),
         )
 
@@ -191,9 +200,16 @@ class ScriptedModel(Model):
         if entry.delay_s:
             await anyio.sleep(entry.delay_s)
         parts = self._parts(entry, params)
+        output_tokens = _count_tokens(parts)
+        cap = self._script.max_output_tokens
+        if cap is not None and output_tokens > cap:
+            raise ScriptError(
+                f"scripted model file {self.path}: a {purpose} call's reply has {output_tokens} tokens, "
+                f"more than the script's max_output_tokens of {cap}"
+            )
         return ModelResponse(
             parts=parts,
-            usage=RequestUsage(input_tokens=_count_tokens(messages), output_tokens=_count_tokens(parts)),
+            usage=RequestUsage(input_tokens=_count_tokens(messages), output_tokens=output_tokens),
             model_name=self.model_name,
             finish_reason="length" if entry.cut_off else None,
         )
