@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import time
@@ -497,6 +498,59 @@ async def test_calls_made_at_once_cannot_all_pass_the_call_budget(
     assert final.status == "failed" and final.error is not None
     assert "the run used its budget of 4 model calls" in final.error
     assert engine.report(run.id)["usage"]["llm_calls"] == 4
+
+
+def _four_long_replies(write_script: Callable[..., Path]) -> Path:
+    """Four steps at once, each answering with 100,000 tokens (words), the most a reply may take."""
+    long = " ".join(["word"] * 100_000)
+    plan = _planner(*(step(f"p{n}", tools=[]) for n in range(4)), step("z", "p0", "p1", "p2", "p3", tools=[]))
+    calls = [plan, DRAFTS, *({"purpose": f"step:p{n}", "output": long, "delay_s": 0.3} for n in range(4))]
+    return write_script(None, raw=json.dumps({"calls": calls, "max_output_tokens": 100_000}))
+
+
+def _budget_outcome(engine: Engine, run_id: str) -> tuple[list[str], int]:
+    statuses = sorted(s.status for s in engine.store.steps(run_id) if s.id.startswith("p"))
+    return statuses, engine.report(run_id)["usage"]["llm_calls"]
+
+
+async def test_steps_at_once_cannot_together_pass_the_token_budget(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """Each request checked the tokens used before it was made, so four at once all passed a
+    budget of 230,000 and used 400,000; each now reserves its worst case (its request, and the
+    script's 100,000-token cap on a reply) until its real usage is counted."""
+    script = _four_long_replies(write_script)
+    options = replace(FAST, max_tokens=230_000, max_replans=0)
+    run = engine.create_run("at once", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id)
+    assert final.status == "failed" and final.error is not None
+    assert "the run's budget of 230,000 tokens cannot take its next model request: it may use up to " in (
+        final.error
+    )
+    usage = engine.report(run.id)["usage"]
+    assert usage["input_tokens"] + usage["output_tokens"] <= 230_000
+    assert usage["output_tokens"] >= 200_000  # two steps answered, one beside the other
+    assert _budget_outcome(engine, run.id) == (["cancelled", "cancelled", "succeeded", "succeeded"], 8)
+
+
+async def test_steps_at_once_cannot_together_pass_the_money_budget(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for money: four steps at once spent $0.40 of a $0.23 budget."""
+    from masterplanner.models import pricing
+
+    monkeypatch.setattr(pricing, "_FREE_SYSTEMS", frozenset())  # the script priced at $1 a million tokens
+    monkeypatch.setattr(pricing, "_priced", lambda provider, name, given, taken: (given + taken) / 1e6)
+    script = _four_long_replies(write_script)
+    options = replace(FAST, max_cost_usd=0.23, max_replans=0)
+    run = engine.create_run("at once", model=f"scripted:{script}", options=options)
+    final = await engine.execute(run.id)
+    assert final.status == "failed" and final.error is not None
+    assert "the run's money budget of $0.23 cannot take its next model request: it may cost up to $0.1" in (
+        final.error
+    )
+    assert 0.2 <= engine.report(run.id)["usage"]["cost_usd"] <= 0.23
+    assert _budget_outcome(engine, run.id) == (["cancelled", "cancelled", "succeeded", "succeeded"], 8)
 
 
 async def test_step_timeout_and_wall_time_budget(engine: Engine, write_script: Callable[..., Path]) -> None:

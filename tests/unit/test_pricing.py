@@ -6,14 +6,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pydantic_ai.messages import ModelResponse, TextPart
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.usage import RequestUsage
 
 from masterplanner import BudgetExceededError, Settings, labelled, resolve_model
 from masterplanner.engine import RunOptions
-from masterplanner.engine.budget import RunLedger
+from masterplanner.engine.budget import DEFAULT_OUTPUT_TOKENS, Reservation, RunLedger, reservation_for
 from masterplanner.engine.store import RunStore
 from masterplanner.models.pricing import estimated_cost, request_cost
 
@@ -97,13 +98,60 @@ def test_a_money_budget_for_a_model_of_unknown_price_is_refused_before_the_run_i
 
 def test_a_call_in_flight_counts_against_the_call_budget_until_recorded_or_failed(store: RunStore) -> None:
     ledger = RunLedger(store, "r1", RunOptions(max_model_calls=2))
-    with pytest.raises(RuntimeError), ledger.call():
-        raise RuntimeError("the request failed")  # released: nothing was counted
-    with ledger.call(), ledger.call():  # two in flight at once: the budget's two
-        with pytest.raises(BudgetExceededError), ledger.call():
-            pass
-    ledger.record("step:a", input_tokens=1, output_tokens=1, seconds=0.1)  # each answered call is
-    ledger.record("step:b", input_tokens=1, output_tokens=1, seconds=0.1)  # counted, then released
-    with pytest.raises(BudgetExceededError) as spent, ledger.call():
-        pass
+    nothing = Reservation()
+    assert ledger.reserve(nothing)
+    ledger.release(nothing)  # the request failed: nothing was counted
+    assert ledger.reserve(nothing) and ledger.reserve(nothing)  # two in flight at once: the budget's two
+    with pytest.raises(BudgetExceededError):
+        ledger.reserve(nothing)
+    for purpose in ("step:a", "step:b"):  # each answered call is counted, then released
+        ledger.settle(nothing, 2, 0.0)
+        ledger.record(purpose, input_tokens=1, output_tokens=1, seconds=0.1)
+    with pytest.raises(BudgetExceededError) as spent:
+        ledger.reserve(nothing)
     assert str(spent.value) == "the run used its budget of 2 model calls"
+
+
+def test_requests_in_flight_hold_their_worst_case_against_the_token_and_money_budgets(
+    store: RunStore,
+) -> None:
+    """Each request checked the budget alone before it was made: requests at once passed it together."""
+    ledger = RunLedger(store, "r1", RunOptions(max_tokens=1000, max_cost_usd=0.05))
+    big = Reservation(input_tokens=300, output_tokens=300, cost_usd=0.02)
+    assert ledger.reserve(big)  # 600 tokens and $0.02 held
+    assert not ledger.reserve(big)  # fits the budget, not beside the one in flight: it waits
+    ledger.settle(big, 350, 0.01)  # answered: its real 350 tokens and $0.01 are held instead
+    assert ledger.reserve(big)  # 350 + 600 of 1,000; $0.03 of $0.05
+    assert not ledger.reserve(Reservation(input_tokens=10, output_tokens=10, cost_usd=0.03))  # $0.06
+    ledger.record("step:a", input_tokens=300, output_tokens=50, seconds=1.0, cost_usd=0.01)
+    ledger.release(big)  # the second failed
+    assert store.usage_totals("r1") == (1, 350, 0.01)
+    with pytest.raises(BudgetExceededError) as refused:
+        ledger.reserve(Reservation(input_tokens=400, output_tokens=300))
+    assert str(refused.value) == (
+        "the run's budget of 1,000 tokens cannot take its next model request: it may use up to "
+        "700 tokens (400 in, 300 out) and 650 are left"
+    )
+    assert refused.value.budget == "max_tokens"
+    with pytest.raises(BudgetExceededError) as priced:
+        ledger.reserve(Reservation(input_tokens=100, output_tokens=100, cost_usd=0.045))
+    assert str(priced.value) == (
+        "the run's money budget of $0.05 cannot take its next model request: it may cost up to "
+        "$0.0450 and $0.0400 is left"
+    )
+    assert priced.value.budget == "max_cost_usd"
+    assert ledger.reserve(Reservation(input_tokens=300, output_tokens=350, cost_usd=0.04))  # just fits
+
+
+def test_a_request_is_reserved_at_its_worst_case_and_bounded_under_a_money_budget() -> None:
+    hosted = openai_model("gpt-4o-mini", "https://api.openai.com/v1")
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart("ab" * 50)])]  # 100 bytes
+    params = ModelRequestParameters()
+    reserved, settings = reservation_for(hosted, messages, None, params, bounded=True)
+    assert (reserved.input_tokens, reserved.output_tokens) == (100 + 64 + 16 + 4, DEFAULT_OUTPUT_TOKENS)
+    assert settings == {"max_tokens": DEFAULT_OUTPUT_TOKENS}  # the provider stops there
+    assert reserved.cost_usd == pytest.approx((184 * 0.15 + DEFAULT_OUTPUT_TOKENS * 0.6) / 1e6)
+    reserved, settings = reservation_for(hosted, messages, {"max_tokens": 50}, params, bounded=True)
+    assert (reserved.output_tokens, settings) == (50, {"max_tokens": 50})
+    reserved, settings = reservation_for(hosted, messages, None, params, bounded=False)
+    assert (reserved.output_tokens, settings) == (DEFAULT_OUTPUT_TOKENS, None)  # reserved, not sent

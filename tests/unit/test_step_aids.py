@@ -1,8 +1,7 @@
 """Step aids for small models: which steps are one direct tool call, which get their text drafted."""
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
+from masterplanner.engine.budget import Reservation
 from masterplanner.engine.file_questions import CountedFile, ListingQuestion, counted_file, listing_question
 from masterplanner.engine.step_agent import (
     BudgetedModel,
@@ -59,12 +59,23 @@ def _aided_agent(
             super().__init__(reply, profile={STRUCTURED_PLANS: True, "supports_json_schema_output": True})
             self.aids = aids
 
-    @contextmanager
-    def call() -> Iterator[None]:
-        check()
-        yield
+    class Budget:  # the run's ledger, as far as the model needs it
+        options = RunOptions()
 
-    return Agent(BudgetedModel(Small(), check, call=call))
+        def reserve(self, reservation: Reservation) -> bool:
+            check()
+            return True
+
+        def settle(self, reservation: Reservation, tokens: int, cost_usd: float | None) -> None:
+            pass
+
+        def release(self, reservation: Reservation) -> None:
+            pass
+
+        def check(self) -> None:
+            check()
+
+    return Agent(BudgetedModel(Small(), Budget()))
 
 
 def test_a_step_that_only_reads_or_lists_is_one_direct_call() -> None:

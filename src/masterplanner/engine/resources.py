@@ -77,7 +77,7 @@ async def _build(settings: Settings, store: RunStore, run: RunRecord) -> RunReso
     resolved = resolve_model(run.model, settings)
     if isinstance(resolved, RetriedModel):
         resolved = resolved.reporting(_retry_events(store, run.id))
-    model = BudgetedModel(resolved, ledger.check, call=ledger.call)
+    model = BudgetedModel(resolved, ledger)
     registry = await asyncio.to_thread(shared_registry, settings)
     memory = (
         None

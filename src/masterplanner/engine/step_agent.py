@@ -6,8 +6,7 @@ import asyncio
 import json
 import re
 import shlex
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -30,12 +29,14 @@ from pydantic_ai.usage import RequestUsage
 
 from ..models import context_window
 from ..models.local import STRUCTURED_PLANS, ToolAids
+from ..models.pricing import request_cost
 from ..plan import Plan, Step, sinks
 from ..prompts import load_examples, render
 from ..tools.code_execution import succeeded_output
 from ..tools.results import TOOL_OUTPUT
 from ..tools.workspace import Workspace
 from ..working_memory import INPUT_HEADING, ContextBudget, FittedInput
+from .budget import RequestBudget, reservation_for
 from .file_questions import CountedFile, ListingQuestion, counted_file, listing_question
 from .records import RunOptions
 from .table_queries import DraftedQuery, drafted_query
@@ -738,8 +739,12 @@ def program_text(text: str) -> str:
     return "\n\n".join(kept).strip("\n") + "\n"
 
 
+_RESERVE_POLL_S = 0.05
+"""How often a request waiting for the requests in flight to be counted asks the ledger again."""
+
+
 class BudgetedModel(WrapperModel):
-    """Checks the run's budget before every request (`check` raises when it is used up).
+    """Holds every request to the run's call, token and money budgets (see `request`).
 
     It also applies a step's aids (see `StepAids`) when the model it wraps carries them and its
     profile sets `masterplanner_structured_plans`: first the grounding call, if any (for a query,
@@ -751,17 +756,10 @@ class BudgetedModel(WrapperModel):
     result. Any other turn (a failed call sent back, say) goes to the model as usual.
     """
 
-    def __init__(
-        self, wrapped: Model, check: Callable[[], None], *, call: Callable[[], AbstractContextManager[None]]
-    ) -> None:
-        """`check` raises when the budget is spent (a query, made once per aided turn).
-
-        `call` (`RunLedger.call`) checks the budget for one request and holds it as a call in
-        flight meanwhile, so requests made at once cannot all pass the check.
-        """
+    def __init__(self, wrapped: Model, ledger: RequestBudget) -> None:
+        """`ledger` holds each request to the run's budgets (`RunLedger.reserve`)."""
         super().__init__(wrapped)
-        self._check = check
-        self._budgeted = call
+        self._ledger = ledger
 
     async def request(
         self,
@@ -769,15 +767,34 @@ class BudgetedModel(WrapperModel):
         model_settings: ModelSettings | None,
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
-        """Refuse the request if the budget is spent, else make it (or take the step aid's turn)."""
-        held = self._budgeted()
-        await asyncio.to_thread(held.__enter__)  # reads the run's shared counts from the database
+        """Make the request (or take the step aid's turn) once its worst case fits the run's budgets.
+
+        The request reserves the most it may use (`reservation_for`) before it is made. One that
+        fits the budgets but not beside the requests in flight waits for those to be counted;
+        one that cannot fit raises `BudgetExceededError` naming the budget. Once answered, its
+        real usage is held instead until the ledger has stored it (`LabelledModel`).
+        """
+        ledger = self._ledger
+        reservation, model_settings = reservation_for(
+            self.wrapped,
+            messages,
+            model_settings,
+            model_request_parameters,
+            bounded=ledger.options.max_cost_usd is not None,
+        )
+        # each try reads the run's shared counts from the database; those in flight are counted
+        # by other tasks of this process (in worker threads): polled, not awaited as an event
+        while True:
+            if await asyncio.to_thread(ledger.reserve, reservation):
+                break
+            await asyncio.sleep(_RESERVE_POLL_S)
         try:
             response = await self._answer(messages, model_settings, model_request_parameters)
-        except BaseException as error:  # not answered (a cancel too): the call is released
-            held.__exit__(type(error), error, error.__traceback__)
+        except BaseException:  # not answered (a cancel too): the reservation is released
+            ledger.release(reservation)
             raise
-        held.__exit__(None, None, None)
+        usage = response.usage
+        ledger.settle(reservation, usage.input_tokens + usage.output_tokens, request_cost(self, response))
         return response
 
     async def _answer(
@@ -1023,7 +1040,7 @@ class BudgetedModel(WrapperModel):
         for line in source.splitlines()[:MAX_TRANSLATED_LINES]:
             sentences: list[str] = []
             for sentence in re.split(r"(?<=[.!?])\s+", line.strip()) if line.strip() else []:
-                await asyncio.to_thread(self._check)  # one turn, many requests: the budget before each
+                await asyncio.to_thread(self._ledger.check)  # one turn, many requests: the budget before each
                 reply = await self.wrapped.request(
                     [*examples, ModelRequest(parts=[UserPromptPart(sentence)])],
                     {**(settings or {}), "max_tokens": 16 + 3 * len(sentence.split()) * 2},
@@ -1058,7 +1075,7 @@ class BudgetedModel(WrapperModel):
             request = _SAVE_CLAUSE.sub("", _EACH_OBJECT.sub(item, draft.request, count=1))
             start = contents.get(item, "")[:EACH_CONTENT_CHARS].strip()
             prompt = render("step_each_user.j2", item=item, content=start, request=request)
-            await asyncio.to_thread(self._check)  # one turn, many requests: the budget before each
+            await asyncio.to_thread(self._ledger.check)  # one turn, many requests: the budget before each
             reply = await self.wrapped.request(
                 [ModelRequest(parts=[SystemPromptPart(system), UserPromptPart(prompt)])],
                 {**(settings or {}), "max_tokens": 64},

@@ -545,7 +545,7 @@ class _StepRun:
         if aided is None:
             return model
         ledger = self.resources.ledger
-        return BudgetedModel(aided, ledger.check, call=ledger.call)
+        return BudgetedModel(aided, ledger)
 
     async def _ask_person(self, question: str) -> str:
         """An agent's `ask_user` question as a stored request; waits until any process answers it."""

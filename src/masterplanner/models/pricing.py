@@ -18,7 +18,7 @@ from pydantic_ai.models.wrapper import WrapperModel
 
 from ..settings import provider_of
 
-__all__ = ["costs_nothing", "estimated_cost", "innermost", "request_cost"]
+__all__ = ["costs_nothing", "estimated_cost", "innermost", "price_of", "request_cost"]
 
 _FREE_SYSTEMS = frozenset({"llama.cpp", "scripted", "ollama"})
 """Providers (a model's `system`) that run here: their requests cost nothing."""
@@ -64,6 +64,14 @@ def request_cost(model: Model, response: ModelResponse) -> float | None:
     return _priced(
         inner.system, response.model_name or inner.model_name, usage.input_tokens, usage.output_tokens
     )
+
+
+def price_of(model: Model, input_tokens: int, output_tokens: int) -> float | None:
+    """What a request of `model` using that many tokens would cost (as `request_cost` prices it)."""
+    inner = innermost(model)
+    if inner.system in _FREE_SYSTEMS or _loopback(inner.base_url):
+        return 0.0
+    return _priced(inner.system, inner.model_name, input_tokens, output_tokens)
 
 
 def estimated_cost(
