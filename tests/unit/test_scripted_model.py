@@ -202,6 +202,19 @@ async def test_usage_is_recorded_per_purpose(write_script: WriteScript) -> None:
     assert summary["output_tokens"] == 4
 
 
+async def test_a_script_states_the_most_tokens_a_reply_takes(write_script: WriteScript) -> None:
+    raw = {"calls": [{"purpose": "chat", "output": "four words right here"}], "max_output_tokens": 3}
+    script = write_script(None, raw=json.dumps(raw))
+    model = resolve_model(f"scripted:{script}")
+    assert model.profile.get("masterplanner_max_output_tokens") == 3  # the run's budgets reserve that
+    with pytest.raises(ScriptError) as caught:
+        await Agent(labelled(model, "chat", UsageLedger())).run("x")
+    assert str(caught.value) == (
+        f"scripted model file {script}: a chat call's reply has 4 tokens, more than the script's "
+        "max_output_tokens of 3"
+    )
+
+
 async def test_unlabelled_calls_count_as_chat(write_script: WriteScript) -> None:
     script = write_script([{"purpose": "chat", "output": "hi"}])
     assert (await Agent(resolve_model(f"scripted:{script}")).run("x")).output == "hi"
@@ -234,6 +247,7 @@ async def test_using_purpose_labels_direct_calls(write_script: WriteScript) -> N
             "tool_calls.0.name: is missing",
         ),
         (json.dumps({"calls": [{"purpose": "a", "colour": "red"}]}), "calls.0.colour: unknown field"),
+        (json.dumps({"calls": [], "max_output_tokens": 0}), "max_output_tokens: must be at least 1, got 0"),
     ],
 )
 def test_malformed_scripts_name_the_problem(write_script: WriteScript, content: str, expected: str) -> None:
