@@ -141,6 +141,11 @@ def _assert_resumed_without_repeats(run_id: str, resumed: tuple[str, ...] = ("s3
     assert tuple(e["step"] for e in shown["events"] if e["kind"] == "step_resumed") == resumed
     assert [s["status"] for s in shown["steps"]] == ["succeeded"] * 5
     assert [s["output"] for s in shown["steps"]] == [f"out{n}" for n in range(1, 6)]
+    # each reply counted once against the budgets: those replayed on resume are not counted again
+    # (s3's request, cut off by the kill, was never answered, so never counted, and made again)
+    by_purpose = shown["usage"]["by_purpose"]
+    assert [by_purpose[f"step:s{n}"]["calls"] for n in range(1, 6)] == [1] * 5
+    assert by_purpose["planner"]["calls"] == 1
     kinds = [e["kind"] for e in shown["events"]]
     assert kinds[kinds.index("run_succeeded") + 1 :] == ["team_stored"]  # the registry comes last
     assert [e["seq"] for e in shown["events"]] == list(range(1, len(shown["events"]) + 1))
