@@ -10,7 +10,8 @@ The setting `embedder` picks one:
 | `sentence-transformers:NAME_OR_PATH` | a model on this machine, never downloaded, run by torch |
 | `PROVIDER:MODEL`, e.g. `openai:text-embedding-3-small` | the provider's API through pydantic-ai |
 
-`openai:` also reaches an OpenAI-compatible server (llama.cpp, vLLM, Ollama) at `OPENAI_BASE_URL`.
+`openai:` also reaches an OpenAI-compatible server (llama.cpp, vLLM, Ollama) at `OPENAI_BASE_URL`. Its
+vectors are taken by their `index`, whatever order the reply lists them in (`openai_order`).
 A provider's missing key or client package is refused in our words: the key of a provider the
 models know (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`) when the registry opens, the rest (another
 provider's key, its client package, a provider pydantic-ai has no embeddings for) when the
@@ -326,7 +327,7 @@ def _provider_embedder(spec: str) -> TextEmbedder:
     from pydantic_ai.exceptions import UserError
 
     try:
-        return TextEmbedder(spec, infer_embedding_model(spec))
+        return TextEmbedder(spec, infer_embedding_model(spec, provider_factory=_provider))
     except (UserError, ValueError, ImportError) as exc:
         if match := _KEY_ADVICE.search(str(exc)):
             raise MissingCredentialError(match["variable"], spec, what="embedder") from None
@@ -335,3 +336,15 @@ def _provider_embedder(spec: str) -> TextEmbedder:
             needs = f"embedder {spec!r} needs the package {package}"
             raise ConfigError(f"{needs}: pip install {package}") from None
         raise ConfigError(f"embedder {spec!r}: {_reason(exc)}") from None
+
+
+def _provider(name: str) -> Any:
+    """pydantic-ai's provider `name`, an OpenAI client's vectors taken by their `index` (`openai_order`)."""
+    from pydantic_ai.providers import infer_provider
+
+    provider = infer_provider(name)
+    if importlib.util.find_spec("openai") is None:
+        return provider
+    from .openai_order import order_by_index
+
+    return order_by_index(provider)
