@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from .engine.worker import Note, WorkerSummary
     from .registry import AgentSpec, Cohort, RegistryStore
     from .registry.memory import MemoryItem, MemoryKind, MemoryStore
-    from .registry.store import ImportedAgents
+    from .registry.store import ImportedAgents, Reembedded
 
 _T = TypeVar("_T")
 
@@ -856,6 +856,16 @@ class RegistryService:
             return store.import_agents([spec for _, spec in specs])
 
         return await self._run(read)
+
+    # ---- vectors
+
+    async def reembed(self, progress: Callable[[int, int], None] | None = None) -> Reembedded:
+        """Make every agent's, team's and memory's vector again with the configured embedder.
+
+        `progress(done, total)` as it goes (from a worker thread); `ConfigError` with no embedder
+        (`RegistryStore.reembed`).
+        """
+        return await self._run(lambda: self._store().reembed(progress))
 
     # ---- teams
 

@@ -1,14 +1,15 @@
-"""An OpenAI-compatible server's vectors taken by their `index`.
+"""The registry's vectors made again: stale ones at a search, all of them by `registry reembed`.
 
-The embedder is `openai:NAME` at `OPENAI_BASE_URL`: a server on 127.0.0.1 in this file, which
-answers each text with a vector of its own (random, seeded by the text) and can be told to answer
-as a broken server does.
+And an OpenAI-compatible server's vectors taken by their `index`. The embedder is `openai:NAME`
+at `OPENAI_BASE_URL`: a server on 127.0.0.1 in this file, which answers each text with a vector
+of its own (random, seeded by the text) and can be told to answer as a broken server does.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,9 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
+from _cli import mp
 
 from masterplanner.errors import ModelError
-from masterplanner.registry import resolve_embedder
+from masterplanner.registry import AgentSpec, Cohort, RegistryStore, resolve_embedder
+from masterplanner.registry.memory import MemoryStore
 
 TASKS = {
     "sales": "Read sales.csv and total it by month",
@@ -111,6 +115,115 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddingServer]:
 def spec_for(server: EmbeddingServer) -> str:
     """An embedder setting of its own per server (embedders are made once per setting and process)."""
     return f"openai:fake-{server.base_url.rsplit(':', 1)[1].split('/')[0]}"
+
+
+def store_tasks(store: RegistryStore) -> None:
+    for key, task in TASKS.items():
+        store.put_cohort(
+            Cohort.model_validate({"id": key, "task": task, "plan": {"task": task, "steps": []}})
+        )
+
+
+def stored_vectors(store: RegistryStore, kind: str) -> dict[str, np.ndarray]:
+    with store.engine.connect() as connection:
+        rows = connection.execute(
+            sa.text("SELECT item_id, vector FROM mp_vectors WHERE kind = :kind"), {"kind": kind}
+        ).all()
+    return {row[0]: np.frombuffer(row[1], dtype=np.float32) for row in rows}
+
+
+def test_vectors_stored_before_the_fix_are_made_again_by_the_next_search(
+    database_url: str, server: EmbeddingServer
+) -> None:
+    """A registry that stored its vectors before 38838a5 kept the wrong ones.
+
+    Its haiku, second in the batch it was embedded in, found itself at -0.03.
+    """
+    spec = spec_for(server)
+    store = RegistryStore(database_url, spec)
+    store_tasks(store)
+    # as a registry of before stored them: each task after the first with the one before's vector
+    with store.engine.begin() as connection:
+        for key, wrong in (("sales", "sales"), ("haiku", "sales"), ("invoice", "haiku")):
+            connection.execute(
+                sa.text(
+                    "INSERT INTO mp_vectors (embedder, kind, item_id, vector) VALUES (:e, 'cohort', :i, :v)"
+                ),
+                {"e": spec, "i": key, "v": unit(TASKS[wrong]).tobytes()},
+            )
+    found = store.similar_cohorts(TASKS["haiku"], 3)
+    assert found[0][0].id == "haiku" and found[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert sorted(server.batches[1]) == sorted(TASKS.values())  # after the query: every stored task
+    vectors = stored_vectors(store, "cohort")
+    assert {key: round(float(vectors[key] @ unit(task)), 5) for key, task in TASKS.items()} == {
+        "sales": 1.0,
+        "haiku": 1.0,
+        "invoice": 1.0,
+    }
+    store.close()
+    # made again once: another process's search embeds its query alone
+    again = RegistryStore(database_url, spec)
+    found = again.similar_cohorts(TASKS["invoice"], 1)
+    assert found[0][0].id == "invoice" and found[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert server.batches[2:] == [[TASKS["invoice"]]]
+    again.close()
+
+
+def test_registry_reembed_makes_every_vector_again_with_the_configured_embedder(
+    database_url: str, server: EmbeddingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Vectors a server made wrongly carry the current version: only `registry reembed` replaces them."""
+    spec = spec_for(server)
+    monkeypatch.setenv("MASTERPLANNER_EMBEDDER", spec)
+    store = RegistryStore(database_url, spec)
+    store_tasks(store)
+    store.put_agent(
+        AgentSpec(id="poet", name="poet", role="poet", description="writes poems", system_prompt="x")
+    )
+    MemoryStore(store).remember("The client prefers invoices in PDF")
+    server.answer = "shifted"
+    store.similar_cohorts(TASKS["haiku"], 3)  # the three tasks in one batch: each with another's vector
+    store.similar_agents("poet")
+    wrong = stored_vectors(store, "cohort")
+    assert round(float(wrong["haiku"] @ unit(TASKS["haiku"])), 2) < 0.5
+    server.answer = "right"  # the server is fixed: a search still trusts what it stored
+    assert store.similar_cohorts(TASKS["haiku"], 1)[0][1] < 0.5
+    store.close()
+    asked = len(server.batches)
+
+    done = mp("registry", "reembed")
+    assert done.returncode == 0, done.stderr
+    summary = done.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"re-embedded 1 agent\(s\), 3 team\(s\) and 1 memory\(ies\) with {re.escape(spec)} in [0-9.]+ s",
+        summary,
+    ), summary
+    # every text once (the memory is embedded as it is written)
+    embedded = sorted(text for batch in server.batches[asked:] for text in batch)
+    assert embedded == sorted(
+        [*TASKS.values(), "poet. poet. writes poems", "The client prefers invoices in PDF"]
+    )
+
+    store = RegistryStore(database_url, spec)
+    found = store.similar_cohorts(TASKS["haiku"], 1)
+    assert found[0][0].id == "haiku" and found[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert store.similar_agents("poet. poet. writes poems")[0][1] == pytest.approx(1.0, abs=1e-5)
+    store.close()
+
+    as_json = mp("registry", "reembed", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    reported = json.loads(as_json.stdout)
+    assert reported.pop("seconds") >= 0
+    assert reported == {"embedder": spec, "agents": 1, "cohorts": 3, "memories": 1, "changed_meanwhile": 0}
+
+
+def test_registry_reembed_without_an_embedder_says_there_is_nothing_to_make(database_url: str) -> None:
+    refused = mp("registry", "reembed", env={"MASTERPLANNER_EMBEDDER": "none"})
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "error: the embedder is 'none': the registry ranks by words alone and keeps no vectors to make "
+        "again; set embedder (e.g. smollm2) to rank by meaning"
+    )
 
 
 def test_a_server_that_lists_its_vectors_out_of_order_has_them_taken_by_index(

@@ -2,7 +2,7 @@
 
 Thin commands over the run service and the library. The application object and what the
 commands share live in `common.py`; the commands in `commands.py` (doctor, chat, plan, eval),
-`runs.py` (run, runs), `registry.py` (agents, cohorts, memory), `serve.py` (serve) and
+`runs.py` (run, runs), `registry.py` (agents, cohorts, memory, registry), `serve.py` (serve) and
 `workers.py` (worker, workers).
 """
 

@@ -1,4 +1,4 @@
-"""`masterplanner agents …`, `cohorts …` and `memory …`: the agent registry from the command line."""
+"""`masterplanner agents …`, `cohorts …`, `memory …`, `registry …`: the agent registry from the CLI."""
 
 from __future__ import annotations
 
@@ -28,9 +28,13 @@ cohorts_app = typer.Typer(
 memory_app = typer.Typer(
     help="List, search and remove what agents remembered and the accounts of past runs.", no_args_is_help=True
 )
+registry_app = typer.Typer(
+    help="Look after the registry as a whole: make its search vectors again.", no_args_is_help=True
+)
 app.add_typer(agents_app, name="agents")
 app.add_typer(cohorts_app, name="cohorts")
 app.add_typer(memory_app, name="memory")
+app.add_typer(registry_app, name="registry")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 _T = TypeVar("_T")
@@ -332,3 +336,60 @@ def memory_rm(
     """Forget one memory."""
     _registry(lambda service: service.forget(memory_id))
     console(stderr=True).print(f"forgot {shown(memory_id)}", highlight=False, soft_wrap=True)
+
+
+@registry_app.command("reembed")
+def registry_reembed(as_json: JsonFlag = False) -> None:
+    """Embed every agent, team and memory again with the configured embedder, replacing their vectors.
+
+    Searches make the vectors an item lacks, and those made before a change to how texts are
+    embedded, by themselves; this makes all of them now (progress on stderr), for vectors made
+    wrongly all the same: by a server that answered wrongly, or another model served under the
+    embedder's name.
+    """
+    import time
+
+    from rich.progress import Progress, TimeElapsedColumn
+
+    from ..service import RegistryService
+
+    settings = load_settings()
+    service = RegistryService(settings)
+    title = shown(f"embedding with {settings.embedder}")
+    started = time.monotonic()
+    try:
+        with Progress(
+            *Progress.get_default_columns(), TimeElapsedColumn(), console=console(stderr=True)
+        ) as progress:
+            bar = progress.add_task(title, total=None)
+
+            def show(done: int, total: int) -> None:
+                progress.update(bar, completed=done, total=total)
+
+            import asyncio
+
+            done = asyncio.run(service.reembed(show))
+    finally:
+        service.close()
+    seconds = round(time.monotonic() - started, 1)
+    if as_json:
+        typer.echo(
+            json_text(
+                {
+                    "embedder": done.embedder,
+                    "agents": done.made["agent"],
+                    "cohorts": done.made["cohort"],
+                    "memories": done.made["memory"],
+                    "changed_meanwhile": done.changed,
+                    "seconds": seconds,
+                }
+            )
+        )
+        return
+    counts = (
+        f"{done.made['agent']} agent(s), {done.made['cohort']} team(s) and {done.made['memory']} memory(ies)"
+    )
+    line = f"re-embedded {counts} with {done.embedder} in {seconds:g} s"
+    if done.changed:
+        line += f"; {done.changed} changed while embedded, left for the next search to embed"
+    console(stderr=True).print(shown(line), highlight=False, soft_wrap=True)

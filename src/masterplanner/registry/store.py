@@ -1,7 +1,8 @@
 """The registry store: agents (every version kept), cohorts, and their search indexes, in the run database.
 
 Tables `mp_agents`, `mp_agent_versions`, `mp_cohorts`, a text index over agents and one over
-cohort tasks, and `mp_vectors` (one float32 vector per item and embedder), created by named
+cohort tasks, and `mp_vectors` (one float32 vector per item and embedder, marked with the
+`VECTORS_VERSION` it was made by), created by named
 migrations recorded in `mp_migrations` (shared with the run store). The same code runs on SQLite
 (text indexes: FTS5 with porter stemming, BM25) and on Postgres (tsvector columns with English
 stemming and GIN indexes, `ts_rank`; vectors as `bytea`), for workers sharing one database.
@@ -11,8 +12,9 @@ several processes never lose an update.
 Ranking: with no embedder, the text index alone; with one, its list and the cosine list are
 fused by reciprocal rank fusion. Either way a prior from the agent's success rate and rating is
 applied. Vectors are compared in memory (numpy, exhaustive) from a cache reloaded when the
-registry's write counter moves; items stored while no (or another) embedder was configured are
-embedded on the next search. The embedder named by a setting is checked when the store opens and
+registry's write counter moves; items stored while no (or another) embedder was configured, or
+embedded by an older version, are embedded on the next search, and `reembed` makes every vector
+again. The embedder named by a setting is checked when the store opens and
 loaded when a search first needs it: reading and writing agents, teams and memories import no
 NumPy and no model code. sqlite-vec is not used: Python builds without loadable SQLite
 extensions (pyenv's default, this project's CI among them) cannot load it, and its vec0 search
@@ -55,8 +57,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REGISTRY_MIGRATIONS",
+    "VECTORS_VERSION",
     "AppliedRating",
     "ImportedAgents",
+    "Reembedded",
     "RegistryStore",
     "fuse",
     "lexical_similarity",
@@ -73,6 +77,17 @@ class ImportedAgents:
     updated: list[str] = field(default_factory=list)
     """Each given a new version (the imported one differed from the current one)."""
     unchanged: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Reembedded:
+    """What `RegistryStore.reembed` did."""
+
+    embedder: str
+    made: dict[str, int]
+    """Kind (agent, cohort, memory) -> how many of its items got a new vector."""
+    changed: int = 0
+    """Items edited or removed while they were embedded: left for the next search to embed."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,15 @@ def _create_memories(connection: Connection) -> None:
     _text_index(connection, "memory").create(connection)
 
 
+def _version_vectors(connection: Connection) -> None:
+    """Record what each vector was made by (`VECTORS_VERSION`); those stored before are version 0.
+
+    Version 0 vectors include the wrong ones of 38838a5's per-token server (every text after the
+    first of a batch got the first one's vectors, shifted): searches make them again.
+    """
+    _sql(connection, "ALTER TABLE mp_vectors ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
+
+
 def _create_run_ratings(connection: Connection) -> None:
     _sql(
         connection,
@@ -206,7 +230,20 @@ REGISTRY_MIGRATIONS: list[Migration] = [
     ("registry_0003_memories", _create_memories),
     ("registry_0004_run_ratings", _create_run_ratings),
     ("registry_0005_prompt_by_person", _mark_person_prompts),
+    ("registry_0006_vector_versions", _version_vectors),
 ]
+
+VECTORS_VERSION = 1
+"""How the vectors stored now are made; one stored with another version is made again when used.
+
+Raise it with any change to what is embedded for an item (`_embedding_text_of`) or to how an
+embedder turns a text into a vector (a fix like one text per request for a per-token server, or
+taking a server's vectors by their `index`): every registry's vectors, of every embedder, are
+then made again, lazily by the next search of each kind, or at once by `reembed`.
+Version 1: the texts in one request each for per-token servers (38838a5), vectors by `index`.
+"""
+_REEMBED_BATCH = 32
+"""How many texts `reembed` embeds before it stores them (and reports progress)."""
 
 RRF_K = 60
 """Reciprocal rank fusion's constant: an item at rank r in a list adds 1 / (RRF_K + r)."""
@@ -437,6 +474,12 @@ def _search(index: _TextIndex, connection: Connection, choice: _TermChoice, limi
 
 
 _INDEX_TABLES = {"agent": "mp_agents", "cohort": "mp_cohorts", "memory": "mp_memories"}
+_ITEM_TEXTS = {
+    "agent": ("mp_agents", "spec"),
+    "cohort": ("mp_cohorts", "cohort"),
+    "memory": ("mp_memories", "text"),
+}
+"""Each kind of item with a vector: its table and the column its embedded text is made from."""
 
 
 def _text_index(connection: Connection, kind: str) -> _TextIndex:
@@ -829,21 +872,23 @@ class RegistryStore:
         return vector
 
     def _current_vectors(self, connection: Connection, kind: str) -> _Vectors:
-        """This kind's vectors for the configured embedder, embedding items that have none yet."""
+        """This kind's vectors for the configured embedder, embedding items that have none yet.
+
+        An item has none when it has no vector of this embedder and of `VECTORS_VERSION`: one
+        stored by an older version (or before versions were kept) is made again and replaced.
+        """
         assert self.embedder is not None
         writes = _writes(connection)
         cached = self._vectors.get(kind)
         if cached is not None and cached[0] == writes:
             return cached[1]
         name = self.embedder.spec
-        table, column = {"agent": ("mp_agents", "spec"), "cohort": ("mp_cohorts", "cohort")}.get(
-            kind, ("mp_memories", "text")
-        )
+        table, column = _ITEM_TEXTS[kind]
         rows = _sql(
             connection,
             f"SELECT t.id, t.{column} FROM {table} t WHERE NOT EXISTS (SELECT 1 FROM mp_vectors v "
-            "WHERE v.embedder = ? AND v.kind = ? AND v.item_id = t.id)",
-            (name, kind),
+            "WHERE v.embedder = ? AND v.kind = ? AND v.item_id = t.id AND v.version = ?)",
+            (name, kind, VECTORS_VERSION),
         ).all()
         missing = [(item_id, _embedding_text_of(kind, text)) for item_id, text in rows]
         # every batch is embedded before the first write, so the write lock is held for the
@@ -851,19 +896,17 @@ class RegistryStore:
         batches = [missing[start : start + 256] for start in range(0, len(missing), 256)]
         matrices = [self.embedder.embed_sync([text for _, text in batch], "document") for batch in batches]
         for batch, matrix in zip(batches, matrices, strict=True):
-            _sql(
+            _store_vectors(
                 connection,
-                "INSERT INTO mp_vectors (embedder, kind, item_id, vector) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (embedder, kind, item_id) DO UPDATE SET vector = excluded.vector",
-                [
-                    (name, kind, item_id, row.tobytes())
-                    for (item_id, _), row in zip(batch, matrix, strict=True)
-                ],
+                name,
+                kind,
+                [(item_id, row) for (item_id, _), row in zip(batch, matrix, strict=True)],
             )
         rows = _sql(
             connection,
-            "SELECT item_id, vector FROM mp_vectors WHERE embedder = ? AND kind = ? ORDER BY item_id",
-            (name, kind),
+            "SELECT item_id, vector FROM mp_vectors WHERE embedder = ? AND kind = ? AND version = ? "
+            "ORDER BY item_id",
+            (name, kind, VECTORS_VERSION),
         ).all()
         import numpy as np
 
@@ -876,6 +919,63 @@ class RegistryStore:
         vectors = _Vectors(ids, matrix)
         self._vectors[kind] = (writes, vectors)  # embedding the missing ones did not count as a write
         return vectors
+
+    def reembed(self, progress: Callable[[int, int], None] | None = None) -> Reembedded:
+        """Make every agent's, cohort's and memory's vector again with the configured embedder.
+
+        For vectors a search would keep: ones made by a server that answered wrongly, or by
+        another model served under the same name. Texts are embedded `_REEMBED_BATCH` at a time,
+        outside any transaction; each batch is stored in its own, replacing the items' vectors of
+        this embedder, so what is done stays done if a later batch fails. An item edited or
+        removed meanwhile is left out (its edit dropped its vectors: the next search embeds it).
+        `progress(done, total)` is called before the first batch and after each. `ConfigError`
+        with no embedder set.
+        """
+        embedder = self.embedder
+        if embedder is None:
+            raise ConfigError(
+                "the embedder is 'none': the registry ranks by words alone and keeps no vectors to "
+                "make again; set embedder (e.g. smollm2) to rank by meaning"
+            )
+        with self._begin("read the registry's texts") as connection:
+            items = {
+                kind: _sql(connection, f"SELECT id, {column} FROM {table} ORDER BY id").all()
+                for kind, (table, column) in _ITEM_TEXTS.items()
+            }
+        done, total = 0, sum(len(rows) for rows in items.values())
+        result = Reembedded(embedder.spec, dict.fromkeys(items, 0))
+        if progress is not None:
+            progress(done, total)
+        for kind, rows in items.items():
+            table, column = _ITEM_TEXTS[kind]
+            for start in range(0, len(rows), _REEMBED_BATCH):
+                batch = rows[start : start + _REEMBED_BATCH]
+                matrix = embedder.embed_sync(
+                    [_embedding_text_of(kind, text) for _, text in batch], "document"
+                )
+                marks = ", ".join("?" for _ in batch)
+                with self._begin("store vectors") as connection:
+                    now: dict[str, str] = dict(
+                        _sql(
+                            connection,
+                            f"SELECT id, {column} FROM {table} WHERE id IN ({marks})",
+                            tuple(item_id for item_id, _ in batch),
+                        ).all()
+                    )
+                    unchanged = [
+                        (item_id, row)
+                        for (item_id, text), row in zip(batch, matrix, strict=True)
+                        if now.get(item_id) == text
+                    ]
+                    _store_vectors(connection, embedder.spec, kind, unchanged)
+                    _count_write(connection)  # every process's cached vectors reload
+                result.made[kind] += len(unchanged)
+                result.changed += len(batch) - len(unchanged)
+                done += len(batch)
+                if progress is not None:
+                    progress(done, total)
+        self._queries.clear()  # the same embedder, but made again: nothing of before is reused
+        return result
 
     # ---- export and import
 
@@ -1043,6 +1143,21 @@ def _forget_vectors(connection: Connection, kind: str, item_id: str) -> None:
     """Drop an item's vectors (its text changed or it is gone) and count a write; caller's transaction."""
     _sql(connection, "DELETE FROM mp_vectors WHERE kind = ? AND item_id = ?", (kind, item_id))
     _count_write(connection)
+
+
+def _store_vectors(
+    connection: Connection, embedder: str, kind: str, vectors: list[tuple[str, np.ndarray]]
+) -> None:
+    """Store items' vectors of `embedder`, as of `VECTORS_VERSION`, in place of any they had."""
+    if not vectors:
+        return
+    _sql(
+        connection,
+        "INSERT INTO mp_vectors (embedder, kind, item_id, vector, version) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (embedder, kind, item_id) DO UPDATE SET vector = excluded.vector, "
+        "version = excluded.version",
+        [(embedder, kind, item_id, row.tobytes(), VECTORS_VERSION) for item_id, row in vectors],
+    )
 
 
 def _writes(connection: Connection) -> int:
