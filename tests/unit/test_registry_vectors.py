@@ -32,14 +32,14 @@ TASKS = {
 }
 
 
-def vector_of(text: str) -> list[float]:
-    """The vector the server gives `text`: 64 numbers seeded by it (unrelated texts are far apart)."""
+def vector_of(text: str, size: int = 64) -> list[float]:
+    """The vector the server gives `text`: `size` numbers seeded by it (unrelated texts are far apart)."""
     seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
-    return [float(x) for x in np.random.default_rng(seed).standard_normal(64)]
+    return [float(x) for x in np.random.default_rng(seed).standard_normal(size)]
 
 
-def unit(text: str) -> np.ndarray:
-    vector = np.asarray(vector_of(text), dtype=np.float32)
+def unit(text: str, size: int = 64) -> np.ndarray:
+    vector = np.asarray(vector_of(text, size), dtype=np.float32)
     return vector / np.linalg.norm(vector)
 
 
@@ -55,12 +55,14 @@ class EmbeddingServer:
 
     def __init__(self) -> None:
         self.answer = "right"
+        self.size = 64
+        """How many numbers a vector has (another model served under the same name has others)."""
         self.batches: list[list[str]] = []
         self.base_url = ""
 
     def reply(self, texts: list[str]) -> dict[str, Any]:
         self.batches.append(texts)
-        vectors = [vector_of(text) for text in texts]
+        vectors = [vector_of(text, self.size) for text in texts]
         if self.answer == "shifted":
             vectors = vectors[1:] + vectors[:1]
         data = [
@@ -167,6 +169,28 @@ def test_vectors_stored_before_the_fix_are_made_again_by_the_next_search(
     assert found[0][0].id == "invoice" and found[0][1] == pytest.approx(1.0, abs=1e-5)
     assert server.batches[2:] == [[TASKS["invoice"]]]
     again.close()
+
+
+def test_vectors_of_another_size_than_the_embedders_are_made_again_by_a_search(
+    database_url: str, server: EmbeddingServer
+) -> None:
+    """Another model served under the embedder's name: a search failed with NumPy's matmul error."""
+    spec = spec_for(server)
+    store = RegistryStore(database_url, spec)
+    store_tasks(store)
+    store.similar_cohorts(TASKS["haiku"], 1)
+    store.similar_agents("poet")
+    store.close()
+    server.size = 32
+    store = RegistryStore(database_url, spec)  # a process started after the model changed
+    found = store.similar_cohorts(TASKS["haiku"], 3)
+    assert found[0][0].id == "haiku" and found[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert {key: vector.shape for key, vector in stored_vectors(store, "cohort").items()} == {
+        "sales": (32,),
+        "haiku": (32,),
+        "invoice": (32,),
+    }
+    store.close()
 
 
 def test_registry_reembed_makes_every_vector_again_with_the_configured_embedder(

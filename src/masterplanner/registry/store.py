@@ -13,9 +13,9 @@ Ranking: with no embedder, the text index alone; with one, its list and the cosi
 fused by reciprocal rank fusion. Either way a prior from the agent's success rate and rating is
 applied. Vectors are compared in memory (numpy, exhaustive) from a cache reloaded when the
 registry's write counter moves; items stored while no (or another) embedder was configured, or
-embedded by an older version, are embedded on the next search, and `reembed` makes every vector
-again. The embedder named by a setting is checked when the store opens and
-loaded when a search first needs it: reading and writing agents, teams and memories import no
+embedded by an older version or into vectors of another size, are embedded on the next search,
+and `reembed` makes every vector again. The embedder named by a setting is checked when the
+store opens and loaded when a search first needs it: reading and writing agents, teams and memories import no
 NumPy and no model code. sqlite-vec is not used: Python builds without loadable SQLite
 extensions (pyenv's default, this project's CI among them) cannot load it, and its vec0 search
 is exhaustive too.
@@ -809,7 +809,7 @@ class RegistryStore:
         if wanted is None:
             return []
         with self._begin("compare agents") as connection:
-            vectors = self._current_vectors(connection, "agent")
+            vectors = self._current_vectors(connection, "agent", wanted)
         similarity = self.embedder.similarity
         return [
             (spec, similarity(float(vectors.matrix[vectors.position[spec.id]] @ wanted)))
@@ -842,7 +842,7 @@ class RegistryStore:
             rankings.append(_search(index, connection, _selective_terms(terms, count), _CANDIDATES))
         if wanted is None:
             return fuse(rankings), None
-        vectors = self._current_vectors(connection, kind)
+        vectors = self._current_vectors(connection, kind, wanted)
         rankings.append([item for item, _ in vectors.nearest(wanted, _CANDIDATES)])
 
         def cosine(item: str) -> float:
@@ -871,24 +871,28 @@ class RegistryStore:
             self._queries[text] = vector
         return vector
 
-    def _current_vectors(self, connection: Connection, kind: str) -> _Vectors:
+    def _current_vectors(self, connection: Connection, kind: str, wanted: np.ndarray) -> _Vectors:
         """This kind's vectors for the configured embedder, embedding items that have none yet.
 
-        An item has none when it has no vector of this embedder and of `VECTORS_VERSION`: one
-        stored by an older version (or before versions were kept) is made again and replaced.
+        An item has none when it has no vector of this embedder, of `VECTORS_VERSION` and of the
+        size of `wanted` (a query's vector): one stored by an older version (or before versions
+        were kept), or by another model served under the embedder's name since, is made again and
+        replaced. (Vectors of another size failed the search with NumPy's error.)
         """
         assert self.embedder is not None
         writes = _writes(connection)
+        size = wanted.shape[-1] * 4  # bytes of float32
         cached = self._vectors.get(kind)
-        if cached is not None and cached[0] == writes:
+        if cached is not None and cached[0] == writes and cached[1].matrix.shape[1] * 4 == size:
             return cached[1]
         name = self.embedder.spec
         table, column = _ITEM_TEXTS[kind]
         rows = _sql(
             connection,
             f"SELECT t.id, t.{column} FROM {table} t WHERE NOT EXISTS (SELECT 1 FROM mp_vectors v "
-            "WHERE v.embedder = ? AND v.kind = ? AND v.item_id = t.id AND v.version = ?)",
-            (name, kind, VECTORS_VERSION),
+            "WHERE v.embedder = ? AND v.kind = ? AND v.item_id = t.id AND v.version = ? "
+            "AND length(v.vector) = ?)",
+            (name, kind, VECTORS_VERSION, size),
         ).all()
         missing = [(item_id, _embedding_text_of(kind, text)) for item_id, text in rows]
         # every batch is embedded before the first write, so the write lock is held for the
@@ -905,8 +909,8 @@ class RegistryStore:
         rows = _sql(
             connection,
             "SELECT item_id, vector FROM mp_vectors WHERE embedder = ? AND kind = ? AND version = ? "
-            "ORDER BY item_id",
-            (name, kind, VECTORS_VERSION),
+            "AND length(vector) = ? ORDER BY item_id",
+            (name, kind, VECTORS_VERSION, size),
         ).all()
         import numpy as np
 
@@ -914,7 +918,7 @@ class RegistryStore:
         matrix = (
             np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float32).reshape(len(rows), -1)
             if rows
-            else np.zeros((0, 1), dtype=np.float32)
+            else np.zeros((0, size // 4), dtype=np.float32)
         )
         vectors = _Vectors(ids, matrix)
         self._vectors[kind] = (writes, vectors)  # embedding the missing ones did not count as a write
