@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -19,8 +20,11 @@ import yaml
 from _cli import LEASE_S, mp
 from _plans import APPROVED_AS_SHOWN, step, to_approval
 
-from masterplanner import Settings
+from masterplanner import RunError, RunService, Settings
 from masterplanner.engine import Engine
+from masterplanner.engine.control import open_run_store
+from masterplanner.engine.records import RunRecord
+from masterplanner.engine.store import RunStore
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
 
@@ -588,6 +592,72 @@ def test_a_cancel_that_cannot_take_effect_yet_says_what_it_waits_for(
     ), lines
     shown = mp("runs", "show", run.id)
     assert lines[1].split("): ")[0] + "): worker@elsewhere:7, which executes the run" in shown.stdout
+
+
+def test_a_cancel_that_lands_as_the_run_ends_leaves_it_succeeded(
+    write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel from another process that read the run still running, and went on once it had ended.
+
+    Before, it found the lease given up, took it and marked the succeeded run cancelled: its
+    status, its steps and a `run_cancelled` after `team_stored`.
+    """
+    script = write_script(
+        [
+            _planner(step("a", tools=[])),
+            {"purpose": "step:a", "output": "done a", "delay_s": 2.0},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "masterplanner", "run", "one step", "--model", f"scripted:{script}", "--yes"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        run_id = _started(process, "a")
+        # the canceller reads the run while it runs; its next call comes once the run has ended
+        read = RunStore.get_run
+
+        def read_then_wait(store: RunStore, wanted: str) -> RunRecord:
+            record = read(store, wanted)
+            process.wait(timeout=60)
+            return record
+
+        service = RunService(Settings.load())
+        try:
+            with monkeypatch.context() as patched, pytest.raises(RunError) as refused:
+                patched.setattr(RunStore, "get_run", read_then_wait)
+                asyncio.run(service.cancel(run_id, by="cli@elsewhere:1"))
+        finally:
+            service.close()
+    finally:
+        process.kill()
+        process.wait()
+    assert str(refused.value) == f"run {run_id} already succeeded"
+    assert process.returncode == 0
+    shown = json.loads(mp("runs", "show", run_id, "--json").stdout)
+    assert (shown["status"], shown["output"]) == ("succeeded", "done a")
+    assert [s["status"] for s in shown["steps"]] == ["succeeded"]
+    kinds = [e["kind"] for e in shown["events"]]
+    assert kinds[-2:] == ["run_succeeded", "team_stored"]
+    assert "cancel_requested" not in kinds
+
+
+def _started(process: subprocess.Popen[bytes], step_id: str) -> str:
+    """The id of the run `process` executes, once its step `step_id` has started."""
+    store = open_run_store(Settings.load())
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.poll() is None:
+            for run in store.list_runs():
+                if any(e.kind == "step_started" and e.step == step_id for e in store.events(run.id)):
+                    return run.id
+            time.sleep(0.02)
+    finally:
+        store.close()
+    raise AssertionError(f"step {step_id} did not start (exit code {process.poll()})")
 
 
 def test_run_ids_are_listed_whole_in_a_narrow_terminal(write_script: Callable[..., Path]) -> None:

@@ -44,9 +44,8 @@ def request_cancel(
     run = store.get_run(run_id)
     if run.finished:
         raise RunError(f"run {run.id} already {run.status}")
-    if by is not None:
-        store.append_event(run.id, "cancel_requested", data={"by": by})
-    store.update_run(run.id, cancel_requested=True)
+    if not store.ask_cancel(run.id, by=by):  # it ended since it was read
+        raise RunError(f"run {run.id} already {store.get_run(run.id).status}")
     canceller = f"{owner}/cancel-{secrets.token_hex(3)}"  # never an execution's name
     if store.claim(run.id, canceller, lease_s=lease_s):
         try:
@@ -57,14 +56,18 @@ def request_cancel(
 
 
 def mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on request") -> None:
-    """Record a run as cancelled: its unfinished steps and its open requests too."""
+    """Record a run as cancelled: its unfinished steps and its open requests too.
+
+    A run that has ended by then is left as it ended (`RunStore.set_status`).
+    """
+    if not store.set_status(run_id, "cancelled", error=reason):
+        return
     now = utc_now()
     for step in store.steps(run_id):
         if step.status in ("pending", "running"):
             store.update_step(
                 run_id, step.id, status="cancelled", finished_at=now if step.started_at else None
             )
-    store.set_status(run_id, "cancelled", error=reason)
     store.requests.close_run(run_id, "cancelled", keep_remember=False)
     store.append_event(run_id, "run_cancelled", data={"reason": reason})
     if telemetry.exporting():

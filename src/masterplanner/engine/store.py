@@ -276,11 +276,14 @@ class RunStore:
                 )
             )
 
-    def update_run(self, run_id: str, *, unless_cancelled: bool = False, **values: Any) -> bool:
+    def update_run(
+        self, run_id: str, *, unless_cancelled: bool = False, unless_finished: bool = False, **values: Any
+    ) -> bool:
         """Set columns of a run (`plan` as a `Plan`, `agents` as a map of `AgentBrief`s).
 
-        With `unless_cancelled`, a run that is cancelled by then is left as it is. Whether the
-        run was written (False: no such run, or left cancelled).
+        With `unless_cancelled`, a run that is cancelled by then is left as it is; with
+        `unless_finished`, one that has ended by then (succeeded, failed or cancelled). Whether
+        the run was written (False: no such run, or left as it was).
         """
         if values.get("plan") is not None:
             values["plan"] = json.dumps(values["plan"].to_json_dict())
@@ -289,6 +292,8 @@ class RunStore:
         which = runs_table.c.id == run_id
         if unless_cancelled:
             which = sa.and_(which, runs_table.c.status != "cancelled")
+        if unless_finished:
+            which = sa.and_(which, runs_table.c.status.not_in(list(FINISHED_RUN_STATUSES)))
         with self.begin("update a run") as connection:
             update = runs_table.update().where(which).values(updated_at=utc_now(), **values)
             return connection.execute(update).rowcount > 0
@@ -298,10 +303,42 @@ class RunStore:
 
         A cancelled run stays cancelled: a cancel from another process can land while the
         executing one writes its next status (the review's approval moving it to `running`, on a
-        thread the cancel cannot stop), and that write must not bring the run back. Whether the
-        status was written: a caller then records nothing of the move it did not make.
+        thread the cancel cannot stop), and that write must not bring the run back. And only an
+        unfinished run is cancelled: a cancel that read the run running may take its lease just
+        after it ended and gave the lease up (it was marking a succeeded run cancelled). Whether
+        the status was written: a caller then records nothing of the move it did not make.
         """
-        return self.update_run(run_id, unless_cancelled=status != "cancelled", status=status, **values)
+        if status == "cancelled":
+            return self.update_run(run_id, unless_finished=True, status=status, **values)
+        return self.update_run(run_id, unless_cancelled=True, status=status, **values)
+
+    def ask_cancel(self, run_id: str, *, by: str | None) -> bool:
+        """Ask an unfinished run to stop: its cancel flag set and, with `by`, a `cancel_requested` event.
+
+        One transaction, taken only while the run has not ended (False when it has: a run that
+        ended after its asker read it running is left as it ended, with no request on record).
+        """
+        payload = json.dumps({"by": by})
+        for _ in range(20):
+            with self._append_lock:
+                try:
+                    with self.begin("ask a run to stop") as connection:
+                        asked = connection.execute(
+                            runs_table.update()
+                            .where(
+                                runs_table.c.id == run_id,
+                                runs_table.c.status.not_in(list(FINISHED_RUN_STATUSES)),
+                            )
+                            .values(cancel_requested=True, updated_at=utc_now())
+                        )
+                        if asked.rowcount != 1:
+                            return False
+                        if by is not None:
+                            _insert_event(connection, run_id, utc_now(), "cancel_requested", None, payload)
+                except sa.exc.IntegrityError:
+                    continue  # another process took the event's seq; try again
+            return True
+        raise RunError(f"could not ask run {run_id} to stop: the event log is too contended")
 
     def get_run(self, run_id: str) -> RunRecord:
         """The stored run; `RunError` if there is none with this id (a unique prefix also works)."""
