@@ -37,6 +37,7 @@ __all__ = [
     "database_now",
     "engine_url",
     "migrate",
+    "names_nothing",
     "reconnecting",
     "reconnecting_methods",
     "shown_url",
@@ -123,6 +124,17 @@ def _create_private(database: str | None) -> None:
         os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError:  # there already, or its folder missing: SQLite says so in its own words
         pass
+
+
+def names_nothing(text: str) -> bool:
+    """Whether `text`, an id or a search from outside, can match nothing stored: it holds a NUL.
+
+    No id, task or text stored holds one (they are refused on the way in), and the databases
+    cannot be asked: Postgres refuses a NUL in any text it is sent (its error, which names the
+    database, was the answer to `GET /api/v1/runs/a%00b`), and SQLite ends a `LIKE` pattern at
+    one (a search for a NUL matched every run).
+    """
+    return "\x00" in text
 
 
 @contextmanager

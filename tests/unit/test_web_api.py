@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _api import typed
+from _api import typed, web_client
 from _cli import mp, start
 from _plans import APPROVED_AS_SHOWN, step, to_approval
 
@@ -245,6 +245,47 @@ async def test_a_long_id_is_cut_where_an_error_repeats_it(client: httpx.AsyncCli
     assert (answered.status_code, answered.json()) == (404, {"error": f"no request {cut}"})
     forgotten = await client.delete(f"/memories/{long_id}")
     assert (forgotten.status_code, forgotten.json()) == (404, {"error": f"no memory {cut}"})
+
+
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_an_id_or_a_search_holding_a_nul_names_nothing(
+    database: str,
+    isolated: Path,
+    write_script: Callable[..., Path],
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On Postgres each was a 400 in the database's words, naming its URL; on SQLite the search
+    matched every run. (Found by fuzzing the API, 2026-11-28.)
+    """
+    if database == "postgres":
+        monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", request.getfixturevalue("postgres_database"))
+    script = write_script([{"purpose": "*", "repeat": True}])
+    async with web_client("/api/v1") as client:
+        created = await client.post("/runs", json={"task": "x", "model": f"scripted:{script}"})
+        run = await _wait_for(
+            client, f"/runs/{created.json()['id']}", lambda found: found["status"] == "awaiting_approval"
+        )
+        nul = r"'a\x00b'"
+        for method, path, error in [
+            ("GET", "/runs/a%00b", f"no run {nul}"),
+            ("GET", "/runs/a%00b/events", f"no run {nul}"),
+            ("POST", "/runs/a%00b/cancel", f"no run {nul}"),
+            ("GET", "/requests?run_id=a%00b", f"no run {nul}"),
+            ("GET", "/requests/a%00b", f"no request {nul}"),
+            ("GET", "/agents/a%00b", f"no agent {nul} in the registry"),
+            ("DELETE", "/agents/a%00b", f"no agent {nul} in the registry"),
+            ("GET", "/teams/a%00b", f"no team {nul} in the registry"),
+            ("DELETE", "/teams/a%00b", f"no team {nul} in the registry"),
+            ("DELETE", "/memories/a%00b", f"no memory {nul}"),
+        ]:
+            refused = await client.request(method, path)
+            assert (refused.status_code, refused.json()) == (404, {"error": error}), path
+        for path in ("/runs?q=%00", "/runs?q=x%00", "/agents?q=a%00", "/memories?q=a%00"):
+            found = await client.get(path)
+            assert (found.status_code, found.json()) == (200, []), path
+        assert [listed["id"] for listed in (await client.get("/runs?q=x")).json()] == [run["id"]]
+        assert (await client.get(f"/runs/{run['id']}")).json()["status"] == "awaiting_approval"
 
 
 async def test_ids_numbers_and_bodies_past_what_is_taken(

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.engine import Connection
 
-from ..database import reconnecting_methods
+from ..database import names_nothing, reconnecting_methods
 from ..errors import RequestClosedError, RequestError, quoted_id, validation_problems
 from ..plan import Plan
 from ..redaction import REMOVED, secret_parts, secret_refusal
@@ -430,6 +430,8 @@ class Requests:
 
     def get(self, request_id: str) -> Request:
         """The request with this id (a unique prefix of at least 4 characters also works)."""
+        if names_nothing(request_id):
+            raise RequestError(f"no request {quoted_id(request_id)} (see `masterplanner runs pending`)")
         with self._store.begin("read a request") as connection:
             row = (
                 connection.execute(sa.select(requests_table).where(requests_table.c.id == request_id))

@@ -34,6 +34,7 @@ from ..database import (
     database_now,
     engine_url,
     migrate,
+    names_nothing,
     reconnecting_methods,
     shown_url,
     transaction,
@@ -342,6 +343,10 @@ class RunStore:
 
     def get_run(self, run_id: str) -> RunRecord:
         """The stored run; `RunError` if there is none with this id (a unique prefix also works)."""
+        if names_nothing(run_id):
+            raise RunNotFoundError(
+                f"no run {quoted_id(run_id)} in {shown_url(self.url)} (see `masterplanner runs list`)"
+            )
         with self.begin("read a run") as connection:
             row = (
                 connection.execute(sa.select(runs_table).where(runs_table.c.id == run_id)).mappings().first()
@@ -376,6 +381,8 @@ class RunStore:
         query = sa.select(runs_table).order_by(runs_table.c.created_at.desc()).limit(limit)
         if status:
             query = query.where(runs_table.c.status == status)
+        if text and names_nothing(text):
+            return []
         if text:
             escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             query = query.where(sa.func.lower(runs_table.c.task).like(f"%{escaped}%", escape="\\"))

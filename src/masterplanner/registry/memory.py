@@ -21,7 +21,7 @@ from typing import Literal
 
 from sqlalchemy.engine import Connection
 
-from ..database import reconnecting_methods
+from ..database import names_nothing, reconnecting_methods
 from ..errors import NotFoundError, ToolError, quoted_id
 from ..redaction import secret_parts
 from .store import RegistryStore, _count_write, _sql, _text_index
@@ -158,7 +158,7 @@ class MemoryStore:
     def forget(self, memory_id: str) -> None:
         """Delete one memory."""
         with self.registry._begin("forget a memory") as connection:
-            if not _delete(connection, memory_id):
+            if names_nothing(memory_id) or not _delete(connection, memory_id):
                 raise NotFoundError(f"no memory {quoted_id(memory_id)} (see `masterplanner memory list`)")
             _count_write(connection)
 

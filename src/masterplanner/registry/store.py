@@ -37,7 +37,15 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from ..database import Migration, create_engine, migrate, reconnecting_methods, transaction, utc_now
+from ..database import (
+    Migration,
+    create_engine,
+    migrate,
+    names_nothing,
+    reconnecting_methods,
+    transaction,
+    utc_now,
+)
 from ..errors import (
     ConfigError,
     NotFoundError,
@@ -622,6 +630,10 @@ class RegistryStore:
         self, agent_id: str, version: int | None = None, *, connection: Connection | None = None
     ) -> AgentSpec:
         """The agent (its current version, or `version`), with its current stats."""
+        if names_nothing(agent_id):
+            raise NotFoundError(
+                f"no agent {quoted_id(agent_id)} in the registry (see `masterplanner agents list`)"
+            )
         if connection is None:
             with self._begin("read an agent") as own:
                 return self.get_agent(agent_id, version, connection=own)
@@ -1061,6 +1073,10 @@ class RegistryStore:
 
     def get_cohort(self, cohort_id: str) -> Cohort:
         """The cohort with this id."""
+        if names_nothing(cohort_id):
+            raise NotFoundError(
+                f"no cohort {quoted_id(cohort_id)} in the registry (see `masterplanner cohorts list`)"
+            )
         with self._begin("read a cohort") as connection:
             row = _sql(connection, "SELECT cohort FROM mp_cohorts WHERE id = ?", (cohort_id,)).first()
         if row is None:
