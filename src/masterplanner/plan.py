@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import PlanError, json_kind, problem_in_our_words
+from .errors import PlanError, json_kind, known_fields, problem_in_our_words
 from .redaction import secret_parts, secret_refusal
 from .tools.catalog import Catalog
 
@@ -166,6 +166,9 @@ def _shape_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[str]
             location = location[2:]
         field = ".".join(str(part) for part in location)
         message = problem_in_our_words(item, what=None if location else "a step")
+        known = known_fields(Plan, item["loc"][:-1]) if item["type"] == "extra_forbidden" else None
+        if known:  # before, only "colour: unknown field"
+            message += f"; known: {', '.join(known)}"
         problems.append(f"{where}: {field + ': ' if field else ''}{message}")
     return problems
 

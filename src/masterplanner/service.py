@@ -816,7 +816,8 @@ class RegistryService:
                 {**edited, "id": current.id, "stats": current.stats.model_dump(), "version": current.version}
             )
         except ValidationError as exc:
-            raise AgentEditError(fixed + validation_problems(exc.errors(), whole="agent")) from None
+            problems = validation_problems(exc.errors(), whole="agent", model=AgentSpec)
+            raise AgentEditError(fixed + problems) from None
         problems = fixed + _agent_problems(spec, self.settings)
         if problems:
             raise AgentEditError(problems)

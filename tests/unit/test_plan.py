@@ -96,13 +96,17 @@ def test_shape_problems_name_step_and_field() -> None:
     del unnamed["id"]
     raw = plan_dict(bad, unnamed, {**step("Bad Id")}, {**step("extra"), "colour": "red"}, "write it")
     raw["steps"][1]["tools"] = "read_file"
+    raw["colour"] = "red"
+    # an unknown field is said with the fields known where it is: before, only "unknown field"
     assert problems(raw) == [
         "step 'ok': instruction: must not be empty",
         "step #2: id: is missing",
         "step #2: tools: should be a list, got text",
         "step 'Bad Id': id: must be a short slug of lowercase letters, digits and hyphens, e.g. load-data",
-        "step 'extra': colour: unknown field",
+        "step 'extra': colour: unknown field; known: agent_role, depends_on, expand, expected_output, id, "
+        "instruction, title, tools",
         "step #5: should be an object with the fields of a step, got text",
+        "plan: colour: unknown field; known: final_step, steps, task",
     ]
 
 

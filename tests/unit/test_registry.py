@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from masterplanner.errors import ConfigError, NotFoundError, RunError
+from masterplanner.errors import AgentEditError, ConfigError, NotFoundError, RunError
 from masterplanner.registry import AgentSpec, Cohort, RegistryStore
 
 
@@ -167,6 +167,14 @@ def test_export_import_round_trips_and_a_corrupt_file_imports_nothing(
         ConfigError, match=r"corrupt\.jsonl: line 2: role: must not be empty; nothing was imported"
     ):
         store.read_agents(corrupt)
+    # an unknown field is said with the fields an agent has: before, only "colour: unknown field"
+    corrupt.write_text(json.dumps(json.loads(lines[0]) | {"colour": "red"}) + "\n")
+    with pytest.raises(ConfigError) as unknown:
+        store.read_agents(corrupt)
+    assert str(unknown.value) == (
+        f"{corrupt}: line 1: colour: unknown field; known: description, id, keywords, lessons, model, "
+        "name, origin, prompt_by_person, role, stats, system_prompt, tools, version; nothing was imported"
+    )
     corrupt.write_text(lines[1] + "\n" + lines[1] + "\n")
     with pytest.raises(ConfigError, match=r"line 2: agent '\w+' is on line 1 too; nothing was imported"):
         store.read_agents(corrupt)
@@ -248,6 +256,13 @@ async def test_a_prompt_a_person_writes_is_marked_theirs_and_no_edit_clears_the_
         poet = (await service.agent("poet")).model_dump(mode="json")
         marked = await service.edit_agent("poet", poet | {"prompt_by_person": True})
         assert (marked.version, marked.prompt_by_person) == (2, True)
+        # an edit with an unknown field names the fields an agent has (before: only "unknown field")
+        with pytest.raises(AgentEditError) as unknown:
+            await service.edit_agent("poet", poet | {"colour": "red"})
+        assert unknown.value.problems == [
+            "colour: unknown field; known: description, id, keywords, lessons, model, name, origin, "
+            "prompt_by_person, role, stats, system_prompt, tools, version"
+        ]
 
         # an import follows the same rule: a file's prompt that differs is a person's, and a
         # file's false does not clear the mark here

@@ -113,7 +113,8 @@ def test_every_problem_of_an_edit_is_named_at_once() -> None:
         "step a: agent must be left as it is or set to 'fresh'",
         "step b: tool_policies: write_file must be auto, ask or deny, got 'sometimes'",
         "step 'a': expand: should be true or false, got 'maybe'",
-        "step 'a': colour: unknown field",
+        "step 'a': colour: unknown field; known: agent_role, depends_on, expand, expected_output, id, "
+        "instruction, title, tools",
     ]
 
 

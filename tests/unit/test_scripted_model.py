@@ -246,7 +246,15 @@ async def test_using_purpose_labels_direct_calls(write_script: WriteScript) -> N
             json.dumps({"calls": [{"purpose": "a", "tool_calls": [{"args": {}}]}]}),
             "tool_calls.0.name: is missing",
         ),
-        (json.dumps({"calls": [{"purpose": "a", "colour": "red"}]}), "calls.0.colour: unknown field"),
+        (  # the fields known are named: before, only "calls.0.colour: unknown field"
+            json.dumps({"calls": [{"purpose": "a", "colour": "red"}]}),
+            "calls.0.colour: unknown field; known: cut_off, delay_s, expect, output, purpose, repeat, "
+            "tool_calls, turn",
+        ),
+        (
+            json.dumps({"calls": [{"purpose": "a", "output": "x"}], "colour": "red"}),
+            "colour: unknown field; known: calls, max_output_tokens, small_model",
+        ),
         (json.dumps({"calls": [], "max_output_tokens": 0}), "max_output_tokens: must be at least 1, got 0"),
     ],
 )

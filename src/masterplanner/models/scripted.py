@@ -120,7 +120,7 @@ def _load(path: Path) -> _Script:
     try:
         return _Script.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(validation_problems(exc.errors(), whole="file"))
+        problems = "; ".join(validation_problems(exc.errors(), whole="file", model=_Script))
         raise ScriptError(f"scripted model file {path}: {problems}") from None
 
 

@@ -1230,7 +1230,7 @@ def _line_problem(number: int, exc: ValidationError) -> str:
     """
     item = exc.errors()[0]
     if item["loc"]:
-        return f"line {number}: {validation_problems([item], whole='line')[0]}"
+        return f"line {number}: {validation_problems([item], whole='line', model=AgentSpec)[0]}"
     # each agent is one line of the file, so the JSON reader's line is always 1
     problem = problem_in_our_words(item).replace("(line 1, column ", "(at column ")
     return f"line {number} {problem}"
