@@ -182,6 +182,41 @@ def test_a_lease_that_lapsed_is_not_renewed_and_the_heartbeat_is_told(tmp_path: 
     store.close()
 
 
+def test_workers_json_says_the_pid_namespace_each_pid_belongs_to(tmp_path: Path) -> None:
+    """A pid means something only in its pid namespace: before, `workers --json` gave the pid
+    without it, so two workers of one host name in two containers could not be told apart."""
+    import json
+
+    from masterplanner.engine.processes import pid_namespace_of_this_process
+
+    url = f"sqlite:///{tmp_path / 'runs.sqlite'}"
+    store = RunStore(url)
+    store.processes.register("w1", "worker", lease_s=60, queues=["steps"], concurrency=2)
+    store.close()
+    listed = subprocess.run(
+        [sys.executable, "-m", "masterplanner", "workers", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MASTERPLANNER_DATABASE_URL": url},
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    (worker,) = json.loads(listed.stdout)
+    assert worker["heard_from_s"] >= 0
+    del worker["heard_from_s"]
+    assert worker == {
+        "id": "w1",
+        "kind": "worker",
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_namespace": pid_namespace_of_this_process(),
+        "queues": ["steps"],
+        "concurrency": 2,
+        "alive": True,
+        "stopped": False,
+    }
+
+
 def test_only_workers_that_are_alive_count_as_running(tmp_path: Path) -> None:
     """Before, every live lease counted (`_limits_change`): a worker killed a moment ago, or this
     process in an earlier life, was "already running" beside the worker that replaced it."""

@@ -119,6 +119,9 @@ class ProcessRecord:
     kind: ProcessKind
     host: str
     pid: int
+    pid_namespace: str | None
+    """The pid namespace `pid` belongs to (`pid_namespace_of_this_process`); None for a row of
+    before it was recorded (migration 0010)."""
     queues: list[str]
     concurrency: int | None
     age_s: float
@@ -133,6 +136,7 @@ class ProcessRecord:
             "kind": self.kind,
             "host": self.host,
             "pid": self.pid,
+            "pid_namespace": self.pid_namespace,
             "queues": self.queues,
             "concurrency": self.concurrency,
             "heard_from_s": round(self.age_s, 1),
@@ -272,6 +276,7 @@ def _record(row: sa.RowMapping, now: float) -> ProcessRecord:
         kind=row["kind"],
         host=row["host"],
         pid=int(row["pid"]),
+        pid_namespace=row["pid_namespace"],
         queues=list(json.loads(row["queues"])),
         concurrency=row["concurrency"],
         age_s=max(0.0, now - float(row["heartbeat_at"])),
