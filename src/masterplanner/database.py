@@ -109,6 +109,14 @@ def create_engine(url: str) -> Engine:
             )
         _create_private(engine.url.database)
         sa.event.listen(engine, "connect", _sqlite_pragmas)
+    elif not engine.url.database and not engine.url.query.get("dbname"):
+        # libpq's defaults chose one (PGDATABASE, else the user's name): the tables were made in
+        # whichever database that was. A missing host stays libpq's choice: the local socket.
+        raise ConfigError(
+            f"database_url {shown_url(url)!r} names no database: give PostgreSQL one "
+            "(postgresql://USER@HOST:PORT/DATABASE, or postgresql:///DATABASE through the local "
+            "server's socket)"
+        )
     return engine
 
 

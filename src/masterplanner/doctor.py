@@ -271,7 +271,18 @@ def _sqlite_failed(path: Path, error: BaseException) -> Check:
 def _check_postgres(url: str) -> Check:
     import psycopg
 
-    from .database import without_password
+    from .database import create_engine, without_password
+
+    try:  # what the stores refuse (a URL naming no database), refused here in their words
+        create_engine(url).dispose()
+    except MasterplannerError as exc:
+        return Check(
+            "database",
+            False,
+            True,
+            str(exc),
+            "set MASTERPLANNER_DATABASE_URL to a URL that names the database",
+        )
 
     # the server and database, read after the URL's last `@`: a parser trips on a password holding `?`
     parts = urlsplit("postgresql://" + url.partition("://")[2].rpartition("@")[2])

@@ -113,6 +113,25 @@ def test_an_sqlite_url_without_a_file_is_refused_in_one_line(url: str, tmp_path:
     assert listed.stderr == f"error: database_url {url!r} names no file: give SQLite one (sqlite:///PATH)\n"
 
 
+@pytest.mark.parametrize("url", ["postgresql://", "postgresql:///", "postgres://user@localhost:5432"])
+def test_a_postgres_url_without_a_database_name_is_refused_in_one_line(url: str, tmp_path: Path) -> None:
+    """Before, libpq's defaults chose the database (PGDATABASE, else the user's name) and the
+    tables were made in whichever that was, or the error was libpq's."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "masterplanner", "runs", "list"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MASTERPLANNER_HOME": str(tmp_path / "home"), "MASTERPLANNER_DATABASE_URL": url},
+        timeout=60,
+    )
+    assert (listed.returncode, listed.stdout) == (2, "")
+    assert listed.stderr == (
+        f"error: database_url {url!r} names no database: give PostgreSQL one "
+        "(postgresql://USER@HOST:PORT/DATABASE, or postgresql:///DATABASE through the local "
+        "server's socket)\n"
+    )
+
+
 def test_a_call_is_made_again_while_the_database_is_unavailable() -> None:
     attempts: list[int] = []
 

@@ -165,6 +165,22 @@ def test_a_password_with_unescaped_url_characters_is_named_nowhere(
     assert "PW" not in check.detail and "s3c" not in check.detail, check.detail
 
 
+def test_a_postgres_url_naming_no_database_fails_the_check_as_the_stores_refuse_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, doctor wrote its row in the database libpq chose (PGDATABASE, else the user's
+    name) and said "ok" for a URL every command refuses."""
+    check = _database(monkeypatch, "postgresql://")
+    assert check == Check(
+        "database",
+        False,
+        True,
+        "database_url 'postgresql://' names no database: give PostgreSQL one "
+        "(postgresql://USER@HOST:PORT/DATABASE, or postgresql:///DATABASE through the local server's socket)",
+        "set MASTERPLANNER_DATABASE_URL to a URL that names the database",
+    )
+
+
 def test_doctor_exits_1_naming_why_the_database_is_not_writable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
