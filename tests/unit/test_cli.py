@@ -46,21 +46,63 @@ def test_option_values_that_are_not_numbers_are_refused_in_our_words() -> None:
     for args, wanted in [
         (
             ("runs", "list", "--limit", "abc"),
-            "Error: Invalid value for '--limit': must be a whole number, not 'abc'",
+            "error: --limit must be a whole number, not 'abc'",
         ),
         (
             ("memory", "search", "x", "--limit", "0"),
-            "Error: Invalid value for '--limit': must be from 1 to 100, not 0",
+            "error: --limit must be from 1 to 100, not 0",
         ),
         (
             ("runs", "cancel", "r", "--wait", "soon"),
-            "Error: Invalid value for '--wait': must be a number, not 'soon'",
+            "error: --wait must be a number, not 'soon'",
+        ),
+        (
+            ("run", "x", "--max-parallel", "abc"),
+            "error: --max-parallel must be a whole number, not 'abc'",
         ),
     ]:
         result = run(*args)
         assert result.returncode == 2
-        assert result.stderr.strip().splitlines()[-1] == wanted
+        assert result.stderr == wanted + "\n"
         assert "Input should" not in result.stderr
+
+
+def test_usage_errors_are_one_line_in_our_words() -> None:
+    # click's were three lines in its words: the usage, "Try 'masterplanner run --help' for
+    # help." and "Error: No such option: --nosuch"
+    for args, wanted in [
+        (
+            ("run", "--nosuch"),
+            "`masterplanner run` has no option --nosuch (`masterplanner run --help` lists its options)",
+        ),
+        (
+            ("run", "x", "--max-paralel", "2"),
+            "`masterplanner run` has no option --max-paralel; the closest: --max-parallel, --max-calls, "
+            "--max-replans (`masterplanner run --help` lists its options)",
+        ),
+        (
+            ("run",),
+            "`masterplanner run` needs the argument TASK (`masterplanner run --help` says what it takes)",
+        ),
+        (
+            ("nosuch",),
+            "`masterplanner` has no command 'nosuch' (`masterplanner --help` lists its commands)",
+        ),
+        (
+            ("runs", "shwo", "r"),
+            "`masterplanner runs` has no command 'shwo'; the closest: show "
+            "(`masterplanner runs --help` lists its commands)",
+        ),
+        (
+            ("runs", "show", "a", "b"),
+            "`masterplanner runs show` takes no more arguments, got 'b' (put text with spaces in quotes)",
+        ),
+        (("runs", "list", "--limit"), "--limit needs a value"),
+        (("runs", "list", "--json=yes"), "--json takes no value"),
+    ]:
+        result = run(*args)
+        assert (result.returncode, result.stdout) == (2, "")
+        assert result.stderr == f"error: {wanted}\n"
 
 
 def test_version() -> None:

@@ -34,14 +34,21 @@ def main(argv: list[str] | None = None) -> None:
 
 def _dispatch(args: list[str], debug: bool) -> None:
     """Run the command `args` name; an error of ours is one line (`_fail`), a stop by a signal too."""
+    import typer
+
     from ..errors import MasterplannerError
     from .app import app
+    from .usage import is_no_args_help, is_usage_error, usage_problem
 
     terminated = _stop_on_sigterm()
     # pydantic-ai's first-run console banner is not ours to show (it landed inside the live view)
     os.environ.setdefault("PYDANTIC_AI_NO_BANNER", "1")
     try:
-        app(args=args, prog_name="masterplanner")
+        # not standalone: click's usage errors come here to be said in our words (`usage.py`),
+        # and an exit code (`typer.Exit`) comes back as the result
+        code = app(args=args, prog_name="masterplanner", standalone_mode=False)
+    except typer.Abort:  # standard input ended (EOF) where a command read it: typer said "Aborted!"
+        _fail(RuntimeError("standard input ended before the command was done"), debug)
     except MasterplannerError as exc:
         _fail(exc, debug)
     except ExceptionGroup as group:  # raised from a task group: one of ours inside is still one line
@@ -54,10 +61,19 @@ def _dispatch(args: list[str], debug: bool) -> None:
         _fail(first, debug, trace=group)
     except KeyboardInterrupt:
         _interrupted(bool(terminated))
-    except SystemExit as ended:
-        if ended.code == 130:  # typer's (silent) exit for a KeyboardInterrupt
-            _interrupted(bool(terminated))
-        raise
+    except Exception as exc:  # click's usage errors (typer's copy of click has no public name for them)
+        if is_no_args_help(exc):  # a group without its command: its help, as typer shows it
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(2)
+        if not is_usage_error(exc):
+            raise
+        from ..errors import ConfigError
+
+        _fail(ConfigError(usage_problem(exc)), debug)
+    if code == 130:  # typer's (silent) exit for a KeyboardInterrupt
+        _interrupted(bool(terminated))
+    if isinstance(code, int) and not isinstance(code, bool):
+        sys.exit(code)
 
 
 def _redacted_traceback(error: BaseException) -> None:
