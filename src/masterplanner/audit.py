@@ -54,7 +54,7 @@ class AuditEntry:
 def _edits(request: Request) -> str:
     answer = request.answer or {}
     changed = []
-    reviewed = _review_changes(request) if request.kind == "plan_review" else None
+    reviewed = _review_changes(request)
     if reviewed is not None:  # what the answer changed of what the review showed
         decision, prompts, policies = reviewed
         if decision.plan is not None:
@@ -65,7 +65,7 @@ def _edits(request: Request) -> str:
             changed.append("the tool policies of " + ", ".join(policies))
         if decision.tool_policies is not None:
             changed.append("the tool policies")
-    else:  # a replan's answer, or a review's that cannot be read against its payload: as it was sent
+    else:  # an answer that cannot be read against its request's payload: as it was sent
         if answer.get("plan") is not None:
             changed.append("the plan")
         if answer.get("agents"):
@@ -76,7 +76,7 @@ def _edits(request: Request) -> str:
 
 
 def _review_changes(request: Request) -> tuple[PlanDecision, list[str], list[str]] | None:
-    """What a plan review's answer changed (`PlanDecision.changes`), and the steps whose agent it changed.
+    """What a review's answer (a plan's or a replan's) changed (`PlanDecision.changes`), and whose agents.
 
     The steps come as two lists: those whose prompt or agent changed, those whose agent's tool
     policies alone changed.

@@ -567,3 +567,94 @@ async def test_the_audit_names_who_created_a_run_approved_with_no_review_for_its
     ]
     assert [entry.at for entry in entries] == sorted(entry.at for entry in entries)
     assert (made.action, made.front_end) == ("created the run", "library")
+
+
+async def _replan_answered(
+    engine: Engine, script: Path, answer_of: Callable[[dict[str, Any]], dict[str, Any]]
+) -> tuple[Any, list[str], dict[str, Any]]:
+    """Run `script` with a review; answer its replan with `answer_of(payload)`.
+
+    The run as it ended, its audit's actions and the replan request's payload.
+    """
+    options = replace(FAST, auto_approve=False)
+    run = engine.create_run("replan it", model=f"scripted:{script}", options=options)
+    service = RunService(engine.settings)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    try:
+        request = await asyncio.wait_for(_replan_after_approving_the_plan(service, run.id), 30)
+        await service.answer(request.id, answer_of(request.payload), by="test")
+        final = await asyncio.wait_for(execution, 60)
+        audit = [entry.action for entry in await service.audit(run.id)]
+    finally:
+        if not execution.done():
+            execution.cancel()
+        service.close()
+    return final, audit, request.payload
+
+
+async def test_a_replan_answered_as_proposed_is_no_edit(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """Front ends send the whole proposal back: it was recorded as the person's edit of all of it."""
+
+    def as_shown(payload: dict[str, Any]) -> dict[str, Any]:  # as the web form sends it
+        agents = {
+            step_id: {**agent, "prompt": agent["prompt"] + "\n"}
+            for step_id, agent in payload["agents"].items()
+        }
+        return {
+            "action": "approve",
+            "plan": payload["plan"],
+            "agents": agents,
+            "tool_policies": payload["tool_policies"],
+        }
+
+    final, audit, payload = await _replan_answered(engine, replan_script(write_script), as_shown)
+    assert (final.status, final.output) == ("succeeded", "C2"), final.error
+    assert audit[-1] == "approved the replan of step c"
+    assert {step_id: final.agents[step_id].to_json_dict() for step_id in ("c1", "c2")} == {
+        step_id: payload["agents"][step_id] for step_id in ("c1", "c2")
+    }
+
+
+async def test_a_replan_s_answer_naming_one_step_s_agent_keeps_the_others_as_proposed(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """The plan sent back as proposed beside it counted as an edit of the plan."""
+
+    def one_prompt(payload: dict[str, Any]) -> dict[str, Any]:
+        c1 = {**payload["agents"]["c1"], "prompt": "You write C1 carefully.", "edited": True}
+        return {"action": "approve", "plan": payload["plan"], "agents": {"c1": c1}}
+
+    final, audit, payload = await _replan_answered(engine, replan_script(write_script), one_prompt)
+    assert (final.status, final.output) == ("succeeded", "C2"), final.error
+    assert audit[-1] == "approved the replan of step c with edits to the prompts of c1"
+    assert (final.agents["c1"].prompt, final.agents["c1"].edited) == ("You write C1 carefully.", True)
+    assert final.agents["c2"].to_json_dict() == payload["agents"]["c2"]
+
+
+async def test_a_replan_s_answer_changing_the_run_s_tool_policies_is_refused_and_asked_again(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """The run-wide policies of a replan's answer (the run page's form shows them) were dropped silently."""
+    options = replace(FAST, auto_approve=False)
+    run = engine.create_run("replan it", model=f"scripted:{replan_script(write_script)}", options=options)
+    service = RunService(engine.settings)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    try:
+        first = await asyncio.wait_for(_replan_after_approving_the_plan(service, run.id), 30)
+        answer = {"action": "approve", "plan": first.payload["plan"], "tool_policies": {"read_file": "deny"}}
+        await service.answer(first.id, answer, by="test")
+        again = await asyncio.wait_for(_opened(service, run.id, "replan", besides=first.id), 30)
+        assert again.payload["refused_edit"] == (
+            "the run's tool policies cannot change when a step is replanned; "
+            "set a policy in a new step's agent instead"
+        )
+        await service.answer(again.id, {"action": "approve"}, by="test")
+        final = await asyncio.wait_for(execution, 60)
+    finally:
+        if not execution.done():
+            execution.cancel()
+        service.close()
+    assert (final.status, final.output) == ("succeeded", "C2"), final.error
+    assert final.options.tool_policies == {}

@@ -28,7 +28,7 @@ from .requests import PlanDecision, Request
 from .resources import RunResources
 from .reuse import REUSE_CANDIDATES, cohort_hints, reusable_agents, reusable_cohort
 
-__all__ = ["model_cautions", "plan_run", "review_payload", "review_run"]
+__all__ = ["kept_marks", "model_cautions", "plan_run", "review_payload", "review_run"]
 
 
 async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
@@ -231,7 +231,7 @@ async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDec
     # that sent one step's brief had every other step's reused agent and policies dropped and its
     # prompt written anew); a step the edited plan no longer has has none
     given = {**run.agents, **decision.agents} if decision.agents is not None else dict(run.agents)
-    edited_agents = _kept_marks(
+    edited_agents = kept_marks(
         run.agents, {step_id: given[step_id] for step_id in plan.ids if step_id in given}
     )
     problems = unoffered_policy_tools(
@@ -260,7 +260,7 @@ async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDec
     return await asyncio.to_thread(record)
 
 
-def _kept_marks(before: Mapping[str, AgentBrief], after: Mapping[str, AgentBrief]) -> dict[str, AgentBrief]:
+def kept_marks(before: Mapping[str, AgentBrief], after: Mapping[str, AgentBrief]) -> dict[str, AgentBrief]:
     """`after` with each reused agent's `prompt_by_person` as the run held it.
 
     The mark is the stored agent's, not the answer's to give: an API client's answer that sends

@@ -120,7 +120,7 @@ def _as_held(brief: AgentBrief, held: AgentBrief | None) -> AgentBrief:
     """`brief` with the run's prompt and marks when its prompt is the run's but for surrounding whitespace.
 
     The marks are the run's to keep: `edited` says the person changed the prompt, and
-    `prompt_by_person` is the stored agent's (`planning._kept_marks`).
+    `prompt_by_person` is the stored agent's (`planning.kept_marks`).
     """
     if held is None or brief.prompt.strip() != held.prompt.strip():
         return brief

@@ -31,7 +31,7 @@ from ..plan import Plan, Step, validate_plan
 from ..planner import expand, replan
 from ..prompting import create_prompts, prompts_to_json
 from .checkpoints import checkpointed_and_counted
-from .planning import review_payload
+from .planning import kept_marks, review_payload
 from .records import AgentBrief, EventKind, RunRecord, briefs, workflow_id
 from .requests import PlanDecision
 from .resources import RunResources, resources_of
@@ -91,6 +91,16 @@ def _loosened(run: RunRecord, revised: Plan, agents: Mapping[str, AgentBrief]) -
         for tool, policy in brief.tool_policies.items()
         if tool in inherited and _STRICTNESS[policy] < _STRICTNESS[inherited[tool]]
     ]
+
+
+def _shown(run: RunRecord, revised: Plan, agents: Mapping[str, AgentBrief]) -> dict[str, AgentBrief]:
+    """The agents a replan's request shows: the proposal's, and the run's for the steps it keeps.
+
+    A retired step's is left out: it made every answer that sent them back (the run page's
+    Approve) name a step the plan does not have.
+    """
+    merged = {**run.agents, **agents}
+    return {step_id: agent for step_id, agent in merged.items() if step_id in revised.ids}
 
 
 async def _proposal_resources(run_id: str) -> tuple[RunResources, RunRecord, dict[str, str]]:
@@ -240,6 +250,8 @@ class PlanRevisions:
             refused: str | None = None
             for asked in itertools.count():  # an edit that cannot be applied is asked about again
                 decision, by = await self._review(run, step, error, revised, agents, (number, asked), refused)
+                # what the answer gives back as it was proposed is no edit (front ends send it all)
+                decision = decision.changes(revised, _shown(run, revised, agents), run.options.tool_policies)
                 if decision.action == "reject":
                     await self._failed(step.id, number, {"rejected": decision.reason or "rejected", "by": by})
                     return None
@@ -303,11 +315,7 @@ class PlanRevisions:
         assert run.plan is not None
         new = [step_id for step_id in revised.ids if step_id not in run.plan.ids]
         replaced = [step_id for step_id in run.plan.ids if step_id not in revised.ids]
-        # the agents of the steps the replan keeps: a retired step's made every answer that sent
-        # them back (the run page's Approve) name a step the plan does not have
-        merged = {**run.agents, **agents}
-        kept = {step_id: agent for step_id, agent in merged.items() if step_id in revised.ids}
-        shown = dataclasses.replace(run, plan=revised, agents=kept)
+        shown = dataclasses.replace(run, plan=revised, agents=_shown(run, revised, agents))
         notes = await asyncio.to_thread(self.store.messages.notes, self.run_id)
         payload = review_payload(shown, self.resources.catalog) | {
             "error": error,
@@ -365,9 +373,17 @@ class PlanRevisions:
         ]
         problems = [f"step {step_id!r}: it has run, so it cannot change" for step_id in changed]
         problems += [f"step {step_id!r}: it has run, so it cannot be removed" for step_id in gone]
+        if decision.tool_policies is not None:  # they were dropped without a word
+            problems.append(
+                "the run's tool policies cannot change when a step is replanned; "
+                "set a policy in a new step's agent instead"
+            )
         if problems:
             raise PlanError(problems, context="the edited replan cannot be applied")
-        merged = {**agents, **(decision.agents or {})}
+        # the steps the answer leaves out keep their agents as proposed; the marks of a stored
+        # agent are the run's (`planning.kept_marks`)
+        shown = _shown(run, revised, agents)
+        merged = {**agents, **kept_marks(shown, decision.agents or {})}
         kept = {step_id: merged[step_id] for step_id in edited.ids if step_id in merged}
         missing = [step_id for step_id in edited.ids if step_id not in before and step_id not in kept]
         if missing:
