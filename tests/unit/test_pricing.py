@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.models.anthropic import AnthropicModel
 from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.usage import RequestUsage
 
@@ -45,6 +47,25 @@ def test_hosted_requests_are_priced_from_the_table_and_local_ones_cost_nothing(t
     assert estimated_cost("local", 10**9, 10**9) == estimated_cost("scripted:/x.json", 5, 5) == 0.0
     assert estimated_cost("openai:qwen", 1000, 1000, base_url="http://localhost:8080/v1") == 0.0
     assert estimated_cost("openai:qwen", 1000, 1000) is None
+
+
+def test_cached_input_tokens_are_priced_at_the_cache_rate_and_a_usage_that_cannot_be_is_unknown() -> None:
+    """Cached input was charged at the full input price: a cache-heavy run showed up to 10x its cost."""
+    hosted = openai_model("gpt-4o-mini", "https://api.openai.com/v1")
+    cached = RequestUsage(
+        input_tokens=1000, cache_read_tokens=800, output_tokens=500, output_reasoning_tokens=300
+    )
+    reply = ModelResponse(parts=[TextPart("x")], usage=cached, model_name="gpt-4o-mini")
+    # 200 fresh at $0.15, 800 cached at $0.075 and 500 out (reasoning among them) at $0.60 per million
+    assert request_cost(hosted, reply) == pytest.approx(0.00039)
+    claude = AnthropicModel("claude-sonnet-4-5", provider=AnthropicProvider(api_key="not-used"))
+    written = RequestUsage(input_tokens=1000, cache_write_tokens=1000)
+    # a cache write costs $3.75 a million against $3 for plain input
+    assert request_cost(claude, ModelResponse(parts=[], usage=written, model_name="claude-sonnet-4-5")) == (
+        pytest.approx(0.00375)
+    )
+    impossible = RequestUsage(input_tokens=10, cache_read_tokens=800)  # more cached than sent
+    assert request_cost(hosted, ModelResponse(parts=[], usage=impossible, model_name="gpt-4o-mini")) is None
 
 
 @pytest.fixture

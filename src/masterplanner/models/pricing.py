@@ -3,8 +3,9 @@
 Models that run on this machine or not at all cost nothing: the embedded and other GGUF models
 (llama.cpp), the scripted model, Ollama, and any OpenAI-compatible server on a loopback address.
 Hosted models are priced from `genai-prices`, the maintained price table pydantic-ai uses, by
-provider and model name at the time of the request; a model it does not know has no price
-(None), which reports say rather than count as free (`usage.money`).
+provider, model name and the request's usage (input read from a cache or written to one at its own
+rate); a model it does not know has no price (None), which reports say rather than count as free
+(`usage.money`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.models import Model
 from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.usage import RequestUsage
 
 from ..settings import provider_of
 
@@ -36,14 +38,18 @@ def _loopback(url: str | None) -> bool:
         return False
 
 
-def _priced(provider: str, model_name: str, input_tokens: int, output_tokens: int) -> float | None:
-    from genai_prices import Usage, calc_price  # on first use: it is a fifth of a second to import
+def _priced(provider: str, model_name: str, usage: RequestUsage) -> float | None:
+    """The price table's figure for `usage`, or None when it lacks the model or cannot price the usage.
+
+    Input read from a cache or written to one is priced at its own rate (all input was priced as
+    fresh: a cache-heavy run showed up to ten times its cost), reasoning as output; a usage with
+    more tokens read from the cache than were sent cannot be priced.
+    """
+    from genai_prices import calc_price  # on first use: it is a fifth of a second to import
 
     try:
-        calculation = calc_price(
-            Usage(input_tokens=input_tokens, output_tokens=output_tokens), model_name, provider_id=provider
-        )
-    except LookupError:
+        calculation = calc_price(usage, model_name, provider_id=provider)
+    except (LookupError, ValueError):
         return None
     return float(calculation.total_price)
 
@@ -60,10 +66,7 @@ def request_cost(model: Model, response: ModelResponse) -> float | None:
     inner = innermost(model)
     if inner.system in _FREE_SYSTEMS or _loopback(inner.base_url):
         return 0.0
-    usage = response.usage
-    return _priced(
-        inner.system, response.model_name or inner.model_name, usage.input_tokens, usage.output_tokens
-    )
+    return _priced(inner.system, response.model_name or inner.model_name, response.usage)
 
 
 def price_of(model: Model, input_tokens: int, output_tokens: int) -> float | None:
@@ -71,7 +74,9 @@ def price_of(model: Model, input_tokens: int, output_tokens: int) -> float | Non
     inner = innermost(model)
     if inner.system in _FREE_SYSTEMS or _loopback(inner.base_url):
         return 0.0
-    return _priced(inner.system, inner.model_name, input_tokens, output_tokens)
+    return _priced(
+        inner.system, inner.model_name, RequestUsage(input_tokens=input_tokens, output_tokens=output_tokens)
+    )
 
 
 def estimated_cost(
@@ -83,7 +88,8 @@ def estimated_cost(
     """
     if costs_nothing(spec, base_url=base_url):
         return 0.0
-    return _priced(provider_of(spec), spec.partition(":")[2].strip(), input_tokens, output_tokens)
+    usage = RequestUsage(input_tokens=input_tokens, output_tokens=output_tokens)
+    return _priced(provider_of(spec), spec.partition(":")[2].strip(), usage)
 
 
 def costs_nothing(spec: str, *, base_url: str | None = None) -> bool:
