@@ -117,6 +117,32 @@ def test_a_money_budget_for_a_model_of_unknown_price_is_refused_before_the_run_i
         engine.close()
 
 
+def test_a_money_budget_for_a_model_of_unknown_price_is_refused_when_a_run_is_retried(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`runs retry --max-cost` took the budget for such a model, and the retried run spent without a limit."""
+    from masterplanner import ConfigError
+    from masterplanner.engine import Engine
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-used")
+    engine = Engine(Settings.load())
+    try:
+        run = engine.create_run("t", model="openai:my-inhouse-llm", options=RunOptions(max_model_calls=5))
+        engine.store.set_status(run.id, "failed", error="the model server failed")
+        with pytest.raises(ConfigError) as refused:
+            engine.retry(run.id, max_cost_usd=0.01)
+        assert str(refused.value) == (
+            "a money budget needs a model whose price is known, and openai:my-inhouse-llm is not in the "
+            "price table: budget its model calls or tokens instead"
+        )
+        record = engine.store.get_run(run.id)
+        assert (record.status, record.retries, record.options.max_cost_usd) == ("failed", 0, None)
+        retried = engine.retry(run.id, max_model_calls=9)  # a budget that can hold is taken
+        assert retried.options.max_model_calls == 9
+    finally:
+        engine.close()
+
+
 def test_a_call_in_flight_counts_against_the_call_budget_until_recorded_or_failed(store: RunStore) -> None:
     ledger = RunLedger(store, "r1", RunOptions(max_model_calls=2))
     nothing = Reservation()

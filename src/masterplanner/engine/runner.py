@@ -200,11 +200,7 @@ class Engine:
             problem = problem or settings_policy_problem(self.settings)
         if problem is not None:
             raise ConfigError(problem)
-        if options.max_cost_usd is not None and _price_unknown(spec):
-            raise ConfigError(
-                f"a money budget needs a model whose price is known, and {spec} is not in the price table: "
-                "budget its model calls or tokens instead"
-            )
+        _check_money_budget(spec, options.max_cost_usd)
         growth = options.workspace_max_growth_bytes
         try:
             # a workspace the caller names is made only in a folder that exists
@@ -362,6 +358,7 @@ class Engine:
         for key, value in changed.items():
             if (problem := budget_problem(key, value)) is not None:
                 raise ConfigError(problem)
+        _check_money_budget(run.model, max_cost_usd)  # a budget it could not hold (it took one)
         options = replace(run.options, **changed)
         if run.status == "failed":  # otherwise the store says why it cannot be retried
             _check_budget_left(self.store, run.id, options)
@@ -777,11 +774,17 @@ class _Drive:
             status = await next_status(workflow_id)  # one read for every workflow followed here
 
 
-def _price_unknown(spec: str) -> bool:
-    """Whether calls of the model `spec` would have no known price (a money budget could not hold).
+def _check_money_budget(spec: str, max_cost_usd: float | None) -> None:
+    """Refuse a money budget for a model whose calls would have no known price: it could not hold.
 
     It let every call through as free: a budget of $0.01 ran a million tokens.
     """
     from ..models.pricing import estimated_cost
 
-    return estimated_cost(spec, 1_000, 1_000, base_url=os.environ.get("OPENAI_BASE_URL")) is None
+    if max_cost_usd is None:
+        return
+    if estimated_cost(spec, 1_000, 1_000, base_url=os.environ.get("OPENAI_BASE_URL")) is None:
+        raise ConfigError(
+            f"a money budget needs a model whose price is known, and {spec} is not in the price table: "
+            "budget its model calls or tokens instead"
+        )
