@@ -18,7 +18,10 @@ from typing import Any
 
 from .usage import money
 
-__all__ = ["RunEstimate", "estimate_run"]
+__all__ = ["BASIS", "RunEstimate", "estimate_run"]
+
+BASIS = "one request a step, two with tools; tokens and time a request as this run's calls so far"
+"""What the estimate assumes, shown beside it (the terminal's review showed the figures alone)."""
 
 
 @dataclass(frozen=True)

@@ -557,7 +557,9 @@ def test_the_review_shows_an_estimate_and_runs_show_the_cost_per_purpose(
     assert result.returncode == 0, result.stderr
     # two steps without tools: a request each; tokens and seconds as the planning calls measured
     assert re.search(
-        r"estimate for the steps: about 2 model calls, [\d,]+ tokens, [\d.]+ s, cost \$0\.00\n", result.stderr
+        r"estimate for the steps: about 2 model calls, [\d,]+ tokens, [\d.]+ s, cost \$0\.00 \(one request "
+        r"a step, two with tools; tokens and time a request as this run's calls so far\)\n",
+        result.stderr,
     )
     report = json.loads(result.stdout)
     assert report["usage"]["by_purpose"]["step:b"]["cost_usd"] == 0.0

@@ -294,12 +294,14 @@ class TerminalAnswerer:
 
     async def _estimate(self, plan: Plan) -> str:
         """What running the plan's steps will likely take and cost (`estimate.estimate_run`)."""
-        from ..estimate import estimate_run
+        from ..estimate import BASIS, estimate_run
 
         run = await self.service.get(self.run_id)
         usage = await self.service.usage(self.run_id)
         parallel = run.options.max_parallel
-        return estimate_run(plan.to_json_dict(), usage, run.model, max_parallel=parallel).text()
+        return (
+            f"{estimate_run(plan.to_json_dict(), usage, run.model, max_parallel=parallel).text()} ({BASIS})"
+        )
 
     async def _review(self, request: Request) -> dict[str, Any] | None:
         """Show the plan and prompts; approve, reject or edit (an edit reopens until it validates)."""
