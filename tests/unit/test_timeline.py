@@ -75,3 +75,29 @@ def test_a_narrow_terminal_gets_lines_no_wider_than_it() -> None:
         "          host:1:w1",
         "ext…rt-2    ▓▓▓▓▓▓▓▓  failed       3.0 s",
     ]
+
+
+def test_long_steps_keep_the_columns_and_the_width() -> None:
+    """A step of hours took `11995.0 s`, wider than its column of 8: the rows' ends no longer lined
+    up (nor the processes after them), and in a narrow terminal a row outgrew the width."""
+
+    def at(second: int) -> str:
+        return datetime.fromtimestamp(1_795_600_800 + second, UTC).isoformat()
+
+    steps = [
+        {"id": "a", "status": "succeeded", "started_at": at(0), "finished_at": at(5)},
+        {"id": "b", "status": "failed", "started_at": at(5), "finished_at": at(11_995)},
+        {"id": "c", "status": "running", "started_at": at(11_995), "finished_at": None},
+    ]
+    now = 1_795_600_800 + 37_000.4  # c still going
+    assert timeline_lines(steps, {"a": "host:1:w1", "b": "host:2:w2"}, width=60, now=now) == [
+        "   0 s                10h 17m",
+        "a  █                           succeeded    5.0 s  host:1:w1",
+        "b  ▓▓▓▓▓▓▓▓                    failed      3h 20m  host:2:w2",
+        "c          ▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒  running     6h 57m",
+    ]
+    minutes = [step("m", "succeeded", 0, None, finished_at="2026-11-25T10:04:05.000Z")]
+    assert timeline_lines(minutes, {}, width=40, now=0.0) == [
+        "   0 s        4m 05s",
+        "m  █████████████████  succeeded   4m 05s",
+    ]

@@ -45,6 +45,23 @@ def _labels(full: list[str], most: int) -> list[str]:
         width += 1
 
 
+def _took(seconds: float) -> str:
+    """A duration in at most 8 characters: `12.3 s`, `4m 05s`, `3h 20m`, `5d 02h`.
+
+    Before, `11995.0 s`: wider than its column, so the rows' ends no longer lined up.
+    """
+    if seconds < 59.95:
+        return f"{max(0.0, seconds):.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    minutes = round(seconds / 60)
+    if minutes < 100 * 60:
+        return f"{minutes // 60}h {minutes % 60:02d}m"
+    hours = round(seconds / 3600)
+    return f"{hours // 24}d {hours % 24:02d}h"
+
+
 def _seconds(stamp: str | None) -> float | None:
     if not stamp:
         return None
@@ -96,7 +113,7 @@ def timeline_lines(
     label_width = max(len(label) for label in labels)
     bar_width = max(_BAR_LEAST, width - label_width - _FIXED - where_room)
     inline = label_width + bar_width + _FIXED + where_room <= width
-    end_label = f"{total:.1f} s"
+    end_label = _took(total)
     lines = [f"{'':<{label_width}}  0 s{' ' * max(1, bar_width - 3 - len(end_label))}{end_label}"]
     for label, where, (_depth, step), span in zip(labels, wheres, rows, spans, strict=True):
         status = str(step["status"])
@@ -109,7 +126,7 @@ def timeline_lines(
             bar = (
                 " " * start_col + _BAR.get(status, "█") * (end_col - start_col) + " " * (bar_width - end_col)
             )
-            took = f"{span[1] - span[0]:.1f} s"
+            took = _took(span[1] - span[0])
         row = f"{label:<{label_width}}  {bar}  {status:<9} {took:>8}"
         if inline or not where:
             lines.append(f"{row}  {where}".rstrip())
