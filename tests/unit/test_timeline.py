@@ -101,3 +101,15 @@ def test_long_steps_keep_the_columns_and_the_width() -> None:
         "   0 s        4m 05s",
         "m  █████████████████  succeeded   4m 05s",
     ]
+
+
+def test_a_process_name_on_a_line_of_its_own_is_cut_to_the_terminal() -> None:
+    """In a narrow terminal the process went under its step but kept its whole length (a step
+    resumed elsewhere names two): the terminal wrapped it off the chart's left edge."""
+    where = "build-host-07.example.com:31337:w1 → build-host-09.example.com:4242:w2"
+    lines = timeline_lines([step("a", "succeeded", 0, 3)], {"a": where}, width=40, now=0.0)
+    assert lines == [
+        "   0 s         3.0 s",
+        "a  █████████████████  succeeded    3.0 s",
+        "   build-host-07.exam…xample.com:4242:w2",
+    ]

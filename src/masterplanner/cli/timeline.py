@@ -106,13 +106,13 @@ def timeline_lines(
     where_room = max(len(where) for where in wheres) + 2 if any(wheres) else 0
     # in a narrow terminal the labels give way first, then the bars (to _BAR_LEAST), then the
     # processes go under their steps: before, the lines were as wide as in a wide terminal
-    labels = _labels(
-        [("  " * depth) + shown(step["id"]) for depth, step in rows],
-        min(_LABEL_MOST, max(8, width - _FIXED - _BAR_LEAST - where_room)),
-    )
+    full = [("  " * depth) + shown(step["id"]) for depth, step in rows]
+    if width - _FIXED - _BAR_LEAST - where_room < min(8, max(len(label) for label in full)):
+        where_room = 0  # under their steps, cut to the width: the bars keep the room they leave
+    labels = _labels(full, min(_LABEL_MOST, max(8, width - _FIXED - _BAR_LEAST - where_room)))
     label_width = max(len(label) for label in labels)
     bar_width = max(_BAR_LEAST, width - label_width - _FIXED - where_room)
-    inline = label_width + bar_width + _FIXED + where_room <= width
+    inline = bool(where_room) and label_width + bar_width + _FIXED + where_room <= width
     end_label = _took(total)
     lines = [f"{'':<{label_width}}  0 s{' ' * max(1, bar_width - 3 - len(end_label))}{end_label}"]
     for label, where, (_depth, step), span in zip(labels, wheres, rows, spans, strict=True):
@@ -131,5 +131,7 @@ def timeline_lines(
         if inline or not where:
             lines.append(f"{row}  {where}".rstrip())
         else:
-            lines.extend([row.rstrip(), f"{'':<{label_width}}  {where}"])
+            lines.extend(
+                [row.rstrip(), f"{'':<{label_width}}  {_cut(where, max(8, width - label_width - 2))}"]
+            )
     return lines
