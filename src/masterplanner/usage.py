@@ -10,11 +10,18 @@ __all__ = ["PurposeUsage", "UsageLedger", "money"]
 
 
 def money(cost_usd: float, unpriced_calls: int = 0) -> str | None:
-    """`$0.0123`, saying how many calls had no known price (`4 calls of unknown price` when none had one)."""
+    """`$0.0123`, saying how many calls had no known price (`4 calls of unknown price` when none had one).
+
+    Less than a hundredth of a cent is `under $0.0001` (it was `$0.0000`, read as free).
+    """
+    unpriced = f"{unpriced_calls} call{'s' if unpriced_calls != 1 else ''} of unknown price"
     if unpriced_calls and not cost_usd:  # was None: a summary then said nothing of cost at all
-        return f"{unpriced_calls} call{'s' if unpriced_calls != 1 else ''} of unknown price"
-    text = f"${cost_usd:.2f}" if cost_usd == 0 or cost_usd >= 1 else f"${cost_usd:.4f}"
-    return f"{text} + {unpriced_calls} calls of unknown price" if unpriced_calls else text
+        return unpriced
+    if 0 < cost_usd < 0.00005:  # what `.4f` shows as $0.0000
+        text = "under $0.0001"
+    else:
+        text = f"${cost_usd:.2f}" if cost_usd == 0 or cost_usd >= 1 else f"${cost_usd:.4f}"
+    return f"{text} + {unpriced}" if unpriced_calls else text
 
 
 @dataclass

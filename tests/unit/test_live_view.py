@@ -356,6 +356,8 @@ def _report(status: str, workspace: Path, created_at: str, **usage: int) -> dict
         ({"cost_usd": 0.01234, "unpriced_calls": 0}, "$0.0123"),
         ({"cost_usd": 2.5, "unpriced_calls": 3}, "$2.50 + 3 calls of unknown price"),
         ({"cost_usd": 0.0, "unpriced_calls": 1}, "1 call of unknown price"),  # it said nothing
+        ({"cost_usd": 0.5, "unpriced_calls": 1}, "$0.5000 + 1 call of unknown price"),  # "1 calls"
+        ({"cost_usd": 0.00003, "unpriced_calls": 0}, "under $0.0001"),  # "$0.0000" read as free
     ],
 )
 def test_the_cost_is_shown_when_known(spent: dict[str, Any], price: str | None) -> None:
