@@ -12,7 +12,7 @@ maintained price table for hosted ones; unknown when the table lacks the model).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,10 +60,19 @@ def _levels(steps: list[Mapping[str, Any]]) -> list[int]:
 
 
 def estimate_run(
-    plan: Mapping[str, Any], usage: Mapping[str, Any], model: str, *, max_parallel: int = 4
+    plan: Mapping[str, Any],
+    usage: Mapping[str, Any],
+    model: str,
+    *,
+    max_parallel: int = 4,
+    done: Collection[str] = (),
 ) -> RunEstimate:
-    """The estimate for `plan` (public JSON form), measured by `usage` (a run's usage report)."""
-    steps: list[Mapping[str, Any]] = list(plan.get("steps") or [])
+    """The estimate for `plan` (public JSON form), measured by `usage` (a run's usage report).
+
+    `done`: the ids of steps that have run and will not again (at a replan): not counted, and
+    their dependents wait for nothing (a replan was estimated as the whole plan).
+    """
+    steps: list[Mapping[str, Any]] = [step for step in plan.get("steps") or [] if step["id"] not in done]
     depended = {dep for step in steps for dep in step.get("depends_on", [])}
     sinks = [step for step in steps if step["id"] not in depended]
     per_step = [1 + (1 if step.get("tools") else 0) for step in steps]

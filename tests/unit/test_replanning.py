@@ -658,3 +658,18 @@ async def test_a_replan_s_answer_changing_the_run_s_tool_policies_is_refused_and
         service.close()
     assert (final.status, final.output) == ("succeeded", "C2"), final.error
     assert final.options.tool_policies == {}
+
+
+def test_the_estimate_at_a_replan_counts_only_the_steps_still_to_run(
+    write_script: Callable[..., Path],
+) -> None:
+    """It counted every step of the revised plan, a and b too, which have run and will not again:
+    a replan of one step late in a long plan was estimated as the whole plan."""
+    script = replan_script(write_script)
+    result = mp(
+        "run", "replan it", "--model", f"scripted:{script}", "--rounds", "0", "--json", stdin="a\na\n"
+    )
+    assert result.returncode == 0, result.stderr
+    estimates = [line for line in result.stderr.splitlines() if line.startswith("estimate for the steps:")]
+    calls = [line.split(":", 1)[1].split(",")[0].strip() for line in estimates]
+    assert calls == ["about 3 model calls", "about 2 model calls"]  # a, b, c; then c1, c2

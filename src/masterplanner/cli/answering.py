@@ -298,10 +298,10 @@ class TerminalAnswerer:
 
         run = await self.service.get(self.run_id)
         usage = await self.service.usage(self.run_id)
+        done = {step.id for step in await self.service.steps(self.run_id) if step.status == "succeeded"}
         parallel = run.options.max_parallel
-        return (
-            f"{estimate_run(plan.to_json_dict(), usage, run.model, max_parallel=parallel).text()} ({BASIS})"
-        )
+        estimate = estimate_run(plan.to_json_dict(), usage, run.model, max_parallel=parallel, done=done)
+        return f"{estimate.text()} ({BASIS})"
 
     async def _review(self, request: Request) -> dict[str, Any] | None:
         """Show the plan and prompts; approve, reject or edit (an edit reopens until it validates)."""

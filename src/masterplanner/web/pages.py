@@ -587,7 +587,8 @@ async def _body_context(
     estimate = None
     if review is not None and plan:
         parallel = record.options.max_parallel
-        estimate = estimate_run(plan, report["usage"], record.model, max_parallel=parallel)
+        done = {step_id for step_id, state in states.items() if state == "succeeded"}
+        estimate = estimate_run(plan, report["usage"], record.model, max_parallel=parallel, done=done)
     step_problems: dict[str, list[str]] = {}
     for text in (problem or {}).get("problems", []):
         head, _, rest = text.partition(": ")
