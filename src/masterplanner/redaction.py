@@ -3,14 +3,32 @@
 What a person types (a task, an answer, a plan or prompt edit, a rating's comment, a chat prompt,
 an agent edit), agents' memories, the registry's stored teams and feedback's lessons refuse such
 text (`secret_parts`, `secret_refusal`); the audit log and events have it taken out (`redacted`).
+
+Besides shapes, both know the values of secrets this process holds whatever their shape: those
+of its environment variables named as secrets (`*_KEY`, `*_TOKEN`, …) and those its settings
+hold (`configure_secrets`: a password or credential parameter in a URL setting, an MCP server's
+secret-named `env` value or `--token` argument), while the settings holding them are in use.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+import threading
+import weakref
+from collections.abc import Iterable
 
-__all__ = ["CREDENTIAL_PARAMETER", "looks_secret", "redacted", "secret_parts", "secret_refusal"]
+__all__ = [
+    "CREDENTIAL_PARAMETER",
+    "configure_secrets",
+    "is_secret_name",
+    "looks_secret",
+    "redacted",
+    "secret_parts",
+    "secret_refusal",
+    "url_secrets",
+]
 
 _CREDENTIAL_PARAMETER = (
     r"(?i:[?&](?:[A-Za-z0-9_.-]*(?:password|passwd|secret|token|api[_-]?key)"
@@ -98,6 +116,63 @@ Narrower than `_SECRET` where ordinary text meets URLs: a port before a later `@
 _SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$")
 """Environment variables whose values are secrets by their name (OPENAI_API_KEY, …)."""
 REMOVED = "[secret removed]"
+_SHORTEST = 8
+"""A secret's value shorter than this is not looked for: "dev" or "1234" would be hidden everywhere."""
+_ONE_WORD = re.compile(r"[A-Za-z]{8,11}")
+"""A secret's value that could be an ordinary word ("postgres", "development").
+
+Taken out of what is shown only where it stands alone (not "postgres" inside "postgresql"), and
+what a person types is not refused for holding it: a task saying "development" is no secret's leak.
+"""
+
+_CONFIGURED: dict[int, frozenset[str]] = {}
+"""The secret values settings objects in use hold (`configure_secrets`), by a number of their own."""
+_CONFIGURED_LOCK = threading.Lock()
+_NUMBERS = itertools.count()
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable called `name` holds a secret by its name (`OPENAI_API_KEY`, `db-password`)."""
+    return _SECRET_VARIABLE.search(name.upper()) is not None
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secrets written into `url`: its password and credential-named query parameters' values.
+
+    Each as written and, if it differs, decoded (`p%40ss` and `p@ss`): a library may quote either.
+    """
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return []
+    found = [password] if password else []
+    found += [match.group("value") for match in CREDENTIAL_PARAMETER.finditer("?" + parts.query)]
+    return [shown for value in found for shown in dict.fromkeys((value, unquote(value))) if shown]
+
+
+def configure_secrets(owner: object, values: Iterable[str]) -> None:
+    """Know `values` as secrets (`redacted`, `secret_parts`) for as long as `owner` lives.
+
+    `Settings` call it once validated, with the secrets they hold: a secret set in the settings
+    file rather than the environment was shown wherever an error quoted it. Tied to the settings
+    object, not to the process, so that settings made and dropped (a test's, a web request's)
+    leave no values behind that would hide or refuse text in what comes after.
+    """
+    known = frozenset(value for value in values if len(value) >= _SHORTEST)
+    if not known:
+        return
+    number = next(_NUMBERS)
+    with _CONFIGURED_LOCK:
+        _CONFIGURED[number] = known
+    weakref.finalize(owner, _forget, number)
+
+
+def _forget(number: int) -> None:
+    with _CONFIGURED_LOCK:
+        _CONFIGURED.pop(number, None)
 
 
 def looks_secret(text: str) -> bool:
@@ -106,12 +181,15 @@ def looks_secret(text: str) -> bool:
 
 
 def _secret_values() -> list[str]:
-    """The values of this process's secret environment variables (`OPENAI_API_KEY`, …) long enough to tell."""
-    return [
-        value
-        for name, value in os.environ.items()
-        if len(value) >= 8 and _SECRET_VARIABLE.search(name.upper())
-    ]
+    """The secret values this process holds that are long enough to tell, longest first.
+
+    Its secret environment variables' (`OPENAI_API_KEY`, …) and those of the settings in use
+    (`configure_secrets`); longest first, so that one holding another is taken out whole.
+    """
+    values = {value for name, value in os.environ.items() if len(value) >= _SHORTEST and is_secret_name(name)}
+    with _CONFIGURED_LOCK:
+        values.update(*_CONFIGURED.values())
+    return sorted(values, key=lambda value: (-len(value), value))
 
 
 def _removed(match: re.Match[str]) -> str:
@@ -126,18 +204,23 @@ def redacted(text: str) -> str:
     credential-named query parameter its name (`?api_key=[secret removed]`).
     """
     for value in _secret_values():
-        if value in text:
+        if value not in text:
+            continue
+        if _ONE_WORD.fullmatch(value):  # alone, not inside a longer word
+            text = re.sub(rf"(?<![A-Za-z0-9]){value}(?![A-Za-z0-9])", REMOVED, text)
+        else:
             text = text.replace(value, REMOVED)
     return _SECRET.sub(_removed, text)
 
 
 def secret_parts(text: str) -> list[str]:
-    """The parts of `text` that look like a credential, or are the value of a secret variable here.
+    """The parts of `text` that look like a credential, or are a secret value this process holds.
 
-    Empty for text that holds none. The parts are for comparing (was this secret there before?),
-    never for showing.
+    A secret value that could be an ordinary word (`_ONE_WORD`) is no part: it is only taken out
+    of what is shown. Empty for text that holds none. The parts are for comparing (was this secret
+    there before?), never for showing.
     """
-    return [value for value in _secret_values() if value in text] + [
+    return [value for value in _secret_values() if value in text and not _ONE_WORD.fullmatch(value)] + [
         match.group(0) for match in _TYPED_SECRET.finditer(text)
     ]
 

@@ -30,6 +30,7 @@ import json
 import os
 import tomllib
 from collections.abc import Collection, Mapping, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal, TypeGuard, get_args, get_origin
 
@@ -52,6 +53,7 @@ from pydantic_settings import (
 )
 
 from .errors import SettingsError, json_kind, problem_in_our_words
+from .redaction import configure_secrets, is_secret_name, url_secrets
 from .text_files import read_text
 from .tools.mcp import McpServer, is_http_url
 
@@ -574,7 +576,28 @@ class Settings(BaseSettings):
             if server.command is not None and server.log_file is None:
                 log = self.home / "logs" / f"mcp-{name}.log"
                 self.mcp_servers[name] = server.model_copy(update={"log_file": log})
+        configure_secrets(self, self._secrets())
         return self
+
+    def _secrets(self) -> list[str]:
+        """The secrets these settings hold, for `redaction` to know whatever their shape.
+
+        A URL setting's password and credential parameters (`database_url`, `searxng_url`,
+        `image_base_url`, `otel_endpoint`, an MCP server's `url`), and an MCP server's `env` values
+        and `--name value` / `--name=value` arguments named as secrets (`GITHUB_TOKEN`,
+        `--api-key`). Before, a secret set here rather than in the environment reached the model,
+        the events, the audit and the log whenever an error quoted it without a credential's shape.
+        """
+        urls = [self.database_url, self.searxng_url, self.image_base_url, self.otel_endpoint]
+        urls += [server.url for server in self.mcp_servers.values()]
+        found = [secret for url in urls if url for secret in url_secrets(url)]
+        for server in self.mcp_servers.values():
+            found += [value for name, value in server.env.items() if is_secret_name(name)]
+            for flag, following in pairwise([*server.args, ""]):
+                name, equals, value = flag.partition("=")
+                if name.startswith("-") and is_secret_name(name.lstrip("-")):
+                    found.append(value if equals else following)
+        return found
 
     @classmethod
     def settings_customise_sources(

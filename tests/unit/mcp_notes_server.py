@@ -1,9 +1,11 @@
 """A tiny MCP server (stdio) for the tests: one tool, `shout` (or one under each name given)."""
 
+import os
 import sys
 import time
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("notes")
 
@@ -12,6 +14,8 @@ def shout(text: str) -> str:
     """Return the text in capital letters."""
     if not text:  # a failure of the tool itself, for the tests
         raise ValueError("there is nothing to shout")
+    if text == "token":  # a failure quoting the secret the server was given, for the tests
+        raise ToolError(f"the service refused NOTES_TOKEN {os.environ.get('NOTES_TOKEN')}")
     if text == "never":  # a call the server never answers, for the tests
         time.sleep(3600)
     return text.upper()

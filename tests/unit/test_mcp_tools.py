@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _cli import run_events
+from _cli import mp, run_events
 from _plans import step
 
 from masterplanner import ConfigError, Settings
+from masterplanner.redaction import REMOVED
 from masterplanner.tools import mcp_guard
 from masterplanner.tools.mcp import McpServer, argument_problems, call_mcp_tool, discover_tools
 
@@ -453,6 +454,48 @@ def test_a_tool_error_of_a_server_reaches_the_agent_as_a_failure_without_a_libra
     assert "Traceback" not in result.stderr and "there is nothing to shout" not in result.stderr
     log = Settings.load().home / "logs" / "mcp-notes.log"
     assert "there is nothing to shout" in log.read_text()
+
+
+def test_a_tool_error_quoting_a_secret_from_the_settings_file_reaches_neither_model_nor_record(
+    write_script: Callable[..., Path],
+) -> None:
+    """The server's token is set only in masterplanner.toml and has no credential's shape; the
+    server's error quotes it. Before, the model was shown it and the events kept it."""
+    token = "plainwordsvalue"
+    home = Settings.load().home
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "masterplanner.toml").write_text(
+        f"[mcp_servers.notes]\ncommand = {json.dumps(sys.executable)}\nargs = [{json.dumps(SERVER)}]\n"
+        f'env = {{ NOTES_TOKEN = "{token}" }}\n'
+    )
+    shown = (
+        "[tool error]\nthe tool reported an error: Error executing tool shout: the service refused "
+        f"NOTES_TOKEN {REMOVED}"
+    )
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_shout"])]}},
+            {"purpose": "step:loud", "tool_calls": [{"name": "notes_shout", "args": {"text": "token"}}]},
+            {"purpose": "step:loud", "output": "gave up", "expect": [shown]},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    result = mp("run", "shout it", "--model", f"scripted:{script}", "--yes", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["output"] == "gave up"  # the step's model was shown the error as expected
+    run_id = report["run_id"]
+    [failed] = [e["data"] for e in run_events(run_id) if e["kind"] == "tool_result"]
+    assert failed["error"] == shown.removeprefix("[tool error]\n")
+    audit = mp("runs", "audit", run_id, "--json")
+    shown_run = mp("runs", "show", run_id, "--json")
+    assert audit.returncode == shown_run.returncode == 0, audit.stderr + shown_run.stderr
+    for text in (result.stdout, result.stderr, audit.stdout, shown_run.stdout):
+        assert token not in text
+    # what a person types holding it is refused, as one holding a secret variable's value
+    typed = mp("run", f"use {token} to shout", "--model", f"scripted:{script}", "--yes")
+    assert typed.returncode == 2
+    assert "the task holds what looks like a secret" in typed.stderr and token not in typed.stderr
 
 
 def _tool_results(result: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:

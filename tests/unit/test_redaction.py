@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import time
+from pathlib import Path
 
 import pytest
 
+from masterplanner import Settings
 from masterplanner.redaction import REMOVED, looks_secret, redacted, secret_parts, secret_refusal
 
 CREDENTIALS = [
@@ -188,3 +191,32 @@ def test_text_full_of_url_starts_is_read_in_time() -> None:
     for text in ("x://u:" * 3000, "x://" * 4000, "a-" * 8000, "?" + "a_" * 8000):
         assert redacted(text) == text
     assert time.perf_counter() - started < 1.0
+
+
+def test_secrets_the_settings_hold_are_taken_out_and_refused_while_those_settings_are_in_use(
+    isolated: Path,
+) -> None:
+    """None of these has a credential's shape where an error may quote it: each was shown before."""
+    settings = Settings(
+        database_url="postgresql://planner:p%40ss-w0rd@db.example/runs?sslpassword=Ssl9pass",
+        searxng_url="http://alice:searchpass7@search.example",
+        otel_endpoint="https://collector.example/v1?token=plainwordsvalue",
+        mcp_servers={
+            "gh": {
+                "command": "npx",
+                "args": ["--api-key", "flagvalue42", "--verbose"],
+                "env": {"GH_TOKEN": "postgres"},
+            },
+            "remote": {"url": "https://bob:remotepass1@mcp.example/mcp", "env": {"LOG_LEVEL": "debugging"}},
+        },
+    )
+    quoted = "p@ss-w0rd p%40ss-w0rd Ssl9pass searchpass7 plainwordsvalue flagvalue42 remotepass1"
+    assert redacted(quoted) == " ".join([REMOVED] * 7)
+    assert secret_parts(f"use {quoted}") == sorted(quoted.split(), key=lambda value: (-len(value), value))
+    # an MCP server's variable not named as a secret is none; one that could be a word ("postgres")
+    # is taken out where it stands alone, and a person may still type it
+    assert redacted("debugging postgres at postgresql://x") == f"debugging {REMOVED} at postgresql://x"
+    assert secret_parts("debugging postgres") == []
+    del settings
+    gc.collect()  # settings no longer in use: their values are text like any other
+    assert redacted("plainwordsvalue postgres") == "plainwordsvalue postgres"
