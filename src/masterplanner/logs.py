@@ -2,7 +2,9 @@
 
 Everything goes through the `masterplanner` logger to stderr. With `log_format = "json"` each
 record is one JSON object a line: `time` (ISO 8601 UTC), `level`, `logger`, `message`, and the
-fields the caller attached (`run`, `status`, `worker`, …), for a log collector to index.
+fields the caller attached (`run`, `status`, `worker`, …), for a log collector to index; a record
+logged with an exception adds `error` (its traceback's last line) and `traceback` (the whole).
+As text, such a record's message is followed by its traceback's lines.
 Messages name runs, steps and processes, never secrets (database URLs hide their password), and
 every record, ours or a library's, passes `REDACTING` on its way out: what looks like a credential
 in its message, its fields or its exception's traceback is replaced by `[secret removed]`.
@@ -36,21 +38,37 @@ class JsonLines(logging.Formatter):
             "message": record.getMessage(),
         }
         entry |= getattr(record, "fields", {})
-        if record.exc_info:  # the traceback `REDACTING` redacted, when it passed
-            entry["error"] = (record.exc_text or self.formatException(record.exc_info)).splitlines()[-1]
+        traceback = _traceback(record)
+        if traceback:  # its last line, to read at a glance, and the whole, to find where it came from
+            entry["error"] = traceback.splitlines()[-1]
+            entry["traceback"] = traceback
         return json.dumps(entry, ensure_ascii=True, default=str)
 
 
+def _traceback(record: logging.LogRecord) -> str:
+    """The traceback of the record's exception (redacted by `REDACTING` when it passed), or ""."""
+    if record.exc_text:
+        return record.exc_text
+    if record.exc_info:
+        return logging.Formatter().formatException(record.exc_info)
+    return ""
+
+
 class _Text(logging.Formatter):
-    """The message alone, made safe to print by `printable` (control characters shown, not obeyed)."""
+    """The message, then its exception's traceback if any, each line made safe by `printable`.
+
+    `printable` shows control characters rather than obeying them. Before, only the message was
+    written: the web app's "unexpected error" left no traceback in the server's log.
+    """
 
     def __init__(self, printable: Callable[[str], str]) -> None:
         super().__init__()
         self._printable = printable
 
     def format(self, record: logging.LogRecord) -> str:
-        """The record's message, printable."""
-        return self._printable(record.getMessage())
+        """The record's message, and its traceback's lines, printable."""
+        lines = [record.getMessage(), *_traceback(record).splitlines()]
+        return "\n".join(map(self._printable, lines))
 
 
 class _NotWorkflowOutcomes(logging.Filter):

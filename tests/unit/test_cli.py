@@ -516,7 +516,8 @@ def test_the_traceback_of_an_error_that_is_not_ours_is_redacted() -> None:
 
 def test_a_log_record_s_traceback_and_fields_are_redacted_in_json_lines_and_text() -> None:
     """Before, a JSON line's `error` (its traceback's last line) and fields were written as given:
-    an error uvicorn or the web app logs with its exception may quote a key or a URL's password."""
+    an error uvicorn or the web app logs with its exception may quote a key or a URL's password.
+    The traceback is kept whole, redacted: text printed the message alone, JSON its last line."""
     program = (
         "import logging, sys\n"
         "from masterplanner.logs import configure_logging, log\n"
@@ -527,25 +528,35 @@ def test_a_log_record_s_traceback_and_fields_are_redacted_in_json_lines_and_text
         "    logging.getLogger('uvicorn.error').exception('Exception in ASGI application')\n"
         "log('serve', 'reached https://bob:Pw9sEcret@api.example', url='https://bob:Pw9sEcret@api.example')\n"
     )
-    for log_format in ("json", "text"):
+    for log_format in ("text", "json"):
         done = subprocess.run(
             [sys.executable, "-c", program, log_format], capture_output=True, text=True, timeout=60
         )
         assert done.returncode == 0, done.stderr
         assert "Pw9sEcret" not in done.stderr and "Kq81secret" not in done.stderr, done.stderr
         lines = done.stderr.splitlines()
+        raised = (
+            "RuntimeError: cannot reach https://alice:[secret removed]@api.example/v1?api_key="
+            "[secret removed]"
+        )
+        traceback = [
+            "Traceback (most recent call last):",
+            '  File "<string>", line 5, in <module>',
+            raised,
+        ]
         if log_format == "text":
             assert lines == [
                 "Exception in ASGI application",
+                *traceback,
                 "reached https://bob:[secret removed]@api.example",
             ]
             continue
         error, reached = (json.loads(line) for line in lines)
-        assert (error["logger"], error["message"], error["error"]) == (
+        assert (error["logger"], error["message"], error["error"], error["traceback"]) == (
             "uvicorn.error",
             "Exception in ASGI application",
-            "RuntimeError: cannot reach https://alice:[secret removed]@api.example/v1?api_key="
-            "[secret removed]",
+            raised,
+            "\n".join(traceback),
         )
         assert (reached["message"], reached["url"]) == (
             "reached https://bob:[secret removed]@api.example",
