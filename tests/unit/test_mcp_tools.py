@@ -37,6 +37,45 @@ async def test_discovery_names_tools_after_their_server() -> None:
         )
 
 
+async def test_a_tool_name_model_providers_refuse_is_mapped_to_one_they_take() -> None:
+    """Before, `fs.read` became `notes_fs.read` (a dot, a space, 73 characters...), which model
+    providers refuse (^[a-zA-Z0-9_-]{1,64}$): the run failed at its first model request."""
+    tools = ["fs.read", "read file", "fs_read", "shout", "résumé"]
+    specs = await discover_tools({"notes": McpServer(command=sys.executable, args=[SERVER, *tools])})
+    assert [(spec.name, spec.mcp_tool) for spec in specs] == [
+        # fs.read's name is fs_read's as well: the one changed is told apart by its name's hash
+        ("notes_fs_read_4074bc02", "fs.read"),
+        ("notes_read_file", "read file"),
+        ("notes_fs_read", "fs_read"),
+        ("notes_shout", "shout"),
+        ("notes_r_sum_", "résumé"),
+    ]
+    server = "s" * 30  # the longest server name is 32
+    long_tools = McpServer(command=sys.executable, args=[SERVER, "x" * 40, "y" * 20])
+    specs = await discover_tools({server: long_tools})
+    assert [(spec.name, spec.mcp_tool) for spec in specs] == [
+        (f"{server}_{'x' * 24}_bd913ff6", "x" * 40),
+        (f"{server}_{'y' * 20}", "y" * 20),
+    ]
+    assert len(specs[0].name) == 64
+
+
+def test_a_run_calls_a_tool_by_its_mapped_name_and_the_server_by_its_own(
+    write_script: Callable[..., Path],
+) -> None:
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("loud", tools=["notes_fs_read"])]}},
+            {"purpose": "step:loud", "tool_calls": [{"name": "notes_fs_read", "args": {"text": "hello"}}]},
+            {"purpose": "step:loud", "output": "shouted"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    result = _run_with_servers(script, {"notes": {"command": sys.executable, "args": [SERVER, "fs.read"]}})
+    assert result.returncode == 0, result.stderr
+    assert _tool_results(result) == [{"tool": "notes_fs_read", "result": "HELLO"}]
+
+
 async def test_a_server_that_never_answers_is_given_up_on_after_its_timeout_s_saying_so() -> None:
     """Before, discovery waited 10 s for the library's own probe, then timeout_s more (15 to 20 s
     in all, whatever timeout_s), and a call past it read "Request 'tools/call' timed out"."""

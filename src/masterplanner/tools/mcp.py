@@ -15,9 +15,11 @@ Their tools default to the `ask` approval policy: what a third-party server does
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -109,9 +111,57 @@ def is_http_url(url: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname) and not blank
 
 
-def mcp_tool_name(server: str, tool: str) -> str:
-    """The catalog name of a server's tool."""
-    return f"{server}_{tool}"
+MAX_TOOL_NAME = 64
+"""The longest tool name model providers take (OpenAI: ^[a-zA-Z0-9_-]{1,64}$)."""
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NOT_IN_A_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def mcp_tool_name(server: str, tool: str, *, tagged: bool = False) -> str:
+    """The catalog name of a server's tool: `<server>_<tool>`, made one model providers take.
+
+    A tool's own name is the server's to choose (`fs.read`, `read file`, 40 characters): before,
+    it was used as it came, and a model provider refused the run's first request offering it.
+    Each character other than an ASCII letter, a digit, `_` and `-` becomes `_`; a name longer
+    than `MAX_TOOL_NAME` is cut and ends in `_` and 8 hex digits of the SHA-256 of the tool's own
+    name, as it also does when `tagged` (two of a server's tools mapped to one name,
+    `discover_tools`). The server is still called with its own name (`ToolSpec.mcp_tool`).
+    """
+    name = f"{server}_{tool}"
+    if _TOOL_NAME.fullmatch(name) and not tagged:
+        return name
+    readable = _NOT_IN_A_TOOL_NAME.sub("_", tool)
+    if len(server) + 1 + len(readable) <= MAX_TOOL_NAME and not tagged:
+        return f"{server}_{readable}"
+    tag = hashlib.sha256(tool.encode()).hexdigest()[:8]
+    room = MAX_TOOL_NAME - len(server) - 1 - len(tag) - 1  # settings keep a server's name to 32
+    return f"{server}_{readable[:room]}_{tag}" if readable[:room] else f"{server}_{tag}"
+
+
+def _catalog_names(server: str, tools: list[str]) -> dict[str, str]:
+    """Each of a server's tools' catalog names, by its own name (`mcp_tool_name`).
+
+    A name that had to be changed and then is another tool's too (`fs.read` and `fs_read`) is
+    tagged, so that the name a tool gets depends on its own name alone, not on the order the
+    server lists them in; a tool whose own name serves as it is keeps it. Two tools that still
+    share a name (a server that lists one name twice) are a `ConfigError` naming both.
+    """
+    names = {tool: mcp_tool_name(server, tool) for tool in tools}
+    taken: dict[str, list[str]] = {}
+    for tool, name in names.items():
+        taken.setdefault(name, []).append(tool)
+    for tool, name in names.items():
+        if len(taken[name]) > 1 and name != f"{server}_{tool}":
+            names[tool] = mcp_tool_name(server, tool, tagged=True)
+    seen: dict[str, str] = {}
+    for tool in tools:
+        name = names[tool]
+        if name in seen:
+            both = f"the tool {tool!r} twice" if seen[name] == tool else f"tools {seen[name]!r} and {tool!r}"
+            raise ConfigError(f"MCP server {server!r} lists {both}: they cannot both be called {name!r}")
+        seen[name] = tool
+    return names
 
 
 def mcp_client(server: McpServer) -> Any:
@@ -294,10 +344,11 @@ async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
             raise ConfigError(
                 f"MCP server {name!r}: cannot list its tools: {problem}{_see_log(server)}"
             ) from None
+        catalog_names = _catalog_names(name, [tool.name for tool in tools])
         for tool in tools:
             specs.append(
                 ToolSpec(
-                    mcp_tool_name(name, tool.name),
+                    catalog_names[tool.name],
                     (tool.description or f"{tool.name} from the MCP server {name}").strip(),
                     dict(tool.input_schema or {"type": "object", "properties": {}}),
                     "execute",
