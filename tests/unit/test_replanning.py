@@ -129,11 +129,14 @@ async def test_messages_to_replaced_steps_are_handed_on_to_the_steps_in_their_pl
     engine: Engine, write_script: Callable[..., Path]
 ) -> None:
     # a messages b (which is shown it, then fails) and c (which never starts); the replan puts
-    # b1 → c1 in the place of both: each gets both messages, marked with where they were sent
+    # b1 → c1 in the place of both: each gets both messages, marked with where they were sent and
+    # which steps have them (before, each was told "whose place your step took", as if alone)
     shown_to_b = "message #1 from step a: Use metric units."
     handed = [
-        "message #{} from step a (sent to step b, whose place your step took): Use metric units.",
-        "message #{} from step a (sent to step c, whose place your step took): Round to 2 places.",
+        "message #{} from step a (sent to step b, whose place steps b1, c1 took; yours is one of "
+        "them): Use metric units.",
+        "message #{} from step a (sent to step c, whose place steps b1, c1 took; yours is one of "
+        "them): Round to 2 places.",
     ]
     script = write_script(
         [

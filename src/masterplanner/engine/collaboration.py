@@ -59,13 +59,22 @@ def delivered_text(messages: list[Message]) -> str:
             )
         else:
             what = "broadcast" if message.kind == "broadcast" else "message"
-            first = (
-                f" (sent to step {message.handed_from}, whose place your step took)"
-                if message.handed_from
-                else ""
-            )
+            first = f" ({_handed_on(message)})" if message.handed_from else ""
             lines.append(f"- {what} #{message.id} from step {message.sender}{first}: {message.content}")
     return "\n".join(lines)
+
+
+def _handed_on(message: Message) -> str:
+    """Where a handed-on message was sent, and which steps took that step's place.
+
+    Before, each of several steps added in its place was told "whose place your step took", as
+    if the message were meant for it alone.
+    """
+    others = [step for step in message.handed_to if step != message.recipient]
+    if not others:
+        return f"sent to step {message.handed_from}, whose place your step took"
+    steps = ", ".join(message.handed_to)
+    return f"sent to step {message.handed_from}, whose place steps {steps} took; yours is one of them"
 
 
 @dataclass

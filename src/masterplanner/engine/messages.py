@@ -20,6 +20,7 @@ closed saying where it went, so nothing sent is left waiting for a step that wil
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -110,6 +111,9 @@ class Message:
     answered_at: str | None
     handed_from: str | None = None
     """The step this was first sent to, when a replan or a sub-plan put `recipient` in its place."""
+    handed_to: tuple[str, ...] = ()
+    """With `handed_from`: every step the revision handed it on to (each has a copy), `recipient`
+    among them; a step retired in turn, whose copy went on, is not."""
 
     @property
     def open_question(self) -> bool:
@@ -148,7 +152,41 @@ class Note:
         return {"key": self.key, "value": self.value, "step": self.step, "updated_at": self.updated_at}
 
 
-def _message(row: Any) -> Message:
+def _messages(connection: Connection, rows: Sequence[Any]) -> list[Message]:
+    """The messages of `rows`, each handed-on one with the steps that have a copy of it too.
+
+    The copies of one message are the rows under its send key handed on from the same step,
+    in the order they were made; a copy closed since (its step was retired, and it went on) is
+    not one. Before, a step was told "(sent to step c, whose place your step took)" when
+    several steps had taken c's place, each with its copy.
+    """
+    keys = {row["send_key"] for row in rows if row["handed_from"] is not None}
+    copies: dict[tuple[str, str, str], list[str]] = {}
+    if keys:
+        found = connection.execute(
+            sa.select(
+                messages_table.c.run_id,
+                messages_table.c.send_key,
+                messages_table.c.handed_from,
+                messages_table.c.recipient,
+            )
+            .where(
+                messages_table.c.run_id.in_({row["run_id"] for row in rows}),
+                messages_table.c.send_key.in_(keys),
+                messages_table.c.handed_from.is_not(None),
+                messages_table.c.state != "closed",
+            )
+            .order_by(messages_table.c.id)
+        )
+        for run_id, key, source, recipient in found:
+            copies.setdefault((run_id, key, source), []).append(recipient)
+    return [
+        _message(row, tuple(copies.get((row["run_id"], row["send_key"], row["handed_from"]), ())))
+        for row in rows
+    ]
+
+
+def _message(row: Any, handed_to: tuple[str, ...] = ()) -> Message:
     return Message(
         id=row["id"],
         run_id=row["run_id"],
@@ -163,6 +201,7 @@ def _message(row: Any) -> Message:
         delivered_at=row["delivered_at"],
         answered_at=row["answered_at"],
         handed_from=row["handed_from"],
+        handed_to=handed_to if row["handed_from"] is not None else (),
     )
 
 
@@ -361,7 +400,7 @@ class Messages:
                 )
                 taken = sa.select(messages_table).where(mine, messages_table.c.delivery == delivery)
                 rows = connection.execute(taken.order_by(messages_table.c.id)).mappings().all()
-        return [_message(row) for row in rows], fresh
+            return _messages(connection, rows), fresh
 
     def delivered_to(self, run_id: str, recipient: str) -> list[Message]:
         """Every message a step has been shown, in the order they were sent."""
@@ -420,7 +459,7 @@ class Messages:
                 .mappings()
                 .all()
             )
-        return [_message(row) for row in rows]
+            return _messages(connection, rows)
 
     # ---- notes
 
