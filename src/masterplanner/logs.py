@@ -6,8 +6,10 @@ fields the caller attached (`run`, `status`, `worker`, …), for a log collector
 logged with an exception adds `error` (its traceback's last line) and `traceback` (the whole).
 As text, such a record's message is followed by its traceback's lines.
 Messages name runs, steps and processes, never secrets (database URLs hide their password), and
-every record, ours or a library's, passes `REDACTING` on its way out: what looks like a credential
-in its message, its fields or its exception's traceback is replaced by `[secret removed]`.
+every record, ours or a library's, passes `REDACTING` on its way out (our handler is on the root
+logger too, and the filter on the handlers libraries had set on their loggers when logging was
+configured): what looks like a credential in its message, its fields (in lists and mappings
+too) or its exception's traceback is replaced by `[secret removed]`.
 """
 
 from __future__ import annotations
@@ -108,14 +110,25 @@ class _Redacting(logging.Filter):
             record.msg, record.args = shown, None
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            record.fields = {
-                name: redacted(value) if isinstance(value, str) else value for name, value in fields.items()
-            }
+            record.fields = _redacted_value(fields)
         if record.exc_info and not record.exc_text:  # what a formatter shows of it, made here first
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
             record.exc_text = redacted(record.exc_text)
         return True
+
+
+def _redacted_value(value: Any) -> Any:
+    """`value` with its text redacted, in lists and mappings too (a field may hold several URLs)."""
+    from .redaction import redacted
+
+    if isinstance(value, str):
+        return redacted(value)
+    if isinstance(value, dict):
+        return {name: _redacted_value(item) for name, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted_value(item) for item in value]
+    return value
 
 
 REDACTING = _Redacting()
@@ -129,6 +142,8 @@ def configure_logging(log_format: Literal["text", "json"], *, printable: Callabl
     DBOS's, OpenTelemetry's and uvicorn's own records (their errors, a trace exporter's failure
     in our words, `telemetry._ExportFailures`) go the same way, in the same format: DBOS adds its
     console handler only to a logger that has none, and `serve` leaves uvicorn's configuration off.
+    So do other libraries' warnings and errors, through the root logger (WARNING and up); a
+    handler a library set on its own logger already (fastmcp's) gets `REDACTING` too.
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(REDACTING)
@@ -139,6 +154,18 @@ def configure_logging(log_format: Literal["text", "json"], *, printable: Callabl
             logger.removeHandler(old)
         logger.addHandler(handler)
         logger.propagate = False
+    # every other logger's records (asyncio's "Task exception was never retrieved", httpx's,
+    # SQLAlchemy's) reach the root logger: before, Python's last-resort handler printed them
+    # unredacted and not as JSON lines
+    root = logging.getLogger()
+    for old in [kept for kept in root.handlers if REDACTING in kept.filters]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    # a library's own handlers on loggers that do not propagate (fastmcp's) redact as well
+    for logger in [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]:
+        for own in logger.handlers:
+            if REDACTING not in own.filters:
+                own.addFilter(REDACTING)
     logging.getLogger(LOGGER).setLevel(logging.INFO)
     logging.getLogger("dbos").addFilter(WORKFLOW_OUTCOMES)
     logging.getLogger("dbos").addFilter(REDACTING)

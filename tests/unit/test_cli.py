@@ -564,6 +564,41 @@ def test_a_log_record_s_traceback_and_fields_are_redacted_in_json_lines_and_text
         )
 
 
+def test_records_of_loggers_not_named_and_nested_fields_are_redacted_too() -> None:
+    """Before, only the masterplanner, dbos, opentelemetry and uvicorn loggers had the redacting
+    handler: asyncio's "Task exception was never retrieved" or an httpx warning went to Python's
+    last-resort handler with a URL's password whole (and not as JSON); a field holding a list of
+    URLs was written as given."""
+    program = (
+        "import logging, sys\n"
+        "from masterplanner.logs import configure_logging, log\n"
+        "configure_logging('json')\n"
+        "try:\n"
+        "    raise RuntimeError('cannot reach https://alice:Pw9sEcret@api.example/v1?api_key=Kq81secret')\n"
+        "except RuntimeError:\n"
+        "    logging.getLogger('asyncio').error('Task exception was never retrieved', exc_info=True)\n"
+        "logging.getLogger('httpx').warning('retrying https://bob:Pw9sEcret@api.example')\n"
+        "log('serve', 'tried', urls=['https://bob:Pw9sEcret@api.example'],\n"
+        "    seen={'at': 'x?token=Kq81secret'})\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Pw9sEcret" not in done.stderr and "Kq81secret" not in done.stderr, done.stderr
+    task, retrying, tried = (json.loads(line) for line in done.stderr.splitlines())
+    assert (task["logger"], task["error"]) == (
+        "asyncio",
+        "RuntimeError: cannot reach https://alice:[secret removed]@api.example/v1?api_key=[secret removed]",
+    )
+    assert (retrying["logger"], retrying["message"]) == (
+        "httpx",
+        "retrying https://bob:[secret removed]@api.example",
+    )
+    assert (tried["urls"], tried["seen"]) == (
+        ["https://bob:[secret removed]@api.example"],
+        {"at": "x?token=[secret removed]"},
+    )
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "error"),
     [
