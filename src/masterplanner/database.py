@@ -109,9 +109,12 @@ def create_engine(url: str) -> Engine:
             )
         _create_private(engine.url.database)
         sa.event.listen(engine, "connect", _sqlite_pragmas)
-    elif not engine.url.database and not engine.url.query.get("dbname"):
+    elif (
+        not engine.url.database and not engine.url.query.get("dbname") and not engine.url.query.get("service")
+    ):
         # libpq's defaults chose one (PGDATABASE, else the user's name): the tables were made in
-        # whichever database that was. A missing host stays libpq's choice: the local socket.
+        # whichever database that was. A missing host stays libpq's choice: the local socket; a
+        # `?service=` entry of pg_service.conf names its database there.
         raise ConfigError(
             f"database_url {shown_url(url)!r} names no database: give PostgreSQL one "
             "(postgresql://USER@HOST:PORT/DATABASE, or postgresql:///DATABASE through the local "

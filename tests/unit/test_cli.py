@@ -95,7 +95,16 @@ def test_usage_errors_are_one_line_in_our_words() -> None:
         ),
         (
             ("runs", "show", "a", "b"),
-            "`masterplanner runs show` takes no more arguments, got 'b' (put text with spaces in quotes)",
+            "`masterplanner runs show` takes no more arguments, got: b (text with spaces goes in quotes)",
+        ),
+        (  # 'b c' was quoted, and was said as 'b', 'c'
+            ("runs", "show", "a", "b c"),
+            "`masterplanner runs show` takes no more arguments, got: b c (text with spaces goes in quotes)",
+        ),
+        (  # --debug printed a traceback of an error never raised above the line
+            ("--debug", "runs", "shwo", "r"),
+            "`masterplanner runs` has no command 'shwo'; the closest: show "
+            "(`masterplanner runs --help` lists its commands)",
         ),
         (("runs", "list", "--limit"), "--limit needs a value"),
         (("runs", "list", "--json=yes"), "--json takes no value"),

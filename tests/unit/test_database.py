@@ -132,6 +132,16 @@ def test_a_postgres_url_without_a_database_name_is_refused_in_one_line(url: str,
     )
 
 
+@pytest.mark.parametrize("url", ["postgresql:///?service=team", "postgresql://db.example/?dbname=runs"])
+def test_a_postgres_url_naming_its_database_by_a_parameter_is_taken(url: str) -> None:
+    """A pg_service.conf entry names the database there: `?service=` was refused as naming none."""
+    from masterplanner.database import create_engine
+
+    engine = create_engine(url)  # nothing is connected to yet
+    assert engine.dialect.name == "postgresql"
+    engine.dispose()
+
+
 def test_a_call_is_made_again_while_the_database_is_unavailable() -> None:
     attempts: list[int] = []
 

@@ -69,7 +69,7 @@ def _dispatch(args: list[str], debug: bool) -> None:
             raise
         from ..errors import ConfigError
 
-        _fail(ConfigError(usage_problem(exc)), debug)
+        _fail(ConfigError(usage_problem(exc)), False)  # nothing was raised: no traceback to show
     if code == 130:  # typer's (silent) exit for a KeyboardInterrupt
         _interrupted(bool(terminated))
     if isinstance(code, int) and not isinstance(code, bool):

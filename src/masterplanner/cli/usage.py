@@ -62,8 +62,8 @@ def usage_problem(error: Any) -> str:
         return f"{option} {'takes no value' if 'does not take a value' in message else 'needs a value'}"
     extra = _EXTRA_ARGUMENTS.match(message)
     if extra:
-        given = ", ".join(repr(arg) for arg in extra["args"].split(" "))
-        return f"{path} takes no more arguments, got {given} (put text with spaces in quotes)"
+        # click joins them with spaces: `a "b c"` and `a b c` read alike, so they are quoted as one
+        return f"{path} takes no more arguments, got: {extra['args']} (text with spaces goes in quotes)"
     if message == "Missing command.":
         return f"{path} needs a command ({help_} lists its commands)"
     return f"{path}: {_lowered(message).rstrip('.')}"
