@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from _otlp import otlp_receiver
 from _serve import serving
@@ -785,6 +786,54 @@ def test_a_run_that_failed_on_workers_is_retried_on_them_with_a_larger_budget(
     started = [step for _kind, step, _data in cluster.events(run_id, "step_started")]
     assert started == ["a", "b", "c", "c"]  # c was cut short by the budget, then ran again; a, b once
     assert [data["steps"] for _kind, _step, data in cluster.events(run_id, "run_retried")] == [["c"]]
+
+
+def test_steps_on_two_workers_cannot_together_pass_the_token_budget(cluster: Cluster, tmp_path: Path) -> None:
+    """Each worker held only its own requests in flight to the budget: four steps at once, two on
+    each worker, all passed a budget of 230,000 tokens that fits two replies of 100,000, and used
+    400,000. Reservations are stored now, so each process holds the others' too."""
+    long = " ".join(["word"] * 100_000)
+    steps = [plan_step(f"p{n}") for n in range(4)]
+    calls = [
+        {"purpose": "planner", "output": {"steps": [*steps, plan_step("z", "p0", "p1", "p2", "p3")]}},
+        *({"purpose": f"step:p{n}", "output": long, "delay_s": 1.5} for n in range(4)),
+        {"purpose": "*", "repeat": True},
+    ]
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"calls": calls, "max_output_tokens": 100_000}))
+    cluster.worker("--concurrency", "2")
+    cluster.worker("--concurrency", "2")
+    workers = set(cluster.worker_ids(2))
+    flags = ["--yes", "--rounds", "0", "--max-tokens", "230000", "--max-replans", "0", "--detach"]
+    queued = subprocess.run(
+        [sys.executable, "-m", "masterplanner", "run", "four at once", "-m", f"scripted:{script}", *flags],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+    )
+    assert queued.returncode == 0, queued.stderr
+    run_id = queued.stdout.strip()
+    assert cluster.wait_finished([run_id]) == {run_id: "failed"}
+    error = cluster.store.get_run(run_id).error or ""
+    assert error.startswith(
+        "the run's budget of 230,000 tokens cannot take its next model request: it may use up to "
+    )
+    started = {step: data["process"] for _kind, step, data in cluster.events(run_id, "step_started")}
+    assert sorted(started) == ["p0", "p1", "p2", "p3"]
+    assert set(started.values()) == workers  # the steps ran on both workers
+    usage = cluster.store.usage(run_id)
+    assert usage["input_tokens"] + usage["output_tokens"] <= 230_000
+    answered = {
+        purpose: entry for purpose, entry in usage["by_purpose"].items() if purpose.startswith("step:")
+    }
+    assert len(answered) == 2  # two replies fit, the third could not be made
+    assert [(entry["calls"], entry["output_tokens"]) for entry in answered.values()] == [(1, 100_000)] * 2
+    statuses = {step.id: step.status for step in cluster.store.steps(run_id)}
+    unanswered = sorted(f"p{n}" for n in range(4) if f"step:p{n}" not in answered)
+    assert [statuses[step] for step in [*unanswered, "z"]] == ["cancelled"] * 3
+    with cluster.store.begin("read reservations") as connection:  # none is left held
+        assert connection.scalar(sa.text("SELECT COUNT(*) FROM mp_reservations")) == 0
 
 
 def test_runs_resume_finishes_a_run_whose_only_worker_died_mid_step_without_any_worker(

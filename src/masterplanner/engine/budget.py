@@ -1,17 +1,18 @@
 """A run's usage: counted into the run store, and held to the run's call, token and money budgets.
 
-The budgets hold for the run, not for one process: the counts are read back from the run store
-(one aggregate query) before every model request, so steps of one run executing in several
-processes share them. Within a process, each request also reserves its worst case before it is
-made (`Reservation`: the tokens it may use and what they may cost) and holds it until its real
-usage is stored, so requests made at once cannot together pass a budget each fits alone.
-Reservations are this process's: another process sees a request only once it is stored.
+The budgets hold for the run, not for one process: before every model request the counts are
+read back from the run store, so steps of one run executing in several processes share them.
+Each request also reserves its worst case before it is made (`Reservation`: the tokens it may use
+and what they may cost), stored in the run store (`mp_reservations`) until its real usage is,
+so requests made at once, in this process or any other, cannot together pass a budget each fits
+alone.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import uuid
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -24,7 +25,7 @@ from ..models import MAX_OUTPUT_TOKENS
 from ..models.pricing import innermost, price_of
 from ..usage import UsageLedger
 from .records import RunOptions
-from .store import RunStore
+from .store import RunStore, Spending, process_identity
 
 __all__ = ["DEFAULT_OUTPUT_TOKENS", "RequestBudget", "Reservation", "RunLedger", "reservation_for"]
 
@@ -65,11 +66,21 @@ class RunLedger(UsageLedger):
         self.run_id = run_id
         self.options = options
         self._lock = threading.Lock()
-        self._in_flight = 0
-        """Calls this process made that are not stored yet (reserved, or answered and not recorded)."""
-        self._held_tokens = 0
-        self._held_cost = 0.0
-        """Their tokens and cost: the reservation while a call waits, its real usage once answered."""
+        self._owner: str | None = None
+        self._held: dict[Reservation, list[str]] = {}
+        """This process's stored reservations not answered yet, by their figures (equal ones are alike)."""
+        self._waiting: set[Reservation] = set()
+        """Reservations told to wait: asked again, a read of the store decides until they may fit."""
+        self._answered: list[tuple[str, int, float, int, float]] = []
+        """Those answered and not counted yet: `(key, tokens, cost, tokens and cost held beyond them)`."""
+
+    @property
+    def _budgeted(self) -> bool:
+        return (
+            self.options.max_model_calls is not None
+            or self.options.max_tokens is not None
+            or self.options.max_cost_usd is not None
+        )
 
     def record(
         self,
@@ -80,7 +91,7 @@ class RunLedger(UsageLedger):
         seconds: float,
         cost_usd: float | None = 0.0,
     ) -> None:
-        """Count one model call, in memory and in the run store; it is no longer held in flight."""
+        """Count one model call, in memory and in the run store, dropping its reservation there too."""
         super().record(
             purpose,
             input_tokens=input_tokens,
@@ -88,6 +99,10 @@ class RunLedger(UsageLedger):
             seconds=seconds,
             cost_usd=cost_usd,
         )
+        tokens, cost = input_tokens + output_tokens, cost_usd or 0.0
+        with self._lock:  # taken off before the store drops its row: a check meanwhile holds more, not less
+            key = next((entry[0] for entry in self._answered if entry[1:3] == (tokens, cost)), None)
+            self._answered = [entry for entry in self._answered if entry[0] != key]
         self.store.add_usage(
             self.run_id,
             purpose,
@@ -95,46 +110,93 @@ class RunLedger(UsageLedger):
             output_tokens=output_tokens,
             seconds=seconds,
             cost_usd=cost_usd,
+            reservation=key,
         )
-        # counted in the store now: `settle` held exactly these figures for it
-        self._release(input_tokens + output_tokens, cost_usd or 0.0)
 
     def reserve(self, reservation: Reservation) -> bool:
-        """Hold `reservation` for one request about to be made (a query of the run's totals).
+        """Hold `reservation` for one request about to be made (one transaction in the run store).
 
-        True: held, until `settle` and `record` count its real usage (or `release` drops it).
-        False: it fits the run's budgets but not beside the requests this process has in flight;
-        ask again once one of those is counted (their real usage is usually less than reserved).
-        Raises `BudgetExceededError` naming the budget when it cannot fit even then.
+        The run's usage and the reservations of its requests in flight in every process are read
+        together, one check at a time for the run (`RunStore.reserve`). True: held, until `record`
+        counts its real usage (or `release` drops it). False: it fits the run's budgets but not
+        beside the requests in flight; ask again once one of those is counted (their real usage
+        is usually less than reserved). Raises `BudgetExceededError` naming the budget when it
+        cannot fit even then.
         """
-        with self._lock:  # one check at a time in this process, each seeing the others' reservations
-            calls, used, spent = self._totals()
-            self._refuse(calls, used, spent, reservation)
-            tokens, dollars = self.options.max_tokens, self.options.max_cost_usd
-            if (tokens is not None and used + self._held_tokens + reservation.tokens > tokens) or (
-                dollars is not None and spent + self._held_cost + reservation.cost_usd > dollars
-            ):
-                return False
-            self._in_flight += 1
-            self._held_tokens += reservation.tokens
-            self._held_cost += reservation.cost_usd
+        if not self._budgeted:
             return True
+        with self._lock:
+            waiting = reservation in self._waiting
+        if waiting and not self._fits(self.store.spending(self.run_id), reservation):
+            return False  # asked again while it waits: a read tells, the lock only once it may fit
+        key = uuid.uuid4().hex
+        stored = self.store.reserve(
+            self.run_id,
+            key,
+            owner=self._process(),
+            tokens=reservation.tokens,
+            cost_usd=reservation.cost_usd,
+            fits=lambda spending: self._fits(spending, reservation),
+        )
+        with self._lock:
+            if stored:
+                self._held.setdefault(reservation, []).append(key)
+                self._waiting.discard(reservation)
+            else:
+                self._waiting.add(reservation)
+        return stored
+
+    def _fits(self, spending: Spending, reservation: Reservation) -> bool:
+        self._refuse(spending.calls, spending.tokens, spending.cost_usd, reservation, spending.held_calls)
+        with self._lock:  # read after the store's rows: an answer counted meanwhile is not subtracted
+            held_tokens = spending.held_tokens - sum(entry[3] for entry in self._answered)
+            held_cost = spending.held_cost_usd - sum(entry[4] for entry in self._answered)
+        tokens, dollars = self.options.max_tokens, self.options.max_cost_usd
+        return not (
+            (tokens is not None and spending.tokens + held_tokens + reservation.tokens > tokens)
+            or (dollars is not None and spending.cost_usd + held_cost + reservation.cost_usd > dollars)
+        )
 
     def settle(self, reservation: Reservation, tokens: int, cost_usd: float | None) -> None:
-        """The reserved request was answered: hold its real usage instead until `record` stores it."""
+        """The reserved request was answered: this process holds its real usage instead until `record`.
+
+        Other processes hold its reservation until then (a moment: one write less per request).
+        """
         with self._lock:
-            self._held_tokens += tokens - reservation.tokens
-            self._held_cost += (cost_usd or 0.0) - reservation.cost_usd
+            key = self._take(reservation)
+            if key is not None:
+                cost = cost_usd or 0.0
+                self._answered.append(
+                    (key, tokens, cost, reservation.tokens - tokens, reservation.cost_usd - cost)
+                )
 
     def release(self, reservation: Reservation) -> None:
         """The reserved request was not answered (it failed or was cancelled): nothing was used."""
-        self._release(reservation.tokens, reservation.cost_usd)
-
-    def _release(self, tokens: int, cost_usd: float) -> None:
         with self._lock:
-            self._in_flight = max(0, self._in_flight - 1)
-            self._held_tokens = max(0, self._held_tokens - tokens) if self._in_flight else 0
-            self._held_cost = max(0.0, self._held_cost - cost_usd) if self._in_flight else 0.0
+            key = self._take(reservation)
+        if key is not None:
+            self.store.unreserve(key)
+
+    def _take(self, reservation: Reservation) -> str | None:
+        keys = self._held.get(reservation)
+        if not keys:
+            return None
+        key = keys.pop(0)
+        if not keys:
+            del self._held[reservation]
+        return key
+
+    def _process(self) -> str:
+        """This process's `mp_processes` id (its DBOS executor id), under which it reserves.
+
+        A process that has not launched DBOS has no lease there: its reservations are never
+        dropped by others, only by itself.
+        """
+        if self._owner is None:
+            from .runtime import executor_id  # DBOS is imported only by the processes executing runs
+
+            self._owner = executor_id() or process_identity()
+        return self._owner
 
     def check(self) -> None:
         """Raise `BudgetExceededError` if the run has no model calls, tokens or money left (a query)."""
@@ -142,22 +204,20 @@ class RunLedger(UsageLedger):
         self._refuse(calls, used, spent, None)
 
     def _totals(self) -> tuple[int, int, float]:
-        if (
-            self.options.max_model_calls is None
-            and self.options.max_tokens is None
-            and self.options.max_cost_usd is None
-        ):
-            return 0, 0, 0.0
-        return self.store.usage_totals(self.run_id)
+        return self.store.usage_totals(self.run_id) if self._budgeted else (0, 0, 0.0)
 
-    def _refuse(self, calls: int, used: int, spent: float, reservation: Reservation | None) -> None:
-        """Raise when the run's budgets are used up, or `reservation` cannot fit what is left of them."""
+    def _refuse(
+        self, calls: int, used: int, spent: float, reservation: Reservation | None, in_flight: int = 0
+    ) -> None:
+        """Raise when the run's budgets are used up, or `reservation` cannot fit what is left of them.
+
+        `in_flight`: the run's requests held in flight, which count against the call budget.
+        """
         limit, tokens, dollars = (
             self.options.max_model_calls,
             self.options.max_tokens,
             self.options.max_cost_usd,
         )
-        in_flight = self._in_flight if reservation is not None else 0
         if limit is not None and calls + in_flight >= limit:
             raise BudgetExceededError(
                 f"the run used its budget of {limit} model calls", budget="max_model_calls"

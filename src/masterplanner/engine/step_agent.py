@@ -27,6 +27,7 @@ from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import RequestUsage
 
+from ..errors import RunError
 from ..models import context_window
 from ..models.local import STRUCTURED_PLANS, ToolAids
 from ..models.pricing import request_cost
@@ -36,7 +37,7 @@ from ..tools.code_execution import succeeded_output
 from ..tools.results import TOOL_OUTPUT
 from ..tools.workspace import Workspace
 from ..working_memory import INPUT_HEADING, ContextBudget, FittedInput
-from .budget import RequestBudget, reservation_for
+from .budget import RequestBudget, Reservation, reservation_for
 from .file_questions import CountedFile, ListingQuestion, counted_file, listing_question
 from .records import RunOptions
 from .table_queries import DraftedQuery, drafted_query
@@ -743,6 +744,30 @@ _RESERVE_POLL_S = 0.05
 """How often a request waiting for the requests in flight to be counted asks the ledger again."""
 
 
+async def _reserved(ledger: RequestBudget, reservation: Reservation) -> bool:
+    """`ledger.reserve` in a worker thread; cancelled meanwhile, what it reserved is released."""
+    loop = asyncio.get_running_loop()
+    reserving = loop.run_in_executor(None, ledger.reserve, reservation)
+    try:
+        return await asyncio.shield(reserving)
+    except asyncio.CancelledError:
+
+        def release_if_held(done: asyncio.Future[bool]) -> None:
+            if not done.cancelled() and done.exception() is None and done.result():
+                loop.run_in_executor(None, _release, ledger, reservation)
+
+        reserving.add_done_callback(release_if_held)
+        raise
+
+
+def _release(ledger: RequestBudget, reservation: Reservation) -> None:
+    """Release a reservation; a store that fails to is left to drop it with this process's lease."""
+    try:
+        ledger.release(reservation)
+    except RunError:
+        pass
+
+
 class BudgetedModel(WrapperModel):
     """Holds every request to the run's call, token and money budgets (see `request`).
 
@@ -782,16 +807,16 @@ class BudgetedModel(WrapperModel):
             model_request_parameters,
             bounded=ledger.options.max_cost_usd is not None,
         )
-        # each try reads the run's shared counts from the database; those in flight are counted
-        # by other tasks of this process (in worker threads): polled, not awaited as an event
+        # each try is a transaction of the run store; those in flight are counted by other tasks
+        # of this process (in worker threads) or by other processes: polled, not awaited as an event
         while True:
-            if await asyncio.to_thread(ledger.reserve, reservation):
+            if await _reserved(ledger, reservation):
                 break
             await asyncio.sleep(_RESERVE_POLL_S)
         try:
             response = await self._answer(messages, model_settings, model_request_parameters)
         except BaseException:  # not answered (a cancel too): the reservation is released
-            ledger.release(reservation)
+            await asyncio.shield(asyncio.to_thread(_release, ledger, reservation))
             raise
         usage = response.usage
         ledger.settle(reservation, usage.input_tokens + usage.output_tokens, request_cost(self, response))

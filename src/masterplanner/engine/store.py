@@ -19,7 +19,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +58,7 @@ from .records import (
 )
 from .requests import Requests, create_requests_table
 
-__all__ = ["MIGRATIONS", "Lease", "RunStore", "engine_url", "held_here", "process_identity"]
+__all__ = ["MIGRATIONS", "Lease", "RunStore", "Spending", "engine_url", "held_here", "process_identity"]
 
 metadata = sa.MetaData()
 
@@ -119,6 +119,16 @@ usage_table = sa.Table(
     sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
     sa.Column("unpriced_calls", sa.Integer, nullable=False, server_default="0"),
 )
+reservations_table = sa.Table(
+    "mp_reservations",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(64), nullable=False, index=True),
+    sa.Column("owner", sa.String(200), nullable=False),
+    sa.Column("tokens", sa.BigInteger, nullable=False),
+    sa.Column("cost_usd", sa.Float, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
 
 
 def _create_run_tables(connection: Connection) -> None:
@@ -155,6 +165,17 @@ def _add_run_retries(connection: Connection) -> None:
         connection.execute(sa.text("ALTER TABLE mp_runs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0"))
 
 
+def _create_reservations(connection: Connection) -> None:
+    """Migration `0011_budget_reservations`: the worst case of each model request in flight.
+
+    One row a request, held from before it is made until its usage is counted (`add_usage`
+    deletes it in the same transaction), under the `mp_processes` id of the process making it:
+    every process holds the others' requests in flight to the run's budgets, and a dead
+    process's are dropped once its lease lapses (`reserve`).
+    """
+    reservations_table.create(connection, checkfirst=True)
+
+
 MIGRATIONS: list[Migration] = [
     ("0001_runs_steps_events_usage", _create_run_tables),
     ("0002_requests", create_requests_table),
@@ -166,6 +187,7 @@ MIGRATIONS: list[Migration] = [
     ("0008_run_retries", _add_run_retries),
     ("0009_message_hand_on", add_message_hand_on),
     ("0010_process_pid_namespace", add_process_pid_namespace),
+    ("0011_budget_reservations", _create_reservations),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -195,6 +217,18 @@ def process_identity() -> str:
 def held_here(owner: str) -> bool:
     """Whether a lease owner (`process_identity`, with or without a suffix) is of this process."""
     return owner.startswith(_process_prefix())
+
+
+@dataclass(frozen=True)
+class Spending:
+    """A run's usage so far, and what is held for its model requests in flight (`RunStore.reserve`)."""
+
+    calls: int
+    tokens: int
+    cost_usd: float
+    held_calls: int
+    held_tokens: int
+    held_cost_usd: float
 
 
 @dataclass(frozen=True)
@@ -840,8 +874,13 @@ class RunStore:
         output_tokens: int,
         seconds: float,
         cost_usd: float | None = 0.0,
+        reservation: str | None = None,
     ) -> None:
-        """Count one model call of `purpose` against the run (one upsert; `cost_usd` None: unpriced)."""
+        """Count one model call of `purpose` against the run (one upsert; `cost_usd` None: unpriced).
+
+        `reservation`: the call's reservation (`reserve`), deleted in the same transaction, so
+        no process ever sees the call both counted and held, or neither.
+        """
         values = {
             "run_id": run_id,
             "purpose": purpose,
@@ -853,6 +892,51 @@ class RunStore:
         }
         with self.begin("record usage") as connection:
             connection.execute(_ADD_USAGE, values)
+            if reservation is not None:
+                connection.execute(_DELETE_RESERVATION, {"id": reservation})
+
+    def reserve(
+        self,
+        run_id: str,
+        reservation: str,
+        *,
+        owner: str,
+        tokens: int,
+        cost_usd: float,
+        fits: Callable[[Spending], bool],
+    ) -> bool:
+        """Hold `tokens` and `cost_usd` for one model request of the run, if `fits` says they fit.
+
+        One transaction, one at a time for the run in every process (its row locked on Postgres,
+        the writer's lock on SQLite): the reservations of processes whose lease lapsed are
+        dropped, `fits` is given the run's usage and what is held for its requests in flight (one
+        read, so a request counted meanwhile is seen once: counted or held), and the reservation
+        is stored under `owner` (a process's `mp_processes` id) when it returns True. What `fits`
+        raises (a budget that cannot take the request) leaves nothing stored.
+        """
+        postgres = self.engine.dialect.name == "postgresql"
+        with self.begin("reserve a model request") as connection:
+            # first a write: on SQLite it takes the writer's lock for the whole transaction
+            connection.execute(_PURGE_RESERVATIONS[postgres], {"run_id": run_id})
+            if postgres:
+                connection.execute(_LOCK_RUN, {"run_id": run_id})
+            if not fits(_spending(connection, run_id, postgres)):
+                return False
+            connection.execute(
+                _INSERT_RESERVATION[postgres],
+                {"id": reservation, "run_id": run_id, "owner": owner, "tokens": tokens, "cost_usd": cost_usd},
+            )
+        return True
+
+    def spending(self, run_id: str) -> Spending:
+        """The run's usage so far and what its requests in flight hold, by every process (a read)."""
+        with self.begin("read usage") as connection:
+            return _spending(connection, run_id, self.engine.dialect.name == "postgresql")
+
+    def unreserve(self, reservation: str) -> None:
+        """Drop a reservation whose request was not answered (it failed or was cancelled)."""
+        with self.begin("release a model request's reservation") as connection:
+            connection.execute(_DELETE_RESERVATION, {"id": reservation})
 
     def usage_totals(self, run_id: str) -> tuple[int, int, float]:
         """`(model calls, tokens, US dollars)` the run has used so far, by every process working on it."""
@@ -906,10 +990,56 @@ _ADD_USAGE = sa.text(
     "output_tokens = mp_usage.output_tokens + :output_tokens, seconds = mp_usage.seconds + :seconds, "
     "cost_usd = mp_usage.cost_usd + :cost_usd, unpriced_calls = mp_usage.unpriced_calls + :unpriced"
 )
+_NOW = {
+    True: "extract(epoch FROM clock_timestamp())",
+    False: "((julianday('now') - 2440587.5) * 86400.0)",
+}
+"""The database's clock (`database_now`) inside a statement, for Postgres (True) and SQLite."""
+_PURGE_RESERVATIONS = {
+    postgres: sa.text(
+        "DELETE FROM mp_reservations WHERE run_id = :run_id AND owner IN "
+        f"(SELECT id FROM mp_processes WHERE stopped OR lease_until < {now})"
+    )
+    for postgres, now in _NOW.items()
+}
+_LOCK_RUN = sa.text("SELECT id FROM mp_runs WHERE id = :run_id FOR UPDATE")
+_SPENDING = {
+    postgres: sa.text(
+        "SELECT u.calls, u.tokens, u.cost, r.calls, r.tokens, r.cost FROM "
+        "(SELECT COALESCE(SUM(calls), 0) AS calls, COALESCE(SUM(input_tokens + output_tokens), 0) AS tokens, "
+        "COALESCE(SUM(cost_usd), 0) AS cost FROM mp_usage WHERE run_id = :run_id) AS u, "
+        "(SELECT COUNT(*) AS calls, COALESCE(SUM(tokens), 0) AS tokens, COALESCE(SUM(cost_usd), 0) AS cost "
+        "FROM mp_reservations WHERE run_id = :run_id AND owner NOT IN "
+        f"(SELECT id FROM mp_processes WHERE stopped OR lease_until < {now})) AS r"
+    )
+    for postgres, now in _NOW.items()
+}
+"""A run's usage and its live reservations, in one statement (one snapshot: a request counted
+meanwhile is seen counted or held, never neither)."""
+_INSERT_RESERVATION = {
+    postgres: sa.text(
+        "INSERT INTO mp_reservations (id, run_id, owner, tokens, cost_usd, created_at) "
+        f"VALUES (:id, :run_id, :owner, :tokens, :cost_usd, {now})"
+    )
+    for postgres, now in _NOW.items()
+}
+_DELETE_RESERVATION = sa.text("DELETE FROM mp_reservations WHERE id = :id")
 _USAGE_TOTALS = sa.text(
     "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(input_tokens + output_tokens), 0), "
     "COALESCE(SUM(cost_usd), 0) FROM mp_usage WHERE run_id = :run_id"
 )
+
+
+def _spending(connection: Connection, run_id: str, postgres: bool) -> Spending:
+    row = connection.execute(_SPENDING[postgres], {"run_id": run_id}).one()
+    return Spending(
+        calls=int(row[0]),
+        tokens=int(row[1]),
+        cost_usd=float(row[2]),
+        held_calls=int(row[3]),
+        held_tokens=int(row[4]),
+        held_cost_usd=float(row[5]),
+    )
 
 
 def _insert_event(
