@@ -508,9 +508,23 @@ def _four_long_replies(write_script: Callable[..., Path]) -> Path:
     return write_script(None, raw=json.dumps({"calls": calls, "max_output_tokens": 100_000}))
 
 
-def _budget_outcome(engine: Engine, run_id: str) -> tuple[list[str], int]:
-    statuses = sorted(s.status for s in engine.store.steps(run_id) if s.id.startswith("p"))
-    return statuses, engine.report(run_id)["usage"]["llm_calls"]
+def _budget_outcome(engine: Engine, run_id: str) -> tuple[list[tuple[int, int]], list[str], int]:
+    """The replies counted (calls, output tokens), the unanswered steps' statuses, and all calls.
+
+    A step whose reply was counted may still be cancelled with the run when the next request is
+    refused before it finished (a race with the load); one whose reply was not counted never ends
+    otherwise than cancelled."""
+    usage = engine.report(run_id)["usage"]
+    answered = {
+        purpose: entry for purpose, entry in usage["by_purpose"].items() if purpose.startswith("step:")
+    }
+    unanswered = [
+        s.status
+        for s in engine.store.steps(run_id)
+        if s.id.startswith("p") and f"step:{s.id}" not in answered
+    ]
+    counted = [(entry["calls"], entry["output_tokens"]) for entry in answered.values()]
+    return counted, unanswered, usage["llm_calls"]
 
 
 async def test_steps_at_once_cannot_together_pass_the_token_budget(
@@ -530,7 +544,7 @@ async def test_steps_at_once_cannot_together_pass_the_token_budget(
     usage = engine.report(run.id)["usage"]
     assert usage["input_tokens"] + usage["output_tokens"] <= 230_000
     assert usage["output_tokens"] >= 200_000  # two steps answered, one beside the other
-    assert _budget_outcome(engine, run.id) == (["cancelled", "cancelled", "succeeded", "succeeded"], 8)
+    assert _budget_outcome(engine, run.id) == ([(1, 100_000)] * 2, ["cancelled", "cancelled"], 8)
 
 
 async def test_steps_at_once_cannot_together_pass_the_money_budget(
@@ -540,7 +554,9 @@ async def test_steps_at_once_cannot_together_pass_the_money_budget(
     from masterplanner.models import pricing
 
     monkeypatch.setattr(pricing, "_FREE_SYSTEMS", frozenset())  # the script priced at $1 a million tokens
-    monkeypatch.setattr(pricing, "_priced", lambda provider, name, given, taken: (given + taken) / 1e6)
+    monkeypatch.setattr(
+        pricing, "_priced", lambda provider, name, usage: (usage.input_tokens + usage.output_tokens) / 1e6
+    )
     script = _four_long_replies(write_script)
     options = replace(FAST, max_cost_usd=0.23, max_replans=0)
     run = engine.create_run("at once", model=f"scripted:{script}", options=options)
@@ -550,7 +566,7 @@ async def test_steps_at_once_cannot_together_pass_the_money_budget(
         final.error
     )
     assert 0.2 <= engine.report(run.id)["usage"]["cost_usd"] <= 0.23
-    assert _budget_outcome(engine, run.id) == (["cancelled", "cancelled", "succeeded", "succeeded"], 8)
+    assert _budget_outcome(engine, run.id) == ([(1, 100_000)] * 2, ["cancelled", "cancelled"], 8)
 
 
 async def test_step_timeout_and_wall_time_budget(engine: Engine, write_script: Callable[..., Path]) -> None:
