@@ -202,3 +202,7 @@ def test_a_request_is_reserved_at_its_worst_case_and_bounded_under_a_money_budge
     assert (reserved.output_tokens, settings) == (50, {"max_tokens": 50})
     reserved, settings = reservation_for(hosted, messages, None, params, bounded=False)
     assert (reserved.output_tokens, settings) == (DEFAULT_OUTPUT_TOKENS, None)  # reserved, not sent
+    # a model that costs nothing (a server on this machine) is not cut short for a money budget
+    loopback = openai_model("gpt-4o-mini", "http://127.0.0.1:8080/v1")
+    reserved, settings = reservation_for(loopback, messages, None, params, bounded=True)
+    assert (reserved.output_tokens, reserved.cost_usd, settings) == (DEFAULT_OUTPUT_TOKENS, 0.0, None)

@@ -271,18 +271,22 @@ def reservation_for(
     Input: a token per byte of the request's text (its messages, tool definitions and output
     schema) plus `_MESSAGE_TOKENS` each: tokenizers make a token of a byte or more. Output: the
     request's `max_tokens`, else the model's own cap (a GGUF model's), else
-    `DEFAULT_OUTPUT_TOKENS`, sent as `max_tokens` when `bounded` (a money budget). Priced from
+    `DEFAULT_OUTPUT_TOKENS`, sent as `max_tokens` when `bounded` (a money budget) and the model
+    costs something (one that runs here is not cut short). Priced from
     the price table as the request will be (nothing for a model that runs here).
     """
     merged: dict[str, object] = {**(getattr(model, "settings", None) or {}), **(settings or {})}
     output = merged.get("max_tokens")
+    input_tokens = _request_bytes(messages, params)
     if not isinstance(output, int):
         cap = innermost(model).profile.get(MAX_OUTPUT_TOKENS)
         output = cap if isinstance(cap, int) and cap > 0 else DEFAULT_OUTPUT_TOKENS
-        if bounded and not isinstance(cap, int):
+        cost = price_of(model, input_tokens, output) or 0.0
+        # a model that costs nothing (Ollama, a server on this machine) is not cut short for money
+        if bounded and not isinstance(cap, int) and cost > 0:
             settings = cast("ModelSettings", {**(settings or {}), "max_tokens": output})
-    input_tokens = _request_bytes(messages, params)
-    cost = price_of(model, input_tokens, output) or 0.0
+    else:
+        cost = price_of(model, input_tokens, output) or 0.0
     return Reservation(input_tokens=input_tokens, output_tokens=output, cost_usd=cost), settings
 
 
