@@ -568,6 +568,14 @@ def smol() -> SmolLM2Embedder:
     return SmolLM2Embedder(embedded_model_path())
 
 
+@pytest.mark.local_model
+def test_smollm2_embeds_on_one_thread_so_a_busy_machine_does_not_stall_a_run(smol: SmolLM2Embedder) -> None:
+    # llama.cpp's threads spin at every barrier waiting for each other: with two of them on two
+    # busy cores (load average 11), one text took 3.7 to 12.7 s to embed, against 0.5 to 0.7 s on
+    # one thread, and a `run` spent 18 s, not 3, before its plan (`SmolLM2Embedder`)
+    assert (smol.llama.n_threads, smol.llama.n_threads_batch) == (1, 1)
+
+
 # Each task, then texts in the order SmolLM2 ranks them, with the calibrated similarity the reuse
 # threshold (0.6) is compared with: its paraphrase first, unrelated tasks far below. The sales
 # paraphrase is a miss: first, but below the threshold (MiniLM gives it 0.722).
