@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from _cli import LEASE_S, mp
+from _cli import LEASE_S, mp, run_events
 from _plans import APPROVED_AS_SHOWN, step, to_approval
 
 from masterplanner import RunError, RunService, Settings
@@ -878,3 +878,31 @@ def test_an_edit_saved_unchanged_is_no_edit(write_script: Callable[..., Path]) -
     assert to_approval(kinds) == (APPROVED_AS_SHOWN, False)
     audit = json.loads(mp("runs", "audit", report["run_id"], "--json").stdout)
     assert [entry["action"] for entry in audit][1:] == ["approved the plan"]
+
+
+def test_a_step_named_end_runs_to_the_end(write_script: Callable[..., Path]) -> None:
+    """A step id the run's own workflows also had (`<run>.end`) is the step's alone.
+
+    Before, the run's end workflow took the id of step `end`'s: the run failed at its very end
+    with DBOS's `DBOSConflictingWorkflowError` as a traceback, exit 1.
+    """
+    script = write_script(
+        [
+            _planner(*(step(f"s{n}", tools=[]) for n in range(3)), step("end", "s0", "s1", "s2", tools=[])),
+            {"purpose": "step:end", "output": "all put together"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    result = mp("run", "three then an end", "--model", f"scripted:{script}", "--yes", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    assert (report["status"], report["output"]) == ("succeeded", "all put together")
+    assert [(s["id"], s["status"]) for s in report["steps"]] == [
+        ("s0", "succeeded"),
+        ("s1", "succeeded"),
+        ("s2", "succeeded"),
+        ("end", "succeeded"),
+    ]
+    kinds = [event["kind"] for event in run_events(report["run_id"])]
+    assert kinds[-2:] == ["run_succeeded", "team_stored"]

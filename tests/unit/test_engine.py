@@ -886,6 +886,74 @@ async def test_an_end_cut_short_is_finished_by_the_next_execution(
     assert [kind for kind, _ in _kinds(engine, run.id)] == kinds
 
 
+async def test_steps_named_aggregate_and_end_are_the_steps_alone(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """Two sinks named as the run's answer and end workflows once were: the run composes and ends.
+
+    Before, the answer's workflow took step `aggregate`'s id (`<run>.aggregate`) and failed with
+    DBOS's conflicting-workflow error.
+    """
+    script = write_script(
+        [
+            _planner(step("aggregate", tools=[]), step("end", tools=[])),
+            {"purpose": "step:aggregate", "output": "AGG"},
+            {"purpose": "step:end", "output": "END"},
+            {"purpose": "aggregator", "expect": ["AGG", "END"], "output": "both"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("two sinks", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert (final.status, final.error, final.output) == ("succeeded", None, "both")
+    assert [(s.id, s.status, s.output) for s in engine.store.steps(run.id)] == [
+        ("aggregate", "succeeded", "AGG"),
+        ("end", "succeeded", "END"),
+    ]
+    assert [kind for kind, _ in _kinds(engine, run.id)][-2:] == ["run_succeeded", "team_stored"]
+    again = await engine.execute(run.id)  # the ended run, executed again, finds its own end
+    assert (again.status, again.output) == ("succeeded", "both")
+
+
+async def test_an_end_an_earlier_version_recorded_under_the_old_id_is_finished(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose end began under the old id (`<run>.end`) and was cut short is finished by this one.
+
+    The run's own workflows were `<run>.<name>` (now `<run>._<name>`): the end of a run started by
+    an earlier version is looked up under the id it has, not left for ever unfinished.
+    """
+    import threading
+
+    from masterplanner.engine import records, runtime, workflows
+
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
+    run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
+    blocked, go_on = threading.Event(), threading.Event()
+
+    def stuck(*args: Any, **kwargs: Any) -> None:  # the earlier version stops while telling the registry
+        blocked.set()
+        go_on.wait(10)
+
+    monkeypatch.setattr(runtime, "own_workflow_id", records.workflow_id)  # the earlier version's ids
+    monkeypatch.setattr(workflows, "_tell_registry", stuck)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    while not blocked.is_set():  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    execution.cancel()
+    await asyncio.gather(execution, return_exceptions=True)
+    go_on.set()
+    old = await asyncio.to_thread(engine.store.get_run, run.id)
+    assert old.status == "succeeded"
+    monkeypatch.undo()
+
+    final = await engine.execute(run.id)
+    assert final.status == "succeeded"
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert kinds[-2:] == ["run_succeeded", "team_stored"]
+    assert kinds.count("run_succeeded") == 1
+
+
 async def test_two_processes_executing_one_run_at_once_run_it_once(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:

@@ -102,6 +102,57 @@ async def test_a_failed_step_is_replanned_and_finished_steps_never_run_again(
     assert set(engine.store.get_run(run.id).agents) == {"a", "b", "c1", "c2"}
 
 
+async def test_a_step_named_as_a_replan_once_was_is_the_step_s_alone(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """Step `replan-1` ran; the first replan is the run's own workflow, not the step's outcome.
+
+    Before, the replan's workflow took step `replan-1`'s id and the run failed with DBOS's
+    conflicting-workflow error.
+    """
+    script = write_script(
+        [
+            _planner(step("replan-1", tools=[]), step("c", "replan-1", tools=[])),
+            {"purpose": "step:replan-1", "output": "R"},
+            {"purpose": "step:c"} | GARBAGE,
+            _planner(step("c1", "replan-1", tools=[]), purpose="replanner") | {"repeat": True},
+            {"purpose": "step:c1", "expect": ["R"], "output": "C1"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("replan it", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert (final.status, final.error, final.output) == ("succeeded", None, "C1")
+    assert [(s["id"], s["status"]) for s in engine.report(run.id)["steps"]] == [
+        ("replan-1", "succeeded"),
+        ("c", "replaced"),
+        ("c1", "succeeded"),
+    ]
+    (replanned,) = _events(engine, run.id, "replanned")
+    assert replanned == ("replanned", "c", {"retired": ["c"], "steps": ["c1"], "by": "auto", "n": 1})
+
+
+async def test_a_step_named_as_an_expansion_once_was_is_the_step_s_alone(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """Step `expand-b` ran before `b` was expanded: `b`'s sub-plan is not `expand-b`'s outcome."""
+    script = write_script(
+        [
+            _planner(step("expand-b", tools=[]), step("b", "expand-b", tools=[]) | {"expand": True}),
+            {"purpose": "step:expand-b", "output": "E"},
+            {"purpose": "planner", "expect": ["- expand-b: E"], "output": {"steps": [step("x", tools=[])]}},
+            {"purpose": "step:b--x", "expect": ["E"], "output": "X"},
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("expand b", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert (final.status, final.error, final.output) == ("succeeded", None, "X")
+    report = engine.report(run.id)
+    assert [(s["id"], s["status"]) for s in report["steps"]] == [("expand-b", "succeeded"), ("b", "expanded")]
+    assert [(s["id"], s["status"]) for s in report["steps"][1]["sub_steps"]] == [("b--x", "succeeded")]
+
+
 async def test_a_replan_may_not_reuse_a_recorded_step_id(
     engine: Engine, write_script: Callable[..., Path]
 ) -> None:

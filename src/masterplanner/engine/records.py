@@ -32,6 +32,7 @@ __all__ = [
     "flat_steps",
     "nested_steps",
     "options_problem",
+    "own_workflow_id",
     "utc_now",
     "workflow_id",
 ]
@@ -355,12 +356,28 @@ class RunRecord:
 
 
 def workflow_id(run_id: str, name: str, retries: int = 0) -> str:
-    """The DBOS workflow id of one of a run's workflows: a step's (`name` is its id), `end`, ….
+    """The DBOS workflow id of a run's step (`name` is its id); `own_workflow_id` for the run's own.
 
     `<run>.<name>` until the run is retried, `<run>.retry<n>.<name>` after its n-th retry: a
     retried step runs afresh instead of returning the outcome its failed workflow recorded.
     """
     return f"{run_id}.{name}" if retries == 0 else f"{run_id}.retry{retries}.{name}"
+
+
+OWN_WORKFLOW_MARK = "_"
+"""What starts the name of a run's own workflow in its id (`<run>._end`): never a step id's first
+character (`plan.SLUG`), so no step, whatever the planner names it, shares its workflow's id."""
+
+
+def own_workflow_id(run_id: str, name: str, retries: int = 0) -> str:
+    """The DBOS workflow id of a run's own workflow: `end`, `aggregate`, `replan-<n>`, `expand-<step>`.
+
+    `<run>._<name>` (`<run>.retry<n>._<name>` after a retry). They were `<run>.<name>`, the form
+    of a step's: a step named `end`, `aggregate`, `replan-1` or `expand-x` took its id, and the
+    run failed with DBOS's conflicting-workflow error. A run's workflows recorded before keep
+    their ids (`runtime.own_workflow`).
+    """
+    return workflow_id(run_id, f"{OWN_WORKFLOW_MARK}{name}", retries)
 
 
 SUB_STEP = "--"

@@ -1,6 +1,6 @@
 """A plan that changes while its run runs: a failed step replanned, a step expanded into a sub-plan.
 
-Both are proposed by a durable workflow (`<run>.replan-<n>`, `<run>.expand-<step>`) whose model
+Both are proposed by a durable workflow (`<run>._replan-<n>`, `<run>._expand-<step>`) whose model
 calls are checkpointed, so a process that takes the run over after a crash gets the same
 proposal instead of planning again. A replan is shown to the person as a stored `replan`
 request (approve, edit, reject) unless the run approves everything (`--yes`); a sub-plan was
@@ -32,10 +32,10 @@ from ..planner import expand, replan
 from ..prompting import create_prompts, prompts_to_json
 from .checkpoints import checkpointed_and_counted
 from .planning import kept_marks, review_payload
-from .records import AgentBrief, EventKind, RunRecord, briefs, workflow_id
+from .records import AgentBrief, EventKind, RunRecord, briefs
 from .requests import PlanDecision
 from .resources import RunResources, resources_of
-from .runtime import launched_host
+from .runtime import launched_host, own_workflow
 from .scheduler import StepOutcome
 
 __all__ = ["PlanRevisions", "expand_workflow", "replan_workflow"]
@@ -128,7 +128,11 @@ async def _with_prompts(
     return {"plan": revised.to_json_dict(), "agents": {step_id: written[step_id] for step_id in new_ids}}
 
 
-@DBOS.workflow(name="masterplanner.replan")
+_REPLAN_WORKFLOW = "masterplanner.replan"
+_EXPAND_WORKFLOW = "masterplanner.expand"
+
+
+@DBOS.workflow(name=_REPLAN_WORKFLOW)
 async def replan_workflow(run_id: str, step_id: str, error: str) -> dict[str, Any]:
     """New steps in place of failed `step_id` and its dependents, or the planner's problems."""
     resources, run, outputs = await _proposal_resources(run_id)
@@ -150,7 +154,7 @@ async def replan_workflow(run_id: str, step_id: str, error: str) -> dict[str, An
     )
 
 
-@DBOS.workflow(name="masterplanner.expand")
+@DBOS.workflow(name=_EXPAND_WORKFLOW)
 async def expand_workflow(run_id: str, step_id: str) -> dict[str, Any]:
     """`step_id` planned as a sub-plan, with its dependencies' outputs in view, or the problems."""
     resources, run, outputs = await _proposal_resources(run_id)
@@ -228,7 +232,7 @@ class PlanRevisions:
         # each retry of the run its own (as its steps'): a retry after a replan whose review
         # expired, or whose edit could not be applied, found that answer again and failed again
         proposal = await _proposal(
-            workflow_id(self.run_id, f"replan-{number}", run.retries),
+            await own_workflow(self.run_id, f"replan-{number}", run.retries, _REPLAN_WORKFLOW),
             replan_workflow,
             self.run_id,
             step.id,
@@ -272,7 +276,7 @@ class PlanRevisions:
         run = await self._run()
         if run.plan is None or step.id not in run.plan.ids:
             return None
-        expand_id = workflow_id(self.run_id, f"expand-{step.id}", run.retries)
+        expand_id = await own_workflow(self.run_id, f"expand-{step.id}", run.retries, _EXPAND_WORKFLOW)
         proposal = await _proposal(expand_id, expand_workflow, self.run_id, step.id)
         if "problems" in proposal or "error" in proposal:
             why: dict[str, Any] = {key: proposal[key] for key in ("problems", "error") if key in proposal}

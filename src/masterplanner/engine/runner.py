@@ -69,13 +69,21 @@ from .runtime import (
     launched_on,
     next_status,
     note_loop,
+    own_workflow,
     recover_workflow,
     shutdown_dbos,
     step_queue,
 )
 from .scheduler import StepOutcome, run_dag
 from .store import Lease, RunStore, process_identity
-from .workflows import aggregate_workflow, end_workflow, plain_answer, step_workflow
+from .workflows import (
+    AGGREGATE_WORKFLOW,
+    END_WORKFLOW,
+    aggregate_workflow,
+    end_workflow,
+    plain_answer,
+    step_workflow,
+)
 
 __all__ = ["Engine", "run_catalog"]
 
@@ -572,7 +580,7 @@ class _Drive:
 
     async def _finish_end(self) -> None:
         """Finish the end of a run that a crash cut short (its outcome recorded, the registry not told)."""
-        end_id = workflow_id(self.run_id, "end", self.retries)
+        end_id = await own_workflow(self.run_id, "end", self.retries, END_WORKFLOW)
         status = await DBOS.get_workflow_status_async(end_id)
         if status is not None and status.status == "PENDING":
             handle = await DBOS.resume_workflow_async(end_id)
@@ -580,7 +588,7 @@ class _Drive:
 
     async def _end(self, status: Literal["succeeded", "failed"], text: str, *, tell_registry: bool) -> None:
         self.ending = True
-        end_id = workflow_id(self.run_id, "end", self.retries)
+        end_id = await own_workflow(self.run_id, "end", self.retries, END_WORKFLOW)
         earlier = await DBOS.get_workflow_status_async(end_id)
         if earlier is not None and earlier.status in ("PENDING", "ENQUEUED"):
             await self._follow(end_id, None)  # a crash cut it short before it recorded the outcome
@@ -691,7 +699,7 @@ class _Drive:
         answer = plain_answer(run.plan, outputs) if run.plan is not None else None
         if answer is not None:
             return answer
-        aggregate_id = workflow_id(self.run_id, "aggregate", self.retries)
+        aggregate_id = await own_workflow(self.run_id, "aggregate", self.retries, AGGREGATE_WORKFLOW)
         status = await DBOS.get_workflow_status_async(aggregate_id)
         if status is not None and status.status in ("PENDING", "ENQUEUED"):
             return str(await self._follow(aggregate_id, None))

@@ -37,6 +37,8 @@ from ..errors import RunError
 from ..logs import REDACTING, WORKFLOW_OUTCOMES
 from ..settings import PROVIDERS, Settings, provider_of
 from .processes import Heartbeat, ProcessKind, step_queue_name
+from .records import own_workflow_id
+from .records import workflow_id as step_workflow_id
 from .store import RunStore, engine_url, held_here
 
 __all__ = [
@@ -49,6 +51,7 @@ __all__ = [
     "launched_on",
     "next_status",
     "note_loop",
+    "own_workflow",
     "process_lost",
     "recover_workflow",
     "shutdown_dbos",
@@ -413,6 +416,19 @@ async def next_status(workflow_id: str) -> WorkflowStatus | None:
     if poll is None:
         poll = _status_polls[loop] = _StatusPoll()
     return await poll.next(workflow_id)
+
+
+async def own_workflow(run_id: str, name: str, retries: int, function: str) -> str:
+    """The id of the run's own workflow `name`, whose DBOS function is `function` (`masterplanner.end`).
+
+    `records.own_workflow_id`, unless an earlier version recorded that workflow under its old
+    id, the form of a step's (`<run>.end`): a run started before and resumed now follows it
+    (a crash cut it short) or returns what it recorded, never runs it afresh. A workflow under
+    the old id whose function is another (a step named `end`) is not it.
+    """
+    old = step_workflow_id(run_id, name, retries)
+    status = await DBOS.get_workflow_status_async(old)
+    return old if status is not None and status.name == function else own_workflow_id(run_id, name, retries)
 
 
 def executor_id() -> str | None:

@@ -7,7 +7,7 @@ request is a DBOS step (`CheckpointedModel`) and so is every tool call, so a wor
 again after a crash replays their recorded results instead of repeating them. A finished one is
 never executed again: calling it with its id returns its recorded outcome.
 
-The end of a run (`<run>.end`) records how it ended and tells the registry, as two DBOS steps:
+The end of a run (`<run>._end`) records how it ended and tells the registry, as two DBOS steps:
 a process that dies between them leaves the workflow pending, and the next one to take the run
 finishes it (`Engine.execute`), so a succeeded run's team is stored exactly once.
 """
@@ -73,7 +73,15 @@ from .step_agent import (
 from .step_tools import runnable_tools, step_tools, team_tools
 from .tool_calls import ToolCalls, durable_key
 
-__all__ = ["AGENT_REQUEST_LIMIT", "aggregate_workflow", "end_workflow", "plain_answer", "step_workflow"]
+__all__ = [
+    "AGENT_REQUEST_LIMIT",
+    "AGGREGATE_WORKFLOW",
+    "END_WORKFLOW",
+    "aggregate_workflow",
+    "end_workflow",
+    "plain_answer",
+    "step_workflow",
+]
 
 # Step agents run inside our workflows and their output is ours to show: pydantic-ai's first-run
 # console banner would land in a live view or a program's output (the CLI also sets
@@ -167,7 +175,11 @@ def plain_answer(plan: Plan, outputs: dict[str, str]) -> str | None:
     return outputs.get(ends[0], "") if len(ends) == 1 else None
 
 
-@DBOS.workflow(name="masterplanner.aggregate")
+AGGREGATE_WORKFLOW = "masterplanner.aggregate"
+"""The DBOS function name of the run's answer (`aggregate_workflow`), as DBOS records it."""
+
+
+@DBOS.workflow(name=AGGREGATE_WORKFLOW)
 async def aggregate_workflow(run_id: str) -> str:
     """The run's answer: the final step's output, the only sink's, or an aggregator call over the sinks."""
     resources = await _resources(run_id)
@@ -196,7 +208,11 @@ async def aggregate_workflow(run_id: str) -> str:
     return result.output
 
 
-@DBOS.workflow(name="masterplanner.end")
+END_WORKFLOW = "masterplanner.end"
+"""The DBOS function name of the run's end (`end_workflow`), as DBOS records it."""
+
+
+@DBOS.workflow(name=END_WORKFLOW)
 async def end_workflow(
     run_id: str, status: Literal["succeeded", "failed"], text: str, tell_registry: bool
 ) -> None:
