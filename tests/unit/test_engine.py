@@ -849,6 +849,56 @@ def test_budgets_hold_for_the_run_across_processes(engine: Engine, write_script:
         other.close()
 
 
+async def test_a_cancel_asked_just_before_the_run_ends_does_not_cut_its_end_short(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel asked as the end records `succeeded` leaves the run succeeded, its team stored.
+
+    Before, the executor's guard saw the cancel flag while the end told the registry (0.2 s on) and
+    cut the end workflow there: the run said succeeded, but its team was never stored and nothing
+    finished the end (the lease was given up cleanly).
+    """
+    import threading
+
+    from masterplanner import RunService
+    from masterplanner.engine import workflows
+
+    run = _one_step_run(engine, write_script)
+    store = engine.store
+    setting, telling = store.set_status, workflows._tell_registry
+    told: list[RunRecord] = []
+
+    def cancel() -> None:  # another process's `runs cancel`, waiting for the run to stop
+        service = RunService(engine.settings)
+        try:
+            told.append(asyncio.run(service.cancel(run.id, wait_s=30, by="cli@elsewhere:1")))
+        finally:
+            service.close()
+
+    canceller = threading.Thread(target=cancel)
+
+    def set_status(run_id: str, status: Any, **values: Any) -> bool:
+        if status == "succeeded":  # the cancel is asked just before the end records the outcome
+            canceller.start()
+            while not store.cancel_requested(run_id):
+                time.sleep(0.01)
+        return setting(run_id, status, **values)
+
+    def slow_tell(*args: Any, **kwargs: Any) -> None:  # the guard looks several times meanwhile
+        time.sleep(1.0)
+        telling(*args, **kwargs)
+
+    monkeypatch.setattr(store, "set_status", set_status)
+    monkeypatch.setattr(workflows, "_tell_registry", slow_tell)
+    final = await asyncio.wait_for(engine.execute(run.id), 60)
+    await asyncio.to_thread(canceller.join, 60)
+    assert (final.status, final.output) == ("succeeded", "a done")
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert kinds[-3:] == ["cancel_requested", "run_succeeded", "team_stored"]
+    assert "run_cancelled" not in kinds
+    assert [(record.status, record.output) for record in told] == [("succeeded", "a done")]
+
+
 async def test_an_end_cut_short_is_finished_by_the_next_execution(
     engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

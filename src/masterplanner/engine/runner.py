@@ -447,6 +447,11 @@ class _Guards:
                 _owner, work, drive = runs[run_id]
                 if work.done() or drive.stop_reason is not None or (held and not cancel):
                     continue  # stopped once: a second cancel would cut its clean-up short
+                if held and drive.ending:
+                    # a cancel asked as the run ends comes too late: its end records how it ended
+                    # (a cancel recorded before stands, `end_workflow`) and then tells the
+                    # registry; cut there, the end was left unfinished with nobody to finish it
+                    continue
                 drive.stop_reason = "cancelled" if cancel else "lease lost"
                 work.cancel()
 
@@ -536,7 +541,7 @@ class _Drive:
             if run.status == "running":
                 await self._run_steps(run, resources)
         except asyncio.CancelledError:
-            if self.stop_reason == "cancelled":
+            if self.stop_reason == "cancelled" and not self.ending:  # an end goes on where it stopped
                 await self._cancel_step_workflows()
                 await asyncio.to_thread(_mark_cancelled, self.store, run.id)
                 return
