@@ -408,15 +408,30 @@ async def test_answers_that_do_not_fit_the_request_are_refused(
             f"request {review['id']}: the answer does not fit a plan review: colour: unknown field; "
             "known: action, agents, plan, reason, tool_policies",
         ),
+        # one limit for a reason however it is sent (before: "must be text of at most 20000
+        # characters" for a number, and 4,000 in `approve: false`'s own field)
+        (
+            {"decision": {"action": "reject", "reason": 5}},
+            f"request {review['id']}: the reason should be text, got a number",
+        ),
+        (
+            {"decision": {"action": "reject", "reason": "x" * 20_001}},
+            f"request {review['id']}: the reason is 20,001 characters; the limit is 20,000",
+        ),
+        (
+            {"approve": False, "reason": "x" * 20_001},
+            "the request is invalid: body.reason: is 20,001 characters; the limit is 20,000",
+        ),
     ]
     for answer, error in cases:
         refused = await client.post(f"/requests/{review['id']}/answer", json=answer)
         assert (refused.status_code, refused.json()["error"]) == (422, error)
     assert (await client.get(f"/requests/{review['id']}")).json()["state"] == "open"  # nothing changed
+    reason = "not now: " + "why " * 1_500  # 6,009 characters, within the limit
     rejected = await client.post(
-        f"/requests/{review['id']}/answer", json={"approve": False, "reason": "not now"}
+        f"/requests/{review['id']}/answer", json={"approve": False, "reason": reason}
     )
-    assert rejected.json()["answer"] == {"action": "reject", "reason": "not now"}
+    assert rejected.json()["answer"] == {"action": "reject", "reason": reason}
     final = await _wait_for(
         client,
         f"/runs/{run['id']}",

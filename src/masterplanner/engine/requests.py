@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.engine import Connection
 
 from ..database import names_nothing, reconnecting_methods
-from ..errors import RequestClosedError, RequestError, quoted_id, validation_problems
+from ..errors import RequestClosedError, RequestError, json_kind, quoted_id, validation_problems
 from ..plan import Plan
 from ..redaction import REMOVED, secret_parts, secret_refusal
 from .records import AgentBrief, utc_now
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .store import RunStore
 
 __all__ = [
+    "ANSWER_TEXT_CHARS",
     "PlanDecision",
     "Request",
     "RequestKind",
@@ -58,8 +59,10 @@ RequestState = Literal["open", "answered", "expired", "cancelled"]
 
 _POLL_S = 0.2
 """How often a waiting step looks at its request (a read of one row by primary key)."""
-_MAX_TEXT = 20_000
-"""Longest text answer (an `ask_user` reply, a rejection reason) taken."""
+ANSWER_TEXT_CHARS = 20_000
+"""Longest text answer (an `ask_user` reply, a reason for a refusal or a rejection) taken, from
+any front end: the HTTP API's fields (`web.api.AnswerIn`) take the same, so a reason is not
+refused at 4,000 characters in one form of answer and at 20,000 in another."""
 
 
 class PlanDecision(BaseModel):
@@ -68,7 +71,7 @@ class PlanDecision(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     action: Literal["approve", "reject"]
-    reason: str | None = Field(default=None, max_length=_MAX_TEXT)
+    reason: str | None = Field(default=None, max_length=ANSWER_TEXT_CHARS)
     plan: dict[str, Any] | None = None
     """An edited plan (public form); validated against the run's catalog when it is applied."""
     agents: dict[str, AgentBrief] | None = None
@@ -343,8 +346,13 @@ def _shaped_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
         got = "null" if answer is None else type(answer).__name__
         raise RequestError(f"request {request.id}: an answer is an object, got {got}")
     reason = answer.get("reason")
-    if reason is not None and (not isinstance(reason, str) or len(reason) > _MAX_TEXT):
-        raise RequestError(f"request {request.id}: the reason must be text of at most {_MAX_TEXT} characters")
+    if reason is not None and not isinstance(reason, str):
+        raise RequestError(f"request {request.id}: the reason should be text, got {json_kind(reason)}")
+    if reason is not None and len(reason) > ANSWER_TEXT_CHARS:
+        raise RequestError(
+            f"request {request.id}: the reason is {len(reason):,} characters; "
+            f"the limit is {ANSWER_TEXT_CHARS:,}"
+        )
     if request.kind in ("plan_review", "replan"):
         what = "a plan review" if request.kind == "plan_review" else "a replan's review"
         action = answer.get("action")
@@ -366,8 +374,11 @@ def _shaped_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
             raise RequestError(
                 f'request {request.id} is a question: its answer is {{"text": …}} and nothing else'
             )
-        if len(text) > _MAX_TEXT:
-            raise RequestError(f"request {request.id}: the answer is longer than {_MAX_TEXT} characters")
+        if len(text) > ANSWER_TEXT_CHARS:
+            raise RequestError(
+                f"request {request.id}: the answer is {len(text):,} characters; "
+                f"the limit is {ANSWER_TEXT_CHARS:,}"
+            )
         if not text.strip():  # the agent asked for something: nothing is no answer
             raise RequestError(f"request {request.id}: the answer is empty; write what the agent asked for")
         return {"text": text}

@@ -29,6 +29,7 @@ from ..engine.records import (
     RunRecord,
     RunStatus,
 )
+from ..engine.requests import ANSWER_TEXT_CHARS
 from ..errors import DatabaseUnavailableError, RequestError, RunError, RunNotFoundError, quoted_id
 from ..plan import MAX_TASK_CHARS
 from ..service import Request as StoredRequest
@@ -203,8 +204,8 @@ class AnswerIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     approve: bool | None = None
-    text: str | None = Field(default=None, max_length=100_000)
-    reason: str | None = Field(default=None, max_length=4_000)
+    text: str | None = Field(default=None, max_length=ANSWER_TEXT_CHARS)
+    reason: str | None = Field(default=None, max_length=ANSWER_TEXT_CHARS)
     decision: dict[str, Any] | None = None
 
 
