@@ -71,6 +71,32 @@ async def test_a_run_on_postgres(database: str, write_script: Callable[..., Path
         engine.close()
 
 
+async def test_steps_named_end_and_aggregate_run_on_postgres(
+    database: str, write_script: Callable[..., Path]
+) -> None:
+    """The run's own workflows (`<run>._aggregate`, `<run>._end`) never take a step's id."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("aggregate", tools=[]), step("end", tools=[])]}},
+            {"purpose": "step:aggregate", "output": "AGG"},
+            {"purpose": "step:end", "output": "END"},
+            {"purpose": "aggregator", "expect": ["AGG", "END"], "output": "both"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    engine = Engine(Settings.load(database_url=database))
+    try:
+        run = engine.create_run(
+            "two sinks", model=f"scripted:{script}", options=RunOptions(auto_approve=True)
+        )
+        final = await engine.execute(run.id)
+        assert (final.status, final.error, final.output) == ("succeeded", None, "both")
+        kinds = [event.kind for event in engine.store.events(run.id)]
+        assert kinds[-2:] == ["run_succeeded", "team_stored"]
+    finally:
+        engine.close()
+
+
 async def test_workers_sharing_postgres_share_the_registry(
     database: str, write_script: Callable[..., Path]
 ) -> None:
