@@ -32,9 +32,12 @@ TASKS = {
 }
 
 
-def vector_of(text: str, size: int = 64) -> list[float]:
-    """The vector the server gives `text`: `size` numbers seeded by it (unrelated texts are far apart)."""
-    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+def vector_of(text: str, size: int = 64, model: str = "") -> list[float]:
+    """The vector the server gives `text`: `size` numbers seeded by it (unrelated texts are far apart).
+
+    Another `model` gives every text another vector.
+    """
+    seed = int.from_bytes(hashlib.sha256((model + text).encode()).digest()[:8], "big")
     return [float(x) for x in np.random.default_rng(seed).standard_normal(size)]
 
 
@@ -57,12 +60,14 @@ class EmbeddingServer:
         self.answer = "right"
         self.size = 64
         """How many numbers a vector has (another model served under the same name has others)."""
+        self.model = ""
+        """Which model answers: another one served under the same name gives other vectors."""
         self.batches: list[list[str]] = []
         self.base_url = ""
 
     def reply(self, texts: list[str]) -> dict[str, Any]:
         self.batches.append(texts)
-        vectors = [vector_of(text, self.size) for text in texts]
+        vectors = [vector_of(text, self.size, self.model) for text in texts]
         if self.answer == "shifted":
             vectors = vectors[1:] + vectors[:1]
         data = [
@@ -276,3 +281,57 @@ def test_a_server_that_numbers_two_vectors_alike_is_refused(server: EmbeddingSer
         f"embedder {spec!r} failed: the server numbered its 2 vectors 0, 0: "
         "each text's index (0 to 1) must come once"
     )
+
+
+def test_a_search_text_kept_from_the_model_before_is_embedded_again(
+    database_url: str, server: EmbeddingServer
+) -> None:
+    """A long-running process kept a search text's vector of the model before another size's.
+
+    Each search of it had every item embedded again at the new size, then read back none at the
+    old one: it found nothing.
+    """
+    spec = spec_for(server)
+    store = RegistryStore(database_url, spec)
+    store_tasks(store)
+    assert store.similar_cohorts(TASKS["haiku"], 1)[0][0].id == "haiku"
+    server.size = 32  # another model under the same name; the process keeps running
+    embedded = []
+    for query in ("invoice", "haiku", "haiku"):
+        asked = len(server.batches)
+        found = store.similar_cohorts(TASKS[query], 3)
+        assert found[0][0].id == query and found[0][1] == pytest.approx(1.0, abs=1e-5)
+        embedded.append(sorted(text for batch in server.batches[asked:] for text in batch))
+    assert embedded == [
+        sorted([TASKS["invoice"], *TASKS.values()]),  # the first search after the change: every task
+        [TASKS["haiku"]],  # the kept one, made again once
+        [],
+    ]
+    assert {key: vector.shape for key, vector in stored_vectors(store, "cohort").items()} == {
+        "sales": (32,),
+        "haiku": (32,),
+        "invoice": (32,),
+    }
+    store.close()
+
+
+def test_a_search_text_kept_by_another_process_is_embedded_again_after_reembed(
+    database_url: str, server: EmbeddingServer
+) -> None:
+    """`reembed` forgot its own process's search texts alone: a server still ranked with the old model's."""
+    spec = spec_for(server)
+    serving = RegistryStore(database_url, spec)
+    store_tasks(serving)
+    assert serving.similar_cohorts(TASKS["haiku"], 1)[0][1] == pytest.approx(1.0, abs=1e-5)
+    server.model = "v2"  # another model of the same size under the same name
+    other = RegistryStore(database_url, spec)
+    assert other.reembed().made["cohort"] == 3
+    other.close()
+    asked = len(server.batches)
+    found = serving.similar_cohorts(TASKS["haiku"], 1)
+    assert found[0][0].id == "haiku" and found[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert server.batches[asked:] == [[TASKS["haiku"]]]
+    asked = len(server.batches)
+    serving.similar_cohorts(TASKS["haiku"], 1)  # kept again, now of the new model
+    assert server.batches[asked:] == []
+    serving.close()

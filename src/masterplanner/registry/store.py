@@ -539,7 +539,9 @@ class RegistryStore:
         self.url = url
         self.engine = create_engine(url)
         self._vectors: dict[str, tuple[int, _Vectors]] = {}
-        self._queries: dict[str, np.ndarray] = {}
+        self._queries: dict[str, tuple[int | None, np.ndarray]] = {}
+        """Search texts' vectors (the last 64), each with the registry's vector generation it was
+        used at (`_counters`; None: embedded, not used yet)."""
         self._counts: dict[str, tuple[int, dict[str, int]]] = {}
         migrate(self.engine, self.url, REGISTRY_MIGRATIONS)
 
@@ -821,7 +823,7 @@ class RegistryStore:
         if wanted is None:
             return []
         with self._begin("compare agents") as connection:
-            vectors = self._current_vectors(connection, "agent", wanted)
+            vectors, wanted = self._current_vectors(connection, "agent", text, wanted)
         similarity = self.embedder.similarity
         return [
             (spec, similarity(float(vectors.matrix[vectors.position[spec.id]] @ wanted)))
@@ -838,7 +840,7 @@ class RegistryStore:
 
         The text index's top candidates, fused by reciprocal rank fusion with the cosine top
         candidates when an embedder is set; `wanted` is `text`'s embedding (`_query_vector`),
-        computed by the caller before its transaction began.
+        computed by the caller before its transaction began (and made again here if stale).
         """
         rankings: list[list[str]] = []
         terms = query_terms(text)
@@ -854,11 +856,11 @@ class RegistryStore:
             rankings.append(_search(index, connection, _selective_terms(terms, count), _CANDIDATES))
         if wanted is None:
             return fuse(rankings), None
-        vectors = self._current_vectors(connection, kind, wanted)
-        rankings.append([item for item, _ in vectors.nearest(wanted, _CANDIDATES)])
+        vectors, query = self._current_vectors(connection, kind, text, wanted)
+        rankings.append([item for item, _ in vectors.nearest(query, _CANDIDATES)])
 
         def cosine(item: str) -> float:
-            return float(vectors.matrix[vectors.position[item]] @ wanted) if item in vectors.position else 0.0
+            return float(vectors.matrix[vectors.position[item]] @ query) if item in vectors.position else 0.0
 
         return fuse(rankings), cosine
 
@@ -872,32 +874,66 @@ class RegistryStore:
         return cached[1]
 
     def _query_vector(self, text: str) -> np.ndarray | None:
-        """The embedding of a search text, None without an embedder or text (the last 64 are kept)."""
+        """The embedding of a search text, None without an embedder or text (the last 64 are kept).
+
+        One kept is used as it is here; `_current_vectors` makes it again when the registry's
+        vectors were made again since it was used (`_counters`).
+        """
         if self.embedder is None or not text.strip():
             return None
-        vector = self._queries.get(text)
-        if vector is None:
-            vector = self.embedder.embed_sync([text], "query")[0]
-            if len(self._queries) >= 64:
-                self._queries.pop(next(iter(self._queries)))
-            self._queries[text] = vector
+        cached = self._queries.get(text)
+        return cached[1] if cached is not None else self._embed_query(text, None)
+
+    def _embed_query(self, text: str, generation: int | None) -> np.ndarray:
+        """`text` embedded now and kept, marked with `generation` (None: not used yet)."""
+        assert self.embedder is not None
+        vector: np.ndarray = self.embedder.embed_sync([text], "query")[0]
+        if text not in self._queries and len(self._queries) >= 64:
+            self._queries.pop(next(iter(self._queries)), None)
+        self._queries[text] = (generation, vector)
         return vector
 
-    def _current_vectors(self, connection: Connection, kind: str, wanted: np.ndarray) -> _Vectors:
-        """This kind's vectors for the configured embedder, embedding items that have none yet.
+    def _current_vectors(
+        self, connection: Connection, kind: str, text: str, wanted: np.ndarray
+    ) -> tuple[_Vectors, np.ndarray]:
+        """This kind's vectors for the configured embedder (embedding items with none), and `wanted`.
 
-        An item has none when it has no vector of this embedder, of `VECTORS_VERSION` and of the
-        size of `wanted` (a query's vector): one stored by an older version (or before versions
-        were kept), or by another model served under the embedder's name since, is made again and
-        replaced. (Vectors of another size failed the search with NumPy's error.)
+        `wanted` is `text`'s vector from `_query_vector`, embedded again if it is stale: kept from
+        before the registry's vectors were made again (`reembed`, or a model of another size seen
+        by any process: the generation of `_counters` moved), or of another size than this kind's
+        stored vectors (made by the model served under the embedder's name before). (A kept one
+        of the old size had every item embedded again at the new size, then none read back at the
+        old one: the search found
+        nothing, and so did every one like it.) An item has none when it has no vector of this
+        embedder, of `VECTORS_VERSION` and of the query's size: one stored by an older version
+        (or before versions were kept), or by another model served under the embedder's name
+        since, is made again and replaced.
         """
         assert self.embedder is not None
-        writes = _writes(connection)
-        size = wanted.shape[-1] * 4  # bytes of float32
-        cached = self._vectors.get(kind)
-        if cached is not None and cached[0] == writes and cached[1].matrix.shape[1] * 4 == size:
-            return cached[1]
+        writes, generation = _counters(connection)
+        cached = self._queries.get(text)
+        fresh = cached is None or cached[0] is None
+        if cached is not None and cached[0] is not None and cached[0] != generation:
+            wanted, fresh = self._embed_query(text, generation), True
         name = self.embedder.spec
+        stored = _sql(
+            connection,
+            "SELECT length(vector) FROM mp_vectors WHERE embedder = ? AND kind = ? AND version = ? LIMIT 1",
+            (name, kind, VECTORS_VERSION),
+        ).first()
+        if stored is not None and stored[0] != wanted.shape[-1] * 4 and not fresh:
+            wanted = self._embed_query(text, generation)
+        size = wanted.shape[-1] * 4  # bytes of float32
+        resized = stored is not None and stored[0] != size  # another model: every vector is made again
+        self._queries[text] = (generation + resized, wanted)
+        vectors = self._vectors.get(kind)
+        if (
+            not resized
+            and vectors is not None
+            and vectors[0] == writes
+            and vectors[1].matrix.shape[1] * 4 == size
+        ):
+            return vectors[1], wanted
         table, column = _ITEM_TEXTS[kind]
         rows = _sql(
             connection,
@@ -918,6 +954,11 @@ class RegistryStore:
                 kind,
                 [(item_id, row) for (item_id, _), row in zip(batch, matrix, strict=True)],
             )
+        if resized:
+            # every process's kept query vectors of the old model are made again, and its vectors reload
+            _next_vector_generation(connection)
+            _count_write(connection)
+            writes += 1
         rows = _sql(
             connection,
             "SELECT item_id, vector FROM mp_vectors WHERE embedder = ? AND kind = ? AND version = ? "
@@ -932,9 +973,9 @@ class RegistryStore:
             if rows
             else np.zeros((0, size // 4), dtype=np.float32)
         )
-        vectors = _Vectors(ids, matrix)
-        self._vectors[kind] = (writes, vectors)  # embedding the missing ones did not count as a write
-        return vectors
+        made = _Vectors(ids, matrix)
+        self._vectors[kind] = (writes, made)  # embedding the missing ones did not count as a write
+        return made, wanted
 
     def reembed(self, progress: Callable[[int, int], None] | None = None) -> Reembedded:
         """Make every agent's, cohort's and memory's vector again with the configured embedder.
@@ -985,12 +1026,12 @@ class RegistryStore:
                     ]
                     _store_vectors(connection, embedder.spec, kind, unchanged)
                     _count_write(connection)  # every process's cached vectors reload
+                    _next_vector_generation(connection)  # and its kept query vectors are made again
                 result.made[kind] += len(unchanged)
                 result.changed += len(batch) - len(unchanged)
                 done += len(batch)
                 if progress is not None:
                     progress(done, total)
-        self._queries.clear()  # the same embedder, but made again: nothing of before is reused
         return result
 
     # ---- export and import
@@ -1183,6 +1224,26 @@ def _store_vectors(
 def _writes(connection: Connection) -> int:
     """The registry's write counter (it moves with every change to a text index or vectors)."""
     return int(_sql(connection, "SELECT value FROM mp_registry_meta WHERE key = 'writes'").scalar_one())
+
+
+def _counters(connection: Connection) -> tuple[int, int]:
+    """The registry's write counter (`_writes`) and its vector generation (`_counters`)."""
+    values = dict(
+        _sql(connection, "SELECT key, value FROM mp_registry_meta WHERE key IN ('writes', 'vectors')").all()
+    )
+    return int(values["writes"]), int(values.get("vectors", 0))
+
+
+def _next_vector_generation(connection: Connection) -> None:
+    """Move the registry's vector generation: its vectors were made again (`reembed`, another model).
+
+    Every process then embeds again a search text's vector it kept from before (0 until first moved).
+    """
+    _sql(
+        connection,
+        "INSERT INTO mp_registry_meta (key, value) VALUES ('vectors', 1) "
+        "ON CONFLICT (key) DO UPDATE SET value = mp_registry_meta.value + 1",
+    )
 
 
 def _count_write(connection: Connection) -> None:
