@@ -53,7 +53,9 @@ class EmbeddingServer:
     - `reversed`: the same vectors and indexes, `data` listed last first;
     - `shifted`: each text of a batch of several gets the vector of the text after it (a server
       that misplaces a batch's vectors, as llama-cpp-python's per-token one did); one alone is right;
-    - `twice`: every vector numbered 0.
+    - `twice`: every vector numbered 0;
+    - `noindex`: no vector numbered (some compatible servers leave `index` out);
+    - `short`: the first text's vector left out (the others numbered 1 and up).
     """
 
     def __init__(self) -> None:
@@ -70,10 +72,14 @@ class EmbeddingServer:
         vectors = [vector_of(text, self.size, self.model) for text in texts]
         if self.answer == "shifted":
             vectors = vectors[1:] + vectors[:1]
-        data = [
+        data: list[dict[str, Any]] = [
             {"object": "embedding", "index": 0 if self.answer == "twice" else n, "embedding": vector}
             for n, vector in enumerate(vectors)
         ]
+        if self.answer == "noindex":
+            data = [{key: value for key, value in item.items() if key != "index"} for item in data]
+        if self.answer == "short":
+            data = data[1:]
         if self.answer == "reversed":
             data.reverse()
         usage = {"prompt_tokens": len(texts), "total_tokens": len(texts)}
@@ -335,3 +341,30 @@ def test_a_search_text_kept_by_another_process_is_embedded_again_after_reembed(
     serving.similar_cohorts(TASKS["haiku"], 1)  # kept again, now of the new model
     assert server.batches[asked:] == []
     serving.close()
+
+
+def test_a_server_that_numbers_no_vector_has_them_taken_in_its_order(server: EmbeddingServer) -> None:
+    """Such servers worked before vectors were taken by index; then they failed with Python's `<` error."""
+    server.answer = "noindex"
+    embedder = resolve_embedder(spec_for(server))
+    assert embedder is not None
+    texts = list(TASKS.values())
+    vectors = embedder.embed_sync(texts, "document")
+    assert [round(float(row @ unit(text)), 5) for row, text in zip(vectors, texts, strict=True)] == [
+        1.0,
+        1.0,
+        1.0,
+    ]
+
+
+def test_a_server_that_answers_fewer_vectors_than_texts_is_refused(server: EmbeddingServer) -> None:
+    """It was told its indexes 1, 2 should have been 0 to 1: the texts sent are counted, not the vectors."""
+    server.answer = "short"
+    spec = spec_for(server)
+    embedder = resolve_embedder(spec)
+    assert embedder is not None
+    with pytest.raises(ModelError) as refused:
+        embedder.embed_sync(list(TASKS.values()), "document")
+    assert str(refused.value) == (
+        f"embedder {spec!r} failed: the server answered 2 vector(s) for 3 text(s): each text must get one"
+    )

@@ -5,7 +5,8 @@ embeds, and a compatible server need not list them in that order. pydantic-ai (2
 openai client (3.57) take `data` in the order given: a server answering `[1, 0]` had each text
 stored with the other one's vector. A provider whose client is OpenAI's gets its `embeddings`
 resource replaced by `IndexOrderedEmbeddings`, which puts `data` in `index` order (and refuses a
-reply that does not number each text once). Imported only when a provider's embedder is made:
+reply that does not number each text once, or has not one vector per text; one that numbers
+none is taken in its order, as before). Imported only when a provider's embedder is made:
 it imports the openai package.
 """
 
@@ -26,9 +27,20 @@ class IndexOrderedEmbeddings(AsyncEmbeddings):
     async def create(self, **arguments: Any) -> CreateEmbeddingResponse:
         """The reply of `AsyncEmbeddings.create`, its `data` sorted by `index`.
 
-        `ValueError` when its indexes are not each of the texts' once (0 to texts - 1).
+        A reply that leaves out any `index` (some compatible servers do) is taken in its order.
+        `ValueError` when it has another number of vectors than texts were sent, or its indexes
+        are not each of the texts' once (0 to texts - 1).
         """
         response = await super().create(**arguments)
+        sent = arguments.get("input")
+        texts = 1 if isinstance(sent, str) else len(sent) if isinstance(sent, list) else None
+        if texts is not None and len(response.data) != texts:
+            raise ValueError(
+                f"the server answered {len(response.data)} vector(s) for {texts} text(s): "
+                "each text must get one"
+            )
+        if any(getattr(item, "index", None) is None for item in response.data):
+            return response
         indexes = [item.index for item in response.data]
         if sorted(indexes) != list(range(len(indexes))):
             shown = ", ".join(str(index) for index in indexes[:10]) + (", …" if len(indexes) > 10 else "")
