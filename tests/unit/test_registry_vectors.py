@@ -368,3 +368,30 @@ def test_a_server_that_answers_fewer_vectors_than_texts_is_refused(server: Embed
     assert str(refused.value) == (
         f"embedder {spec!r} failed: the server answered 2 vector(s) for 3 text(s): each text must get one"
     )
+
+
+def test_a_team_rated_while_reembed_runs_gets_its_new_vector(
+    database_url: str, server: EmbeddingServer
+) -> None:
+    """Its rating rewrote its stored column: it was counted 'changed' and kept its wrong vector."""
+    spec = spec_for(server)
+    store = RegistryStore(database_url, spec)
+    store_tasks(store)
+    server.answer = "shifted"
+    store.similar_cohorts(TASKS["haiku"], 3)  # each task with another's vector
+    server.answer = "right"
+
+    def rate(done: int, total: int) -> None:
+        if done == 0:  # the texts are read, none embedded yet: a person rates the haiku's run
+            store.apply_rating("haiku", 5, by="tester", agent_ids=[], lessons={})
+
+    done = store.reembed(rate)
+    assert (done.made, done.changed) == ({"agent": 0, "cohort": 3, "memory": 0}, 0)
+    assert store.get_cohort("haiku").rating == 5
+    vectors = stored_vectors(store, "cohort")
+    assert {key: round(float(vectors[key] @ unit(task)), 5) for key, task in TASKS.items()} == {
+        "sales": 1.0,
+        "haiku": 1.0,
+        "invoice": 1.0,
+    }
+    store.close()

@@ -983,8 +983,9 @@ class RegistryStore:
         For vectors a search would keep: ones made by a server that answered wrongly, or by
         another model served under the same name. Texts are embedded `_REEMBED_BATCH` at a time,
         outside any transaction; each batch is stored in its own, replacing the items' vectors of
-        this embedder, so what is done stays done if a later batch fails. An item edited or
-        removed meanwhile is left out (its edit dropped its vectors: the next search embeds it).
+        this embedder, so what is done stays done if a later batch fails. An item whose embedded
+        text was edited, or that was removed, meanwhile is left out (its edit dropped its vectors:
+        the next search embeds it); one changed otherwise (a team rated) is stored.
         `progress(done, total)` is called before the first batch and after each. `ConfigError`
         with no embedder set.
         """
@@ -1019,10 +1020,13 @@ class RegistryStore:
                             tuple(item_id for item_id, _ in batch),
                         ).all()
                     )
+                    # what is embedded for it unchanged: a team rated meanwhile (its rating is in its
+                    # stored column, and keeps its vectors) was left with the wrong one
                     unchanged = [
                         (item_id, row)
                         for (item_id, text), row in zip(batch, matrix, strict=True)
-                        if now.get(item_id) == text
+                        if item_id in now
+                        and _embedding_text_of(kind, now[item_id]) == _embedding_text_of(kind, text)
                     ]
                     _store_vectors(connection, embedder.spec, kind, unchanged)
                     _count_write(connection)  # every process's cached vectors reload
