@@ -395,3 +395,13 @@ def test_a_team_rated_while_reembed_runs_gets_its_new_vector(
         "invoice": 1.0,
     }
     store.close()
+
+
+def test_a_search_stores_the_vectors_it_makes_in_id_order(database_url: str, server: EmbeddingServer) -> None:
+    """As `reembed` does: in the table's order, a search and a reembed could lock Postgres rows crosswise."""
+    spec = spec_for(server)
+    store = RegistryStore(database_url, spec)
+    store_tasks(store)  # sales, haiku, invoice
+    store.similar_cohorts("poem", 1)
+    assert server.batches[1] == [TASKS["haiku"], TASKS["invoice"], TASKS["sales"]]
+    store.close()

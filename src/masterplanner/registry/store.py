@@ -939,12 +939,14 @@ class RegistryStore:
             connection,
             f"SELECT t.id, t.{column} FROM {table} t WHERE NOT EXISTS (SELECT 1 FROM mp_vectors v "
             "WHERE v.embedder = ? AND v.kind = ? AND v.item_id = t.id AND v.version = ? "
-            "AND length(v.vector) = ?)",
+            "AND length(v.vector) = ?) ORDER BY t.id",
             (name, kind, VECTORS_VERSION, size),
         ).all()
         missing = [(item_id, _embedding_text_of(kind, text)) for item_id, text in rows]
         # every batch is embedded before the first write, so the write lock is held for the
-        # inserts alone, not while other searches' embeddings queue for the model
+        # inserts alone, not while other searches' embeddings queue for the model; they are
+        # stored in id order, as `reembed` stores them, and then the counters as it moves them:
+        # on Postgres two stores of the same vectors lock their rows in one order (no deadlock)
         batches = [missing[start : start + 256] for start in range(0, len(missing), 256)]
         matrices = [self.embedder.embed_sync([text for _, text in batch], "document") for batch in batches]
         for batch, matrix in zip(batches, matrices, strict=True):
@@ -956,8 +958,8 @@ class RegistryStore:
             )
         if resized:
             # every process's kept query vectors of the old model are made again, and its vectors reload
-            _next_vector_generation(connection)
             _count_write(connection)
+            _next_vector_generation(connection)
             writes += 1
         rows = _sql(
             connection,
