@@ -91,9 +91,11 @@ def _review_changes(request: Request) -> tuple[PlanDecision, list[str], list[str
         plan = Plan.model_validate(payload["plan"]) if payload.get("plan") else None
         held = briefs(payload.get("agents"), stored=True)
         policies = dict(payload.get("tool_policies") or {})
-    except (ValidationError, TypeError, ValueError, AttributeError):
+        tools = payload.get("tools")
+        shown = None if tools is None else {str(tool["name"]) for tool in tools}
+    except (ValidationError, TypeError, ValueError, AttributeError, KeyError):
         return None
-    changes = decision.changes(plan, held, policies)
+    changes = decision.changes(plan, held, policies, shown)
     changed = {
         step_id: brief for step_id, brief in (changes.agents or {}).items() if brief != held.get(step_id)
     }

@@ -137,7 +137,9 @@ def _policies(raw: object, catalog: Catalog, where: str, problems: list[str]) ->
         problems.append(f"{where}: tool_policies must map tool names to auto, ask or deny")
         return {}
     found = [
-        f"{where}: tool_policies: {tool!r} is not a tool of this run" for tool in raw if tool not in catalog
+        f"{where}: tool_policies: {tool!r} is not a tool of this run"
+        for tool in raw
+        if not _policy_tool(tool, catalog)
     ] + [
         f"{where}: tool_policies: {tool} must be auto, ask or deny, got {value!r}"
         for tool, value in raw.items()
@@ -145,6 +147,24 @@ def _policies(raw: object, catalog: Catalog, where: str, problems: list[str]) ->
     ]
     problems.extend(found)
     return {} if found else {str(tool): str(value) for tool, value in raw.items()}
+
+
+def _policy_tool(name: object, catalog: Catalog) -> bool:
+    """Whether `name` may have a policy: a tool of the run, or one configured but missing here.
+
+    A run keeps the policies configured for tools it cannot offer on this machine (`web_search`
+    without a backend, the tools of an MCP server that would not start): the review shows them
+    as they are, and saving the document unchanged must not refuse them.
+    """
+    if not isinstance(name, str):
+        return False
+    from .engine.catalogs import RunCatalog
+
+    if name in catalog:
+        return True
+    if not isinstance(catalog, RunCatalog):
+        return False
+    return name in catalog.missing or any(name.startswith(f"{server}_") for server in catalog.mcp_servers)
 
 
 @dataclass

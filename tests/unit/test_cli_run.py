@@ -837,6 +837,36 @@ def test_the_review_says_a_reused_agent_s_prompt_was_written_by_a_person(
     assert to_approval(kinds) == (APPROVED_AS_SHOWN, False)
 
 
+def test_a_policy_for_a_tool_missing_here_saved_unchanged_is_no_edit(
+    write_script: Callable[..., Path],
+) -> None:
+    """`web_search: deny` with no search backend: the review shows it, and saving it as shown is taken.
+
+    It was refused ("'web_search' is not a tool of this run"), and the review reopened for good.
+    """
+    script = write_script([_planner(step("a", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}])
+    result = mp(
+        "run",
+        "one thing",
+        "--model",
+        f"scripted:{script}",
+        "--json",
+        stdin="e\na\n",
+        env={"EDITOR": "true", "VISUAL": "", "MASTERPLANNER_TOOL_POLICIES": '{"web_search": "deny"}'},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "the edit changed nothing; the plan is unchanged\n" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["status"] == "succeeded"
+    engine = Engine(Settings.load())
+    try:
+        assert engine.store.get_run(report["run_id"]).options.tool_policies == {"web_search": "deny"}
+    finally:
+        engine.close()
+    audit = json.loads(mp("runs", "audit", report["run_id"], "--json").stdout)
+    assert [entry["action"] for entry in audit][1:] == ["approved the plan"]
+
+
 LONG = (
     "Read every line of the quarterly report, note each figure that changed since the last quarter "
     "together with its page number, and say in one sentence why each change matters to the reader."

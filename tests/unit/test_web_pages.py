@@ -484,3 +484,64 @@ async def test_the_review_form_approved_as_shown_is_no_edit(
     assert not any(agent.get("edited") for agent in report["agents"].values())
     kinds = [event["kind"] for event in (await client.get(f"/api/v1/runs/{run_id}/events")).json()]
     assert to_approval(kinds) == (APPROVED_AS_SHOWN, False)
+
+
+@pytest.mark.parametrize("front_end", ["form", "api"])
+async def test_a_policy_for_a_tool_missing_here_is_kept_by_reviews_and_replans_approved_as_shown(
+    client: httpx.AsyncClient, write_script: Callable[..., Path], front_end: str
+) -> None:
+    """`web_search: deny` with no search backend: the form cannot show it, so it never sends it back.
+
+    The first review approved as shown dropped it and was recorded as an edit of the tool
+    policies; a replan approved as shown was refused as changing the run's policies, again and
+    again, and the run was stuck.
+    """
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("c", "a", tools=[])]}},
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:c", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True},
+            {"purpose": "replanner", "output": {"steps": [step("c1", "a", tools=[])]}, "repeat": True},
+            {"purpose": "step:c1", "output": "C1"},
+            DRAFTS,
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    options = {"prompt_rounds": 0, "max_replans": 1, "tool_policies": {"web_search": "deny"}}
+    body = {"task": "a then c", "model": f"scripted:{script}", "options": options}
+    created = await client.post("/api/v1/runs", json=body)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    for heading in ("Review the plan", "Replan: step c failed"):
+        page = await _body_until(client, run_id, heading)
+        request = re.search(r'id="review-form" hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', page)
+        assert request is not None, page
+        if front_end == "api":
+            approved = await client.post(f"/api/v1/requests/{request[1]}/answer", json={"approve": True})
+            assert approved.status_code == 200, approved.text
+            continue
+        form = _form_as_sent(page, "review-form")
+        assert "policy.web_search" not in form  # not a tool of this run: the form has no field for it
+        sent = form | {"choice": "approve"}
+        approved = await client.post(f"/runs/{run_id}/requests/{request[1]}", data=sent)
+        assert approved.status_code == 200, approved.text
+        assert 'class="error"' not in approved.text, approved.text
+    await _body_until(client, run_id, r"status status-succeeded")
+    service = RunService(Settings.load())
+    try:
+        policies = (await service.get(run_id)).options.tool_policies
+        approvals = [entry.action for entry in await service.audit(run_id) if entry.request is not None]
+    finally:
+        service.close()
+    assert policies == {"web_search": "deny"}
+    assert approvals == ["approved the plan", "approved the replan of step c"]
+    report = (await client.get(f"/api/v1/runs/{run_id}")).json()
+    assert [(s["id"], s["status"]) for s in report["steps"]] == [
+        ("a", "succeeded"),
+        ("c", "replaced"),
+        ("c1", "succeeded"),
+    ]
+    events = (await client.get(f"/api/v1/runs/{run_id}/events")).json()
+    kinds = [event["kind"] for event in events]
+    assert to_approval(kinds) == (APPROVED_AS_SHOWN, False)
+    assert kinds.count("request_opened") == 1  # the replan's, answered once

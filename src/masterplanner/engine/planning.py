@@ -219,7 +219,7 @@ async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDec
     What the answer gives back as the run holds it is no edit (`PlanDecision.changes`): an
     answer that changes nothing records no `plan_edited` and marks no prompt `edited`.
     """
-    decision = decision.changes(run.plan, run.agents, run.options.tool_policies)
+    decision = decision.changes(run.plan, run.agents, run.options.tool_policies, resources.catalog.names)
     if not decision.edits:
         return run
     plan = validate_plan(
@@ -234,8 +234,9 @@ async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDec
     edited_agents = kept_marks(
         run.agents, {step_id: given[step_id] for step_id in plan.ids if step_id in given}
     )
-    problems = unoffered_policy_tools(
-        decision.tool_policies or {},
+    held = run.options.tool_policies
+    problems = unoffered_policy_tools(  # a policy the run holds as it was is not the edit's to refuse
+        [tool for tool, policy in (decision.tool_policies or {}).items() if held.get(tool) != policy],
         {step_id: agent.tool_policies for step_id, agent in (decision.agents or {}).items()},
         resources.catalog,
     )

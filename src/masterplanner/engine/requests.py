@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -89,7 +89,11 @@ class PlanDecision(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
     def changes(
-        self, plan: Plan | None, agents: Mapping[str, AgentBrief], tool_policies: Mapping[str, str]
+        self,
+        plan: Plan | None,
+        agents: Mapping[str, AgentBrief],
+        tool_policies: Mapping[str, str],
+        shown: Collection[str] | None = None,
     ) -> PlanDecision:
         """This answer without what it gives back as the run holds it: what it changes.
 
@@ -99,6 +103,12 @@ class PlanDecision(BaseModel):
         `plan_edited`, and no agent marked `edited` (which would switch off the step aids'
         shortcuts). A step's prompt that differs only in the whitespace around it (an editor's
         final line break, a browser's) is the run's, with the run's marks.
+
+        `shown` names the tools the review shows (its catalog; None: all). A policy the run holds
+        for a tool outside them (configured but not available here: `web_search` without a
+        backend, the tools of an MCP server that would not start) is no answer's to drop: a
+        front end cannot show it, so the web form never sends it back. It is kept as the run
+        holds it unless the answer names that tool itself.
         """
         if self.action != "approve" or not self.edits:
             return self
@@ -114,8 +124,10 @@ class PlanDecision(BaseModel):
             update["agents"] = (
                 None if all(agents.get(step_id) == brief for step_id, brief in given.items()) else given
             )
-        if self.tool_policies is not None and dict(self.tool_policies) == dict(tool_policies):
-            update["tool_policies"] = None
+        if self.tool_policies is not None:
+            unshown = {} if shown is None else {t: p for t, p in tool_policies.items() if t not in shown}
+            policies = {**unshown, **self.tool_policies}
+            update["tool_policies"] = None if policies == dict(tool_policies) else policies
         return self.model_copy(update=update)
 
 

@@ -255,7 +255,9 @@ class PlanRevisions:
             for asked in itertools.count():  # an edit that cannot be applied is asked about again
                 decision, by = await self._review(run, step, error, revised, agents, (number, asked), refused)
                 # what the answer gives back as it was proposed is no edit (front ends send it all)
-                decision = decision.changes(revised, _shown(run, revised, agents), run.options.tool_policies)
+                held = run.options.tool_policies
+                shown = _shown(run, revised, agents)
+                decision = decision.changes(revised, shown, held, self.resources.catalog.names)
                 if decision.action == "reject":
                     await self._failed(step.id, number, {"rejected": decision.reason or "rejected", "by": by})
                     return None
