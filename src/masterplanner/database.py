@@ -140,7 +140,8 @@ def _create_private(database: str | None) -> None:
 def names_nothing(text: str) -> bool:
     """Whether `text`, an id or a search from outside, can match nothing stored: it holds a NUL.
 
-    No id, task or text stored holds one (they are refused on the way in), and the databases
+    No id, task or text stored holds one (the HTTP API refuses a JSON body with a NUL in any
+    string, naming the field: `web.app._no_nul_in_body`), and the databases
     cannot be asked: Postgres refuses a NUL in any text it is sent (its error, which names the
     database, was the answer to `GET /api/v1/runs/a%00b`), and SQLite ends a `LIKE` pattern at
     one (a search for a NUL matched every run).

@@ -288,6 +288,46 @@ async def test_an_id_or_a_search_holding_a_nul_names_nothing(
         assert (await client.get(f"/runs/{run['id']}")).json()["status"] == "awaiting_approval"
 
 
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_body_holding_a_nul_is_refused_naming_the_field(
+    database: str,
+    isolated: Path,
+    write_script: Callable[..., Path],
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On Postgres a rejection's reason with a NUL was taken (200) and the run then failed in the
+    database's words; an agent's keyword with one was a 400 naming the database's URL.
+    """
+    if database == "postgres":
+        monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", request.getfixturevalue("postgres_database"))
+    script = write_script([{"purpose": "*", "repeat": True}])
+    async with web_client("/api/v1") as client:
+        created = await client.post("/runs", json={"task": "x", "model": f"scripted:{script}"})
+        run = await _wait_for(
+            client, f"/runs/{created.json()['id']}", lambda found: found["status"] == "awaiting_approval"
+        )
+        review = (await client.get(f"/requests?run_id={run['id']}")).json()[0]
+        for method, path, body, field in [
+            ("POST", f"/requests/{review['id']}/answer", {"approve": False, "reason": "no\x00pe"}, "reason"),
+            ("PUT", "/agents/someone", {"keywords": ["a\x00b"]}, "keywords.0"),
+            (
+                "POST",
+                "/runs",
+                {"task": "x", "options": {"tool_policies": {"web_search": "a\x00"}}},
+                "options.tool_policies.web_search",
+            ),
+        ]:
+            refused = await client.request(method, path, json=body)
+            problem = f"body.{field}: must not hold a NUL character"
+            assert (refused.status_code, refused.json()) == (
+                422,
+                {"error": f"the request is invalid: {problem}", "problems": [problem]},
+            ), path
+        assert (await client.get(f"/requests/{review['id']}")).json()["state"] == "open"
+        assert (await client.get(f"/runs/{run['id']}")).json()["status"] == "awaiting_approval"
+
+
 async def test_ids_numbers_and_bodies_past_what_is_taken(
     client: httpx.AsyncClient, write_script: Callable[..., Path], tmp_path: Path
 ) -> None:

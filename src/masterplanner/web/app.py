@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -69,6 +70,7 @@ def create_app(
         version=__version__,
         summary="Plan a task into cooperating agents, review it, run it.",
         lifespan=lifespan,
+        dependencies=[Depends(_no_nul_in_body)],
     )
     app.state.service = service
     app.state.token = token
@@ -260,6 +262,44 @@ def _same_site_only(*, loopback_only: bool) -> Callable[[Request, _Next], Awaita
 
 
 _TOO_LARGE = f"the request body is over {MAX_BODY_BYTES // (1024 * 1024)} MiB"
+
+
+def _nul_at(value: object, where: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
+    """Where in a JSON value a string (or a key) holds a NUL character, or None."""
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = (*where, key) if "\x00" in key else _nul_at(item, (*where, key))
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _nul_at(item, (*where, index))
+            if found is not None:
+                return found
+    return None
+
+
+async def _no_nul_in_body(request: Request) -> None:
+    """Refuses a JSON body with a NUL character in any string, naming the field.
+
+    No text stored holds one (`database.names_nothing`): Postgres refuses it in its own words
+    (naming its URL), after an answer had been taken with a 200 and the run then failed on it.
+    A body that is not JSON is left to the route, which says so.
+    """
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        return
+    try:
+        sent = json.loads(await request.body())
+    except (ValueError, RecursionError):
+        return
+    where = _nul_at(sent)
+    if where is not None:
+        problem = "must not hold a NUL character"
+        raise RequestValidationError([{"type": "value_error", "loc": ("body", *where), "msg": problem}])
 
 
 class _BodyLimit:
