@@ -158,7 +158,7 @@ async def test_a_bad_task_is_shown_on_the_form_and_nothing_is_stored(client: htt
         in relative.text
     )
     nul = await client.post("/api/v1/runs", json={"task": "a\u0000b"})
-    assert (nul.status_code, nul.json()["problems"]) == (422, ["the task holds a NUL character"])
+    assert (nul.status_code, nul.json()["problems"]) == (422, ["body.task: must not hold a NUL character"])
     assert (await client.get("/api/v1/runs")).json() == []
 
 
