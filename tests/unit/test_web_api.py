@@ -317,6 +317,12 @@ async def test_a_body_holding_a_nul_is_refused_naming_the_field(
                 {"task": "x", "options": {"tool_policies": {"web_search": "a\x00"}}},
                 "options.tool_policies.web_search",
             ),
+            (  # a key holding one is named with it written out: the message held the NUL itself
+                "POST",
+                "/runs",
+                {"task": "x", "options": {"tool_policies": {"web\x00search": "deny"}}},
+                "options.tool_policies.web\\x00search",
+            ),
         ]:
             refused = await client.request(method, path, json=body)
             problem = f"body.{field}: must not hold a NUL character"

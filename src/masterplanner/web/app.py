@@ -270,7 +270,8 @@ def _nul_at(value: object, where: tuple[str | int, ...] = ()) -> tuple[str | int
         return where if "\x00" in value else None
     if isinstance(value, dict):
         for key, item in value.items():
-            found = (*where, key) if "\x00" in key else _nul_at(item, (*where, key))
+            # a key is named with its NUL written out, not held in the message
+            found = (*where, key.replace("\x00", "\\x00")) if "\x00" in key else _nul_at(item, (*where, key))
             if found is not None:
                 return found
     if isinstance(value, list):
