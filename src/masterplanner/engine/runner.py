@@ -520,26 +520,30 @@ class _Drive:
         finally:
             otel_context.detach(token)
 
+    async def _advance(self, run: RunRecord) -> None:
+        """Take the run on from where its stored state says it is, to its end."""
+        if run.finished:
+            self.ending = True
+            await self._finish_end()
+            return
+        try:
+            resources = await resources_of(run.id, self.engine.settings, self.store)
+        except ConfigError as error:
+            if self.engine.queued_steps:
+                # a worker's own settings (a model file not on its disk): the worker refuses
+                # the run and leaves it, as it is, for another worker (`Worker`)
+                raise _Refused(error) from None
+            raise  # the person's own process: the run fails, saying why (retry it once fixed)
+        if run.status == "planning":
+            run = await plan_run(resources, run)
+        if run.status == "awaiting_approval":
+            run = await review_run(resources, run)
+        if run.status == "running":
+            await self._run_steps(run, resources)
+
     async def _run(self, run: RunRecord) -> None:
         try:
-            if run.finished:
-                self.ending = True
-                await self._finish_end()
-                return
-            try:
-                resources = await resources_of(run.id, self.engine.settings, self.store)
-            except ConfigError as error:
-                if self.engine.queued_steps:
-                    # a worker's own settings (a model file not on its disk): the worker refuses
-                    # the run and leaves it, as it is, for another worker (`Worker`)
-                    raise _Refused(error) from None
-                raise  # the person's own process: the run fails, saying why (retry it once fixed)
-            if run.status == "planning":
-                run = await plan_run(resources, run)
-            if run.status == "awaiting_approval":
-                run = await review_run(resources, run)
-            if run.status == "running":
-                await self._run_steps(run, resources)
+            await self._advance(run)
         except asyncio.CancelledError:
             if self.stop_reason == "cancelled" and not self.ending:  # an end goes on where it stopped
                 await self._cancel_step_workflows()
@@ -564,6 +568,23 @@ class _Drive:
             if self.ending:
                 raise RunStoppedError(text) from None
             await self._stop_or_fail(text, cancel_steps=False)
+        except Exception as exc:  # a bug: the run stayed `running`, and nobody took it over
+            await self._fail_for_bug(exc)
+            raise  # its traceback goes where the caller's errors go (the terminal, the server's log)
+
+    async def _fail_for_bug(self, exc: Exception) -> None:
+        """End the run failed, naming an error that is not ours (unless its end is under way).
+
+        Before, the error left the driver and the run stayed `running` (or awaiting approval),
+        with no event and no error; its lease was given up, so no process took it over.
+        """
+        if self.ending:
+            return  # the end workflow records its own outcome
+        from ..redaction import redacted
+
+        text = f"an unexpected error stopped the run (a bug in masterplanner): {type(exc).__name__}: {exc}"
+        with contextlib.suppress(MasterplannerError, sa.exc.DBAPIError):  # the bug is what is said
+            await self._stop_or_fail(redacted(text), cancel_steps=True)
 
     async def _stop_or_fail(self, text: str, *, cancel_steps: bool) -> None:
         """End the run failed with `text`; if its database cannot record that, stop, saying `text`.
