@@ -306,13 +306,28 @@ def _request_bytes(messages: list[ModelMessage], params: ModelRequestParameters)
 
 
 def _part_size(part: object) -> int:
-    if isinstance(part, ToolCallPart):
-        return _size(part.tool_name) + _size(part.args_as_json_str())
-    if isinstance(part, ToolReturnPart):
-        return _size(part.tool_name) + _size(part.model_response_str())
-    if isinstance(part, RetryPromptPart):
-        return _size(part.model_response())
+    try:
+        if isinstance(part, ToolCallPart):
+            return _size(part.tool_name) + _size(part.args_as_json_str())
+        if isinstance(part, ToolReturnPart):
+            return _size(part.tool_name) + _size(part.model_response_str())
+        if isinstance(part, RetryPromptPart):
+            return _size(part.model_response())
+    except ValueError:  # pydantic's JSON refuses a lone surrogate, which a model's tool call may hold
+        assert isinstance(part, ToolCallPart | ToolReturnPart | RetryPromptPart)
+        return _json_size(part)  # (the tool says so to the agent; the step failed here instead)
     return _size(getattr(part, "content", None))
+
+
+_RETRY_TEXT = 64
+"""Bytes a retry prompt adds to its errors ("Fix the errors and try again.", a code fence)."""
+
+
+def _json_size(part: ToolCallPart | ToolReturnPart | RetryPromptPart) -> int:
+    """Bytes of a part's contents as JSON, indented as a retry prompt's errors are, with a surrogate."""
+    value = part.args if isinstance(part, ToolCallPart) else part.content
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str, indent=2)
+    return _size(part.tool_name) + len(text.encode("utf-8", "surrogatepass")) + _RETRY_TEXT
 
 
 def _size(content: object) -> int:
