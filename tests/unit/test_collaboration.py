@@ -59,8 +59,9 @@ async def test_a_question_to_a_finished_step_and_a_message_to_a_running_one(
             {"purpose": "step:b", "expect": ["step a answers: It was 42."], "output": "B-OUT"},
             _call("step:c", "send_message", to="d", content="Use blue, not red."),
             {"purpose": "step:c", "output": "C-OUT"},
-            # d is running (its first request takes a while) when c's message arrives
-            _call("step:d", "list_notes", delay_s=0.6),
+            # d is running (its first request takes a while) when c's message arrives; 0.6 s was
+            # too short once in a loaded CI, where c's two requests each wait for SQLite's writer
+            _call("step:d", "list_notes", delay_s=2.0),
             {
                 "purpose": "step:d",
                 "expect": ["message #1 from step c: Use blue, not red."],
