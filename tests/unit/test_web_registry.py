@@ -134,7 +134,7 @@ async def test_agents_and_teams_through_the_api(
             "model: 'bogus' is not a model spec (PROVIDER:NAME, or local; empty: the run's model)",
         ),
         ({"name": "  "}, "name: must not be blank"),
-        ({"role": "a\u0000b"}, "role: must be one line of text without control characters"),
+        ({"role": "a\u0007b"}, "role: must be one line of text without control characters"),
     ):
         refused = await client.put(f"/api/v1/agents/{agent_id}", json=agent | change)
         assert refused.status_code == 422
