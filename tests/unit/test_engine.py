@@ -594,6 +594,16 @@ async def test_an_error_that_is_not_ours_fails_the_run_instead_of_leaving_it_run
     )
     assert engine.store.events(run.id)[-1].kind == "run_failed"
 
+    async def grouped(*_args: Any) -> RunRecord:  # ours inside a library's task group: no bug
+        raise ExceptionGroup("unhandled errors in a TaskGroup", [RunError("the review could not be stored")])
+
+    monkeypatch.setattr(runner, "review_run", grouped)
+    run = engine.create_run("a group", model=f"scripted:{write_script(slow)}", options=FAST)
+    with pytest.raises(ExceptionGroup):
+        await engine.execute(run.id)
+    final = engine.store.get_run(run.id)
+    assert (final.status, final.error) == ("failed", "the review could not be stored")
+
 
 async def test_step_timeout_and_wall_time_budget(engine: Engine, write_script: Callable[..., Path]) -> None:
     slow = [_planner(step("a", tools=[])), {"purpose": "step:a", "output": "late", "delay_s": 5}, DRAFTS]

@@ -583,6 +583,13 @@ class _Drive:
         from ..redaction import redacted
 
         text = f"an unexpected error stopped the run (a bug in masterplanner): {type(exc).__name__}: {exc}"
+        if isinstance(exc, ExceptionGroup):  # from a library's task group: ours inside say it all
+            ours, others = exc.split(MasterplannerError)
+            if ours is not None and others is None:
+                first: BaseException = ours
+                while isinstance(first, BaseExceptionGroup):
+                    first = first.exceptions[0]
+                text = str(first)
         with contextlib.suppress(MasterplannerError, sa.exc.DBAPIError):  # the bug is what is said
             await self._stop_or_fail(redacted(text), cancel_steps=True)
 
