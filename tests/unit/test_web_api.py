@@ -247,25 +247,30 @@ async def test_a_long_id_is_cut_where_an_error_repeats_it(client: httpx.AsyncCli
     assert (forgotten.status_code, forgotten.json()) == (404, {"error": f"no memory {cut}"})
 
 
-@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def either_database(isolated: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test's home on SQLite, then on a Postgres database of its own."""
+    if request.param == "postgres":
+        monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", request.getfixturevalue("postgres_database"))
+    return str(request.param)
+
+
+async def _a_run_awaiting_review(client: httpx.AsyncClient, write_script: Callable[..., Path]) -> Any:
+    script = write_script([{"purpose": "*", "repeat": True}])
+    created = await client.post("/runs", json={"task": "x", "model": f"scripted:{script}"})
+    return await _wait_for(
+        client, f"/runs/{created.json()['id']}", lambda found: found["status"] == "awaiting_approval"
+    )
+
+
 async def test_an_id_or_a_search_holding_a_nul_names_nothing(
-    database: str,
-    isolated: Path,
-    write_script: Callable[..., Path],
-    request: pytest.FixtureRequest,
-    monkeypatch: pytest.MonkeyPatch,
+    either_database: str, write_script: Callable[..., Path]
 ) -> None:
     """On Postgres each was a 400 in the database's words, naming its URL; on SQLite the search
     matched every run. (Found by fuzzing the API, 2026-11-28.)
     """
-    if database == "postgres":
-        monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", request.getfixturevalue("postgres_database"))
-    script = write_script([{"purpose": "*", "repeat": True}])
     async with web_client("/api/v1") as client:
-        created = await client.post("/runs", json={"task": "x", "model": f"scripted:{script}"})
-        run = await _wait_for(
-            client, f"/runs/{created.json()['id']}", lambda found: found["status"] == "awaiting_approval"
-        )
+        run = await _a_run_awaiting_review(client, write_script)
         nul = r"'a\x00b'"
         for method, path, error in [
             ("GET", "/runs/a%00b", f"no run {nul}"),
@@ -288,25 +293,14 @@ async def test_an_id_or_a_search_holding_a_nul_names_nothing(
         assert (await client.get(f"/runs/{run['id']}")).json()["status"] == "awaiting_approval"
 
 
-@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def test_a_body_holding_a_nul_is_refused_naming_the_field(
-    database: str,
-    isolated: Path,
-    write_script: Callable[..., Path],
-    request: pytest.FixtureRequest,
-    monkeypatch: pytest.MonkeyPatch,
+    either_database: str, write_script: Callable[..., Path]
 ) -> None:
     """On Postgres a rejection's reason with a NUL was taken (200) and the run then failed in the
     database's words; an agent's keyword with one was a 400 naming the database's URL.
     """
-    if database == "postgres":
-        monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", request.getfixturevalue("postgres_database"))
-    script = write_script([{"purpose": "*", "repeat": True}])
     async with web_client("/api/v1") as client:
-        created = await client.post("/runs", json={"task": "x", "model": f"scripted:{script}"})
-        run = await _wait_for(
-            client, f"/runs/{created.json()['id']}", lambda found: found["status"] == "awaiting_approval"
-        )
+        run = await _a_run_awaiting_review(client, write_script)
         review = (await client.get(f"/requests?run_id={run['id']}")).json()[0]
         for method, path, body, field in [
             ("POST", f"/requests/{review['id']}/answer", {"approve": False, "reason": "no\x00pe"}, "reason"),
