@@ -261,10 +261,17 @@ def test_registry_reembed_without_an_embedder_says_there_is_nothing_to_make(data
     )
 
 
-def test_a_server_that_lists_its_vectors_out_of_order_has_them_taken_by_index(
-    server: EmbeddingServer,
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "reversed",  # its vectors were taken in the reply's order, not by index: texts got each other's
+        "noindex",  # such servers worked before vectors were taken by index, then failed with Python's `<`
+    ],
+)
+def test_a_servers_vectors_are_each_its_texts_listed_out_of_order_or_unnumbered(
+    server: EmbeddingServer, answer: str
 ) -> None:
-    server.answer = "reversed"
+    server.answer = answer
     embedder = resolve_embedder(spec_for(server))
     assert embedder is not None
     texts = list(TASKS.values())
@@ -276,17 +283,31 @@ def test_a_server_that_lists_its_vectors_out_of_order_has_them_taken_by_index(
     ]
 
 
-def test_a_server_that_numbers_two_vectors_alike_is_refused(server: EmbeddingServer) -> None:
-    server.answer = "twice"
+@pytest.mark.parametrize(
+    ("answer", "texts", "problem"),
+    [
+        (
+            "twice",
+            ["one", "two"],
+            "the server numbered its 2 vectors 0, 0: each text's index (0 to 1) must come once",
+        ),
+        (  # it was told its indexes 1, 2 should have been 0 to 1: the texts sent are counted, not the vectors
+            "short",
+            list(TASKS.values()),
+            "the server answered 2 vector(s) for 3 text(s): each text must get one",
+        ),
+    ],
+)
+def test_a_server_that_numbers_vectors_alike_or_answers_too_few_is_refused(
+    server: EmbeddingServer, answer: str, texts: list[str], problem: str
+) -> None:
+    server.answer = answer
     spec = spec_for(server)
     embedder = resolve_embedder(spec)
     assert embedder is not None
     with pytest.raises(ModelError) as refused:
-        embedder.embed_sync(["one", "two"], "document")
-    assert str(refused.value) == (
-        f"embedder {spec!r} failed: the server numbered its 2 vectors 0, 0: "
-        "each text's index (0 to 1) must come once"
-    )
+        embedder.embed_sync(texts, "document")
+    assert str(refused.value) == f"embedder {spec!r} failed: {problem}"
 
 
 def test_a_search_text_kept_from_the_model_before_is_embedded_again(
@@ -341,33 +362,6 @@ def test_a_search_text_kept_by_another_process_is_embedded_again_after_reembed(
     serving.similar_cohorts(TASKS["haiku"], 1)  # kept again, now of the new model
     assert server.batches[asked:] == []
     serving.close()
-
-
-def test_a_server_that_numbers_no_vector_has_them_taken_in_its_order(server: EmbeddingServer) -> None:
-    """Such servers worked before vectors were taken by index; then they failed with Python's `<` error."""
-    server.answer = "noindex"
-    embedder = resolve_embedder(spec_for(server))
-    assert embedder is not None
-    texts = list(TASKS.values())
-    vectors = embedder.embed_sync(texts, "document")
-    assert [round(float(row @ unit(text)), 5) for row, text in zip(vectors, texts, strict=True)] == [
-        1.0,
-        1.0,
-        1.0,
-    ]
-
-
-def test_a_server_that_answers_fewer_vectors_than_texts_is_refused(server: EmbeddingServer) -> None:
-    """It was told its indexes 1, 2 should have been 0 to 1: the texts sent are counted, not the vectors."""
-    server.answer = "short"
-    spec = spec_for(server)
-    embedder = resolve_embedder(spec)
-    assert embedder is not None
-    with pytest.raises(ModelError) as refused:
-        embedder.embed_sync(list(TASKS.values()), "document")
-    assert str(refused.value) == (
-        f"embedder {spec!r} failed: the server answered 2 vector(s) for 3 text(s): each text must get one"
-    )
 
 
 def test_a_team_rated_while_reembed_runs_gets_its_new_vector(
