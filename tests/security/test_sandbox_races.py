@@ -127,3 +127,28 @@ def test_read_only_entries_in_place_let_the_program_run(workspace: Workspace) ->
     )
     result = asyncio.run(execute_code(workspace, "python", code))
     assert (result.exit_code, result.stdout, result.stderr) == (0, "export A=1 ''\nTrue\n", "")
+
+
+def test_an_entry_swapped_for_a_symlink_out_during_set_up_binds_nothing_from_outside(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A protected file the other program made, swapped for `../.npmrc` just before bwrap.
+
+    Before, when not root, bwrap followed the link: the person's `.npmrc` beside the workspace (a
+    registry token) was bound at `/.npmrc` and read. (As root the link leads into the stage's
+    parent, where nothing is, and bwrap refused to start.)
+    """
+    root = workspace.root
+    (root.parent / ".npmrc").write_text("//registry.npmjs.org/:_authToken=npm-secret\n")
+    (root / ".npmrc").write_text("made by the other program\n")
+    _as_sandbox_user(root / ".npmrc")
+
+    def swap() -> None:
+        (root / ".npmrc").unlink()
+        (root / ".npmrc").symlink_to("../.npmrc")
+
+    _just_before_bwrap(monkeypatch, swap)
+    code = "import os\nprint(open('/.npmrc').read() if os.path.exists('/.npmrc') else 'nothing')"
+    result = asyncio.run(execute_code(workspace, "python", code))
+    assert "npm-secret" not in result.stdout
+    assert result.exit_code != 0
