@@ -545,3 +545,43 @@ async def test_a_policy_for_a_tool_missing_here_is_kept_by_reviews_and_replans_a
     kinds = [event["kind"] for event in events]
     assert to_approval(kinds) == (APPROVED_AS_SHOWN, False)
     assert kinds.count("request_opened") == 1  # the replan's, answered once
+
+
+async def test_a_folder_swapped_for_a_link_out_after_its_path_was_checked_serves_nothing(
+    client: httpx.AsyncClient,
+    write_script: Callable[..., Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step's code swaps a folder for a link out between the path's check and its opening."""
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    (workspace / "d").mkdir(parents=True)
+    outside.mkdir()
+    (workspace / "d" / "key.txt").write_text("inside")
+    (outside / "key.txt").write_text("outside secret")
+    created = await client.post(
+        "/api/v1/runs",
+        json={"task": "t", "model": f"scripted:{_script(write_script)}", "workspace": str(workspace)},
+    )
+    run_id = created.json()["id"]
+    resolve = os.path.realpath
+
+    def swapped_once_resolved(path: Any, **kwargs: Any) -> Any:
+        resolved = resolve(path, **kwargs)
+        folder = workspace / "d"
+        if str(path).endswith("key.txt") and not folder.is_symlink():
+            (folder / "key.txt").unlink()
+            folder.rmdir()
+            folder.symlink_to(outside)
+        return resolved
+
+    monkeypatch.setattr(os.path, "realpath", swapped_once_resolved)
+    served = await client.get(f"/runs/{run_id}/file", params={"path": "d/key.txt"})
+    assert served.status_code == 404 and "outside secret" not in served.text
+    monkeypatch.undo()
+    # a file that stays put is served, from a folder too
+    (workspace / "e").mkdir()
+    (workspace / "e" / "kept.txt").write_text("kept")
+    served = await client.get(f"/runs/{run_id}/file", params={"path": "e/kept.txt"})
+    assert (served.status_code, served.text) == (200, "kept")
+    assert served.headers["content-disposition"] == 'inline; filename="kept.txt"'

@@ -13,7 +13,7 @@ import re
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
@@ -21,6 +21,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
+from starlette.background import BackgroundTask
 
 from ..engine.records import BUDGET_LIMITS, FINISHED_RUN_STATUSES, WHOLE_OPTION_LIMITS, RunOptions, RunRecord
 from ..errors import MasterplannerError, PlanError, RequestClosedError, RunError, quoted_id
@@ -448,24 +449,48 @@ async def retry(request: Request, run_id: str) -> Response:
 async def workspace_file(request: Request, run_id: str, path: str) -> Response:
     """One file of the run's workspace (images and text shown by the browser, others downloaded)."""
     record = await existing_run(request, run_id)
-    target = await asyncio.to_thread(_inside, record.workspace, path)
-    if target is None:
+    opened = await asyncio.to_thread(_open_inside, record.workspace, path)
+    if opened is None:
         raise HTTPException(404, f"the workspace of run {record.id} has no file {path!r}")
-    inline = Path(target).suffix.lower() in (".png", ".jpg", ".jpeg", ".gif", ".webp", ".txt", ".md")
+    file, name = opened
+    inline = Path(name).suffix.lower() in (".png", ".jpg", ".jpeg", ".gif", ".webp", ".txt", ".md")
+    # served from the file that was checked: its descriptor's own path reopens that very file,
+    # whatever the step's code renames or links meanwhile (closed once sent, or when dropped)
     return FileResponse(
-        target, filename=Path(target).name, content_disposition_type="inline" if inline else "attachment"
+        f"/proc/self/fd/{file.fileno()}",
+        filename=name,
+        stat_result=os.fstat(file.fileno()),
+        content_disposition_type="inline" if inline else "attachment",
+        background=BackgroundTask(file.close),
     )
 
 
-def _inside(workspace: str, path: str) -> str | None:
-    """The regular file `path` names inside `workspace` (links resolved, and still inside), or None."""
+def _open_inside(workspace: str, path: str) -> tuple[BinaryIO, str] | None:
+    """The regular file `path` names inside `workspace`, and its name, or None.
+
+    Links are resolved and must stay inside. The check is made on the opened file, not on the
+    path: the run's code may swap a folder on the way for a link out between a check of the path
+    and its opening, and the file served would then be from outside the workspace.
+    """
     if "\x00" in path:  # no file has it in its name (the path functions refuse it with an error)
         return None
     root = os.path.realpath(workspace)
     target = os.path.realpath(os.path.join(root, path))
-    if os.path.commonpath([root, target]) != root or not os.path.isfile(target):
+    if os.path.commonpath([root, target]) != root:
         return None
-    return target
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(target, flags)
+    except OSError:  # gone, a link now, or not readable
+        return None
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.commonpath([root, opened]) == root and stat.S_ISREG(os.fstat(fd).st_mode):
+            return os.fdopen(fd, "rb"), os.path.basename(opened)
+    except (OSError, ValueError):
+        pass
+    os.close(fd)
+    return None
 
 
 def _files(workspace: str) -> list[dict[str, Any]]:
