@@ -16,6 +16,7 @@ request, in order, and then `always` on every request if given:
 | `malformed` | HTTP 200 whose body is cut-off JSON |
 | `wrong_schema` | a well-formed completion whose text is `{"unexpected": true}` |
 | `crash` | the connection closed with no reply |
+| `no_usage` | the rule's reply without `usage`, as some OpenAI-compatible servers send it |
 
 Every request is logged (`requests`): when, which rule and what it was given.
 """
@@ -125,7 +126,10 @@ class ModelServer:
                     self._send_raw(200, b'{"id": "x", "choices": [{"index": 0, "message": {"role": "assist')
                 else:
                     reply = {"unexpected": True} if kind == "wrong_schema" else server.rules[index].reply
-                    self._send(200, _completion(reply, body.get("model", "faulty")))
+                    completion = _completion(reply, body.get("model", "faulty"))
+                    if kind == "no_usage":
+                        del completion["usage"]
+                    self._send(200, completion)
 
             def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
                 self._send_raw(status, json.dumps(payload).encode(), headers)

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 __all__ = ["PurposeUsage", "UsageLedger", "money"]
 
 
-def money(cost_usd: float, unpriced_calls: int = 0) -> str | None:
+def money(cost_usd: float, unpriced_calls: int = 0) -> str:
     """`$0.0123`, saying how many calls had no known price (`4 calls of unknown price` when none had one).
 
     Less than a hundredth of a cent is `under $0.0001` (it was `$0.0000`, read as free).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,8 @@ def test_hosted_requests_are_priced_from_the_table_and_local_ones_cost_nothing(t
     hosted = openai_model("gpt-4o-mini", "https://api.openai.com/v1")
     # gpt-4o-mini: $0.15 per million input tokens, $0.60 per million output tokens
     assert request_cost(hosted, response("gpt-4o-mini", 1000, 500)) == pytest.approx(0.00045)
-    assert request_cost(hosted, response("no-such-model-anywhere", 1000, 500)) is None
+    unknown = openai_model("no-such-model-anywhere", "https://api.openai.com/v1")
+    assert request_cost(unknown, response("no-such-model-anywhere", 1000, 500)) is None
     local_server = openai_model("gpt-4o-mini", "http://127.0.0.1:8080/v1")
     assert request_cost(local_server, response("gpt-4o-mini", 1000, 500)) == 0.0
     script = tmp_path / "s.json"
@@ -172,7 +173,7 @@ def test_requests_in_flight_hold_their_worst_case_against_the_token_and_money_bu
     assert not ledger.reserve(Reservation(input_tokens=10, output_tokens=10, cost_usd=0.03))  # $0.06
     ledger.record("step:a", input_tokens=300, output_tokens=50, seconds=1.0, cost_usd=0.01)
     ledger.release(big)  # the second failed
-    assert store.usage_totals("r1") == (1, 350, 0.01)
+    assert store.usage_totals("r1") == (1, 350, 0.01, 0)
     with pytest.raises(BudgetExceededError) as refused:
         ledger.reserve(Reservation(input_tokens=400, output_tokens=300))
     assert str(refused.value) == (
@@ -206,3 +207,92 @@ def test_a_request_is_reserved_at_its_worst_case_and_bounded_under_a_money_budge
     loopback = openai_model("gpt-4o-mini", "http://127.0.0.1:8080/v1")
     reserved, settings = reservation_for(loopback, messages, None, params, bounded=True)
     assert (reserved.output_tokens, reserved.cost_usd, settings) == (DEFAULT_OUTPUT_TOKENS, 0.0, None)
+
+
+def test_a_reply_naming_a_model_the_table_lacks_is_priced_as_the_model_asked_for() -> None:
+    """It was of unknown price (a dated version, a provider's own name): a money budget let it through."""
+    hosted = openai_model("gpt-4o-mini", "https://api.openai.com/v1")
+    reply = response("gpt-4o-mini-as-served-by-my-proxy", 1000, 500)
+    assert request_cost(hosted, reply) == pytest.approx(0.00045)
+
+
+def test_a_hosted_reply_without_usage_is_of_unknown_price_not_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OpenAI-compatible server that sends no `usage` was priced at $0.00, read as free."""
+    import asyncio
+
+    from pydantic_ai import models
+
+    from _model_server import Rule, model_server
+    from masterplanner import UsageLedger
+    from masterplanner.models import pricing
+    from masterplanner.usage import money
+
+    monkeypatch.setattr(pricing, "_loopback", lambda url: False)  # the test's server stands for a hosted one
+    monkeypatch.setattr(models, "ALLOW_MODEL_REQUESTS", True)  # loopback server only
+    with model_server([Rule(match=[""], reply="hi", always="no_usage")]) as server:
+        ledger = UsageLedger()
+        model = labelled(openai_model("gpt-4o-mini", server.base_url), "planner", ledger)
+        messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart("hello")])]
+        asyncio.run(model.request(messages, None, ModelRequestParameters()))
+    total = ledger.totals()
+    assert (total.calls, total.cost_usd, total.unpriced_calls) == (1, 0.0, 1)
+    assert money(total.cost_usd, total.unpriced_calls) == "1 call of unknown price"
+
+
+def test_a_reply_of_unknown_price_stops_a_run_under_a_money_budget(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was counted as nothing, and the run went on spending past its budget unseen."""
+    import asyncio
+
+    from _plans import step
+
+    from masterplanner.engine import Engine
+    from masterplanner.models import pricing
+
+    monkeypatch.setattr(pricing, "_FREE_SYSTEMS", frozenset())  # the script priced at $1 a million tokens
+    # but for step a's reply (seven words), which the table cannot price
+    monkeypatch.setattr(
+        pricing,
+        "_priced",
+        lambda provider, name, usage: (
+            None if usage.output_tokens == 7 else (usage.input_tokens + usage.output_tokens) / 1e6
+        ),
+    )
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[]), step("b", "a", tools=[])]}},
+            {"purpose": "step:a", "output": "one two three four five six seven"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    engine = Engine(Settings.load())
+    try:
+        options = RunOptions(auto_approve=True, prompt_rounds=0, max_cost_usd=1.0, max_replans=0)
+        run = engine.create_run("two", model=f"scripted:{script}", options=options)
+        final = asyncio.run(engine.execute(run.id))
+        usage = engine.report(run.id)["usage"]
+        assert final.status == "failed"
+        assert (
+            "+ 1 call of unknown price spent under the run's money budget of $1, and a money budget cannot "
+            "hold a reply of unknown price (one that reported no usage, or that the price table cannot price)"
+        ) in (final.error or "")
+        assert usage["unpriced_calls"] == 1
+        assert "step:b" not in usage["by_purpose"]
+        with pytest.raises(BudgetExceededError) as refused:
+            engine.retry(run.id, max_cost_usd=2.0)
+        assert "retry it with a larger budget" not in str(refused.value)
+    finally:
+        engine.close()
+
+
+def test_a_money_budget_s_tiny_figures_are_not_shown_as_nothing(store: RunStore) -> None:
+    """`$0.0000 is left` read as nothing left (and as a request that costs nothing)."""
+    ledger = RunLedger(store, "r1", RunOptions(max_cost_usd=0.0001))
+    ledger.record("planner", input_tokens=10, output_tokens=10, seconds=0.1, cost_usd=0.00008)
+    with pytest.raises(BudgetExceededError) as refused:
+        ledger.reserve(Reservation(input_tokens=10, output_tokens=10, cost_usd=0.00003))
+    assert str(refused.value) == (
+        "the run's money budget of $0.0001 cannot take its next model request: it may cost up to "
+        "under $0.0001 and under $0.0001 is left"
+    )

@@ -23,11 +23,21 @@ from pydantic_ai.settings import ModelSettings
 from ..errors import BudgetExceededError
 from ..models import MAX_OUTPUT_TOKENS
 from ..models.pricing import innermost, price_of
-from ..usage import UsageLedger
+from ..usage import UsageLedger, money
 from .records import RunOptions
 from .store import RunStore, Spending, process_identity
 
-__all__ = ["DEFAULT_OUTPUT_TOKENS", "RequestBudget", "Reservation", "RunLedger", "reservation_for"]
+__all__ = [
+    "DEFAULT_OUTPUT_TOKENS",
+    "UNKNOWN_PRICE",
+    "RequestBudget",
+    "Reservation",
+    "RunLedger",
+    "reservation_for",
+]
+
+UNKNOWN_PRICE = "a money budget cannot hold a reply of unknown price"
+"""Why a run under a money budget stops after such a reply: a larger budget does not help."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +157,14 @@ class RunLedger(UsageLedger):
         return stored
 
     def _fits(self, spending: Spending, reservation: Reservation) -> bool:
-        self._refuse(spending.calls, spending.tokens, spending.cost_usd, reservation, spending.held_calls)
+        self._refuse(
+            spending.calls,
+            spending.tokens,
+            spending.cost_usd,
+            reservation,
+            spending.held_calls,
+            unpriced=spending.unpriced_calls,
+        )
         with self._lock:  # read after the store's rows: an answer counted meanwhile is not subtracted
             held_tokens = spending.held_tokens - sum(entry[3] for entry in self._answered)
             held_cost = spending.held_cost_usd - sum(entry[4] for entry in self._answered)
@@ -200,18 +217,27 @@ class RunLedger(UsageLedger):
 
     def check(self) -> None:
         """Raise `BudgetExceededError` if the run has no model calls, tokens or money left (a query)."""
-        calls, used, spent = self._totals()
-        self._refuse(calls, used, spent, None)
+        calls, used, spent, unpriced = self._totals()
+        self._refuse(calls, used, spent, None, unpriced=unpriced)
 
-    def _totals(self) -> tuple[int, int, float]:
-        return self.store.usage_totals(self.run_id) if self._budgeted else (0, 0, 0.0)
+    def _totals(self) -> tuple[int, int, float, int]:
+        return self.store.usage_totals(self.run_id) if self._budgeted else (0, 0, 0.0, 0)
 
     def _refuse(
-        self, calls: int, used: int, spent: float, reservation: Reservation | None, in_flight: int = 0
+        self,
+        calls: int,
+        used: int,
+        spent: float,
+        reservation: Reservation | None,
+        in_flight: int = 0,
+        *,
+        unpriced: int = 0,
     ) -> None:
         """Raise when the run's budgets are used up, or `reservation` cannot fit what is left of them.
 
         `in_flight`: the run's requests held in flight, which count against the call budget.
+        `unpriced`: the run's calls of unknown price, which a money budget cannot hold: the run
+        stops at the next request after one (it let every such call through as free).
         """
         limit, tokens, dollars = (
             self.options.max_model_calls,
@@ -228,7 +254,13 @@ class RunLedger(UsageLedger):
             )
         if dollars is not None and spent >= dollars:
             raise BudgetExceededError(
-                f"the run used its money budget of ${dollars:g} (${spent:.4f} spent)", budget="max_cost_usd"
+                f"the run used its money budget of ${dollars:g} ({money(spent)} spent)", budget="max_cost_usd"
+            )
+        if dollars is not None and unpriced:
+            raise BudgetExceededError(
+                f"{money(spent, unpriced)} spent under the run's money budget of ${dollars:g}, and "
+                f"{UNKNOWN_PRICE} (one that reported no usage, or that the price table cannot price)",
+                budget="max_cost_usd",
             )
         if reservation is None:
             return
@@ -242,7 +274,7 @@ class RunLedger(UsageLedger):
         if dollars is not None and spent + reservation.cost_usd > dollars:
             raise BudgetExceededError(
                 f"the run's money budget of ${dollars:g} cannot take its next model request: it may cost "
-                f"up to ${reservation.cost_usd:.4f} and ${dollars - spent:.4f} is left",
+                f"up to {money(reservation.cost_usd)} and {money(dollars - spent)} is left",
                 budget="max_cost_usd",
             )
 

@@ -48,7 +48,7 @@ from ..models import resolve_model_or_setting
 from ..plan import Plan, Step, tool_problems, validate_task
 from ..settings import Settings
 from ..tools.workspace import Workspace
-from .budget import RunLedger
+from .budget import UNKNOWN_PRICE, RunLedger
 from .catalogs import RunCatalog, run_catalog, settings_policy_problem, unknown_policy_tool
 from .control import mark_cancelled as _mark_cancelled
 from .control import open_run_store, request_cancel, run_report
@@ -475,8 +475,9 @@ def _check_budget_left(store: RunStore, run_id: str, options: RunOptions) -> Non
     try:
         RunLedger(store, run_id, options).check()
     except BudgetExceededError as error:
+        advice = "" if UNKNOWN_PRICE in str(error) else "; retry it with a larger budget"
         raise BudgetExceededError(
-            f"run {run_id} cannot go on: {error}; retry it with a larger budget", budget=error.budget
+            f"run {run_id} cannot go on: {error}{advice}", budget=error.budget
         ) from None
 
 

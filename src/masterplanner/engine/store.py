@@ -229,6 +229,8 @@ class Spending:
     held_calls: int
     held_tokens: int
     held_cost_usd: float
+    unpriced_calls: int = 0
+    """The run's calls whose price is not known (a money budget cannot hold them)."""
 
 
 @dataclass(frozen=True)
@@ -938,11 +940,14 @@ class RunStore:
         with self.begin("release a model request's reservation") as connection:
             connection.execute(_DELETE_RESERVATION, {"id": reservation})
 
-    def usage_totals(self, run_id: str) -> tuple[int, int, float]:
-        """`(model calls, tokens, US dollars)` the run has used so far, by every process working on it."""
+    def usage_totals(self, run_id: str) -> tuple[int, int, float, int]:
+        """`(model calls, tokens, US dollars, calls of unknown price)` the run has used so far.
+
+        By every process working on it.
+        """
         with self.begin("read usage") as connection:
             row = connection.execute(_USAGE_TOTALS, {"run_id": run_id}).one()
-        return int(row[0]), int(row[1]), float(row[2])
+        return int(row[0]), int(row[1]), float(row[2]), int(row[3])
 
     def usage(self, run_id: str) -> dict[str, Any]:
         """`{"llm_calls", "input_tokens", "output_tokens", "cost_usd", "unpriced_calls", "by_purpose"}`.
@@ -1005,9 +1010,10 @@ _PURGE_RESERVATIONS = {
 _LOCK_RUN = sa.text("SELECT id FROM mp_runs WHERE id = :run_id FOR UPDATE")
 _SPENDING = {
     postgres: sa.text(
-        "SELECT u.calls, u.tokens, u.cost, r.calls, r.tokens, r.cost FROM "
+        "SELECT u.calls, u.tokens, u.cost, r.calls, r.tokens, r.cost, u.unpriced FROM "
         "(SELECT COALESCE(SUM(calls), 0) AS calls, COALESCE(SUM(input_tokens + output_tokens), 0) AS tokens, "
-        "COALESCE(SUM(cost_usd), 0) AS cost FROM mp_usage WHERE run_id = :run_id) AS u, "
+        "COALESCE(SUM(cost_usd), 0) AS cost, COALESCE(SUM(unpriced_calls), 0) AS unpriced "
+        "FROM mp_usage WHERE run_id = :run_id) AS u, "
         "(SELECT COUNT(*) AS calls, COALESCE(SUM(tokens), 0) AS tokens, COALESCE(SUM(cost_usd), 0) AS cost "
         "FROM mp_reservations WHERE run_id = :run_id AND owner NOT IN "
         f"(SELECT id FROM mp_processes WHERE stopped OR lease_until < {now})) AS r"
@@ -1026,7 +1032,7 @@ _INSERT_RESERVATION = {
 _DELETE_RESERVATION = sa.text("DELETE FROM mp_reservations WHERE id = :id")
 _USAGE_TOTALS = sa.text(
     "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(input_tokens + output_tokens), 0), "
-    "COALESCE(SUM(cost_usd), 0) FROM mp_usage WHERE run_id = :run_id"
+    "COALESCE(SUM(cost_usd), 0), COALESCE(SUM(unpriced_calls), 0) FROM mp_usage WHERE run_id = :run_id"
 )
 
 
@@ -1039,6 +1045,7 @@ def _spending(connection: Connection, run_id: str, postgres: bool) -> Spending:
         held_calls=int(row[3]),
         held_tokens=int(row[4]),
         held_cost_usd=float(row[5]),
+        unpriced_calls=int(row[6]),
     )
 
 

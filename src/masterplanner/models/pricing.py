@@ -62,11 +62,24 @@ def innermost(model: Model) -> Model:
 
 
 def request_cost(model: Model, response: ModelResponse) -> float | None:
-    """What `response` cost: 0 for a model that runs here, the price table's figure, or None."""
+    """What `response` cost: 0 for a model that runs here, the price table's figure, or None.
+
+    A reply naming a model the table lacks (a dated version of the one asked for, say) is priced
+    as the model asked for: it was counted as of unknown price, which a money budget cannot hold.
+    A reply that reports no tokens at all (an OpenAI-compatible server that sends no `usage`) has
+    no known price: it was priced at $0.00, read as free.
+    """
     inner = innermost(model)
     if inner.system in _FREE_SYSTEMS or _loopback(inner.base_url):
         return 0.0
-    return _priced(inner.system, response.model_name or inner.model_name, response.usage)
+    usage = response.usage
+    if not (usage.input_tokens or usage.output_tokens):
+        return None
+    named = response.model_name or inner.model_name
+    cost = _priced(inner.system, named, usage)
+    if cost is None and named != inner.model_name:
+        cost = _priced(inner.system, inner.model_name, usage)
+    return cost
 
 
 def price_of(model: Model, input_tokens: int, output_tokens: int) -> float | None:
