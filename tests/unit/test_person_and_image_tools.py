@@ -175,3 +175,62 @@ async def test_ask_user_goes_to_the_front_end(isolated: Path, write_script: Call
             service.close()
     finally:
         engine.close()
+
+
+def _images_server(status: int, body: dict[str, Any]) -> tuple[ThreadingHTTPServer, list[str]]:
+    """An images API on 127.0.0.1 answering every request with `status` and `body`; the paths it was sent."""
+    received: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(self.path)
+            reply = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, received
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "said"),
+    [
+        (
+            500,
+            "The server had an error while processing your request. Sorry about that! You can retry your "
+            "request, or contact us through our help center at help.openai.com if the error persists.",
+            ": the server failed",
+        ),
+        (
+            401,
+            "Incorrect API key provided: sk-local-test. You can find your API key at "
+            "https://platform.openai.com/account/api-keys.",
+            " (invalid_api_key): it refused the key in OPENAI_API_KEY",
+        ),
+    ],
+)
+def test_a_failing_images_api_is_asked_once_and_said_in_our_words(
+    status: int, message: str, said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK tried a failed request once more unseen, and its own text (advice, links) was the error."""
+    error = {"message": message, "type": "server_error", "code": "invalid_api_key" if status == 401 else None}
+    server, received = _images_server(status, {"error": error})
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+        workspace = Workspace(tmp_path / "ws").create()
+        with pytest.raises(ToolError) as failed:
+            asyncio.run(generate_image(ImageConfig(model="m", base_url=url), workspace, "a cat", "cat.png"))
+    finally:
+        server.shutdown()
+    assert str(failed.value) == f"the images API at {url} failed with HTTP {status}{said}"
+    assert received == ["/v1/images/generations"]
+

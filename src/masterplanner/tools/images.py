@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ToolError
 from .workspace import Workspace, invalid_text
@@ -68,21 +70,7 @@ async def generate_image(
             f"generate_image needs the environment variable {config.api_key_variable}, which is not set "
             "(offline, draw charts and diagrams with code_execution instead)"
         )
-    from openai import AsyncOpenAI, OpenAIError
-
-    client = AsyncOpenAI(api_key=key, base_url=config.base_url, timeout=config.timeout_s, max_retries=1)
-    try:
-        response = await client.images.generate(
-            model=config.model,
-            prompt=prompt,
-            size=size,
-            n=1,
-            response_format="b64_json",
-        )
-    except OpenAIError as exc:
-        raise ToolError(f"the images API failed: {type(exc).__name__}: {exc}") from None
-    finally:
-        await client.close()
+    response = await _requested(config, key, prompt, size)
     where = config.base_url or "api.openai.com"
     if isinstance(response, str) or not hasattr(response, "data"):  # the SDK's way of giving a non-JSON body
         raise ToolError(f"the images API at {where} answered with something that is not JSON")
@@ -96,6 +84,49 @@ async def generate_image(
     if not data.startswith(_PNG):
         raise ToolError("the images API returned something that is not a PNG")
     return workspace.write_bytes(path, data)
+
+
+async def _requested(config: ImageConfig, key: str, prompt: str, size: str) -> Any:
+    """The images API's answer, once: the SDK's own retries are off, and its failures are in our words."""
+    from openai import APIConnectionError, APIStatusError, APITimeoutError, AsyncOpenAI, OpenAIError
+
+    where = config.base_url or "api.openai.com"
+    client = AsyncOpenAI(api_key=key, base_url=config.base_url, timeout=config.timeout_s, max_retries=0)
+    try:
+        return await client.images.generate(
+            model=config.model,
+            prompt=prompt,
+            size=size,
+            n=1,
+            response_format="b64_json",
+        )
+    except APITimeoutError:
+        raise ToolError(f"the images API at {where} did not answer within {config.timeout_s:g} s") from None
+    except APIConnectionError:
+        raise ToolError(f"could not reach the images API at {where}") from None
+    except APIStatusError as exc:
+        raise ToolError(_refusal(where, config, exc.status_code, exc.code)) from None
+    except OpenAIError:
+        raise ToolError(f"the images API at {where} sent a reply that could not be read") from None
+    finally:
+        await client.close()
+
+
+def _refusal(where: str, config: ImageConfig, status: int, code: object) -> str:
+    """What an images API's HTTP error means, in our words (its own text gives the SDK's advice and links).
+
+    The error's `code` is named when it is one (`moderation_blocked`): it says why, and no more.
+    """
+    reason = {
+        401: f"it refused the key in {config.api_key_variable}",
+        403: f"the key in {config.api_key_variable} may not use model {config.model}",
+        404: f"it does not know model {config.model}",
+        429: "it is rate limiting requests or the account's quota is used up",
+    }.get(status)
+    if reason is None:
+        reason = "the server failed" if status >= 500 else "it refused the request"
+    named = f" ({code})" if isinstance(code, str) and re.fullmatch(r"[a-z][a-z0-9_]{0,39}", code) else ""
+    return f"the images API at {where} failed with HTTP {status}{named}: {reason}"
 
 
 def _shown(value: object) -> str:
