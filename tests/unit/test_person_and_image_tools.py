@@ -9,6 +9,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -234,3 +235,106 @@ def test_a_failing_images_api_is_asked_once_and_said_in_our_words(
     assert str(failed.value) == f"the images API at {url} failed with HTTP {status}{said}"
     assert received == ["/v1/images/generations"]
 
+
+_IMAGE_USAGE = {
+    "input_tokens": 10,
+    "output_tokens": 4160,
+    "total_tokens": 4170,
+    "input_tokens_details": {"text_tokens": 10, "image_tokens": 0},
+}
+"""What OpenAI's images API reports for a 1024x1024 image of gpt-image-1 at high quality."""
+
+
+def _image_run(write_script: Callable[..., Path]) -> Path:
+    return write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=["generate_image"])]}},
+            {
+                "purpose": "step:a",
+                "tool_calls": [
+                    {"name": "generate_image", "args": {"prompt": "a lighthouse", "path": "light.png"}}
+                ],
+            },
+            {"purpose": "step:a", "output": "drawn"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+
+
+async def test_generate_image_is_counted_in_the_run_s_cost_and_held_to_its_money_budget(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image request's cost was never counted: reports left it out and --max-cost let it through."""
+    from masterplanner.models import pricing
+
+    monkeypatch.setattr(pricing, "_loopback", lambda url: False)  # the test's API is priced as OpenAI's
+    reply = {"created": 0, "data": [{"b64_json": base64.b64encode(_png()).decode()}], "usage": _IMAGE_USAGE}
+    server, received = _images_server(200, reply)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    engine = Engine(Settings.load(image_base_url=url, image_model="gpt-image-1"))
+    options = RunOptions(auto_approve=True, prompt_rounds=0, tool_policies={"generate_image": "auto"})
+    try:
+        run = engine.create_run("draw", model=f"scripted:{_image_run(write_script)}", options=options)
+        final = await engine.execute(run.id)
+        assert final.status == "succeeded", final.error
+        step_usage = engine.report(run.id)["usage"]["by_purpose"]["step:a"]
+        # gpt-image-1 in the price table: $5 a million text tokens in, $40 a million out
+        assert step_usage["calls"] == 3  # the step's two model requests and the image
+        assert step_usage["cost_usd"] == pytest.approx(10 * 5e-6 + 4160 * 40e-6)
+        assert step_usage["unpriced_calls"] == 0
+        assert len(received) == 1
+
+        # its worst case (the prompt's 12 bytes and 16 in, 4,160 out) cannot fit $0.10: not requested
+        budgeted = replace(options, max_cost_usd=0.1)
+        run = engine.create_run("draw", model=f"scripted:{_image_run(write_script)}", options=budgeted)
+        final = await engine.execute(run.id)
+        assert final.status == "failed"
+        assert (
+            "the run's money budget of $0.1 cannot take its next model request: it may cost up to $0.1665 "
+            "and $0.1000 is left"
+        ) in (final.error or "")
+        assert len(received) == 1
+    finally:
+        engine.close()
+        server.shutdown()
+
+
+async def test_an_image_model_of_unknown_price_is_refused_under_a_money_budget(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a run's model of unknown price is: its cost could not be held to the budget."""
+    from masterplanner.models import pricing
+
+    monkeypatch.setattr(pricing, "_loopback", lambda url: False)
+    reply = {"created": 0, "data": [{"b64_json": base64.b64encode(_png()).decode()}]}
+    server, received = _images_server(200, reply)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    engine = Engine(Settings.load(image_base_url=url, image_model="my-inhouse-painter"))
+    options = RunOptions(
+        auto_approve=True, prompt_rounds=0, tool_policies={"generate_image": "auto"}, max_cost_usd=1.0
+    )
+    try:
+        run = engine.create_run("draw", model=f"scripted:{_image_run(write_script)}", options=options)
+        final = await engine.execute(run.id)
+        assert final.status == "succeeded", final.error
+        result = next(e.data for e in engine.store.events(run.id) if e.kind == "tool_result")
+        assert result == {
+            "tool": "generate_image",
+            "error": "the run has a money budget, and generate_image's model my-inhouse-painter is not in "
+            "the price table, so the budget could not hold its cost: no image was requested",
+        }
+        assert received == []
+
+        # without a budget it is made, and counted as of unknown price (the reply reported no tokens)
+        unbudgeted = replace(options, max_cost_usd=None)
+        run = engine.create_run("draw", model=f"scripted:{_image_run(write_script)}", options=unbudgeted)
+        final = await engine.execute(run.id)
+        assert final.status == "succeeded", final.error
+        step_usage = engine.report(run.id)["usage"]["by_purpose"]["step:a"]
+        assert (step_usage["calls"], step_usage["cost_usd"], step_usage["unpriced_calls"]) == (3, 0.0, 1)
+        assert received == ["/v1/images/generations"]
+    finally:
+        engine.close()
+        server.shutdown()

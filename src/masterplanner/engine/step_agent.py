@@ -8,7 +8,7 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 from pydantic_ai.messages import (
@@ -37,7 +37,7 @@ from ..tools.code_execution import succeeded_output
 from ..tools.results import TOOL_OUTPUT
 from ..tools.workspace import Workspace
 from ..working_memory import INPUT_HEADING, ContextBudget, FittedInput
-from .budget import RequestBudget, Reservation, reservation_for
+from .budget import RequestBudget, Reservation, RunLedger, reservation_for
 from .file_questions import CountedFile, ListingQuestion, counted_file, listing_question
 from .records import RunOptions
 from .table_queries import DraftedQuery, drafted_query
@@ -46,6 +46,7 @@ __all__ = [
     "BudgetedModel",
     "DirectCall",
     "DraftedWrite",
+    "PaidToolCalls",
     "StepAids",
     "context_budget",
     "dependency_context",
@@ -766,6 +767,58 @@ def _release(ledger: RequestBudget, reservation: Reservation) -> None:
         ledger.release(reservation)
     except RunError:
         pass
+
+
+@dataclass(frozen=True)
+class PaidToolCalls:
+    """A step's paid tool requests (`generate_image`) held to the run's budgets and counted under its purpose.
+
+    Each is held and counted as a model request is (`BudgetedModel`, `LabelledModel`): its worst
+    case reserved before it is made, its real usage and cost stored once answered (the tool call's
+    checkpoint keeps a replayed call from being counted again).
+    """
+
+    ledger: RunLedger
+    purpose: str
+
+    @property
+    def money_budget(self) -> bool:
+        """Whether the run has a money budget."""
+        return self.ledger.options.max_cost_usd is not None
+
+    async def hold(self, input_tokens: int, output_tokens: int, cost_usd: float) -> Reservation:
+        """Reserve the request's worst case, waiting while the requests in flight leave no room."""
+        reservation = Reservation(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost_usd)
+        while True:  # polled, as `BudgetedModel.request` does
+            if await _reserved(self.ledger, reservation):
+                return reservation
+            await asyncio.sleep(_RESERVE_POLL_S)
+
+    async def release(self, held: Reservation) -> None:
+        """The request was not answered: its reservation is dropped."""
+        await asyncio.to_thread(_release, self.ledger, held)
+
+    async def count(
+        self,
+        held: Reservation,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        seconds: float,
+        cost_usd: float | None,
+    ) -> None:
+        """Count the answered request in the run's usage, in place of its reservation."""
+        self.ledger.settle(held, input_tokens + output_tokens, cost_usd)
+        await asyncio.to_thread(
+            partial(
+                self.ledger.record,
+                self.purpose,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                seconds=seconds,
+                cost_usd=cost_usd,
+            )
+        )
 
 
 class BudgetedModel(WrapperModel):

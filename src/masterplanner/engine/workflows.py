@@ -64,6 +64,7 @@ from .reuse import remember_run, secret_in_team
 from .runtime import executor_id, keep_lease, launched_host
 from .step_agent import (
     BudgetedModel,
+    PaidToolCalls,
     dependency_context,
     step_brief,
     step_instructions,
@@ -462,7 +463,8 @@ class _StepRun:
     async def _attempt(self, inputs: list[FittedInput], attempt: int) -> str:
         """One try of the step agent; a retry samples (`retry_settings`)."""
         resources, step, team = self.resources, self.step, self.team
-        context = replace(resources.tools, ask_person=self._ask_person, team=team)
+        paid = PaidToolCalls(resources.ledger, step_purpose(step.id))
+        context = replace(resources.tools, ask_person=self._ask_person, team=team, spending=paid)
         tools = step_tools(self.tools, context)
         capabilities: list[Any] = [ProcessHistory(trimmer(resources.budget.history_chars))]
         brief = ""

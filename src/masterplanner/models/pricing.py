@@ -20,7 +20,7 @@ from pydantic_ai.usage import RequestUsage
 
 from ..settings import provider_of
 
-__all__ = ["costs_nothing", "estimated_cost", "innermost", "price_of", "request_cost"]
+__all__ = ["costs_nothing", "estimated_cost", "image_cost", "innermost", "price_of", "request_cost"]
 
 _FREE_SYSTEMS = frozenset({"llama.cpp", "scripted", "ollama"})
 """Providers (a model's `system`) that run here: their requests cost nothing."""
@@ -103,6 +103,22 @@ def estimated_cost(
         return 0.0
     usage = RequestUsage(input_tokens=input_tokens, output_tokens=output_tokens)
     return _priced(provider_of(spec), spec.partition(":")[2].strip(), usage)
+
+
+def image_cost(
+    model_name: str, base_url: str | None, input_tokens: int, output_tokens: int, *, reported: bool = True
+) -> float | None:
+    """What an image request of `model_name` cost (`generate_image`), by the tokens its reply reported.
+
+    Nothing from a server on this machine; otherwise the price table's figure for OpenAI's model
+    of that name (it prices gpt-image-1 and its successors by tokens, not dall-e-2 or dall-e-3),
+    or None: the table lacks the model, or the reply reported no tokens (`reported` False).
+    """
+    if _loopback(base_url):
+        return 0.0
+    if not reported:
+        return None
+    return _priced("openai", model_name, RequestUsage(input_tokens=input_tokens, output_tokens=output_tokens))
 
 
 def costs_nothing(spec: str, *, base_url: str | None = None) -> bool:

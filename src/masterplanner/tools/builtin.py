@@ -311,11 +311,11 @@ async def generate_image(ctx: Context, prompt: str, path: str, size: str = "1024
     from .images import check_image_call
     from .images import generate_image as make_image
 
-    config, workspace = ctx.deps.context.images, ctx.deps.workspace
+    config, workspace, spending = ctx.deps.context.images, ctx.deps.workspace, ctx.deps.context.spending
     return await ctx.deps.run_tool(
         "generate_image",
         {"prompt": prompt, "path": path, "size": size},
-        lambda: make_image(config, workspace, prompt, path, size),
+        lambda: make_image(config, workspace, prompt, path, size, spending),
         check=lambda: check_image_call(workspace, prompt, path, size),  # nobody is asked about those
     )
 

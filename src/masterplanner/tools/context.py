@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .catalog import ToolSpec
 from .http import HttpPolicy
-from .images import ImageConfig
+from .images import ImageConfig, ImageSpending
 from .mcp import McpServer
 from .web_search import SearchConfig
 from .workspace import Workspace
@@ -88,6 +88,9 @@ class ToolContext:
     """What a remembered fact is recorded as coming from (the run id)."""
     team: Team | None = None
     """The step's messages, questions and notes (None: the step works alone)."""
+    spending: ImageSpending | None = None
+    """How a step's paid tool requests (`generate_image`) are held to the run's budgets and counted
+    in its usage (None: they are not)."""
 
 
 @dataclass(frozen=True)
