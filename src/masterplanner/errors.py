@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 __all__ = [
+    "NUL_PROBLEM",
     "AgentEditError",
     "BudgetExceededError",
     "ConfigError",
@@ -63,6 +64,9 @@ __all__ = [
     "ToolError",
     "json_kind",
     "known_fields",
+    "no_nul",
+    "nul_at",
+    "nul_field",
     "problem_in_our_words",
     "quoted_id",
     "validation_problems",
@@ -421,3 +425,51 @@ def json_kind(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "a list"
     return "an object"
+
+
+NUL_PROBLEM = "must not hold a NUL character"
+"""Why a text holding a NUL is refused, wherever it comes in (`nul_field`, `no_nul`)."""
+
+
+def nul_at(value: object, where: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
+    """Where in a JSON-like value a string (or a key) holds a NUL character, or None.
+
+    No text stored holds one: Postgres refuses it in its own words (after a run had taken it and
+    then failed on it), SQLite stored it, and searches stop at it (`database.names_nothing`). So
+    every text that comes in (an answer, an edit, a comment, a model's plan) is checked before it
+    is stored. A key holding one is named with it written out (backslash, x00), not held in the name.
+    """
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = str(key)
+            found = (
+                (*where, name.replace("\x00", "\\x00")) if "\x00" in name else nul_at(item, (*where, name))
+            )
+            if found is not None:
+                return found
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = nul_at(item, (*where, index))
+            if found is not None:
+                return found
+    return None
+
+
+def nul_field(value: object, whole: str = "it") -> str | None:
+    """`field.0.name: must not hold a NUL character` for the first NUL in `value`, or None.
+
+    `whole` names `value` itself when it is the text holding the NUL.
+    """
+    where = nul_at(value)
+    if where is None:
+        return None
+    return f"{'.'.join(map(str, where)) or whole}: {NUL_PROBLEM}"
+
+
+def no_nul(value: str) -> str:
+    """A pydantic validator's check: `value` unless it holds a NUL (a `ValueError` then)."""
+    if "\x00" in value:
+        raise ValueError(NUL_PROBLEM)
+    return value

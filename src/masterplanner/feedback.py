@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .agents import run_agent
-from .errors import ConfigError, ModelError, RunError
+from .errors import NUL_PROBLEM, ConfigError, ModelError, RunError
 from .plan import Plan, Step
 from .prompts import render
 from .redaction import secret_parts, secret_refusal
@@ -101,6 +101,9 @@ async def give_feedback(
             comment.encode("utf-8")
         except UnicodeEncodeError:
             raise ConfigError("the comment is not valid UTF-8 text") from None
+    for what, text in (("the comment", comment), (f"who rates ({by!r})", by)):
+        if "\x00" in text:  # a lesson's text, and the rating's record: Postgres refuses it
+            raise ConfigError(f"{what} {NUL_PROBLEM}; the run is not rated")
     if secret_parts(comment):  # it would reach the analysis's prompt and, as a lesson, the registry
         raise ConfigError(
             secret_refusal("the comment", not_in="a rating's comment") + "; the run is not rated"

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import PlanError, json_kind, known_fields, problem_in_our_words
+from .errors import PlanError, json_kind, known_fields, no_nul, nul_field, problem_in_our_words
 from .redaction import secret_parts, secret_refusal
 from .tools.catalog import Catalog
 
@@ -97,9 +97,7 @@ class Plan(BaseModel):
     @field_validator("task")
     @classmethod
     def _a_task(cls, value: str) -> str:
-        if "\x00" in value:  # as `validate_task` refuses it
-            raise ValueError("must not hold a NUL character")
-        return _not_blank(value)
+        return _not_blank(no_nul(value))  # as `validate_task` refuses it
 
     def step(self, step_id: str) -> Step:
         """The step with this id (`KeyError` if there is none)."""
@@ -268,6 +266,16 @@ def _graph_problems(plan: Plan, catalog: Catalog | None, max_steps: int) -> list
     return problems
 
 
+def _nul_problems(plan: Plan) -> list[str]:
+    """A step's text holding a NUL, for each step that has one.
+
+    Checked here, where every plan coming in passes (a model's, an edit, an import), not in
+    `Plan`: a stored plan is read as it is.
+    """
+    found = ((step.id, nul_field(step.model_dump(mode="json"))) for step in plan.steps)
+    return [f"step {step_id!r}: {problem}" for step_id, problem in found if problem is not None]
+
+
 def validate_plan(
     plan: Plan | Mapping[str, Any],
     catalog: Catalog | None = None,
@@ -289,7 +297,7 @@ def validate_plan(
             parsed = Plan.model_validate(plan)
         except ValidationError as exc:
             raise PlanError(_shape_problems(exc, plan)) from None
-    problems = _graph_problems(parsed, catalog, max_steps)
+    problems = _nul_problems(parsed) + _graph_problems(parsed, catalog, max_steps)
     if task is not None and parsed.task != task:
         problems.insert(0, "task: is the run's task and cannot be edited; start a new run for another task")
     if problems:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError, PlanError
+from .errors import NUL_PROBLEM, ConfigError, PlanError
 from .plan import Plan, validate_plan
 from .tools import Catalog
 
@@ -199,6 +199,8 @@ class _AgentEdits:
             if isinstance(step.get("id"), str):
                 if not isinstance(prompt, str) or not prompt.strip():
                     self.problems.append(f"{where}: prompt must be non-empty text")
+                elif "\x00" in prompt:  # a YAML "\0"
+                    self.problems.append(f"{where}: prompt: {NUL_PROBLEM}")
                 else:
                     self.prompts[step["id"]] = prompt
         return step

@@ -48,6 +48,7 @@ from .errors import (
     RequestError,
     RunError,
     json_kind,
+    nul_field,
     quoted_id,
     validation_problems,
 )
@@ -170,9 +171,10 @@ def _agent_problems(spec: AgentSpec, settings: Settings) -> list[str]:
             problems.append(f"{field}: must not be blank")
         elif any(ord(character) < 32 or ord(character) == 127 for character in text):
             problems.append(f"{field}: must be one line of text without control characters")
-    for field in ("description", "system_prompt"):  # text is never meant to hold a NUL; searches stop at it
-        if "\x00" in getattr(spec, field):
-            problems.append(f"{field}: must not hold a NUL character")
+    # any of its texts (keywords, lessons, tools too): searches stop at it, and Postgres refuses it
+    nul = nul_field(spec.model_dump(mode="json", exclude={"id", "stats", "name", "role"}))
+    if nul is not None:
+        problems.append(nul)
     # each goes into the prompts of the runs that use the agent
     for field, text in [
         (field, getattr(spec, field)) for field in ("name", "role", "description", "system_prompt")

@@ -341,6 +341,41 @@ def test_agents_edit_with_a_failing_or_bad_editor_changes_nothing(tmp_path: Path
     assert json.loads(run("agents", "show", "poet", "--json").stdout)["name"] == "bard"
 
 
+NUL_LESSON_EDITOR = """
+import json, pathlib, sys
+path = pathlib.Path(sys.argv[-1])
+path.write_text(json.dumps(json.loads(path.read_text()) | {"lessons": ["a" + chr(0) + "b"]}))
+"""
+
+
+def test_an_agent_s_text_holding_a_nul_is_refused_naming_it(database_url: str, tmp_path: Path) -> None:
+    """On SQLite the agent was stored with it; on Postgres refused in the database's words."""
+    from masterplanner import Settings
+    from masterplanner.registry import AgentSpec, open_registry
+
+    open_registry(Settings.load()).put_agent(
+        AgentSpec(id="poet", name="poet", role="poet", system_prompt="You write.")
+    )
+    backup = tmp_path / "agents.jsonl"
+    assert run("agents", "export", str(backup)).returncode == 0
+    line = json.loads(backup.read_text())
+    backup.write_text(json.dumps(line | {"keywords": ["verse", "a\x00b"]}) + "\n")
+    refused = run("agents", "import", str(backup))
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        f"error: {backup}: line 1: keywords.1: must not hold a NUL character; nothing was imported\n",
+    )
+    editor = tmp_path / "editor.py"
+    editor.write_text(NUL_LESSON_EDITOR)
+    edited = run("agents", "edit", "poet", env={"VISUAL": f"{sys.executable} {editor}"})
+    assert (edited.returncode, edited.stderr) == (
+        2,
+        "error: the edit is not a valid agent, nothing changed: lessons.0: must not hold a NUL character\n",
+    )
+    shown = json.loads(run("agents", "show", "poet", "--json").stdout)
+    assert (shown["versions"], shown["keywords"], shown["lessons"]) == ([1], [], [])
+
+
 def test_agents_import_adds_versions_and_refuses_what_an_edit_would(tmp_path: Path) -> None:
     from masterplanner import Settings
     from masterplanner.registry import AgentSpec, open_registry

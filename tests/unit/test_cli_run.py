@@ -415,6 +415,44 @@ def test_unknown_run_and_bad_options_are_clear_errors() -> None:
         )
 
 
+NUL_EDITOR = """
+import pathlib, sys
+path = pathlib.Path(sys.argv[-1])
+text = path.read_text()
+log = pathlib.Path(__file__).with_suffix(".log")
+log.write_text(log.read_text() + "\\n=====\\n" + text if log.exists() else text)
+if "# ERROR:" not in text:  # first opening: a NUL in a's title and prompt, as YAML writes it
+    text = text.replace("title: do a", 'title: "do\\\\0 a"')
+    prompt = "prompt: You are a worker. Do the step."
+    text = text.replace(prompt, prompt.replace(": ", ': "').replace("are", "are\\\\0") + '"', 1)
+else:  # reopened with the errors on top: retitle a, its prompt as it was
+    kept = [line for line in text.splitlines() if not line.startswith("# ERROR:")]
+    text = "\\n".join(kept).replace('title: "do\\\\0 a"', "title: edited a")
+    text = text.replace('"You are\\\\0 a worker. Do the step."', "You are a worker. Do the step.")
+path.write_text(text)
+"""
+
+
+def test_an_edit_holding_a_nul_is_reopened_naming_where(
+    database_url: str, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """On SQLite the title was stored with its NUL; on Postgres the run failed in the database's words."""
+    result = _two_things_edited_by(NUL_EDITOR, write_script, tmp_path)
+    assert result.returncode == 0, result.stderr
+    opened = (tmp_path / "editor.log").read_text().split("\n=====\n")
+    assert len(opened) == 2
+    assert 'title: "do\\0 a"' in opened[1]
+    assert opened[1].splitlines()[:2] == [
+        "# ERROR: step a: prompt: must not hold a NUL character",
+        "# ERROR: step 'a': title: must not hold a NUL character",
+    ]
+    report = json.loads(result.stdout)
+    assert (report["status"], [s["title"] for s in report["plan"]["steps"]]) == (
+        "succeeded",
+        ["edited a", "do b"],
+    )
+
+
 RETASKING_EDITOR = """
 import pathlib, sys
 path = pathlib.Path(sys.argv[-1])

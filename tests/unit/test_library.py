@@ -369,3 +369,107 @@ def test_a_program_s_bad_arguments_are_errors_that_name_them(
         "the edit is not a valid agent, nothing changed: system_prompt: must not hold a NUL character",
         "rated the run 5/5 by library",
     ]
+
+
+async def _open_review(service: RunService, run_id: str) -> Any:
+    for _ in range(600):
+        found = [request for request in await service.pending(run_id) if request.kind == "plan_review"]
+        if found:
+            return found[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"run {run_id} opened no plan review")
+
+
+def test_text_holding_a_nul_is_refused_naming_it_and_nothing_is_stored(
+    database_url: str, write_script: Callable[..., Path]
+) -> None:
+    """A rejection's reason, an edited prompt, who answers, an edited plan, a rating's comment, an
+    agent's keywords and lessons: on SQLite each was stored with its NUL; on Postgres the reason
+    was taken and the run then failed in the database's words.
+    """
+    from masterplanner import AgentEditError, ConfigError, PlanError, RegistryService, RequestError
+
+    async def program() -> list[str]:
+        settings = Settings.load()
+        service, registry = RunService(settings), RegistryService(settings)
+        refused: list[str] = []
+        try:
+            run = await service.create("write it", model=_script(write_script))
+            executing = asyncio.create_task(service.execute(run.id))
+            review = await _open_review(service, run.id)
+            for answer, by in [
+                ({"action": "reject", "reason": "no\x00pe"}, "me"),
+                ({"action": "approve", "agents": {"write": {"prompt": "a\x00b"}}}, "me"),
+                ({"action": "approve"}, "m\x00e"),
+            ]:
+                with pytest.raises(RequestError) as answer_error:
+                    await service.answer(review.id, answer, by=by)
+                refused.append(str(answer_error.value).replace(review.id, "R"))
+            plan = review.payload["plan"]
+            edited = {**plan, "steps": [{**plan["steps"][0], "instruction": "Write\x00 it."}]}
+            with pytest.raises(PlanError) as plan_error:
+                await service.decide(run.id, {"action": "approve", "plan": edited}, by="me")
+            refused.append(str(plan_error.value))
+            assert (await service.request(review.id)).state == "open"
+            await service.decide(run.id, {"action": "approve"}, by="me")
+            assert (await executing).status == "succeeded"
+            with pytest.raises(ConfigError) as comment:
+                await service.feedback(run.id, rating=1, comment="bad\x00")
+            refused.append(str(comment.value))
+            (stored,) = await registry.agents()
+            for field in ("keywords", "lessons"):
+                with pytest.raises(AgentEditError) as edit:
+                    await registry.edit_agent(stored.id, stored.model_dump(mode="json") | {field: ["a\x00b"]})
+                refused.append(str(edit.value))
+            assert await registry.agent(stored.id) == stored
+            await service.feedback(run.id, rating=5, comment="good")
+        finally:
+            service.close()
+            registry.close()
+        return refused
+
+    kept = "nothing was stored, and the request is still open"
+    assert asyncio.run(program()) == [
+        f"request R: reason: must not hold a NUL character; {kept}",
+        f"request R: agents.write.prompt: must not hold a NUL character; {kept}",
+        "request R: who answers ('m\\x00e') must not hold a NUL character",
+        "invalid plan: step 'write': instruction: must not hold a NUL character",
+        "the comment must not hold a NUL character; the run is not rated",
+        "the edit is not a valid agent, nothing changed: keywords.0: must not hold a NUL character",
+        "the edit is not a valid agent, nothing changed: lessons.0: must not hold a NUL character",
+    ]
+
+
+def test_a_memory_holding_a_nul_is_refused_to_the_agent_naming_it(
+    database_url: str, write_script: Callable[..., Path]
+) -> None:
+    """On SQLite it was kept; on Postgres the tool failed in the database's words."""
+    from masterplanner import RegistryService
+
+    plan = {"steps": [{**PLAN["steps"][0], "tools": ["remember"]}]}  # type: ignore[index]
+    calls = [
+        {"purpose": "planner", "output": plan},
+        {"purpose": "step:write", "tool_calls": [{"name": "remember", "args": {"fact": "tea\x00 at five"}}]},
+        {"purpose": "step:write", "output": "written"},
+        {"purpose": "*", "repeat": True},
+    ]
+
+    async def program() -> tuple[str, list[Any], list[Any]]:
+        settings = Settings.load()
+        service, registry = RunService(settings), RegistryService(settings)
+        try:
+            run = await service.create(
+                "x", model=f"scripted:{write_script(calls)}", options=RunOptions(auto_approve=True)
+            )
+            done = await service.execute(run.id)
+            results = [event.data for event in await service.events(run.id) if event.kind == "tool_result"]
+            return done.status, results, await registry.memories(kind="fact")
+        finally:
+            service.close()
+            registry.close()
+
+    assert asyncio.run(program()) == (
+        "succeeded",
+        [{"tool": "remember", "error": "the text to remember must not hold a NUL character"}],
+        [],
+    )

@@ -32,7 +32,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.engine import Connection
 
 from ..database import names_nothing, reconnecting_methods
-from ..errors import RequestClosedError, RequestError, json_kind, quoted_id, validation_problems
+from ..errors import (
+    NUL_PROBLEM,
+    RequestClosedError,
+    RequestError,
+    json_kind,
+    nul_field,
+    quoted_id,
+    validation_problems,
+)
 from ..plan import Plan
 from ..redaction import REMOVED, secret_parts, secret_refusal
 from .records import AgentBrief, utc_now
@@ -338,6 +346,11 @@ def _checked_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
     Also refused: an answer holding what looks like a secret the person typed (`secret_in_answer`).
     """
     shaped = _shaped_answer(request, answer)
+    problem = nul_field(shaped)  # Postgres refuses it (after the run had taken the answer)
+    if problem is not None:
+        raise RequestError(
+            f"request {request.id}: {problem}; nothing was stored, and the request is still open"
+        )
     refusal = secret_in_answer(request, shaped)
     if refusal is not None:
         raise RequestError(
@@ -497,6 +510,8 @@ class Requests:
         if request.state != "open":
             raise RequestClosedError(closed_text(request))
         answer = _checked_answer(request, answer)
+        if "\x00" in by:  # stored as it is (Postgres refuses it)
+            raise RequestError(f"request {request.id}: who answers ({by!r}) {NUL_PROBLEM}")
         with self._store.begin("answer a request") as connection:
             updated = connection.execute(
                 requests_table.update()

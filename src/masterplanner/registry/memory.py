@@ -22,7 +22,7 @@ from typing import Literal
 from sqlalchemy.engine import Connection
 
 from ..database import names_nothing, reconnecting_methods
-from ..errors import NotFoundError, ToolError, quoted_id
+from ..errors import NUL_PROBLEM, NotFoundError, ToolError, quoted_id
 from ..redaction import secret_parts
 from .store import RegistryStore, _count_write, _sql, _text_index
 
@@ -78,6 +78,8 @@ class MemoryStore:
             raise ToolError("there is nothing to remember: the text is empty")
         if len(text) > MAX_MEMORY_CHARS:
             raise ToolError(f"a memory is at most {MAX_MEMORY_CHARS} characters; this one is {len(text)}")
+        if "\x00" in text:  # searches stop at it, and Postgres refuses it
+            raise ToolError(f"the text to remember {NUL_PROBLEM}")
         if secret_parts(text):  # a key's shape, or the value of a secret variable here
             raise ToolError("that looks like a secret (a key, token or password); secrets are not remembered")
         now = _now()

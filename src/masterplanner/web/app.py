@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._version import __version__
 from ..errors import (
+    NUL_PROBLEM,
     AgentEditError,
     DatabaseUnavailableError,
     MasterplannerError,
@@ -26,6 +27,7 @@ from ..errors import (
     RequestClosedError,
     RequestError,
     known_fields,
+    nul_at,
     problem_in_our_words,
 )
 from ..service import RegistryService, RunService
@@ -264,24 +266,6 @@ def _same_site_only(*, loopback_only: bool) -> Callable[[Request, _Next], Awaita
 _TOO_LARGE = f"the request body is over {MAX_BODY_BYTES // (1024 * 1024)} MiB"
 
 
-def _nul_at(value: object, where: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
-    """Where in a JSON value a string (or a key) holds a NUL character, or None."""
-    if isinstance(value, str):
-        return where if "\x00" in value else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            # a key is named with its NUL written out, not held in the message
-            found = (*where, key.replace("\x00", "\\x00")) if "\x00" in key else _nul_at(item, (*where, key))
-            if found is not None:
-                return found
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            found = _nul_at(item, (*where, index))
-            if found is not None:
-                return found
-    return None
-
-
 async def _no_nul_in_body(request: Request) -> None:
     """Refuses a JSON body with a NUL character in any string, naming the field.
 
@@ -297,10 +281,9 @@ async def _no_nul_in_body(request: Request) -> None:
         sent = json.loads(await request.body())
     except (ValueError, RecursionError):
         return
-    where = _nul_at(sent)
+    where = nul_at(sent)
     if where is not None:
-        problem = "must not hold a NUL character"
-        raise RequestValidationError([{"type": "value_error", "loc": ("body", *where), "msg": problem}])
+        raise RequestValidationError([{"type": "value_error", "loc": ("body", *where), "msg": NUL_PROBLEM}])
 
 
 class _BodyLimit:
