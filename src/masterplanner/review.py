@@ -159,12 +159,13 @@ def _policy_tool(name: object, catalog: Catalog) -> bool:
     if not isinstance(name, str):
         return False
     from .engine.catalogs import RunCatalog
+    from .tools.mcp import names_server_tool
 
     if name in catalog:
         return True
     if not isinstance(catalog, RunCatalog):
         return False
-    return name in catalog.missing or any(name.startswith(f"{server}_") for server in catalog.mcp_servers)
+    return name in catalog.missing or names_server_tool(name, catalog.mcp_servers)
 
 
 @dataclass

@@ -280,10 +280,6 @@ class ProviderLimit(BaseModel):
     per_minute: int | None = Field(None, ge=1, le=1_000_000, description="steps started per minute")
 
 
-MAX_MCP_SERVER_NAME = 32
-"""The longest MCP server name: its tools' names (`<server>_<tool>`) must fit in 64 characters."""
-
-
 class Settings(BaseSettings):
     """Validated settings (`Settings.load()` also notes a settings file it did not read)."""
 
@@ -522,8 +518,7 @@ class Settings(BaseSettings):
 
         Before, `[mcp_servers."a b"]` loaded and its tools were named `a b_<tool>`, a name model
         providers refuse (they take ^[a-zA-Z0-9_-]{1,64}$).
-        At most 32 characters (`MAX_MCP_SERVER_NAME`), leaving 31 for a tool's own name: before,
-        a name of 64 or more loaded and no tool of the server could be offered to a model.
+        Any length: a long one's tools are offered under a shortened start (`tools.mcp.mcp_tool_prefix`).
         """
         import re
 
@@ -532,12 +527,6 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"server name {name!r} may hold only ASCII letters, digits, '_' and '-': its tools "
                     "are named <server>_<tool>, and model providers take no other characters in a tool name"
-                )
-            if len(name) > MAX_MCP_SERVER_NAME:  # half the name: the other half is left to its tools'
-                raise ValueError(
-                    f"server name {name!r} is {len(name)} characters; the limit is {MAX_MCP_SERVER_NAME}: "
-                    "its tools are named <server>_<tool>, and model providers take at most 64 characters "
-                    "in a tool name"
                 )
         return servers
 

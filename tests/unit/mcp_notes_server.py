@@ -18,7 +18,7 @@ def shout(text: str) -> str:
         raise ToolError(f"the service refused NOTES_TOKEN {os.environ.get('NOTES_TOKEN')}")
     if text == "never":  # a call the server never answers, for the tests
         time.sleep(3600)
-    return text.upper()
+    return os.environ.get("NOTES_LABEL", "") + text.upper()  # a label: which server answered
 
 
 for name in sys.argv[1:] or ["shout"]:

@@ -50,7 +50,7 @@ async def test_a_tool_name_model_providers_refuse_is_mapped_to_one_they_take() -
         ("notes_shout", "shout"),
         ("notes_r_sum_", "résumé"),
     ]
-    server = "s" * 30  # the longest server name is 32
+    server = "s" * 30  # a name of up to 32 begins its tools' names as it is
     long_tools = McpServer(command=sys.executable, args=[SERVER, "x" * 40, "y" * 20])
     specs = await discover_tools({server: long_tools})
     assert [(spec.name, spec.mcp_tool) for spec in specs] == [
@@ -573,6 +573,48 @@ def test_a_tool_goes_to_the_server_that_offers_it_when_one_server_s_name_begins_
     assert sorted(_tool_results(result), key=lambda data: data["tool"]) == [
         {"tool": "a_b_c", "result": "FROM A_B"},
         {"tool": "a_b_d", "result": "FROM A"},
+    ]
+
+
+LONG_SERVER = "n" * 40
+LONG_PREFIX = f"{'n' * 23}_527ccc3e"  # cut to 23, and 8 hex digits of the name's SHA-256
+
+
+def _labelled(label: str, *tools: str) -> dict[str, object]:
+    """The notes server offering `tools`, each answer beginning with `label` (which server it is)."""
+    return {"command": sys.executable, "args": [SERVER, *tools], "env": {"NOTES_LABEL": label}}
+
+
+def test_a_long_server_name_and_tools_of_one_name_on_two_servers_are_offered_apart_and_called_on_their_own(
+    write_script: Callable[..., Path],
+) -> None:
+    """A server name of 40 characters was refused when the settings loaded (a configuration that
+    worked elsewhere stopped loading): its tools are offered under a shortened start instead.
+    Server "a"'s `b_c` and server "a_b"'s `c` were both `a_b_c`: both are tagged apart."""
+    tools = [f"{LONG_PREFIX}_shout", "notes_shout", "a_b_c_10fba79c", "a_b_c_2e7d2c03"]
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("loud", tools=tools)]}},
+            {
+                "purpose": "step:loud",
+                "tool_calls": [{"name": tool, "args": {"text": f"to {tool}"}} for tool in tools],
+            },
+            {"purpose": "step:loud", "output": "shouted"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    servers = {
+        LONG_SERVER: _labelled("long: ", "shout"),
+        "notes": _labelled("notes: ", "shout"),
+        "a": _labelled("a: ", "b_c"),
+        "a_b": _labelled("a_b: ", "c"),
+    }
+    result = _run_with_servers(script, servers, {f"{LONG_PREFIX}_shout": "auto"})
+    assert sorted(_tool_results(result), key=lambda data: data["tool"]) == [
+        {"tool": "a_b_c_10fba79c", "result": "a: TO A_B_C_10FBA79C"},
+        {"tool": "a_b_c_2e7d2c03", "result": "a_b: TO A_B_C_2E7D2C03"},
+        {"tool": f"{LONG_PREFIX}_shout", "result": f"long: TO {LONG_PREFIX.upper()}_SHOUT"},
+        {"tool": "notes_shout", "result": "notes: TO NOTES_SHOUT"},
     ]
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError
 from ..settings import Settings
 from ..tools.catalog import Catalog, ToolSpec
+from ..tools.mcp import names_server_tool
 from ..tools.names import BUILTIN_TOOL_NAMES, TEAM_TOOL_NAMES
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def unknown_policy_tool(
     known = [*BUILTIN_TOOL_NAMES, *TEAM_TOOL_NAMES]
     servers = list(mcp_servers)
     for name in policies:
-        if name in known or any(name.startswith(f"{server}_") for server in servers):
+        if name in known or names_server_tool(name, servers):
             continue
         close = get_close_matches(name, known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
@@ -124,7 +125,7 @@ def _unoffered(names: Iterable[str], catalog: RunCatalog, field: str) -> list[st
         if name in catalog or name in BUILTIN_TOOL_NAMES or name in TEAM_TOOL_NAMES:
             continue
         why = catalog.why_missing(name)
-        if why is not None and any(name.startswith(f"{server}_") for server in catalog.mcp_servers):
+        if why is not None and names_server_tool(name, catalog.mcp_servers):
             problems.append(f"{field} names {name!r}, which is not a tool of this run: {why}")
     return problems
 

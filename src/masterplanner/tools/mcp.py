@@ -23,7 +23,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,8 @@ __all__ = [
     "is_http_url",
     "mcp_client",
     "mcp_tool_name",
+    "mcp_tool_prefix",
+    "names_server_tool",
 ]
 
 
@@ -118,49 +120,86 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _NOT_IN_A_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
+MAX_TOOL_PREFIX = 32
+"""The longest start of an MCP server's tools' names (`mcp_tool_prefix`): half of `MAX_TOOL_NAME`."""
+
+
+def mcp_tool_prefix(server: str) -> str:
+    """What the catalog names of a server's tools begin with, before their `_`: the server's name.
+
+    A name of more than `MAX_TOOL_PREFIX` characters (a tool name may hold 64) is cut to 23 and
+    ends in `_` and 8 hex digits of its SHA-256. Before, settings refused such a server, and a
+    configuration that had worked elsewhere stopped loading.
+    """
+    if len(server) <= MAX_TOOL_PREFIX:
+        return server
+    tag = hashlib.sha256(server.encode()).hexdigest()[:8]
+    return f"{server[: MAX_TOOL_PREFIX - len(tag) - 1]}_{tag}"
+
+
+def names_server_tool(name: str, servers: Iterable[str]) -> bool:
+    """Whether `name` is of the form a tool of one of `servers` is named (`<prefix>_<tool>`)."""
+    return any(name.startswith(f"{mcp_tool_prefix(server)}_") for server in servers)
+
+
 def mcp_tool_name(server: str, tool: str, *, tagged: bool = False) -> str:
     """The catalog name of a server's tool: `<server>_<tool>`, made one model providers take.
 
     A tool's own name is the server's to choose (`fs.read`, `read file`, 40 characters): before,
     it was used as it came, and a model provider refused the run's first request offering it.
-    Each character other than an ASCII letter, a digit, `_` and `-` becomes `_`; a name longer
-    than `MAX_TOOL_NAME` is cut and ends in `_` and 8 hex digits of the SHA-256 of the tool's own
-    name, as it also does when `tagged` (two of a server's tools mapped to one name,
-    `discover_tools`). The server is still called with its own name (`ToolSpec.mcp_tool`).
+    The server's part is `mcp_tool_prefix` (its name, cut when it is long). Each character other
+    than an ASCII letter, a digit, `_` and `-` becomes `_`; a name longer than `MAX_TOOL_NAME` is
+    cut and ends in `_` and 8 hex digits of the SHA-256 of the tool's own name, as it also does
+    when `tagged` (two tools mapped to one name, `discover_tools`). The server is still called
+    with the tool's own name (`ToolSpec.mcp_tool`).
     """
-    name = f"{server}_{tool}"
+    prefix = mcp_tool_prefix(server)
+    name = f"{prefix}_{tool}"
     if _TOOL_NAME.fullmatch(name) and not tagged:
         return name
     readable = _NOT_IN_A_TOOL_NAME.sub("_", tool)
-    if len(server) + 1 + len(readable) <= MAX_TOOL_NAME and not tagged:
-        return f"{server}_{readable}"
+    if len(prefix) + 1 + len(readable) <= MAX_TOOL_NAME and not tagged:
+        return f"{prefix}_{readable}"
     tag = hashlib.sha256(tool.encode()).hexdigest()[:8]
-    room = MAX_TOOL_NAME - len(server) - 1 - len(tag) - 1  # settings keep a server's name to 32
-    return f"{server}_{readable[:room]}_{tag}" if readable[:room] else f"{server}_{tag}"
+    room = MAX_TOOL_NAME - len(prefix) - 1 - len(tag) - 1  # a prefix is at most 32
+    return f"{prefix}_{readable[:room]}_{tag}" if readable[:room] else f"{prefix}_{tag}"
 
 
-def _catalog_names(server: str, tools: list[str]) -> dict[str, str]:
-    """Each of a server's tools' catalog names, by its own name (`mcp_tool_name`).
+def _catalog_names(servers: Mapping[str, list[str]]) -> dict[tuple[str, str], str]:
+    """Each server's tools' catalog names, by (server, its own name) (`mcp_tool_name`).
 
-    A name that had to be changed and then is another tool's too (`fs.read` and `fs_read`) is
-    tagged, so that the name a tool gets depends on its own name alone, not on the order the
-    server lists them in; a tool whose own name serves as it is keeps it. Two tools that still
-    share a name (a server that lists one name twice) are a `ConfigError` naming both.
+    A name that is another tool's too is tagged, so that the name a tool gets depends on its own
+    name alone, not on the order servers list them in: of one server's tools, the one whose name
+    had to be changed (`fs.read` beside `fs_read`); of two servers' (server `a`'s `b_c` and
+    server `a_b`'s `c`: both `a_b_c`), both. A tool whose own name serves as it is, and no other
+    tool's name is, keeps it. Two tools that still share a name (a server that lists one name
+    twice) are a `ConfigError` naming both.
     """
-    names = {tool: mcp_tool_name(server, tool) for tool in tools}
-    taken: dict[str, list[str]] = {}
-    for tool, name in names.items():
-        taken.setdefault(name, []).append(tool)
-    for tool, name in names.items():
-        if len(taken[name]) > 1 and name != f"{server}_{tool}":
-            names[tool] = mcp_tool_name(server, tool, tagged=True)
-    seen: dict[str, str] = {}
-    for tool in tools:
-        name = names[tool]
-        if name in seen:
-            both = f"the tool {tool!r} twice" if seen[name] == tool else f"tools {seen[name]!r} and {tool!r}"
-            raise ConfigError(f"MCP server {server!r} lists {both}: they cannot both be called {name!r}")
-        seen[name] = tool
+    names = {
+        (server, tool): mcp_tool_name(server, tool) for server, tools in servers.items() for tool in tools
+    }
+    taken: dict[str, list[tuple[str, str]]] = {}
+    for key, name in names.items():
+        taken.setdefault(name, []).append(key)
+    for (server, tool), name in names.items():
+        sharing = taken[name]
+        across = len({other for other, _ in sharing}) > 1
+        if len(sharing) > 1 and (across or name != f"{mcp_tool_prefix(server)}_{tool}"):
+            names[(server, tool)] = mcp_tool_name(server, tool, tagged=True)
+    seen: dict[str, tuple[str, str]] = {}
+    for server, tools in servers.items():
+        for tool in tools:
+            name = names[(server, tool)]
+            if name in seen:
+                first_server, first = seen[name]
+                if first_server != server:
+                    raise ConfigError(
+                        f"MCP servers {first_server!r} and {server!r} offer tools {first!r} and {tool!r}: "
+                        f"they cannot both be called {name!r}"
+                    )
+                both = f"the tool {tool!r} twice" if first == tool else f"tools {first!r} and {tool!r}"
+                raise ConfigError(f"MCP server {server!r} lists {both}: they cannot both be called {name!r}")
+            seen[name] = (server, tool)
     return names
 
 
@@ -332,11 +371,11 @@ def _interpreter(executable: str | None) -> str | None:
 
 async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
     """List every server's tools as catalog entries; `ConfigError` names a server that fails."""
-    specs: list[ToolSpec] = []
+    listed: dict[str, list[Any]] = {}
     for name, server in servers.items():
         try:
             async with _session(server) as client:
-                tools = await client.list_tools()
+                listed[name] = await client.list_tools()
         except _CannotStart as exc:
             raise ConfigError(f"MCP server {name!r}: {exc}") from None
         except Exception as exc:  # any transport or protocol failure: the configuration is at fault
@@ -344,11 +383,13 @@ async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
             raise ConfigError(
                 f"MCP server {name!r}: cannot list its tools: {problem}{_see_log(server)}"
             ) from None
-        catalog_names = _catalog_names(name, [tool.name for tool in tools])
+    catalog_names = _catalog_names({name: [tool.name for tool in tools] for name, tools in listed.items()})
+    specs: list[ToolSpec] = []
+    for name, tools in listed.items():
         for tool in tools:
             specs.append(
                 ToolSpec(
-                    catalog_names[tool.name],
+                    catalog_names[(name, tool.name)],
                     (tool.description or f"{tool.name} from the MCP server {name}").strip(),
                     dict(tool.input_schema or {"type": "object", "properties": {}}),
                     "execute",
