@@ -383,21 +383,11 @@ def test_what_a_run_makes_in_a_home_the_person_made_is_only_its_owner_s(
             "MCP tool 'write_file' (tool 'file' of the MCP server 'write') has the name of a built-in "
             "tool; give its server another name in mcp_servers (a server's tools are called <server>_<tool>)",
         ),
-        (  # "a" offering "b_d" and "a_b" offering "d": both are a_b_d
-            {
-                "a": {"command": sys.executable, "args": [SERVER, "b_d"]},
-                "a_b": {"command": sys.executable, "args": [SERVER, "d"]},
-            },
-            "MCP tool 'a_b_d' (tool 'd' of the MCP server 'a_b') has the name of another MCP server's "
-            "tool (tool 'b_d' of the MCP server 'a'); give one of the servers another name in "
-            "mcp_servers (a server's tools are called <server>_<tool>)",
-        ),
     ],
     ids=[
         "does-not-start",
         "second-does-not-start",
         "name-of-a-built-in-tool",
-        "name-of-another-server-s-tool",
     ],
 )
 def test_a_run_whose_mcp_servers_cannot_be_used_fails_saying_why(

@@ -191,20 +191,12 @@ async def with_mcp_tools(settings: Settings, context: ToolContext) -> tuple[RunC
     specs = await discover_tools(settings.mcp_servers)
     base = run_catalog(settings)
     builtin = {spec.name for spec in base} | set(BUILTIN_TOOL_NAMES)
-    seen: dict[str, ToolSpec] = {}
-    for spec in specs:
+    for spec in specs:  # two servers' tools never share a name (`discover_tools` tells them apart)
         if spec.name in builtin:
             raise ConfigError(
                 f"MCP tool {spec.name!r} ({_served(spec)}) has the name of a built-in tool; give its "
                 "server another name in mcp_servers (a server's tools are called <server>_<tool>)"
             )
-        if (first := seen.get(spec.name)) is not None:
-            raise ConfigError(
-                f"MCP tool {spec.name!r} ({_served(spec)}) has the name of another MCP server's tool "
-                f"({_served(first)}); give one of the servers another name in mcp_servers (a "
-                "server's tools are called <server>_<tool>)"
-            )
-        seen[spec.name] = spec
     catalog = RunCatalog([*base, *specs], missing=base.missing, mcp_servers=base.mcp_servers)
     return catalog, replace(
         context, mcp_servers=dict(settings.mcp_servers), mcp_specs={spec.name: spec for spec in specs}
