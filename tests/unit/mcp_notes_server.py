@@ -16,6 +16,8 @@ def shout(text: str) -> str:
         raise ValueError("there is nothing to shout")
     if text == "token":  # a failure quoting the secret the server was given, for the tests
         raise ToolError(f"the service refused NOTES_TOKEN {os.environ.get('NOTES_TOKEN')}")
+    if text == "whoami":  # an answer quoting the secret the server was given, for the tests
+        return f"SIGNED IN WITH {os.environ.get('NOTES_TOKEN')}"
     if text == "never":  # a call the server never answers, for the tests
         time.sleep(3600)
     return os.environ.get("NOTES_LABEL", "") + text.upper()  # a label: which server answered

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +21,7 @@ from masterplanner.redaction import REMOVED
 from masterplanner.service import RunService
 
 SECRET = "sk-proj-a1b2c3d4e5f6g7h8i9j0"
+NOTES_SERVER = str(Path(__file__).with_name("mcp_notes_server.py"))
 
 
 def test_an_http_requests_credential_headers_are_masked_in_its_event() -> None:
@@ -290,3 +292,69 @@ def _one_tool_call_run(
         return final, engine.store.events(run.id)
     finally:
         engine.close()
+
+
+class _EchoingKey(BaseHTTPRequestHandler):
+    """A page that shows the key it was configured with (a debug page, a misconfigured server)."""
+
+    key = ""
+
+    def do_GET(self) -> None:
+        page = f"the key is {self.key}.".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.mark.parametrize("tool", ["read_file", "http_request", "mcp"])
+def test_a_tool_s_result_holding_a_secret_reaches_the_model_events_and_database_without_it(
+    tool: str,
+    isolated: Path,
+    write_script: Callable[..., Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A file, a page or an MCP tool's answer shows a secret's value, of no key's shape: before, the
+    call's result went to the model, and into the run's checkpoint, whole (only its event hid it).
+
+    The key of an environment variable (a file, a page), or one known only to the settings (an MCP
+    server's `env`).
+    """
+    key = "plainvalue0123456789zq"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Echo", (_EchoingKey,), {"key": key}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/debug"
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "notes.txt").write_text(f"the key is {key}.\n")
+    if tool == "mcp":
+        key = key.upper()  # the server shouts
+        servers = {"notes": {"command": sys.executable, "args": [NOTES_SERVER], "env": {"NOTES_TOKEN": key}}}
+        monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps(servers))
+        call, shown = {"name": "notes_shout", "args": {"text": "whoami"}}, f"SIGNED IN WITH {REMOVED}"
+    else:
+        monkeypatch.setenv("OPENAI_API_KEY", key)
+        monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["127.0.0.1"]')
+        monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOW_LOOPBACK", "true")
+        shown = f"the key is {REMOVED}."
+        call = (
+            {"name": "read_file", "args": {"path": "notes.txt"}}
+            if tool == "read_file"
+            else {"name": "http_request", "args": {"url": url}}
+        )
+    try:  # the step's model is shown the result with the key taken out
+        final, events = _one_tool_call_run(write_script, tmp_path, call, [shown])
+    finally:
+        server.shutdown()
+    assert (final.status, final.output, final.error) == ("succeeded", "done", None)
+    (result,) = [event.data for event in events if event.kind == "tool_result"]
+    assert shown in result["result"]
+    stored = json.dumps([event.to_json_dict() for event in events])
+    assert key not in stored and "0123456789" not in stored
+    # nor the database's checkpoints (the call's result, the model's messages)
+    held = [path.name for path in isolated.rglob("*") if path.is_file() and key.encode() in path.read_bytes()]
+    assert held == []

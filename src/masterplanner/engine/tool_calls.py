@@ -142,10 +142,11 @@ class ToolCalls:
 
     Text the agent or the person sees (results, errors, arguments shown for approval) has lone
     surrogates escaped, so a tool's odd output cannot break the model API call or the terminal.
-    An error the agent sees has every credential-shaped part and every value of a secret variable
-    here taken out (`redaction.redacted`): a server's error may echo the key it was sent (an
-    images API answering 401 with `Incorrect API key provided: …`), and the key went into the
-    model's prompt and the call's checkpoint.
+    A result or an error the agent sees has every credential-shaped part and every value of a
+    secret variable here taken out (`redaction.redacted`), before the call's checkpoint and its
+    event keep it: a server's error may echo the key it was sent (an images API answering 401
+    with `Incorrect API key provided: …`), a page, a file, an MCP tool or a program may show one,
+    and the key went into the model's prompt and the call's checkpoint.
     """
 
     store: RunStore
@@ -263,7 +264,9 @@ class ToolCalls:
             message = _failure(name, exc)
             await self._outcome(name, "error", message)
             return False, message
-        text = _printable(result if isinstance(result, str) else str(result))
+        # what the agent reads, the checkpoint keeps and the event shows: a page that echoes a
+        # key, a file or a program's output holding a secret's value here went to the model whole
+        text = redacted(_printable(result if isinstance(result, str) else str(result)))
         await self._outcome(name, "result", text)
         return True, text
 
