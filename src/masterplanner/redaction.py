@@ -115,6 +115,9 @@ Narrower than `_SECRET` where ordinary text meets URLs: a port before a later `@
 
 _SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$")
 """Environment variables whose values are secrets by their name (OPENAI_API_KEY, …)."""
+_HEADERS_VARIABLE = re.compile(r"OTEL_EXPORTER_OTLP_(?:[A-Z]+_)?HEADERS")
+"""The OpenTelemetry exporter's headers (`OTEL_EXPORTER_OTLP_HEADERS`, `…_TRACES_HEADERS`, …):
+each value is a secret whatever the header's name (`Authorization=Bearer%20…`, `x-honeycomb-team=…`)."""
 REMOVED = "[secret removed]"
 _SHORTEST = 8
 """A secret's value shorter than this is not looked for: "dev" or "1234" would be hidden everywhere."""
@@ -153,6 +156,23 @@ def url_secrets(url: str) -> list[str]:
     return [shown for value in found for shown in dict.fromkeys((value, unquote(value))) if shown]
 
 
+def _header_secrets(headers: str) -> list[str]:
+    """The secrets in an OTLP headers variable's value (`name=value,name=value`, values URL-encoded).
+
+    Each header's value as written and decoded (`Bearer%20tok` and `Bearer tok`), and each word
+    of it (`tok`): a library may quote either, or the token alone.
+    """
+    from urllib.parse import unquote
+
+    found: list[str] = []
+    for pair in headers.split(","):
+        _, equals, value = pair.partition("=")
+        if equals:
+            for shown in dict.fromkeys((value.strip(), unquote(value).strip())):
+                found += [shown, *shown.split()]
+    return [value for value in dict.fromkeys(found) if value]
+
+
 def configure_secrets(owner: object, values: Iterable[str]) -> None:
     """Know `values` as secrets (`redacted`, `secret_parts`) for as long as `owner` lives.
 
@@ -183,10 +203,19 @@ def looks_secret(text: str) -> bool:
 def _secret_values() -> list[str]:
     """The secret values this process holds that are long enough to tell, longest first.
 
-    Its secret environment variables' (`OPENAI_API_KEY`, …) and those of the settings in use
+    Its secret environment variables' (`OPENAI_API_KEY`, …), the OTLP exporter's header values
+    (`_HEADERS_VARIABLE`: before, an `Authorization` token set there was shown wherever an error
+    or a log line quoted it) and those of the settings in use
     (`configure_secrets`); longest first, so that one holding another is taken out whole.
     """
     values = {value for name, value in os.environ.items() if len(value) >= _SHORTEST and is_secret_name(name)}
+    values.update(
+        value
+        for name, headers in os.environ.items()
+        if _HEADERS_VARIABLE.fullmatch(name)
+        for value in _header_secrets(headers)
+        if len(value) >= _SHORTEST
+    )
     with _CONFIGURED_LOCK:
         values.update(*_CONFIGURED.values())
     return sorted(values, key=lambda value: (-len(value), value))

@@ -220,3 +220,23 @@ def test_secrets_the_settings_hold_are_taken_out_and_refused_while_those_setting
     del settings
     gc.collect()  # settings no longer in use: their values are text like any other
     assert redacted("plainwordsvalue postgres") == "plainwordsvalue postgres"
+
+
+def test_the_trace_exporter_s_header_values_are_secrets_in_logs_and_what_a_person_types(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`OTEL_EXPORTER_OTLP_HEADERS` carries a collector's credentials (`Authorization=Bearer%20…`):
+    before, its values, named as headers and of no key's shape, were shown where a log line or an
+    error quoted them, and a task holding one was taken."""
+    import logging
+
+    from masterplanner.logs import REDACTING
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Basic%20dXNlcjpwYXNz,x-team=teamvalue7")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", " api-key = tracesvalue8 ")
+    quoted = "sent dXNlcjpwYXNz (Basic dXNlcjpwYXNz, Basic%20dXNlcjpwYXNz) to teamvalue7 and tracesvalue8"
+    record = logging.LogRecord("opentelemetry", logging.WARNING, __file__, 1, "%s", (quoted,), None)
+    assert REDACTING.filter(record)
+    assert record.getMessage() == f"sent {REMOVED} ({REMOVED}, {REMOVED}) to {REMOVED} and {REMOVED}"
+    assert secret_parts("a task naming teamvalue7") == ["teamvalue7"]
+    assert redacted("Authorization=Basic") == "Authorization=Basic"  # a word of it shorter than 8 is none
