@@ -9,7 +9,8 @@ Messages name runs, steps and processes, never secrets (database URLs hide their
 every record, ours or a library's, passes `REDACTING` on its way out (our handler is on the root
 logger too, and the filter on the handlers libraries had set on their loggers when logging was
 configured): what looks like a credential in its message, its fields (in lists and mappings
-too) or its exception's traceback is replaced by `[secret removed]`.
+too) or its exception's traceback is replaced by `[secret removed]` (in the lines of source a
+traceback shows, only secret values and quoted credentials: `api_key = settings.api_key` is code).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class _Redacting(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Always keeps the record, with its message, fields and traceback redacted."""
-        from .redaction import redacted
+        from .redaction import redacted, redacted_traceback
 
         message = record.getMessage()
         shown = redacted(message)
@@ -113,8 +114,8 @@ class _Redacting(logging.Filter):
             record.fields = _redacted_value(fields)
         if record.exc_info and not record.exc_text:  # what a formatter shows of it, made here first
             record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = redacted(record.exc_text)
+        if record.exc_text:  # its source lines are code, kept but for secret values in them
+            record.exc_text = redacted_traceback(record.exc_text)
         return True
 
 

@@ -2,10 +2,13 @@
 
 What a person types (a task, an answer, a plan or prompt edit, a rating's comment, a chat prompt,
 an agent edit), agents' memories, the registry's stored teams and feedback's lessons refuse such
-text (`secret_parts`, `secret_refusal`); the audit log and events have it taken out (`redacted`).
+text (`secret_parts`, `secret_refusal`); the audit log, events, logs and every tool result a step's
+model reads have it taken out (`redacted`), tracebacks all but the code lines they show
+(`redacted_traceback`).
 
 Besides shapes, both know the values of secrets this process holds whatever their shape: those
-of its environment variables named as secrets (`*_KEY`, `*_TOKEN`, …) and those its settings
+of its environment variables named as secrets (`*_KEY`, `*_TOKEN`, …), the header values of the
+OpenTelemetry exporter's (`OTEL_EXPORTER_OTLP_HEADERS`, …), and those its settings
 hold (`configure_secrets`: a password or credential parameter in a URL setting, an MCP server's
 secret-named `env` value or `--token` argument), while the settings holding them are in use.
 """
@@ -25,6 +28,7 @@ __all__ = [
     "is_secret_name",
     "looks_secret",
     "redacted",
+    "redacted_traceback",
     "secret_parts",
     "secret_refusal",
     "url_secrets",
@@ -50,7 +54,7 @@ _URL_USER = r"\b[A-Za-z][A-Za-z0-9+.-]{0,30}://[^\s:/?#@'\"<>\[\]]*:"
 _NOT_A_PORT = r"(?!\d+(?:[/?#\s'\"<>]|$))"
 """What follows `host:` is a port, not a password, when digits end at the path (`example.org:443/@types`)."""
 
-_KEY_SHAPES = (
+_OWN_SHAPES = (
     # providers' key shapes: a prefix, its separator, then a long run holding a digit. Without
     # the separator and the digit, words matched ("skill-building", "ghost-writer-style",
     # "PKCS1_OAEP_padding"), and a team whose task said so was not stored.
@@ -60,21 +64,33 @@ _KEY_SHAPES = (
     # a private key whole, to its END line (or the text's end, if cut): the header alone left
     # the key's body in what was shown
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----|[\s\S]*)"
+    r"|(?i:\bBearer\s+[A-Za-z0-9._~+/-]{16,})"
+)
+"""Credentials by their own shape: providers' keys, a private key, a bearer token."""
+
+_NAMED = (
     # a name ending in a credential word, alone or as the last part of a longer one
     # (OPENAI_API_KEY=…, DB_PASSWORD=…, X-Api-Key: …): `\b` alone missed `_KEY`, `_` being a
     # word character. The name's earlier parts are one run (not `(?:[A-Za-z0-9]+[_-])*`, which
     # took seconds on a 16 KB `a_a_…` argument: tried from every part, each scanned to the end)
-    r"|(?i:(?<![A-Za-z0-9_-])(?:[A-Za-z0-9_-]*[_-])?"
+    r"(?<![A-Za-z0-9_-])(?:[A-Za-z0-9_-]*[_-])?"
     r"(?:api[_-]?key|(?:secret|access|private)[_-]?key|secret|token|password|passwd)"
-    # and a value of 8 or more characters that holds a digit or is long, and is neither code nor a
+    r"(?![A-Za-z0-9_-])\s*[:=]\s*"
+)
+"""A credential's name and the `=` or `:` after it, to its value (`_NAMED_VALUE`)."""
+
+_NAMED_VALUE = (
+    # a value of 8 or more characters that holds a digit or is long, and is neither code nor a
     # placeholder: a requirement ("password: minimum 12 characters", "token: bucket"), a reference
     # (`api_key = os.environ['OPENAI_API_KEY']`, `password=${DB_PASSWORD}`) or `YOUR_API_KEY_HERE`
     # is not a credential, and a task saying so was refused
-    r"(?![A-Za-z0-9_-])\s*[:=]\s*(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?!(?-i:[A-Z_]+)(?:\s|$))\S{8,})"
-    r"|(?i:\bBearer\s+[A-Za-z0-9._~+/-]{16,})"
+    r"(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?!(?-i:[A-Z_]+)(?:\s|$))\S{8,}"
 )
 
-_SECRET = re.compile(
+_KEY_SHAPES = rf"{_OWN_SHAPES}|(?i:{_NAMED}{_NAMED_VALUE})"
+"""A credential by its shape, or a value given to a name ending in a credential word."""
+
+_URL_SECRETS = (
     # a URL's password (`scheme://user:PASSWORD@host`): only the password goes, the user name and
     # host stay readable. It runs to the token's last `@`, as a password may hold `@`, `/` or `?`
     # unescaped (an `@` later in the URL hides more than the password, never less), within 256
@@ -86,9 +102,18 @@ _SECRET = re.compile(
     # a credential-named query parameter's value, however short (`?api_key=…`, `&key=…`,
     # `?password=…`, `?access_token=…`): the name stays, the value goes (and one gone stays so)
     rf"|(?P<query_name>{_CREDENTIAL_PARAMETER})(?!\[secret removed\])(?P<query_value>[^\s&#'\"<>]+)"
-    rf"|{_KEY_SHAPES}"
 )
+"""A URL's password (`url_user` kept) or a credential parameter's value (`query_name` kept)."""
+
+_SECRET = re.compile(rf"{_URL_SECRETS}|{_KEY_SHAPES}")
 """Everything taken out of what is shown (`redacted`): broad, as hiding too much there costs little."""
+
+_CODE_SECRET = re.compile(rf"{_URL_SECRETS}|{_OWN_SHAPES}|(?i:{_NAMED}(?=[\"']){_NAMED_VALUE})")
+"""What is taken out of a line of source code a traceback shows (`redacted_traceback`).
+
+As `_SECRET`, but a credential's name takes its value out only when that value is a quoted
+literal: `api_key = settings.api_key` is code, and the whole line went from tracebacks.
+"""
 
 _TYPED_QUERY = (
     r"(?i:[?&](?:[A-Za-z0-9_.-]*[_-])?(?:password|passwd|secret|api[_-]?key|apikey|access[_-]?token|key)=)"
@@ -232,6 +257,11 @@ def redacted(text: str) -> str:
     A URL keeps its user name and host (`http://alice:[secret removed]@host/…`) and a
     credential-named query parameter its name (`?api_key=[secret removed]`).
     """
+    return _SECRET.sub(_removed, _values_removed(text))
+
+
+def _values_removed(text: str) -> str:
+    """`text` with every value of a secret this process holds (`_secret_values`) removed."""
     for value in _secret_values():
         if value not in text:
             continue
@@ -239,7 +269,37 @@ def redacted(text: str) -> str:
             text = re.sub(rf"(?<![A-Za-z0-9]){value}(?![A-Za-z0-9])", REMOVED, text)
         else:
             text = text.replace(value, REMOVED)
-    return _SECRET.sub(_removed, text)
+    return text
+
+
+_FRAME = re.compile(r'(?P<lead>[ |+-]*)File "[^\n]*", line \d+, in ')
+"""A traceback's line naming a frame (`  File "x.py", line 3, in f`; in a group, after `|`s)."""
+
+
+def redacted_traceback(text: str) -> str:
+    """`text`, a traceback (or text holding one), redacted as `redacted` does but for its code.
+
+    The lines of source a frame shows (indented under its `File "…", line N` line) are code: a
+    name given a value there (`api_key = settings.api_key`) is no credential, and before, the
+    whole line was taken out. Secret values in them still go, and so does a quoted credential
+    (`password = "…"`), a key or a URL's password; every other line is redacted whole.
+    """
+    shown: list[str] = []
+    rest: list[str] = []  # lines not yet shown that are not code: redacted together (a key spans lines)
+    code_lead: str | None = None  # while in a frame's source lines: how each of them begins
+    for line in text.split("\n"):
+        if code_lead is not None and line.startswith(code_lead):
+            if rest:
+                shown.append(redacted("\n".join(rest)))
+                rest = []
+            shown.append(_CODE_SECRET.sub(_removed, _values_removed(line)))
+            continue
+        frame = _FRAME.match(line)
+        code_lead = None if frame is None else frame["lead"] + "  "
+        rest.append(line)
+    if rest:
+        shown.append(redacted("\n".join(rest)))
+    return "\n".join(shown)
 
 
 def secret_parts(text: str) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from masterplanner import MODEL_FORMS, __version__
+from masterplanner.redaction import REMOVED
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -605,6 +606,86 @@ def test_a_log_record_s_traceback_and_fields_are_redacted_in_json_lines_and_text
         assert (reached["message"], reached["url"]) == (
             "reached https://bob:[secret removed]@api.example",
             "https://bob:[secret removed]@api.example",
+        )
+
+
+_CODE_THAT_READS_A_KEY = """\
+import logging, os, sys
+from masterplanner.cli import main
+from masterplanner.cli.common import app
+from masterplanner.errors import ConfigError
+from masterplanner.logs import configure_logging
+
+
+class Settings:
+    @property
+    def api_key(self) -> str:
+        raise RuntimeError(f"the provider refused the key {os.environ['OPENAI_API_KEY']}")
+
+
+settings = Settings()
+
+
+@app.command("crash")
+def crash() -> None:
+    try:
+        api_key = settings.api_key
+    except RuntimeError as error:
+        raise ConfigError("the provider refused the key") from error
+    print(api_key)
+
+
+if sys.argv[1] == "log":
+    configure_logging("text")
+    try:
+        crash()
+    except ConfigError:
+        logging.getLogger("masterplanner.web").exception("unexpected error")
+else:
+    main(["--debug", "crash"])
+"""
+
+
+@pytest.mark.parametrize("shown_by", ["debug", "log"])
+def test_debug_and_log_tracebacks_keep_their_code_lines_and_take_out_the_key(
+    shown_by: str, tmp_path: Path
+) -> None:
+    """Before, the frame's line `api_key = settings.api_key` was taken out whole, as if it were a
+    key given to a name: a traceback lost the code that raised. The key the error quotes still goes."""
+    source = tmp_path / "reads_a_key.py"
+    source.write_text(_CODE_THAT_READS_A_KEY)
+    key = "zq7Hkd92LmPq0xWv3nRt"
+    done = subprocess.run(
+        [sys.executable, str(source), shown_by],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OPENAI_API_KEY": key, "COLUMNS": "200"},
+    )
+    assert key not in done.stderr
+    lines = done.stderr.splitlines()
+    frames = [  # the library's error the command's chains, and where it was raised
+        f'  File "{source}", line 20, in crash',
+        "    api_key = settings.api_key",
+        "              ^^^^^^^^^^^^^^^^",
+        f'  File "{source}", line 11, in api_key',
+        """    raise RuntimeError(f"the provider refused the key {os.environ['OPENAI_API_KEY']}")""",
+        f"RuntimeError: the provider refused the key {REMOVED}",
+    ]
+    start = lines.index(frames[0])
+    assert lines[start : start + len(frames)] == frames
+    last = "masterplanner.errors.ConfigError: the provider refused the key"
+    if shown_by == "log":
+        assert (done.returncode, lines[:2], lines[-1]) == (
+            0,
+            ["unexpected error", "Traceback (most recent call last):"],
+            last,
+        )
+    else:
+        assert (done.returncode, lines[0], lines[-2:]) == (
+            2,
+            "Traceback (most recent call last):",
+            [last, "error: the provider refused the key"],
         )
 
 

@@ -84,9 +84,9 @@ def _redacted_traceback(error: BaseException) -> None:
     """
     import traceback
 
-    from ..redaction import redacted
+    from ..redaction import redacted_traceback
 
-    sys.stderr.write(redacted("".join(traceback.format_exception(error))))
+    sys.stderr.write(redacted_traceback("".join(traceback.format_exception(error))))
     sys.stderr.flush()
 
 
@@ -149,7 +149,7 @@ def _fail(error: BaseException, debug: bool, trace: BaseException | None = None)
     """Print `error` as one sanitised line (after the traceback with --debug) and exit with its code."""
     import traceback
 
-    from ..redaction import redacted
+    from ..redaction import redacted_traceback
     from .app import console
     from .terminal import shown
 
@@ -158,7 +158,7 @@ def _fail(error: BaseException, debug: bool, trace: BaseException | None = None)
         # the message may quote model output: printed through the same sanitiser as the rest;
         # and the exceptions it chains may quote a key a server echoed or a URL with its password
         # (ours are redacted, a library's are not): redacted as a whole, as logs are
-        lines = redacted("".join(traceback.format_exception(trace or error)).rstrip("\n"))
+        lines = redacted_traceback("".join(traceback.format_exception(trace or error)).rstrip("\n"))
         stderr.print(shown(lines, lines=True), highlight=False, soft_wrap=True)
     # one line, whatever the message holds (newlines, escape sequences, rich markup)
     stderr.print(f"[bold red]error:[/] {shown(error)}", highlight=False, soft_wrap=True)
