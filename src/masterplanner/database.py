@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from .errors import ConfigError, DatabaseUnavailableError, RunError
-from .redaction import CREDENTIAL_PARAMETER
+from .redaction import CREDENTIAL_PARAMETER, REMOVED
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -222,7 +222,9 @@ def _first_line(error: object) -> str:
 
 
 def shown_url(url: str) -> str:
-    """A URL (a database's, a collector's) as it may be shown in a message or log: its password is `***`.
+    """A URL (a database's, a collector's) as it may be shown in a message or log: no password in it.
+
+    Its password, and credential parameters' values, are `[secret removed]` (`redaction.REMOVED`).
 
     Read from the text itself, not a parser's idea of it: the password as written (percent-encoded,
     or holding `@`, `/` or `?` unescaped) goes, and so does the value of a credential-named query
@@ -231,13 +233,14 @@ def shown_url(url: str) -> str:
     query was cut off first. (An `@` in the query hides a little more than the password: never
     less.) Before, an encoded password (`p%40ss`) was compared in its decoded form, not found, and
     shown; a URL given without its `scheme://` (`alice:PW@collector:4318`), refused for that, was
-    echoed password and all.
+    echoed password and all. The marker is `redaction.redacted`'s: before, `***` here, and the same
+    URL read `[secret removed]` in a log line, which redacts what it is given again.
     """
     scheme, sep, rest = url.partition("://") if "://" in url else ("", "", url)
     userinfo, at, host = rest.rpartition("@")
     if at and ":" in userinfo:
-        rest = f"{userinfo.split(':', 1)[0]}:***@{host}"
-    return CREDENTIAL_PARAMETER.sub(r"\g<name>***", f"{scheme}{sep}{rest}")
+        rest = f"{userinfo.split(':', 1)[0]}:{REMOVED}@{host}"
+    return CREDENTIAL_PARAMETER.sub(lambda found: found["name"] + REMOVED, f"{scheme}{sep}{rest}")
 
 
 def without_password(text: str, url: str) -> str:
@@ -253,9 +256,11 @@ def without_password(text: str, url: str) -> str:
     pieces = {
         piece for secret in secrets for piece in (secret, unquote(secret), *re.split(r"[@/?#:&=]", secret))
     }
-    for piece in sorted((piece for piece in pieces if len(piece) >= 2), key=len, reverse=True):
-        text = text.replace(piece, "***")
-    return text
+    shown = sorted((piece for piece in pieces if len(piece) >= 2), key=len, reverse=True)
+    if not shown:
+        return text
+    # in one pass, longest first: a piece replaced after another could be a part of the marker
+    return re.sub("|".join(map(re.escape, shown)), REMOVED, text)
 
 
 def apply_migrations(connection: Connection, migrations: list[Migration]) -> None:

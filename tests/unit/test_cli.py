@@ -731,20 +731,21 @@ def test_records_of_loggers_not_named_and_nested_fields_are_redacted_too() -> No
             "MASTERPLANNER_OTEL_ENDPOINT",
             "alice:s3cretpass@collector:4318",
             "setting 'otel_endpoint' (from MASTERPLANNER_OTEL_ENDPOINT): expected an http:// or https:// "
-            "URL such as http://127.0.0.1:4318, got 'alice:***@collector:4318'",
+            "URL such as http://127.0.0.1:4318, got 'alice:[secret removed]@collector:4318'",
         ),
         (
             "MASTERPLANNER_OTEL_ENDPOINT",
             "https://alice:s3cretpass@collector:x/?token=s3cretpass",
             "setting 'otel_endpoint' (from MASTERPLANNER_OTEL_ENDPOINT): expected an http:// or https:// "
-            "URL such as http://127.0.0.1:4318, got 'https://alice:***@collector:x/?token=***'",
+            "URL such as http://127.0.0.1:4318, got "
+            "'https://alice:[secret removed]@collector:x/?token=[secret removed]'",
         ),
         (
             "MASTERPLANNER_HTTP_ALLOWED_DOMAINS",
             '["https://alice:s3cretpass@api.example"]',
             "setting 'http_allowed_domains' (from MASTERPLANNER_HTTP_ALLOWED_DOMAINS): "
-            "'https://alice:***@api.example' is not a host name; give host names such as example.com (a "
-            "subdomain of one is allowed too), not URLs, ports or paths, or '*' for any host",
+            "'https://alice:[secret removed]@api.example' is not a host name; give host names such as "
+            "example.com (a subdomain of one is allowed too), not URLs, ports or paths, or '*' for any host",
         ),
     ],
 )
@@ -761,8 +762,8 @@ def test_a_database_url_without_its_scheme_is_refused_without_its_password() -> 
     assert (done.returncode, done.stdout, done.stderr) == (
         2,
         "",
-        "error: database URL 'alice:***@db.example/runs' is not usable: masterplanner stores runs in "
-        "SQLite (sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DATABASE)\n",
+        "error: database URL 'alice:[secret removed]@db.example/runs' is not usable: masterplanner stores "
+        "runs in SQLite (sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DATABASE)\n",
     )
 
 

@@ -22,7 +22,7 @@ def test_an_unreachable_postgres_server_is_named_without_its_password() -> None:
         RunStore("postgresql://planner:s3cret-pw@127.0.0.1:1/nowhere")
     message = str(caught.value)
     assert message.startswith(
-        "database postgresql://planner:***@127.0.0.1:1/nowhere: cannot create its tables: "
+        "database postgresql://planner:[secret removed]@127.0.0.1:1/nowhere: cannot create its tables: "
     )
     assert "s3cret-pw" not in message
     assert "\n" not in message
@@ -34,37 +34,45 @@ def test_a_password_with_unescaped_url_characters_is_in_no_message(password: str
     with pytest.raises(DatabaseUnavailableError) as caught:
         RunStore(f"postgresql://postgres:{password}@127.0.0.1:5432/mp_no_such_database")
     message = str(caught.value)
-    assert message.startswith("database postgresql://postgres:***@127.0.0.1:5432/mp_no_such_database: ")
+    assert message.startswith(
+        "database postgresql://postgres:[secret removed]@127.0.0.1:5432/mp_no_such_database: "
+    )
     assert "PW" not in message and "s3c" not in message, message
 
 
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
-        ("postgresql://postgres:p%40ssW0rd@127.0.0.1:5432/x", "postgresql://postgres:***@127.0.0.1:5432/x"),
-        ("postgresql://u:a@b/c@h/db", "postgresql://u:***@h/db"),
-        ("postgresql://postgres:s3cret?PW@127.0.0.1:5432/db", "postgresql://postgres:***@127.0.0.1:5432/db"),
-        ("postgresql://u:pw@h/db?sslmode=require", "postgresql://u:***@h/db?sslmode=require"),
+        (
+            "postgresql://postgres:p%40ssW0rd@127.0.0.1:5432/x",
+            "postgresql://postgres:[secret removed]@127.0.0.1:5432/x",
+        ),
+        ("postgresql://u:a@b/c@h/db", "postgresql://u:[secret removed]@h/db"),
+        (
+            "postgresql://postgres:s3cret?PW@127.0.0.1:5432/db",
+            "postgresql://postgres:[secret removed]@127.0.0.1:5432/db",
+        ),
+        ("postgresql://u:pw@h/db?sslmode=require", "postgresql://u:[secret removed]@h/db?sslmode=require"),
         (
             "postgresql://h/db?user=u&password=zz&sslmode=require",
-            "postgresql://h/db?user=u&password=***&sslmode=require",
+            "postgresql://h/db?user=u&password=[secret removed]&sslmode=require",
         ),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
         # without its scheme (refused for that, and echoed): the password still goes
-        ("alice:s3cretpass@db.example/runs", "alice:***@db.example/runs"),
+        ("alice:s3cretpass@db.example/runs", "alice:[secret removed]@db.example/runs"),
         # libpq's `sslpassword`, and other credential-named parameters
         (
             "postgresql://h/db?sslpassword=zz&sslmode=require&token=t1",
-            "postgresql://h/db?sslpassword=***&sslmode=require&token=***",
+            "postgresql://h/db?sslpassword=[secret removed]&sslmode=require&token=[secret removed]",
         ),
         # a value holding `#` or a space, as the driver reads it: to the next `&`
         (
             "postgresql://alice@db.example/app?password=s3cr#et99",
-            "postgresql://alice@db.example/app?password=***",
+            "postgresql://alice@db.example/app?password=[secret removed]",
         ),
         (
             "postgresql://h/db?password=two words&sslmode=require",
-            "postgresql://h/db?password=***&sslmode=require",
+            "postgresql://h/db?password=[secret removed]&sslmode=require",
         ),
         ("sqlite:////tmp/a.sqlite", "sqlite:////tmp/a.sqlite"),
     ],
@@ -78,12 +86,12 @@ def test_a_database_url_is_shown_without_its_password_however_it_is_written(url:
     [
         (
             "mysql://u:s3cretPW@h/db",
-            "database URL 'mysql://u:***@h/db' is not usable: masterplanner stores runs in SQLite "
-            "(sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DATABASE)",
+            "database URL 'mysql://u:[secret removed]@h/db' is not usable: masterplanner stores runs in "
+            "SQLite (sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DATABASE)",
         ),
         (
             "postgresql://postgres:s3cretPW@127.0.0.1:notaport/x",
-            "database URL 'postgresql://postgres:***@127.0.0.1:notaport/x' is not usable: "
+            "database URL 'postgresql://postgres:[secret removed]@127.0.0.1:notaport/x' is not usable: "
             "its port is not a number",
         ),
     ],

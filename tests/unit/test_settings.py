@@ -499,10 +499,10 @@ def test_a_refused_server_url_is_quoted_without_its_password(
     with pytest.raises(SettingsError) as refused:
         Settings.load()
     assert "s3cretpass" not in str(refused.value)
-    assert str(refused.value).endswith("got 'ftp://alice:***@search.example'")
+    assert str(refused.value).endswith("got 'ftp://alice:[secret removed]@search.example'")
     monkeypatch.delenv("MASTERPLANNER_SEARXNG_URL")
     write_toml(Path.cwd(), '[mcp_servers.remote]\nurl = "htps://user:sk-proj-abcdefghijklmnop@host/mcp"\n')
     with pytest.raises(SettingsError) as refused:
         Settings.load()
     assert "abcdefghijklmnop" not in str(refused.value)
-    assert str(refused.value).endswith("got 'htps://user:***@host/mcp'")
+    assert str(refused.value).endswith("got 'htps://user:[secret removed]@host/mcp'")
