@@ -423,3 +423,72 @@ def test_an_answer_the_run_moved_past_stays_on_the_page_which_still_follows_the_
     page.get_by_role("button", name="Show the latest").click()
     page.locator("#review-form").wait_for(state="detached")
     assert changed.is_hidden() and page.locator("pre.output").count() == 1
+
+
+def test_texts_beginning_with_a_line_break_are_sent_back_whole_by_the_browser(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """HTML drops the line break right after `<textarea>`: the review approved as shown was an edit."""
+    page = browser_page
+    instruction, prompt = "\nRead the report.", "You are a worker.\nDo the step."
+    script = tmp_path / "script.json"
+    calls = [
+        {"purpose": "planner", "output": {"steps": [_step("a", tools=[]) | {"instruction": instruction}]}},
+        {"purpose": "prompt_creator", "output": prompt, "repeat": True},
+        {"purpose": "step:a", "output": "A"},
+        {"purpose": "*", "repeat": True},
+    ]
+    script.write_text(json.dumps({"calls": calls}))
+    run_id = _api_run(server, script, "a line break first", {"auto_approve": False})
+    page.goto(f"{server}/runs/{run_id}")
+    page.get_by_role("heading", name="Review the plan").wait_for()
+    assert page.get_by_label("Instruction").input_value() == instruction
+    assert page.get_by_label("Agent prompt").input_value() == prompt
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+    page.locator("h1 .status-succeeded").wait_for()
+    with urllib.request.urlopen(f"{server}/api/v1/runs/{run_id}", timeout=30) as response:
+        report = json.loads(response.read())
+    assert report["plan"]["steps"][0]["instruction"] == instruction
+    assert report["agents"]["a"]["prompt"] == prompt
+    with urllib.request.urlopen(f"{server}/api/v1/runs/{run_id}/events", timeout=30) as response:
+        kinds = [event["kind"] for event in json.loads(response.read())]
+    assert "approved" in kinds and "plan_edited" not in kinds
+
+
+def test_a_review_shown_while_an_answer_is_typed_keeps_a_text_beginning_with_a_line_break(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """The page puts what the person types in back into each refresh, and writes the refresh out again.
+
+    Written out by the browser, a `<textarea>` lost the line break its text began with: the
+    replan, shown while an answer was being typed, approved as shown changed the step's
+    instruction.
+    """
+    page = browser_page
+    instruction = "\nDo a2 with care."
+    script = tmp_path / "script.json"
+    broken = {"purpose": "step:a", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True}
+    calls = [
+        {"purpose": "planner", "output": {"steps": [_step("q", tools=["ask_user"]), _step("a", tools=[])]}},
+        {"purpose": "step:q", "tool_calls": [{"name": "ask_user", "args": {"question": "Which colour?"}}]},
+        {"purpose": "step:q", "expect": ["teal"], "output": "Q"},
+        broken,
+        {"purpose": "replanner", "output": {"steps": [_step("a2", tools=[]) | {"instruction": instruction}]}},
+        {"purpose": "step:a2", "output": "A2"},
+        {"purpose": "*", "repeat": True},
+    ]
+    script.write_text(json.dumps({"calls": calls}))
+    run_id = _api_run(server, script, "ask while a is replanned", {"auto_approve": False})
+    page.goto(f"{server}/runs/{run_id}")
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+    answer = page.get_by_role("textbox", name="Which colour?")
+    answer.fill("teal")  # held from now on: each refresh is written out again around it
+    page.get_by_role("heading", name="Replan: step a failed").wait_for()
+    assert page.locator('[name="instruction.a2"]').input_value() == instruction
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+    page.locator("#review-form").wait_for(state="detached")
+    page.get_by_role("button", name="Answer").click()
+    page.locator("h1 .status-succeeded").wait_for()
+    with urllib.request.urlopen(f"{server}/api/v1/runs/{run_id}", timeout=30) as response:
+        steps = json.loads(response.read())["plan"]["steps"]
+    assert [(step["id"], step["instruction"]) for step in steps] == [("q", "Do q."), ("a2", instruction)]

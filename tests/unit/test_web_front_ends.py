@@ -136,8 +136,8 @@ async def test_a_refused_review_edit_is_shown_again_without_the_secret_typed_int
     ) in shown
     # the rest of the edit as typed; each secret taken out where it was
     assert 'name="title.a" value="EDITED A"' in shown
-    assert ">Call the API with [secret removed] then stop.</textarea>" in shown
-    assert ">You fetch. Your key: [secret removed]</textarea>" in shown
+    assert ">\nCall the API with [secret removed] then stop.</textarea>" in shown
+    assert ">\nYou fetch. Your key: [secret removed]</textarea>" in shown
     assert (await client.get(f"/api/v1/requests/{review}")).json()["state"] == "open"
 
 
@@ -156,7 +156,7 @@ async def test_a_refused_new_task_is_shown_again_without_the_secret_typed_into_i
         "[secret removed])</p>"
     ) in shown
     # the rest of the task as typed, the secret taken out where it was
-    assert ">Fetch the report with [secret removed] and sum it</textarea>" in shown
+    assert ">\nFetch the report with [secret removed] and sum it</textarea>" in shown
     assert (await client.get("/api/v1/runs")).json() == []
 
 
@@ -204,9 +204,10 @@ async def test_an_agent_page_saved_after_a_rating_taught_the_agent_keeps_the_les
         "then, 2 now): nothing was saved; the form shows version 2 with your changes on top, and saving "
         "it stores them</p>"
     ) in shown
-    assert ">Write it short.</textarea>" in shown and '<input type="hidden" name="latest" value="2">' in shown
+    assert ">\nWrite it short.</textarea>" in shown
+    assert '<input type="hidden" name="latest" value="2">' in shown
     # the lessons the person left as loaded show the lesson the rating wrote meanwhile
-    assert ">Always include the totals.</textarea>" in shown
+    assert ">\nAlways include the totals.</textarea>" in shown
 
     # a refused edit holding a secret comes back without it
     leaky = await client.post(
@@ -221,7 +222,7 @@ async def test_an_agent_page_saved_after_a_rating_taught_the_agent_keeps_the_les
         "put secrets in the environment or the settings file, not in an agent; the form shows your edit "
         "with the secret taken out (marked [secret removed])</p>"
     ) in shown
-    assert ">Write it short. [secret removed]</textarea>" in shown
+    assert ">\nWrite it short. [secret removed]</textarea>" in shown
 
     # the form as it came back, saved: version 3 holds the person's prompt and the rating's lesson
     again = await client.post(

@@ -486,6 +486,61 @@ async def test_the_review_form_approved_as_shown_is_no_edit(
     assert to_approval(kinds) == (APPROVED_AS_SHOWN, False)
 
 
+async def test_texts_beginning_with_a_line_break_come_back_from_the_forms_as_they_were(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """HTML drops the line break right after a `<textarea>` start tag: the pages write one there.
+
+    Before, an instruction or an agent's prompt beginning with a line break came back from the
+    form without it: the review approved as shown was recorded as a plan edit, and the agent's
+    page saved as shown stored a new version of the agent, its prompt marked a person's.
+    """
+    instruction = "\nRead the report and note each figure."
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[]) | {"instruction": instruction}]}},
+            {"purpose": "step:a", "output": "A done"},
+            DRAFTS,
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    body = {"task": "note the figures", "model": f"scripted:{script}", "options": {"prompt_rounds": 0}}
+    created = await client.post("/api/v1/runs", json=body)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    page = await _body_until(client, run_id, "Review the plan")
+    review_id = re.search(r'id="review-form" hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', page)
+    assert review_id is not None, page
+    form = _form_as_sent(page, "review-form")
+    assert form["instruction.a"] == instruction.replace("\n", "\r\n")
+    approved = await client.post(f"/runs/{run_id}/requests/{review_id[1]}", data=form | {"choice": "approve"})
+    assert approved.status_code == 200, approved.text
+    await _body_until(client, run_id, r"status status-succeeded")
+    report = (await client.get(f"/api/v1/runs/{run_id}")).json()
+    assert report["plan"]["steps"][0]["instruction"] == instruction
+    kinds = [event["kind"] for event in (await client.get(f"/api/v1/runs/{run_id}/events")).json()]
+    assert to_approval(kinds) == (APPROVED_AS_SHOWN, False)
+
+    for _ in range(600):  # the run's team, and its agent, are stored as it ends
+        teams = (await client.get("/api/v1/teams")).json()
+        if teams:
+            break
+        await asyncio.sleep(0.05)
+    agent_id = teams[0]["agents"]["a"]
+    stored = (await client.get(f"/api/v1/agents/{agent_id}")).json()
+    prompt, description = "\nYou are a worker.\nDo the step.", "\nReads reports."
+    edit = stored | {"system_prompt": prompt, "description": description, "prompt_by_person": False}
+    edited = await client.put(f"/api/v1/agents/{agent_id}", json=edit)
+    assert edited.status_code == 200, edited.text
+    assert (edited.json()["version"], edited.json()["system_prompt"]) == (2, prompt)
+    shown = _form_as_sent((await client.get(f"/agents/{agent_id}")).text, "agent-form")
+    assert shown["system_prompt"] == prompt.replace("\n", "\r\n")
+    saved = await client.post(f"/agents/{agent_id}", data=shown | {"action": "save"})
+    assert saved.status_code == 200, saved.text
+    after = (await client.get(f"/api/v1/agents/{agent_id}")).json()
+    assert (after["version"], after["system_prompt"], after["description"]) == (2, prompt, description)
+
+
 @pytest.mark.parametrize("front_end", ["form", "api"])
 async def test_a_policy_for_a_tool_missing_here_is_kept_by_reviews_and_replans_approved_as_shown(
     client: httpx.AsyncClient, write_script: Callable[..., Path], front_end: str

@@ -207,9 +207,8 @@ async def test_agents_teams_and_memory_pages(
     refused = await client.post(f"/agents/{agent_id}", data=form | typed)
     assert refused.status_code == 422 and "role: must not be empty" in refused.text
     # what was typed comes back beside the problem, not the stored agent
-    assert (
-        ">My new prompt, typed.</textarea>" in refused.text and ">A lesson typed.</textarea>" in refused.text
-    )
+    assert ">\nMy new prompt, typed.</textarea>" in refused.text
+    assert ">\nA lesson typed.</textarea>" in refused.text
     assert 'id="role" name="role" value=""' in refused.text
 
     team_page = (await client.get(f"/teams/{team['id']}")).text

@@ -20,6 +20,14 @@
   var stale = false; // a held part the run has moved past
   var refusedPart = null; // the part whose refusal `#run-problem` explains
   var typing = null; // what the person types in, in a held part, and where the caret is, over a swap
+  // HTML drops a line break right after a `<textarea>` start tag (the pages write one there), and
+  // a browser writing a parsed body out again (Chromium) writes none: without one put back, a
+  // text beginning with a line break lost it in each refresh written out around a held part
+  var breakWrittenOut = (function () {
+    var area = document.createElement("textarea");
+    area.textContent = "\nx";
+    return area.outerHTML.indexOf(">\n\nx<") !== -1;
+  })();
 
   function changedNote() {
     var note = document.getElementById("run-changed");
@@ -139,6 +147,11 @@
         held[why.id] = true;
         refusedPart = sent.id;
       }
+    }
+    if (!breakWrittenOut) {
+      page.content.querySelectorAll("textarea").forEach(function (area) {
+        area.textContent = "\n" + area.textContent;
+      });
     }
     detail.serverResponse = page.innerHTML;
     changedNote();
