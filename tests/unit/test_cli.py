@@ -436,6 +436,43 @@ def test_agents_import_adds_versions_and_refuses_what_an_edit_would(tmp_path: Pa
     assert [agent["id"] for agent in json.loads(run("agents", "list", "--json").stdout)] == ["poet"]
 
 
+def test_an_older_export_imported_again_keeps_the_lessons_and_track_record_learned_since(
+    tmp_path: Path,
+) -> None:
+    """Before, the file's lessons took the place of the stored ones: each lesson learned since was dropped."""
+    from masterplanner import Settings
+    from masterplanner.registry import AgentSpec, open_registry
+
+    settings = Settings.load()
+    settings.ensure_home()
+    registry = open_registry(settings)
+    poet = registry.put_agent(
+        AgentSpec(id="poet", name="poet", role="poet", system_prompt="You write.", lessons=["Rhyme."])
+    )
+    backup = tmp_path / "agents.jsonl"
+    assert run("agents", "export", str(backup)).returncode == 0
+    # learned since the export: a lesson (a new version, as a rating writes it) and a track record
+    registry.put_agent(poet.model_copy(update={"lessons": ["Rhyme.", "Count the syllables."]}))
+    registry.record_outcome("poet", succeeded=True, rating=5)
+    again = run("agents", "import", str(backup))
+    said = f"imported {backup}: 0 new, 0 updated (a new version), 1 unchanged\n"
+    assert (again.returncode, again.stderr) == (0, said)
+    shown = json.loads(run("agents", "show", "poet", "--json").stdout)
+    assert (shown["version"], shown["lessons"]) == (2, ["Rhyme.", "Count the syllables."])
+    assert (shown["stats"]["uses"], shown["stats"]["ratings"]) == (1, 1)
+    # a file with a lesson the agent lacks (and another prompt): the file's agent, with every lesson
+    line = json.loads(backup.read_text())
+    other = line | {"system_prompt": "You write odes.", "lessons": ["Be brief."]}
+    backup.write_text(json.dumps(other) + "\n")
+    merged = run("agents", "import", str(backup))
+    said = f"imported {backup}: 0 new, 1 updated (a new version), 0 unchanged\n"
+    assert (merged.returncode, merged.stderr) == (0, said)
+    shown = json.loads(run("agents", "show", "poet", "--json").stdout)
+    assert (shown["version"], shown["system_prompt"]) == (3, "You write odes.")
+    assert shown["lessons"] == ["Be brief.", "Rhyme.", "Count the syllables."]
+    assert (shown["stats"]["uses"], shown["stats"]["ratings"]) == (1, 1)
+
+
 def test_a_config_error_inside_an_exception_group_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -131,6 +131,22 @@ def test_concurrent_writers_lose_no_update(store: RegistryStore) -> None:
     assert (stats.uses, stats.successes, stats.ratings, stats.rating_sum) == (200, 200, 200, 800.0)
 
 
+def test_an_import_past_the_lessons_limit_drops_the_files_lessons_never_the_stored_ones(
+    store: RegistryStore, tmp_path: Path
+) -> None:
+    stored = [f"Lesson {n}." for n in range(48)]
+    store.put_agent(_agent("full", "worker", "You work.", lessons=stored))
+    exported = tmp_path / "agents.jsonl"
+    store.export_agents(exported)
+    line = json.loads(exported.read_text())
+    exported.write_text(json.dumps(line | {"lessons": ["New 1.", "Lesson 0.", "New 2.", "New 3."]}) + "\n")
+    done = store.import_agents([spec for _, spec in store.read_agents(exported)])
+    assert (done.updated, store.get_agent("full").lessons) == (["full"], ["New 2.", "New 3.", *stored])
+    store.put_agent(store.get_agent("full").model_copy(update={"lessons": [f"Mine {n}." for n in range(50)]}))
+    assert store.import_agents([spec for _, spec in store.read_agents(exported)]).unchanged == ["full"]
+    assert store.get_agent("full").lessons == [f"Mine {n}." for n in range(50)]
+
+
 def test_export_import_round_trips_and_a_corrupt_file_imports_nothing(
     store: RegistryStore, tmp_path: Path
 ) -> None:

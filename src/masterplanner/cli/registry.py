@@ -195,7 +195,7 @@ def agents_import(
     """Read agents from a JSON-lines file: all of them, or none if any line is invalid.
 
     An agent not stored yet is added; one stored already gets the imported one as its next
-    version (its history and track record here are kept), unless they are the same.
+    version (its history, track record and lessons here are kept), unless they are the same.
     """
     done = _registry(lambda service: service.import_agents(path))
     parts = [f"{len(done.added)} new", f"{len(done.updated)} updated (a new version)"]

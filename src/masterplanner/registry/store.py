@@ -113,6 +113,22 @@ def _content(spec: AgentSpec) -> dict[str, Any]:
     return spec.model_dump(exclude={"version", "stats"})
 
 
+MAX_LESSONS = 50
+"""The most lessons an agent keeps (`AgentSpec.lessons`); a rating past it lets the oldest go."""
+
+
+def _with_lessons_kept(imported: AgentSpec, current: AgentSpec) -> AgentSpec:
+    """`imported` holding every lesson of `current` (the stored agent), after the file's others.
+
+    Before, an import took the file's lessons in place of the stored ones: an older export
+    imported again dropped every lesson the agent had learned since. The file's lessons the
+    stored agent lacks come first (as older ones); past `MAX_LESSONS`, they give way, oldest first.
+    """
+    extra = [lesson for lesson in imported.lessons if lesson not in current.lessons]
+    lessons = [*extra[max(0, len(extra) + len(current.lessons) - MAX_LESSONS) :], *current.lessons]
+    return imported if lessons == imported.lessons else imported.model_copy(update={"lessons": lessons})
+
+
 def _create_registry_tables(connection: Connection) -> None:
     _sql(
         connection,
@@ -719,7 +735,7 @@ class RegistryStore:
         lesson = lesson.strip()
         if lesson in agent.lessons:
             return None
-        lessons = [*agent.lessons, lesson][-50:]
+        lessons = [*agent.lessons, lesson][-MAX_LESSONS:]
         self.put_agent(agent.model_copy(update={"lessons": lessons}), connection)
         return lesson
 
@@ -1080,8 +1096,9 @@ class RegistryStore:
 
         An agent not here is added as it was exported (its version and track record). One that
         is here gets the imported one as its next version when they differ, its history and its
-        track record here kept; one equal to its current version is left as it is. Its prompt
-        stays a person's if it was, and becomes one if the file changes it (`with_prompt_author`).
+        track record here kept; one equal to its current version is left as it is. No lesson it
+        has is dropped (`_with_lessons_kept`). Its prompt stays a person's if it was, and becomes
+        one if the file changes it (`with_prompt_author`).
         """
         imported = ImportedAgents()
         with self._begin("import agents") as connection:
@@ -1092,7 +1109,7 @@ class RegistryStore:
                     self.put_agent(spec, connection)
                     imported.added.append(spec.id)
                     continue
-                spec = with_prompt_author(spec, current)
+                spec = with_prompt_author(_with_lessons_kept(spec, current), current)
                 if _content(current) == _content(spec):
                     imported.unchanged.append(spec.id)
                 else:
