@@ -705,6 +705,71 @@ def test_a_cancel_that_lands_as_the_run_ends_leaves_it_succeeded(
     assert "cancel_requested" not in kinds
 
 
+def test_a_cancel_asked_as_the_run_records_its_end_leaves_no_cancel_to_come(
+    write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel that lands once the run is ending, before its outcome is written: too late.
+
+    The run succeeds and the cancel stays on record as asked. Before, its flag stayed set on the
+    succeeded run: the next execution of it (`runs resume`, which finishes an end a crash cut
+    short) was stopped as cancelled before it could see the run had ended, and raised.
+    """
+    from masterplanner import RunOptions
+
+    script = write_script(
+        [
+            _planner(step("a", tools=[])),
+            {"purpose": "step:a", "output": "done a"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    ends = RunStore.set_status
+
+    def asked_as_it_ends(store: RunStore, run_id: str, status: Any, **values: Any) -> bool:
+        if status == "succeeded":  # another process asks the run to stop as it writes its outcome
+            assert store.ask_cancel(run_id, by="cli@elsewhere:1")
+        return ends(store, run_id, status, **values)
+
+    async def run_it() -> RunRecord:
+        service = RunService(Settings.load())
+        try:
+            created = await service.create(
+                "one step", model=f"scripted:{script}", options=RunOptions(auto_approve=True)
+            )
+            return await service.execute(created.id)
+        finally:
+            service.close()
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RunStore, "set_status", asked_as_it_ends)
+        record = asyncio.run(run_it())
+    assert (record.status, record.output) == ("succeeded", "done a"), record.error
+    kinds = [e["kind"] for e in run_events(record.id)]
+    assert kinds.count("cancel_requested") == 1 and kinds[-2:] == ["run_succeeded", "team_stored"]
+
+    # the run resumed (slow to read its record, as on a busy machine): nothing to do, and it says so
+    read = RunStore.get_run
+
+    def slow_read(store: RunStore, wanted: str) -> RunRecord:
+        time.sleep(0.5)  # past the watch's first look at the run's lease and cancel flag
+        return read(store, wanted)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RunStore, "get_run", slow_read)
+        service = RunService(Settings.load())
+        try:
+            resumed = asyncio.run(service.execute(record.id))
+        finally:
+            service.close()
+    assert (resumed.status, resumed.output) == ("succeeded", "done a")
+    assert [e["kind"] for e in run_events(record.id)] == kinds
+    resumed_cli = mp("runs", "resume", record.id)
+    assert (resumed_cli.returncode, resumed_cli.stderr) == (
+        0,
+        f"run {record.id} succeeded: there is nothing to resume\n",
+    )
+
+
 def _started(process: subprocess.Popen[bytes], step_id: str) -> str:
     """The id of the run `process` executes, once its step `step_id` has started."""
     store = open_run_store(Settings.load())

@@ -344,7 +344,13 @@ class RunStore:
         unfinished run is cancelled: a cancel that read the run running may take its lease just
         after it ended and gave the lease up (it was marking a succeeded run cancelled). Whether
         the status was written: a caller then records nothing of the move it did not make.
+
+        A run that ends carries no cancel still to come: a cancel asked as it ended (recorded as
+        asked, in its events) came too late, and its flag, left set, had the next execution of
+        the ended run (`runs resume` finishing its end) stopped as cancelled.
         """
+        if status in FINISHED_RUN_STATUSES:
+            values = {"cancel_requested": False, **values}
         if status == "cancelled":
             return self.update_run(run_id, unless_finished=True, status=status, **values)
         return self.update_run(run_id, unless_cancelled=True, status=status, **values)
