@@ -909,8 +909,8 @@ def test_a_worker_killed_mid_call_leaves_no_mcp_server_running(
     assert pids and all(map(running, pids)), "the server's call did not start"
     worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=30)
-    try:
-        deadline = time.monotonic() + 5
+    try:  # within moments; the time allowed is only so a process that never ends fails the test
+        deadline = time.monotonic() + 120
         while any(map(running, pids)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(map(running, pids)), f"processes {pids} still run"

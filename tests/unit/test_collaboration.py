@@ -225,8 +225,10 @@ def test_a_message_sent_before_a_kill_is_delivered_once_after_resume(
         [
             _planner(step("a", tools=[]), step("c", tools=[]), step("b", "c", tools=[])),
             _call("step:a", "send_message", to="b", content="Round to two decimals."),
-            {"purpose": "step:a", "output": "A-OUT", "delay_s": 30.0},
-            {"purpose": "step:c", "output": "C-OUT", "delay_s": 30.0},  # b cannot start before c
+            # a and c wait until the process is killed, however long this test takes to see the
+            # message sent (b cannot start before c); the resumed run's are quick (below)
+            {"purpose": "step:a", "output": "A-OUT", "delay_s": 3600.0},
+            {"purpose": "step:c", "output": "C-OUT", "delay_s": 3600.0},
             {
                 "purpose": "step:b",
                 "expect": ["message #1 from step a: Round to two decimals."],
@@ -240,9 +242,10 @@ def test_a_message_sent_before_a_kill_is_delivered_once_after_resume(
     store = engine.store
     run = start("run", "tell b", "--model", f"scripted:{script}", "--yes", "--rounds", "0", "--json")
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # only so a broken run cannot hang the suite
         sent: list[str] = []
-        while time.monotonic() < deadline and not sent and run.poll() is None:
+        while not sent:
+            assert run.poll() is None and time.monotonic() < deadline, "step a never sent its message"
             sent = [
                 r.id for r in store.list_runs() if any(e.kind == "message_sent" for e in store.events(r.id))
             ]

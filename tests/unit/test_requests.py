@@ -168,23 +168,25 @@ def test_kill_9_while_a_tool_approval_is_open_then_answer_then_resume(
 def test_a_resumed_run_asks_for_an_ask_policy_tool_instead_of_denying_it(
     write_script: Callable[..., Path],
 ) -> None:
-    script = _script(write_script, delay_s=10.0)
+    # b's model call waits until the process is killed, however long this test takes to see that
+    # b started (a 10 s wait ran out once on a busy machine: b asked for the tool before the kill);
+    # the process that resumes the run reads the script again, and finds the call quick (below)
+    script = _script(write_script, delay_s=3600.0)
     run = start("run", "note then compute", "--model", f"scripted:{script}")
     try:
         review = pending("plan_review")
         store = RunStore(Settings.load().database_url)
         run_id = review["run_id"]
         answer(review["id"], "--approve")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # b has started; its model call takes 10 s
-            if any(e.kind == "step_started" and e.step == "b" for e in store.events(run_id)):
-                break
+        deadline = time.monotonic() + 300  # only so a broken run cannot hang the suite
+        while not any(e.kind == "step_started" and e.step == "b" for e in store.events(run_id)):
+            assert run.poll() is None and time.monotonic() < deadline, f"step b of run {run_id} never started"
             time.sleep(0.05)
         store.close()
     finally:
         os.kill(run.pid, signal.SIGKILL)
         run.wait()
-    script.write_text(script.read_text().replace('"delay_s": 10.0', '"delay_s": 0.0'))
+    script.write_text(script.read_text().replace('"delay_s": 3600.0', '"delay_s": 0.0'))
     assert not any(e["kind"] == "tool_approval_requested" for e in run_events(run_id))
 
     resumed = start("runs", "resume", run_id, "--json")
