@@ -534,25 +534,30 @@ async def test_steps_at_once_cannot_together_pass_the_token_budget(
 ) -> None:
     """Each request checked the tokens used before it was made, so four at once all passed a
     budget of 230,000 and used 400,000; each now reserves its worst case (its request, and the
-    script's 100,000-token cap on a reply) until its real usage is counted."""
+    script's 100,000-token cap on a reply) until its real usage is counted. The third, whose
+    worst case cannot fit what the first two left, is sent cut to that (it failed the run)."""
     script = _four_long_replies(write_script)
     options = replace(FAST, max_tokens=230_000, max_replans=0)
     run = engine.create_run("at once", model=f"scripted:{script}", options=options)
     final = await engine.execute(run.id)
     assert final.status == "failed" and final.error is not None
-    assert "the run's budget of 230,000 tokens cannot take its next model request: it may use up to " in (
-        final.error
+    assert final.error.startswith(
+        "the run's budget of 230,000 tokens cannot take its next model request: even with its output "
+        "cut to 1,024 tokens it needs "
     )
     usage = engine.report(run.id)["usage"]
     assert usage["input_tokens"] + usage["output_tokens"] <= 230_000
-    assert usage["output_tokens"] >= 200_000  # two steps answered, one beside the other
-    assert _budget_outcome(engine, run.id) == ([(1, 100_000)] * 2, ["cancelled", "cancelled"], 8)
+    counted, unanswered, calls = _budget_outcome(engine, run.id)
+    whole, cut = sorted(counted, reverse=True)[:2], sorted(counted)[0]
+    assert (whole, len(counted), unanswered, calls) == ([(1, 100_000)] * 2, 3, ["cancelled"], 9)
+    assert cut[0] == 1 and 20_000 < cut[1] < 30_000  # the third, cut to the max_tokens it was sent
 
 
 async def test_steps_at_once_cannot_together_pass_the_money_budget(
     engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same for money: four steps at once spent $0.40 of a $0.23 budget."""
+    """The same for money: four steps at once spent $0.40 of a $0.23 budget; the third is sent
+    with the output tokens what the first two left buys."""
     from masterplanner.models import pricing
 
     monkeypatch.setattr(pricing, "_FREE_SYSTEMS", frozenset())  # the script priced at $1 a million tokens
@@ -564,11 +569,15 @@ async def test_steps_at_once_cannot_together_pass_the_money_budget(
     run = engine.create_run("at once", model=f"scripted:{script}", options=options)
     final = await engine.execute(run.id)
     assert final.status == "failed" and final.error is not None
-    assert "the run's money budget of $0.23 cannot take its next model request: it may cost up to $0.1" in (
-        final.error
+    assert final.error.startswith(
+        "the run's money budget of $0.23 cannot take its next model request: even with its output cut "
+        "to 1,024 tokens it costs $0.00"
     )
     assert 0.2 <= engine.report(run.id)["usage"]["cost_usd"] <= 0.23
-    assert _budget_outcome(engine, run.id) == ([(1, 100_000)] * 2, ["cancelled", "cancelled"], 8)
+    counted, unanswered, calls = _budget_outcome(engine, run.id)
+    whole, cut = sorted(counted, reverse=True)[:2], sorted(counted)[0]
+    assert (whole, len(counted), unanswered, calls) == ([(1, 100_000)] * 2, 3, ["cancelled"], 9)
+    assert cut[0] == 1 and 20_000 < cut[1] < 30_000  # cut to what the money left buys
 
 
 async def test_an_error_that_is_not_ours_fails_the_run_instead_of_leaving_it_running(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -296,3 +297,78 @@ def test_a_money_budget_s_tiny_figures_are_not_shown_as_nothing(store: RunStore)
         "the run's money budget of $0.0001 cannot take its next model request: it may cost up to "
         "under $0.0001 and under $0.0001 is left"
     )
+
+
+def test_a_request_whose_worst_case_cannot_fit_what_is_left_is_cut_to_it_not_refused(store: RunStore) -> None:
+    """A late request reserved its whole output limit (100,000) against a budget with 10,000 left:
+    the run failed though the request would have used a tenth of it."""
+    ledger = RunLedger(store, "r1", RunOptions(max_tokens=10_000))
+    late = Reservation(input_tokens=1_000, output_tokens=100_000, least_output_tokens=1_024)
+    held = ledger.reserve(late)
+    assert held == Reservation(input_tokens=1_000, output_tokens=9_000, least_output_tokens=1_024)
+    assert ledger.reserve(late) is None  # beside the one in flight not even its least fits: it waits
+    assert held is not None
+    ledger.settle(held, 2_000, 0.0)
+    second = ledger.reserve(late)  # cut to what is left beside the first's real usage
+    assert second is not None and second.output_tokens == 7_000
+    ledger.record("step:a", input_tokens=1_000, output_tokens=1_000, seconds=1.0)
+    ledger.release(second)
+    assert store.usage_totals("r1") == (1, 2_000, 0.0)
+    with pytest.raises(BudgetExceededError) as refused:
+        ledger.reserve(Reservation(input_tokens=7_000, output_tokens=100_000, least_output_tokens=1_024))
+    assert str(refused.value) == (
+        "the run's budget of 10,000 tokens cannot take its next model request: even with its output "
+        "cut to 1,024 tokens it needs 8,024 (7,000 in) and 8,000 are left"
+    )
+    assert refused.value.budget == "max_tokens"
+    # a request whose own limit is under the least is not cut: it fits whole or waits or fails
+    small = Reservation(input_tokens=7_500, output_tokens=600, least_output_tokens=600)
+    with pytest.raises(BudgetExceededError, match="it may use up to 8,100 tokens \\(7,500 in, 600 out\\)"):
+        ledger.reserve(small)
+
+
+def test_a_request_whose_worst_case_cannot_fit_the_money_left_is_cut_to_what_it_buys(store: RunStore) -> None:
+    ledger = RunLedger(store, "r1", RunOptions(max_cost_usd=0.01))
+    per_token = 2.0**-20  # dollars an output token
+    late = Reservation(
+        input_tokens=500,
+        output_tokens=100_000,
+        cost_usd=0.001 + 100_000 * per_token,
+        least_output_tokens=1_024,
+        input_cost_usd=0.001,
+    )
+    held = ledger.reserve(late)
+    assert held is not None
+    assert held.output_tokens == 9_437  # (0.01 - 0.001) / 2**-20 = 9,437.18
+    assert held.cost_usd == pytest.approx(0.001 + 9_437 * per_token)
+    ledger.release(held)
+    ledger.record("step:a", input_tokens=500, output_tokens=500, seconds=1.0, cost_usd=0.0085)
+    with pytest.raises(BudgetExceededError) as refused:
+        ledger.reserve(late)
+    assert str(refused.value) == (
+        "the run's money budget of $0.01 cannot take its next model request: even with its output "
+        "cut to 1,024 tokens it costs $0.0020 and $0.0015 is left"
+    )
+
+
+async def test_a_request_cut_to_fit_the_token_budget_is_sent_with_that_max_tokens(
+    store: RunStore, tmp_path: Path
+) -> None:
+    """The lowered limit reaches the model: the scripted model stops its reply there."""
+    from masterplanner.engine.step_agent import BudgetedModel
+    from masterplanner.purpose import using_purpose
+
+    script = tmp_path / "s.json"
+    long = " ".join(["word"] * 50_000)
+    script.write_text(json.dumps({"calls": [{"purpose": "*", "output": long}], "max_output_tokens": 100_000}))
+    scripted = resolve_model(f"scripted:{script}")
+    ledger = RunLedger(store, "r1", RunOptions(max_tokens=20_000))
+    ledger.record("planner", input_tokens=2_000, output_tokens=1_000, seconds=1.0)
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart("go on")])]
+    params = ModelRequestParameters()
+    worst, _ = reservation_for(scripted, messages, None, params, bounded=False)
+    assert worst.output_tokens == 100_000  # the script's cap: it could not fit the 17,000 left
+    with using_purpose("step:a"):
+        reply = await BudgetedModel(scripted, ledger).request(messages, None, params)
+    assert reply.usage.output_tokens == 17_000 - worst.input_tokens  # the max_tokens it was sent
+    assert reply.finish_reason == "length"

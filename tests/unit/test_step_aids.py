@@ -62,9 +62,9 @@ def _aided_agent(
     class Budget:  # the run's ledger, as far as the model needs it
         options = RunOptions()
 
-        def reserve(self, reservation: Reservation) -> bool:
+        def reserve(self, reservation: Reservation) -> Reservation:
             check()
-            return True
+            return reservation
 
         def settle(self, reservation: Reservation, tokens: int, cost_usd: float | None) -> None:
             pass

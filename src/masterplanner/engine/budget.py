@@ -5,15 +5,17 @@ read back from the run store, so steps of one run executing in several processes
 Each request also reserves its worst case before it is made (`Reservation`: the tokens it may use
 and what they may cost), stored in the run store (`mp_reservations`) until its real usage is,
 so requests made at once, in this process or any other, cannot together pass a budget each fits
-alone.
+alone. A request whose worst case cannot fit what is left even alone is sent with a lower output
+limit (at least `LEAST_OUTPUT_TOKENS`) rather than failing the run.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, cast
 
 from pydantic_ai.messages import ModelMessage, RetryPromptPart, ToolCallPart, ToolReturnPart
@@ -29,6 +31,7 @@ from .store import RunStore, Spending, process_identity
 
 __all__ = [
     "DEFAULT_OUTPUT_TOKENS",
+    "LEAST_OUTPUT_TOKENS",
     "UNKNOWN_PRICE",
     "RequestBudget",
     "Reservation",
@@ -47,11 +50,42 @@ class Reservation:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+    least_output_tokens: int | None = None
+    """The fewest output tokens the request may be sent with when its worst case cannot fit what is
+    left of a budget (`LEAST_OUTPUT_TOKENS`, or its own limit when lower); None: only as it is."""
+    input_cost_usd: float = 0.0
+    """What its input alone may cost: the rest of `cost_usd` is its output's, at one price a token."""
 
     @property
     def tokens(self) -> int:
         """Input and output tokens together."""
         return self.input_tokens + self.output_tokens
+
+    def least(self) -> Reservation:
+        """The request at the fewest output tokens it may be sent with (itself when it may not be cut)."""
+        least = self.least_output_tokens
+        return self if least is None or least >= self.output_tokens else self.lowered(least)
+
+    def lowered(self, output_tokens: int) -> Reservation:
+        """The request sent with `output_tokens` as its output limit, priced at its output's rate."""
+        if output_tokens == self.output_tokens:
+            return self
+        cost = self.input_cost_usd + self._output_price * output_tokens
+        return replace(self, output_tokens=output_tokens, cost_usd=cost)
+
+    def output_room(self, tokens_left: int | None, dollars_left: float | None) -> int:
+        """The most output tokens it may be sent with, given what is left of each budget (None: none)."""
+        room = self.output_tokens
+        if tokens_left is not None:
+            room = min(room, tokens_left - self.input_tokens)
+        if dollars_left is not None and self._output_price > 0:
+            room = min(room, math.floor((dollars_left - self.input_cost_usd) / self._output_price))
+        return room
+
+    @property
+    def _output_price(self) -> float:
+        """What an output token may cost, in US dollars."""
+        return (self.cost_usd - self.input_cost_usd) / self.output_tokens if self.output_tokens else 0.0
 
 
 class RequestBudget(Protocol):
@@ -59,7 +93,7 @@ class RequestBudget(Protocol):
 
     options: RunOptions
 
-    def reserve(self, reservation: Reservation) -> bool: ...  # noqa: D102
+    def reserve(self, reservation: Reservation) -> Reservation | None: ...  # noqa: D102
     def settle(self, reservation: Reservation, tokens: int, cost_usd: float | None) -> None: ...  # noqa: D102
     def release(self, reservation: Reservation) -> None: ...  # noqa: D102
     def check(self) -> None: ...  # noqa: D102
@@ -123,40 +157,45 @@ class RunLedger(UsageLedger):
             reservation=key,
         )
 
-    def reserve(self, reservation: Reservation) -> bool:
+    def reserve(self, reservation: Reservation) -> Reservation | None:
         """Hold `reservation` for one request about to be made (one transaction in the run store).
 
         The run's usage and the reservations of its requests in flight in every process are read
-        together, one check at a time for the run (`RunStore.reserve`). True: held, until `record`
-        counts its real usage (or `release` drops it). False: it fits the run's budgets but not
-        beside the requests in flight; ask again once one of those is counted (their real usage
-        is usually less than reserved). Raises `BudgetExceededError` naming the budget when it
-        cannot fit even then.
+        together, one check at a time for the run (`RunStore.reserve`). Returns what is held,
+        until `record` counts its real usage (or `release` drops it): `reservation` itself, or,
+        when its worst case cannot fit what is left of the budgets even alone, the request cut to
+        the output tokens left beside those in flight (at least its `least()`: send it with that
+        `max_tokens`). None: it fits the run's budgets but not beside the requests in flight; ask
+        again once one of those is counted (their real usage is usually less than reserved).
+        Raises `BudgetExceededError` naming the budget when it cannot fit even at its least.
         """
         if not self._budgeted:
-            return True
+            return reservation
         with self._lock:
             waiting = reservation in self._waiting
-        if waiting and not self._fits(self.store.spending(self.run_id), reservation):
-            return False  # asked again while it waits: a read tells, the lock only once it may fit
+        if waiting and self._hold(self.store.spending(self.run_id), reservation) is None:
+            return None  # asked again while it waits: a read tells, the lock only once it may fit
         key = uuid.uuid4().hex
-        stored = self.store.reserve(
-            self.run_id,
-            key,
-            owner=self._process(),
-            tokens=reservation.tokens,
-            cost_usd=reservation.cost_usd,
-            fits=lambda spending: self._fits(spending, reservation),
-        )
+
+        def hold(spending: Spending) -> tuple[int, float] | None:
+            held = self._hold(spending, reservation)
+            return None if held is None else (held.tokens, held.cost_usd)
+
+        stored = self.store.reserve(self.run_id, key, owner=self._process(), hold=hold)
+        held = None
+        if stored is not None:  # as stored (a retry of a reserve whose commit went unacknowledged too)
+            tokens, cost = stored
+            held = replace(reservation, output_tokens=tokens - reservation.input_tokens, cost_usd=cost)
         with self._lock:
-            if stored:
-                self._held.setdefault(reservation, []).append(key)
+            if held is not None:
+                self._held.setdefault(held, []).append(key)
                 self._waiting.discard(reservation)
             else:
                 self._waiting.add(reservation)
-        return stored
+        return held
 
-    def _fits(self, spending: Spending, reservation: Reservation) -> bool:
+    def _hold(self, spending: Spending, reservation: Reservation) -> Reservation | None:
+        """What to hold for `reservation` given `spending`: itself, cut to fit, or None (it waits)."""
         self._refuse(
             spending.calls,
             spending.tokens,
@@ -169,9 +208,22 @@ class RunLedger(UsageLedger):
             held_tokens = spending.held_tokens - sum(entry[3] for entry in self._answered)
             held_cost = spending.held_cost_usd - sum(entry[4] for entry in self._answered)
         tokens, dollars = self.options.max_tokens, self.options.max_cost_usd
-        return not (
-            (tokens is not None and spending.tokens + held_tokens + reservation.tokens > tokens)
-            or (dollars is not None and spending.cost_usd + held_cost + reservation.cost_usd > dollars)
+        if not self._over(spending.tokens, spending.cost_usd, reservation):  # its worst case fits alone
+            beside = self._over(spending.tokens + held_tokens, spending.cost_usd + held_cost, reservation)
+            return None if beside else reservation
+        # it cannot fit whole even once those in flight are counted: cut to what is left beside them
+        room = reservation.output_room(
+            None if tokens is None else tokens - spending.tokens - held_tokens,
+            None if dollars is None else dollars - spending.cost_usd - held_cost,
+        )
+        least = reservation.least().output_tokens
+        return reservation.lowered(room) if room >= least else None
+
+    def _over(self, used: int, spent: float, reservation: Reservation) -> bool:
+        """Whether `reservation` passes a token or money budget beside `used` tokens and `spent` dollars."""
+        tokens, dollars = self.options.max_tokens, self.options.max_cost_usd
+        return (tokens is not None and used + reservation.tokens > tokens) or (
+            dollars is not None and spent + reservation.cost_usd > dollars
         )
 
     def settle(self, reservation: Reservation, tokens: int, cost_usd: float | None) -> None:
@@ -264,17 +316,30 @@ class RunLedger(UsageLedger):
             )
         if reservation is None:
             return
-        if tokens is not None and used + reservation.tokens > tokens:
+        least = reservation.least()  # what it needs at the least: its output cut to its least
+        cut = least.output_tokens < reservation.output_tokens
+        if tokens is not None and used + least.tokens > tokens:
+            needs = (
+                f"even with its output cut to {least.output_tokens:,} tokens it needs {least.tokens:,} "
+                f"({least.input_tokens:,} in)"
+                if cut
+                else f"it may use up to {least.tokens:,} tokens ({least.input_tokens:,} in, "
+                f"{least.output_tokens:,} out)"
+            )
             raise BudgetExceededError(
-                f"the run's budget of {tokens:,} tokens cannot take its next model request: it may use "
-                f"up to {reservation.tokens:,} tokens ({reservation.input_tokens:,} in, "
-                f"{reservation.output_tokens:,} out) and {tokens - used:,} are left",
+                f"the run's budget of {tokens:,} tokens cannot take its next model request: {needs} "
+                f"and {tokens - used:,} are left",
                 budget="max_tokens",
             )
-        if dollars is not None and spent + reservation.cost_usd > dollars:
+        if dollars is not None and spent + least.cost_usd > dollars:
+            needs = (
+                f"even with its output cut to {least.output_tokens:,} tokens it costs {money(least.cost_usd)}"
+                if cut
+                else f"it may cost up to {money(least.cost_usd)}"
+            )
             raise BudgetExceededError(
-                f"the run's money budget of ${dollars:g} cannot take its next model request: it may cost "
-                f"up to {money(reservation.cost_usd)} and {money(dollars - spent)} is left",
+                f"the run's money budget of ${dollars:g} cannot take its next model request: {needs} "
+                f"and {money(dollars - spent)} is left",
                 budget="max_cost_usd",
             )
 
@@ -284,6 +349,10 @@ DEFAULT_OUTPUT_TOKENS = 4096
 
 Under a money budget the request is sent with this as its `max_tokens`, so the provider stops
 there; under a token budget alone it is only reserved (see `reservation_for`)."""
+LEAST_OUTPUT_TOKENS = 1024
+"""The fewest output tokens a request is cut to when its worst case cannot fit what is left of the
+run's token or money budget (its own limit when lower): enough for a step's answer or a tool call
+of some length; a request that cannot fit even so fails the run (`RunLedger.reserve`)."""
 _MESSAGE_TOKENS = 16
 """Tokens reserved per message and per tool definition beyond its text (roles, a chat template)."""
 _MEDIA_TOKENS = 2_000
@@ -305,7 +374,8 @@ def reservation_for(
     request's `max_tokens`, else the model's own cap (a GGUF model's), else
     `DEFAULT_OUTPUT_TOKENS`, sent as `max_tokens` when `bounded` (a money budget) and the model
     costs something (one that runs here is not cut short). Priced from
-    the price table as the request will be (nothing for a model that runs here).
+    the price table as the request will be (nothing for a model that runs here). It may be cut
+    to `LEAST_OUTPUT_TOKENS` output tokens (fewer when its limit is lower) to fit a budget.
     """
     merged: dict[str, object] = {**(getattr(model, "settings", None) or {}), **(settings or {})}
     output = merged.get("max_tokens")
@@ -319,7 +389,14 @@ def reservation_for(
             settings = cast("ModelSettings", {**(settings or {}), "max_tokens": output})
     else:
         cost = price_of(model, input_tokens, output) or 0.0
-    return Reservation(input_tokens=input_tokens, output_tokens=output, cost_usd=cost), settings
+    reservation = Reservation(
+        input_tokens=input_tokens,
+        output_tokens=output,
+        cost_usd=cost,
+        least_output_tokens=min(output, LEAST_OUTPUT_TOKENS),
+        input_cost_usd=min(cost, price_of(model, input_tokens, 0) or 0.0),
+    )
+    return reservation, settings
 
 
 def _request_bytes(messages: list[ModelMessage], params: ModelRequestParameters) -> int:

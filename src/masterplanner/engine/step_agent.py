@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache, partial
 from pathlib import Path
+from typing import cast
 
 from pydantic_ai.messages import (
     ModelMessage,
@@ -745,7 +746,7 @@ _RESERVE_POLL_S = 0.05
 """How often a request waiting for the requests in flight to be counted asks the ledger again."""
 
 
-async def _reserved(ledger: RequestBudget, reservation: Reservation) -> bool:
+async def _reserved(ledger: RequestBudget, reservation: Reservation) -> Reservation | None:
     """`ledger.reserve` in a worker thread; cancelled meanwhile, what it reserved is released."""
     loop = asyncio.get_running_loop()
     reserving = loop.run_in_executor(None, ledger.reserve, reservation)
@@ -753,9 +754,9 @@ async def _reserved(ledger: RequestBudget, reservation: Reservation) -> bool:
         return await asyncio.shield(reserving)
     except asyncio.CancelledError:
 
-        def release_if_held(done: asyncio.Future[bool]) -> None:
-            if not done.cancelled() and done.exception() is None and done.result():
-                loop.run_in_executor(None, _release, ledger, reservation)
+        def release_if_held(done: asyncio.Future[Reservation | None]) -> None:
+            if not done.cancelled() and done.exception() is None and (held := done.result()) is not None:
+                loop.run_in_executor(None, _release, ledger, held)
 
         reserving.add_done_callback(release_if_held)
         raise
@@ -849,8 +850,10 @@ class BudgetedModel(WrapperModel):
 
         The request reserves the most it may use (`reservation_for`) before it is made. One that
         fits the budgets but not beside the requests in flight waits for those to be counted;
-        one that cannot fit raises `BudgetExceededError` naming the budget. Once answered, its
-        real usage is held instead until the ledger has stored it (`LabelledModel`).
+        one whose worst case cannot fit what is left even alone is sent with its `max_tokens`
+        lowered to what is left (`RunLedger.reserve`); one that cannot fit even so raises
+        `BudgetExceededError` naming the budget. Once answered, its real usage is held instead
+        until the ledger has stored it (`LabelledModel`).
         """
         ledger = self._ledger
         reservation, model_settings = reservation_for(
@@ -863,16 +866,20 @@ class BudgetedModel(WrapperModel):
         # each try is a transaction of the run store; those in flight are counted by other tasks
         # of this process (in worker threads) or by other processes: polled, not awaited as an event
         while True:
-            if await _reserved(ledger, reservation):
+            held = await _reserved(ledger, reservation)
+            if held is not None:
                 break
             await asyncio.sleep(_RESERVE_POLL_S)
+        if held.output_tokens < reservation.output_tokens:  # cut to fit what is left of a budget
+            lowered = {**(model_settings or {}), "max_tokens": held.output_tokens}
+            model_settings = cast("ModelSettings", lowered)
         try:
             response = await self._answer(messages, model_settings, model_request_parameters)
         except BaseException:  # not answered (a cancel too): the reservation is released
-            await asyncio.shield(asyncio.to_thread(_release, ledger, reservation))
+            await asyncio.shield(asyncio.to_thread(_release, ledger, held))
             raise
         usage = response.usage
-        ledger.settle(reservation, usage.input_tokens + usage.output_tokens, request_cost(self, response))
+        ledger.settle(held, usage.input_tokens + usage.output_tokens, request_cost(self, response))
         return response
 
     async def _answer(

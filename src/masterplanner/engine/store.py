@@ -909,18 +909,17 @@ class RunStore:
         reservation: str,
         *,
         owner: str,
-        tokens: int,
-        cost_usd: float,
-        fits: Callable[[Spending], bool],
-    ) -> bool:
-        """Hold `tokens` and `cost_usd` for one model request of the run, if `fits` says they fit.
+        hold: Callable[[Spending], tuple[int, float] | None],
+    ) -> tuple[int, float] | None:
+        """Hold the `(tokens, cost_usd)` `hold` answers for one model request of the run, if any.
 
         One transaction, one at a time for the run in every process (its row locked on Postgres,
         the writer's lock on SQLite): the reservations of processes whose lease lapsed are
-        dropped, `fits` is given the run's usage and what is held for its requests in flight (one
-        read, so a request counted meanwhile is seen once: counted or held), and the reservation
-        is stored under `owner` (a process's `mp_processes` id) when it returns True. What `fits`
-        raises (a budget that cannot take the request) leaves nothing stored.
+        dropped, `hold` is given the run's usage and what is held for its requests in flight (one
+        read, so a request counted meanwhile is seen once: counted or held), and what it answers
+        is stored under `reservation` and `owner` (a process's `mp_processes` id) and returned;
+        None stores nothing. What `hold` raises (a budget that cannot take the request) leaves
+        nothing stored.
         """
         postgres = self.engine.dialect.name == "postgresql"
         with self.begin("reserve a model request") as connection:
@@ -928,13 +927,15 @@ class RunStore:
             connection.execute(_PURGE_RESERVATIONS[postgres], {"run_id": run_id})
             if postgres:
                 connection.execute(_LOCK_RUN, {"run_id": run_id})
-            if not fits(_spending(connection, run_id, postgres)):
-                return False
+            held = hold(_spending(connection, run_id, postgres))
+            if held is None:
+                return None
+            tokens, cost_usd = held
             connection.execute(
                 _INSERT_RESERVATION[postgres],
                 {"id": reservation, "run_id": run_id, "owner": owner, "tokens": tokens, "cost_usd": cost_usd},
             )
-        return True
+        return held
 
     def spending(self, run_id: str) -> Spending:
         """The run's usage so far and what its requests in flight hold, by every process (a read)."""

@@ -27,7 +27,9 @@ the embedded model's do (`engine.step_agent`: a step that only reads a file is t
 `read_file` call, a text to write is drafted; the grammar it would impose is not applied, the
 script is the model's choice). `"max_output_tokens": N` beside `"calls"` is the most tokens one reply
 may take, as a GGUF model's cap (the run's token and money budgets reserve that much for each
-request; a reply of more words fails with `ScriptError`). A reply's tokens are its words, a
+request; a reply of more words fails with `ScriptError`). A text reply of more words than the
+request's `max_tokens` setting is cut to that many (finish reason `length`), as a provider stops
+there (a tool call over it fails with `ScriptError`). A reply's tokens are its words, a
 request's the words of what it was sent. `"turn": N` makes an entry answer only the N-th
 request of a conversation (one that already holds N-1 replies): a step's first request can call
 a tool and its second answer, whatever order steps of several runs ask in, in any process, and
@@ -207,11 +209,21 @@ class ScriptedModel(Model):
                 f"scripted model file {self.path}: a {purpose} call's reply has {output_tokens} tokens, "
                 f"more than the script's max_output_tokens of {cap}"
             )
+        cut_off = entry.cut_off
+        limit = (model_settings or {}).get("max_tokens")
+        if isinstance(limit, int) and output_tokens > limit:  # the request's limit: the reply stops there
+            if not all(isinstance(part, TextPart) for part in parts):
+                raise ScriptError(
+                    f"scripted model file {self.path}: a {purpose} call's reply has {output_tokens} tokens, "
+                    f"more than the request's max_tokens of {limit}, and a tool call cannot be cut"
+                )
+            words = " ".join(part.content for part in parts if isinstance(part, TextPart)).split()
+            parts, output_tokens, cut_off = [TextPart(" ".join(words[:limit]))], limit, True
         return ModelResponse(
             parts=parts,
             usage=RequestUsage(input_tokens=_count_tokens(messages), output_tokens=output_tokens),
             model_name=self.model_name,
-            finish_reason="length" if entry.cut_off else None,
+            finish_reason="length" if cut_off else None,
         )
 
     def _check_expected(self, entry: _Entry, purpose: str, messages: list[ModelMessage]) -> None:
