@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-__all__ = ["Part", "Tone", "event_detail", "retry_wait"]
+__all__ = ["Part", "Tone", "budget_wait", "event_detail", "retry_wait"]
 
 Tone = Literal["good", "bad", "warn"] | None
 Part = tuple[str, Tone]
@@ -23,6 +23,15 @@ def retry_wait(data: dict[str, Any]) -> str:
     delay = data.get("delay_s")
     wait = f"{delay:g} s" if isinstance(delay, int | float) else "a moment"
     return f"{data.get('error', '')}; try {data.get('attempt', '')} of {data.get('attempts', '')} in {wait}"
+
+
+def budget_wait(data: dict[str, Any]) -> str:
+    """A `model_waiting` event: which request waits, for room in which budget, behind how many in flight."""
+    budget = "money" if data.get("budget") == "max_cost_usd" else "token"
+    count = data.get("in_flight", 0)
+    requests = f"{count} model request{'' if count == 1 else 's'}"
+    purpose = data.get("purpose", "")
+    return f"{purpose} waits for room in the {budget} budget: {requests} in flight to be counted"
 
 
 def _by(data: dict[str, Any]) -> str:
@@ -113,6 +122,7 @@ _DETAILS: dict[str, Callable[[dict[str, Any]], list[Part]]] = {
     "step_failed": _step_error,
     "step_retried": _step_error,
     "model_retried": lambda data: [(f" {retry_wait(data)}", "warn")],
+    "model_waiting": lambda data: [(f" {budget_wait(data)}", "warn")],
     "run_failed": _reason,
     "run_cancelled": _reason,
     "rejected": _reason,

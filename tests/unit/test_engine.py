@@ -535,7 +535,8 @@ async def test_steps_at_once_cannot_together_pass_the_token_budget(
     """Each request checked the tokens used before it was made, so four at once all passed a
     budget of 230,000 and used 400,000; each now reserves its worst case (its request, and the
     script's 100,000-token cap on a reply) until its real usage is counted. The third, whose
-    worst case cannot fit what the first two left, is sent cut to that (it failed the run)."""
+    worst case cannot fit what the first two left, is sent cut to that (it failed the run), and
+    says it waits while they are in flight."""
     script = _four_long_replies(write_script)
     options = replace(FAST, max_tokens=230_000, max_replans=0)
     run = engine.create_run("at once", model=f"scripted:{script}", options=options)
@@ -551,6 +552,15 @@ async def test_steps_at_once_cannot_together_pass_the_token_budget(
     whole, cut = sorted(counted, reverse=True)[:2], sorted(counted)[0]
     assert (whole, len(counted), unanswered, calls) == ([(1, 100_000)] * 2, 3, ["cancelled"], 9)
     assert cut[0] == 1 and 20_000 < cut[1] < 30_000  # the third, cut to the max_tokens it was sent
+    by_purpose = engine.report(run.id)["usage"]["by_purpose"]
+    late = {f"p{n}" for n in range(4) if by_purpose.get(f"step:p{n}", {}).get("output_tokens") != 100_000}
+    waits = [
+        (event.step, event.data) for event in engine.store.events(run.id) if event.kind == "model_waiting"
+    ]
+    assert sorted(step or "" for step, _data in waits) == sorted(late)  # once each, as it started to wait
+    for step_id, data in waits:
+        assert (data["purpose"], data["budget"]) == (f"step:{step_id}", "max_tokens")
+        assert data["in_flight"] in (1, 2)  # the first two (one may be counted by then, under load)
 
 
 async def test_steps_at_once_cannot_together_pass_the_money_budget(
@@ -578,6 +588,8 @@ async def test_steps_at_once_cannot_together_pass_the_money_budget(
     whole, cut = sorted(counted, reverse=True)[:2], sorted(counted)[0]
     assert (whole, len(counted), unanswered, calls) == ([(1, 100_000)] * 2, 3, ["cancelled"], 9)
     assert cut[0] == 1 and 20_000 < cut[1] < 30_000  # cut to what the money left buys
+    waits = [event.data["budget"] for event in engine.store.events(run.id) if event.kind == "model_waiting"]
+    assert waits == ["max_cost_usd"] * 2
 
 
 async def test_an_error_that_is_not_ours_fails_the_run_instead_of_leaving_it_running(

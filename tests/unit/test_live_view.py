@@ -259,6 +259,30 @@ def test_a_retried_run_runs_again_and_its_steps_lose_their_old_failure() -> None
     )
 
 
+def test_a_request_waiting_for_budget_room_says_what_it_waits_for() -> None:
+    """A request waiting for the requests in flight to be counted said nothing: a step stood still."""
+    running = datetime.fromtimestamp(time.time() - 1, UTC).isoformat()
+    view = RunView("r1", steps=[StepRecord("fetch", "running", started_at=running)])
+    waiting = _event("model_waiting", "fetch", purpose="step:fetch", budget="max_tokens", in_flight=2)
+    view.apply(waiting)
+    assert (
+        _text(view.render(1))
+        .splitlines()[1]
+        .endswith("step:fetch waits for room in the token budget: 2 model requests in flight to be counted")
+    )
+    assert _text(one_line(event_line(waiting))).strip() == (
+        "00:00:00 model_waiting fetch step:fetch waits for room in the token budget: "
+        "2 model requests in flight to be counted"
+    )
+    view.apply(_event("model_waiting", purpose="planner" + OSC52, budget="max_cost_usd", in_flight=1))
+    run_line = _text(view.render(1)).splitlines()[0]
+    assert run_line.endswith(
+        f"· planner{OSC52_SHOWN} waits for room in the money budget: 1 model request in flight to be counted"
+    )
+    view.apply(_event("plan_ready"))  # the planner's request went on
+    assert "waits" not in _text(view.render(1)).splitlines()[0]
+
+
 def test_a_run_a_worker_refused_says_which_and_why() -> None:
     refused = _event("run_refused", process="w1", reason="model file /m.gguf: no such file " + OSC52)
     assert _text(one_line(event_line(refused))).strip() == (

@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..event_text import Part, event_detail, retry_wait
+from ..event_text import Part, budget_wait, event_detail, retry_wait
 from ..tools.workspace import walk_files
 from ..usage import money
 from .terminal import shown, visible
@@ -262,6 +262,8 @@ class RunView:
     calls: int = 0
     cost: str | None = None
     """What the run's calls cost so far, when known."""
+    waiting: bool = False
+    """Whether `note` says a request of the run waits for budget room (the run's next event clears it)."""
 
     def apply(self, event: Event) -> None:
         """Take in one event: the run's phase, or a step's current tool and latest notice."""
@@ -290,6 +292,8 @@ class RunView:
             now.note = f"[yellow]attempt {attempt} after: {shown(data.get('error', ''))}[/]"
         elif event.kind == "model_retried":
             now.note = f"[yellow]{shown(retry_wait(data))}[/]"
+        elif event.kind == "model_waiting":
+            now.note = f"[yellow]{shown(budget_wait(data))}[/]"
         elif event.kind == "step_failed":
             now.tool, now.note = None, f"[red]{shown(data.get('error', ''))}[/]"
         elif event.kind in ("input_summarized", "input_cut"):
@@ -302,6 +306,10 @@ class RunView:
 
     def _apply_to_run(self, event: Event) -> None:
         data = event.data
+        if self.waiting:  # the run's next event: the request that waited for budget room went on
+            self.note, self.waiting = "", False
+        if event.kind == "model_waiting":  # a request not of a step's (the planner's, say)
+            self.note, self.waiting = f"[yellow]{shown(budget_wait(data))}[/]", True
         self.phase = _PHASES.get(event.kind, self.phase)
         if event.kind == "plan_ready" and data.get("cautions"):
             self.note = "".join(f"[yellow]caution: {shown(caution)}[/]" for caution in data["cautions"])

@@ -96,6 +96,7 @@ class RequestBudget(Protocol):
     def reserve(self, reservation: Reservation) -> Reservation | None: ...  # noqa: D102
     def settle(self, reservation: Reservation, tokens: int, cost_usd: float | None) -> None: ...  # noqa: D102
     def release(self, reservation: Reservation) -> None: ...  # noqa: D102
+    def note_wait(self, reservation: Reservation, purpose: str | None) -> None: ...  # noqa: D102
     def check(self) -> None: ...  # noqa: D102
 
 
@@ -225,6 +226,28 @@ class RunLedger(UsageLedger):
         return (tokens is not None and used + reservation.tokens > tokens) or (
             dollars is not None and spent + reservation.cost_usd > dollars
         )
+
+    def note_wait(self, reservation: Reservation, purpose: str | None) -> None:
+        """Record that a request of `purpose` starts to wait for room in a budget (`reserve` said None).
+
+        A `model_waiting` event (of the step, for a step's request): the purpose, the budget that
+        cannot hold it beside the requests in flight (`max_tokens` or `max_cost_usd`) and how many
+        of those it waits for to be counted.
+        """
+        spending = self.store.spending(self.run_id)
+        tokens, dollars = self.options.max_tokens, self.options.max_cost_usd
+        short_of_money = dollars is not None and (
+            spending.cost_usd + spending.held_cost_usd + reservation.cost_usd > dollars
+        )
+        short_of_tokens = tokens is not None and (
+            spending.tokens + spending.held_tokens + reservation.tokens > tokens
+        )
+        money = tokens is None or (short_of_money and not short_of_tokens)
+        budget = "max_cost_usd" if money else "max_tokens"
+        label = purpose or ""
+        data = {"purpose": label, "budget": budget, "in_flight": spending.held_calls}
+        step = label.removeprefix("step:") if label.startswith("step:") else None
+        self.store.append_event(self.run_id, "model_waiting", step, data)
 
     def settle(self, reservation: Reservation, tokens: int, cost_usd: float | None) -> None:
         """The reserved request was answered: this process holds its real usage instead until `record`.

@@ -59,6 +59,7 @@ EventKind = Literal[
     "step_failed",
     "step_retried",
     "model_retried",
+    "model_waiting",
     "tool_called",
     "tool_result",
     "tool_approval_requested",

@@ -34,6 +34,7 @@ from ..models.local import STRUCTURED_PLANS, ToolAids
 from ..models.pricing import request_cost
 from ..plan import Plan, Step, sinks
 from ..prompts import load_examples, render
+from ..purpose import current_purpose
 from ..tools.code_execution import succeeded_output
 from ..tools.results import TOOL_OUTPUT
 from ..tools.workspace import Workspace
@@ -850,7 +851,8 @@ class BudgetedModel(WrapperModel):
 
         The request reserves the most it may use (`reservation_for`) before it is made. One that
         fits the budgets but not beside the requests in flight waits for those to be counted;
-        one whose worst case cannot fit what is left even alone is sent with its `max_tokens`
+        (a `model_waiting` event says so once); one whose worst case cannot fit what is left even
+        alone is sent with its `max_tokens`
         lowered to what is left (`RunLedger.reserve`); one that cannot fit even so raises
         `BudgetExceededError` naming the budget. Once answered, its real usage is held instead
         until the ledger has stored it (`LabelledModel`).
@@ -865,10 +867,11 @@ class BudgetedModel(WrapperModel):
         )
         # each try is a transaction of the run store; those in flight are counted by other tasks
         # of this process (in worker threads) or by other processes: polled, not awaited as an event
-        while True:
-            held = await _reserved(ledger, reservation)
-            if held is not None:
-                break
+        waited = False
+        while (held := await _reserved(ledger, reservation)) is None:
+            if not waited:  # said once, as it starts to wait
+                waited = True
+                await asyncio.to_thread(ledger.note_wait, reservation, current_purpose())
             await asyncio.sleep(_RESERVE_POLL_S)
         if held.output_tokens < reservation.output_tokens:  # cut to fit what is left of a budget
             lowered = {**(model_settings or {}), "max_tokens": held.output_tokens}
