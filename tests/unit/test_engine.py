@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from _answers import execute_answering
 from _cli import mp
 from _plans import step
@@ -590,6 +591,37 @@ async def test_steps_at_once_cannot_together_pass_the_money_budget(
     assert cut[0] == 1 and 20_000 < cut[1] < 30_000  # cut to what the money left buys
     waits = [event.data["budget"] for event in engine.store.events(run.id) if event.kind == "model_waiting"]
     assert waits == ["max_cost_usd"] * 2
+
+
+async def test_a_usage_write_that_fails_gives_back_the_requests_budget_reservation(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request was answered but its usage could not be stored: its reservation stayed held
+    against the run's budgets until the process's lease lapsed, though the process went on."""
+    from masterplanner.engine.store import RunStore
+
+    stored = RunStore.add_usage
+    failed: list[str] = []
+
+    def failing(self: RunStore, run_id: str, purpose: str, **usage: Any) -> None:
+        if purpose == "step:a" and not failed:
+            failed.append(purpose)
+            raise RunError("the run's database failed: disk I/O error")
+        stored(self, run_id, purpose, **usage)
+
+    monkeypatch.setattr(RunStore, "add_usage", failing)
+    script = write_script([_planner(step("a", tools=[])), DRAFTS, {"purpose": "step:a", "output": "A"}])
+    run = engine.create_run(
+        "x", model=f"scripted:{script}", options=replace(FAST, max_tokens=100_000, max_replans=0)
+    )
+    final = await engine.execute(run.id)
+    assert failed == ["step:a"]
+    assert (final.status, final.error) == (
+        "failed",
+        "step a failed: the run's database failed: disk I/O error",
+    )
+    with engine.store.begin("read reservations") as connection:
+        assert connection.scalar(sa.text("SELECT COUNT(*) FROM mp_reservations")) == 0
 
 
 async def test_an_error_that_is_not_ours_fails_the_run_instead_of_leaving_it_running(

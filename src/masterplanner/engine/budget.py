@@ -22,7 +22,7 @@ from pydantic_ai.messages import ModelMessage, RetryPromptPart, ToolCallPart, To
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 
-from ..errors import BudgetExceededError
+from ..errors import BudgetExceededError, RunError
 from ..models import MAX_OUTPUT_TOKENS
 from ..models.pricing import innermost, price_of
 from ..usage import UsageLedger, money
@@ -136,7 +136,11 @@ class RunLedger(UsageLedger):
         seconds: float,
         cost_usd: float | None = 0.0,
     ) -> None:
-        """Count one model call, in memory and in the run store, dropping its reservation there too."""
+        """Count one model call, in memory and in the run store, dropping its reservation there too.
+
+        When the usage cannot be stored, the reservation is still dropped (its own transaction):
+        it was held until this process's lease lapsed, all the while it went on running.
+        """
         super().record(
             purpose,
             input_tokens=input_tokens,
@@ -148,15 +152,20 @@ class RunLedger(UsageLedger):
         with self._lock:  # taken off before the store drops its row: a check meanwhile holds more, not less
             key = next((entry[0] for entry in self._answered if entry[1:3] == (tokens, cost)), None)
             self._answered = [entry for entry in self._answered if entry[0] != key]
-        self.store.add_usage(
-            self.run_id,
-            purpose,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            seconds=seconds,
-            cost_usd=cost_usd,
-            reservation=key,
-        )
+        try:
+            self.store.add_usage(
+                self.run_id,
+                purpose,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                seconds=seconds,
+                cost_usd=cost_usd,
+                reservation=key,
+            )
+        except BaseException:
+            if key is not None:
+                _unreserve(self.store, key)
+            raise
 
     def reserve(self, reservation: Reservation) -> Reservation | None:
         """Hold `reservation` for one request about to be made (one transaction in the run store).
@@ -365,6 +374,14 @@ class RunLedger(UsageLedger):
                 f"and {money(dollars - spent)} is left",
                 budget="max_cost_usd",
             )
+
+
+def _unreserve(store: RunStore, key: str) -> None:
+    """Drop a reservation; a store that fails to leaves it to be dropped with this process's lease."""
+    try:
+        store.unreserve(key)
+    except RunError:
+        pass
 
 
 DEFAULT_OUTPUT_TOKENS = 4096
