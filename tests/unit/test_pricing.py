@@ -18,7 +18,7 @@ from pydantic_ai.usage import RequestUsage
 from masterplanner import BudgetExceededError, Settings, labelled, resolve_model
 from masterplanner.engine import RunOptions
 from masterplanner.engine.budget import DEFAULT_OUTPUT_TOKENS, Reservation, RunLedger, reservation_for
-from masterplanner.engine.store import RunStore
+from masterplanner.engine.store import RunStore, Spending
 from masterplanner.models.pricing import estimated_cost, request_cost
 
 
@@ -372,3 +372,27 @@ async def test_a_request_cut_to_fit_the_token_budget_is_sent_with_that_max_token
         reply = await BudgetedModel(scripted, ledger).request(messages, None, params)
     assert reply.usage.output_tokens == 17_000 - worst.input_tokens  # the max_tokens it was sent
     assert reply.finish_reason == "length"
+
+
+def test_a_reserve_made_again_after_its_commit_went_unacknowledged_answers_as_it_did(
+    database_url: str,
+) -> None:
+    """`reconnecting` makes a call again when its connection dropped, though its commit may have
+    landed: the reservation's second insert hit its own row's key and failed the request."""
+    store = RunStore(database_url)
+    try:
+        store.create_run("r1", "t", model="openai:gpt-4o", workspace="/w", options=RunOptions())
+        asked: list[Spending] = []
+
+        def hold(spending: Spending) -> tuple[int, float]:
+            asked.append(spending)
+            return 600, 0.02
+
+        assert store.reserve("r1", "k1", owner="w1", hold=hold) == (600, 0.02)
+        assert store.reserve("r1", "k1", owner="w1", hold=hold) == (600, 0.02)  # the retry finds its row
+        assert len(asked) == 1
+        assert store.spending("r1") == Spending(0, 0, 0.0, held_calls=1, held_tokens=600, held_cost_usd=0.02)
+        assert store.reserve("r1", "k2", owner="w1", hold=hold) == (600, 0.02)  # another request: held too
+        assert store.spending("r1").held_tokens == 1_200
+    finally:
+        store.close()

@@ -919,7 +919,9 @@ class RunStore:
         read, so a request counted meanwhile is seen once: counted or held), and what it answers
         is stored under `reservation` and `owner` (a process's `mp_processes` id) and returned;
         None stores nothing. What `hold` raises (a budget that cannot take the request) leaves
-        nothing stored.
+        nothing stored. Made again with the same `reservation` (`reconnecting` repeats a call whose
+        commit's acknowledgement was lost with its connection), it answers with what is stored,
+        as it did the first time, without asking `hold`.
         """
         postgres = self.engine.dialect.name == "postgresql"
         with self.begin("reserve a model request") as connection:
@@ -927,6 +929,9 @@ class RunStore:
             connection.execute(_PURGE_RESERVATIONS[postgres], {"run_id": run_id})
             if postgres:
                 connection.execute(_LOCK_RUN, {"run_id": run_id})
+            stored = connection.execute(_RESERVED, {"id": reservation}).one_or_none()
+            if stored is not None:  # made again after its commit's acknowledgement was lost
+                return int(stored[0]), float(stored[1])
             held = hold(_spending(connection, run_id, postgres))
             if held is None:
                 return None
@@ -1037,6 +1042,7 @@ _INSERT_RESERVATION = {
     for postgres, now in _NOW.items()
 }
 _DELETE_RESERVATION = sa.text("DELETE FROM mp_reservations WHERE id = :id")
+_RESERVED = sa.text("SELECT tokens, cost_usd FROM mp_reservations WHERE id = :id")
 _USAGE_TOTALS = sa.text(
     "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(input_tokens + output_tokens), 0), "
     "COALESCE(SUM(cost_usd), 0), COALESCE(SUM(unpriced_calls), 0) FROM mp_usage WHERE run_id = :run_id"
