@@ -313,7 +313,7 @@ def test_a_request_whose_worst_case_cannot_fit_what_is_left_is_cut_to_it_not_ref
     assert second is not None and second.output_tokens == 7_000
     ledger.record("step:a", input_tokens=1_000, output_tokens=1_000, seconds=1.0)
     ledger.release(second)
-    assert store.usage_totals("r1") == (1, 2_000, 0.0)
+    assert store.usage_totals("r1") == (1, 2_000, 0.0, 0)
     with pytest.raises(BudgetExceededError) as refused:
         ledger.reserve(Reservation(input_tokens=7_000, output_tokens=100_000, least_output_tokens=1_024))
     assert str(refused.value) == (
