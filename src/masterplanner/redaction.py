@@ -28,6 +28,7 @@ __all__ = [
     "is_secret_name",
     "looks_secret",
     "redacted",
+    "redacted_content",
     "redacted_traceback",
     "secret_parts",
     "secret_refusal",
@@ -272,6 +273,18 @@ def _values_removed(text: str) -> str:
     return text
 
 
+def redacted_content(text: str) -> str:
+    """`text`, what a tool read or made (a file, a page, a program's output), with its secrets removed.
+
+    Every value of a secret this process holds goes, and so does a key by its own shape, a URL's
+    password and a quoted credential (`password = "…"`), as from a traceback's code. A name given
+    a value that is not quoted (`api_key = settings.api_key`) is code, not a credential: taken out
+    (`redacted` does), a step that read a source file and wrote it back put the marker into the
+    person's file in place of the line.
+    """
+    return _CODE_SECRET.sub(_removed, _values_removed(text))
+
+
 _FRAME = re.compile(r'(?P<lead>[ |+-]*)File "[^\n]*", line \d+, in ')
 """A traceback's line naming a frame (`  File "x.py", line 3, in f`; in a group, after `|`s)."""
 
@@ -292,7 +305,7 @@ def redacted_traceback(text: str) -> str:
             if rest:
                 shown.append(redacted("\n".join(rest)))
                 rest = []
-            shown.append(_CODE_SECRET.sub(_removed, _values_removed(line)))
+            shown.append(redacted_content(line))
             continue
         frame = _FRAME.match(line)
         code_lead = None if frame is None else frame["lead"] + "  "

@@ -149,7 +149,7 @@ async def test_what_a_tool_read_or_failed_with_keeps_no_secret_in_the_run_s_even
     results = [event.data for event in events if event.kind == "tool_result"]
     assert [sorted(data) for data in results] == [["result", "tool"], ["error", "tool"]]
     # the key begins at character 491: taken out before the result was cut at 500
-    assert results[0]["result"] == "x" * 490 + f" {REMOVED}"[:10]
+    assert results[0]["result"] == "x" * 490 + f" OPENAI_API_KEY={REMOVED}"[:10]
     assert REMOVED in results[1]["error"]
     stored = json.dumps([event.to_json_dict() for event in events])
     assert SECRET not in stored and "a1b2c3d4" not in stored
@@ -220,9 +220,9 @@ def test_an_images_api_error_echoing_the_key_reaches_the_model_without_it(
     monkeypatch.setenv("OPENAI_API_KEY", key)
     monkeypatch.setenv("MASTERPLANNER_IMAGE_BASE_URL", f"http://127.0.0.1:{server.server_address[1]}/v1")
     draw = {"name": "generate_image", "args": {"prompt": "a lighthouse", "path": "light.png"}}
-    shown = f"Incorrect API key provided: {REMOVED}"
-    try:  # the step's model is shown the failure with the key taken out
-        expected = ["the images API failed: AuthenticationError", shown]
+    shown = "failed with HTTP 401: it refused the key in OPENAI_API_KEY"  # not the server's words
+    try:  # the step's model is shown the failure without the key
+        expected = ["the images API at http://127.0.0.1:", shown]
         final, events = _one_tool_call_run(write_script, tmp_path, draw, expected)
     finally:
         server.shutdown()
@@ -358,3 +358,21 @@ def test_a_tool_s_result_holding_a_secret_reaches_the_model_events_and_database_
     # nor the database's checkpoints (the call's result, the model's messages)
     held = [path.name for path in isolated.rglob("*") if path.is_file() and key.encode() in path.read_bytes()]
     assert held == []
+
+
+def test_source_code_a_tool_reads_reaches_the_model_as_code_with_only_the_secret_taken_out(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`api_key = settings.api_key_for_tests` is code: read as a message, the whole line went, and a
+    step that wrote the file back put the marker into the person's file in place of the line."""
+    key = "plainvalue0123456789zq"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    (tmp_path / "ws").mkdir()
+    code = "api_key = settings.api_key_for_tests\npassword = 'hunter2hunter2'\n"
+    (tmp_path / "ws" / "client.py").write_text(code + f"token = {key}\n")
+    shown = f"api_key = settings.api_key_for_tests\n{REMOVED}\ntoken = {REMOVED}"  # a quoted one goes whole
+    final, events = _one_tool_call_run(
+        write_script, tmp_path, {"name": "read_file", "args": {"path": "client.py"}}, [shown]
+    )
+    assert (final.status, final.output, final.error) == ("succeeded", "done", None)
+    assert key not in json.dumps([event.to_json_dict() for event in events])

@@ -15,7 +15,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from .. import telemetry
 from ..errors import MasterplannerError, ToolError
-from ..redaction import REMOVED, redacted
+from ..redaction import REMOVED, redacted, redacted_content
 from ..tools.results import TOOL_FAILED, TOOL_OUTPUT
 from .records import EventKind
 from .store import RunStore
@@ -23,6 +23,9 @@ from .store import RunStore
 __all__ = ["ToolCalls", "durable_key"]
 
 _FAILURE_CHARS = 500
+
+_INLINE_REDACTION = 65_536
+"""A tool's result longer than this is redacted on a thread (a megabyte takes most of a second)."""
 """Longest description of a tool's unexpected failure that the agent sees."""
 APPROVAL_CHARS = 200_000
 """Most characters of arguments a call put to a person for approval may have, all together.
@@ -265,8 +268,13 @@ class ToolCalls:
             await self._outcome(name, "error", message)
             return False, message
         # what the agent reads, the checkpoint keeps and the event shows: a page that echoes a
-        # key, a file or a program's output holding a secret's value here went to the model whole
-        text = redacted(_printable(result if isinstance(result, str) else str(result)))
+        # key, a file or a program's output holding a secret's value here went to the model whole.
+        # Read as content, not as a message: code stays code (`redacted_content`)
+        text = _printable(result if isinstance(result, str) else str(result))
+        if len(text) <= _INLINE_REDACTION:
+            text = redacted_content(text)
+        else:
+            text = await asyncio.to_thread(redacted_content, text)
         await self._outcome(name, "result", text)
         return True, text
 
