@@ -492,3 +492,34 @@ def test_a_review_shown_while_an_answer_is_typed_keeps_a_text_beginning_with_a_l
     with urllib.request.urlopen(f"{server}/api/v1/runs/{run_id}", timeout=30) as response:
         steps = json.loads(response.read())["plan"]["steps"]
     assert [(step["id"], step["instruction"]) for step in steps] == [("q", "Do q."), ("a2", instruction)]
+
+
+def test_the_runs_last_events_reach_a_page_whose_refresh_was_slow(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """Changes that come while the page fetches its body are shown once that fetch is in.
+
+    The page's refresh took the first change of a burst and dropped the others until the body
+    was back; when the body had been rendered before them and they were the run's last events,
+    the page showed the run running for good (its event stream had ended).
+    """
+    page = browser_page
+    script = tmp_path / "script.json"
+    calls = [
+        {"purpose": "planner", "output": {"steps": [_step("a", tools=[]), _step("b", "a", tools=[])]}},
+        {"purpose": "step:a", "delay_s": 4, "output": "A"},
+        {"purpose": "step:b", "delay_s": 0.2, "output": "B"},
+        {"purpose": "*", "repeat": True},
+    ]
+    script.write_text(json.dumps({"calls": calls}))
+
+    def slowly(route: Any) -> None:  # a slow network: the body comes 1.5 s after it was rendered
+        fetched = route.fetch()
+        page.wait_for_timeout(1_500)
+        route.fulfill(response=fetched)
+
+    page.route("**/body", slowly)
+    page.goto(f"{server}/runs/{_api_run(server, script, 'a then b', {'auto_approve': True})}")
+    page.locator("tr.status-running", has_text="a").wait_for()
+    page.locator("h1 .status-succeeded").wait_for(timeout=20_000)
+    assert page.locator("pre.output").inner_text() == "B"

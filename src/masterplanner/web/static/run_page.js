@@ -90,6 +90,36 @@
     }
   });
 
+  // The body's trigger takes the first change of a burst and drops the others until the fetched
+  // body replaces it (`throttle`, and a request asked for while one is out goes with the body it
+  // was asked from). A change that came while the body was being fetched may be newer than what
+  // the server rendered: the body is fetched once more after it. (Before, when those were the
+  // run's last events, the page showed the run running for good: its event stream had ended.)
+  var changes = 0; // change events the page has had
+  var fetching = null; // the body's fetch that is out, and `changes` when it was asked for
+  document.addEventListener("htmx:sseMessage", function (event) {
+    if (event.target && event.target.id === "run-body") changes++;
+  });
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var request = event.detail.requestConfig;
+    if (request && request.verb === "get" && event.detail.elt && event.detail.elt.id === "run-body") {
+      fetching = { xhr: event.detail.xhr, changes: changes };
+    }
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    // (its `elt` is no longer the body: the body it was asked from has been replaced)
+    if (!fetching || event.detail.xhr !== fetching.xhr) return;
+    var asked = fetching.changes;
+    fetching = null;
+    if (changes > asked) {
+      setTimeout(function () {
+        // once the fetched body is in place: its trigger has dropped nothing yet
+        var body = document.getElementById("run-body");
+        if (body) htmx.trigger(body, "sse:change");
+      }, 0);
+    }
+  });
+
   document.addEventListener("input", function (event) {
     var part = partOf(event.target);
     if (part) held[part.id] = true;
