@@ -566,13 +566,17 @@ class RunService:
         """Answer an open request; the run waiting on it goes on (in whichever process runs it).
 
         `RequestError` (nothing changes) when the request is unknown or not open any more, or
-        the answer does not fit it; an edited plan that does not validate is a `PlanError`.
+        the answer does not fit it; an edited plan that does not validate is a `PlanError` (one
+        without `task` keeps the run's).
         Of two answers given at once exactly one is taken; the other gets a `RequestError`.
         """
         request = await self.request(request_id)
         if request.state == "open" and request.kind in ("plan_review", "replan") and isinstance(answer, dict):
             if "plan" in answer:
                 reviewed = request.payload.get("plan") or {}
+                if isinstance(answer["plan"], dict) and "task" not in answer["plan"] and "task" in reviewed:
+                    # an edit without the task keeps the run's, as the terminal's edit does
+                    answer = {**answer, "plan": {"task": reviewed["task"], **answer["plan"]}}
                 validate_plan(answer["plan"], catalog_of_review(request), task=reviewed.get("task"))
             _check_names_in_decision(request, answer)
         answered = await asyncio.to_thread(self._store.requests.answer, request.id, answer, by=by)

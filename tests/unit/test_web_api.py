@@ -681,6 +681,42 @@ async def test_a_review_answered_with_the_plan_as_it_was_is_no_edit(
     assert [entry.action for entry in audit][1:] == ["approved the plan"]
 
 
+async def test_a_plan_edit_without_the_task_keeps_the_runs_task(
+    client: httpx.AsyncClient, service: RunService, write_script: Callable[..., Path]
+) -> None:
+    """An edited plan sent without `task` keeps the run's, as the terminal's edit does.
+
+    Before, the API refused it ("plan: task: is missing"): a client editing the steps had to send
+    the task back word for word.
+    """
+    body = {
+        "task": "do a then b",
+        "model": f"scripted:{_script(write_script)}",
+        "options": {"prompt_rounds": 0},
+    }
+    run = (await client.post("/runs", json=body)).json()
+    (review,) = await _wait_for(client, f"/requests?run_id={run['id']}", lambda found: len(found) == 1)
+    steps = review["payload"]["plan"]["steps"]
+    edited = [steps[0] | {"title": "Do a, retitled"}, steps[1]]
+    decision = {"action": "approve", "plan": {"steps": edited}}
+    answered = await client.post(f"/requests/{review['id']}/answer", json={"decision": decision})
+    assert answered.status_code == 200, answered.text
+    report = await _wait_for(client, f"/runs/{run['id']}", lambda found: found["status"] == "succeeded")
+    assert report["plan"]["task"] == "do a then b"
+    assert [step["title"] for step in report["plan"]["steps"]] == ["Do a, retitled", steps[1]["title"]]
+    audit = await service.audit(run["id"])
+    assert [entry.action for entry in audit][1:] == ["approved the plan with edits to the plan"]
+    # another task is still refused, naming it
+    second = (await client.post("/runs", json=body)).json()
+    (review,) = await _wait_for(client, f"/requests?run_id={second['id']}", lambda found: len(found) == 1)
+    other = {"action": "approve", "plan": {"task": "do c", "steps": edited}}
+    refused = await client.post(f"/requests/{review['id']}/answer", json={"decision": other})
+    assert (refused.status_code, refused.json()["problems"]) == (
+        422,
+        ["task: is the run's task and cannot be edited; start a new run for another task"],
+    )
+
+
 async def test_a_review_answer_naming_some_steps_agents_leaves_the_others_as_they_were(
     client: httpx.AsyncClient, service: RunService, write_script: Callable[..., Path]
 ) -> None:
