@@ -276,3 +276,53 @@ def test_a_message_sent_before_a_kill_is_delivered_once_after_resume(
         "content": "Round to two decimals.",
         "state": "delivered",
     }
+
+
+def test_team_text_holding_a_nul_is_refused_to_the_agent_and_nothing_is_stored(
+    database_url: str, write_script: Callable[..., Path]
+) -> None:
+    """On SQLite a message, question or note was stored with its NUL; on Postgres each failed in
+    the database's words (or, a note's key, a search for it did)."""
+    import asyncio
+
+    calls = [
+        ("send_message", {"to": "b", "content": "use\x00 blue"}),
+        ("broadcast", {"content": "use\x00 blue"}),
+        ("ask_agent", {"to": "b", "question": "which\x00?"}),
+        ("reply", {"question_id": 1, "answer": "metres\x00"}),
+        ("set_note", {"key": "for\x00mat", "value": "CSV"}),
+        ("set_note", {"key": "format", "value": "C\x00SV"}),
+        ("get_note", {"key": "for\x00mat"}),
+    ]
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=[])),
+            *[_call("step:a", tool, **args) for tool, args in calls],
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:b", "output": "B"},
+            DRAFTS,
+        ]
+    )
+
+    async def program() -> tuple[str, list[Any], list[Any], list[Any]]:
+        engine = Engine(Settings.load())
+        try:
+            run = engine.create_run("refused", model=f"scripted:{script}", options=FAST)
+            final = await engine.execute(run.id)
+            results = [data for _, _, data in _events(engine, run.id, "tool_result")]
+            messages = engine.store.messages
+            return final.status, results, messages.of_run(run.id), messages.notes(run.id)
+        finally:
+            engine.close()
+
+    status, results, messages, notes = asyncio.run(program())
+    assert (status, messages, notes) == ("succeeded", [], [])
+    assert results == [
+        {"tool": "send_message", "error": "the message must not hold a NUL character"},
+        {"tool": "broadcast", "error": "the message must not hold a NUL character"},
+        {"tool": "ask_agent", "error": "the question must not hold a NUL character"},
+        {"tool": "reply", "error": "the answer must not hold a NUL character"},
+        {"tool": "set_note", "error": "a note's key must not hold a NUL character"},
+        {"tool": "set_note", "error": "the note must not hold a NUL character"},
+        {"tool": "get_note", "error": "a note's key must not hold a NUL character"},
+    ]

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic_ai import Agent
 
-from ..errors import ToolError
+from ..errors import NUL_PROBLEM, ToolError
 from ..models.labelled import labelled
 from ..plan import Plan
 from .checkpoints import CheckpointedModel
@@ -134,6 +134,8 @@ class StepTeam:
             raise ToolError(f"the {what} is empty")
         if len(content) > limit:
             raise ToolError(f"the {what} has {len(content)} characters; at most {limit} are sent: shorten it")
+        if "\x00" in content:  # stored as it is: Postgres refuses it, SQLite kept it
+            raise ToolError(f"the {what} {NUL_PROBLEM}")
         return content
 
     async def _bound(self) -> str | None:
@@ -276,7 +278,7 @@ class StepTeam:
 
     async def set_note(self, key: str, value: str) -> str:
         """`set_note`: write a note on the run's blackboard."""
-        key = key.strip()
+        key = _note_key(key)
         if not key or len(key) > _NOTE_KEY_CHARS or "\n" in key:
             raise ToolError(f"a note's key is one line of 1 to {_NOTE_KEY_CHARS} characters")
         self._check_content(value, "note")
@@ -289,9 +291,10 @@ class StepTeam:
 
     async def get_note(self, key: str) -> str:
         """`get_note`: one note's value."""
-        note = await self._db(self._store.messages.note, self._run_id, key.strip())
+        key = _note_key(key)
+        note = await self._db(self._store.messages.note, self._run_id, key)
         if note is None:
-            return f"no note {key.strip()!r} (list_notes shows the keys)"
+            return f"no note {key!r} (list_notes shows the keys)"
         return f"{note.value}\n(written by step {note.step})"
 
     async def list_notes(self) -> str:
@@ -403,6 +406,13 @@ class StepTeam:
                 {"id": question.id, "from": question.sender, "by": "consult", "chars": len(answer)},
             )
         return f"step {recipient} answers: {answer}"
+
+
+def _note_key(key: str) -> str:
+    """A note's key as it is stored and looked up (stripped); one holding a NUL is refused."""
+    if "\x00" in key:  # stored, and searched for, as it is: Postgres refuses it
+        raise ToolError(f"a note's key {NUL_PROBLEM}")
+    return key.strip()
 
 
 def _path(waits: dict[str, list[Message]], start: str, goal: str) -> list[Message] | None:
