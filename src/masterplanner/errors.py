@@ -67,6 +67,7 @@ __all__ = [
     "no_nul",
     "nul_at",
     "nul_field",
+    "nul_replaced",
     "problem_in_our_words",
     "quoted_id",
     "validation_problems",
@@ -466,6 +467,16 @@ def nul_field(value: object, whole: str = "it") -> str | None:
     if where is None:
         return None
     return f"{'.'.join(map(str, where)) or whole}: {NUL_PROBLEM}"
+
+
+def nul_replaced(text: str) -> str:
+    """A model's `text` with each NUL character replaced by U+FFFD, the replacement character.
+
+    What a model writes (a step's output, a checker's reason, a consulted step's answer, the
+    run's composed answer) is not the person's input to refuse: it is kept, and stored, with
+    the NUL shown as the character that stands for one that cannot be (`nul_at` says why).
+    """
+    return text.replace("\x00", "\ufffd")
 
 
 def no_nul(value: str) -> str:

@@ -1322,3 +1322,65 @@ async def test_a_prompt_left_blank_at_review_is_written_again(
     final = await execute_answering(engine, run.id, review=blank)
     assert final.status == "succeeded", final.error
     assert engine.store.get_run(run.id).agents["solo"].prompt == "You are written again."
+
+
+def test_a_model_s_text_holding_a_nul_is_stored_with_a_replacement_character(
+    database_url: str, write_script: Callable[..., Path]
+) -> None:
+    """A step's output, a checker's reason in a step's error, a consulted step's answer and the
+    aggregator's answer: on SQLite each was stored with its NUL; on Postgres the run failed in
+    the database's words, naming its URL."""
+    checked = replace(FAST, check_outputs=True, max_replans=0)
+    failing = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=[])),
+            {"purpose": "step:a", "output": "A\x00 found"},
+            {"purpose": "checker", "output": {"meets": True, "reason": "fine"}},
+            {
+                "purpose": "step:b",
+                "tool_calls": [{"name": "ask_agent", "args": {"to": "a", "question": "which?"}}],
+            },
+            {"purpose": "consult:a", "output": "forty\x00two"},
+            {
+                "purpose": "step:b",
+                "expect": ["A\ufffd found", "step a answers: forty\ufffdtwo"],
+                "output": "B",
+            },
+            {"purpose": "checker", "output": {"meets": False, "reason": "too\x00 short"}},
+            DRAFTS,
+        ]
+    )
+    composed = write_script(
+        [
+            _planner(step("x", tools=[]), step("y", tools=[])),
+            {"purpose": "step:x", "output": "X\x00"},
+            {"purpose": "step:y", "output": "Y"},
+            {"purpose": "aggregator", "expect": ["X\ufffd"], "output": "ALL\x00"},
+            DRAFTS,
+        ]
+    )
+
+    async def program() -> tuple[Any, ...]:
+        engine = Engine(Settings.load())
+        try:
+            first = engine.create_run("nul", model=f"scripted:{failing}", options=checked)
+            failed = await engine.execute(first.id)
+            steps = [(s.id, s.status, s.output, s.error) for s in engine.store.steps(first.id)]
+            answers = [m.answer for m in engine.store.messages.of_run(first.id)]
+            second = engine.create_run("nul", model=f"scripted:{composed}", options=FAST)
+            done = await engine.execute(second.id)
+            outputs = [s.output for s in engine.store.steps(second.id)]
+            return failed.status, failed.error, steps, answers, done.status, done.output, outputs
+        finally:
+            engine.close()
+
+    short = "its output does not meet the expected output (b done): too\ufffd short"
+    assert asyncio.run(program()) == (
+        "failed",
+        f"step b failed: {short}",
+        [("a", "succeeded", "A\ufffd found", None), ("b", "failed", None, short)],
+        ["forty\ufffdtwo"],
+        "succeeded",
+        "ALL\ufffd",
+        ["X\ufffd", "Y"],
+    )

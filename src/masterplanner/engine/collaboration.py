@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic_ai import Agent
 
-from ..errors import NUL_PROBLEM, ToolError
+from ..errors import NUL_PROBLEM, ToolError, nul_replaced
 from ..models.labelled import labelled
 from ..plan import Plan
 from .checkpoints import CheckpointedModel
@@ -398,7 +398,7 @@ class StepTeam:
             f"{done}\n\nStep {question.sender} asks you: {question.content}\n"
             "Answer from what you know, briefly. You cannot use tools now."
         )
-        answer = result.output.strip() or "(no answer)"
+        answer = nul_replaced(result.output.strip()) or "(no answer)"
         if await self._db(resources.store.messages.answer, question.id, answer, by="consult"):
             await self._event(
                 "question_answered",

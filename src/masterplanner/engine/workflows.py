@@ -43,6 +43,7 @@ from ..errors import (
     ModelRetriesExhaustedError,
     RunError,
     ToolError,
+    nul_replaced,
 )
 from ..models import takes_tool_aids, with_tool_aids
 from ..models.labelled import labelled
@@ -206,7 +207,7 @@ async def aggregate_workflow(run_id: str) -> str:
         instructions=_AGGREGATOR_INSTRUCTIONS,
     )
     result = await agent.run(f"Task: {plan.task}\n\nResults of the steps:\n\n{sections}")
-    return result.output
+    return nul_replaced(result.output)
 
 
 END_WORKFLOW = "masterplanner.end"
@@ -396,7 +397,7 @@ class _StepRun:
             try:
                 async with asyncio.timeout(options.step_timeout_s) as deadline:
                     with StepClock(deadline).running():  # stopped while a person is asked
-                        output = await self._attempt(inputs, attempt)
+                        output = nul_replaced(await self._attempt(inputs, attempt))
             except TimeoutError:
                 error = f"timed out after {options.step_timeout_s:g} s"
                 break
@@ -448,6 +449,7 @@ class _StepRun:
                 finished_at=utc_now(),
             )
             return {"status": "succeeded", "output": output}
+        error = nul_replaced(error)  # a model's words may be in it (a checker's reason)
         await _db(
             self.store.step_event,
             run_id,
