@@ -473,8 +473,9 @@ def nul_replaced(text: str) -> str:
     """A model's `text` with each NUL character replaced by U+FFFD, the replacement character.
 
     What a model writes (a step's output, a checker's reason, a consulted step's answer, the
-    run's composed answer) is not the person's input to refuse: it is kept, and stored, with
-    the NUL shown as the character that stands for one that cannot be (`nul_at` says why).
+    run's composed answer, a step's prompt, a failure analysis's lesson) is not the person's
+    input to refuse: it is kept, and stored, with the NUL shown as the character that stands
+    for one that cannot be (`nul_at` says why).
     """
     return text.replace("\x00", "\ufffd")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .agents import run_agent
-from .errors import NUL_PROBLEM, ConfigError, ModelError, RunError
+from .errors import NUL_PROBLEM, ConfigError, ModelError, RunError, nul_replaced
 from .plan import Plan, Step
 from .prompts import render
 from .redaction import secret_parts, secret_refusal
@@ -197,7 +197,7 @@ def _usable_lessons(analysis: object, plan: Plan, involved: dict[str, str]) -> d
             continue
         step_id, text = item.get("step"), item.get("lesson")
         target = involved.get(step_id.strip()) if isinstance(step_id, str) else None
-        lesson = " ".join(text.split())[:MAX_LESSON_CHARS] if isinstance(text, str) else ""
+        lesson = nul_replaced(" ".join(text.split())[:MAX_LESSON_CHARS]) if isinstance(text, str) else ""
         words = _words(lesson)
         if target is None or len(lesson.split()) < 2 or not words - known_words or secret_parts(lesson):
             continue

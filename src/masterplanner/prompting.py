@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from .errors import ConfigError, ModelError
+from .errors import ConfigError, ModelError, nul_replaced
 from .plan import Plan, Step
 from .prompts import render
 from .tools.catalog import Catalog
@@ -118,7 +118,7 @@ async def _text(context: _Context, purpose: str, system: str, prompt: str) -> st
         instructions=system,
         model_settings={"max_tokens": _PROMPT_TOKENS},
     )
-    text = str(agent_output).strip()
+    text = nul_replaced(str(agent_output).strip())  # the step's prompt, and its stored agent's
     if not text:
         raise ModelError(f"the {purpose} call returned an empty prompt")
     return text

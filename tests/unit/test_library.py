@@ -473,3 +473,46 @@ def test_a_memory_holding_a_nul_is_refused_to_the_agent_naming_it(
         [{"tool": "remember", "error": "the text to remember must not hold a NUL character"}],
         [],
     )
+
+
+def test_a_model_s_prompt_or_lesson_holding_a_nul_is_stored_with_a_replacement_character(
+    database_url: str, write_script: Callable[..., Path]
+) -> None:
+    """The prompt a model wrote reached the agent stored from the run, and the failure analysis's
+    lesson the agent it teaches: SQLite stored each with its NUL (and searches stopped at it); on
+    Postgres the database refused the team, which was not stored, and the lesson kept its NUL."""
+    from masterplanner import RegistryService
+
+    plan = {"steps": [{**PLAN["steps"][0], "tools": []}]}  # type: ignore[index]
+    calls = [
+        {"purpose": "planner", "output": plan},
+        {"purpose": "prompt_creator", "output": "You write\x00 texts."},
+        {"purpose": "step:write", "expect": ["You write\ufffd texts."], "output": "written"},
+        {
+            "purpose": "feedback",
+            "output": {"lessons": [{"step": "write", "lesson": "Spell\x00 names carefully"}]},
+        },
+        {"purpose": "*", "repeat": True},
+    ]
+
+    async def program() -> tuple[str, Any, Any, list[str]]:
+        settings = Settings.load()
+        service, registry = RunService(settings), RegistryService(settings)
+        try:
+            run = await service.create(
+                "x",
+                model=f"scripted:{write_script(calls)}",
+                options=RunOptions(auto_approve=True, prompt_rounds=0, max_replans=0),
+            )
+            done = await service.execute(run.id)
+            rated = await service.feedback(run.id, rating=1)
+            (agent,) = await registry.agents()
+            return done.status, rated.lessons, agent.system_prompt, agent.lessons
+        finally:
+            service.close()
+            registry.close()
+
+    lesson = "Spell\ufffd names carefully"
+    status, lessons, prompt, stored = asyncio.run(program())
+    assert (status, prompt, stored) == ("succeeded", "You write\ufffd texts.", [lesson])
+    assert list(lessons.values()) == [[lesson]]
