@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .agents import run_agent
-from .errors import NUL_PROBLEM, ConfigError, ModelError, RunError, nul_replaced
+from .errors import NUL_PROBLEM, ConfigError, ModelError, RunError, json_kind, nul_replaced
 from .plan import Plan, Step
 from .prompts import render
 from .redaction import secret_parts, secret_refusal
@@ -96,6 +96,9 @@ async def give_feedback(
     is rated once, also when two ratings come at once, and a rating stopped on the way changes nothing.
     """
     check_rating(rating)
+    for what, value in (("the comment", comment), ("who rates", by)):
+        if not isinstance(value, str):  # a program's argument
+            raise ConfigError(f"{what} should be text, got {json_kind(value)}; the run is not rated")
     if not comment.isascii():
         try:
             comment.encode("utf-8")

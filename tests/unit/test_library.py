@@ -330,6 +330,10 @@ def test_a_program_s_bad_arguments_are_errors_that_name_them(
             with pytest.raises(ConfigError) as rating:
                 await service.feedback(run.id, rating=4.5)  # type: ignore[arg-type]
             refused.append(str(rating.value))
+            for comment, by in [(None, "me"), ("fine", 5)]:
+                with pytest.raises(ConfigError) as not_text:
+                    await service.feedback(run.id, rating=5, comment=comment, by=by)  # type: ignore[arg-type]
+                refused.append(str(not_text.value))
             with pytest.raises(ConfigError) as after:
                 await service.events(run.id, after="x")  # type: ignore[arg-type]
             refused.append(str(after.value))
@@ -364,6 +368,8 @@ def test_a_program_s_bad_arguments_are_errors_that_name_them(
         "invalid task: the task should be text, got null",
         "invalid task: the task holds a character that is not text (a lone surrogate)",
         "the rating must be a whole number from 1 to 5, got 4.5",
+        "the comment should be text, got null; the run is not rated",
+        "who rates should be text, got a number; the run is not rated",
         "after must be a whole number of at least 0 (an event's seq), got 'x'",
         "no agent 'nobody' in the registry",
         "the edit is not a valid agent, nothing changed: system_prompt: must not hold a NUL character",
