@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 
-__all__ = ["PurposeUsage", "UsageLedger", "money"]
+__all__ = ["PurposeUsage", "UsageLedger", "budget_money", "money"]
 
 
 def money(cost_usd: float, unpriced_calls: int = 0) -> str:
@@ -22,6 +23,17 @@ def money(cost_usd: float, unpriced_calls: int = 0) -> str:
     else:
         text = f"${cost_usd:.2f}" if cost_usd == 0 or cost_usd >= 1 else f"${cost_usd:.4f}"
     return f"{text} + {unpriced}" if unpriced_calls else text
+
+
+def budget_money(dollars: float) -> str:
+    """A money budget as given, in plain decimals with cents at least: `$0.00001`, `$0.05`, `$1.00`.
+
+    A budget is shown whole, not rounded as `money` rounds what was spent (its `under $0.0001`
+    would hide how small it is); it was shown with `:g`, `$1e-05` for a thousandth of a cent.
+    """
+    text = format(Decimal(repr(float(dollars))), "f")  # the shortest decimal that is the float
+    whole, _, cents = text.partition(".")
+    return f"${whole}.{cents.rstrip('0').ljust(2, '0')}"
 
 
 @dataclass

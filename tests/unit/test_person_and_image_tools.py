@@ -291,7 +291,7 @@ async def test_generate_image_is_counted_in_the_run_s_cost_and_held_to_its_money
         final = await engine.execute(run.id)
         assert final.status == "failed"
         assert (
-            "the run's money budget of $0.1 cannot take its next model request: it may cost up to $0.1665 "
+            "the run's money budget of $0.10 cannot take its next model request: it may cost up to $0.1665 "
             "and $0.1000 is left"
         ) in (final.error or "")
         assert len(received) == 1

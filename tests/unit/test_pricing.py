@@ -275,8 +275,9 @@ def test_a_reply_of_unknown_price_stops_a_run_under_a_money_budget(
         usage = engine.report(run.id)["usage"]
         assert final.status == "failed"
         assert (
-            "+ 1 call of unknown price spent under the run's money budget of $1, and a money budget cannot "
-            "hold a reply of unknown price (one that reported no usage, or that the price table cannot price)"
+            "+ 1 call of unknown price spent under the run's money budget of $1.00, and a money budget "
+            "cannot hold a reply of unknown price (one that reported no usage, or that the price table "
+            "cannot price)"
         ) in (final.error or "")
         assert usage["unpriced_calls"] == 1
         assert "step:b" not in usage["by_purpose"]
@@ -396,3 +397,23 @@ def test_a_reserve_made_again_after_its_commit_went_unacknowledged_answers_as_it
         assert store.spending("r1").held_tokens == 1_200
     finally:
         store.close()
+
+
+def test_a_tiny_money_budget_is_shown_as_a_plain_amount(store: RunStore) -> None:
+    """A budget of a thousandth of a cent was shown as `$1e-05`, and one of a dollar as `$1`."""
+    tiny = RunLedger(store, "r1", RunOptions(max_cost_usd=0.00001))
+    with pytest.raises(BudgetExceededError) as held:
+        tiny.reserve(Reservation(input_tokens=10, output_tokens=10, cost_usd=0.00003))
+    tiny.record("planner", input_tokens=10, output_tokens=10, seconds=0.1, cost_usd=0.00002)
+    with pytest.raises(BudgetExceededError) as spent:
+        tiny.check()
+    dollar = RunLedger(store, "r1", RunOptions(max_cost_usd=1.0))
+    dollar.record("planner", input_tokens=10, output_tokens=10, seconds=0.1, cost_usd=None)
+    with pytest.raises(BudgetExceededError) as unpriced:
+        dollar.check()
+    assert [str(held.value), str(spent.value), str(unpriced.value).split(", and")[0]] == [
+        "the run's money budget of $0.00001 cannot take its next model request: it may cost up to "
+        "under $0.0001 and under $0.0001 is left",
+        "the run used its money budget of $0.00001 (under $0.0001 spent)",
+        "under $0.0001 + 1 call of unknown price spent under the run's money budget of $1.00",
+    ]

@@ -227,6 +227,27 @@ async def test_a_run_started_in_the_terminal_is_approved_on_its_page(
     assert json.loads(out)["output"] == "A done"
 
 
+async def test_a_failed_run_s_page_shows_its_money_budget_as_a_plain_amount(
+    client: httpx.AsyncClient, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry form said `(now 1e-05; …)` of a budget of a thousandth of a cent."""
+    from masterplanner.models import pricing
+
+    monkeypatch.setattr(pricing, "_FREE_SYSTEMS", frozenset())  # the script priced at $1 a million tokens
+    monkeypatch.setattr(
+        pricing, "_priced", lambda provider, name, usage: (usage.input_tokens + usage.output_tokens) / 1e6
+    )
+    script = write_script([{"purpose": "*", "repeat": True}])
+    options = {"auto_approve": True, "max_cost_usd": 0.00001}
+    body = {"task": "a", "model": f"scripted:{script}", "options": options}
+    created = await client.post("/api/v1/runs", json=body)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    body = await _body_until(client, run_id, r'class="status status-failed"')
+    assert "the run&#39;s money budget of $0.00001 cannot take its next model request" in body
+    assert "US dollars for the whole run (now $0.00001; used $0.00)" in body
+
+
 async def test_a_failed_run_is_retried_from_its_page(
     client: httpx.AsyncClient, write_script: Callable[..., Path]
 ) -> None:

@@ -25,7 +25,7 @@ from pydantic_ai.settings import ModelSettings
 from ..errors import BudgetExceededError, RunError
 from ..models import MAX_OUTPUT_TOKENS
 from ..models.pricing import innermost, price_of
-from ..usage import UsageLedger, money
+from ..usage import UsageLedger, budget_money, money
 from .records import RunOptions
 from .store import RunStore, Spending, process_identity
 
@@ -328,6 +328,7 @@ class RunLedger(UsageLedger):
             self.options.max_tokens,
             self.options.max_cost_usd,
         )
+        allowed = "" if dollars is None else budget_money(dollars)
         if limit is not None and calls + in_flight >= limit:
             raise BudgetExceededError(
                 f"the run used its budget of {limit} model calls", budget="max_model_calls"
@@ -338,11 +339,11 @@ class RunLedger(UsageLedger):
             )
         if dollars is not None and spent >= dollars:
             raise BudgetExceededError(
-                f"the run used its money budget of ${dollars:g} ({money(spent)} spent)", budget="max_cost_usd"
+                f"the run used its money budget of {allowed} ({money(spent)} spent)", budget="max_cost_usd"
             )
         if dollars is not None and unpriced:
             raise BudgetExceededError(
-                f"{money(spent, unpriced)} spent under the run's money budget of ${dollars:g}, and "
+                f"{money(spent, unpriced)} spent under the run's money budget of {allowed}, and "
                 f"{UNKNOWN_PRICE} (one that reported no usage, or that the price table cannot price)",
                 budget="max_cost_usd",
             )
@@ -370,7 +371,7 @@ class RunLedger(UsageLedger):
                 else f"it may cost up to {money(least.cost_usd)}"
             )
             raise BudgetExceededError(
-                f"the run's money budget of ${dollars:g} cannot take its next model request: {needs} "
+                f"the run's money budget of {allowed} cannot take its next model request: {needs} "
                 f"and {money(dollars - spent)} is left",
                 budget="max_cost_usd",
             )

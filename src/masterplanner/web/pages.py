@@ -31,7 +31,7 @@ from ..redaction import REMOVED, redacted
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name, typed_secrets_removed
 from ..tools.workspace import walk_files
-from ..usage import money
+from ..usage import budget_money, money
 from .api import Executions, event_seq, existing_run, workspace_path
 from .auth import COOKIE, same_token
 from .graph import plan_svg
@@ -649,5 +649,6 @@ async def _body_context(
             "estimate_basis": BASIS,
             "waiting": await service.waiting(record),
             "cost": money(report["usage"]["cost_usd"], report["usage"]["unpriced_calls"]),
+            "money_budget": None if (most := record.options.max_cost_usd) is None else budget_money(most),
         }
     )
