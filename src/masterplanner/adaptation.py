@@ -155,7 +155,11 @@ async def adapt_plan(
         return validate_plan(data, catalog), new_agents, "parameters" if swaps else "same"
     if uses_clause_plans(model):
         raise PlanError(
-            ["a small model plans a reworded task afresh rather than rewrite another task's plan"],
+            [
+                "a small model reuses a stored team only for the same task, or one that differs only in "
+                "file names, numbers, URLs or quoted text: it plans a reworded task afresh rather than "
+                "rewrite another task's plan"
+            ],
             context="adaptation",
         )
     rewritten = await _rewrite_steps(plan, old_task, new_task, model, ledger or UsageLedger())

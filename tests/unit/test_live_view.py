@@ -243,6 +243,18 @@ def test_a_step_resumed_in_another_process_says_where() -> None:
     assert _text(one_line(event_line(resumed))).strip() == f"00:00:00 step_resumed fetch in w2-{OSC52_SHOWN}"
 
 
+def test_a_stored_team_not_reused_is_said_in_the_header() -> None:
+    # with --yes there is no review: the header is where a person sees the team was planned afresh
+    view = RunView("r1", steps=[StepRecord("a", "pending")])
+    view.apply(_event("plan_ready", steps=["a"], reuse_failed="cohort r0 could not be adapted: " + OSC52))
+    view.apply(_event("approved"))
+    assert (
+        _text(view.render(1))
+        .splitlines()[0]
+        .endswith(f"0 model calls · stored team not reused: cohort r0 could not be adapted: {OSC52_SHOWN}")
+    )
+
+
 def test_a_retried_run_runs_again_and_its_steps_lose_their_old_failure() -> None:
     view = RunView("r1", steps=[StepRecord("fetch", "pending")])
     view.apply(_event("step_failed", "fetch", error="provider down"))

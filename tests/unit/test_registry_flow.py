@@ -481,6 +481,9 @@ def test_a_low_rating_teaches_lessons_that_reach_the_next_prompt(
     assert prompt.endswith("Lessons from earlier runs:\n- Always include the totals.")
 
 
+_MP = [sys.executable, "-m", "masterplanner"]
+
+
 def _mp(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "masterplanner", *args],
@@ -641,8 +644,10 @@ async def test_a_small_models_next_task_carries_nothing_of_the_one_before(
         assert done.status == "succeeded", (done.error, engine.report(second.id)["steps"])
         ready = _ready(engine, second.id)
         assert "reused_cohort" not in ready
-        assert ready["reuse_failed"].endswith(
-            "a small model plans a reworded task afresh rather than rewrite another task's plan"
+        assert ready["reuse_failed"] == (
+            f"cohort {first.id} could not be adapted: a small model reuses a stored team only for the "
+            "same task, or one that differs only in file names, numbers, URLs or quoted text: it plans "
+            "a reworded task afresh rather than rewrite another task's plan"
         )
         first_agents = engine.store.get_run(first.id).agents
         assert "about the sea" in json.dumps(briefs_json(first_agents))  # what could leak
@@ -652,6 +657,39 @@ async def test_a_small_models_next_task_carries_nothing_of_the_one_before(
         assert "autumn leaves to leaves.txt" in shown
     finally:
         engine.close()
+
+
+def test_the_review_says_why_a_small_model_did_not_reuse_the_stored_team(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    # A person ran "summarise the files in this folder" with the embedded model, then
+    # "summarize the files in this directory": the stored team was found (similarity 1.0) but
+    # planned afresh, and nothing in the terminal said so, though the README promises reuse.
+    calls = [
+        {"purpose": "planner", "output": {"steps": [{"title": "Write the haiku", "agent_role": "poet"}]}},
+        {"purpose": "prompt_creator", "output": "You are a poet.", "repeat": True},
+        {"purpose": "*", "repeat": True},
+    ]
+    script = write_script(None, raw=json.dumps({"small_model": True, "calls": calls}))
+    model = f"scripted:{script}"
+    first = _mp("run", "Write a haiku about the sea to haiku.txt", "--model", model, "--yes", "--json")
+    assert first.returncode == 0, first.stderr
+    first_id = json.loads(first.stdout)["run_id"]
+    second = subprocess.run(
+        [*_MP, "run", "Write a haiku about autumn leaves to leaves.txt", "--model", model, "--rounds", "0"],
+        input="a\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert second.returncode == 0, second.stderr
+    said = (
+        f"stored team not reused: cohort {first_id} could not be adapted: a small model reuses a stored "
+        "team only for the same task, or one that differs only in file names, numbers, URLs or quoted "
+        "text: it plans a reworded task afresh rather than rewrite another task's plan; planned afresh"
+    )
+    assert said in second.stderr.splitlines(), second.stderr
 
 
 async def test_a_run_is_rated_once_all_or_nothing_and_only_after_something_ran(

@@ -303,6 +303,15 @@ class TerminalAnswerer:
         estimate = estimate_run(plan.to_json_dict(), usage, run.model, max_parallel=parallel, done=done)
         return f"{estimate.text()} ({BASIS})"
 
+    def _review_notes(self, payload: dict[str, Any]) -> None:
+        """What the person should know before the plan: a refused edit, cautions, a team not reused."""
+        if payload.get("refused_edit"):
+            self._print(f"[red]the last edit was refused:[/] {shown(payload['refused_edit'])}")
+        for caution in payload.get("cautions") or []:
+            self._print(f"[yellow]caution:[/] {shown(caution)}")
+        if payload.get("not_reused"):
+            self._print(f"[yellow]stored team not reused:[/] {shown(payload['not_reused'])}; planned afresh")
+
     async def _review(self, request: Request) -> dict[str, Any] | None:
         """Show the plan and prompts; approve, reject or edit (an edit reopens until it validates)."""
         from ..errors import ConfigError, PlanError
@@ -316,10 +325,7 @@ class TerminalAnswerer:
         plan = Plan.model_validate(payload["plan"])
         agents: dict[str, Any] = payload.get("agents") or {}
         policies: dict[str, str] = payload.get("tool_policies") or {}
-        if payload.get("refused_edit"):
-            self._print(f"[red]the last edit was refused:[/] {shown(payload['refused_edit'])}")
-        for caution in payload.get("cautions") or []:
-            self._print(f"[yellow]caution:[/] {shown(caution)}")
+        self._review_notes(payload)
         decision: dict[str, Any] = {"action": "approve"}
         changed = True  # the plan is shown again only when an edit changed it
         while True:

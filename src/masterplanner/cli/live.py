@@ -313,6 +313,8 @@ class RunView:
         self.phase = _PHASES.get(event.kind, self.phase)
         if event.kind == "plan_ready" and data.get("cautions"):
             self.note = "".join(f"[yellow]caution: {shown(caution)}[/]" for caution in data["cautions"])
+        elif event.kind == "plan_ready" and data.get("reuse_failed"):
+            self.note = f"[yellow]stored team not reused: {shown(data['reuse_failed'])}[/]"
         if event.kind in ("run_failed", "run_cancelled", "rejected"):
             self.note = f"[red]{shown(data.get('reason', ''))}[/]"
         if event.kind == "run_retried":  # it goes on from where it failed

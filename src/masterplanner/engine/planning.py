@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -27,6 +27,9 @@ from .records import AgentBrief, RunRecord, briefs, briefs_json
 from .requests import PlanDecision, Request
 from .resources import RunResources
 from .reuse import REUSE_CANDIDATES, cohort_hints, reusable_agents, reusable_cohort
+
+if TYPE_CHECKING:
+    from .store import RunStore
 
 __all__ = ["kept_marks", "model_cautions", "plan_run", "review_payload", "review_run"]
 
@@ -63,7 +66,8 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
                 "adaptation": how,
             }
         except (PlanError, ModelError) as error:
-            ready = {"reuse_failed": f"cohort {team.cohort.id} could not be adapted: {error}"}
+            why = "; ".join(error.problems) if isinstance(error, PlanError) else str(error)
+            ready = {"reuse_failed": f"cohort {team.cohort.id} could not be adapted: {why}"}
     if plan is None:
         hints = cohort_hints(found)
         plan = await make_plan(task, catalog, model=model, ledger=ledger, hints=hints or None)
@@ -180,18 +184,26 @@ async def _open_review(
     """Open a plan-review request (after a refused edit, `note` says why)."""
     store = resources.store
     count = len(await _reviews(resources, run))
+    payload = review_payload(run, resources.catalog) | {"cautions": model_cautions(resources, run)}
+    payload |= await asyncio.to_thread(_not_reused, store, run.id)
     request, new = await asyncio.to_thread(
-        store.requests.open,
-        run.id,
-        "plan_review",
-        review_payload(run, resources.catalog) | {"cautions": model_cautions(resources, run)} | (note or {}),
-        key=f"{run.id}#review{count + 1}",
+        store.requests.open, run.id, "plan_review", payload | (note or {}), key=f"{run.id}#review{count + 1}"
     )
     if new:
         await asyncio.to_thread(
             store.append_event, run.id, "approval_requested", None, {"request": request.id, **(note or {})}
         )
     return request
+
+
+def _not_reused(store: RunStore, run_id: str) -> dict[str, str]:
+    """`not_reused`: why a stored team found for a task like the run's was not reused, if one was not.
+
+    The review says it: a person who solved a task like this one before expects its team back.
+    """
+    ready = [event.data for event in store.events(run_id) if event.kind == "plan_ready"]
+    why = ready[-1].get("reuse_failed") if ready else None
+    return {"not_reused": why} if isinstance(why, str) else {}
 
 
 async def _review_answer(resources: RunResources, run: RunRecord) -> tuple[PlanDecision, str]:
