@@ -562,6 +562,31 @@ def test_a_low_rating_with_a_comment_teaches_the_comment_when_the_analysis_gives
     assert json.loads(_mp("agents", "show", agent_id, "--json").stdout)["lessons"] == [lesson]
 
 
+def test_feedback_says_in_a_terminal_that_it_waits_on_the_model(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    # the embedded model took 46 s over a rating of 2 while the terminal showed nothing at all
+    import pexpect
+
+    summary = {**step("summary", tools=[]), "instruction": "Summarise notes.txt."}
+    run_id = _rated_run(write_script, [summary], {"output": {"lessons": []}, "delay_s": 3})
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "masterplanner", "feedback", run_id, "--rating", "2"],
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"},
+        dimensions=(40, 120),
+        encoding="utf-8",
+        timeout=60,
+    )
+    waited = child.expect([f"rating run {run_id} and asking its model what went wrong", "and the team"])
+    child.expect(pexpect.EOF)
+    child.close()
+    assert (waited, child.exitstatus) == (0, 0), child.before
+    high = _rated_run(write_script, [summary], {"output": {"lessons": []}})
+    quiet = _mp("feedback", high, "--rating", "4")  # no terminal: nothing drawn, the result alone
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "rated 1 agent(s) and the team\n")
+
+
 def test_feedback_reports_only_the_lessons_it_added_and_never_a_secret(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:

@@ -265,7 +265,14 @@ def feedback(
         finally:
             service.close()
 
-    result = asyncio.run(rate())
+    if as_json:
+        result = asyncio.run(rate())
+    else:  # a low rating waits on a model call, a minute or more with the embedded model
+        from ..feedback import LOW_RATING
+
+        analysis = " and asking its model what went wrong" if rating <= LOW_RATING else ""
+        with console(stderr=True).status(f"rating run {shown(run_id)}{analysis}…"):
+            result = asyncio.run(rate())
     if as_json:
         typer.echo(
             json_text(
@@ -278,7 +285,10 @@ def feedback(
         )
         return
     out = console(stderr=True)
-    out.print(f"rated {len(result.rated_agents)} agent(s){' and the team' if result.cohort_rated else ''}")
+    out.print(
+        f"rated {len(result.rated_agents)} agent(s){' and the team' if result.cohort_rated else ''}",
+        highlight=False,
+    )
     for agent_id, lessons in result.lessons.items():
         for lesson in lessons:
             out.print(f"lesson for {shown(agent_id)}: {shown(lesson, lines=True)}", highlight=False)
