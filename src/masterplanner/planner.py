@@ -459,6 +459,36 @@ async def expand(
     return expanded
 
 
+def _with_fresh_ids(steps: list[object], used: set[str]) -> list[object]:
+    """`steps` with each id an earlier step of the run had renamed `<id>-2` (or -3, …), references too.
+
+    A replanner that names a new step after the one it replaces (small models do, however often
+    they are told not to) means the new step: no kept step depends on a replaced one, so the
+    proposed steps' own references to the id are to it. The run's records keep each id for one step.
+    """
+    proposed = {s["id"] for s in steps if isinstance(s, dict) and isinstance(s.get("id"), str)}
+    taken = used | proposed
+    renamed: dict[str, str] = {}
+    for old in sorted(proposed & used):
+        number = 2
+        while (new := f"{old[: 40 - len(str(number)) - 1]}-{number}") in taken:
+            number += 1
+        renamed[old] = new
+        taken.add(new)
+    if not renamed:
+        return steps
+    fresh: list[object] = []
+    for item in steps:
+        if isinstance(item, dict):
+            if item.get("id") in renamed:
+                item = {**item, "id": renamed[item["id"]]}
+            if isinstance(item.get("depends_on"), list):
+                deps = item["depends_on"]
+                item = {**item, "depends_on": [renamed.get(d, d) if isinstance(d, str) else d for d in deps]}
+        fresh.append(item)
+    return fresh
+
+
 async def replan(
     original: Plan,
     failed_step_id: str,
@@ -500,12 +530,11 @@ async def replan(
         if not isinstance(steps, list):
             raise PlanError(["plan: 'steps' must be a list"])
         clashes = [s.get("id") for s in steps if isinstance(s, dict) and s.get("id") in kept_ids]
-        reused = [s.get("id") for s in steps if isinstance(s, dict) and s.get("id") in used_ids]
-        if clashes or reused:
+        if clashes:
             raise PlanError(
                 [f"step {c!r}: that id belongs to a step that is kept; choose a new id" for c in clashes]
-                + [f"step {r!r}: that id was used earlier in this run; choose a new id" for r in reused]
             )
+        steps = _with_fresh_ids(steps, used_ids | kept_ids)
         # New steps may depend on kept steps, so validate them together with those.
         kept_steps = [s.model_dump() for s in original.steps if s.id in kept_ids]
         candidate = validate_plan(

@@ -153,20 +153,42 @@ async def test_a_step_named_as_an_expansion_once_was_is_the_step_s_alone(
     assert [(s["id"], s["status"]) for s in report["steps"][1]["sub_steps"]] == [("b--x", "succeeded")]
 
 
-async def test_a_replan_may_not_reuse_a_recorded_step_id(
+async def test_a_replan_naming_a_step_after_the_one_it_replaces_gets_a_fresh_id(
     engine: Engine, write_script: Callable[..., Path]
 ) -> None:
-    # the replanner proposes "c" again (the failed step's id): refused, repaired, then refused for good
-    script = replan_script(write_script, new_ids=("c", "c2"))
+    # The embedded model's replanner named the new step after the failed one at every repair and
+    # the run failed ("that id was used earlier in this run; choose a new id"): the new step is
+    # renamed c-2, and the other new step's dependency on "c" is on it.
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", tools=[]), step("c", "a", "b", tools=[])),
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:b", "output": "B"},
+            {"purpose": "step:c"} | GARBAGE,
+            _planner(step("c", "a", "b", tools=[]), step("c2", "c", tools=[]), purpose="replanner"),
+            {"purpose": "step:c-2", "expect": ["A", "B"], "output": "C1"},
+            {"purpose": "step:c2", "expect": ["C1"], "output": "C2"},
+            DRAFTS,
+        ]
+    )
     run = engine.create_run("same id", model=f"scripted:{script}", options=replace(FAST, max_replans=1))
     final = await engine.execute(run.id)
-    assert final.status == "failed"
-    assert final.error is not None
-    assert final.error.startswith("step c failed (the model called no_such_tool")
-    assert ") and replanning it found no valid plan: step 'c': that id was used" in final.error
-    assert "step 'c': that id was used earlier in this run; choose a new id" in final.error
-    (failed,) = _events(engine, run.id, "replan_failed")
-    assert failed[2]["problems"] == ["step 'c': that id was used earlier in this run; choose a new id"]
+    assert (final.status, final.error, final.output) == ("succeeded", None, "C2")
+    report = engine.report(run.id)
+    assert [(s["id"], s["status"]) for s in report["steps"]] == [
+        ("a", "succeeded"),
+        ("b", "succeeded"),
+        ("c", "replaced"),
+        ("c-2", "succeeded"),
+        ("c2", "succeeded"),
+    ]
+    assert [(s["id"], s["depends_on"]) for s in report["plan"]["steps"]][2:] == [
+        ("c-2", ["a", "b"]),
+        ("c2", ["c-2"]),
+    ]
+    assert report["usage"]["by_purpose"]["replanner"]["calls"] == 1
+    (replanned,) = _events(engine, run.id, "replanned")
+    assert replanned[2]["steps"] == ["c-2", "c2"]
 
 
 def _send(purpose: str, to: str, content: str) -> dict[str, Any]:
