@@ -128,6 +128,15 @@ def test_help_lists_commands() -> None:
     assert "chat" in result.stdout
 
 
+def test_help_in_a_narrow_terminal_cuts_no_command_short_and_says_serve_serves_the_web_app() -> None:
+    """`memory` read "…and the..." in 80 columns, and `serve` said it served the API alone."""
+    result = run("--help", env={"COLUMNS": "80"})
+    commands = result.stdout.split("Commands:")[1]
+    assert "..." not in commands
+    assert "serve     Serve the web app and its REST API over HTTP." in commands
+    assert "memory    List, search and remove agents' memories." in commands
+
+
 def test_unknown_model_form_exits_2_with_one_line() -> None:
     result = run("chat", "hi", "--model", "nope:x")
     assert result.returncode == 2

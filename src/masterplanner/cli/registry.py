@@ -26,10 +26,14 @@ cohorts_app = typer.Typer(
     help="List, inspect and remove cohorts (teams that ran a task).", no_args_is_help=True
 )
 memory_app = typer.Typer(
-    help="List, search and remove what agents remembered and the accounts of past runs.", no_args_is_help=True
+    help="List, search and remove what agents remembered and the accounts of past runs.",
+    short_help="List, search and remove agents' memories.",
+    no_args_is_help=True,
 )
 registry_app = typer.Typer(
-    help="Look after the registry as a whole: make its search vectors again.", no_args_is_help=True
+    help="Look after the registry as a whole: make its search vectors again.",
+    short_help="Make the registry's search vectors again.",
+    no_args_is_help=True,
 )
 app.add_typer(agents_app, name="agents")
 app.add_typer(cohorts_app, name="cohorts")

@@ -12,7 +12,7 @@ from .terminal import visible
 __all__ = ["serve"]
 
 
-@app.command(short_help="Serve the REST API (runs, events, requests) over HTTP.")
+@app.command(short_help="Serve the web app and its REST API over HTTP.")
 def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[
@@ -26,7 +26,9 @@ def serve(
         typer.Option("--workers", help="Queue new runs for the workers (`masterplanner worker`) instead."),
     ] = False,
 ) -> None:
-    """Serve the API under /api/v1 (OpenAPI at /openapi.json) until Ctrl-C.
+    """Serve the web app (its pages at /) and the API under /api/v1 (OpenAPI at /openapi.json).
+
+    It serves until Ctrl-C.
 
     Runs started through it are executed by this server, or with --workers queued for the workers
     sharing its database (the request returns at once); runs started elsewhere (`masterplanner
