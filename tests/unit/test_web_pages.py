@@ -661,3 +661,34 @@ async def test_a_folder_swapped_for_a_link_out_after_its_path_was_checked_serves
     served = await client.get(f"/runs/{run_id}/file", params={"path": "e/kept.txt"})
     assert (served.status_code, served.text) == (200, "kept")
     assert served.headers["content-disposition"] == 'inline; filename="kept.txt"'
+
+
+async def test_the_review_page_says_why_a_small_model_did_not_reuse_the_stored_team(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """The terminal's review said so; the page's said nothing, and the stored team seemed ignored."""
+    calls = [
+        {"purpose": "planner", "output": {"steps": [{"title": "Write the haiku", "agent_role": "poet"}]}},
+        {"purpose": "prompt_creator", "output": "You are a poet.", "repeat": True},
+        {"purpose": "*", "repeat": True},
+    ]
+    model = f"scripted:{write_script(None, raw=json.dumps({'small_model': True, 'calls': calls}))}"
+    service = RunService(Settings.load())
+    try:
+        first = await service.create(
+            "Write a haiku about the sea to haiku.txt",
+            model=model,
+            options=RunOptions(auto_approve=True, prompt_rounds=0),
+        )
+        assert (await service.execute(first.id)).status == "succeeded"
+    finally:
+        service.close()
+    form = {"task": "Write a haiku about autumn leaves to leaves.txt", "model": model, "prompt_rounds": "0"}
+    run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
+    body = await _body_until(client, run_id, "Review the plan")
+    assert (
+        f'<p class="caution" role="note">Stored team not reused: cohort {first.id} could not be adapted: '
+        "a small model reuses a stored team only for the same task, or one that differs only in file "
+        "names, numbers, URLs or quoted text: it plans a reworded task afresh rather than rewrite "
+        "another task&#39;s plan; planned afresh.</p>"
+    ) in body
