@@ -128,6 +128,21 @@ def test_help_lists_commands() -> None:
     assert "chat" in result.stdout
 
 
+def test_empty_lists_say_so_on_stderr_and_print_nothing(isolated: Path) -> None:
+    """`runs list` and `agents list` drew an empty table, `cohorts list` and `memory list` nothing at all."""
+    said = {
+        ("runs", "list"): "no runs yet",
+        ("agents", "list"): "no agents yet (a run that succeeds stores its team's)",
+        ("cohorts", "list"): "no cohorts yet (a run that succeeds stores its team)",
+        ("memory", "list"): "no memories",
+        ("memory", "search", "anything"): "no memories match",
+    }
+    for args, line in said.items():
+        result = run(*args, env={"MASTERPLANNER_EMBEDDER": "none"})
+        assert (result.returncode, result.stdout, result.stderr) == (0, "", line + "\n"), args
+        assert run(*args, "--json", env={"MASTERPLANNER_EMBEDDER": "none"}).stdout == "[]\n", args
+
+
 def test_help_in_a_narrow_terminal_cuts_no_command_short_and_says_serve_serves_the_web_app() -> None:
     """`memory` read "…and the..." in 80 columns, and `serve` said it served the API alone."""
     result = run("--help", env={"COLUMNS": "80"})

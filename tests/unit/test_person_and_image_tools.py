@@ -300,6 +300,37 @@ async def test_generate_image_is_counted_in_the_run_s_cost_and_held_to_its_money
         server.shutdown()
 
 
+@pytest.mark.parametrize(
+    "usage",
+    [{"prompt_tokens": 10, "completion_tokens": 4160, "total_tokens": 4170}, {"total_tokens": 4170}, "lots"],
+    ids=["chat-form", "total-only", "not-an-object"],
+)
+async def test_an_image_reply_whose_usage_says_no_tokens_is_of_unknown_price_and_gives_back_its_hold(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, usage: object
+) -> None:
+    """Counting it failed with Python's `None + None`: the step failed so, the image priced $0, and
+    its budget reservation stayed held."""
+    from masterplanner.models import pricing
+
+    monkeypatch.setattr(pricing, "_loopback", lambda url: False)  # the test's API is priced as OpenAI's
+    reply = {"created": 0, "data": [{"b64_json": base64.b64encode(_png()).decode()}], "usage": usage}
+    server, received = _images_server(200, reply)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    engine = Engine(Settings.load(image_base_url=url, image_model="gpt-image-1"))
+    options = RunOptions(auto_approve=True, prompt_rounds=0, tool_policies={"generate_image": "auto"})
+    try:
+        run = engine.create_run("draw", model=f"scripted:{_image_run(write_script)}", options=options)
+        final = await engine.execute(run.id)
+        assert (final.status, final.error, len(received)) == ("succeeded", None, 1)
+        step_usage = engine.report(run.id)["usage"]["by_purpose"]["step:a"]
+        assert (step_usage["calls"], step_usage["unpriced_calls"]) == (3, 1)
+        assert engine.store.spending(run.id).held_calls == 0
+    finally:
+        engine.close()
+        server.shutdown()
+
+
 async def test_an_image_model_of_unknown_price_is_refused_under_a_money_budget(
     isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -77,6 +77,9 @@ def agents_list(as_json: JsonFlag = False) -> None:
     if as_json:
         typer.echo(json_text([_row(agent) for agent in agents]))
         return
+    if not agents:
+        console(stderr=True).print("no agents yet (a run that succeeds stores its team's)", highlight=False)
+        return
     table = Table(Column("id", overflow="fold"), "name", "role", "version", "uses", "success", "rating")
     for agent in agents:
         rate, rating = agent.stats.success_rate, agent.stats.mean_rating
@@ -214,6 +217,8 @@ def cohorts_list(as_json: JsonFlag = False) -> None:
     if as_json:
         typer.echo(json_text([cohort.model_dump(mode="json") for cohort in cohorts]))
         return
+    if not cohorts:
+        console(stderr=True).print("no cohorts yet (a run that succeeds stores its team)", highlight=False)
     for cohort in cohorts:
         console().print(
             f"{shown(cohort.id)}  {shown(cohort.outcome)}  {shown(cohort.task[:80])}",
@@ -298,10 +303,12 @@ def feedback(
             out.print(f"lesson for {shown(agent_id)}: {shown(lesson, lines=True)}", highlight=False)
 
 
-def _print_memories(items: list[MemoryItem], as_json: bool) -> None:
+def _print_memories(items: list[MemoryItem], as_json: bool, *, none: str) -> None:
     if as_json:
         typer.echo(json_text([item.to_json_dict() for item in items]))
         return
+    if not items:
+        console(stderr=True).print(none, highlight=False)
     for item in items:
         console().print(
             f"{shown(item.id)}  {shown(f'{item.kind:<7}')}  {shown(item.created_at[:10])}  "
@@ -328,7 +335,7 @@ def _kind(kind: str | None) -> MemoryKind | None:
 def memory_list(kind: KindOption = None, as_json: JsonFlag = False) -> None:
     """Every memory that has not expired, most recently used first."""
     chosen = _kind(kind)
-    _print_memories(_registry(lambda service: service.memories(chosen)), as_json)
+    _print_memories(_registry(lambda service: service.memories(chosen)), as_json, none="no memories")
 
 
 @memory_app.command("search")
@@ -340,7 +347,8 @@ def memory_search(
 ) -> None:
     """The memories most like QUERY (as an agent's recall finds them; this renews them too)."""
     chosen = _kind(kind)
-    _print_memories(_registry(lambda service: service.recall(query, limit, chosen)), as_json)
+    found = _registry(lambda service: service.recall(query, limit, chosen))
+    _print_memories(found, as_json, none="no memories match")
 
 
 @memory_app.command("rm")

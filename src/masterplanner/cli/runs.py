@@ -442,6 +442,9 @@ def runs_list(
         ]
         typer.echo(json_text(rows))
         return
+    if not records:
+        console(stderr=True).print("no runs yet", highlight=False)
+        return
     # ids whole, never cut with "…": they are what `runs show` and `runs resume` take
     table = Table(Column("run", no_wrap=True, min_width=max((len(r.id) for r in records), default=3)))
     for heading in ("status", "created", "task"):

@@ -23,10 +23,9 @@ from .store import RunStore
 __all__ = ["ToolCalls", "durable_key"]
 
 _FAILURE_CHARS = 500
-
+"""Longest description of a tool's unexpected failure that the agent sees."""
 _INLINE_REDACTION = 65_536
 """A tool's result longer than this is redacted on a thread (a megabyte takes most of a second)."""
-"""Longest description of a tool's unexpected failure that the agent sees."""
 APPROVAL_CHARS = 200_000
 """Most characters of arguments a call put to a person for approval may have, all together.
 

@@ -149,19 +149,32 @@ async def generate_image(
         if spending is not None:
             await asyncio.shield(spending.release(held))
         raise
-    usage = getattr(response, "usage", None)
-    used = (usage.input_tokens, usage.output_tokens) if usage is not None else (0, 0)
     if spending is not None:
+        used = _tokens_used(response)
         # a reply that says nothing of its tokens has no known price (a server on this machine costs nothing)
-        cost = image_cost(config.model, config.base_url, *used, reported=usage is not None)
+        cost = image_cost(config.model, config.base_url, *(used or (0, 0)), reported=used is not None)
         await spending.count(
             held,
-            input_tokens=used[0],
-            output_tokens=used[1],
+            input_tokens=used[0] if used else 0,
+            output_tokens=used[1] if used else 0,
             seconds=time.perf_counter() - started,
             cost_usd=cost,
         )
     return _saved(config, workspace, response, path)
+
+
+def _tokens_used(response: Any) -> tuple[int, int] | None:
+    """The image request's input and output tokens, or None when its reply does not say them.
+
+    The SDK does not check a reply: a server may send `usage` in a chat reply's form
+    (`prompt_tokens`), only a total, or something that is no object; before, counting such a reply
+    failed with Python's error, and kept its budget reservation.
+    """
+    usage = getattr(response, "usage", None)
+    inputs, outputs = getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None)
+    if type(inputs) is int and type(outputs) is int and inputs >= 0 and outputs >= 0:
+        return inputs, outputs
+    return None
 
 
 async def _requested(config: ImageConfig, key: str, prompt: str, size: str) -> Any:
