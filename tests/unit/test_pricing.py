@@ -417,3 +417,20 @@ def test_a_tiny_money_budget_is_shown_as_a_plain_amount(store: RunStore) -> None
         "the run used its money budget of $0.00001 (under $0.0001 spent)",
         "under $0.0001 + 1 call of unknown price spent under the run's money budget of $1.00",
     ]
+
+
+def test_a_request_whose_least_fits_the_money_left_exactly_is_sent_not_left_waiting(store: RunStore) -> None:
+    """The output room worked out from the dollars left rounded to 1,023 tokens, one less than the
+    least the budget check had let through: with nothing in flight the request waited for ever."""
+    request = Reservation(
+        input_tokens=8_905,
+        output_tokens=4_096,
+        cost_usd=8_905 * 1.1e-6 + 4_096 * 1.5e-5,
+        input_cost_usd=8_905 * 1.1e-6,
+        least_output_tokens=1_024,
+    )
+    spent = 0.247718
+    ledger = RunLedger(store, "r1", RunOptions(max_cost_usd=spent + request.least().cost_usd))
+    ledger.record("planner", input_tokens=10, output_tokens=10, seconds=0.1, cost_usd=spent)
+    held = ledger.reserve(request)
+    assert held is not None and held.output_tokens == 1_024

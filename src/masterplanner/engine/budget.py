@@ -227,6 +227,10 @@ class RunLedger(UsageLedger):
             None if dollars is None else dollars - spending.cost_usd - held_cost,
         )
         least = reservation.least().output_tokens
+        if spending.held_calls == 0:
+            # alone, its least fits (`_refuse` said so): sent at least at it, as the room worked out
+            # from the dollars left may round to a token less (it waited for ever, nothing in flight)
+            return reservation.lowered(max(room, least))
         return reservation.lowered(room) if room >= least else None
 
     def _over(self, used: int, spent: float, reservation: Reservation) -> bool:
