@@ -92,32 +92,38 @@
 
   // The body's trigger takes the first change of a burst and drops the others until the fetched
   // body replaces it (`throttle`, and a request asked for while one is out goes with the body it
-  // was asked from). A change that came while the body was being fetched may be newer than what
-  // the server rendered: the body is fetched once more after it. (Before, when those were the
-  // run's last events, the page showed the run running for good: its event stream had ended.)
-  var changes = 0; // change events the page has had
-  var fetching = null; // the body's fetch that is out, and `changes` when it was asked for
-  document.addEventListener("htmx:sseMessage", function (event) {
-    if (event.target && event.target.id === "run-body") changes++;
-  });
+  // was asked from), and a change that comes after the fetched body went in but before HTMX has
+  // set it up (its settle, 20 ms on) reaches no body at all. A change that came after the body
+  // now on the page was asked for may be newer than what the server rendered: once that body is
+  // set up (`htmx:load`), it is fetched once more. (Before, when those were the run's last events,
+  // the page showed the run running for good: its event stream had ended. A body fetched again
+  // right after the swap went unfetched: the new body did not listen for its trigger yet.)
+  var changes = 0; // change events the run's stream has brought
+  var asked = new WeakMap(); // a request that was sent: `changes` then
+  var shown = 0; // `changes` when the body on the page was asked for
+  var createEventSource = htmx.createEventSource;
+  if (createEventSource) {
+    // counted on the stream itself, before the body hears of them: a change that starts a fetch
+    // is counted in what that fetch shows, and one that reaches no body is counted too
+    htmx.createEventSource = function (url) {
+      var source = createEventSource(url);
+      source.addEventListener("change", function () {
+        changes++;
+      });
+      return source;
+    };
+  }
   document.addEventListener("htmx:beforeRequest", function (event) {
-    var request = event.detail.requestConfig;
-    if (request && request.verb === "get" && event.detail.elt && event.detail.elt.id === "run-body") {
-      fetching = { xhr: event.detail.xhr, changes: changes };
-    }
+    if (event.detail.xhr) asked.set(event.detail.xhr, changes);
   });
-  document.addEventListener("htmx:afterRequest", function (event) {
-    // (its `elt` is no longer the body: the body it was asked from has been replaced)
-    if (!fetching || event.detail.xhr !== fetching.xhr) return;
-    var asked = fetching.changes;
-    fetching = null;
-    if (changes > asked) {
-      setTimeout(function () {
-        // once the fetched body is in place: its trigger has dropped nothing yet
-        var body = document.getElementById("run-body");
-        if (body) htmx.trigger(body, "sse:change");
-      }, 0);
-    }
+  document.addEventListener("htmx:afterSwap", function (event) {
+    var detail = event.detail;
+    if (!detail.target || detail.target.id !== "run-body" || !asked.has(detail.xhr)) return;
+    shown = asked.get(detail.xhr);
+  });
+  document.addEventListener("htmx:load", function (event) {
+    var body = event.target;
+    if (body && body.id === "run-body" && changes > shown) htmx.trigger(body, "sse:change");
   });
 
   document.addEventListener("input", function (event) {
