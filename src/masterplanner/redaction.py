@@ -143,7 +143,13 @@ _SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$
 """Environment variables whose values are secrets by their name (OPENAI_API_KEY, …)."""
 _HEADERS_VARIABLE = re.compile(r"OTEL_EXPORTER_OTLP_(?:[A-Z]+_)?HEADERS")
 """The OpenTelemetry exporter's headers (`OTEL_EXPORTER_OTLP_HEADERS`, `…_TRACES_HEADERS`, …):
-each value is a secret whatever the header's name (`Authorization=Bearer%20…`, `x-honeycomb-team=…`)."""
+the values of those named as credentials are secrets (`_SECRET_HEADER`)."""
+_SECRET_HEADER = re.compile(r"auth|key|token|secret|passw|credential|signature|cookie|session|team", re.I)
+"""A header whose value is a credential by its name (`Authorization`, `api-key`, `x-honeycomb-team`).
+
+Not every header is: `x-honeycomb-dataset=masterplanner` or `X-Scope-OrgID=tenant-1` name
+things, and taken for secrets they were cut out of every log line, tool result and code line
+holding the word, and a task naming it was refused."""
 REMOVED = "[secret removed]"
 _SHORTEST = 8
 """A secret's value shorter than this is not looked for: "dev" or "1234" would be hidden everywhere."""
@@ -185,15 +191,16 @@ def url_secrets(url: str) -> list[str]:
 def _header_secrets(headers: str) -> list[str]:
     """The secrets in an OTLP headers variable's value (`name=value,name=value`, values URL-encoded).
 
-    Each header's value as written and decoded (`Bearer%20tok` and `Bearer tok`), and each word
-    of it (`tok`): a library may quote either, or the token alone.
+    Of each header named as a credential (`_SECRET_HEADER`), its value as written and decoded
+    (`Bearer%20tok` and `Bearer tok`), and each word of it (`tok`): a library may quote either,
+    or the token alone.
     """
     from urllib.parse import unquote
 
     found: list[str] = []
     for pair in headers.split(","):
-        _, equals, value = pair.partition("=")
-        if equals:
+        name, equals, value = pair.partition("=")
+        if equals and _SECRET_HEADER.search(name):
             for shown in dict.fromkeys((value.strip(), unquote(value).strip())):
                 found += [shown, *shown.split()]
     return [value for value in dict.fromkeys(found) if value]

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from masterplanner import Settings
-from masterplanner.redaction import REMOVED, looks_secret, redacted, secret_parts, secret_refusal
+from masterplanner.redaction import (
+    REMOVED,
+    looks_secret,
+    redacted,
+    redacted_content,
+    secret_parts,
+    secret_refusal,
+)
 
 CREDENTIALS = [
     "sk-abcdefghijklmnop1234",
@@ -240,3 +247,17 @@ def test_the_trace_exporter_s_header_values_are_secrets_in_logs_and_what_a_perso
     assert record.getMessage() == f"sent {REMOVED} ({REMOVED}, {REMOVED}) to {REMOVED} and {REMOVED}"
     assert secret_parts("a task naming teamvalue7") == ["teamvalue7"]
     assert redacted("Authorization=Basic") == "Authorization=Basic"  # a word of it shorter than 8 is none
+
+
+def test_the_trace_exporter_s_headers_that_name_things_are_no_secrets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every header's value was taken for a secret: with `x-honeycomb-dataset=masterplanner`, the word
+    went from every log line and code line (`import [secret removed].redaction`), and a task naming it
+    was refused."""
+    monkeypatch.setenv(
+        "OTEL_EXPORTER_OTLP_HEADERS", "x-honeycomb-team=hcabc123xyz456,x-honeycomb-dataset=masterplanner"
+    )
+    assert redacted_content("import masterplanner.redaction") == "import masterplanner.redaction"
+    assert secret_parts("Fix the masterplanner CLI") == []
+    assert redacted("team key hcabc123xyz456") == f"team key {REMOVED}"
