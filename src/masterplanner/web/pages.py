@@ -486,7 +486,7 @@ def _open_inside(workspace: str, path: str) -> tuple[BinaryIO, str] | None:
     try:
         opened = os.readlink(f"/proc/self/fd/{fd}")
         if os.path.commonpath([root, opened]) == root and stat.S_ISREG(os.fstat(fd).st_mode):
-            return os.fdopen(fd, "rb"), os.path.basename(opened)
+            return os.fdopen(fd, "rb"), os.path.basename(target)  # (`opened` ends " (deleted)" once removed)
     except (OSError, ValueError):
         pass
     os.close(fd)
