@@ -673,22 +673,44 @@ async def test_the_review_page_says_why_a_small_model_did_not_reuse_the_stored_t
         {"purpose": "*", "repeat": True},
     ]
     model = f"scripted:{write_script(None, raw=json.dumps({'small_model': True, 'calls': calls}))}"
-    service = RunService(Settings.load())
-    try:
-        first = await service.create(
-            "Write a haiku about the sea to haiku.txt",
-            model=model,
-            options=RunOptions(auto_approve=True, prompt_rounds=0),
-        )
-        assert (await service.execute(first.id)).status == "succeeded"
-    finally:
-        service.close()
+    form = {
+        "task": "Write a haiku about the sea to haiku.txt",
+        "model": model,
+        "prompt_rounds": "0",
+        "yes": "on",
+    }
+    first = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
+    await _body_until(client, first, r"status status-succeeded")
     form = {"task": "Write a haiku about autumn leaves to leaves.txt", "model": model, "prompt_rounds": "0"}
     run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
     body = await _body_until(client, run_id, "Review the plan")
     assert (
-        f'<p class="caution" role="note">Stored team not reused: cohort {first.id} could not be adapted: '
+        f'<p class="caution" role="note">Stored team not reused: cohort {first} could not be adapted: '
         "a small model reuses a stored team only for the same task, or one that differs only in file "
         "names, numbers, URLs or quoted text: it plans a reworded task afresh rather than rewrite "
         "another task&#39;s plan; planned afresh.</p>"
     ) in body
+
+
+async def test_a_page_rendered_as_the_run_changes_has_its_stream_start_before_what_it_does_not_show(
+    client: httpx.AsyncClient, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page read the run's record, then its events: an event in between (here a cancel asked,
+    the run's end say) was counted as shown, and its live stream started after it: the page showed
+    the run as it was before the event for good."""
+    form = {"task": "write out.txt", "model": f"scripted:{_script(write_script)}"}
+    run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
+    await _body_until(client, run_id, "Review the plan")
+    report = RunService.report
+
+    async def cancelled_meanwhile(self: RunService, run: str) -> dict[str, Any]:
+        monkeypatch.setattr(RunService, "report", report)  # once
+        await self.cancel(run)
+        return await report(self, run)
+
+    monkeypatch.setattr(RunService, "report", cancelled_meanwhile)
+    page = (await client.get(f"/runs/{run_id}")).text
+    events = (await client.get(f"/api/v1/runs/{run_id}/events")).json()
+    asked = next(event["seq"] for event in events if event["kind"] == "cancel_requested")
+    after = re.search(rf'sse-connect="/runs/{run_id}/changes\?after=(\d+)"', page)
+    assert after is not None and int(after[1]) < asked  # the stream sends it, and the page follows

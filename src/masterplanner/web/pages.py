@@ -599,9 +599,14 @@ async def _body_context(
 ) -> dict[str, Any]:
     """What `_run_body.html` shows; `edited`: a refused review decision, shown in the form as typed."""
     service = _service(request)
+    # the events first: what is read after them is as new at least, so the page's live stream,
+    # which starts after the last of them, misses nothing (read last, an event that came after
+    # the run's record was read, its end say, was counted as shown and never sent: the page
+    # showed the run running for good)
+    events = await service.events(record.id)
+    record = await service.get(record.id)
     report = await service.report(record.id)
     requests = await service.pending(record.id)
-    events = await service.events(record.id)
     states = {step["id"]: step["status"] for step in report["steps"]}
     review = next((item for item in requests if item.kind in ("plan_review", "replan")), None)
     plan = review.payload["plan"] if review is not None else report["plan"]
