@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-__all__ = ["Part", "Tone", "budget_wait", "event_detail", "retry_wait"]
+__all__ = ["Part", "Tone", "budget_wait", "event_detail", "planning_stage", "retry_wait"]
 
 Tone = Literal["good", "bad", "warn"] | None
 Part = tuple[str, Tone]
@@ -32,6 +32,23 @@ def budget_wait(data: dict[str, Any]) -> str:
     requests = f"{count} model request{'' if count == 1 else 's'}"
     purpose = data.get("purpose", "")
     return f"{purpose} waits for room in the {budget} budget: {requests} in flight to be counted"
+
+
+_STAGES = {
+    "similar_teams": "finding similar teams",
+    "adapting": "adapting a stored team",
+    "steps": "planning the steps",
+}
+
+
+def planning_stage(data: dict[str, Any]) -> str:
+    """A `planning_progress` event: which part of planning is under way, in words."""
+    stage = data.get("stage")
+    if stage == "prompts":
+        return f"writing prompts ({data.get('draft', '')} of {data.get('of', '')})"
+    if stage == "review":
+        return f"reviewing prompts (round {data.get('round', '')})"
+    return _STAGES.get(str(stage), str(stage or ""))
 
 
 def _by(data: dict[str, Any]) -> str:
@@ -133,6 +150,7 @@ _DETAILS: dict[str, Callable[[dict[str, Any]], list[Part]]] = {
     "approval_requested": _request,
     "request_opened": _request,
     "request_answered": _request,
+    "planning_progress": lambda data: [(f" {planning_stage(data)}", None)],
     "plan_ready": _plan_ready,
     # a process that stopped had started the step
     "step_resumed": lambda data: [(f" in {data.get('process', '')}", None)],

@@ -11,7 +11,7 @@ the final prompt are kept so the review screen can show them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -142,14 +142,46 @@ async def _critique(context: _Context, view: dict[str, Any], prompt: str) -> Cri
     return result
 
 
-async def _create_one(context: _Context, step: Step, rounds: int) -> AgentPrompt:
+Progress = Callable[[dict[str, Any]], Awaitable[None]]
+"""Told which part of writing the prompts is under way: `{"stage": "prompts", "draft", "of"}` as a
+step's draft starts, `{"stage": "review", "round"}` as the first step starts a critique round."""
+
+
+@dataclass
+class _Progress:
+    """Tells `report` (when given) of each draft started and each critique round begun."""
+
+    report: Progress | None
+    of: int
+    drafts: int = 0
+    round: int = 0
+    told: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One report at a time: they are recorded in the order they are counted."""
+
+    async def drafting(self) -> None:
+        async with self.told:
+            self.drafts += 1
+            if self.report is not None:
+                await self.report({"stage": "prompts", "draft": self.drafts, "of": self.of})
+
+    async def reviewing(self, round_: int) -> None:
+        async with self.told:
+            if round_ > self.round:
+                self.round = round_
+                if self.report is not None:
+                    await self.report({"stage": "review", "round": round_})
+
+
+async def _create_one(context: _Context, step: Step, rounds: int, progress: _Progress) -> AgentPrompt:
     view = context.step_view(step)
     system = render("prompt_creator_system.j2")
+    await progress.drafting()
     draft = await _text(context, "prompt_creator", system, render("prompt_creator_draft.j2", **view))
     critiques: list[Critique] = []
     revisions: list[str] = []
     current = draft
-    for _ in range(rounds):
+    for round_ in range(1, rounds + 1):
+        await progress.reviewing(round_)
         critique = await _critique(context, view, current)
         current = await _text(
             context,
@@ -171,18 +203,23 @@ async def create_prompts(
     rounds: int = DEFAULT_ROUNDS,
     concurrency: int = 4,
     only: Collection[str] | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, AgentPrompt]:
-    """Write, critique and revise a system prompt for each step of `plan` (or of `only`), concurrently."""
+    """Write, critique and revise a system prompt for each step of `plan` (or of `only`), concurrently.
+
+    `progress`, when given, is told as each step's draft starts and as each critique round begins.
+    """
     if not 0 <= rounds <= MAX_ROUNDS:
         raise ConfigError(f"prompt rounds must be between 0 and {MAX_ROUNDS}, got {rounds}")
     context = _Context(plan, catalog, model, ledger or UsageLedger())
     gate = asyncio.Semaphore(max(1, concurrency))
+    steps = [step for step in plan.steps if only is None or step.id in only]
+    told = _Progress(progress, len(steps))
 
     async def one(step: Step) -> AgentPrompt:
         async with gate:
-            return await _create_one(context, step, rounds)
+            return await _create_one(context, step, rounds, told)
 
-    steps = [step for step in plan.steps if only is None or step.id in only]
     created = await asyncio.gather(*(one(step) for step in steps))
     return {prompt.step_id: prompt for prompt in created}
 

@@ -21,5 +21,9 @@ APPROVED_AS_SHOWN = ["run_created", "plan_ready", "approval_requested", "request
 
 
 def to_approval(kinds: list[str]) -> tuple[list[str], bool]:
-    """A run's event kinds to its approval, and whether a `plan_edited` is among them all."""
-    return kinds[: kinds.index("approved") + 1], "plan_edited" in kinds
+    """A run's event kinds to its approval, and whether a `plan_edited` is among them all.
+
+    The `planning_progress` events (which part of planning is under way) are left out.
+    """
+    shown = [kind for kind in kinds if kind != "planning_progress"]
+    return shown[: shown.index("approved") + 1], "plan_edited" in kinds

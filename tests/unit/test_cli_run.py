@@ -567,11 +567,19 @@ def test_without_a_terminal_events_are_plain_lines_and_the_summary_comes_last(
     run_id, workspace = re.fullmatch(r"run (\S+) · workspace (\S+)", lines[0]).groups()  # type: ignore[union-attr]
     kinds = [line.split(" ")[1] for line in lines[1:-4]]
     assert kinds == [
+        *["planning_progress"] * 5,
         "plan_ready",
         "approved",  # --yes: no review request is opened
         *(["step_started", "tool_called", "tool_result", "step_succeeded"] * 2),
         "run_succeeded",
         "team_stored",
+    ]
+    assert [line.partition(" planning_progress ")[2] for line in lines[1:6]] == [
+        "finding similar teams",
+        "planning the steps",
+        "writing prompts (1 of 2)",
+        "writing prompts (2 of 2)",
+        "reviewing prompts (round 1)",
     ]
     totals = r"\d+\.\d s · \d+ model calls · \d+ in / \d+ out tokens · \$0\.00"
     assert re.fullmatch(rf"run {run_id} succeeded · {totals}", lines[-4])

@@ -86,6 +86,7 @@ async def test_chain_passes_outputs_and_the_final_step_answers(
     assert final.output == "B-RESULT"  # the only sink's output, no aggregator call
     assert _kinds(engine, run.id) == [
         ("run_created", None),
+        *[("planning_progress", None)] * 4,
         ("plan_ready", None),
         ("approved", None),
         ("step_started", "a"),
@@ -96,6 +97,13 @@ async def test_chain_passes_outputs_and_the_final_step_answers(
         ("team_stored", None),
     ]
     assert "aggregator" not in engine.report(run.id)["usage"]["by_purpose"]
+    # which part of planning was under way, as it began (the live view's header says it)
+    assert [event.data for event in engine.store.events(run.id) if event.kind == "planning_progress"] == [
+        {"stage": "similar_teams"},
+        {"stage": "steps"},
+        {"stage": "prompts", "draft": 1, "of": 2},
+        {"stage": "prompts", "draft": 2, "of": 2},
+    ]
 
 
 async def test_garbage_output_is_retried_then_fails_and_skips_dependents(

@@ -131,6 +131,56 @@ def test_a_terminal_shows_a_live_tree_then_the_summary(write_script: Callable[..
     assert lines[4:] == [f"2 files written in {workspace}:", "  notes/draft.md", "  out.txt"]
 
 
+def test_the_header_says_which_part_of_planning_is_under_way(write_script: Callable[..., Path]) -> None:
+    """Planning showed only "planning" for minutes: the planner, the drafts and the critique looked alike."""
+    steps = [_step("a", "do a", ["write_file"]), _step("b", "do b", ["write_file"], "a")]
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": steps}, "delay_s": 1.0},
+            {"purpose": "prompt_creator", "output": "You are a worker.", "delay_s": 0.8, "repeat": True},
+            {"purpose": "critic", "delay_s": 0.8, "repeat": True},
+            {"purpose": "step:a", "output": "a done"},
+            {"purpose": "step:b", "output": "b done"},
+        ]
+    )
+    child = _spawn("run", "a then b", "--model", f"scripted:{script}", "--yes")
+    raw, status = _finish(child)
+    assert status == 0, raw
+    screen = _plain(raw)
+    for stage in ("planning the steps", "writing prompts (2 of 2)", "reviewing prompts (round 1)"):
+        header = rf"run \S+ · planning · {re.escape(stage)} · \d+\.\d s · \d+ model calls?"
+        assert re.search(header, screen), stage
+
+
+def test_each_part_of_planning_reads_in_words_and_leaves_the_header_once_planned() -> None:
+    view = RunView("r1")
+    view.apply(_event("run_created"))
+    said = []
+    for data in (
+        {"stage": "similar_teams"},
+        {"stage": "adapting"},
+        {"stage": "steps"},
+        {"stage": "prompts", "draft": 2, "of": 5},
+        {"stage": "review", "round": 1},
+        {"stage": "steps" + OSC52},
+    ):
+        event = _event("planning_progress", **data)
+        view.apply(event)
+        header = _text(view.render(1)).splitlines()[0]
+        said.append(header[header.index("planning") : header.index(" · 1.0 s")])
+        assert _text(one_line(event_line(event))).strip() == f"00:00:00 planning_progress {said[-1][11:]}"
+    assert said == [
+        "planning · finding similar teams",
+        "planning · adapting a stored team",
+        "planning · planning the steps",
+        "planning · writing prompts (2 of 5)",
+        "planning · reviewing prompts (round 1)",
+        f"planning · steps{OSC52_SHOWN}",
+    ]
+    view.apply(_event("plan_ready"))
+    assert " · planned · 1.0 s · " in _text(view.render(1)).splitlines()[0]
+
+
 def test_questions_pause_the_tree_and_it_resumes_after_them(write_script: Callable[..., Path]) -> None:
     ask = _step("ask", "ask and delete", ["write_file", "delete_file", "ask_user"])
     script = write_script(

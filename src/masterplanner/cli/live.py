@@ -2,7 +2,8 @@
 
 When stderr is a terminal, a `rich.live.Live` tree shows each step of the plan with its status,
 its elapsed time, the tool it is calling and its latest notice (a retry, an approval, an error),
-under a header with the run's phase, elapsed time and model calls so far. It is redrawn from the
+under a header with the run's phase (while planning, which part: finding similar teams, planning
+the steps, writing prompts, reviewing them), elapsed time and model calls so far. It is redrawn from the
 run's stored events, steps and usage, and taken off the screen while the person is asked
 something. Otherwise each event is printed as one plain line, as `runs show` prints them. Either
 way the run ends with a summary: status, time, model calls and tokens, cost when known, and the
@@ -23,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..event_text import Part, budget_wait, event_detail, retry_wait
+from ..event_text import Part, budget_wait, event_detail, planning_stage, retry_wait
 from ..tools.workspace import walk_files
 from ..usage import money
 from .terminal import shown, visible
@@ -262,6 +263,8 @@ class RunView:
     calls: int = 0
     cost: str | None = None
     """What the run's calls cost so far, when known."""
+    stage: str = ""
+    """Which part of planning is under way (the latest `planning_progress`), shown while planning."""
     waiting: bool = False
     """Whether `note` says a request of the run waits for budget room (the run's next event clears it)."""
 
@@ -311,6 +314,10 @@ class RunView:
         if event.kind == "model_waiting":  # a request not of a step's (the planner's, say)
             self.note, self.waiting = f"[yellow]{shown(budget_wait(data))}[/]", True
         self.phase = _PHASES.get(event.kind, self.phase)
+        if event.kind == "planning_progress":
+            self.stage = planning_stage(data)
+        elif event.kind in ("run_created", "plan_ready", "run_retried"):
+            self.stage = ""
         if event.kind == "plan_ready" and data.get("cautions"):
             self.note = "".join(f"[yellow]caution: {shown(caution)}[/]" for caution in data["cautions"])
         elif event.kind == "plan_ready" and data.get("reuse_failed"):
@@ -328,8 +335,9 @@ class RunView:
         calls = _plural(self.calls, "model call") + (f" · {self.cost}" if self.cost else "")
         note = f" · {self.note}" if self.note else ""
         symbol, style, _ = _LOOK.get(self.phase, (frame, "yellow", ""))
+        stage = f" · {shown(self.stage)}" if self.phase == "planning" and self.stage else ""
         label = one_line(
-            f"[{style}]{symbol or frame}[/] [bold]run {shown(self.run_id)}[/] · {shown(self.phase)} · "
+            f"[{style}]{symbol or frame}[/] [bold]run {shown(self.run_id)}[/] · {shown(self.phase)}{stage} · "
             f"{duration(elapsed)} · {calls}{note}"
         )
         notes = {step_id: activity.markup() for step_id, activity in self.activity.items()}

@@ -45,7 +45,13 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
     model, ledger = resources.model, resources.ledger
     found: list[tuple[Cohort, float]] = []
     team = None
+
+    async def progress(data: dict[str, Any]) -> None:
+        """Record which part of planning is under way (the live view's header says it)."""
+        await asyncio.to_thread(store.append_event, run.id, "planning_progress", None, data)
+
     if registry is not None:
+        await progress({"stage": "similar_teams"})
         # the registry may embed the task (a model load, an HTTP call): keep the loop free
         found = await asyncio.to_thread(registry.similar_cohorts, task, REUSE_CANDIDATES)
         team = await asyncio.to_thread(
@@ -55,6 +61,7 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
     plan: Plan | None = None
     if team is not None:
         # a team that solved a task like this one before: its plan fitted to this task, its agents
+        await progress({"stage": "adapting"})
         try:
             plan, adapted, how = await adapt_plan(
                 team.plan, team.agents, team.cohort.task, task, catalog, model=model, ledger=ledger
@@ -70,6 +77,7 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
             ready = {"reuse_failed": f"cohort {team.cohort.id} could not be adapted: {why}"}
     if plan is None:
         hints = cohort_hints(found)
+        await progress({"stage": "steps"})
         plan = await make_plan(task, catalog, model=model, ledger=ledger, hints=hints or None)
         reused: dict[str, Any] = {}
         if registry is not None:
@@ -89,6 +97,7 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
             ledger=ledger,
             rounds=run.options.prompt_rounds,
             only=[step_id for step_id in plan.ids if step_id not in reused],
+            progress=progress,
         )
         written = prompts_to_json(prompts)
         agents = briefs({step_id: reused.get(step_id) or written[step_id] for step_id in plan.ids})

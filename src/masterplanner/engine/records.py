@@ -47,6 +47,7 @@ StepStatus = Literal[
 
 EventKind = Literal[
     "run_created",
+    "planning_progress",
     "plan_ready",
     "approval_requested",
     "approved",
