@@ -323,7 +323,12 @@ def test_a_plan_in_the_wrong_form_fails_the_run_at_planning_and_says_why(
     assert (report["status"], report["error"], report["steps"]) == ("failed", error, [])
     assert here.server.given(PLANNER) == ["wrong_schema"] * 3  # the plan, then two repairs
     assert here.server.given("Do fetch.") == []
-    assert [kind for kind, _, _ in here.events(report["run_id"])] == ["run_created", "run_failed"]
+    assert [(kind, data.get("stage")) for kind, _, data in here.events(report["run_id"])] == [
+        ("run_created", None),
+        ("planning_progress", "similar_teams"),
+        ("planning_progress", "steps"),  # where it failed
+        ("run_failed", None),
+    ]
     assert f"\n{error}" in done.stderr
 
 
