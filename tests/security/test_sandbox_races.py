@@ -9,7 +9,10 @@ winning the race) by wrapping the last step before bwrap starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -152,3 +155,67 @@ def test_an_entry_swapped_for_a_symlink_out_during_set_up_binds_nothing_from_out
     result = asyncio.run(execute_code(workspace, "python", code))
     assert "npm-secret" not in result.stdout
     assert result.exit_code != 0
+
+
+def _put_back_once_checking(root: Path, name: str, aside: str) -> threading.Thread:
+    """Put `aside` back as `name` once the delayed check has started (bwrap made every bind by then)."""
+
+    def put_back() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not _check_started():
+            time.sleep(0.005)
+        (root / name).unlink()
+        (root / aside).rename(root / name)
+
+    return threading.Thread(target=put_back)
+
+
+def _check_started() -> bool:
+    """Is the delayed check running (not bwrap or a starter before it, whose arguments hold it too)?"""
+    started = f"-I\0-S\0-c\0import time\n{_DELAY_MARK}".encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if cmdline.read_bytes().partition(b"\0")[2].startswith(started):
+                return True
+    return False
+
+
+_DELAY_MARK = "# the check waits here for the race\n"
+
+
+def test_an_entry_swapped_for_a_symlink_to_the_workspace_and_put_back_is_refused(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`.git` swapped for `.git -> .` just before bwrap, put back (same inode) before the check ran.
+
+    bwrap followed the link and bound the whole workspace read-only over `/workspace`; `.git` put
+    back then sat there with its inode, on a read-only mount, so the check let the program run
+    although no bind was on `.git` and the workspace was read-only. The check now asks that each
+    entry be the root of a mount at its own path, and that `/workspace` be read-write.
+    """
+    root = workspace.root
+    (root / ".git").mkdir()
+    (root / ".git" / "config").write_text("[core]\n")
+    original = jail._command
+    threads: list[threading.Thread] = []
+
+    def command_then_swap(*args: Any, **kwargs: Any) -> list[str]:
+        command = original(*args, **kwargs)
+        text = command.index("-S") + 2  # python3 -I -S -c TEXT: the check
+        command[text] = f"import time\n{_DELAY_MARK}time.sleep(1)\n" + command[text]
+        (root / ".git").rename(root / "git-aside")
+        (root / ".git").symlink_to(".")
+        threads.append(_put_back_once_checking(root, ".git", "git-aside"))
+        threads[0].start()
+        return command
+
+    monkeypatch.setattr(jail, "_command", command_then_swap)
+    result = asyncio.run(execute_code(workspace, "python", "print('ran')"))
+    threads[0].join()
+    assert (root / ".git" / "config").read_text() == "[core]\n"
+    assert (result.exit_code, result.stdout) == (125, "")
+    assert result.stderr == (
+        "sandbox: the workspace is read-only (a read-only bind landed on it): the workspace changed while "
+        "the sandbox was being set up (code running at the same time in this workspace?); the program "
+        "was not run\n"
+    )
