@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from masterplanner.errors import SandboxError
 from masterplanner.sandbox import jail, pool, sandbox_problems
 from masterplanner.tools.code_execution import execute_code
 from masterplanner.tools.workspace import Workspace
@@ -218,4 +219,19 @@ def test_an_entry_swapped_for_a_symlink_to_the_workspace_and_put_back_is_refused
         "sandbox: the workspace is read-only (a read-only bind landed on it): the workspace changed while "
         "the sandbox was being set up (code running at the same time in this workspace?); the program "
         "was not run\n"
+    )
+
+
+def test_a_missing_system_python_is_named_when_entries_are_read_only(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Before, a bash program in a workspace with a `.git` failed with bwrap's execvp error."""
+    (workspace.root / ".git").mkdir()
+    monkeypatch.setattr(jail, "_CHECK_PYTHON", str(tmp_path / "no-python3"), raising=False)
+    with pytest.raises(SandboxError) as raised:
+        asyncio.run(execute_code(workspace, "bash", "echo ran"))
+    assert str(raised.value) == (
+        "the workspace has entries code may not change, and the check that they stay read-only in the "
+        f"sandbox needs the system Python ({tmp_path / 'no-python3'}), which is not installed here "
+        "(apt-get install -y python3)"
     )

@@ -59,13 +59,9 @@ _GRACE_S = 1.0
 _HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 _MAX_BIND_PATH = 3800
 _MAX_READ_ONLY = 256
-_CHECK_BINDS = [
-    "/usr/bin/python3",
-    "-I",
-    "-S",
-    "-c",
-    files(__package__).joinpath("bind_check.py").read_text(),
-]
+_CHECK_PYTHON = "/usr/bin/python3"
+"""The system Python, as `code_execution` runs Python (the jail shows the host's `/usr`)."""
+_CHECK_BINDS = ["-I", "-S", "-c", files(__package__).joinpath("bind_check.py").read_text()]
 """Runs first in the jail when entries are bound read-only (`bind_check.py`), then `execv`s the program."""
 
 
@@ -255,6 +251,12 @@ def _checked_first(argv: list[str], before: Snapshot, hidden: Collection[tuple[s
     """
     if not before.read_only:
         return argv
+    if not os.access(_CHECK_PYTHON, os.X_OK):
+        raise SandboxError(
+            f"the workspace has entries code may not change, and the check that they stay read-only in "
+            f"the sandbox needs the system Python ({_CHECK_PYTHON}), which is not installed here "
+            "(apt-get install -y python3)"
+        )
     specs = []
     for parts in before.read_only:
         ids = [f"{device}:{inode}" for device, inode in before.read_only_path_ids[parts]]
@@ -262,7 +264,7 @@ def _checked_first(argv: list[str], before: Snapshot, hidden: Collection[tuple[s
         for name, identity in zip(parts, ids[1:], strict=True):
             fields += [name, identity]
         specs.append("/".join(fields))
-    return [*_CHECK_BINDS, *specs, "--", *argv]
+    return [_CHECK_PYTHON, *_CHECK_BINDS, *specs, "--", *argv]
 
 
 async def run_in_sandbox(
