@@ -375,15 +375,14 @@ def _check_mcp_servers(settings: Settings) -> Iterator[Check]:
     """
     import asyncio
 
-    from .tools.mcp import discover_tools
+    from .tools.mcp import discover_each
 
-    for name, server in settings.mcp_servers.items():
+    # all servers at once: a tool's name can depend on the other servers' (`discover_tools`)
+    for name, tools in asyncio.run(discover_each(settings.mcp_servers)).items():
         check = f"MCP server {name}"
-        try:
-            tools = asyncio.run(discover_tools({name: server}))
-        except MasterplannerError as exc:
+        if isinstance(tools, MasterplannerError):
             fix = f"correct mcp_servers.{name} in masterplanner.toml (or MASTERPLANNER_MCP_SERVERS)"
-            yield Check(check, False, True, str(exc), fix)
+            yield Check(check, False, True, str(tools), fix)
             continue
         listed = ", ".join(tool.name for tool in tools)
         yield Check(

@@ -232,6 +232,9 @@ def test_doctor_lists_each_mcp_server_s_tools_and_names_one_that_cannot_be_liste
         "notes": {"command": sys.executable, "args": [notes, "shout", "add"]},
         "bad": {"command": "/nonexistent/server"},
         "script": {"command": "./serve.sh"},
+        # server "a"'s b_c and server "a_b"'s c are both a_b_c: a run offers them apart
+        "a": {"command": sys.executable, "args": [notes, "b_c"]},
+        "a_b": {"command": sys.executable, "args": [notes, "c"]},
     }
     script = Path.cwd() / "serve.sh"  # without execute permission: the library's words before
     script.write_text("#!/bin/sh\necho started\n")
@@ -247,6 +250,10 @@ def test_doctor_lists_each_mcp_server_s_tools_and_names_one_that_cannot_be_liste
         "detail": "2 tools: notes_shout, notes_add",
         "fix": "",
     }
+    assert (found["MCP server a"]["detail"], found["MCP server a_b"]["detail"]) == (
+        "1 tool: a_b_c_10fba79c",
+        "1 tool: a_b_c_2e7d2c03",
+    )
     assert found["MCP server bad"] == {
         "name": "MCP server bad",
         "ok": False,

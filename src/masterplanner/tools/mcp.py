@@ -43,6 +43,7 @@ logging.getLogger("mcp").propagate = False
 __all__ = [
     "McpServer",
     "argument_problems",
+    "discover_each",
     "discover_tools",
     "is_http_url",
     "mcp_client",
@@ -371,18 +372,49 @@ def _interpreter(executable: str | None) -> str | None:
 
 async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
     """List every server's tools as catalog entries; `ConfigError` names a server that fails."""
+    listed = {name: await _list_tools(name, server) for name, server in servers.items()}
+    return _specs(listed)
+
+
+async def discover_each(servers: Mapping[str, McpServer]) -> dict[str, list[ToolSpec] | ConfigError]:
+    """Each server's tools as a run offers them, or why they cannot be listed (`doctor`).
+
+    The servers that list their tools are named together, as `discover_tools` names them (two
+    servers' tools of one name are told apart). A naming problem (a server listing one name
+    twice) is each listed server's error, as it fails every run.
+    """
+    found: dict[str, list[ToolSpec] | ConfigError] = {}
     listed: dict[str, list[Any]] = {}
     for name, server in servers.items():
         try:
-            async with _session(server) as client:
-                listed[name] = await client.list_tools()
-        except _CannotStart as exc:
-            raise ConfigError(f"MCP server {name!r}: {exc}") from None
-        except Exception as exc:  # any transport or protocol failure: the configuration is at fault
-            problem = _silent("it", server) if _timed_out(exc) else f"{type(exc).__name__}: {exc}"
-            raise ConfigError(
-                f"MCP server {name!r}: cannot list its tools: {problem}{_see_log(server)}"
-            ) from None
+            listed[name] = await _list_tools(name, server)
+        except ConfigError as exc:
+            found[name] = exc
+    try:
+        specs = _specs(listed)
+    except ConfigError as exc:
+        return {name: found.get(name, exc) for name in servers}
+    for name in listed:
+        found[name] = [spec for spec in specs if spec.mcp_server == name]
+    return {name: found[name] for name in servers}
+
+
+async def _list_tools(name: str, server: McpServer) -> list[Any]:
+    """The server's own listing of its tools; `ConfigError` names the server and why it fails."""
+    try:
+        async with _session(server) as client:
+            return list(await client.list_tools())
+    except _CannotStart as exc:
+        raise ConfigError(f"MCP server {name!r}: {exc}") from None
+    except Exception as exc:  # any transport or protocol failure: the configuration is at fault
+        problem = _silent("it", server) if _timed_out(exc) else f"{type(exc).__name__}: {exc}"
+        raise ConfigError(
+            f"MCP server {name!r}: cannot list its tools: {problem}{_see_log(server)}"
+        ) from None
+
+
+def _specs(listed: Mapping[str, list[Any]]) -> list[ToolSpec]:
+    """The catalog entries of the servers' listed tools, named across all of them (`_catalog_names`)."""
     catalog_names = _catalog_names({name: [tool.name for tool in tools] for name, tools in listed.items()})
     specs: list[ToolSpec] = []
     for name, tools in listed.items():
