@@ -383,11 +383,17 @@ def test_what_a_run_makes_in_a_home_the_person_made_is_only_its_owner_s(
             "MCP tool 'write_file' (tool 'file' of the MCP server 'write') has the name of a built-in "
             "tool; give its server another name in mcp_servers (a server's tools are called <server>_<tool>)",
         ),
+        (  # a server called "set" offering "note": set_note is a team tool
+            {"set": {"command": sys.executable, "args": [SERVER, "note"]}},
+            "MCP tool 'set_note' (tool 'note' of the MCP server 'set') has the name of a team tool; "
+            "give its server another name in mcp_servers (a server's tools are called <server>_<tool>)",
+        ),
     ],
     ids=[
         "does-not-start",
         "second-does-not-start",
         "name-of-a-built-in-tool",
+        "name-of-a-team-tool",
     ],
 )
 def test_a_run_whose_mcp_servers_cannot_be_used_fails_saying_why(
@@ -606,6 +612,39 @@ def test_a_long_server_name_and_tools_of_one_name_on_two_servers_are_offered_apa
         {"tool": f"{LONG_PREFIX}_shout", "result": f"long: TO {LONG_PREFIX.upper()}_SHOUT"},
         {"tool": "notes_shout", "result": "notes: TO NOTES_SHOUT"},
     ]
+
+
+def test_a_misspelt_policy_for_a_long_named_server_s_tool_says_what_the_server_offers(
+    write_script: Callable[..., Path],
+) -> None:
+    """Before, the server was looked for by its whole name (its tools begin with the shortened one):
+    "no configured MCP server offers it", though the server was configured and running."""
+    script = write_script([{"purpose": "*", "repeat": True}])
+    servers = {LONG_SERVER: {"command": sys.executable, "args": [SERVER, "shout", "add"]}}
+    result = _run_with_servers(script, servers, {f"{LONG_PREFIX}_shuot": "deny"})
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["status"], report["error"]) == (
+        "failed",
+        f"tool_policies names '{LONG_PREFIX}_shuot', which is not a tool of this run: the MCP server "
+        f"'{LONG_SERVER}' offers no such tool (it offers: {LONG_PREFIX}_shout, {LONG_PREFIX}_add)",
+    )
+
+
+def test_a_policy_naming_a_long_named_server_s_tool_by_the_whole_name_is_told_the_offered_name(
+    write_script: Callable[..., Path],
+) -> None:
+    """Before, the refusal said to write <server>_<tool>, which is what the policy said."""
+    script = write_script([{"purpose": "*", "repeat": True}])
+    servers = {LONG_SERVER: {"command": sys.executable, "args": [SERVER]}}
+    result = _run_with_servers(script, servers, {f"{LONG_SERVER}_shout": "deny"})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "error: setting 'tool_policies' (from MASTERPLANNER_TOOL_POLICIES): tool_policies names "
+        f"'{LONG_SERVER}_shout', which is not a tool; the MCP server '{LONG_SERVER}' has a name of "
+        f"more than 32 characters, so its tools are named {LONG_PREFIX}_<tool>: did you mean "
+        f"'{LONG_PREFIX}_shout'?"
+    )
 
 
 def test_a_tool_s_content_other_than_text_reaches_the_agent_described(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError
 from ..settings import Settings
 from ..tools.catalog import Catalog, ToolSpec
-from ..tools.mcp import names_server_tool
+from ..tools.mcp import MAX_TOOL_PREFIX, mcp_tool_prefix, names_server_tool
 from ..tools.names import BUILTIN_TOOL_NAMES, TEAM_TOOL_NAMES
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class RunCatalog(Catalog):
             return None
         if name in BUILTIN_TOOL_NAMES:
             return self.missing.get(name)
-        servers = [server for server in self.mcp_servers if name.startswith(server + "_")]
+        servers = [server for server in self.mcp_servers if name.startswith(mcp_tool_prefix(server) + "_")]
         if servers:
             offered = ", ".join(
                 _closest_first(name, [tool.name for tool in self if tool.mcp_server in servers])
@@ -88,12 +88,28 @@ def unknown_policy_tool(
     for name in policies:
         if name in known or names_server_tool(name, servers):
             continue
+        shortened = _by_whole_server_name(name, servers)
+        if shortened is not None:
+            return f"{field} names {name!r}, which is not a tool; {shortened}"
         close = get_close_matches(name, known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         return (
             f"{field} names {name!r}, which is not a tool; {hint}tools are "
             f"{', '.join(sorted(known))}, and <server>_<tool> for the MCP servers in mcp_servers"
         )
+    return None
+
+
+def _by_whole_server_name(name: str, servers: list[str]) -> str | None:
+    """What a tool name beginning with a long server's whole name is offered as (its shortened one)."""
+    for server in sorted(servers, key=len, reverse=True):
+        prefix = mcp_tool_prefix(server)
+        if prefix != server and name.startswith(server + "_"):
+            offered = f"{prefix}_{name[len(server) + 1 :]}"
+            return (
+                f"the MCP server {server!r} has a name of more than {MAX_TOOL_PREFIX} characters, so its "
+                f"tools are named {prefix}_<tool>: did you mean {offered!r}?"
+            )
     return None
 
 
@@ -192,9 +208,10 @@ async def with_mcp_tools(settings: Settings, context: ToolContext) -> tuple[RunC
     base = run_catalog(settings)
     builtin = {spec.name for spec in base} | set(BUILTIN_TOOL_NAMES)
     for spec in specs:  # two servers' tools never share a name (`discover_tools` tells them apart)
-        if spec.name in builtin:
+        kind = "built-in" if spec.name in builtin else "team" if spec.name in TEAM_TOOL_NAMES else None
+        if kind is not None:
             raise ConfigError(
-                f"MCP tool {spec.name!r} ({_served(spec)}) has the name of a built-in tool; give its "
+                f"MCP tool {spec.name!r} ({_served(spec)}) has the name of a {kind} tool; give its "
                 "server another name in mcp_servers (a server's tools are called <server>_<tool>)"
             )
     catalog = RunCatalog([*base, *specs], missing=base.missing, mcp_servers=base.mcp_servers)
