@@ -208,6 +208,22 @@ def test_the_run_catalog_says_what_enables_each_tool_it_leaves_out(monkeypatch: 
     )
 
 
+def test_a_plan_naming_a_long_named_server_s_tool_by_the_whole_name_is_told_the_offered_name() -> None:
+    """Before, a server of more than 32 characters was looked for by its whole name: a plan naming
+    its tool (by either name) was told no configured server offers it."""
+    long = "n" * 40
+    prefix = f"{'n' * 23}_527ccc3e"  # its tools' names begin with it (`mcp_tool_prefix`)
+    served = [ToolSpec(f"{prefix}_shout", "", mcp_server=long, mcp_tool="shout")]
+    catalog = RunCatalog(served, missing={}, mcp_servers=[long])
+    assert catalog.why_missing(f"{prefix}_shuot") == (
+        f"the MCP server '{long}' offers no such tool (it offers: {prefix}_shout)"
+    )
+    assert catalog.why_missing(f"{long}_shout") == (
+        f"the MCP server '{long}' has a name of more than 32 characters, so its tools are named "
+        f"{prefix}_<tool>: did you mean '{prefix}_shout'?"
+    )
+
+
 def _step_script(write_script: Callable[..., Path], answer: dict[str, Any]) -> Path:
     plan = {"purpose": "planner", "output": {"steps": [step("a", tools=["read_file"])]}}
     return write_script(

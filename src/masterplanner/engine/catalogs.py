@@ -63,6 +63,9 @@ class RunCatalog(Catalog):
                 return f"the MCP server {servers[0]!r} offers no such tool (it offers: {offered})"
             named = " and ".join(repr(server) for server in servers)
             return f"the MCP servers {named} offer no such tool (they offer: {offered})"
+        shortened = _by_whole_server_name(name, self.mcp_servers)
+        if shortened is not None:
+            return shortened
         if "_" not in name:
             return None  # not the name of an MCP server's tool either
         configured = ", ".join(self.mcp_servers) or "none"
@@ -100,7 +103,7 @@ def unknown_policy_tool(
     return None
 
 
-def _by_whole_server_name(name: str, servers: list[str]) -> str | None:
+def _by_whole_server_name(name: str, servers: Iterable[str]) -> str | None:
     """What a tool name beginning with a long server's whole name is offered as (its shortened one)."""
     for server in sorted(servers, key=len, reverse=True):
         prefix = mcp_tool_prefix(server)
