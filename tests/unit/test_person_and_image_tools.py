@@ -41,26 +41,9 @@ def _png() -> bytes:
 
 @pytest.fixture
 def images_api() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    received: list[dict[str, Any]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            received.append({"path": self.path, "auth": self.headers["Authorization"], **body})
-            reply = json.dumps(
-                {"created": 0, "data": [{"b64_json": base64.b64encode(_png()).decode()}]}
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, received = _images_server(
+        200, {"created": 0, "data": [{"b64_json": base64.b64encode(_png()).decode()}]}
+    )
     yield f"http://127.0.0.1:{server.server_address[1]}/v1", received
     server.shutdown()
 
@@ -178,14 +161,15 @@ async def test_ask_user_goes_to_the_front_end(isolated: Path, write_script: Call
         engine.close()
 
 
-def _images_server(status: int, body: dict[str, Any]) -> tuple[ThreadingHTTPServer, list[str]]:
-    """An images API on 127.0.0.1 answering every request with `status` and `body`; the paths it was sent."""
-    received: list[str] = []
+def _images_server(status: int, body: dict[str, Any]) -> tuple[ThreadingHTTPServer, list[dict[str, Any]]]:
+    """An images API on 127.0.0.1 answering every request with `status` and `body`; what it was sent
+    (each request's path, its `Authorization` and its JSON body's fields)."""
+    received: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            received.append(self.path)
+            sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append({"path": self.path, "auth": self.headers["Authorization"], **sent})
             reply = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -233,7 +217,7 @@ def test_a_failing_images_api_is_asked_once_and_said_in_our_words(
     finally:
         server.shutdown()
     assert str(failed.value) == f"the images API at {url} failed with HTTP {status}{said}"
-    assert received == ["/v1/images/generations"]
+    assert [sent["path"] for sent in received] == ["/v1/images/generations"]
 
 
 _IMAGE_USAGE = {
@@ -365,7 +349,7 @@ async def test_an_image_model_of_unknown_price_is_refused_under_a_money_budget(
         assert final.status == "succeeded", final.error
         step_usage = engine.report(run.id)["usage"]["by_purpose"]["step:a"]
         assert (step_usage["calls"], step_usage["cost_usd"], step_usage["unpriced_calls"]) == (3, 0.0, 1)
-        assert received == ["/v1/images/generations"]
+        assert [sent["path"] for sent in received] == ["/v1/images/generations"]
     finally:
         engine.close()
         server.shutdown()
