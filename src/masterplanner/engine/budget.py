@@ -11,6 +11,7 @@ limit (at least `LEAST_OUTPUT_TOKENS`) rather than failing the run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -383,10 +384,8 @@ class RunLedger(UsageLedger):
 
 def _unreserve(store: RunStore, key: str) -> None:
     """Drop a reservation; a store that fails to leaves it to be dropped with this process's lease."""
-    try:
+    with contextlib.suppress(RunError):
         store.unreserve(key)
-    except RunError:
-        pass
 
 
 DEFAULT_OUTPUT_TOKENS = 4096

@@ -485,10 +485,11 @@ def _open_inside(workspace: str, path: str) -> tuple[BinaryIO, str] | None:
         return None
     try:
         opened = os.readlink(f"/proc/self/fd/{fd}")
-        if os.path.commonpath([root, opened]) == root and stat.S_ISREG(os.fstat(fd).st_mode):
-            return os.fdopen(fd, "rb"), os.path.basename(target)  # (`opened` ends " (deleted)" once removed)
+        inside = os.path.commonpath([root, opened]) == root and stat.S_ISREG(os.fstat(fd).st_mode)
     except (OSError, ValueError):
-        pass
+        inside = False
+    if inside:
+        return os.fdopen(fd, "rb"), os.path.basename(target)  # (`opened` ends " (deleted)" once removed)
     os.close(fd)
     return None
 
