@@ -573,7 +573,7 @@ def test_without_a_terminal_events_are_plain_lines_and_the_summary_comes_last(
         *(["step_started", "tool_called", "tool_result", "step_succeeded"] * 2),
         "run_succeeded",
         "team_stored",
-    ]
+    ], result.stderr  # failed once in CI with one planning_progress line fewer: show them all
     assert [line.partition(" planning_progress ")[2] for line in lines[1:6]] == [
         "finding similar teams",
         "planning the steps",
