@@ -20,7 +20,6 @@ import pytest
 
 from masterplanner import Settings
 from masterplanner.errors import SettingsError
-from masterplanner.sandbox import sandbox_problems
 from masterplanner.settings import WORKSPACES_FILE_NAME, known_workspaces
 
 pytestmark = pytest.mark.security
@@ -58,21 +57,14 @@ def _step(tools: list[str]) -> dict[str, Any]:
     }
 
 
-def _need_sandbox() -> None:
-    if sandbox_problems():
-        if os.environ.get("CI"):
-            pytest.fail("; ".join(sandbox_problems()))
-        pytest.skip("; ".join(sandbox_problems()))
-
-
 def _events(run_id: str) -> list[dict[str, Any]]:
     return list(json.loads(mp("runs", "show", run_id, "--json").stdout)["events"])
 
 
+@pytest.mark.usefixtures("sandbox_available")
 def test_a_step_cannot_plant_settings_in_the_current_folder(
     write_script: Callable[..., Path], tmp_path: Path
 ) -> None:
-    _need_sandbox()
     marker = tmp_path / "planted-command-ran"
     planted = _planted_toml(marker)
     plant_code = (

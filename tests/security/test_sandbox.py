@@ -16,31 +16,16 @@ import pytest
 
 from masterplanner import ToolError
 from masterplanner.errors import SandboxError
-from masterplanner.sandbox import SandboxLimits, SandboxResult, pool, run_in_sandbox, sandbox_problems
+from masterplanner.sandbox import SandboxLimits, SandboxResult, pool, run_in_sandbox
 from masterplanner.sandbox.jail import UID_POOL
 from masterplanner.tools.code_execution import execute_code, format_result
 from masterplanner.tools.protected import protection_notice
 from masterplanner.tools.workspace import Workspace
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.security, pytest.mark.usefixtures("sandbox_available")]
 as_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="the uid pool, its lock folder and the hand-back exist only as root"
 )
-
-
-@pytest.fixture(autouse=True)
-def _sandbox_available() -> None:
-    problems = sandbox_problems()
-    if problems:
-        message = "the sandbox cannot start: " + "; ".join(problems)
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI installs bubblewrap: these tests must run there
-        pytest.skip(message)
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Workspace:
-    return Workspace(tmp_path / "ws").create()
 
 
 def python(workspace: Workspace, code: str, **limits: float) -> tuple[int, str, str, bool]:

@@ -15,30 +15,15 @@ from typing import Any
 
 import pytest
 
-from masterplanner.sandbox import SandboxLimits, SandboxResult, run_in_sandbox, sandbox_problems
+from masterplanner.sandbox import SandboxLimits, SandboxResult, run_in_sandbox
 from masterplanner.sandbox.jail import UID_POOL
 from masterplanner.tools.code_execution import execute_code, format_result
 from masterplanner.tools.workspace import Workspace
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.security, pytest.mark.usefixtures("sandbox_available")]
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the uid pool exists only as root")
 
 MIB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def _sandbox_available() -> None:
-    problems = sandbox_problems()
-    if problems:
-        message = "the sandbox cannot start: " + "; ".join(problems)
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI installs bubblewrap: these tests must run there
-        pytest.skip(message)
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Workspace:
-    return Workspace(tmp_path / "ws").create()
 
 
 def python(workspace: Workspace, code: str, **limits: Any) -> SandboxResult:

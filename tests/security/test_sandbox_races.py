@@ -20,26 +20,11 @@ from typing import Any
 import pytest
 
 from masterplanner.errors import SandboxError
-from masterplanner.sandbox import jail, pool, sandbox_problems
+from masterplanner.sandbox import jail, pool
 from masterplanner.tools.code_execution import execute_code
 from masterplanner.tools.workspace import Workspace
 
-pytestmark = pytest.mark.security
-
-
-@pytest.fixture(autouse=True)
-def _sandbox_available() -> None:
-    problems = sandbox_problems()
-    if problems:
-        message = "the sandbox cannot start: " + "; ".join(problems)
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Workspace:
-    return Workspace(tmp_path / "ws").create()
+pytestmark = [pytest.mark.security, pytest.mark.usefixtures("sandbox_available")]
 
 
 def _just_before_bwrap(monkeypatch: pytest.MonkeyPatch, move: Callable[[], None]) -> None:

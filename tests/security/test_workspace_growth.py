@@ -12,20 +12,15 @@ from typing import Any
 
 import pytest
 
-from masterplanner.sandbox import sandbox_problems
-
 pytestmark = pytest.mark.security
 
 BIG_WRITE = "open('big.bin', 'wb').write(b'x' * 3_000_000)\nprint('wrote')\n"
 
 
+@pytest.mark.usefixtures("sandbox_available")
 def test_write_file_and_code_share_one_allowance_per_run(
     write_script: Callable[..., Path], tmp_path: Path
 ) -> None:
-    if sandbox_problems():
-        if os.environ.get("CI"):
-            pytest.fail("; ".join(sandbox_problems()))
-        pytest.skip("; ".join(sandbox_problems()))
     step: dict[str, Any] = {
         "id": "fill",
         "title": "fill the workspace",
@@ -102,10 +97,6 @@ async def test_programs_running_at_once_share_the_room_left(tmp_path: Path) -> N
     from masterplanner.tools.code_execution import execute_code
     from masterplanner.tools.workspace import Workspace
 
-    if sandbox_problems():
-        if os.environ.get("CI"):
-            pytest.fail("; ".join(sandbox_problems()))
-        pytest.skip("; ".join(sandbox_problems()))
     mib = 1 << 20
     workspace = Workspace(tmp_path / "shared")
     workspace.create()
