@@ -371,7 +371,8 @@ def _check_mcp_servers(settings: Settings) -> Iterator[Check]:
     """List each configured MCP server's tools, as a run does (within the server's `timeout_s`).
 
     A server that cannot be listed fails every run ("MCP server 'x': cannot list its tools…"):
-    before, doctor did not look at `mcp_servers`, and reported everything ok.
+    before, doctor did not look at `mcp_servers`, and reported everything ok. So does one offering
+    a tool under a built-in or team tool's name (`write_file`): its check fails in the run's words.
     """
     import asyncio
 

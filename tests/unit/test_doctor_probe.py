@@ -269,6 +269,42 @@ def test_doctor_lists_each_mcp_server_s_tools_and_names_one_that_cannot_be_liste
     assert CliRunner().invoke(app, ["doctor"]).exit_code == 0
 
 
+def test_doctor_fails_an_mcp_server_offering_a_tool_under_a_built_in_or_team_tool_s_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, doctor listed `write_file` and `set_note` as the servers' tools, and every run refused them."""
+    from typer.testing import CliRunner
+
+    from masterplanner import doctor
+    from masterplanner.cli.app import app
+
+    monkeypatch.setattr(doctor, "_check_model_file", lambda: Check("embedded model file", True, True, "stub"))
+    monkeypatch.setattr(doctor, "_check_model_runs", lambda settings: iter(()))
+    notes = str(Path(__file__).with_name("mcp_notes_server.py"))
+    servers = {
+        "notes": {"command": sys.executable, "args": [notes, "shout"]},
+        "write": {"command": sys.executable, "args": [notes, "text", "file"]},  # write_file: built-in
+        "set": {"command": sys.executable, "args": [notes, "note"]},  # set_note: a team tool
+    }
+    monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps(servers))
+    result = CliRunner().invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 1, result.output
+    found = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    assert found["MCP server notes"]["detail"] == "1 tool: notes_shout"
+    assert found["MCP server write"] == {
+        "name": "MCP server write",
+        "ok": False,
+        "required": True,
+        "detail": "MCP tool 'write_file' (tool 'file' of the MCP server 'write') has the name of a built-in "
+        "tool; give its server another name in mcp_servers (a server's tools are called <server>_<tool>)",
+        "fix": "correct mcp_servers.write in masterplanner.toml (or MASTERPLANNER_MCP_SERVERS)",
+    }
+    assert found["MCP server set"]["detail"] == (
+        "MCP tool 'set_note' (tool 'note' of the MCP server 'set') has the name of a team tool; "
+        "give its server another name in mcp_servers (a server's tools are called <server>_<tool>)"
+    )
+
+
 def test_doctor_fails_on_settings_every_run_refuses_naming_where_they_are(
     isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

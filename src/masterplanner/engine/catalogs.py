@@ -6,7 +6,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
 from ..settings import Settings
 from ..tools.catalog import Catalog, ToolSpec
 from ..tools.mcp import MAX_TOOL_PREFIX, mcp_tool_prefix, names_server_tool
@@ -204,25 +203,15 @@ def tool_context(settings: Settings) -> ToolContext:
 
 
 async def with_mcp_tools(settings: Settings, context: ToolContext) -> tuple[RunCatalog, ToolContext]:
-    """The run catalog plus the configured MCP servers' tools, and the tool context that can call them."""
+    """The run catalog plus the configured MCP servers' tools, and the tool context that can call them.
+
+    `discover_tools` refuses a tool named like a built-in or team tool, as `doctor` reports it.
+    """
     from ..tools.mcp import discover_tools
 
     specs = await discover_tools(settings.mcp_servers)
     base = run_catalog(settings)
-    builtin = {spec.name for spec in base} | set(BUILTIN_TOOL_NAMES)
-    for spec in specs:  # two servers' tools never share a name (`discover_tools` tells them apart)
-        kind = "built-in" if spec.name in builtin else "team" if spec.name in TEAM_TOOL_NAMES else None
-        if kind is not None:
-            raise ConfigError(
-                f"MCP tool {spec.name!r} ({_served(spec)}) has the name of a {kind} tool; give its "
-                "server another name in mcp_servers (a server's tools are called <server>_<tool>)"
-            )
     catalog = RunCatalog([*base, *specs], missing=base.missing, mcp_servers=base.mcp_servers)
     return catalog, replace(
         context, mcp_servers=dict(settings.mcp_servers), mcp_specs={spec.name: spec for spec in specs}
     )
-
-
-def _served(spec: ToolSpec) -> str:
-    """Which server offers an MCP tool, under which name of its own, for an error message."""
-    return f"tool {spec.mcp_tool!r} of the MCP server {spec.mcp_server!r}"

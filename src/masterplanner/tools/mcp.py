@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..errors import ConfigError, ToolError
 from ..private import create_private_file, private_folder
 from .catalog import ToolSpec
+from .names import BUILTIN_TOOL_NAMES, TEAM_TOOL_NAMES
 
 # The MCP client library logs what it cannot parse from a server (a line a server prints that is
 # not JSON-RPC) as an error with a traceback and pydantic's advice, on stderr, at every call: a
@@ -371,9 +372,16 @@ def _interpreter(executable: str | None) -> str | None:
 
 
 async def discover_tools(servers: Mapping[str, McpServer]) -> list[ToolSpec]:
-    """List every server's tools as catalog entries; `ConfigError` names a server that fails."""
+    """List every server's tools as catalog entries; `ConfigError` names a server that fails.
+
+    A tool offered under a built-in or team tool's name is refused too (`_taken_name`).
+    """
     listed = {name: await _list_tools(name, server) for name, server in servers.items()}
-    return _specs(listed)
+    specs = _specs(listed)
+    taken = _taken_name(specs)
+    if taken is not None:
+        raise taken
+    return specs
 
 
 async def discover_each(servers: Mapping[str, McpServer]) -> dict[str, list[ToolSpec] | ConfigError]:
@@ -381,7 +389,8 @@ async def discover_each(servers: Mapping[str, McpServer]) -> dict[str, list[Tool
 
     The servers that list their tools are named together, as `discover_tools` names them (two
     servers' tools of one name are told apart). A naming problem (a server listing one name
-    twice) is each listed server's error, as it fails every run.
+    twice) is each listed server's error, as it fails every run; a tool offered under a built-in
+    or team tool's name is its server's error, in the words a run refuses it with (`_taken_name`).
     """
     found: dict[str, list[ToolSpec] | ConfigError] = {}
     listed: dict[str, list[Any]] = {}
@@ -395,8 +404,26 @@ async def discover_each(servers: Mapping[str, McpServer]) -> dict[str, list[Tool
     except ConfigError as exc:
         return {name: found.get(name, exc) for name in servers}
     for name in listed:
-        found[name] = [spec for spec in specs if spec.mcp_server == name]
+        own = [spec for spec in specs if spec.mcp_server == name]
+        found[name] = _taken_name(own) or own
     return {name: found[name] for name in servers}
+
+
+def _taken_name(specs: Iterable[ToolSpec]) -> ConfigError | None:
+    """The error of the first of `specs` offered under a built-in or team tool's name, or None.
+
+    A step cannot be given two tools of one name: every run refuses such a tool, and `doctor`
+    reports it on its server (before, doctor listed it among the server's tools).
+    """
+    for spec in specs:
+        if spec.name in BUILTIN_TOOL_NAMES or spec.name in TEAM_TOOL_NAMES:
+            kind = "built-in" if spec.name in BUILTIN_TOOL_NAMES else "team"
+            return ConfigError(
+                f"MCP tool {spec.name!r} (tool {spec.mcp_tool!r} of the MCP server {spec.mcp_server!r}) "
+                f"has the name of a {kind} tool; give its server another name in mcp_servers (a "
+                "server's tools are called <server>_<tool>)"
+            )
+    return None
 
 
 async def _list_tools(name: str, server: McpServer) -> list[Any]:
