@@ -847,7 +847,8 @@ class RegistryService:
         A line is invalid when it is not an agent, holds what an agent edit is refused for
         (`edit_agent`), or has a track record no agent can have (`AgentStats.problems`: its
         stats rank it in searches). An agent stored already gets the imported one as its next version, its
-        history and lessons kept (`RegistryStore.import_agents`).
+        history and lessons kept; a lesson removed from it since is not brought back
+        (`RegistryStore.import_agents`).
         """
 
         def read() -> ImportedAgents:

@@ -497,6 +497,51 @@ def test_an_older_export_imported_again_keeps_the_lessons_and_track_record_learn
     assert (shown["stats"]["uses"], shown["stats"]["ratings"]) == (1, 1)
 
 
+DROP_LESSON_EDITOR = """
+import json, pathlib, sys
+path = pathlib.Path(sys.argv[-1])
+agent = json.loads(path.read_text())
+path.write_text(json.dumps(agent | {"lessons": [text for text in agent["lessons"] if text != "Lesson 1."]}))
+"""
+
+
+def test_an_older_export_imported_again_does_not_bring_back_a_lesson_removed_since(tmp_path: Path) -> None:
+    """Before, a lesson removed since the export, by an edit or let go as the agent learned, came back."""
+    from masterplanner import Settings
+    from masterplanner.registry import AgentSpec, open_registry
+
+    settings = Settings.load()
+    settings.ensure_home()
+    registry = open_registry(settings)
+    lessons = [f"Lesson {n}." for n in range(50)]  # the most an agent keeps
+    registry.put_agent(
+        AgentSpec(id="poet", name="poet", role="poet", system_prompt="You write.", lessons=lessons)
+    )
+    backup = tmp_path / "agents.jsonl"
+    assert run("agents", "export", str(backup)).returncode == 0
+    # since the export: a rating's lesson lets "Lesson 0." go, and an edit removes "Lesson 1."
+    learned = registry.apply_rating("r1", 2, by="me", agent_ids=["poet"], lessons={"poet": ["Rhyme."]})
+    assert learned.lessons == {"poet": ["Rhyme."]}
+    editor = tmp_path / "editor.py"
+    editor.write_text(DROP_LESSON_EDITOR)
+    assert run("agents", "edit", "poet", env={"VISUAL": f"{sys.executable} {editor}"}).returncode == 0
+    kept = [*lessons[2:], "Rhyme."]
+    assert json.loads(run("agents", "show", "poet", "--json").stdout)["lessons"] == kept
+    again = run("agents", "import", str(backup))
+    said = f"imported {backup}: 0 new, 0 updated (a new version), 1 unchanged\n"
+    assert (again.returncode, again.stderr) == (0, said)
+    shown = json.loads(run("agents", "show", "poet", "--json").stdout)
+    assert (shown["version"], shown["lessons"]) == (3, kept)
+    # a lesson new to the agent's history still comes with the file; the removed ones still do not
+    line = json.loads(backup.read_text())
+    backup.write_text(json.dumps(line | {"lessons": ["Lesson 0.", "Be brief.", "Lesson 1."]}) + "\n")
+    merged = run("agents", "import", str(backup))
+    said = f"imported {backup}: 0 new, 1 updated (a new version), 0 unchanged\n"
+    assert (merged.returncode, merged.stderr) == (0, said)
+    shown = json.loads(run("agents", "show", "poet", "--json").stdout)
+    assert (shown["version"], shown["lessons"]) == (4, ["Be brief.", *kept])
+
+
 def test_a_config_error_inside_an_exception_group_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -203,6 +203,8 @@ def agents_import(
 
     An agent not stored yet is added; one stored already gets the imported one as its next
     version (its history, track record and lessons here are kept), unless they are the same.
+    Of the file's lessons it gains only those none of its versions had: a lesson removed since
+    (by an edit, or let go as it learned) stays removed.
     """
     done = _registry(lambda service: service.import_agents(path))
     parts = [f"{len(done.added)} new", f"{len(done.updated)} updated (a new version)"]

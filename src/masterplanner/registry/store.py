@@ -117,14 +117,17 @@ MAX_LESSONS = 50
 """The most lessons an agent keeps (`AgentSpec.lessons`); a rating past it lets the oldest go."""
 
 
-def _with_lessons_kept(imported: AgentSpec, current: AgentSpec) -> AgentSpec:
-    """`imported` holding every lesson of `current` (the stored agent), after the file's others.
+def _with_lessons_kept(imported: AgentSpec, current: AgentSpec, had: Collection[str]) -> AgentSpec:
+    """`imported` holding every lesson of `current` (the stored agent), after the file's new ones.
 
     Before, an import took the file's lessons in place of the stored ones: an older export
-    imported again dropped every lesson the agent had learned since. The file's lessons the
-    stored agent lacks come first (as older ones); past `MAX_LESSONS`, they give way, oldest first.
+    imported again dropped every lesson the agent had learned since. A lesson of the file is new
+    when no stored version of the agent had it (`had`: every version's lessons): one removed
+    since (by an edit, or let go past `MAX_LESSONS` as it learned) stays removed; before, an older
+    export brought it back. The new ones come first (as older ones); past `MAX_LESSONS`, they
+    give way, oldest first.
     """
-    extra = [lesson for lesson in imported.lessons if lesson not in current.lessons]
+    extra = [lesson for lesson in imported.lessons if lesson not in had and lesson not in current.lessons]
     lessons = [*extra[max(0, len(extra) + len(current.lessons) - MAX_LESSONS) :], *current.lessons]
     return imported if lessons == imported.lessons else imported.model_copy(update={"lessons": lessons})
 
@@ -676,6 +679,12 @@ class RegistryStore:
             text = found[0]
         return _with_stats(text, row[1:])
 
+    @staticmethod
+    def _lessons_ever(connection: Connection, agent_id: str) -> set[str]:
+        """Every lesson any stored version of the agent has had (`import_agents`)."""
+        rows = _sql(connection, "SELECT spec FROM mp_agent_versions WHERE agent_id = ?", (agent_id,)).all()
+        return {str(lesson) for row in rows for lesson in json.loads(row[0]).get("lessons") or []}
+
     def versions(self, agent_id: str) -> list[int]:
         """The agent's version numbers, oldest first."""
         with self._begin("read versions") as connection:
@@ -1097,8 +1106,9 @@ class RegistryStore:
         An agent not here is added as it was exported (its version and track record). One that
         is here gets the imported one as its next version when they differ, its history and its
         track record here kept; one equal to its current version is left as it is. No lesson it
-        has is dropped (`_with_lessons_kept`). Its prompt stays a person's if it was, and becomes
-        one if the file changes it (`with_prompt_author`).
+        has is dropped, and of the file's it gains only those none of its versions had: one
+        removed since is not brought back (`_with_lessons_kept`). Its prompt stays a person's if
+        it was, and becomes one if the file changes it (`with_prompt_author`).
         """
         imported = ImportedAgents()
         with self._begin("import agents") as connection:
@@ -1109,7 +1119,8 @@ class RegistryStore:
                     self.put_agent(spec, connection)
                     imported.added.append(spec.id)
                     continue
-                spec = with_prompt_author(_with_lessons_kept(spec, current), current)
+                had = self._lessons_ever(connection, spec.id)
+                spec = with_prompt_author(_with_lessons_kept(spec, current, had), current)
                 if _content(current) == _content(spec):
                     imported.unchanged.append(spec.id)
                 else:
