@@ -613,6 +613,39 @@ def test_files_this_process_writes_its_output_to_are_not_the_run_s(
     assert said[-2:] == [f"1 file written in {workspace}:", "  total.txt"]
 
 
+def test_runs_show_prints_the_plan(write_script: Callable[..., Path]) -> None:
+    """`runs show` (its help and the README say it shows the plan) gave the steps' ids alone.
+
+    What each step was told to do, by whom, with which tools and after which steps was only in
+    `--json`.
+    """
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=["read_file"])),
+            DRAFTS,
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    result = mp("run", "two things", "--model", f"scripted:{script}", "--yes", "--json")
+    assert result.returncode == 0, result.stderr
+    run_id = json.loads(result.stdout)["run_id"]
+    shown = mp("runs", "show", run_id)
+    assert shown.returncode == 0, shown.stderr
+    lines = [line.lstrip(" │├└─") for line in shown.stdout.splitlines()]
+    start = lines.index("two things")
+    assert lines[start : start + 9] == [
+        "two things",
+        "a do a (starts at once)",
+        "role worker   tools —",
+        "Do a.",
+        "→ a done",
+        "b do b after a",
+        "role worker   tools read_file",
+        "Do b.",
+        "→ b done",
+    ]
+
+
 def test_the_review_shows_an_estimate_and_runs_show_the_cost_per_purpose(
     write_script: Callable[..., Path],
 ) -> None:

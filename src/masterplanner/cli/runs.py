@@ -507,6 +507,11 @@ def runs_show(
         for line in timeline_lines(report["steps"], processes, width=out.width, now=time.time()):
             out.print(line, highlight=False, soft_wrap=True)
         return
+    if report["plan"]:  # what each step was told to do, by whom, with which tools, after which steps
+        from ..plan import Plan
+        from .commands import print_plan_dict
+
+        print_plan_dict(Plan.model_validate(report["plan"]), {})
     table = Table(Column("step", overflow="fold"), "status", "attempts", "started", "finished", "error")
 
     def add(steps: list[dict[str, Any]], depth: int) -> None:
