@@ -297,6 +297,25 @@ def test_plan_with_prompts_json(write_script: Callable[..., Path]) -> None:
     assert payload["agents"]["a"]["critique"] == critique
 
 
+def test_plan_plans_with_the_tools_a_run_could_use_here(write_script: Callable[..., Path]) -> None:
+    """`plan` offered every shipped tool: it showed plans with tools `run` would refuse here."""
+    searching = {"steps": [{**_step("look"), "tools": ["web_search"]}]}
+    script = write_script([{"purpose": "planner", "output": searching, "repeat": True}])
+    result = run("plan", "Look it up", "--model", f"scripted:{script}", "--json")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: no valid plan after 2 repairs: step 'look': tool 'web_search'")
+    assert "set web_search_backend to local" in result.stderr
+
+    result = run("plan", "Look it up", "--model", f"scripted:{script}", "--tools", "read_file,web_search")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --tools: 'web_search' is not available here: set web_search_backend")
+
+    result = run("plan", "Look it up", "--model", f"scripted:{script}", "--tools", "read_file,nope")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --tools: unknown tools: nope; available: ")
+    assert "web_search" not in result.stderr
+
+
 def test_plan_rounds_out_of_range_is_a_usage_error(write_script: Callable[..., Path]) -> None:
     script = write_script([])
     result = run("plan", "x", "--model", f"scripted:{script}", "--prompts", "--rounds", "9")

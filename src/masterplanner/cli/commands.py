@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..doctor import Check
+    from ..engine.catalogs import RunCatalog
     from ..plan import Plan
     from ..prompting import AgentPrompt
     from ..settings import Settings
@@ -112,7 +113,8 @@ def plan(
         str | None, typer.Option("--model", "-m", help="Model spec (default: the model setting).")
     ] = None,
     tools: Annotated[
-        str | None, typer.Option("--tools", help="Comma-separated tools the plan may use (default: all).")
+        str | None,
+        typer.Option("--tools", help="Comma-separated tools the plan may use (default: all available here)."),
     ] = None,
     prompts: Annotated[
         bool, typer.Option("--prompts", help="Also write, critique and revise each step agent's prompt.")
@@ -125,6 +127,9 @@ def plan(
 ) -> None:
     """Break TASK into a dependency graph of steps, each with an agent role and tools.
 
+    It plans with the tools a run could use here (those the settings make available, and the
+    MCP servers' tools), as `run` does.
+
     The plan is validated (unique ids, known dependencies and tools, no cycles, size limits);
     an invalid proposal goes back to the model for repair, at most twice.
     """
@@ -134,16 +139,10 @@ def plan(
     from ..models import resolve_model_or_setting
     from ..planner import plan as make_plan
     from ..prompting import MAX_ROUNDS
-    from ..tools import builtin_catalog
     from ..usage import UsageLedger
 
     settings = load_settings(model=model)
-    catalog = builtin_catalog()
-    if tools:
-        try:
-            catalog = catalog.subset(name.strip() for name in tools.split(",") if name.strip())
-        except KeyError as exc:
-            raise ConfigError(f"--tools: {exc.args[0]}; available: {', '.join(catalog.names)}") from None
+    catalog = _planning_tools(settings, tools)
     if not 0 <= rounds <= MAX_ROUNDS:
         raise ConfigError(f"--rounds must be between 0 and {MAX_ROUNDS}, got {rounds}")
     chosen = resolve_model_or_setting(None, settings)
@@ -170,6 +169,41 @@ def plan(
         result, agents = asyncio.run(work(status.update))
     _print_plan(result, agents)
     _print_usage(ledger)
+
+
+def _planning_tools(settings: Settings, wanted: str | None) -> RunCatalog:
+    """The tools `plan` plans with: a run's here (its MCP servers' too), or those of `--tools` among them.
+
+    Before, `plan` offered every shipped tool whatever the settings: it showed plans with
+    `web_search` or `http_request` that `run` would refuse here, and none with the MCP tools.
+    """
+    import asyncio
+
+    from ..engine.catalogs import RunCatalog, run_catalog, tool_context, with_mcp_tools
+    from ..errors import ConfigError
+
+    catalog = (
+        asyncio.run(with_mcp_tools(settings, tool_context(settings)))[0]
+        if settings.mcp_servers
+        else run_catalog(settings)
+    )
+    if not wanted:
+        return catalog
+    names = list(dict.fromkeys(name.strip() for name in wanted.split(",") if name.strip()))
+    unknown = [name for name in names if name not in catalog]
+    for name in unknown:
+        why = catalog.why_missing(name)
+        if why is not None:
+            raise ConfigError(f"--tools: {name!r} is not available here: {why}")
+    if unknown:
+        raise ConfigError(
+            f"--tools: unknown tools: {', '.join(unknown)}; available: {', '.join(catalog.names)}"
+        )
+    return RunCatalog(
+        (tool for tool in catalog if tool.name in names),
+        missing=catalog.missing,
+        mcp_servers=catalog.mcp_servers,
+    )
 
 
 def _print_usage(ledger: UsageLedger) -> None:
