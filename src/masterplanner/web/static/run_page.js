@@ -14,6 +14,10 @@
 // A part is let go when its form is sent and taken, or with the latest. (Before, a held part held
 // the whole body: after one refused edit, a 422 about their input alone, the page no longer
 // showed the run's progress until they asked for it.)
+// A form they send reaches the server, or they are told it did not: no refresh is shown while
+// they press in the body (a refresh between press and release made the browser send no click),
+// a form sent before HTMX has set a fetched body up is sent as HTMX would (the browser loaded the
+// run's page with it instead), and an answer the server never took is said, its part held.
 (function () {
   "use strict";
   var held = {}; // the ids of the held parts, and of a refusal shown beside a part the run moved past
@@ -73,8 +77,19 @@
   // replaced the body the answer was to be shown in, and the answer's response (a refusal and
   // why) went into a body no longer on the page. While an answer is out, refreshes are not shown:
   // its response is the run as it is then, and a refresh left out is fetched again after it.
+  // Nor while the person presses in the body (a mouse button or a key held on a button): a
+  // click is the press and the release on one element, and a refresh between them replaced or
+  // moved it (a held part too: HTMX takes it out of the page and puts it back), so the browser
+  // sent no click at all: an Answer clicked while a burst of the run's changes came went nowhere.
   var sending = [];
+  var pressing = false;
   var missed = false;
+  function fetchMissed() {
+    var body = document.getElementById("run-body");
+    if (sending.length || pressing || !missed || !body) return;
+    missed = false; // fetched at once: the body's trigger drops a change within 400 ms of another
+    htmx.ajax("GET", body.getAttribute("hx-get"), { source: body, target: body, swap: "outerHTML" });
+  }
   document.addEventListener("htmx:beforeRequest", function (event) {
     var request = event.detail.requestConfig;
     if (request && request.verb === "post") sending.push(event.detail.xhr);
@@ -83,11 +98,57 @@
     sending = sending.filter(function (xhr) {
       return xhr !== event.detail.xhr;
     });
-    var body = document.getElementById("run-body");
-    if (!sending.length && missed && body) {
-      missed = false;
-      htmx.trigger(body, "sse:change");
-    }
+    fetchMissed();
+  });
+  function press(event) {
+    var inBody = event.target.closest && event.target.closest("#run-body");
+    var key = event.type !== "keydown" || (event.key === " " && event.target.closest("button"));
+    if (inBody && key) pressing = true;
+  }
+  function release() {
+    if (!pressing) return;
+    setTimeout(function () {
+      pressing = false; // after the click the release makes, and the answer it sends
+      fetchMissed();
+    }, 0);
+  }
+  document.addEventListener("pointerdown", press, true);
+  document.addEventListener("keydown", press, true);
+  ["pointerup", "pointercancel", "keyup"].forEach(function (type) {
+    document.addEventListener(type, release, true);
+  });
+  window.addEventListener("blur", release);
+
+  // A form in a fetched body that HTMX has not set up yet (it does 20 ms after the swap) is sent
+  // by the browser itself: a load of the run's page with the fields in its address, the answer
+  // given to nobody. Sent here as HTMX would, with the button clicked.
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    var post = form.getAttribute && form.getAttribute("hx-post");
+    if (event.defaultPrevented || !post || !form.closest("#run-body")) return;
+    event.preventDefault();
+    var button = event.submitter;
+    var values = {};
+    if (button && button.name) values[button.name] = button.value;
+    htmx.ajax("POST", post, { source: form, target: "#run-body", swap: "outerHTML", values: values });
+  });
+
+  // An answer the server never took (it could not be reached, or failed): said above the body,
+  // and its part held, so what the person typed and chose stays for them to send again.
+  function unsent(event, why) {
+    var request = event.detail.requestConfig;
+    var note = document.getElementById("run-unsent");
+    if (!request || request.verb !== "post" || !note) return;
+    var part = partOf(request.elt);
+    if (part) held[part.id] = true;
+    note.textContent = "Not sent: " + why + ". What you typed and chose is still below: send it again.";
+    note.hidden = false;
+  }
+  document.addEventListener("htmx:sendError", function (event) {
+    unsent(event, "the server could not be reached");
+  });
+  document.addEventListener("htmx:responseError", function (event) {
+    unsent(event, "the server answered with an error (HTTP " + event.detail.xhr.status + ")");
   });
 
   // The body's trigger takes the first change of a burst and drops the others until the fetched
@@ -138,11 +199,13 @@
     var status = detail.xhr ? detail.xhr.status : 200;
     var refused = status === 409 || status === 422;
     var request = detail.requestConfig; // (`detail.elt` is the body swapped, not what sent the request)
-    if (request && request.verb === "get" && sending.length) {
-      detail.shouldSwap = false; // an answer is out: its response shows the run
+    if (request && request.verb === "get" && (sending.length || pressing)) {
+      detail.shouldSwap = false; // an answer is out (its response shows the run), or being clicked
       missed = true;
       return;
     }
+    var unsentNote = document.getElementById("run-unsent");
+    if (unsentNote && request && request.verb === "post") unsentNote.hidden = true; // this one reached the server
     var sent = request && request.verb === "post" ? partOf(request.elt) : null;
     if (sent) {
       delete held[sent.id]; // the answer to its own form says how it went, and why if refused
