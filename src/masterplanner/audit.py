@@ -160,7 +160,7 @@ def _retried(event: Event) -> str:
     steps = [str(step) for step in event.data.get("steps", [])]
     status = event.data.get("status")
     if status == "planning":
-        again = "planned again"
+        again = "its planning goes on from what it had made"
     elif status == "awaiting_approval":
         again = "its plan reviewed again"
     elif len(steps) > 1:

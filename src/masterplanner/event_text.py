@@ -48,6 +48,10 @@ def planning_stage(data: dict[str, Any]) -> str:
         return f"writing prompts ({data.get('draft', '')} of {data.get('of', '')})"
     if stage == "review":
         return f"reviewing prompts (round {data.get('round', '')})"
+    if stage == "resumed":
+        prompts = data.get("prompts", 0)
+        made = "" if not prompts else f" and {prompts} of its prompt{'s' if prompts != 1 else ''}"
+        return f"resuming planning (its plan{made} {'were' if made else 'was'} made before)"
     return _STAGES.get(str(stage), str(stage or ""))
 
 

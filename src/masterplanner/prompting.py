@@ -146,6 +146,9 @@ Progress = Callable[[dict[str, Any]], Awaitable[None]]
 """Told which part of writing the prompts is under way: `{"stage": "prompts", "draft", "of"}` as a
 step's draft starts, `{"stage": "review", "round"}` as the first step starts a critique round."""
 
+Written = Callable[["AgentPrompt"], Awaitable[None]]
+"""Given each step's prompt as soon as it is finished (its draft and every round done)."""
+
 
 @dataclass
 class _Progress:
@@ -204,21 +207,28 @@ async def create_prompts(
     concurrency: int = 4,
     only: Collection[str] | None = None,
     progress: Progress | None = None,
+    written: Written | None = None,
+    drafted_before: int = 0,
 ) -> dict[str, AgentPrompt]:
     """Write, critique and revise a system prompt for each step of `plan` (or of `only`), concurrently.
 
-    `progress`, when given, is told as each step's draft starts and as each critique round begins.
+    `progress`, when given, is told as each step's draft starts and as each critique round begins;
+    `drafted_before` prompts written earlier (by a process that stopped) count in its numbers.
+    `written`, when given, gets each step's prompt as soon as it is finished (to keep it).
     """
     if not 0 <= rounds <= MAX_ROUNDS:
         raise ConfigError(f"prompt rounds must be between 0 and {MAX_ROUNDS}, got {rounds}")
     context = _Context(plan, catalog, model, ledger or UsageLedger())
     gate = asyncio.Semaphore(max(1, concurrency))
     steps = [step for step in plan.steps if only is None or step.id in only]
-    told = _Progress(progress, len(steps))
+    told = _Progress(progress, drafted_before + len(steps), drafts=drafted_before)
 
     async def one(step: Step) -> AgentPrompt:
         async with gate:
-            return await _create_one(context, step, rounds, told)
+            prompt = await _create_one(context, step, rounds, told)
+        if written is not None:
+            await written(prompt)
+        return prompt
 
     created = await asyncio.gather(*(one(step) for step in steps))
     return {prompt.step_id: prompt for prompt in created}

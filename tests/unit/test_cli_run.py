@@ -241,6 +241,116 @@ def test_a_step_killed_before_its_first_event_is_resumed_not_waited_on(
     _assert_resumed_without_repeats(run_id, resumed=())  # s3 had not started: it starts here
 
 
+def _planning_killed_with_two_prompts_written(write_script: Callable[..., Path], stop: signal.Signals) -> str:
+    """Start a 3-step run, stop it with `stop` once two steps' prompts are written; return the run id.
+
+    The third step's draft waits until the process is stopped; the two others are drafted,
+    critiqued and revised (4 `prompt_creator` calls and 2 `critic` calls counted).
+    """
+    drafts = [{"purpose": "prompt_creator", "output": f"Draft {n}.", "delay_s": 0.1} for n in (1, 2)]
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", tools=[]), step("c", tools=[])),
+            *drafts,
+            {"purpose": "prompt_creator", "output": "Draft 3.", "delay_s": 3600.0},
+            {"purpose": "prompt_creator", "output": "Revised before the stop.", "repeat": True},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "masterplanner",
+            "run",
+            "three things",
+            "--model",
+            f"scripted:{script}",
+            "--yes",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    run_id = None
+    deadline = time.monotonic() + 120  # only so a broken run cannot hang the suite
+    engine = Engine(Settings.load())
+    try:
+        while True:
+            runs = engine.store.list_runs()
+            run_id = runs[0].id if runs else None
+            by_purpose = engine.store.usage(run_id)["by_purpose"] if run_id else {}
+            counted = [by_purpose.get(purpose, {}).get("calls") for purpose in ("prompt_creator", "critic")]
+            if counted == [4, 2]:
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                process.wait()
+                raise AssertionError(f"run {run_id} never wrote two prompts ({by_purpose})")
+            time.sleep(0.02)
+    finally:
+        engine.close()
+    time.sleep(1.0)  # the second prompt, its last call counted, is kept a moment after
+    process.send_signal(stop)
+    process.wait(timeout=60)
+    # the resumed run's third draft is quick (and so is any call made again)
+    script.write_text(
+        json.dumps(
+            {
+                "calls": [
+                    _planner(step("a", tools=[]), step("b", tools=[]), step("c", tools=[])),
+                    {"purpose": "prompt_creator", "output": "Draft after the stop."},
+                    {"purpose": "prompt_creator", "output": "Revised after the stop.", "repeat": True},
+                    {"purpose": "*", "repeat": True},
+                ]
+            }
+        )
+    )
+    assert run_id is not None
+    return run_id
+
+
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_planning_stopped_is_resumed_from_its_plan_and_written_prompts(
+    write_script: Callable[..., Path], stop: signal.Signals
+) -> None:
+    """Before, a resumed run planned again from the start: the planner and every prompt paid twice."""
+    run_id = _planning_killed_with_two_prompts_written(write_script, stop)
+    resumed = mp("runs", "resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    shown = json.loads(mp("runs", "show", run_id, "--json").stdout)
+    assert shown["status"] == "succeeded"
+    # each call counted once: only the third step's prompt is written after the stop
+    by_purpose = shown["usage"]["by_purpose"]
+    assert {purpose: by_purpose[purpose]["calls"] for purpose in ("planner", "prompt_creator", "critic")} == {
+        "planner": 1,
+        "prompt_creator": 6,
+        "critic": 3,
+    }
+    engine = Engine(Settings.load())
+    try:
+        held = engine.store.get_run(run_id).agents
+    finally:
+        engine.close()
+    agents = {step_id: (agent.draft, agent.prompt) for step_id, agent in held.items()}
+    assert sorted(agents.values()) == [
+        ("Draft 1.", "Revised before the stop."),
+        ("Draft 2.", "Revised before the stop."),
+        ("Draft after the stop.", "Revised after the stop."),
+    ]
+    progress = [e["data"] for e in shown["events"] if e["kind"] == "planning_progress"]
+    resumed_at = progress.index({"stage": "resumed", "prompts": 2})
+    assert progress[resumed_at:] == [
+        {"stage": "resumed", "prompts": 2},
+        {"stage": "prompts", "draft": 3, "of": 3},
+        {"stage": "review", "round": 1},
+    ]
+    kinds = [e["kind"] for e in shown["events"]]
+    assert kinds.count("plan_ready") == 1
+    text = mp("runs", "show", run_id).stdout
+    assert "resuming planning (its plan and 2 of its prompts were made before)" in text
+
+
 EDITOR = """
 import pathlib, sys
 path = pathlib.Path(sys.argv[-1])

@@ -143,6 +143,40 @@ async def test_a_run_that_failed_at_planning_is_planned_again(engine: Engine, tm
     assert (final.status, final.output) == ("succeeded", "done")
 
 
+async def test_a_run_that_failed_writing_its_prompts_keeps_its_plan_when_retried(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Before, the retry planned it again from the start: the planner was asked (and paid) twice."""
+    script = tmp_path / "script.json"
+    _rewrite(script, [_planner(step("only", tools=[])), {"purpose": "*", "repeat": True}])
+    options = RunOptions(auto_approve=True, prompt_rounds=0, max_model_calls=1)
+    run = engine.create_run("plan me", model=f"scripted:{script}", options=options)
+    failed = await engine.execute(run.id)
+    assert (failed.status, failed.error, failed.plan) == (
+        "failed",
+        "the run used its budget of 1 model calls",
+        None,
+    )
+    _rewrite(script, [DRAFTS, {"purpose": "step:only", "output": "done"}])  # no planner: it is not asked
+    assert engine.retry(run.id, max_model_calls=3).status == "planning"
+    final = await engine.execute(run.id)
+    assert (final.status, final.output) == ("succeeded", "done")
+    by_purpose = engine.report(run.id)["usage"]["by_purpose"]
+    assert {purpose: entry["calls"] for purpose, entry in by_purpose.items()} == {
+        "planner": 1,
+        "prompt_creator": 1,
+        "step:only": 1,
+    }
+    progress = [event.data for event in engine.store.events(run.id) if event.kind == "planning_progress"]
+    assert progress[progress.index({"stage": "resumed", "prompts": 0}) :] == [
+        {"stage": "resumed", "prompts": 0},
+        {"stage": "prompts", "draft": 1, "of": 1},
+    ]
+    audit = mp("runs", "audit", run.id)
+    said = "its planning goes on from what it had made; model-call budget set to 3"
+    assert f"retried the run after it failed ({said})" in audit.stdout
+
+
 async def test_a_retry_is_refused_unless_the_run_failed_and_nothing_changes(
     engine: Engine, tmp_path: Path, write_script: Callable[..., Path]
 ) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from ..clause_planner import language_caution, uses_clause_plans
 from ..errors import ModelError, PlanError, RunError
 from ..plan import Plan, validate_plan
 from ..planner import plan as make_plan
-from ..prompting import create_prompts, prompts_to_json
+from ..prompting import AgentPrompt, Progress, create_prompts, prompts_to_json
 from ..registry import Cohort
 from .catalogs import RunCatalog, unoffered_policy_tools
 from .records import AgentBrief, RunRecord, briefs, briefs_json
@@ -31,7 +31,51 @@ from .reuse import REUSE_CANDIDATES, cohort_hints, reusable_agents, reusable_coh
 if TYPE_CHECKING:
     from .store import RunStore
 
-__all__ = ["kept_marks", "model_cautions", "plan_run", "review_payload", "review_run"]
+__all__ = ["PlanningWork", "kept_marks", "model_cautions", "plan_run", "review_payload", "review_run"]
+
+
+_Adapted = tuple[Plan, dict[str, AgentBrief], dict[str, Any]]
+"""A stored team's plan adapted to a run, its agents and what `plan_ready` says of the adaptation."""
+
+
+@dataclass
+class PlanningWork:
+    """The planner's work on a run, kept (`mp_runs.planning`) as it is done.
+
+    A run stopped while planning (a kill, Ctrl-C, a lapsed lease) goes on from it when resumed:
+    the plan is not asked of the planner again, nor a finished prompt of the Prompt Creator.
+    """
+
+    plan: Plan
+    ready: dict[str, Any]
+    """What the `plan_ready` event will say of how the plan was made (hints, a stored team not reused)."""
+    reused: dict[str, AgentBrief] | None = None
+    """The stored agents reused for steps (None: not looked for yet)."""
+    prompts: dict[str, AgentBrief] = field(default_factory=dict)
+    """The steps' prompts the Prompt Creator has finished."""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """`{"plan", "ready", "reused", "prompts"}`, as stored."""
+        return {
+            "plan": self.plan.to_json_dict(),
+            "ready": self.ready,
+            "reused": None if self.reused is None else briefs_json(self.reused),
+            "prompts": briefs_json(self.prompts),
+        }
+
+    @classmethod
+    def from_json_dict(cls, run_id: str, data: Mapping[str, Any]) -> PlanningWork:
+        """Read back what `to_json_dict` stored; `RunError` naming the run when it cannot be."""
+        try:
+            reused = data.get("reused")
+            return cls(
+                plan=Plan.model_validate(data.get("plan")),
+                ready=dict(data.get("ready") or {}),
+                reused=None if reused is None else briefs(reused, stored=True),
+                prompts=briefs(data.get("prompts"), stored=True),
+            )
+        except (ValidationError, TypeError, ValueError) as exc:
+            raise RunError(f"run {run_id}: its planning work cannot be read: {exc}") from None
 
 
 async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
@@ -39,17 +83,50 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
 
     A stored team that solved a task like this one is adapted when there is one; otherwise the
     planner plans (with similar teams as examples) and each step reuses a stored agent that fits
-    it, or gets a prompt from the Prompt Creator.
+    it, or gets a prompt from the Prompt Creator. The planner's work is kept as it is done
+    (`PlanningWork`): a run resumed while planning goes on from its plan and finished prompts.
     """
-    registry, task, catalog, store = resources.registry, run.task, resources.catalog, resources.store
-    model, ledger = resources.model, resources.ledger
-    found: list[tuple[Cohort, float]] = []
-    team = None
+    store = resources.store
 
     async def progress(data: dict[str, Any]) -> None:
         """Record which part of planning is under way (the live view's header says it)."""
         await asyncio.to_thread(store.append_event, run.id, "planning_progress", None, data)
 
+    kept = await asyncio.to_thread(store.kept_planning, run.id)
+    made: PlanningWork | _Adapted
+    if kept is not None:
+        made = PlanningWork.from_json_dict(run.id, kept)
+        await progress({"stage": "resumed", "prompts": len(made.prompts)})
+    else:
+        made = await _new_plan(resources, run, progress)
+    if isinstance(made, PlanningWork):
+        plan, agents, ready = made.plan, await _agents(resources, run, made, progress), dict(made.ready)
+        if made.reused:
+            ready["reused_agents"] = {step_id: agent.agent_id for step_id, agent in made.reused.items()}
+    else:
+        plan, agents, ready = made
+
+    cautions = model_cautions(resources, run)
+    if cautions:
+        ready["cautions"] = cautions
+
+    def record() -> RunRecord:
+        if store.set_status(run.id, "awaiting_approval", plan=plan, agents=agents, planning=None):
+            store.append_event(run.id, "plan_ready", data={"steps": plan.ids, **ready})
+        return store.get_run(run.id)  # cancelled meanwhile: as it is
+
+    return await asyncio.to_thread(record)
+
+
+async def _new_plan(resources: RunResources, run: RunRecord, progress: Progress) -> PlanningWork | _Adapted:
+    """A stored team's plan adapted to the run, or else the planner's.
+
+    The planner's plan is kept (`PlanningWork`) as soon as it is made.
+    """
+    registry, task, catalog = resources.registry, run.task, resources.catalog
+    model, ledger = resources.model, resources.ledger
+    found: list[tuple[Cohort, float]] = []
+    team = None
     if registry is not None:
         await progress({"stage": "similar_teams"})
         # the registry may embed the task (a model load, an HTTP call): keep the loop free
@@ -58,7 +135,6 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
             reusable_cohort, registry, found, catalog, resources.settings.reuse_threshold
         )
     ready: dict[str, Any] = {}
-    plan: Plan | None = None
     if team is not None:
         # a team that solved a task like this one before: its plan fitted to this task, its agents
         await progress({"stage": "adapting"})
@@ -66,19 +142,40 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
             plan, adapted, how = await adapt_plan(
                 team.plan, team.agents, team.cohort.task, task, catalog, model=model, ledger=ledger
             )
-            agents = briefs(adapted)
             ready = {
                 "reused_cohort": team.cohort.id,
                 "similarity": round(team.similarity, 3),
                 "adaptation": how,
             }
+            return plan, briefs(adapted), ready
         except (PlanError, ModelError) as error:
             why = "; ".join(error.problems) if isinstance(error, PlanError) else str(error)
             ready = {"reuse_failed": f"cohort {team.cohort.id} could not be adapted: {why}"}
-    if plan is None:
-        hints = cohort_hints(found)
-        await progress({"stage": "steps"})
-        plan = await make_plan(task, catalog, model=model, ledger=ledger, hints=hints or None)
+    hints = cohort_hints(found)
+    await progress({"stage": "steps"})
+    plan = await make_plan(task, catalog, model=model, ledger=ledger, hints=hints or None)
+    if hints:
+        ready["hints"] = [hint.task for hint in hints]
+    work = PlanningWork(plan, ready)
+    await asyncio.to_thread(resources.store.keep_planning, run.id, work.to_json_dict())
+    return work
+
+
+async def _agents(
+    resources: RunResources, run: RunRecord, work: PlanningWork, progress: Progress
+) -> dict[str, AgentBrief]:
+    """Each step's agent: a stored one that fits it, or a prompt from the Prompt Creator.
+
+    Those `work` holds already are taken as they are; each one found or written is kept in it.
+    """
+    store, plan, registry = resources.store, work.plan, resources.registry
+    keeping = asyncio.Lock()  # one write at a time: a later write holds all an earlier one did
+
+    async def keep() -> None:
+        async with keeping:
+            await asyncio.to_thread(store.keep_planning, run.id, work.to_json_dict())
+
+    if work.reused is None:
         reused: dict[str, Any] = {}
         if registry is not None:
             reused = await asyncio.to_thread(
@@ -87,35 +184,33 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
                     registry,
                     plan,
                     resources.settings.agent_reuse_threshold,
-                    same_instruction=uses_clause_plans(model),
+                    same_instruction=uses_clause_plans(resources.model),
                 )
             )
-        prompts = await create_prompts(
+        work.reused = briefs(reused)
+        await keep()
+    reused_agents = work.reused
+
+    async def written(prompt: AgentPrompt) -> None:
+        work.prompts[prompt.step_id] = AgentBrief.model_validate(prompt.to_json_dict())
+        await keep()
+
+    to_write = [
+        step_id for step_id in plan.ids if step_id not in reused_agents and step_id not in work.prompts
+    ]
+    if to_write:
+        await create_prompts(
             plan,
-            catalog,
-            model=model,
-            ledger=ledger,
+            resources.catalog,
+            model=resources.model,
+            ledger=resources.ledger,
             rounds=run.options.prompt_rounds,
-            only=[step_id for step_id in plan.ids if step_id not in reused],
+            only=to_write,
             progress=progress,
+            written=written,
+            drafted_before=len(work.prompts),
         )
-        written = prompts_to_json(prompts)
-        agents = briefs({step_id: reused.get(step_id) or written[step_id] for step_id in plan.ids})
-        if hints:
-            ready["hints"] = [hint.task for hint in hints]
-        if reused:
-            ready["reused_agents"] = {step_id: agent["agent_id"] for step_id, agent in reused.items()}
-
-    cautions = model_cautions(resources, run)
-    if cautions:
-        ready["cautions"] = cautions
-
-    def record() -> RunRecord:
-        if store.set_status(run.id, "awaiting_approval", plan=plan, agents=agents):
-            store.append_event(run.id, "plan_ready", data={"steps": plan.ids, **ready})
-        return store.get_run(run.id)  # cancelled meanwhile: as it is
-
-    return await asyncio.to_thread(record)
+    return {step_id: reused_agents.get(step_id) or work.prompts[step_id] for step_id in plan.ids}
 
 
 def model_cautions(resources: RunResources, run: RunRecord) -> list[str]:

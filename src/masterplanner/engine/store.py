@@ -83,6 +83,7 @@ runs_table = sa.Table(
     sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
     sa.Column("executor", sa.String(16)),
     sa.Column("retries", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("planning", sa.Text),
 )
 steps_table = sa.Table(
     "mp_steps",
@@ -165,6 +166,16 @@ def _add_run_retries(connection: Connection) -> None:
         connection.execute(sa.text("ALTER TABLE mp_runs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0"))
 
 
+def _add_run_planning(connection: Connection) -> None:
+    """Migration `0012_run_planning`: the planning work done so far on a run still planning.
+
+    Its plan once made and each step's agent once written (`planning.PlanningWork`), so a run
+    stopped while planning goes on from them when resumed instead of asking the model again.
+    """
+    if "planning" not in {column["name"] for column in sa.inspect(connection).get_columns("mp_runs")}:
+        connection.execute(sa.text("ALTER TABLE mp_runs ADD COLUMN planning TEXT"))
+
+
 def _create_reservations(connection: Connection) -> None:
     """Migration `0011_budget_reservations`: the worst case of each model request in flight.
 
@@ -188,6 +199,7 @@ MIGRATIONS: list[Migration] = [
     ("0009_message_hand_on", add_message_hand_on),
     ("0010_process_pid_namespace", add_process_pid_namespace),
     ("0011_budget_reservations", _create_reservations),
+    ("0012_run_planning", _add_run_planning),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -354,6 +366,33 @@ class RunStore:
         if status == "cancelled":
             return self.update_run(run_id, unless_finished=True, status=status, **values)
         return self.update_run(run_id, unless_cancelled=True, status=status, **values)
+
+    def keep_planning(self, run_id: str, work: Mapping[str, Any]) -> bool:
+        """Store the planning work done so far on a run that is still planning (JSON form).
+
+        Whether it was stored (False: the run is no longer planning, cancelled meanwhile say).
+        """
+        with self.begin("keep a run's planning") as connection:
+            kept = connection.execute(
+                runs_table.update()
+                .where(runs_table.c.id == run_id, runs_table.c.status == "planning")
+                .values(planning=json.dumps(work), updated_at=utc_now())
+            )
+            return kept.rowcount > 0
+
+    def kept_planning(self, run_id: str) -> dict[str, Any] | None:
+        """The planning work `keep_planning` stored for the run (None: none, or planning finished)."""
+        with self.begin("read a run's planning") as connection:
+            text = connection.scalar(sa.select(runs_table.c.planning).where(runs_table.c.id == run_id))
+        if not text:
+            return None
+        try:
+            work = json.loads(text)
+        except ValueError as exc:  # written by hand
+            raise RunError(f"run {run_id}: its planning work cannot be read: {exc}") from None
+        if not isinstance(work, dict):
+            raise RunError(f"run {run_id}: its planning work cannot be read: it is not an object")
+        return work
 
     def ask_cancel(self, run_id: str, *, by: str | None) -> bool:
         """Ask an unfinished run to stop: its cancel flag set and, with `by`, a `cancel_requested` event.
