@@ -308,7 +308,7 @@ def test_plan_plans_with_the_tools_a_run_could_use_here(write_script: Callable[.
 
     result = run("plan", "Look it up", "--model", f"scripted:{script}", "--tools", "read_file,web_search")
     assert result.returncode == 2
-    assert result.stderr.startswith("error: --tools: 'web_search' is not available here: set web_search_backend")
+    assert result.stderr.startswith("error: --tools: 'web_search' is not available here: set web_search_")
 
     result = run("plan", "Look it up", "--model", f"scripted:{script}", "--tools", "read_file,nope")
     assert result.returncode == 2
