@@ -929,3 +929,47 @@ def test_dbos_s_debug_log_names_the_database_without_its_password(
     shown = url.replace("postgresql://", "postgresql+psycopg://").replace("secret123", "[secret removed]")
     assert f"Initializing DBOS system database with URL: {shown} (schema: dbos)\n" in logged
     assert "secret123" not in "".join(logged)
+
+
+_ERROR_QUOTING_SECRETS = """\
+import os, sys
+from masterplanner import Settings
+from masterplanner.cli import main
+from masterplanner.cli.common import app
+from masterplanner.errors import ConfigError
+
+
+@app.command("crash")
+def crash() -> None:
+    settings = Settings(home=sys.argv[1], database_url="postgresql://planner:dbpass9word@db.example/runs")
+    key = os.environ["OPENAI_API_KEY"]
+    raise ConfigError(f"{settings.model}: signed in with {key}, then dbpass9word was refused")
+
+
+main([*sys.argv[2:], "crash"])
+"""
+
+
+@pytest.mark.parametrize("debug", [True, False])
+def test_the_error_line_shows_no_secret_the_error_quotes(debug: bool, tmp_path: Path) -> None:
+    """Before, `error:` printed the message as it was: with `--debug`, the traceback's last line
+    above it had the key and the database's password taken out, and the line below showed them."""
+    source = tmp_path / "quotes_secrets.py"
+    source.write_text(_ERROR_QUOTING_SECRETS)
+    key = "zq7Hkd92LmPq0xWv3nRt"
+    done = subprocess.run(
+        [sys.executable, str(source), str(tmp_path / "home"), *(["--debug"] if debug else [])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OPENAI_API_KEY": key, "COLUMNS": "200"},
+    )
+    assert done.returncode == 2
+    assert key not in done.stderr and "dbpass9word" not in done.stderr, done.stderr
+    said = f"local: signed in with {REMOVED}, then {REMOVED} was refused"
+    lines = done.stderr.splitlines()
+    assert lines[-1] == f"error: {said}"
+    if debug:
+        assert lines[-2] == f"masterplanner.errors.ConfigError: {said}"
+    else:
+        assert len(lines) == 1

@@ -149,7 +149,7 @@ def _fail(error: BaseException, debug: bool, trace: BaseException | None = None)
     """Print `error` as one sanitised line (after the traceback with --debug) and exit with its code."""
     import traceback
 
-    from ..redaction import redacted_traceback
+    from ..redaction import redacted, redacted_traceback
     from .app import console
     from .terminal import shown
 
@@ -160,6 +160,8 @@ def _fail(error: BaseException, debug: bool, trace: BaseException | None = None)
         # (ours are redacted, a library's are not): redacted as a whole, as logs are
         lines = redacted_traceback("".join(traceback.format_exception(trace or error)).rstrip("\n"))
         stderr.print(shown(lines, lines=True), highlight=False, soft_wrap=True)
-    # one line, whatever the message holds (newlines, escape sequences, rich markup)
-    stderr.print(f"[bold red]error:[/] {shown(error)}", highlight=False, soft_wrap=True)
+    # one line, whatever the message holds (newlines, escape sequences, rich markup), and no
+    # secret in it: the traceback's last line took out a key the message quoted, and the line
+    # below it showed the key whole
+    stderr.print(f"[bold red]error:[/] {shown(redacted(str(error)))}", highlight=False, soft_wrap=True)
     sys.exit(getattr(error, "exit_code", 1))

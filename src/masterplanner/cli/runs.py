@@ -400,8 +400,14 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
         await terminal.flush()
     terminal.display.close(keep=stopped)
     terminal.answerer.detach()
+    from ..redaction import redacted
+
     for other, result in zip(crashed, results[1:], strict=True):
-        status = result.status if not isinstance(result, BaseException) else f"not resumed: {result}"
+        # a run not resumed says why without a key its error quotes, as the `error:` line does
+        if isinstance(result, BaseException):
+            status = f"not resumed: {redacted(str(result))}"
+        else:
+            status = result.status
         terminal.out.print(f"run {shown(other)}: {shown(status)}", highlight=False, soft_wrap=True)
     if isinstance(results[0], BaseException):
         if isinstance(results[0], RunStoppedError):  # its database failed: the run waits, unfinished
