@@ -4,7 +4,8 @@ What a person types (a task, an answer, a plan or prompt edit, a rating's commen
 an agent edit), agents' memories, the registry's stored teams and feedback's lessons refuse such
 text (`secret_parts`, `secret_refusal`); the audit log, events, logs and every tool result a step's
 model reads have it taken out (`redacted`), tracebacks all but the code lines they show
-(`redacted_traceback`).
+(`redacted_traceback`), and what a tool read is shown without them but for its code
+(`redacted_content`).
 
 Besides shapes, both know the values of secrets this process holds whatever their shape: those
 of its environment variables named as secrets (`*_KEY`, `*_TOKEN`, …), the header values of the
@@ -106,14 +107,38 @@ _URL_SECRETS = (
 )
 """A URL's password (`url_user` kept) or a credential parameter's value (`query_name` kept)."""
 
-_SECRET = re.compile(rf"{_URL_SECRETS}|{_KEY_SHAPES}")
+_ASSIGNED = (
+    # a line that sets a credential-named variable, as a .env, ini, YAML or shell file does:
+    # `DB_PASSWORD=hunter2hunter2`, `export API_KEY=sk-…`, `password = hunter2hunter2`,
+    # `  token: abc123def456`, `- secret: …`. Its name is kept, its value goes. The name ends in a
+    # credential word as a part of its own (`DB_PASS`, `SSH_KEY`, `basic_auth`; not `MONKEY`).
+    r"(?P<assigned>(?<![^\n])[ \t]*(?:export[ \t]+|-[ \t]+)?"
+    r"(?:(?P<shell>(?:[A-Z0-9_]*_)?(?:API_?KEY|KEY|SECRET|TOKEN|PASSWORD|PASSWD|PWD|PASS|CREDENTIALS?|AUTH)=)"
+    r"|(?:[A-Za-z0-9_.-]*[_.-])?"
+    r"(?i:api[_-]?key|apikey|key|secret|token|password|passwd|pwd|pass|credentials?|auth)"
+    r"(?:=|[ \t]*:[ \t]+|[ \t]+=[ \t]*|=[ \t]+)))"
+    # the value is the line's one word (a comment may follow), a literal as `_NAMED_VALUE` reads
+    # it, not quoted (a quoted one goes whole, as in code) nor ending in `,` (a call's argument,
+    # `api_key=settings.api_key,`). Unless the line is a shell's (an upper-case name and `=`), a
+    # value that names a variable is code, not a credential: `api_key = settings.api_key`,
+    # `password = hashed_password` (a name without a digit). Taken out, a step that read a source
+    # file and wrote it back put the marker into the person's file.
+    r"(?(shell)|(?!(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|[A-Za-z_]+)(?!\S)))"
+    r"(?![\"'])(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?![A-Z_]+(?!\S))\S{8,}(?<!,)"
+    r"(?=(?:[ \t]+#[^\n]*)?[ \t\r]*(?![^\n]))"
+)
+"""A credential-named variable set on a line of its own (`assigned`, kept), and its value."""
+
+_SECRET = re.compile(rf"{_URL_SECRETS}|{_KEY_SHAPES}|{_ASSIGNED}")
 """Everything taken out of what is shown (`redacted`): broad, as hiding too much there costs little."""
 
-_CODE_SECRET = re.compile(rf"{_URL_SECRETS}|{_OWN_SHAPES}|(?i:{_NAMED}(?=[\"']){_NAMED_VALUE})")
-"""What is taken out of a line of source code a traceback shows (`redacted_traceback`).
+_CODE_SECRET = re.compile(rf"{_URL_SECRETS}|{_OWN_SHAPES}|(?i:{_NAMED}(?=[\"']){_NAMED_VALUE})|{_ASSIGNED}")
+"""What is taken out of a line of source code a traceback shows (`redacted_traceback`), and of
+what a tool read (`redacted_content`).
 
 As `_SECRET`, but a credential's name takes its value out only when that value is a quoted
-literal: `api_key = settings.api_key` is code, and the whole line went from tracebacks.
+literal, or is set on a line of its own as a configuration file sets it (`_ASSIGNED`):
+`api_key = settings.api_key` is code, and the whole line went from tracebacks.
 """
 
 _TYPED_QUERY = (
@@ -255,8 +280,8 @@ def _secret_values() -> list[str]:
 
 
 def _removed(match: re.Match[str]) -> str:
-    """A match of `_SECRET` with its credential removed, and a URL's user name or a parameter's name kept."""
-    return (match.group("url_user") or match.group("query_name") or "") + REMOVED
+    """A match of `_SECRET` without its credential; a URL's user, a parameter's or variable's name kept."""
+    return (match.group("url_user") or match.group("query_name") or match.group("assigned") or "") + REMOVED
 
 
 def redacted(text: str) -> str:
@@ -284,10 +309,12 @@ def redacted_content(text: str) -> str:
     """`text`, what a tool read or made (a file, a page, a program's output), with its secrets removed.
 
     Every value of a secret this process holds goes, and so does a key by its own shape, a URL's
-    password and a quoted credential (`password = "…"`), as from a traceback's code. A name given
-    a value that is not quoted (`api_key = settings.api_key`) is code, not a credential: taken out
-    (`redacted` does), a step that read a source file and wrote it back put the marker into the
-    person's file in place of the line.
+    password and a quoted credential (`password = "…"`), as from a traceback's code, and the value
+    of a credential-named variable a line of a `.env`, ini, YAML or shell file sets
+    (`DB_PASSWORD=hunter2hunter2`: `_ASSIGNED`). A name given a variable, a call or a value within
+    a line (`api_key = settings.api_key`) is code, not a credential: taken out (`redacted` does),
+    a step that read a source file and wrote it back put the marker into the person's file in
+    place of the line.
     """
     return _CODE_SECRET.sub(_removed, _values_removed(text))
 

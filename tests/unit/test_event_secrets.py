@@ -376,3 +376,33 @@ def test_source_code_a_tool_reads_reaches_the_model_as_code_with_only_the_secret
     )
     assert (final.status, final.output, final.error) == ("succeeded", "done", None)
     assert key not in json.dumps([event.to_json_dict() for event in events])
+
+
+def test_a_dotenv_file_a_tool_reads_reaches_the_model_without_its_credentials(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`API_KEY=…` and `DB_PASSWORD=…` unquoted, of values no setting knows and of no key's shape
+    (a workspace's `.env`): before, the model, the checkpoint and the event were given them whole."""
+    (tmp_path / "ws").mkdir()
+    dotenv = "API_KEY=live0abc123def456\nDB_PASSWORD=hunter2hunter2\nDB_HOST=db.example.org\n"
+    (tmp_path / "ws" / "app.env").write_text(dotenv)
+    shown = f"API_KEY={REMOVED}\nDB_PASSWORD={REMOVED}\nDB_HOST=db.example.org"
+    final, events = _one_tool_call_run(
+        write_script, tmp_path, {"name": "read_file", "args": {"path": "app.env"}}, [shown]
+    )
+    assert (final.status, final.output, final.error) == ("succeeded", "done", None)
+    (result,) = [event.data for event in events if event.kind == "tool_result"]
+    assert shown in result["result"]
+    stored = [path.read_bytes() for path in isolated.rglob("*") if path.is_file()] + _checkpoints(isolated)
+    held = [data for data in stored if b"live0abc123def456" in data or b"hunter2hunter2" in data]
+    assert held == []
+
+
+def _checkpoints(home: Path) -> list[bytes]:
+    """The steps' checkpoints (DBOS's recorded step outputs), which the database holds as base64."""
+    import base64
+    import sqlite3
+
+    with sqlite3.connect(home / "masterplanner.sqlite") as database:
+        rows = database.execute("SELECT output FROM operation_outputs WHERE output IS NOT NULL").fetchall()
+    return [base64.b64decode(output) for (output,) in rows]

@@ -261,3 +261,52 @@ def test_the_trace_exporter_s_headers_that_name_things_are_no_secrets(
     assert redacted_content("import masterplanner.redaction") == "import masterplanner.redaction"
     assert secret_parts("Fix the masterplanner CLI") == []
     assert redacted("team key hcabc123xyz456") == f"team key {REMOVED}"
+
+
+def test_a_configuration_file_s_credentials_go_from_what_a_tool_read_and_its_code_stays() -> None:
+    """A `.env`, ini, YAML or shell file read by a step: before, an unquoted value of no key's shape
+    (`DB_PASSWORD=hunter2hunter2`) reached the model whole; only a quoted one went. A line of code
+    that names a variable is still code (`api_key = settings.api_key`)."""
+    read = "\n".join(
+        [
+            "API_KEY=sk-live-abc123XYZ",
+            "DB_PASSWORD=hunter2hunter2",
+            "DB_PASS=correcthorsebatterystaple  # the old one",
+            "export GITHUB_TOKEN=abcdef123456xyz",
+            "[database]",
+            "password = hunter2hunter2",
+            "services:",
+            "  - secret: s3cr3t-v4lue",
+            "    basic_auth: alice:pa55w0rd",
+            "DB_HOST=db.example.org",
+            "api_key = settings.api_key_for_tests",
+            "password = hashed_password",
+            "    token=settings.token_for_tests,",
+            "token = get_token(1234567890)",
+            "API_KEY=${API_KEY}",
+            "API_KEY=YOUR_API_KEY_HERE",
+            "sort_by: created_at",
+        ]
+    )
+    assert redacted_content(read).split("\n") == [
+        f"API_KEY={REMOVED}",
+        f"DB_PASSWORD={REMOVED}",
+        f"DB_PASS={REMOVED}  # the old one",
+        f"export GITHUB_TOKEN={REMOVED}",
+        "[database]",
+        f"password = {REMOVED}",
+        "services:",
+        f"  - secret: {REMOVED}",
+        f"    basic_auth: {REMOVED}",
+        "DB_HOST=db.example.org",
+        "api_key = settings.api_key_for_tests",
+        "password = hashed_password",
+        "    token=settings.token_for_tests,",
+        "token = get_token(1234567890)",
+        "API_KEY=${API_KEY}",
+        "API_KEY=YOUR_API_KEY_HERE",
+        "sort_by: created_at",
+    ]
+    # what is shown (`redacted`) takes out at least as much
+    shown = redacted(read)
+    assert "hunter2" not in shown and "s3cr3t" not in shown and "pa55w0rd" not in shown
