@@ -5,7 +5,8 @@ an agent edit), agents' memories, the registry's stored teams and feedback's les
 text (`secret_parts`, `secret_refusal`); the audit log, events, logs and every tool result a step's
 model reads have it taken out (`redacted`), tracebacks all but the code lines they show
 (`redacted_traceback`), and what a tool read is shown without them but for its code
-(`redacted_content`).
+(`redacted_content`). Text cut short is cut where no secret is cut (`shortened`,
+`without_cut_secret`): what was left of one no longer had its shape nor its value.
 
 Besides shapes, both know the values of secrets this process holds whatever their shape: those
 of its environment variables named as secrets (`*_KEY`, `*_TOKEN`, …), the header values of the
@@ -33,7 +34,9 @@ __all__ = [
     "redacted_traceback",
     "secret_parts",
     "secret_refusal",
+    "shortened",
     "url_secrets",
+    "without_cut_secret",
 ]
 
 _CREDENTIAL_PARAMETER = (
@@ -317,6 +320,56 @@ def redacted_content(text: str) -> str:
     place of the line.
     """
     return _CODE_SECRET.sub(_removed, _values_removed(text))
+
+
+_REACH = 1024
+"""How far either side of a cut `shortened` looks for a secret the cut falls inside."""
+_CUT_WORD = re.compile(r"\S{1,256}\Z")
+"""The end of text cut short that may be the start of a secret: its last word, its last 256
+characters at most (a longer secret's start keeps its shape, or is a held value's, below)."""
+_SHORTEST_PART = 4
+"""A held secret's first characters shorter than this are not taken from the end of a cut."""
+
+
+def shortened(text: str, limit: int) -> str:
+    """`text`'s first `limit` characters at most, with no part of a secret the cut falls inside.
+
+    Cut inside a secret, what is left of it no longer has its shape nor is a value held here,
+    and would be shown however it is redacted after: the cut is made where that secret begins
+    (its URL's user name or variable's name kept). Text no longer than `limit` is as given.
+    """
+    if len(text) <= limit:
+        return text
+    low = max(0, limit - _REACH)
+    around = text[low : limit + _REACH]
+    at = start = limit - low
+    for value in _secret_values():
+        found = around.find(value, max(0, at - len(value) + 1), at + len(value) - 1)
+        if found >= 0:
+            start = min(start, found)
+    for match in _SECRET.finditer(around):
+        if match.start() < at < match.end():
+            kept = match.group("url_user") or match.group("query_name") or match.group("assigned") or ""
+            start = min(start, match.start() + len(kept))
+    return text[: low + min(start, at)]
+
+
+def without_cut_secret(text: str) -> str:
+    """`text`, cut short where what followed is unknown (a capped output), less what may begin a secret.
+
+    Its last word goes (a key, a password or a token the cap fell inside: too short to keep its
+    shape, it was shown), and so does an end that begins a secret held here. What is left is
+    redacted as any text is. Cut text only: a whole text's last word is no part of anything.
+    """
+    word = _CUT_WORD.search(text)
+    if word is not None:
+        text = text[: word.start()]
+    for value in _secret_values():
+        for length in range(len(value) - 1, _SHORTEST_PART - 1, -1):
+            if text.endswith(value[:length]):
+                text = text[:-length]
+                break
+    return text
 
 
 _FRAME = re.compile(r'(?P<lead>[ |+-]*)File "[^\n]*", line \d+, in ')

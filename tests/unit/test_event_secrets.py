@@ -406,3 +406,57 @@ def _checkpoints(home: Path) -> list[bytes]:
     with sqlite3.connect(home / "masterplanner.sqlite") as database:
         rows = database.execute("SELECT output FROM operation_outputs WHERE output IS NOT NULL").fetchall()
     return [base64.b64decode(output) for (output,) in rows]
+
+
+class _LongPage(BaseHTTPRequestHandler):
+    """A page longer than `http_request` keeps, whose cap falls inside the key it shows."""
+
+    key = ""
+
+    def do_GET(self) -> None:
+        from masterplanner.tools.http import HttpPolicy
+
+        line = "." * 79 + "\n"
+        cap = HttpPolicy().max_bytes
+        filler = line * ((cap - 11) // len(line))
+        filler += "." * (cap - 11 - len(filler) - 1) + " "
+        page = f"{filler}{self.key} and more after it.\n".encode()  # the cap keeps 11 of the key's 22
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+def test_a_secret_the_tool_s_output_cap_cuts_keeps_no_part_of_itself(
+    isolated: Path,
+    write_script: Callable[..., Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The body is cut at `http_request`'s cap 11 characters into a held key: before, those 11 were
+    neither the key nor of a key's shape, and reached the checkpoint (and a model with room for
+    the whole result)."""
+    key = "plainvalue0123456789zq"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["127.0.0.1"]')
+    monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOW_LOOPBACK", "true")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Long", (_LongPage,), {"key": key}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/long"
+    (tmp_path / "ws").mkdir()
+    try:
+        final, _ = _one_tool_call_run(
+            write_script, tmp_path, {"name": "http_request", "args": {"url": url}}, ["HTTP 200 from"]
+        )
+    finally:
+        server.shutdown()
+    assert (final.status, final.output, final.error) == ("succeeded", "done", None), final.error
+    part = key[:11].encode()  # what the cap kept of it
+    stored = [path.read_bytes() for path in isolated.rglob("*") if path.is_file()] + _checkpoints(isolated)
+    (result,) = [data for data in _checkpoints(isolated) if b"HTTP 200 from" in data]
+    assert b". \n[\xe2\x80\xa6 truncated]" in result  # the body, cut before the key's start
+    assert [data for data in stored if part in data] == []

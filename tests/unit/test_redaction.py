@@ -16,6 +16,8 @@ from masterplanner.redaction import (
     redacted_content,
     secret_parts,
     secret_refusal,
+    shortened,
+    without_cut_secret,
 )
 
 CREDENTIALS = [
@@ -310,3 +312,25 @@ def test_a_configuration_file_s_credentials_go_from_what_a_tool_read_and_its_cod
     # what is shown (`redacted`) takes out at least as much
     shown = redacted(read)
     assert "hunter2" not in shown and "s3cr3t" not in shown and "pa55w0rd" not in shown
+
+
+def test_a_cut_never_leaves_part_of_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut inside a secret, its start had no key's shape and was no held value: it was shown."""
+    monkeypatch.setenv("OPENAI_API_KEY", "plainvalue0123456789zq")
+    said = "the key is plainvalue0123456789zq, the password: hunter2hunter2 and "
+    text = f"{said}ghp_0123456789abcdefghijABCDEFGHIJ."
+    # a cut inside a secret is made where it begins (a name given it stays); one outside is as asked
+    assert shortened(text, 16) == "the key is "
+    assert shortened(text, 40) == "the key is plainvalue0123456789zq, the "
+    assert shortened(text, 60) == "the key is plainvalue0123456789zq, the "
+    assert shortened(text, 76) == shortened(text, 70) == said
+    assert shortened("see https://bob:pa55word99@host/x", 20) == "see https://bob:"
+    assert shortened(text, 38) == text[:38]
+    assert shortened(text, len(text)) == text
+    # text cut where what followed is not known: its last word goes, and an end that begins a held
+    # secret (one of spaces, too)
+    monkeypatch.setenv("DB_PASSWORD", "correct horse battery staple")
+    assert without_cut_secret("exit code 0\nDB_PASSWORD=hunt") == "exit code 0\n"
+    assert without_cut_secret("the password is correct horse ba") == "the password is "
+    assert without_cut_secret("nothing secret here") == "nothing secret "
+    assert without_cut_secret("the key is plainvalu") == "the key is "

@@ -15,7 +15,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from .. import telemetry
 from ..errors import MasterplannerError, ToolError
-from ..redaction import REMOVED, redacted, redacted_content
+from ..redaction import REMOVED, redacted, redacted_content, shortened
 from ..tools.results import TOOL_FAILED, TOOL_OUTPUT
 from .records import EventKind
 from .store import RunStore
@@ -78,8 +78,9 @@ def _shown_in_events(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _without_secrets(key: str, value: Any) -> Any:
-    if isinstance(value, str):  # only what the event keeps (200 characters) and a little after it
-        return redacted(value[:400]) + ("…" if len(value) > 400 else "")
+    if isinstance(value, str):  # only what the event keeps (200 characters) and a little after it,
+        # cut where no secret is cut short of its shape (`shortened`)
+        return redacted(shortened(value, 400)) + ("…" if len(value) > 400 else "")
     if isinstance(value, dict):
         return {
             name: REMOVED
@@ -311,7 +312,8 @@ class ToolCalls:
         """The `tool_result` event: what the tool gave or why it failed, with no key in it.
 
         A result is kept to 500 characters, taken out of what it read before it is cut so that
-        no key is cut short of its shape.
+        no key is cut short of its shape; and what it is taken out of is cut where no secret
+        is cut (`shortened`).
         """
-        shown = redacted(text[:1000])[:500] if key == "result" else redacted(text)
+        shown = redacted(shortened(text, 1000))[:500] if key == "result" else redacted(text)
         await self._event("tool_result", {"tool": name, key: shown})

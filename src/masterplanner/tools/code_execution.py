@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 from typing import Literal
 
 from ..errors import ToolError
+from ..redaction import without_cut_secret
 from ..sandbox import SandboxLimits, SandboxResult, run_in_sandbox
 from .protected import protected_component, protection_notice
 from .workspace import Workspace, invalid_text
@@ -79,6 +80,8 @@ def format_result(result: SandboxResult) -> str:
         ("stdout", result.stdout, result.stdout_truncated),
         ("stderr", result.stderr, result.stderr_truncated),
     ):
+        if cut:  # a secret the cap fell inside keeps no part of itself short of its shape
+            text = without_cut_secret(text)
         if text or cut:
             lines.append(f"--- {name}{' (truncated)' if cut else ''} ---\n{text.rstrip()}")
     return "\n".join(lines)

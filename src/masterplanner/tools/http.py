@@ -49,6 +49,7 @@ import httpx
 
 from .._version import __version__
 from ..errors import ToolError
+from ..redaction import without_cut_secret
 
 __all__ = ["HttpPolicy", "HttpResult", "check_request", "http_request"]
 
@@ -123,14 +124,20 @@ class HttpResult:
     truncated: bool = False
 
     def describe(self) -> str:
-        """Status line, a few headers and the body, with truncation marked."""
+        """Status line, a few headers and the body, with truncation marked.
+
+        A body cut at the cap ends before what may be a secret the cap fell inside: what was left
+        of it had neither its shape nor its value, and was shown (`without_cut_secret`).
+        """
         shown = {
             k: v
             for k, v in self.headers.items()
             if k.lower() in ("content-type", "content-length", "location")
         }
         head = f"HTTP {self.status} from {self.url}" + "".join(f"\n{k}: {v}" for k, v in shown.items())
-        return f"{head}\n\n{self.body}" + ("\n[… truncated]" if self.truncated else "")
+        if self.truncated:
+            return f"{head}\n\n{without_cut_secret(self.body)}\n[… truncated]"
+        return f"{head}\n\n{self.body}"
 
 
 @dataclass(frozen=True)
