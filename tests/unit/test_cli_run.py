@@ -458,6 +458,36 @@ def test_reject_exits_1_and_read_only_commands_never_execute(write_script: Calla
     assert again.stderr.strip() == f"error: run {run_id} already cancelled"
 
 
+def test_a_rejection_at_the_terminal_takes_an_optional_reason_kept_as_the_other_front_ends_keep_it(
+    write_script: Callable[..., Path],
+) -> None:
+    script = write_script([_planner(step("a", tools=[])), DRAFTS, {"purpose": "*", "repeat": True}])
+    given = mp(
+        "run", "one thing", "--model", f"scripted:{script}", "--json", stdin="r\n  not what I asked  \n"
+    )
+    assert given.returncode == 1, given.stderr
+    run_id = json.loads(given.stdout)["run_id"]
+    assert given.stderr.count("reason for the rejection (Enter for none): ") == 1
+    [rejected] = [event for event in run_events(run_id) if event["kind"] == "rejected"]
+    assert rejected["data"]["reason"] == "not what I asked"
+    assert rejected["data"]["by"].startswith("terminal@")
+    show = mp("runs", "show", run_id)
+    assert show.returncode == 0, show.stderr
+    events = [line[9:] for line in show.stdout.splitlines() if re.match(r"\d\d:\d\d:\d\d ", line)]
+    assert [line for line in events if line.startswith("rejected")] == ["rejected not what I asked"]
+    [_created, audited] = json.loads(mp("runs", "audit", run_id, "--json").stdout)
+    assert (audited["action"], audited["front_end"]) == ("rejected the plan: not what I asked", "terminal")
+
+    # Enter for none: rejected with no reason given (the run says only that it was rejected at review)
+    bare = mp("run", "one thing", "--model", f"scripted:{script}", "--json", stdin="r\n\n")
+    assert bare.returncode == 1, bare.stderr
+    run_id = json.loads(bare.stdout)["run_id"]
+    [rejected] = [event for event in run_events(run_id) if event["kind"] == "rejected"]
+    assert rejected["data"]["reason"] == "rejected at review"
+    [_created, audited] = json.loads(mp("runs", "audit", run_id, "--json").stdout)
+    assert audited["action"] == "rejected the plan"
+
+
 def test_with_nothing_to_read_the_review_question_is_not_printed_and_a_pipe_still_answers(
     write_script: Callable[..., Path],
 ) -> None:

@@ -189,17 +189,20 @@ class TerminalAnswerer:
             self._print(f"[yellow]{shown(str(error))}[/]")
             self._seen.discard(request.id)  # still open (a refused answer): asked again
 
-    async def _line(self, prompt: str, request: Request) -> str | None:
+    async def _line(self, prompt: str, request: Request, *, optional: bool = False) -> str | None:
         """A line typed for `request`; None when input closed or another process answered first.
 
         Input that is not a terminal (a pipe, a file, /dev/null) is read ahead before the
         question is printed: with nothing left in it, the question could not be answered here,
-        so it is not asked and only the way to answer from elsewhere is printed.
+        so it is not asked and only the way to answer from elsewhere is printed. An `optional`
+        line (one Enter may leave empty) is instead empty when the input is closed.
         """
         if not self.input.echoed:
             if await self._until_answered_elsewhere(self.input.wait(), request, prompted=False):
                 return None
             if self.input.exhausted:
+                if optional:
+                    return ""
                 self._waiting(request)
                 return None
         self.out.print(f"{prompt} ", end="", highlight=False, markup=False)
@@ -210,6 +213,8 @@ class TerminalAnswerer:
         if line is None or not self.input.echoed:
             self.out.print()  # input that is not a terminal is not echoed: end the prompt's line
         if line is None:
+            if optional:
+                return ""
             self._waiting(request)
         return line
 
@@ -292,6 +297,18 @@ class TerminalAnswerer:
             self._print(f"[dim]{by}:[/] {shown(note['value'])}")
         return await self._review(request)
 
+    async def _rejection(self, request: Request) -> dict[str, Any] | None:
+        """A review's rejection with the reason typed for it (Enter, or input closed: none).
+
+        The reason goes with the answer, as the web page's and `runs answer --reason` do, so the
+        run's `rejected` event and `runs audit` show it; None if another process answered first.
+        """
+        line = await self._line("reason for the rejection (Enter for none):", request, optional=True)
+        if line is None:
+            return None
+        reason = line.strip()
+        return {"action": "reject"} | ({"reason": reason} if reason else {})
+
     async def _estimate(self, plan: Plan) -> str:
         """What running the plan's steps will likely take and cost (`estimate.estimate_run`)."""
         from ..estimate import BASIS, estimate_run
@@ -340,7 +357,7 @@ class TerminalAnswerer:
             if word in ("a", "approve", "y", "yes"):
                 return decision
             if word in ("r", "reject", "n", "no"):
-                return {"action": "reject", "reason": "rejected at review"}
+                return await self._rejection(request)
             if word not in ("e", "edit"):
                 self._print("answer a (approve), r (reject) or e (edit)")
                 continue
