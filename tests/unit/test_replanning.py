@@ -276,6 +276,50 @@ async def test_a_rejected_replan_is_named_in_the_run_s_error(
     assert final.error.endswith(" (its replan was rejected by test: not like that)")
 
 
+@pytest.mark.parametrize(
+    ("replanner", "why"),
+    [
+        ([], "it could not be replanned: "),  # its model call fails: no entry left for it
+        (  # its plan is refused: it names a step there is none of, however often it is repaired
+            [_planner(step("b2", "nowhere", tools=[]), purpose="replanner") | {"repeat": True}],
+            "replanning it found no valid plan",
+        ),
+    ],
+    ids=["model call failed", "plan refused"],
+)
+async def test_the_dependents_of_a_step_whose_replan_failed_are_skipped_for_it_not_cancelled(
+    engine: Engine, write_script: Callable[..., Path], replanner: list[dict[str, Any]], why: str
+) -> None:
+    script = write_script(
+        [
+            _planner(
+                step("a", tools=[]),
+                step("b", "a", tools=[]),
+                step("c", "b", tools=[]),
+                step("d", "c", tools=[]),
+            ),
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:b"} | GARBAGE,
+            *replanner,
+            DRAFTS,
+        ]
+    )
+    run = engine.create_run("replan it", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "failed"
+    assert final.error is not None and why in final.error
+    # as `runs show`, the live view and the run page show them: not run because b failed, not
+    # cancelled as if a person had stopped them
+    report = engine.report(run.id)
+    assert [(s["id"], s["status"], s["error"]) for s in report["steps"][1:]] == [
+        ("b", "failed", report["steps"][1]["error"]),
+        ("c", "skipped", "dependency 'b' failed"),
+        ("d", "skipped", "dependency 'c' skipped"),
+    ]
+    assert report["steps"][1]["error"].startswith("the model called no_such_tool")
+    assert _started(engine, run.id) == ["a", "b"]
+
+
 async def test_an_output_that_falls_short_of_its_expected_output_is_replanned(
     engine: Engine, write_script: Callable[..., Path]
 ) -> None:

@@ -11,7 +11,9 @@ its dependents are skipped: a revised plan it returns (the step and its dependen
 new steps) is scheduled from there, finished steps kept. The other steps go on meanwhile (a
 replan may wait for a person); its dependents wait, and so do `expand` steps. A step marked
 `expand` is offered to `on_expand` when it becomes ready: a revised plan (the step replaced by
-its sub-plan) is scheduled instead of the step; None runs the step as it is.
+its sub-plan) is scheduled instead of the step; None runs the step as it is. An error out of
+`on_failure` (a replan with no valid plan) stops everything too, once the failed step's dependents
+are skipped: they are not run because it failed, whatever else the error stops.
 """
 
 from __future__ import annotations
@@ -62,11 +64,16 @@ async def run_dag(
         schedule.record(step_id, outcome)
     try:
         while True:
-            schedule.revise()
+            try:
+                schedule.revise()
+            except Exception:
+                # the revision failed (a replan with no valid plan), and with it the run: the
+                # failed step's dependents are skipped for it first, not left to be cancelled
+                # with the steps the run's failure stops (as if a person had stopped them)
+                await _skip(_skip_blocked(schedule.waiting(), schedule.outcomes)[1], on_skip)
+                raise
             waiting, skipped = _skip_blocked(schedule.waiting(), schedule.outcomes)
-            if on_skip is not None:
-                for step, reason in skipped:
-                    await on_skip(step, reason)
+            await _skip(skipped, on_skip)
             if await schedule.start(waiting):
                 continue  # an `expand` step's sub-plan is in its place: schedule again
             watched = schedule.watched()
@@ -80,6 +87,14 @@ async def run_dag(
         await schedule.stop()
     kept = schedule.plan.ids
     return {step_id: outcome for step_id, outcome in schedule.outcomes.items() if step_id in kept}
+
+
+async def _skip(
+    skipped: list[tuple[Step, str]], on_skip: Callable[[Step, str], Awaitable[None]] | None
+) -> None:
+    if on_skip is not None:
+        for step, reason in skipped:
+            await on_skip(step, reason)
 
 
 class _Schedule:
@@ -112,13 +127,12 @@ class _Schedule:
             self.outcomes[step_id] = outcome
 
     def revise(self) -> None:
-        """Take a finished revision (its error stops the run), and start the next one."""
+        """Take a finished revision (its error stops the run, its step failed), and start the next one."""
         if self.revision is not None and self.revision[0].done():
             task, step_id = self.revision
             self.revision = None
-            revised = task.result()
             self.outcomes[step_id] = self.held.pop(step_id)
-            self.plan = revised or self.plan
+            self.plan = task.result() or self.plan
         if self.revision is not None or self.on_failure is None:
             return
         for step_id in [step_id for step_id in self.held if step_id not in self.plan.ids]:
