@@ -163,6 +163,11 @@ def transaction(engine: Engine, url: str, action: str) -> Iterator[Connection]:
     except sa.exc.IntegrityError:
         raise
     except sa.exc.DBAPIError as exc:  # unreachable, unwritable, full, locked or not a database
+        cause = _unreachable(exc, url) if engine.dialect.name == "postgresql" else None
+        if cause is not None:
+            raise DatabaseUnavailableError(
+                f"the database at {shown_url(url)} cannot be reached ({cause}): cannot {action}"
+            ) from None
         message = (
             f"database {shown_url(url)}: cannot {action}: {without_password(_first_line(exc.orig), url)}"
         )
@@ -214,7 +219,38 @@ def database_failure(exc: sa.exc.DBAPIError, url: str) -> str:
     Its first line only, without `url`'s password: never the statement, its parameters (a step's
     whole output) or a link.
     """
+    cause = _unreachable(exc, url)
+    if cause is not None:
+        return f"the run's database at {shown_url(url)} cannot be reached ({cause})"
     return f"the run's database failed: {without_password(_first_line(exc.orig), url)}"
+
+
+_UNREACHABLE = (
+    ("Connection refused", "the connection was refused"),
+    ("timeout expired", "it did not answer in time"),
+    ("No route to host", "there is no route to its host"),
+    ("Network is unreachable", "its network cannot be reached"),
+)
+"""What libpq says when no server could be reached, and what we say instead."""
+
+
+def _unreachable(exc: sa.exc.DBAPIError, url: str) -> str | None:
+    """Why `url`'s Postgres server could not be reached, in our words; None if it answered, or not that.
+
+    libpq's own words (`connection failed: connection to server at "127.0.0.1", port 1 failed:
+    Connection refused`, then its advice on a line of its own) were what a command printed. A
+    server that answered, refusing the connection (`FATAL:  database "x" does not exist`), is
+    not one that could not be reached: its words stay.
+    """
+    text = str(exc.orig)
+    if not isinstance(exc, sa.exc.OperationalError) or "FATAL:" in text:
+        return None
+    host = re.search(r"(?:failed to resolve host|could not translate host name) [\"']([^\"']*)", text)
+    if host is not None:  # a password holding `@` splits the URL elsewhere: the host shows it
+        return f"its host name '{without_password(host.group(1), url)}' is not known"
+    if "on socket" in text and "No such file or directory" in text:
+        return "no server's socket is at that path"
+    return next((ours for theirs, ours in _UNREACHABLE if theirs in text), None)
 
 
 def _first_line(error: object) -> str:

@@ -17,15 +17,49 @@ from masterplanner.database import reconnecting, shown_url
 from masterplanner.engine.store import RunStore
 
 
-def test_an_unreachable_postgres_server_is_named_without_its_password() -> None:
+@pytest.mark.parametrize(
+    ("url", "cause"),
+    [
+        ("postgresql://planner:s3cret-pw@127.0.0.1:1/nowhere", "the connection was refused"),
+        (
+            "postgresql://planner:s3cret-pw@no-such-host.invalid/nowhere",
+            "its host name 'no-such-host.invalid' is not known",
+        ),
+        ("postgresql://planner:s3cret-pw@/nowhere?host=/nonexistent", "no server's socket is at that path"),
+    ],
+)
+def test_an_unreachable_postgres_server_is_named_without_its_password_in_our_words(
+    url: str, cause: str
+) -> None:
+    """Before, libpq's words: `connection failed: connection to server at "127.0.0.1", port 1 failed: …`."""
     with pytest.raises(DatabaseUnavailableError) as caught:
-        RunStore("postgresql://planner:s3cret-pw@127.0.0.1:1/nowhere")
-    message = str(caught.value)
-    assert message.startswith(
-        "database postgresql://planner:[secret removed]@127.0.0.1:1/nowhere: cannot create its tables: "
+        RunStore(url)
+    assert str(caught.value) == (
+        f"the database at {shown_url(url)} cannot be reached ({cause}): cannot create its tables"
     )
-    assert "s3cret-pw" not in message
-    assert "\n" not in message
+    assert "s3cret-pw" not in str(caught.value)
+
+
+def test_read_commands_say_an_unreachable_database_cannot_be_reached(tmp_path: Path) -> None:
+    url = "postgresql://postgres:s3cret-pw@127.0.0.1:1/x"
+    for command in (["runs", "list"], ["runs", "show", "r1"], ["agents", "list"]):
+        said = subprocess.run(
+            [sys.executable, "-m", "masterplanner", *command],
+            capture_output=True,
+            text=True,
+            env={
+                **os.environ,
+                "MASTERPLANNER_HOME": str(tmp_path / "home"),
+                "MASTERPLANNER_DATABASE_URL": url,
+                "COLUMNS": "300",
+            },
+            timeout=120,
+        )
+        assert (said.returncode, said.stdout) == (1, ""), command
+        assert said.stderr == (
+            "error: the database at postgresql://postgres:[secret removed]@127.0.0.1:1/x cannot be reached "
+            "(the connection was refused): cannot create its tables\n"
+        ), command
 
 
 @pytest.mark.parametrize("password", ["s3cret?PW", "s3c/ret@PW"])
@@ -34,9 +68,10 @@ def test_a_password_with_unescaped_url_characters_is_in_no_message(password: str
     with pytest.raises(DatabaseUnavailableError) as caught:
         RunStore(f"postgresql://postgres:{password}@127.0.0.1:5432/mp_no_such_database")
     message = str(caught.value)
-    assert message.startswith(
-        "database postgresql://postgres:[secret removed]@127.0.0.1:5432/mp_no_such_database: "
-    )
+    shown = "postgresql://postgres:[secret removed]@127.0.0.1:5432/mp_no_such_database"
+    # the server's refusal, or (no server on this machine, or a host split off by `@`) ours
+    reached, unreached = f"database {shown}: ", f"the database at {shown} cannot be reached ("
+    assert message.startswith((reached, unreached)), message
     assert "PW" not in message and "s3c" not in message, message
 
 
