@@ -132,10 +132,34 @@ _ASSIGNED = (
 )
 """A credential-named variable set on a line of its own (`assigned`, kept), and its value."""
 
-_SECRET = re.compile(rf"{_URL_SECRETS}|{_KEY_SHAPES}|{_ASSIGNED}")
+_IN_QUOTES = r"(?:(?!(?P=member_quote))[^\s\\]|\\\S)"
+"""A character of a quoted string's value, up to its closing quote (`member_quote`); escapes too."""
+
+_MEMBER = (
+    # a JSON member (or a Python dict's item, as `str(result)` shows one) named as `_ASSIGNED`
+    # names a variable, or in camelCase (`accessToken`, `clientSecret`), given a string:
+    # `"password": "hunter2hunter2"`. Its name and quotes are kept, its value goes and the JSON
+    # stays valid. The quote before the `:` hid it from every other rule.
+    r"(?P<member>[\"'](?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?"
+    r"(?i:api[_-]?key|apikey|key|secret|token|password|passwd|pwd|pass|credentials?|auth)"
+    r"[\"'][ \t]*:[ \t]*(?P<member_quote>[\"']))"
+    # the value is one word, read as `_ASSIGNED` reads a line's: 8 or more characters holding a
+    # digit or 12 long, not a placeholder (`${API_KEY}`, `YOUR_SECRET_HERE`) nor a name
+    # (`"key": "created_at"`, `"translation_key": "settings.title"`: what a bare `key` names in
+    # JSON more often than not, and what a YAML file's `key: created_at` keeps too). A string is
+    # no variable: dotted words holding a digit are a token (a JWT, `ya29.a0Af…`), not a name.
+    r"(?![A-Za-z_]+(?:\.[A-Za-z_]+)*(?P=member_quote))"
+    rf"(?={_IN_QUOTES}*?\d|{_IN_QUOTES}{{12}})(?!{_IN_QUOTES}*?[()\[\]{{}}$<>%]){_IN_QUOTES}{{8,}}"
+    r"(?=(?P=member_quote))"
+)
+"""A credential-named JSON member given a string (`member`, to its opening quote, kept), and its value."""
+
+_SECRET = re.compile(rf"{_URL_SECRETS}|{_KEY_SHAPES}|{_ASSIGNED}|{_MEMBER}")
 """Everything taken out of what is shown (`redacted`): broad, as hiding too much there costs little."""
 
-_CODE_SECRET = re.compile(rf"{_URL_SECRETS}|{_OWN_SHAPES}|(?i:{_NAMED}(?=[\"']){_NAMED_VALUE})|{_ASSIGNED}")
+_CODE_SECRET = re.compile(
+    rf"{_URL_SECRETS}|{_OWN_SHAPES}|(?i:{_NAMED}(?=[\"']){_NAMED_VALUE})|{_ASSIGNED}|{_MEMBER}"
+)
 """What is taken out of a line of source code a traceback shows (`redacted_traceback`), and of
 what a tool read (`redacted_content`).
 
@@ -282,9 +306,20 @@ def _secret_values() -> list[str]:
     return sorted(values, key=lambda value: (-len(value), value))
 
 
+def _kept(match: re.Match[str]) -> str:
+    """What a match of `_SECRET` keeps: a URL's user, a parameter's, variable's or JSON member's name."""
+    return (
+        match.group("url_user")
+        or match.group("query_name")
+        or match.group("assigned")
+        or match.group("member")
+        or ""
+    )
+
+
 def _removed(match: re.Match[str]) -> str:
-    """A match of `_SECRET` without its credential; a URL's user, a parameter's or variable's name kept."""
-    return (match.group("url_user") or match.group("query_name") or match.group("assigned") or "") + REMOVED
+    """A match of `_SECRET` without its credential, what it keeps (`_kept`) kept."""
+    return _kept(match) + REMOVED
 
 
 def redacted(text: str) -> str:
@@ -314,7 +349,8 @@ def redacted_content(text: str) -> str:
     Every value of a secret this process holds goes, and so does a key by its own shape, a URL's
     password and a quoted credential (`password = "…"`), as from a traceback's code, and the value
     of a credential-named variable a line of a `.env`, ini, YAML or shell file sets
-    (`DB_PASSWORD=hunter2hunter2`: `_ASSIGNED`). A name given a variable, a call or a value within
+    (`DB_PASSWORD=hunter2hunter2`: `_ASSIGNED`) or a JSON member holds
+    (`"password": "hunter2hunter2"`: `_MEMBER`). A name given a variable, a call or a value within
     a line (`api_key = settings.api_key`) is code, not a credential: taken out (`redacted` does),
     a step that read a source file and wrote it back put the marker into the person's file in
     place of the line.
@@ -349,8 +385,7 @@ def shortened(text: str, limit: int) -> str:
             start = min(start, found)
     for match in _SECRET.finditer(around):
         if match.start() < at < match.end():
-            kept = match.group("url_user") or match.group("query_name") or match.group("assigned") or ""
-            start = min(start, match.start() + len(kept))
+            start = min(start, match.start() + len(_kept(match)))
     return text[: low + min(start, at)]
 
 

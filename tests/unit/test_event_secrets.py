@@ -400,6 +400,59 @@ def test_a_dotenv_file_a_tool_reads_reaches_the_model_without_its_credentials(
     assert held == []
 
 
+class _JsonReply(BaseHTTPRequestHandler):
+    """An API answering with the credentials it holds, as JSON (a token endpoint, a debug route)."""
+
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.mark.parametrize("tool", ["read_file", "http_request"])
+def test_json_credentials_a_tool_read_reach_the_model_events_and_database_without_their_values(
+    tool: str,
+    isolated: Path,
+    write_script: Callable[..., Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A workspace's `config.json` or an API's JSON reply naming a password and a key, of values no
+    setting knows and of no key's shape: before, the model, the event and the checkpoint were
+    given them whole. The names and the other members stay, and the JSON stays JSON."""
+    held = {"password": "hunter2hunter2", "api_key": "abcd1234efgh", "token_count": 12, "user": "alice"}
+    body = json.dumps(held).encode()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Json", (_JsonReply,), {"body": body}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/session"
+    monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["127.0.0.1"]')
+    monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOW_LOOPBACK", "true")
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "config.json").write_bytes(body)
+    shown = f'{{"password": "{REMOVED}", "api_key": "{REMOVED}", "token_count": 12, "user": "alice"}}'
+    call = (
+        {"name": "read_file", "args": {"path": "config.json"}}
+        if tool == "read_file"
+        else {"name": "http_request", "args": {"url": url}}
+    )
+    try:  # the step's model is shown the JSON without the values
+        final, events = _one_tool_call_run(write_script, tmp_path, call, [shown])
+    finally:
+        server.shutdown()
+    assert (final.status, final.output, final.error) == ("succeeded", "done", None), final.error
+    (result,) = [event.data for event in events if event.kind == "tool_result"]
+    assert shown in result["result"]
+    stored = [path.read_bytes() for path in isolated.rglob("*") if path.is_file()] + _checkpoints(isolated)
+    assert [data for data in stored if b"hunter2hunter2" in data or b"abcd1234efgh" in data] == []
+
+
 def _checkpoints(home: Path) -> list[bytes]:
     """The steps' checkpoints (DBOS's recorded step outputs), which the database holds as base64."""
     import base64

@@ -334,3 +334,66 @@ def test_a_cut_never_leaves_part_of_a_secret(monkeypatch: pytest.MonkeyPatch) ->
     assert without_cut_secret("the password is correct horse ba") == "the password is "
     assert without_cut_secret("nothing secret here") == "nothing secret "
     assert without_cut_secret("the key is plainvalu") == "the key is "
+
+
+def test_a_json_member_named_as_a_credential_loses_its_string_value_and_the_json_stays_valid() -> None:
+    """A file or a page holding `{"password": "hunter2hunter2", "api_key": "abcd1234efgh"}`: before,
+    the name's quote before the `:` hid it from every rule, and the model, the events and the
+    database were given both values whole. A name of the `.env` rule's (ending in a credential word
+    as a part of its own, or in camelCase) whose string value looks like one loses the value; a
+    number, a boolean, null, a short word or an identifier (`"key": "created_at"`) stays."""
+    import json
+
+    read = json.dumps(
+        {
+            "password": "hunter2hunter2",
+            "api_key": "abcd1234efgh",
+            "accessToken": "ya29.a0AfH6SMBx7",
+            "refresh_token": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl",
+            "client_secret": "GOCSPX-1a2b3c4d5e6f",
+            "db": {"credentials": "alice:pa55w0rd", "DB_PASS": 'quo"te5678'},
+            "key": "f3a9c2e1d4b5",
+            "token_count": 12,
+            "max_tokens": 4096,
+            "password_set": True,
+            "auth": None,
+            "token": "short",
+            "key_name": "created_at",
+            "sortKey": "created_at",
+            "translation_key": "settings.title",
+            "secret": "YOUR_SECRET_HERE",
+            "apiKey": "${API_KEY}",
+            "monkey": "banana12345678",
+            "note": "password: minimum 12 characters",
+        },
+        indent=2,
+    )
+    shown = json.loads(redacted_content(read))
+    assert shown == {
+        "password": REMOVED,
+        "api_key": REMOVED,
+        "accessToken": REMOVED,
+        "refresh_token": REMOVED,
+        "client_secret": REMOVED,
+        "db": {"credentials": REMOVED, "DB_PASS": REMOVED},
+        "key": REMOVED,
+        "token_count": 12,
+        "max_tokens": 4096,
+        "password_set": True,
+        "auth": None,
+        "token": "short",
+        "key_name": "created_at",
+        "sortKey": "created_at",
+        "translation_key": "settings.title",
+        "secret": "YOUR_SECRET_HERE",
+        "apiKey": "${API_KEY}",
+        "monkey": "banana12345678",
+        "note": "password: minimum 12 characters",
+    }
+    # on one line, as a reply or an error quotes it, and as Python shows a dict (`str(result)`)
+    line = '{"password":"hunter2hunter2","api_key":"abcd1234efgh","n":1}'
+    assert redacted(line) == f'{{"password":"{REMOVED}","api_key":"{REMOVED}","n":1}}'
+    assert redacted_content(line) == redacted(line)
+    assert redacted_content("{'password': 'hunter2hunter2'}") == f"{{'password': '{REMOVED}'}}"
+    # cut inside the value, a preview keeps the name and nothing of the value
+    assert shortened('{"password": "hunter2hunter2"}', 20) == '{"password": "'
