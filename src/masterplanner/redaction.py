@@ -110,15 +110,22 @@ _URL_SECRETS = (
 )
 """A URL's password (`url_user` kept) or a credential parameter's value (`query_name` kept)."""
 
+_RANDOM_WORD = r"(?=[A-Za-z0-9+=_-]*\d)(?=[A-Za-z0-9+=_-]*[A-Za-z])[A-Za-z0-9+=_-]{20,}"
+"""What a value named by a bare `key` must look like to be taken for a credential: 20 or more of a
+key's characters, letters and digits both. `key` alone names an identifier more often than a
+secret (a Jira issue's `"key": "PROJ-1234"`, an S3 object's `"Key": "photos/2024/cat.jpg"`, a
+setting's `key: user_2024`): taken out, a step that read such data and wrote it back lost them.
+Names ending in `_key`, `api_key`, `secret` and the like keep the broader rule."""
+
 _ASSIGNED = (
     # a line that sets a credential-named variable, as a .env, ini, YAML or shell file does:
     # `DB_PASSWORD=hunter2hunter2`, `export API_KEY=sk-…`, `password = hunter2hunter2`,
     # `  token: abc123def456`, `- secret: …`. Its name is kept, its value goes. The name ends in a
     # credential word as a part of its own (`DB_PASS`, `SSH_KEY`, `basic_auth`; not `MONKEY`).
     r"(?P<assigned>(?<![^\n])[ \t]*(?:export[ \t]+|-[ \t]+)?"
-    r"(?:(?P<shell>(?:[A-Z0-9_]*_)?(?:API_?KEY|KEY|SECRET|TOKEN|PASSWORD|PASSWD|PWD|PASS|CREDENTIALS?|AUTH)=)"
-    r"|(?:[A-Za-z0-9_.-]*[_.-])?"
-    r"(?i:api[_-]?key|apikey|key|secret|token|password|passwd|pwd|pass|credentials?|auth)"
+    r"(?:(?P<shell>(?P<shell_bare>KEY=)|(?!KEY=)(?:[A-Z0-9_]*_)?(?:API_?KEY|KEY|SECRET|TOKEN|PASSWORD|PASSWD|PWD|PASS|CREDENTIALS?|AUTH)=)"
+    r"|(?:(?P<assigned_bare>(?i:key))|(?!(?i:key)(?:=|[ \t]*:|[ \t]+=))(?:[A-Za-z0-9_.-]*[_.-])?"
+    r"(?i:api[_-]?key|apikey|key|secret|token|password|passwd|pwd|pass|credentials?|auth))"
     r"(?:=|[ \t]*:[ \t]+|[ \t]+=[ \t]*|=[ \t]+)))"
     # the value is the line's one word (a comment may follow), a literal as `_NAMED_VALUE` reads
     # it, not quoted (a quoted one goes whole, as in code) nor ending in `,` (a call's argument,
@@ -127,6 +134,7 @@ _ASSIGNED = (
     # `password = hashed_password` (a name without a digit). Taken out, a step that read a source
     # file and wrote it back put the marker into the person's file.
     r"(?(shell)|(?!(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|[A-Za-z_]+)(?!\S)))"
+    rf"(?(shell_bare)(?={_RANDOM_WORD}(?!\S)))(?(assigned_bare)(?={_RANDOM_WORD}(?!\S)))"
     r"(?![\"'])(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?![A-Z_]+(?!\S))\S{8,}(?<!,)"
     r"(?=(?:[ \t]+#[^\n]*)?[ \t\r]*(?![^\n]))"
 )
@@ -140,9 +148,10 @@ _MEMBER = (
     # names a variable, or in camelCase (`accessToken`, `clientSecret`), given a string:
     # `"password": "hunter2hunter2"`. Its name and quotes are kept, its value goes and the JSON
     # stays valid. The quote before the `:` hid it from every other rule.
-    r"(?P<member>[\"'](?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?"
-    r"(?i:api[_-]?key|apikey|key|secret|token|password|passwd|pwd|pass|credentials?|auth)"
+    r"(?P<member>[\"'](?:(?P<member_bare>(?i:key))|(?!(?i:key)[\"'])(?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?"
+    r"(?i:api[_-]?key|apikey|key|secret|token|password|passwd|pwd|pass|credentials?|auth))"
     r"[\"'][ \t]*:[ \t]*(?P<member_quote>[\"']))"
+    rf"(?(member_bare)(?={_RANDOM_WORD}(?P=member_quote)))"
     # the value is one word, read as `_ASSIGNED` reads a line's: 8 or more characters holding a
     # digit or 12 long, not a placeholder (`${API_KEY}`, `YOUR_SECRET_HERE`) nor a name
     # (`"key": "created_at"`, `"translation_key": "settings.title"`: what a bare `key` names in

@@ -288,6 +288,9 @@ def test_a_configuration_file_s_credentials_go_from_what_a_tool_read_and_its_cod
             "API_KEY=${API_KEY}",
             "API_KEY=YOUR_API_KEY_HERE",
             "sort_by: created_at",
+            "key: user_2024_profile",
+            "KEY=PROJ-12345678",
+            "KEY=abcd1234efgh5678ijkl9012",
         ]
     )
     assert redacted_content(read).split("\n") == [
@@ -308,6 +311,9 @@ def test_a_configuration_file_s_credentials_go_from_what_a_tool_read_and_its_cod
         "API_KEY=${API_KEY}",
         "API_KEY=YOUR_API_KEY_HERE",
         "sort_by: created_at",
+        "key: user_2024_profile",  # a bare `key` names an identifier unless its value looks random
+        "KEY=PROJ-12345678",
+        f"KEY={REMOVED}",
     ]
     # what is shown (`redacted`) takes out at least as much
     shown = redacted(read)
@@ -352,7 +358,9 @@ def test_a_json_member_named_as_a_credential_loses_its_string_value_and_the_json
             "refresh_token": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl",
             "client_secret": "GOCSPX-1a2b3c4d5e6f",
             "db": {"credentials": "alice:pa55w0rd", "DB_PASS": 'quo"te5678'},
-            "key": "f3a9c2e1d4b5",
+            "key": "f3a9c2e1d4b5a7c8e9f0a1b2",
+            "Key": "photos/2024/cat.jpg",
+            "issue": {"key": "PROJ-1234", "fields": {"key": "f3a9c2e1d4b5"}},
             "token_count": 12,
             "max_tokens": 4096,
             "password_set": True,
@@ -377,6 +385,8 @@ def test_a_json_member_named_as_a_credential_loses_its_string_value_and_the_json
         "client_secret": REMOVED,
         "db": {"credentials": REMOVED, "DB_PASS": REMOVED},
         "key": REMOVED,
+        "Key": "photos/2024/cat.jpg",
+        "issue": {"key": "PROJ-1234", "fields": {"key": "f3a9c2e1d4b5"}},
         "token_count": 12,
         "max_tokens": 4096,
         "password_set": True,
