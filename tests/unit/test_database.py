@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _cli import mp
+from _plans import step
 
-from masterplanner import ConfigError, DatabaseUnavailableError, RunError
+from masterplanner import ConfigError, DatabaseUnavailableError, RunError, RunOptions, Settings
 from masterplanner.database import reconnecting, shown_url
+from masterplanner.engine import Engine
 from masterplanner.engine.store import RunStore
 
 
@@ -460,3 +465,50 @@ def test_the_sqlite_database_file_is_only_its_owners(tmp_path: Path) -> None:
     path = tmp_path / "masterplanner.sqlite"
     RunStore(f"sqlite:///{path}").list_runs()
     assert (path.stat().st_mode & 0o777) == 0o600
+
+
+def test_a_database_made_before_planning_was_kept_takes_it_and_its_planning_run_goes_on(
+    database_url: str, write_script: Callable[..., Path]
+) -> None:
+    """Migration `0012_run_planning` on a database whose `mp_runs` has no `planning` column, with
+    a run in it stopped while planning (as versions before it left one): the column is added, and
+    the run, resumed, is planned, its work kept as it goes and cleared once its plan is ready."""
+    import sqlalchemy as sa
+
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    engine = Engine(Settings.load())
+    try:
+        run_id = engine.create_run(
+            "one thing", model=f"scripted:{script}", options=RunOptions(auto_approve=True)
+        ).id
+    finally:
+        engine.close()
+    store = RunStore(database_url)
+    with store.begin("make the database as versions before the migration left it") as connection:
+        connection.execute(sa.text("ALTER TABLE mp_runs DROP COLUMN planning"))
+        connection.execute(sa.text("DELETE FROM mp_migrations WHERE name = '0012_run_planning'"))
+    store.close()
+    resumed = mp("runs", "resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    report = json.loads(resumed.stdout)
+    assert (report["status"], report["output"]) == ("succeeded", "A")
+    calls = {purpose: entry["calls"] for purpose, entry in report["usage"]["by_purpose"].items()}
+    assert calls == {"planner": 1, "prompt_creator": 2, "critic": 1, "step:a": 1}
+    store = RunStore(database_url)
+    try:
+        with store.begin("read the schema") as connection:
+            columns = {column["name"] for column in sa.inspect(connection).get_columns("mp_runs")}
+            applied = list(connection.scalars(sa.text("SELECT name FROM mp_migrations")))
+        assert "planning" in columns
+        assert applied.count("0012_run_planning") == 1
+        assert store.kept_planning(run_id) is None  # kept while planning, cleared when the plan was ready
+        progress = [event.data for event in store.events(run_id) if event.kind == "planning_progress"]
+        assert {"stage": "steps"} in progress and not any(data["stage"] == "resumed" for data in progress)
+    finally:
+        store.close()
