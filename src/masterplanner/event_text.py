@@ -50,7 +50,7 @@ def planning_stage(data: dict[str, Any]) -> str:
         return f"reviewing prompts (round {data.get('round', '')})"
     if stage == "resumed":
         prompts = data.get("prompts", 0)
-        made = "" if not prompts else f" and {prompts} of its prompt{'s' if prompts != 1 else ''}"
+        made = "" if not prompts else f" and {prompts} of its prompts"
         return f"resuming planning (its plan{made} {'were' if made else 'was'} made before)"
     return _STAGES.get(str(stage), str(stage or ""))
 

@@ -310,10 +310,12 @@ def test_plan_plans_with_the_tools_a_run_could_use_here(write_script: Callable[.
     assert result.returncode == 2
     assert result.stderr.startswith("error: --tools: 'web_search' is not available here: set web_search_")
 
-    result = run("plan", "Look it up", "--model", f"scripted:{script}", "--tools", "read_file,nope")
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: --tools: unknown tools: nope; available: ")
-    assert "web_search" not in result.stderr
+    for typo in ("nope", "read_fil"):  # an underscore once made a misspelling an MCP server's tool
+        result = run("plan", "Look it up", "--model", f"scripted:{script}", "--tools", f"read_file,{typo}")
+        assert result.returncode == 2
+        assert result.stderr.startswith(f"error: --tools: unknown tools: {typo}; available: ")
+        assert "web_search" not in result.stderr
+        assert "MCP" not in result.stderr
 
 
 def test_plan_rounds_out_of_range_is_a_usage_error(write_script: Callable[..., Path]) -> None:

@@ -555,3 +555,17 @@ def test_a_summary_wider_than_the_terminal_wraps_and_keeps_its_cost(tmp_path: Pa
     else:  # one line the terminal wraps
         assert lines[:1] == [whole]
     assert lines[-1] == f"no files written in {tmp_path}"
+
+
+@pytest.mark.parametrize(
+    ("prompts", "said"),
+    [
+        (0, "resuming planning (its plan was made before)"),
+        (1, "resuming planning (its plan and 1 of its prompts were made before)"),
+        (3, "resuming planning (its plan and 3 of its prompts were made before)"),
+    ],
+)
+def test_resumed_planning_says_what_was_made_before(prompts: int, said: str) -> None:
+    from masterplanner.event_text import planning_stage
+
+    assert planning_stage({"stage": "resumed", "prompts": prompts}) == said

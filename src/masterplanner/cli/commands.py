@@ -192,18 +192,14 @@ def _planning_tools(settings: Settings, wanted: str | None) -> RunCatalog:
     names = list(dict.fromkeys(name.strip() for name in wanted.split(",") if name.strip()))
     unknown = [name for name in names if name not in catalog]
     for name in unknown:
-        why = catalog.why_missing(name)
-        if why is not None:
-            raise ConfigError(f"--tools: {name!r} is not available here: {why}")
-    if unknown:
-        raise ConfigError(
-            f"--tools: unknown tools: {', '.join(unknown)}; available: {', '.join(catalog.names)}"
-        )
-    return RunCatalog(
-        (tool for tool in catalog if tool.name in names),
-        missing=catalog.missing,
-        mcp_servers=catalog.mcp_servers,
-    )
+        if name in catalog.missing:  # a shipped tool the settings leave out: say which enables it
+            raise ConfigError(f"--tools: {name!r} is not available here: {catalog.missing[name]}")
+    if unknown:  # a misspelling, or a tool no configured server offers
+        available = ", ".join(catalog.names)
+        raise ConfigError(f"--tools: unknown tools: {', '.join(unknown)}; available: {available}")
+    chosen = (tool for tool in catalog if tool.name in names)
+    # only the chosen tools: one left out is unknown to the plan, not "not offered by its server"
+    return RunCatalog(chosen, missing={})
 
 
 def _print_usage(ledger: UsageLedger) -> None:
