@@ -20,17 +20,18 @@ class Served(str):
 
 @contextmanager
 def serving(
-    log: Path, *flags: str, env: dict[str, str] | None = None, cwd: Path | None = None
+    log: Path, *flags: str, env: dict[str, str] | None = None, cwd: Path | None = None, port: int = 0
 ) -> Iterator[Served]:
-    """Start the server on a free loopback port; yield its URL once it answers; stop it.
+    """Start the server on a free loopback port (or `port`); yield its URL once it answers; stop it.
 
     Its output goes to `log` (a file, not a pipe: nobody reads a pipe while tests run, and a full
     one stalls the server). On the way out, a traceback in it fails the test: no request may
     make the server fail.
     """
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    if not port:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as output:
         process = subprocess.Popen(

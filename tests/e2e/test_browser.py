@@ -261,9 +261,11 @@ def test_a_failed_run_is_retried_from_its_page_and_followed_live(
     page.screenshot(path=str(ARTIFACTS / "retried-run.png"), full_page=True)
 
 
-def _api_run(server: str, script: Path, task: str, options: dict[str, Any]) -> str:
+def _api_run(server: str, script: Path, task: str, options: dict[str, Any], token: str | None = None) -> str:
     body = {"task": task, "model": f"scripted:{script}", "options": {"prompt_rounds": 0, **options}}
     data, headers = json.dumps(body).encode(), {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(f"{server}/api/v1/runs", data=data, headers=headers)
     with urllib.request.urlopen(request, timeout=30) as response:
         run_id: str = json.loads(response.read())["id"]
@@ -618,3 +620,88 @@ def test_an_answer_the_server_never_took_is_said_and_kept_to_send_again(
     page.get_by_role("button", name="Answer").click()
     page.locator("h1 .status-succeeded").wait_for(timeout=30_000)
     assert unsent.is_hidden()
+
+
+def _logged_in_on_a_run_page(page: Any, server: str, token: str, run_id: str) -> None:
+    page.goto(f"{server}/runs/{run_id}")  # to the login page first, then on to the run's
+    page.get_by_label("Token").fill(token)
+    page.get_by_role("button", name="Log in").click()
+    page.get_by_role("textbox", name="Which colour?").wait_for()
+
+
+def _answered(server: str, token: str, run_id: str) -> list[str]:
+    headers = {"Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(f"{server}/api/v1/runs/{run_id}/events", headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        events = json.loads(response.read())
+    return [event["data"]["kind"] for event in events if event["kind"] == "request_answered"]
+
+
+def test_a_login_ended_while_the_page_is_open_is_said_and_the_answer_sent_once_logged_in(
+    isolated: Path, browser_page: Any, tmp_path: Path
+) -> None:
+    """The page says the login ended, keeps what was typed, and sends it once the person logs in.
+
+    Before, a refresh followed the server's redirect and showed the login page inside the run's
+    body (the typed answer gone, the login going on to the body alone); an answer sent was "not
+    sent: the server answered with an error (HTTP 401)", to be sent again into the same refusal.
+    """
+    page = browser_page
+    with serving(isolated / "serve.log", "--auth") as server:
+        token = (isolated / "web-token").read_text().strip()
+        script = _ask_script(tmp_path)
+        run_id = _api_run(server, script, "asked as the login ends", {"auto_approve": True}, token)
+        _logged_in_on_a_run_page(page, server, token, run_id)
+        answer = page.get_by_role("textbox", name="Which colour?")
+        answer.fill("teal")
+        page.context.clear_cookies()  # the login ended: its cookie expired, or was cleared
+        page.evaluate(_REFRESH)  # a change of the run: the body is fetched again
+        ended = page.get_by_role("alert").filter(has_text="Your login to this server has ended")
+        ended.wait_for()
+        assert page.locator("#run-body").count() == 1
+        assert page.get_by_role("heading", name="Log in").count() == 0  # no login page in the body
+        assert page.get_by_role("heading", name=f"Run {run_id}").count() == 1
+        assert answer.input_value() == "teal"
+
+        page.get_by_role("button", name="Answer").click()
+        unsent = page.get_by_role("alert").filter(has_text="Not sent: your login to this server has ended.")
+        unsent.wait_for()
+        page.evaluate(_REFRESH)
+        assert (answer.input_value(), _answered(server, token, run_id)) == ("teal", [])
+
+        login = page.locator("#run-login")
+        login.get_by_label("Token").fill("not the token")
+        login.get_by_role("button", name="Log in").click()
+        wrong = "Not logged in: that is not this server's token (see the web-token file in its home directory"
+        login.get_by_role("alert").filter(has_text=wrong).wait_for()
+        login.get_by_label("Token").fill(token)
+        login.get_by_role("button", name="Log in").click()
+        page.locator("h1 .status-succeeded").wait_for(timeout=30_000)  # the answer taken: "teal", as typed
+        assert (login.is_hidden(), page.url) == (True, f"{server}/runs/{run_id}")
+        assert _answered(server, token, run_id) == ["ask_user"]
+
+
+def test_a_page_open_when_the_server_restarts_with_a_new_token_says_to_log_in_again(
+    isolated: Path, browser_page: Any, tmp_path: Path
+) -> None:
+    """The login cookie holds the old token: the page, its stream lost, finds that out and says so."""
+    page = browser_page
+    with serving(isolated / "serve.log", "--auth") as server:
+        token = (isolated / "web-token").read_text().strip()
+        script = _ask_script(tmp_path)
+        run_id = _api_run(server, script, "open across a restart", {"auto_approve": True}, token)
+        _logged_in_on_a_run_page(page, server, token, run_id)
+        server.process.terminate()
+        server.process.wait(timeout=30)
+        (isolated / "web-token").unlink()  # the token is changed: the next server makes another
+        port = int(server.rsplit(":", 1)[1])
+        with serving(isolated / "serve-again.log", "--auth", port=port) as again:
+            assert again == server
+            ended = page.get_by_role("alert").filter(has_text="Your login to this server has ended")
+            ended.wait_for()
+            assert page.get_by_role("heading", name="Log in").count() == 0
+            token = (isolated / "web-token").read_text().strip()
+            page.locator("#run-login").get_by_label("Token").fill(token)
+            page.locator("#run-login").get_by_role("button", name="Log in").click()
+            ended.wait_for(state="hidden")
+            assert page.get_by_role("heading", name=f"Run {run_id}").count() == 1

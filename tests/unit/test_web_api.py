@@ -497,7 +497,8 @@ async def test_a_token_is_required_when_set(service: RunService) -> None:
         ).status_code == 401
         allowed = await client.get("/api/v1/runs", headers={"Authorization": "Bearer " + "t" * 43})
         assert (allowed.status_code, allowed.json()) == (200, [])
-        page = await client.get("/runs?status=failed")  # a browser without the token logs in first
+        browser = {"accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+        page = await client.get("/runs?status=failed", headers=browser)  # a browser without it logs in first
         assert (page.status_code, page.headers["location"]) == (303, "/login?next=%2Fruns%3Fstatus%3Dfailed")
         form = (await client.get(page.headers["location"])).text
         assert 'type="password"' in form and 'name="next" value="/runs?status=failed"' in form
@@ -515,6 +516,44 @@ async def test_a_token_is_required_when_set(service: RunService) -> None:
         cookie = right.headers["set-cookie"]
         assert "masterplanner_token=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
         assert (await client.get("/api/v1/runs")).status_code == 200  # the cookie is kept by the client
+
+
+async def test_a_login_ended_is_a_401_in_json_for_all_but_a_page_a_browser_opens(service: RunService) -> None:
+    """Only a browser opening a page is sent to log in: anything else is told, in JSON.
+
+    The run page's refresh (HTMX) followed the redirect and showed the login page inside the run's
+    body (its `next` the body alone); a program reading /openapi.json got the login page's HTML.
+    """
+    app = create_app(service, token="t" * 43)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://example.test"
+    ) as client:
+        ended = {"masterplanner_token": "an older token of this server, from before it was changed"}
+        client.cookies.update(ended)
+        htmx = {"hx-request": "true", "accept": "*/*"}
+        needed = (
+            "this server needs its token: send `Authorization: Bearer TOKEN` or log in at /login "
+            "(the token is in the web-token file of the server's home directory)"
+        )
+        expected = (401, {"error": needed})
+        for method, path, headers in [
+            ("GET", "/runs/20260101-000000-abcdef/body", htmx),
+            ("GET", "/runs/20260101-000000-abcdef/body", {**htmx, "accept": "text/html"}),
+            ("POST", "/runs/20260101-000000-abcdef/requests/abc", htmx),
+            ("GET", "/runs/20260101-000000-abcdef/changes?after=3", {"accept": "text/event-stream"}),
+            ("GET", "/openapi.json", {"accept": "application/json"}),
+            ("GET", "/api/v1/runs", {"accept": "text/html"}),
+            ("HEAD", "/runs", {"accept": "*/*"}),
+        ]:
+            refused = await client.request(method, path, headers=headers)
+            assert "location" not in refused.headers, (method, path)
+            got = (refused.status_code, refused.json() if method != "HEAD" else expected[1])
+            assert got == expected, (method, path)
+        page = await client.get("/runs/20260101-000000-abcdef", headers={"accept": "text/html"})
+        assert (page.status_code, page.headers["location"]) == (
+            303,
+            "/login?next=%2Fruns%2F20260101-000000-abcdef",
+        )
 
 
 async def test_other_sites_and_other_host_names_are_refused(client: httpx.AsyncClient) -> None:

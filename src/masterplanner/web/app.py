@@ -103,19 +103,23 @@ def _error(status: int, message: str, **more: Any) -> JSONResponse:
 _HEADINGS = {404: "Not found", 500: "Something failed", 503: "The database cannot be reached"}
 
 
+def _opens_a_page(request: Request) -> bool:
+    """Whether a browser is opening a page: not the API, nor a page's own requests (HTMX, its stream)."""
+    return (
+        request.method in ("GET", "HEAD")
+        and not request.url.path.startswith(("/api/", "/static/"))
+        and "hx-request" not in request.headers
+        and "text/html" in request.headers.get("accept", "")
+    )
+
+
 def _refused(request: Request, status: int, message: str, **more: Any) -> Response:
     """A refusal as the asker reads it: a page for a browser opening a page, else JSON.
 
     A stale link or a mistyped address (`/runs/nope`, `/runs?status=bogus`) showed a browser a
     bare JSON document; the API, and the page's own HTMX requests, keep the JSON.
     """
-    page = (
-        request.method in ("GET", "HEAD")
-        and not request.url.path.startswith(("/api/", "/static/"))
-        and "hx-request" not in request.headers
-        and "text/html" in request.headers.get("accept", "")
-    )
-    if not page:
+    if not _opens_a_page(request):
         return _error(status, message, **more)
     heading = _HEADINGS.get(status, "That cannot be shown")
     context = {"heading": heading, "message": message}
@@ -219,7 +223,10 @@ _OPEN_PATHS = ("/login", "/static/", "/api/v1/health")
 def _require(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
     """Middleware that refuses every request without the token (header or login cookie).
 
-    A page a browser asks for without it is sent to the login page instead.
+    A page a browser opens without it is sent to the login page instead. Anything else gets a 401
+    in JSON: a program (the API, /openapi.json), and a page's own requests, whose script says the
+    login has ended (a run page's refresh followed the redirect and showed the login page inside
+    the run's body; an answer it sent was refused as an error of the server's).
     """
 
     async def check(request: Request, call_next: _Next) -> Response:
@@ -230,7 +237,7 @@ def _require(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
             or path.startswith(_OPEN_PATHS)
         ):
             return await call_next(request)
-        if request.method == "GET" and not path.startswith("/api/"):
+        if _opens_a_page(request):
             asked = path + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(f"/login?{urlencode({'next': asked})}", status_code=303)
         return _error(

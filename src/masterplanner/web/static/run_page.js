@@ -18,6 +18,10 @@
 // they press in the body (a refresh between press and release made the browser send no click),
 // a form sent before HTMX has set a fetched body up is sent as HTMX would (the browser loaded the
 // run's page with it instead), and an answer the server never took is said, its part held.
+// When the person's login ends while the page is open (a server started with --auth: its cookie
+// expired or was cleared, or the server was given a new token), the page says so above the body,
+// with a login form there: the body stays as it was, what they typed included, and a form the
+// server refused for want of a login is sent once they log in again.
 (function () {
   "use strict";
   var held = {}; // the ids of the held parts, and of a refusal shown beside a part the run moved past
@@ -148,7 +152,99 @@
     unsent(event, "the server could not be reached");
   });
   document.addEventListener("htmx:responseError", function (event) {
-    unsent(event, "the server answered with an error (HTTP " + event.detail.xhr.status + ")");
+    if (event.detail.xhr.status === 401) loginEnded(event);
+    else unsent(event, "the server answered with an error (HTTP " + event.detail.xhr.status + ")");
+  });
+
+  // The login ended: the server answers the page's requests with a 401 (a refresh is not shown, a
+  // form not taken). Before, a refresh followed the server's redirect and showed the login page
+  // inside the run's body, what was typed gone; an answer sent was "not sent: the server answered
+  // with an error (HTTP 401)", to be sent again into the same refusal.
+  var refused = null; // the form refused for want of a login, and the button it was sent with
+  function loginEnded(event) {
+    var request = event.detail.requestConfig;
+    var note = document.getElementById("run-login");
+    if (!note) return;
+    var form = request && request.verb === "post" && request.elt.closest ? request.elt.closest("form") : null;
+    if (form) {
+      var part = partOf(form);
+      if (part) held[part.id] = true;
+      var values = {}; // the button pressed (the form's own values are taken from it when it is sent)
+      form.querySelectorAll("button[name]").forEach(function (button) {
+        var sent = request.formData ? request.formData.get(button.name) : null;
+        if (sent !== null) values[button.name] = sent;
+      });
+      refused = { form: form, values: values };
+    }
+    document.getElementById("run-login-why").textContent = refused
+      ? "Not sent: your login to this server has ended. What you typed and chose is still below: " +
+        "log in again here and it is sent."
+      : "Your login to this server has ended: this page no longer follows the run. Log in again here.";
+    var unsentNote = document.getElementById("run-unsent");
+    if (unsentNote) unsentNote.hidden = true; // this note says why
+    note.hidden = false;
+  }
+  // Logged in again (here, or in another tab: a request of the page's was taken, `answered`): the
+  // refused form is sent, else the body is fetched (unless that request did), with what the run did
+  // meanwhile.
+  function loginBack(answered) {
+    var note = document.getElementById("run-login");
+    if (!note || note.hidden) return;
+    note.hidden = true;
+    document.getElementById("run-login-problem").hidden = true;
+    var form = refused && document.contains(refused.form) ? refused : null;
+    refused = null;
+    if (form) {
+      var post = form.form.getAttribute("hx-post");
+      htmx.ajax("POST", post, { source: form.form, target: "#run-body", swap: "outerHTML", values: form.values });
+      return;
+    }
+    if (answered) return;
+    missed = true;
+    fetchMissed();
+  }
+  document.addEventListener("htmx:afterRequest", function (event) {
+    var status = event.detail.xhr ? event.detail.xhr.status : 0;
+    if (status && status !== 401) loginBack(true);
+  });
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form.id !== "run-login-form") return;
+    event.preventDefault();
+    var problem = document.getElementById("run-login-problem");
+    function say(text) {
+      problem.textContent = "Not logged in: " + text + ".";
+      problem.hidden = false;
+    }
+    var sent = new URLSearchParams(new FormData(form));
+    sent.set("next", location.pathname);
+    // a token taken is answered with a redirect, not followed here: the login cookie it sets is kept
+    fetch("/login", { method: "POST", body: sent, redirect: "manual", credentials: "same-origin" }).then(
+      function (response) {
+        if (response.type === "opaqueredirect") {
+          form.reset();
+          loginBack(false);
+          return;
+        }
+        return response.text().then(function (text) {
+          var page = document.createElement("template");
+          page.innerHTML = text;
+          var why = page.content.querySelector(".error");
+          say(why ? why.textContent : "the server answered with an error (HTTP " + response.status + ")");
+        });
+      },
+      function () {
+        say("the server could not be reached");
+      }
+    );
+  });
+  // The run's event stream lost (the server restarted, maybe with a new token): the body is
+  // fetched, which shows what the run did meanwhile, or finds the login ended and says so.
+  document.addEventListener("htmx:sseError", function (event) {
+    var source = event.detail.source;
+    if (!source || source.readyState !== EventSource.CLOSED) return;
+    missed = true;
+    fetchMissed();
   });
 
   // The body's trigger takes the first change of a burst and drops the others until the fetched
