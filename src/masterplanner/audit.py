@@ -160,7 +160,9 @@ def _retried(event: Event) -> str:
     steps = [str(step) for step in event.data.get("steps", [])]
     status = event.data.get("status")
     if status == "planning":
-        again = "its planning goes on from what it had made"
+        # a run retried before planning was kept (or that kept nothing) plans again from the start
+        kept = event.data.get("planning_kept")
+        again = "its planning goes on from what it had made" if kept else "planned again"
     elif status == "awaiting_approval":
         again = "its plan reviewed again"
     elif len(steps) > 1:

@@ -141,6 +141,8 @@ async def test_a_run_that_failed_at_planning_is_planned_again(engine: Engine, tm
     assert engine.retry(run.id).status == "planning"
     final = await engine.execute(run.id)
     assert (final.status, final.output) == ("succeeded", "done")
+    # nothing was kept of its planning: the audit does not say it went on from it
+    assert "retried the run after it failed (planned again)" in mp("runs", "audit", run.id).stdout
 
 
 async def test_a_run_that_failed_writing_its_prompts_keeps_its_plan_when_retried(

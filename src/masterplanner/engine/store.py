@@ -599,6 +599,8 @@ class RunStore:
             .values(status="pending", output=None, error=None, started_at=None, finished_at=None, attempts=0)
         )
         data: dict[str, Any] = {"retry": retries, "status": status, "steps": steps}
+        if status == "planning":  # whether it goes on from a plan it kept or plans afresh (the audit)
+            data["planning_kept"] = row["planning"] is not None
         data |= ({"by": by} if by else {}) | ({"budgets": dict(budgets)} if budgets else {})
         _insert_event(connection, run_id, utc_now(), "run_retried", None, json.dumps(data))
         return steps
