@@ -230,7 +230,16 @@ async def create_prompts(
             await written(prompt)
         return prompt
 
-    created = await asyncio.gather(*(one(step) for step in steps))
+    tasks = [asyncio.ensure_future(one(step)) for step in steps]
+    try:
+        created = await asyncio.gather(*tasks)
+    except BaseException:
+        # one failed (or the run was stopped): the others stop too. Left running, they went on
+        # calling the model for a run that had failed, and what they wrote was no longer kept.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     return {prompt.step_id: prompt for prompt in created}
 
 

@@ -147,3 +147,15 @@ async def test_round_bounds(write_script: WriteScript, rounds: int) -> None:
 
 def test_agent_prompt_final_without_revisions() -> None:
     assert AgentPrompt("x", "draft").final == "draft"
+
+
+async def test_a_step_whose_prompt_fails_stops_the_others(write_script: WriteScript) -> None:
+    """Before, the other steps' prompts went on calling the model after the failure was raised."""
+    script = write_script([{"purpose": "prompt_creator", "output": "slow draft", "delay_s": 0.5}])
+    ledger = UsageLedger()
+    with pytest.raises(Exception, match="prompt_creator"):  # the second draft finds no entry left
+        await create_prompts(
+            PLAN, CATALOG, model=resolve_model(f"scripted:{script}"), ledger=ledger, rounds=0
+        )
+    await asyncio.sleep(0.8)  # past the slow draft's end, had it gone on
+    assert ledger.by_purpose().get("prompt_creator", {}).get("calls", 0) == 0
