@@ -77,7 +77,8 @@ def estimate_run(
     sinks = [step for step in steps if step["id"] not in depended]
     per_step = [1 + (1 if step.get("tools") else 0) for step in steps]
     calls = sum(per_step) + (1 if len(sinks) > 1 else 0)
-    made = int(usage.get("llm_calls") or 0)
+    # answered calls: a failed one (counted toward the call budget) says nothing of tokens or time
+    made = int(usage.get("llm_calls") or 0) - int(usage.get("failed_calls") or 0)
     if not made:
         return RunEstimate(calls, None, None, _money(model, 0, 0))
     input_tokens, output_tokens = int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)

@@ -7,7 +7,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 
-__all__ = ["PurposeUsage", "UsageLedger", "budget_money", "money"]
+__all__ = ["PurposeUsage", "UsageLedger", "budget_money", "failed_note", "money"]
+
+
+def failed_note(failed_calls: int) -> str:
+    """` (2 failed)` after a count of calls some of which were made and failed; "" when none were."""
+    return f" ({failed_calls:,} failed)" if failed_calls else ""
 
 
 def money(cost_usd: float, unpriced_calls: int = 0) -> str:
@@ -48,6 +53,9 @@ class PurposeUsage:
     """What the calls with a known price cost, in US dollars (0 for models that run here)."""
     unpriced_calls: int = 0
     """Calls of a hosted model whose price is not known."""
+    failed_calls: int = 0
+    """Calls among `calls` that were made and failed (an HTTP error, no answer in time, a reply
+    that could not be read): no reply said their tokens, so none are counted, nor any cost."""
 
 
 class UsageLedger:
@@ -69,11 +77,13 @@ class UsageLedger:
         output_tokens: int,
         seconds: float,
         cost_usd: float | None = 0.0,
+        failed: bool = False,
     ) -> None:
-        """Count one model call (`cost_usd` None: its price is not known)."""
+        """Count one model call (`cost_usd` None: its price is not known; `failed`: it got no answer)."""
         with self._lock:
             entry = self._by_purpose.setdefault(purpose, PurposeUsage())
             entry.calls += 1
+            entry.failed_calls += int(failed)
             entry.input_tokens += input_tokens
             entry.output_tokens += output_tokens
             entry.seconds += seconds
@@ -93,11 +103,13 @@ class UsageLedger:
                 entry.seconds += float(usage.get("seconds", 0.0))
                 entry.cost_usd += float(usage.get("cost_usd", 0.0))
                 entry.unpriced_calls += int(usage.get("unpriced_calls", 0))
+                entry.failed_calls += int(usage.get("failed_calls", 0))
 
     def by_purpose(self) -> dict[str, dict[str, int | float]]:
         """Each purpose's usage, sorted by purpose.
 
-        `{"<purpose>": {"calls", "input_tokens", "output_tokens", "seconds", "cost_usd", "unpriced_calls"}}`.
+        `{"<purpose>": {"calls", "input_tokens", "output_tokens", "seconds", "cost_usd", "unpriced_calls",
+        "failed_calls"}}`.
         """
         with self._lock:
             return {
@@ -117,6 +129,7 @@ class UsageLedger:
                 total.seconds += entry.seconds
                 total.cost_usd += entry.cost_usd
                 total.unpriced_calls += entry.unpriced_calls
+                total.failed_calls += entry.failed_calls
             return total
 
     def summary(self) -> dict[str, object]:
@@ -128,5 +141,6 @@ class UsageLedger:
             "output_tokens": total.output_tokens,
             "cost_usd": round(total.cost_usd, 6),
             "unpriced_calls": total.unpriced_calls,
+            "failed_calls": total.failed_calls,
             "by_purpose": self.by_purpose(),
         }

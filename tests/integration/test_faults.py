@@ -310,6 +310,18 @@ def test_a_provider_that_keeps_rate_limiting_fails_the_step_after_its_tries(
         (2, 3),
     ]
     assert f"\nstep fetch failed: {error}" in done.stderr
+    # the request made and failed is a call of the step (its three tries one request), no tokens
+    fetched = report["usage"]["by_purpose"]["step:fetch"]
+    assert {key: value for key, value in fetched.items() if key != "seconds"} == {
+        "calls": 1,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cost_usd": 0.0,
+        "unpriced_calls": 0,
+        "failed_calls": 1,
+    }
+    assert report["usage"]["failed_calls"] == 1
+    assert f"{report['usage']['llm_calls']} model calls (1 failed)" in done.stderr
 
 
 def test_a_plan_in_the_wrong_form_fails_the_run_at_planning_and_says_why(

@@ -212,6 +212,7 @@ def test_chat_scripted_json(write_script: Callable[..., Path]) -> None:
         "seconds",
         "cost_usd",
         "unpriced_calls",
+        "failed_calls",
     }
 
 

@@ -59,6 +59,7 @@ def test_three_independent_steps_of_one_second_overlap(write_script: Callable[..
         "output_tokens",
         "cost_usd",
         "unpriced_calls",
+        "failed_calls",
         "by_purpose",
     }
     # money per purpose: the scripted model costs nothing, and every call has that known price
@@ -69,8 +70,9 @@ def test_three_independent_steps_of_one_second_overlap(write_script: Callable[..
         "seconds": 0,
         "cost_usd": 0.0,
         "unpriced_calls": 0,
+        "failed_calls": 0,
     }
-    assert (usage["cost_usd"], usage["unpriced_calls"]) == (0.0, 0)
+    assert (usage["cost_usd"], usage["unpriced_calls"], usage["failed_calls"]) == (0.0, 0, 0)
     starts = [datetime.fromisoformat(s["started_at"]) for s in report["steps"]]
     ends = [datetime.fromisoformat(s["finished_at"]) for s in report["steps"]]
     assert all(s["started_at"].endswith("Z") and s["attempts"] == 1 for s in report["steps"])

@@ -28,6 +28,9 @@ def test_calls_come_from_the_plan_and_cost_from_the_price_table() -> None:
     assert estimate_run(PLAN, usage, "openai:gpt-4o").text() == (
         "about 4 model calls, 6,000 tokens, 1.3 s, cost $0.0300"
     )
+    # a call that failed (no tokens) is not one of those the tokens were measured by
+    failed = usage | {"llm_calls": 3, "failed_calls": 1}
+    assert estimate_run(PLAN, failed, "openai:gpt-4o") == estimate_run(PLAN, usage, "openai:gpt-4o")
 
 
 def test_tokens_and_time_are_measured_by_the_calls_so_far() -> None:

@@ -315,6 +315,29 @@ async def test_an_image_reply_whose_usage_says_no_tokens_is_of_unknown_price_and
         server.shutdown()
 
 
+async def test_an_image_request_the_api_failed_is_a_failed_call_of_the_step(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was made (the API answered HTTP 500) but not counted: the run's calls left it out."""
+    server, received = _images_server(500, {"error": {"message": "the server had an error"}})
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    engine = Engine(Settings.load(image_base_url=url, image_model="gpt-image-1"))
+    options = RunOptions(
+        auto_approve=True, prompt_rounds=0, tool_policies={"generate_image": "auto"}, max_model_calls=10
+    )
+    try:
+        run = engine.create_run("draw", model=f"scripted:{_image_run(write_script)}", options=options)
+        final = await engine.execute(run.id)
+        assert (final.status, final.error, len(received)) == ("succeeded", None, 1)  # the agent was told
+        step_usage = engine.report(run.id)["usage"]["by_purpose"]["step:a"]
+        assert (step_usage["calls"], step_usage["failed_calls"], step_usage["cost_usd"]) == (3, 1, 0.0)
+        assert engine.store.spending(run.id).held_calls == 0
+    finally:
+        engine.close()
+        server.shutdown()
+
+
 async def test_an_image_model_of_unknown_price_is_refused_under_a_money_budget(
     isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -434,3 +434,64 @@ def test_a_request_whose_least_fits_the_money_left_exactly_is_sent_not_left_wait
     ledger.record("planner", input_tokens=10, output_tokens=10, seconds=0.1, cost_usd=spent)
     held = ledger.reserve(request)
     assert held is not None and held.output_tokens == 1_024
+
+
+async def test_a_request_made_that_failed_is_a_call_counted_and_held_to_the_call_budget(
+    store: RunStore,
+) -> None:
+    """A request that failed once sent (HTTP 500) was not counted: a provider failing every time could
+    be called without limit under a calls budget, and reports showed none of those calls."""
+    from pydantic_ai.exceptions import ModelHTTPError
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from masterplanner import LabelledModel
+    from masterplanner.engine.step_agent import BudgetedModel
+
+    sent: list[int] = []
+
+    def failing(_messages: list[ModelMessage], _info: AgentInfo) -> ModelResponse:
+        sent.append(1)
+        raise ModelHTTPError(500, "failing", {"error": {"message": "the server had an error"}})
+
+    ledger = RunLedger(store, "r1", RunOptions(max_model_calls=2))
+    model = LabelledModel(BudgetedModel(FunctionModel(failing), ledger), "step:a", ledger)
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart("go on")])]
+    for _ in range(2):
+        with pytest.raises(ModelHTTPError):
+            await model.request(messages, None, ModelRequestParameters())
+    with pytest.raises(BudgetExceededError) as refused:  # the third is not made
+        await model.request(messages, None, ModelRequestParameters())
+    assert str(refused.value) == "the run used its budget of 2 model calls"
+    assert len(sent) == 2
+    usage = store.usage("r1")
+    assert (usage["llm_calls"], usage["failed_calls"]) == (2, 2)
+    assert {key: value for key, value in usage["by_purpose"]["step:a"].items() if key != "seconds"} == {
+        "calls": 2,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cost_usd": 0.0,
+        "unpriced_calls": 0,
+        "failed_calls": 2,
+    }
+    assert store.spending("r1").held_calls == 0  # their reservations went with their counting
+    assert ledger.summary()["failed_calls"] == 2  # the refused request is no call
+
+
+async def test_a_cancelled_request_is_not_counted_as_a_failed_call() -> None:
+    import asyncio
+
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from masterplanner import UsageLedger
+
+    async def slow(_messages: list[ModelMessage], _info: AgentInfo) -> ModelResponse:
+        await asyncio.sleep(60)
+        raise AssertionError("not reached")
+
+    ledger = UsageLedger()
+    model = labelled(FunctionModel(slow), "planner", ledger)
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart("go on")])]
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await model.request(messages, None, ModelRequestParameters())
+    assert ledger.by_purpose() == {}

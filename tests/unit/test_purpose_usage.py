@@ -46,14 +46,16 @@ def test_ledger_adds_up_across_threads() -> None:
         thread.join()
     ledger.record("planner", input_tokens=10, output_tokens=5, seconds=1.23456, cost_usd=0.0125)
     ledger.record("planner", input_tokens=1, output_tokens=1, seconds=0.0, cost_usd=None)  # no known price
+    ledger.record("planner", input_tokens=0, output_tokens=0, seconds=3.0, failed=True)  # made, not answered
     assert ledger.by_purpose() == {
         "planner": {
-            "calls": 2,
+            "calls": 3,
             "input_tokens": 11,
             "output_tokens": 6,
-            "seconds": 1.235,
+            "seconds": 4.235,
             "cost_usd": 0.0125,
             "unpriced_calls": 1,
+            "failed_calls": 1,
         },
         "step:a": {
             "calls": 4000,
@@ -62,10 +64,12 @@ def test_ledger_adds_up_across_threads() -> None:
             "seconds": 4.0,
             "cost_usd": 0.0,
             "unpriced_calls": 0,
+            "failed_calls": 0,
         },
     }
     summary = ledger.summary()
-    assert (summary["llm_calls"], summary["cost_usd"], summary["unpriced_calls"]) == (4002, 0.0125, 1)
+    assert (summary["llm_calls"], summary["cost_usd"], summary["unpriced_calls"]) == (4003, 0.0125, 1)
+    assert summary["failed_calls"] == 1
 
 
 async def test_a_counter_without_a_purpose_counts_under_the_label_outside_it(

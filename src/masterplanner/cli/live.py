@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..event_text import Part, budget_wait, event_detail, planning_stage, retry_wait
 from ..tools.workspace import walk_files
-from ..usage import money
+from ..usage import failed_note, money
 from .terminal import shown, visible
 
 if TYPE_CHECKING:
@@ -457,7 +457,7 @@ def summary_line(report: dict[str, Any], seconds: float) -> str:
     parts = [
         f"[bold {colour}]run {shown(report['run_id'])} {shown(status)}[/]",
         duration(seconds),
-        _plural(usage["llm_calls"], "model call"),
+        _plural(usage["llm_calls"], "model call") + failed_note(usage.get("failed_calls", 0)),
         f"{usage['input_tokens']:,} in / {usage['output_tokens']:,} out tokens",
     ]
     price = money(usage.get("cost_usd", 0.0), usage.get("unpriced_calls", 0))

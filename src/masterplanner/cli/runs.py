@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from ..usage import money
+from ..usage import failed_note, money
 from .answering import TerminalAnswerer, how_to_answer
 from .common import app, console, load_settings, number, whole_number
 from .live import EventLines, LiveTree, event_line, print_summary, team_lines, wants_live_view
@@ -555,7 +555,7 @@ def _usage_table(usage: dict[str, Any]) -> Any:
     for purpose, entry in usage["by_purpose"].items():
         table.add_row(
             shown(purpose),
-            f"{entry['calls']:,}",
+            f"{entry['calls']:,}{failed_note(entry.get('failed_calls', 0))}",
             f"{entry['input_tokens']:,}",
             f"{entry['output_tokens']:,}",
             f"{entry['seconds']:.1f}",
@@ -564,7 +564,7 @@ def _usage_table(usage: dict[str, Any]) -> Any:
     seconds = sum(entry["seconds"] for entry in usage["by_purpose"].values())
     table.add_row(
         "all",
-        f"{usage['llm_calls']:,}",
+        f"{usage['llm_calls']:,}{failed_note(usage.get('failed_calls', 0))}",
         f"{usage['input_tokens']:,}",
         f"{usage['output_tokens']:,}",
         f"{seconds:.1f}",

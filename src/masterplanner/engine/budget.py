@@ -136,9 +136,11 @@ class RunLedger(UsageLedger):
         output_tokens: int,
         seconds: float,
         cost_usd: float | None = 0.0,
+        failed: bool = False,
     ) -> None:
         """Count one model call, in memory and in the run store, dropping its reservation there too.
 
+        A `failed` call (made, and not answered) counts toward the call budget like any other.
         When the usage cannot be stored, the reservation is still dropped (its own transaction):
         it was held until this process's lease lapsed, all the while it went on running.
         """
@@ -148,6 +150,7 @@ class RunLedger(UsageLedger):
             output_tokens=output_tokens,
             seconds=seconds,
             cost_usd=cost_usd,
+            failed=failed,
         )
         tokens, cost = input_tokens + output_tokens, cost_usd or 0.0
         with self._lock:  # taken off before the store drops its row: a check meanwhile holds more, not less
@@ -161,6 +164,7 @@ class RunLedger(UsageLedger):
                 output_tokens=output_tokens,
                 seconds=seconds,
                 cost_usd=cost_usd,
+                failed=failed,
                 reservation=key,
             )
         except BaseException:

@@ -30,6 +30,7 @@ from pydantic_ai.usage import RequestUsage
 
 from ..errors import RunError
 from ..models import context_window
+from ..models.labelled import made_and_failed
 from ..models.local import STRUCTURED_PLANS, ToolAids
 from ..models.pricing import request_cost
 from ..plan import Plan, Step, sinks
@@ -808,8 +809,9 @@ class PaidToolCalls:
         output_tokens: int,
         seconds: float,
         cost_usd: float | None,
+        failed: bool = False,
     ) -> None:
-        """Count the answered request in the run's usage, in place of its reservation."""
+        """Count the answered (or `failed`) request in the run's usage, in place of its reservation."""
         self.ledger.settle(held, input_tokens + output_tokens, cost_usd)
         await asyncio.to_thread(
             partial(
@@ -819,6 +821,7 @@ class PaidToolCalls:
                 output_tokens=output_tokens,
                 seconds=seconds,
                 cost_usd=cost_usd,
+                failed=failed,
             )
         )
 
@@ -855,7 +858,8 @@ class BudgetedModel(WrapperModel):
         alone is sent with its `max_tokens`
         lowered to what is left (`RunLedger.reserve`); one that cannot fit even so raises
         `BudgetExceededError` naming the budget. Once answered, its real usage is held instead
-        until the ledger has stored it (`LabelledModel`).
+        until the ledger has stored it (`LabelledModel`); once failed, a call of no tokens (it
+        counts toward the call budget).
         """
         ledger = self._ledger
         reservation, model_settings = reservation_for(
@@ -878,8 +882,11 @@ class BudgetedModel(WrapperModel):
             model_settings = cast("ModelSettings", lowered)
         try:
             response = await self._answer(messages, model_settings, model_request_parameters)
-        except BaseException:  # not answered (a cancel too): the reservation is released
-            await asyncio.shield(asyncio.to_thread(_release, ledger, held))
+        except BaseException as error:
+            if made_and_failed(error):  # a failed call (`LabelledModel` counts it): held so till then
+                ledger.settle(held, 0, 0.0)
+            else:  # not made (a cancel, our own refusal): the reservation is released
+                await asyncio.shield(asyncio.to_thread(_release, ledger, held))
             raise
         usage = response.usage
         ledger.settle(held, usage.input_tokens + usage.output_tokens, request_cost(self, response))

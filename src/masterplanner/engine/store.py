@@ -119,6 +119,7 @@ usage_table = sa.Table(
     sa.Column("seconds", sa.Float, nullable=False),
     sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
     sa.Column("unpriced_calls", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("failed_calls", sa.Integer, nullable=False, server_default="0"),
 )
 reservations_table = sa.Table(
     "mp_reservations",
@@ -146,6 +147,12 @@ def _add_usage_cost(connection: Connection) -> None:
         connection.execute(
             sa.text("ALTER TABLE mp_usage ADD COLUMN unpriced_calls INTEGER NOT NULL DEFAULT 0")
         )
+
+
+def _add_usage_failed_calls(connection: Connection) -> None:
+    """Migration `0013_usage_failed_calls`: how many of a purpose's calls were made and failed."""
+    if "failed_calls" not in {column["name"] for column in sa.inspect(connection).get_columns("mp_usage")}:
+        connection.execute(sa.text("ALTER TABLE mp_usage ADD COLUMN failed_calls INTEGER NOT NULL DEFAULT 0"))
 
 
 def _add_lease_until(connection: Connection) -> None:
@@ -200,6 +207,7 @@ MIGRATIONS: list[Migration] = [
     ("0010_process_pid_namespace", add_process_pid_namespace),
     ("0011_budget_reservations", _create_reservations),
     ("0012_run_planning", _add_run_planning),
+    ("0013_usage_failed_calls", _add_usage_failed_calls),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -923,10 +931,12 @@ class RunStore:
         output_tokens: int,
         seconds: float,
         cost_usd: float | None = 0.0,
+        failed: bool = False,
         reservation: str | None = None,
     ) -> None:
         """Count one model call of `purpose` against the run (one upsert; `cost_usd` None: unpriced).
 
+        `failed`: the call was made and not answered (counted among `failed_calls` as well).
         `reservation`: the call's reservation (`reserve`), deleted in the same transaction, so
         no process ever sees the call both counted and held, or neither.
         """
@@ -938,6 +948,7 @@ class RunStore:
             "seconds": seconds,
             "cost_usd": cost_usd or 0.0,
             "unpriced": 1 if cost_usd is None else 0,
+            "failed": int(failed),
         }
         with self.begin("record usage") as connection:
             connection.execute(_ADD_USAGE, values)
@@ -1003,9 +1014,12 @@ class RunStore:
         return int(row[0]), int(row[1]), float(row[2]), int(row[3])
 
     def usage(self, run_id: str) -> dict[str, Any]:
-        """`{"llm_calls", "input_tokens", "output_tokens", "cost_usd", "unpriced_calls", "by_purpose"}`.
+        """The run's usage: its calls, tokens and cost in all, and `by_purpose`.
 
-        `by_purpose` has the same fields per purpose (`step:<id>` is a step's agent).
+        `{"llm_calls", "input_tokens", "output_tokens", "cost_usd", "unpriced_calls", "failed_calls",
+        "by_purpose"}`; `by_purpose` has the same fields per purpose (`step:<id>` is a step's
+        agent). `failed_calls` are among the calls: requests made that got no answer (no tokens or
+        cost counted for them).
         """
         with self.begin("read usage") as connection:
             rows = (
@@ -1025,6 +1039,7 @@ class RunStore:
                 "seconds": round(row["seconds"], 3),
                 "cost_usd": round(row["cost_usd"], 6),
                 "unpriced_calls": row["unpriced_calls"],
+                "failed_calls": row["failed_calls"],
             }
             for row in rows
         }
@@ -1034,6 +1049,7 @@ class RunStore:
             "output_tokens": sum(entry["output_tokens"] for entry in by_purpose.values()),
             "cost_usd": round(sum(row["cost_usd"] for row in rows), 6),
             "unpriced_calls": sum(entry["unpriced_calls"] for entry in by_purpose.values()),
+            "failed_calls": sum(entry["failed_calls"] for entry in by_purpose.values()),
             "by_purpose": by_purpose,
         }
 
@@ -1042,11 +1058,12 @@ class RunStore:
 # constructs built per model request; see docs/benchmarks.md, engine, 2026-11-25).
 _ADD_USAGE = sa.text(
     "INSERT INTO mp_usage (run_id, purpose, calls, input_tokens, output_tokens, seconds, cost_usd, "
-    "unpriced_calls) VALUES (:run_id, :purpose, 1, :input_tokens, :output_tokens, :seconds, :cost_usd, "
-    ":unpriced) ON CONFLICT (run_id, purpose) DO UPDATE SET calls = mp_usage.calls + 1, "
+    "unpriced_calls, failed_calls) VALUES (:run_id, :purpose, 1, :input_tokens, :output_tokens, :seconds, "
+    ":cost_usd, :unpriced, :failed) ON CONFLICT (run_id, purpose) DO UPDATE SET calls = mp_usage.calls + 1, "
     "input_tokens = mp_usage.input_tokens + :input_tokens, "
     "output_tokens = mp_usage.output_tokens + :output_tokens, seconds = mp_usage.seconds + :seconds, "
-    "cost_usd = mp_usage.cost_usd + :cost_usd, unpriced_calls = mp_usage.unpriced_calls + :unpriced"
+    "cost_usd = mp_usage.cost_usd + :cost_usd, unpriced_calls = mp_usage.unpriced_calls + :unpriced, "
+    "failed_calls = mp_usage.failed_calls + :failed"
 )
 _NOW = {
     True: "extract(epoch FROM clock_timestamp())",

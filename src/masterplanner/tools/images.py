@@ -72,9 +72,19 @@ class ImageSpending(Protocol):
         ...
 
     async def count(
-        self, held: Any, *, input_tokens: int, output_tokens: int, seconds: float, cost_usd: float | None
+        self,
+        held: Any,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        seconds: float,
+        cost_usd: float | None,
+        failed: bool = False,
     ) -> None:
-        """Count the answered request in the run's usage (`cost_usd` None: its price is not known)."""
+        """Count the request in the run's usage (`cost_usd` None: its price is not known).
+
+        `failed`: it was made and not answered, a call of no tokens.
+        """
         ...
 
 
@@ -145,8 +155,14 @@ async def generate_image(
     started = time.perf_counter()
     try:
         response = await _requested(config, key, prompt, size)
-    except BaseException:
-        if spending is not None:
+    except BaseException as error:
+        if spending is not None and isinstance(error, ToolError):  # made, and failed: a call all the same
+            seconds = time.perf_counter() - started
+            failed = spending.count(
+                held, input_tokens=0, output_tokens=0, seconds=seconds, cost_usd=0.0, failed=True
+            )
+            await asyncio.shield(failed)
+        elif spending is not None:  # not made (cancelled): released
             await asyncio.shield(spending.release(held))
         raise
     if spending is not None:

@@ -101,6 +101,8 @@ class PurposeUsageOut(_Out):
     cost_usd: float
     unpriced_calls: int
     """Calls to a model with no price in the table (their cost is not in `cost_usd`)."""
+    failed_calls: int
+    """Calls among `calls` that were made and failed (no answer): no tokens or cost counted for them."""
 
 
 class UsageOut(_Out):
@@ -111,6 +113,7 @@ class UsageOut(_Out):
     output_tokens: int
     cost_usd: float
     unpriced_calls: int
+    failed_calls: int
     by_purpose: dict[str, PurposeUsageOut]
 
 
