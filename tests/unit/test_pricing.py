@@ -495,3 +495,50 @@ async def test_a_cancelled_request_is_not_counted_as_a_failed_call() -> None:
         async with asyncio.timeout(0.05):
             await model.request(messages, None, ModelRequestParameters())
     assert ledger.by_purpose() == {}
+
+
+def test_a_usage_write_made_again_with_its_request_key_is_counted_once(database_url: str) -> None:
+    """`reconnecting` makes a call again when its connection dropped, though its commit may have
+    landed: the usage's upsert then added the request a second time."""
+    store = RunStore(database_url)
+    try:
+        store.create_run("r1", "t", model="openai:gpt-4o", workspace="/w", options=RunOptions())
+        usage = {"input_tokens": 10, "output_tokens": 5, "seconds": 0.5, "cost_usd": 0.01}
+        store.add_usage("r1", "step:a", **usage, request="q1")
+        store.add_usage("r1", "step:a", **usage, request="q1")  # the same request again: counted
+        store.add_usage("r1", "step:a", **usage, request="q2")  # another request
+        assert store.usage_totals("r1") == (2, 30, 0.02, 0)
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_usage_whose_commit_acknowledgement_was_lost_is_counted_once(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server restarted after the usage's commit: the ledger's write was made again (`reconnecting`)
+    and the request counted twice, against the run's budgets too."""
+    store = RunStore(postgres_database)
+    try:
+        store.create_run("r1", "t", model="openai:gpt-4o", workspace="/w", options=RunOptions())
+        ledger = RunLedger(store, "r1", RunOptions(max_model_calls=5))
+        dialect = store.engine.dialect
+        commit = dialect.do_commit
+        lost: list[str] = []
+
+        def commit_and_lose_the_acknowledgement(connection: object) -> None:
+            commit(connection)
+            if not lost:
+                lost.append("usage")
+                raise dialect.loaded_dbapi.OperationalError("server closed the connection unexpectedly")
+
+        held = ledger.reserve(Reservation(input_tokens=10, output_tokens=10))
+        assert held is not None
+        ledger.settle(held, 15, 0.0)
+        monkeypatch.setattr(dialect, "do_commit", commit_and_lose_the_acknowledgement)
+        ledger.record("step:a", input_tokens=10, output_tokens=5, seconds=0.5)
+        assert lost == ["usage"]  # made again once
+        assert store.usage_totals("r1") == (1, 15, 0.0, 0)
+        assert store.spending("r1").held_calls == 0
+    finally:
+        store.close()

@@ -153,6 +153,7 @@ class RunLedger(UsageLedger):
             failed=failed,
         )
         tokens, cost = input_tokens + output_tokens, cost_usd or 0.0
+        request = uuid.uuid4().hex  # one key for the write and its repeats (`reconnecting`): counted once
         with self._lock:  # taken off before the store drops its row: a check meanwhile holds more, not less
             key = next((entry[0] for entry in self._answered if entry[1:3] == (tokens, cost)), None)
             self._answered = [entry for entry in self._answered if entry[0] != key]
@@ -165,6 +166,7 @@ class RunLedger(UsageLedger):
                 seconds=seconds,
                 cost_usd=cost_usd,
                 failed=failed,
+                request=request,
                 reservation=key,
             )
         except BaseException:

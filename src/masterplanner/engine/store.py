@@ -121,6 +121,12 @@ usage_table = sa.Table(
     sa.Column("unpriced_calls", sa.Integer, nullable=False, server_default="0"),
     sa.Column("failed_calls", sa.Integer, nullable=False, server_default="0"),
 )
+usage_requests_table = sa.Table(
+    "mp_usage_requests",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(64), nullable=False),
+)
 reservations_table = sa.Table(
     "mp_reservations",
     metadata,
@@ -194,6 +200,15 @@ def _create_reservations(connection: Connection) -> None:
     reservations_table.create(connection, checkfirst=True)
 
 
+def _create_usage_requests(connection: Connection) -> None:
+    """Migration `0014_usage_requests`: the key of each model request whose usage is counted.
+
+    `add_usage` stores it in the usage's transaction, and a write made again (`reconnecting`,
+    after its commit's acknowledgement was lost) finds it there and adds nothing.
+    """
+    usage_requests_table.create(connection, checkfirst=True)
+
+
 MIGRATIONS: list[Migration] = [
     ("0001_runs_steps_events_usage", _create_run_tables),
     ("0002_requests", create_requests_table),
@@ -208,6 +223,7 @@ MIGRATIONS: list[Migration] = [
     ("0011_budget_reservations", _create_reservations),
     ("0012_run_planning", _add_run_planning),
     ("0013_usage_failed_calls", _add_usage_failed_calls),
+    ("0014_usage_requests", _create_usage_requests),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -932,11 +948,15 @@ class RunStore:
         seconds: float,
         cost_usd: float | None = 0.0,
         failed: bool = False,
+        request: str,
         reservation: str | None = None,
     ) -> None:
         """Count one model call of `purpose` against the run (one upsert; `cost_usd` None: unpriced).
 
         `failed`: the call was made and not answered (counted among `failed_calls` as well).
+        `request`: the call's own key, stored with its usage: made again with the same key
+        (`reconnecting` repeats a call whose commit's acknowledgement was lost with its
+        connection), it adds nothing, so the call is counted once.
         `reservation`: the call's reservation (`reserve`), deleted in the same transaction, so
         no process ever sees the call both counted and held, or neither.
         """
@@ -951,7 +971,8 @@ class RunStore:
             "failed": int(failed),
         }
         with self.begin("record usage") as connection:
-            connection.execute(_ADD_USAGE, values)
+            if connection.execute(_COUNT_REQUEST, {"id": request, "run_id": run_id}).rowcount:
+                connection.execute(_ADD_USAGE, values)  # else counted already: made again after its commit
             if reservation is not None:
                 connection.execute(_DELETE_RESERVATION, {"id": reservation})
 
@@ -1064,6 +1085,9 @@ _ADD_USAGE = sa.text(
     "output_tokens = mp_usage.output_tokens + :output_tokens, seconds = mp_usage.seconds + :seconds, "
     "cost_usd = mp_usage.cost_usd + :cost_usd, unpriced_calls = mp_usage.unpriced_calls + :unpriced, "
     "failed_calls = mp_usage.failed_calls + :failed"
+)
+_COUNT_REQUEST = sa.text(
+    "INSERT INTO mp_usage_requests (id, run_id) VALUES (:id, :run_id) ON CONFLICT (id) DO NOTHING"
 )
 _NOW = {
     True: "extract(epoch FROM clock_timestamp())",
