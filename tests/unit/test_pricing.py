@@ -542,3 +542,50 @@ def test_a_usage_whose_commit_acknowledgement_was_lost_is_counted_once(
         assert store.spending("r1").held_calls == 0
     finally:
         store.close()
+
+
+async def test_a_model_waiting_event_that_cannot_be_stored_leaves_the_request_waiting_and_is_logged(
+    store: RunStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The event only says the request waits: its write failing failed the request (and its step)."""
+    import asyncio
+    import logging
+    import threading
+
+    from masterplanner import RunError
+    from masterplanner.engine.step_agent import BudgetedModel
+    from masterplanner.purpose import using_purpose
+
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({"calls": [{"purpose": "*", "output": "done", "repeat": True}]}))
+    scripted = resolve_model(f"scripted:{script}")
+    ledger = RunLedger(store, "r1", RunOptions(max_tokens=10_000))
+    in_flight = ledger.reserve(Reservation(input_tokens=6_000))  # its 4,096 out cannot fit beside this
+    assert in_flight is not None
+    written: list[str] = []
+    tried = threading.Event()
+
+    def failing(run_id: str, kind: str, *args: object, **kwargs: object) -> None:
+        written.append(kind)
+        tried.set()
+        raise RunError("the run's database failed: disk I/O error")
+
+    monkeypatch.setattr(store, "append_event", failing)
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart("go on")])]
+    with using_purpose("step:a"), caplog.at_level(logging.WARNING, logger="masterplanner"):
+        budgeted = BudgetedModel(scripted, ledger)
+        request = asyncio.create_task(budgeted.request(messages, None, ModelRequestParameters()))
+        assert await asyncio.to_thread(tried.wait, 10)
+        await asyncio.sleep(0.2)  # polled meanwhile: it waits
+        assert not request.done()
+        ledger.release(in_flight)  # room in the budget
+        reply = await asyncio.wait_for(request, 10)
+    assert reply.parts == [TextPart("done")]
+    assert written == ["model_waiting"]
+    assert [(record.levelname, record.getMessage()) for record in caplog.records] == [
+        (
+            "WARNING",
+            "run r1: could not store the model_waiting event of a model request of step:a (it waits "
+            "for room in the run's budgets all the same): the run's database failed: disk I/O error",
+        )
+    ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import threading
 import uuid
@@ -39,6 +40,8 @@ __all__ = [
     "RunLedger",
     "reservation_for",
 ]
+
+_log = logging.getLogger("masterplanner.budget")
 
 UNKNOWN_PRICE = "a money budget cannot hold a reply of unknown price"
 """Why a run under a money budget stops after such a reply: a larger budget does not help."""
@@ -252,8 +255,21 @@ class RunLedger(UsageLedger):
 
         A `model_waiting` event (of the step, for a step's request): the purpose, the budget that
         cannot hold it beside the requests in flight (`max_tokens` or `max_cost_usd`) and how many
-        of those it waits for to be counted.
+        of those it waits for to be counted. The event only tells: when the run store cannot take
+        it, that is logged and the request waits all the same (before, the failure failed it).
         """
+        try:
+            self._note_wait(reservation, purpose or "")
+        except RunError as error:
+            _log.warning(
+                "run %s: could not store the model_waiting event of a model request of %s (it waits "
+                "for room in the run's budgets all the same): %s",
+                self.run_id,
+                purpose or "no purpose",
+                error,
+            )
+
+    def _note_wait(self, reservation: Reservation, label: str) -> None:
         spending = self.store.spending(self.run_id)
         tokens, dollars = self.options.max_tokens, self.options.max_cost_usd
         short_of_money = dollars is not None and (
@@ -264,7 +280,6 @@ class RunLedger(UsageLedger):
         )
         money = tokens is None or (short_of_money and not short_of_tokens)
         budget = "max_cost_usd" if money else "max_tokens"
-        label = purpose or ""
         data = {"purpose": label, "budget": budget, "in_flight": spending.held_calls}
         step = label.removeprefix("step:") if label.startswith("step:") else None
         self.store.append_event(self.run_id, "model_waiting", step, data)
