@@ -569,14 +569,24 @@ def test_a_home_too_small_to_end_the_run_stops_it_in_our_words_to_resume(
     assert said, done.stderr
     run_id = said.group(1)
     env = {**os.environ, "MASTERPLANNER_HOME": str(copy), "COLUMNS": "200"}
-    listed = subprocess.run(
-        [sys.executable, "-m", "masterplanner", "runs", "list", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    [record] = json.loads(listed.stdout)
+
+    def listed() -> dict[str, Any]:
+        shown = subprocess.run(
+            [sys.executable, "-m", "masterplanner", "runs", "list", "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        [record] = json.loads(shown.stdout)
+        return dict(record)
+
+    # left running, and shown stopped (to resume) once its lease is given up, or, when the disk was
+    # too full for that too, once the lease lapses (run_lease_s): which of the two depends on the
+    # byte the disk filled at
+    deadline = time.monotonic() + 30
+    while (record := listed())["idle"] is None and time.monotonic() < deadline:
+        time.sleep(1)
     assert (record["run_id"], record["status"], record["idle"]) == (run_id, "running", "stopped")
 
 
