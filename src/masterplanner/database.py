@@ -150,27 +150,33 @@ def names_nothing(text: str) -> bool:
 
 
 @contextmanager
-def transaction(engine: Engine, url: str, action: str) -> Iterator[Connection]:
+def transaction(
+    engine: Engine, url: str, action: str, *, connecting: str | None = None
+) -> Iterator[Connection]:
     """One transaction; database failures become a `RunError` naming the database and the action.
 
     `IntegrityError` passes through: callers that race on a key handle it. A Postgres server that
     cannot be reached or dropped the connection is a `DatabaseUnavailableError`: the transaction
-    did not commit, so the store call may be made again (`reconnecting`).
+    did not commit, so the store call may be made again (`reconnecting`). `connecting`: what is
+    said cannot be done when no connection could be made (`action` by default): a store being
+    opened says it cannot open the database, not the tables it would have created (`runs list`
+    said `cannot create its tables`).
     """
+    connected = False
     try:
         with engine.begin() as connection:
+            connected = True
             yield connection
     except sa.exc.IntegrityError:
         raise
     except sa.exc.DBAPIError as exc:  # unreachable, unwritable, full, locked or not a database
+        action = action if connected or connecting is None else connecting
         cause = _unreachable(exc, url) if engine.dialect.name == "postgresql" else None
         if cause is not None:
             raise DatabaseUnavailableError(
                 f"the database at {shown_url(url)} cannot be reached ({cause}): cannot {action}"
             ) from None
-        message = (
-            f"database {shown_url(url)}: cannot {action}: {without_password(_first_line(exc.orig), url)}"
-        )
+        message = f"database {shown_url(url)}: cannot {action}: {_server_words(exc, url)}"
         if engine.dialect.name == "postgresql" and (
             exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError)
         ):
@@ -222,7 +228,7 @@ def database_failure(exc: sa.exc.DBAPIError, url: str) -> str:
     cause = _unreachable(exc, url)
     if cause is not None:
         return f"the run's database at {shown_url(url)} cannot be reached ({cause})"
-    return f"the run's database failed: {without_password(_first_line(exc.orig), url)}"
+    return f"the run's database failed: {_server_words(exc, url)}"
 
 
 _UNREACHABLE = (
@@ -234,16 +240,44 @@ _UNREACHABLE = (
 """What libpq says when no server could be reached, and what we say instead."""
 
 
+_ALL_FAILURES = "\nMultiple connection attempts failed. All failures were:\n"
+_ATTEMPT = re.compile(r"^- host: .*?, port: .*?, hostaddr: .*?: ", re.MULTILINE)
+
+
+def _attempts(error: object) -> list[str]:
+    """What each connection attempt in `error` failed with, in the order they were made.
+
+    psycopg tries every host of the URL and every address of each host's name, and when all
+    failed lists each failure after the last one's (`connection failed: … Multiple connection
+    attempts failed. All failures were:` then `- host: '…', port: '…', hostaddr: '…': …`). Any
+    other error is one attempt's.
+    """
+    text = str(error)
+    _, listed, failures = text.partition(_ALL_FAILURES)
+    attempts = [attempt.strip() for attempt in _ATTEMPT.split(failures) if attempt.strip()]
+    return attempts if listed and attempts else [text]
+
+
 def _unreachable(exc: sa.exc.DBAPIError, url: str) -> str | None:
     """Why `url`'s Postgres server could not be reached, in our words; None if it answered, or not that.
 
     libpq's own words (`connection failed: connection to server at "127.0.0.1", port 1 failed:
     Connection refused`, then its advice on a line of its own) were what a command printed. A
-    server that answered, refusing the connection (`FATAL:  database "x" does not exist`), is
-    not one that could not be reached: its words stay.
+    server that answered, refusing the connection (`FATAL:  database "x" does not exist`, `server
+    does not support SSL, but SSL was required`, `fe_sendauth: no password supplied`), is not one
+    that could not be reached: its words stay, also when another of the URL's hosts or of its
+    name's addresses refused the connection (every attempt has to have reached nothing; the
+    last one's cause is said).
     """
-    text = str(exc.orig)
-    if not isinstance(exc, sa.exc.OperationalError) or "FATAL:" in text:
+    if not isinstance(exc, sa.exc.OperationalError):
+        return None
+    causes = [_attempt_unreachable(attempt, url) for attempt in _attempts(exc.orig)]
+    return None if None in causes else causes[-1]
+
+
+def _attempt_unreachable(text: str, url: str) -> str | None:
+    """Why one connection attempt reached no server (`_UNREACHABLE`), or None if one answered."""
+    if "FATAL:" in text:
         return None
     host = re.search(r"(?:failed to resolve host|could not translate host name) [\"']([^\"']*)", text)
     if host is not None:  # a password holding `@` splits the URL elsewhere: the host shows it
@@ -251,6 +285,16 @@ def _unreachable(exc: sa.exc.DBAPIError, url: str) -> str | None:
     if "on socket" in text and "No such file or directory" in text:
         return "no server's socket is at that path"
     return next((ours for theirs, ours in _UNREACHABLE if theirs in text), None)
+
+
+def _server_words(exc: sa.exc.DBAPIError, url: str) -> str:
+    """The first line of a driver's error, without `url`'s password; a server's answer if one answered.
+
+    Of several connection attempts, the error's first line is the last one's, which may be an
+    address that refused the connection: the server that answered is the one to quote.
+    """
+    answered = [attempt for attempt in _attempts(exc.orig) if _attempt_unreachable(attempt, url) is None]
+    return without_password(_first_line(answered[-1] if answered else exc.orig), url)
 
 
 def _first_line(error: object) -> str:
@@ -326,13 +370,20 @@ def migrate(engine: Engine, url: str, migrations: list[Migration]) -> None:
     SQLite runs each `CREATE TABLE` outside the migration's transaction, so two processes
     starting together (a `run` and a `runs pending` beside it) may both find a table missing
     and one fail to create it; that one tries again and then finds the migration recorded.
+    A Postgres server that could not be connected to (not reached, or refusing the connection)
+    is told at once, not tried again: no other process raced this one there, and a command
+    should not keep the person waiting 1 s before saying so (a store's calls once it is open
+    do wait for a server that went away: `reconnecting`).
     """
     for attempt in range(1, _MIGRATION_ATTEMPTS + 1):
+        connected = False
         try:
-            with transaction(engine, url, "create its tables") as connection:
+            with transaction(engine, url, "create its tables", connecting="open it") as connection:
+                connected = True
                 apply_migrations(connection, migrations)
             return
-        except (RunError, sa.exc.IntegrityError):
-            if attempt == _MIGRATION_ATTEMPTS:
+        except (RunError, sa.exc.IntegrityError) as exc:
+            not_connected = isinstance(exc, DatabaseUnavailableError) and not connected
+            if attempt == _MIGRATION_ATTEMPTS or not_connected:
                 raise
             time.sleep(0.1 * attempt)

@@ -6,10 +6,13 @@ import json
 import os
 import shutil
 import socket
+import socketserver
+import struct
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,11 @@ from masterplanner.engine.store import RunStore
             "its host name 'no-such-host.invalid' is not known",
         ),
         ("postgresql://planner:s3cret-pw@/nowhere?host=/nonexistent", "no server's socket is at that path"),
+        # psycopg tries each and lists every failure: all of them refused
+        (
+            "postgresql://planner:s3cret-pw@/nowhere?host=127.0.0.1:1&host=127.0.0.1:2",
+            "the connection was refused",
+        ),
     ],
 )
 def test_an_unreachable_postgres_server_is_named_without_its_password_in_our_words(
@@ -40,9 +48,76 @@ def test_an_unreachable_postgres_server_is_named_without_its_password_in_our_wor
     with pytest.raises(DatabaseUnavailableError) as caught:
         RunStore(url)
     assert str(caught.value) == (
-        f"the database at {shown_url(url)} cannot be reached ({cause}): cannot create its tables"
+        f"the database at {shown_url(url)} cannot be reached ({cause}): cannot open it"
     )
     assert "s3cret-pw" not in str(caught.value)
+
+
+class _RefusingServer(socketserver.ThreadingTCPServer):
+    """A Postgres server on 127.0.0.1 that answers and refuses: it has no SSL and wants a password.
+
+    Counts the connections made to it.
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        self.connections = 0
+        super().__init__(("127.0.0.1", 0), _RefusingHandler)
+
+
+class _RefusingHandler(socketserver.BaseRequestHandler):
+    server: _RefusingServer
+
+    def handle(self) -> None:
+        self.server.connections += 1
+        while True:
+            head = self.request.recv(8, socket.MSG_WAITALL)
+            if len(head) < 8:
+                return
+            length, code = struct.unpack("!ii", head)
+            self.request.recv(length - 8, socket.MSG_WAITALL)
+            if code in (80877103, 80877104):  # SSLRequest, GSSENCRequest: not here
+                self.request.sendall(b"N")
+            else:  # the startup message: a password is asked for (AuthenticationCleartextPassword)
+                self.request.sendall(b"R" + struct.pack("!ii", 8, 3))
+
+
+@pytest.fixture
+def refusing_server() -> Iterator[_RefusingServer]:
+    server = _RefusingServer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("query", "answer"),
+    [
+        ("sslmode=require", "server does not support SSL, but SSL was required"),
+        ("sslmode=disable", "fe_sendauth: no password supplied"),
+    ],
+)
+@pytest.mark.parametrize("refused", ["first", "last"])
+def test_a_server_that_answered_and_refused_keeps_its_words_beside_an_address_that_refused(
+    refusing_server: _RefusingServer, query: str, answer: str, refused: str
+) -> None:
+    """psycopg tries every host (and each address of a name: IPv6 refused, IPv4 up) and lists
+    every failure, the last attempt's on its first line. Before, one refused attempt anywhere in
+    that list made it 'cannot be reached (the connection was refused)', the server's answer lost;
+    and opening the store tried five times."""
+    port = refusing_server.server_address[1]
+    hosts = [f"host=127.0.0.1:{port}", "host=127.0.0.1:1"]
+    url = f"postgresql://planner@/nowhere?{'&'.join(hosts[::-1] if refused == 'first' else hosts)}&{query}"
+    with pytest.raises(DatabaseUnavailableError) as caught:
+        RunStore(url)
+    assert str(caught.value) == (
+        f'database {url}: cannot open it: connection failed: connection to server at "127.0.0.1", '
+        f"port {port} failed: {answer}"
+    )
+    assert refusing_server.connections == 1  # once: a command fails at once, it does not wait
 
 
 def test_read_commands_say_an_unreachable_database_cannot_be_reached(tmp_path: Path) -> None:
@@ -63,7 +138,7 @@ def test_read_commands_say_an_unreachable_database_cannot_be_reached(tmp_path: P
         assert (said.returncode, said.stdout) == (1, ""), command
         assert said.stderr == (
             "error: the database at postgresql://postgres:[secret removed]@127.0.0.1:1/x cannot be reached "
-            "(the connection was refused): cannot create its tables\n"
+            "(the connection was refused): cannot open it\n"
         ), command
 
 

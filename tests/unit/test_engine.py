@@ -687,7 +687,7 @@ def test_an_unusable_database_is_a_clear_error(isolated: Path, tmp_path: Path) -
         Engine(Settings.load(database_url=f"sqlite:///{blocker}/runs.sqlite"))
     garbage = tmp_path / "garbage.sqlite"
     garbage.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(RunError, match=r"garbage\.sqlite: cannot create its tables: file is not a database"):
+    with pytest.raises(RunError, match=r"garbage\.sqlite: cannot open it: file is not a database"):
         Engine(Settings.load(database_url=f"sqlite:///{garbage}"))
     assert garbage.read_bytes() == b"this is not a database" * 100
 
