@@ -14,7 +14,7 @@ from _answers import execute_answering
 from _cli import LEASE_S, answer, mp, pending, run_events, shown, start
 from _plans import step
 
-from masterplanner import Settings
+from masterplanner import DatabaseUnavailableError, RunError, Settings
 from masterplanner.engine import Engine, RunOptions
 from masterplanner.service import RunService
 
@@ -318,6 +318,102 @@ async def test_the_dependents_of_a_step_whose_replan_failed_are_skipped_for_it_n
     ]
     assert report["steps"][1]["error"].startswith("the model called no_such_tool")
     assert _started(engine, run.id) == ["a", "b"]
+
+
+def _chain_script(write_script: Callable[..., Path], *replanner: dict[str, Any]) -> Path:
+    """a → b → c → d; b fails every attempt, then the replanner is asked (b2 → c2 in its place)."""
+    return write_script(
+        [
+            _planner(
+                step("a", tools=[]),
+                step("b", "a", tools=[]),
+                step("c", "b", tools=[]),
+                step("d", "c", tools=[]),
+            ),
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:b"} | GARBAGE,
+            *(
+                replanner
+                or [_planner(step("b2", "a", tools=[]), step("c2", "b2", tools=[]), purpose="replanner")]
+            ),
+            {"purpose": "step:b2", "output": "B2"},
+            {"purpose": "step:c2", "output": "C2"},
+            DRAFTS,
+        ]
+    )
+
+
+def _stopped_by_the_run_s_error(engine: Engine, run_id: str) -> None:
+    """b failed, and its dependents were stopped with the run (its end cancels what had not run)."""
+    steps = [(s["id"], s["status"], s["error"]) for s in engine.report(run_id)["steps"]]
+    assert steps[1][:2] == ("b", "failed") and steps[1][2].startswith("the model called no_such_tool")
+    assert steps[2:] == [("c", "cancelled", None), ("d", "cancelled", None)]
+    assert _started(engine, run_id) == ["a", "b"]
+
+
+async def test_the_dependents_of_a_step_whose_replan_the_database_stopped_are_not_skipped_for_it(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replan found a plan; the database could not store it (a Postgres restart longer than
+    a store call waits). Before, every error out of a replan had its step's dependents recorded
+    `skipped` ('dependency 'b' failed'), as if the replan had found no valid plan: a run stopped
+    to resume then showed them so, and kept that error on them once the redone replan replaced them."""
+    away = "the database at postgresql://db.example/runs cannot be reached (the connection was refused)"
+
+    def unreachable(*_args: Any, **_kwargs: Any) -> None:
+        raise DatabaseUnavailableError(f"{away}: cannot revise the plan")
+
+    monkeypatch.setattr(engine.store, "revise_steps", unreachable)
+    run = engine.create_run("replan it", model=f"scripted:{_chain_script(write_script)}", options=FAST)
+    final = await engine.execute(run.id)
+    assert (final.status, final.error) == ("failed", f"{away}: cannot revise the plan")
+    _stopped_by_the_run_s_error(engine, run.id)
+
+
+async def test_the_dependents_of_a_step_whose_replan_review_expired_are_not_skipped_for_it(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """The replan's review was closed unanswered (as the run's end by another process closes its
+    requests): the run fails for that, not because the replan found no plan."""
+    options = replace(FAST, auto_approve=False)
+    run = engine.create_run("replan it", model=f"scripted:{_chain_script(write_script)}", options=options)
+    service = RunService(engine.settings)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    try:
+        replan = await _replan_after_approving_the_plan(service, run.id)
+        assert engine.store.requests.close_run(run.id, "expired", keep_remember=True) == 1
+        final = await asyncio.wait_for(execution, 60)
+    finally:
+        if not execution.done():
+            execution.cancel()
+        service.close()
+    assert (final.status, final.error) == (
+        "failed",
+        f"the replan of step b (request {replan.id}) was expired",
+    )
+    _stopped_by_the_run_s_error(engine, run.id)
+
+
+async def test_a_replan_with_no_valid_plan_stays_the_run_s_error_when_skipping_its_dependents_fails(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the failure to record the skip replaced the planner's problems as the run's error."""
+    refused = _planner(step("b2", "nowhere", tools=[]), purpose="replanner") | {"repeat": True}
+    recorded = engine.store.update_step
+
+    def full(run_id: str, step_id: str, **values: Any) -> None:
+        if values.get("status") == "skipped":
+            raise RunError("database sqlite:///runs.sqlite: cannot update a step: database or disk is full")
+        recorded(run_id, step_id, **values)
+
+    monkeypatch.setattr(engine.store, "update_step", full)
+    script = _chain_script(write_script, refused)
+    run = engine.create_run("replan it", model=f"scripted:{script}", options=FAST)
+    final = await engine.execute(run.id)
+    assert final.status == "failed" and final.error is not None
+    assert final.error.startswith("step b failed (the model called no_such_tool"), final.error
+    assert "replanning it found no valid plan" in final.error and "disk is full" not in final.error
+    _stopped_by_the_run_s_error(engine, run.id)  # not recorded skipped: the run's end stopped them
 
 
 async def test_an_output_that_falls_short_of_its_expected_output_is_replanned(

@@ -12,17 +12,21 @@ new steps) is scheduled from there, finished steps kept. The other steps go on m
 replan may wait for a person); its dependents wait, and so do `expand` steps. A step marked
 `expand` is offered to `on_expand` when it becomes ready: a revised plan (the step replaced by
 its sub-plan) is scheduled instead of the step; None runs the step as it is. An error out of
-`on_failure` (a replan with no valid plan) stops everything too, once the failed step's dependents
-are skipped: they are not run because it failed, whatever else the error stops.
+`on_failure` stops everything too; a `PlanError` (a replan with no valid plan) once the failed
+step's dependents are skipped: they are not run because it failed, whatever else the error stops.
+Any other error (a review cancelled or expired, the database gone) leaves them unfinished: the
+replan was stopped, not found wanting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..errors import PlanError
 from ..plan import Plan, Step
 
 __all__ = ["StepOutcome", "run_dag"]
@@ -66,11 +70,16 @@ async def run_dag(
         while True:
             try:
                 schedule.revise()
-            except Exception:
-                # the revision failed (a replan with no valid plan), and with it the run: the
-                # failed step's dependents are skipped for it first, not left to be cancelled
-                # with the steps the run's failure stops (as if a person had stopped them)
-                await _skip(_skip_blocked(schedule.waiting(), schedule.outcomes)[1], on_skip)
+            except PlanError:
+                # the replan found no valid plan, and the run fails with the planner's problems:
+                # the failed step's dependents are skipped for it first, not left to be cancelled
+                # with the steps the run's failure stops (as if a person had stopped them). Any
+                # other error (its review cancelled or expired, the database gone) stops the
+                # replan, not its step's chance: the dependents stay for the run's end, or for
+                # the redone replan of a run resumed. A skip that cannot be recorded leaves them
+                # so too, and the planner's problems stay the error.
+                with contextlib.suppress(Exception):
+                    await _skip(_skip_blocked(schedule.waiting(), schedule.outcomes)[1], on_skip)
                 raise
             waiting, skipped = _skip_blocked(schedule.waiting(), schedule.outcomes)
             await _skip(skipped, on_skip)
