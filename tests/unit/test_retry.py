@@ -156,7 +156,7 @@ async def test_a_run_that_failed_writing_its_prompts_keeps_its_plan_when_retried
     failed = await engine.execute(run.id)
     assert (failed.status, failed.error, failed.plan) == (
         "failed",
-        "the run used its budget of 1 model calls",
+        "the run used its budget of 1 model call",
         None,
     )
     _rewrite(script, [DRAFTS, {"purpose": "step:only", "output": "done"}])  # no planner: it is not asked

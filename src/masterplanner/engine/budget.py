@@ -356,9 +356,8 @@ class RunLedger(UsageLedger):
         )
         allowed = "" if dollars is None else budget_money(dollars)
         if limit is not None and calls + in_flight >= limit:
-            raise BudgetExceededError(
-                f"the run used its budget of {limit} model calls", budget="max_model_calls"
-            )
+            calls_said = f"{limit} model call{'' if limit == 1 else 's'}"
+            raise BudgetExceededError(f"the run used its budget of {calls_said}", budget="max_model_calls")
         if tokens is not None and used >= tokens:
             raise BudgetExceededError(
                 f"the run used its budget of {tokens:,} tokens ({used:,} used)", budget="max_tokens"
