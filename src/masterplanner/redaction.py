@@ -117,31 +117,76 @@ secret (a Jira issue's `"key": "PROJ-1234"`, an S3 object's `"Key": "photos/2024
 setting's `key: user_2024`): taken out, a step that read such data and wrote it back lost them.
 Names ending in `_key`, `api_key`, `secret` and the like keep the broader rule."""
 
+
+def _quoted() -> str:
+    """A quoted string's value that looks like a credential, from its opening quote to its closing one.
+
+    Read as an unquoted value is (`_NAMED_VALUE`): one word of 8 or more characters holding a digit
+    or 12 long, neither a placeholder (`${API_KEY}`, `YOUR_API_KEY_HERE`) nor a call; an escaped
+    quote is part of it. Written out for each quote as runs of a character class between escapes,
+    none tried again: a back-reference to the opening quote, tried at each character, took seconds
+    on a megabyte's string.
+    """
+    escape = r"\\\S"
+    read = []
+    for mark in "\"'":
+        plain = rf"[^\s\\{mark}]"
+        no_digit = rf"[^\s\\{mark}\d]"
+        no_code = rf"[^\s\\{mark}()\[\]{{}}$<>%]"
+        read.append(
+            rf"(?<={mark})(?!(?-i:[A-Z_]+){mark})"
+            rf"(?={no_digit}*+(?:{escape}{no_digit}*+)*+\d|(?:{plain}|{escape}){{12}})"
+            rf"(?!{no_code}*+(?:{escape}{no_code}*+)*+[()\[\]{{}}$<>%])"
+            rf"(?=(?:{plain}|{escape}){{8}}){plain}*+(?:{escape}{plain}*+)*+(?={mark})"
+        )
+    return "(?:" + "|".join(read) + ")"
+
+
+_PATH = r"(?=(?:~|\.\.?)?/)(?!(?=\S*[A-Z])(?=\S*[a-z])\S*\d)"
+"""A value that is a path (`/home/user/projects`, `~/.ssh/id_ed25519`, `./certs/client.pem`), not a
+credential: it begins with `/`, `~/`, `./` or `../`, and does not mix upper-case and lower-case
+letters and digits as a key does (a base64 key may begin with `/`: `/wJalrXUtnFEMI/K7MDENG…`)."""
+
+_CODE_NAME = r"(?:[A-Za-z_]+(?:[.-][A-Za-z_]+)*|_*[A-Za-z]+\d*(?:[._]+[A-Za-z]+\d*)+_*)[;,]?(?!\S)"
+"""A value that names a variable, or is words, not a credential: letters joined by `_`, `.` or `-`
+(`hashedPassword`, `settings.api_key`, `Invalid-password-given`), or parts joined by `_` or `.`
+whose digits only end them (`next_page_token2`, `settings.v2_key`), a `;` or `,` after it
+(`config.apiKey;`). One part ending in digits (`summer2024`) is a password more often than not,
+and a part with digits inside it (`s3cr3t_v4lue`, `ya29.a0AfH6SMBx7`) a key."""
+
 _ASSIGNED = (
     # a line that sets a credential-named variable, as a .env, ini, YAML or shell file does:
     # `DB_PASSWORD=hunter2hunter2`, `export API_KEY=sk-…`, `password = hunter2hunter2`,
-    # `  token: abc123def456`, `- secret: …`. Its name is kept, its value goes. The name ends in a
-    # credential word as a part of its own (`DB_PASS`, `SSH_KEY`, `basic_auth`; not `MONKEY`).
+    # `  token: abc123def456`, `- secret: …`, or quoted, `DB_PASS="correcthorse123"`. Its name
+    # (and its opening quote) is kept, its value goes. The name ends in a credential word as a part
+    # of its own (`DB_PASS`, `SSH_KEY`, `basic_auth`; not `MONKEY`).
     r"(?P<assigned>(?<![^\n])[ \t]*(?:export[ \t]+|-[ \t]+)?"
     r"(?:(?P<shell>(?P<shell_bare>KEY=)|(?!KEY=)(?:[A-Z0-9_]*_)?(?:API_?KEY|KEY|SECRET|TOKEN|PASSWORD|PASSWD|PWD|PASS|CREDENTIALS?|AUTH)=)"
     r"|(?:(?P<assigned_bare>(?i:key))|(?!(?i:key)(?:=|[ \t]*:|[ \t]+=))(?:[A-Za-z0-9_.-]*[_.-])?"
     r"(?i:api[_-]?key|apikey|key|secret|token|password|passwd|pwd|pass|credentials?|auth))"
-    r"(?:=|[ \t]*:[ \t]+|[ \t]+=[ \t]*|=[ \t]+)))"
-    # the value is the line's one word (a comment may follow), a literal as `_NAMED_VALUE` reads
-    # it, not quoted (a quoted one goes whole, as in code) nor ending in `,` (a call's argument,
-    # `api_key=settings.api_key,`). Unless the line is a shell's (an upper-case name and `=`), a
-    # value that names a variable is code, not a credential: `api_key = settings.api_key`,
-    # `password = hashed_password` (a name without a digit). Taken out, a step that read a source
-    # file and wrote it back put the marker into the person's file.
-    r"(?(shell)|(?!(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|[A-Za-z_]+)(?!\S)))"
-    rf"(?(shell_bare)(?={_RANDOM_WORD}(?!\S)))(?(assigned_bare)(?={_RANDOM_WORD}(?!\S)))"
+    r"(?:=|[ \t]*:[ \t]+|[ \t]+=[ \t]*|=[ \t]+))(?P<assigned_quote>[\"'])?)"
+    # a path is no credential, however it is set (`SSH_KEY=~/.ssh/id_ed25519`, `PWD=/home/…`)
+    rf"(?!{_PATH})"
+    # a bare `key`'s value goes only when it looks random
+    rf"(?(shell_bare)(?={_RANDOM_WORD}(?:(?P=assigned_quote)|(?!\S))))"
+    rf"(?(assigned_bare)(?={_RANDOM_WORD}(?:(?P=assigned_quote)|(?!\S))))"
+    # quoted, the value is the string's, and may be followed by anything (`;`, a comment, an
+    # argument): a string is no variable, but unless the line is a shell's, a name or words in
+    # quotes stay (`auth_key = "created_at"`), as a JSON member's do (`_MEMBER`)
+    r"(?(assigned_quote)(?(shell)|(?![A-Za-z_]+(?:\.[A-Za-z_]+)*(?P=assigned_quote)))"
+    + _quoted()
+    # unquoted, the value is the line's one word (a comment may follow), a literal as
+    # `_NAMED_VALUE` reads it, not ending in `,` (a call's argument, `api_key=settings.api_key,`).
+    # Unless the line is a shell's (an upper-case name and `=`, where variables are `$NAME`), a
+    # value that names a variable or is words is code, not a credential (`_CODE_NAME`):
+    # `api_key = settings.api_key`, `this.apiKey = config.apiKey;`. Taken out, a step that read a
+    # source file and wrote it back put the marker into the person's file.
+    + rf"|(?(shell)|(?!{_CODE_NAME}))"
     r"(?![\"'])(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?![A-Z_]+(?!\S))\S{8,}(?<!,)"
-    r"(?=(?:[ \t]+#[^\n]*)?[ \t\r]*(?![^\n]))"
+    r"(?=(?:[ \t]+#[^\n]*)?[ \t\r]*(?![^\n])))"
 )
-"""A credential-named variable set on a line of its own (`assigned`, kept), and its value."""
-
-_IN_QUOTES = r"(?:(?!(?P=member_quote))[^\s\\]|\\\S)"
-"""A character of a quoted string's value, up to its closing quote (`member_quote`); escapes too."""
+"""A credential-named variable set on a line of its own (`assigned`, kept, with its opening quote
+if it has one), and its value."""
 
 _MEMBER = (
     # a JSON member (or a Python dict's item, as `str(result)` shows one) named as `_ASSIGNED`
@@ -152,23 +197,25 @@ _MEMBER = (
     r"(?i:api[_-]?key|apikey|key|secret|token|password|passwd|pwd|pass|credentials?|auth))"
     r"[\"'][ \t]*:[ \t]*(?P<member_quote>[\"']))"
     rf"(?(member_bare)(?={_RANDOM_WORD}(?P=member_quote)))"
-    # the value is one word, read as `_ASSIGNED` reads a line's: 8 or more characters holding a
-    # digit or 12 long, not a placeholder (`${API_KEY}`, `YOUR_SECRET_HERE`) nor a name
+    # the value is one word, read as `_ASSIGNED` reads a line's (`_quoted`), and not a name
     # (`"key": "created_at"`, `"translation_key": "settings.title"`: what a bare `key` names in
     # JSON more often than not, and what a YAML file's `key: created_at` keeps too). A string is
     # no variable: dotted words holding a digit are a token (a JWT, `ya29.a0Af…`), not a name.
-    r"(?![A-Za-z_]+(?:\.[A-Za-z_]+)*(?P=member_quote))"
-    rf"(?={_IN_QUOTES}*?\d|{_IN_QUOTES}{{12}})(?!{_IN_QUOTES}*?[()\[\]{{}}$<>%]){_IN_QUOTES}{{8,}}"
-    r"(?=(?P=member_quote))"
+    r"(?![A-Za-z_]+(?:\.[A-Za-z_]+)*(?P=member_quote))" + _quoted()
 )
 """A credential-named JSON member given a string (`member`, to its opening quote, kept), and its value."""
 
-_SECRET = re.compile(rf"{_URL_SECRETS}|{_KEY_SHAPES}|{_ASSIGNED}|{_MEMBER}")
-"""Everything taken out of what is shown (`redacted`): broad, as hiding too much there costs little."""
+_QUOTED_NAMED = rf"(?P<named>(?i:{_NAMED})[\"']){_quoted()}"
+"""A credential's name given a quoted literal anywhere (`password = "…"`, `connect(token='…')`):
+its name and opening quote (`named`), kept, and its value."""
 
-_CODE_SECRET = re.compile(
-    rf"{_URL_SECRETS}|{_OWN_SHAPES}|(?i:{_NAMED}(?=[\"']){_NAMED_VALUE})|{_ASSIGNED}|{_MEMBER}"
-)
+_SECRET = re.compile(rf"{_URL_SECRETS}|{_KEY_SHAPES}|{_QUOTED_NAMED}|{_ASSIGNED}|{_MEMBER}")
+"""Everything taken out of what is shown (`redacted`): broad, as hiding too much there costs little.
+
+A quoted literal a name is given goes whole with its name (`_KEY_SHAPES`) but in a call
+(`client(password="…")`, which `_NAMED_VALUE` reads as code), where its value goes."""
+
+_CODE_SECRET = re.compile(rf"{_URL_SECRETS}|{_OWN_SHAPES}|{_QUOTED_NAMED}|{_ASSIGNED}|{_MEMBER}")
 """What is taken out of a line of source code a traceback shows (`redacted_traceback`), and of
 what a tool read (`redacted_content`).
 
@@ -316,14 +363,12 @@ def _secret_values() -> list[str]:
 
 
 def _kept(match: re.Match[str]) -> str:
-    """What a match of `_SECRET` keeps: a URL's user, a parameter's, variable's or JSON member's name."""
-    return (
-        match.group("url_user")
-        or match.group("query_name")
-        or match.group("assigned")
-        or match.group("member")
-        or ""
-    )
+    """What a match of `_SECRET` or `_CODE_SECRET` keeps: a name and a quoted value's opening quote.
+
+    A URL's user, a parameter's, a variable's, a JSON member's or a quoted credential's name.
+    """
+    kept = match.groupdict()
+    return kept["url_user"] or kept["query_name"] or kept["named"] or kept["assigned"] or kept["member"] or ""
 
 
 def _removed(match: re.Match[str]) -> str:
@@ -356,13 +401,13 @@ def redacted_content(text: str) -> str:
     """`text`, what a tool read or made (a file, a page, a program's output), with its secrets removed.
 
     Every value of a secret this process holds goes, and so does a key by its own shape, a URL's
-    password and a quoted credential (`password = "…"`), as from a traceback's code, and the value
-    of a credential-named variable a line of a `.env`, ini, YAML or shell file sets
-    (`DB_PASSWORD=hunter2hunter2`: `_ASSIGNED`) or a JSON member holds
-    (`"password": "hunter2hunter2"`: `_MEMBER`). A name given a variable, a call or a value within
-    a line (`api_key = settings.api_key`) is code, not a credential: taken out (`redacted` does),
-    a step that read a source file and wrote it back put the marker into the person's file in
-    place of the line.
+    password and a quoted credential's value (`password = "…"`, its name and quotes kept), as from
+    a traceback's code, and the value of a credential-named variable a line of a `.env`, ini, YAML
+    or shell file sets (`DB_PASSWORD=hunter2hunter2`, `DB_PASS="…"`: `_ASSIGNED`) or a JSON member
+    holds (`"password": "hunter2hunter2"`: `_MEMBER`). A name given a variable, words or a path
+    (`_CODE_NAME`, `_PATH`), a call or a value within a line (`api_key = settings.api_key`) is not
+    a credential: taken out (`redacted` does), a step that read a source file and wrote it back
+    put the marker into the person's file.
     """
     return _CODE_SECRET.sub(_removed, _values_removed(text))
 

@@ -372,7 +372,7 @@ def test_source_code_a_tool_reads_reaches_the_model_as_code_with_only_the_secret
     (tmp_path / "ws").mkdir()
     code = "api_key = settings.api_key_for_tests\npassword = 'hunter2hunter2'\n"
     (tmp_path / "ws" / "client.py").write_text(code + f"token = {key}\n")
-    shown = f"api_key = settings.api_key_for_tests\n{REMOVED}\ntoken = {REMOVED}"  # a quoted one goes whole
+    shown = f"api_key = settings.api_key_for_tests\npassword = '{REMOVED}'\ntoken = {REMOVED}"
     final, events = _one_tool_call_run(
         write_script, tmp_path, {"name": "read_file", "args": {"path": "client.py"}}, [shown]
     )
@@ -398,6 +398,38 @@ def test_a_dotenv_file_a_tool_reads_reaches_the_model_without_its_credentials(
     stored = [path.read_bytes() for path in isolated.rglob("*") if path.is_file()] + _checkpoints(isolated)
     held = [data for data in stored if b"live0abc123def456" in data or b"hunter2hunter2" in data]
     assert held == []
+
+
+def test_a_quoted_dotenv_file_and_code_a_tool_reads_reach_the_model_with_only_the_values_taken_out(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Quoted values under names ending in pass, auth or key reached the model, the event and the
+    checkpoint whole; a quoted `DB_PASSWORD` lost its whole line, name and quotes too; and code
+    (`this.apiKey = config.apiKey;`) and a path lost their values, which a step writing the file
+    back put into the person's file as the marker."""
+    (tmp_path / "ws").mkdir()
+    read = (
+        'DB_PASS="correcthorse123"\n'
+        "export AUTH='abc123def456'\n"
+        'DB_PASSWORD="xhunter2hunter2"\n'
+        "SSH_KEY=~/.ssh/id_ed25519\n"
+        "this.apiKey = config.apiKey;\n"
+    )
+    (tmp_path / "ws" / "app.env").write_text(read)
+    shown = (
+        f'DB_PASS="{REMOVED}"\nexport AUTH=\'{REMOVED}\'\nDB_PASSWORD="{REMOVED}"\n'
+        "SSH_KEY=~/.ssh/id_ed25519\nthis.apiKey = config.apiKey;"
+    )
+    final, events = _one_tool_call_run(
+        write_script, tmp_path, {"name": "read_file", "args": {"path": "app.env"}}, [shown]
+    )
+    assert (final.status, final.output, final.error) == ("succeeded", "done", None)
+    (result,) = [event.data for event in events if event.kind == "tool_result"]
+    # the event is redacted as what is shown (`redacted`), where hiding the code line too costs nothing
+    assert result["result"].startswith(shown.rsplit("\n", 1)[0] + "\n")
+    stored = [path.read_bytes() for path in isolated.rglob("*") if path.is_file()] + _checkpoints(isolated)
+    values = (b"correcthorse", b"abc123def", b"hunter2")
+    assert [data for data in stored if any(value in data for value in values)] == []
 
 
 class _JsonReply(BaseHTTPRequestHandler):

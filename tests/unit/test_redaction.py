@@ -407,3 +407,87 @@ def test_a_json_member_named_as_a_credential_loses_its_string_value_and_the_json
     assert redacted_content("{'password': 'hunter2hunter2'}") == f"{{'password': '{REMOVED}'}}"
     # cut inside the value, a preview keeps the name and nothing of the value
     assert shortened('{"password": "hunter2hunter2"}', 20) == '{"password": "'
+
+
+def test_code_manifests_paths_and_messages_named_like_a_credential_are_left_as_they_are() -> None:
+    """What a step reads and may write back: each line was taken for a credential's setting, and the
+    marker went into the person's file in its value's place. A value is code when it names a variable
+    (`config.apiKey;`, `next_page_token2`), words (`Invalid-password-given`) or a path."""
+    kept = [
+        # C-family code: a name, a `;` or `,` after it
+        "this.apiKey = config.apiKey;",
+        "password = user.password;",
+        "this.credentials = credentials;",
+        "this.password = hashedPassword;",
+        "token = next_page_token2",
+        "api_key = settings.v2_api_key,",
+        # manifests: a bare `key` naming a label, a secret's entry or a cache
+        "  - key: node-role.kubernetes.io/control-plane",
+        "            key: database-password",
+        "key: cache-v1-linux-deps",
+        "key = cache_key_v2",
+        # paths, as a shell's `env` prints them
+        "SSH_KEY=~/.ssh/id_ed25519",
+        "PWD=/home/user/projects",
+        "OLDPWD=/Users/alice/src",
+        "auth_file: ./certs/client.pem",
+        # a message in a `.properties` file
+        "error.password=Invalid-password-given",
+    ]
+    assert redacted_content("\n".join(kept)) == "\n".join(kept)
+    # a value with a key's mix stays a credential, however it is set
+    secret = [
+        ("password = hunter2hunter2;", f"password = {REMOVED}"),
+        ("token = s3cr3t_v4lue", f"token = {REMOVED}"),
+        ("access_token: ya29.a0AfH6SMBx7", f"access_token: {REMOVED}"),
+        ("password: summer2024", f"password: {REMOVED}"),
+        ("password: my_pass_2024", f"password: {REMOVED}"),
+        ("AWS_SECRET_KEY=/wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", f"AWS_SECRET_KEY={REMOVED}"),
+        ("DB_PASSWORD=correct-horse-battery", f"DB_PASSWORD={REMOVED}"),  # a shell's: any value
+        ("error.password=Invalid-passw0rd-given", f"error.password={REMOVED}"),
+    ]
+    assert redacted_content("\n".join(line for line, _ in secret)) == "\n".join(shown for _, shown in secret)
+
+
+def test_a_quoted_value_loses_its_value_and_keeps_its_name_and_quotes() -> None:
+    """`.env` values quoted, under names ending in pass, pwd, auth, key or credentials, were left
+    whole in what a tool read and in what is shown; a quoted `DB_PASSWORD="…"` went whole, name and
+    quotes too, so a file written back lost its line."""
+    read = [
+        'DB_PASS="correcthorse123"',
+        'DB_PWD="s3cr3tpass"',
+        "export AUTH='abc123def456'",
+        'basic_auth: "alice:pa55w0rd"',
+        'SSH_KEY="k3yk3yk3yk3y"',
+        'MY_CREDENTIALS="user:pa55w0rd1"',
+        'DB_PASSWORD="xhunter2hunter2"  # rotated',
+        "password = 'hunter2hunter2'",
+        'this.auth = "abc123def456";',
+        '    client(password="hunter2hunter2", retries=3)',
+    ]
+    removed = [
+        f'DB_PASS="{REMOVED}"',
+        f'DB_PWD="{REMOVED}"',
+        f"export AUTH='{REMOVED}'",
+        f'basic_auth: "{REMOVED}"',
+        f'SSH_KEY="{REMOVED}"',
+        f'MY_CREDENTIALS="{REMOVED}"',
+        f'DB_PASSWORD="{REMOVED}"  # rotated',
+        f"password = '{REMOVED}'",
+        f'this.auth = "{REMOVED}";',
+        f'    client(password="{REMOVED}", retries=3)',
+    ]
+    assert redacted_content("\n".join(read)).split("\n") == removed
+    shown = redacted("\n".join(read))
+    for value in ("correcthorse", "s3cr3t", "abc123", "pa55w0rd", "k3yk3y", "hunter2"):
+        assert value not in shown
+    # a call's argument, read as code by the rule for what is shown, was shown whole
+    assert redacted('client(password="hunter2hunter2")') == f'client(password="{REMOVED}")'
+    # a quoted name, placeholder or short word is no credential
+    kept = [
+        'auth_key = "created_at"',
+        'DB_PASS="${DB_PASS}"',
+        "API_KEY='YOUR_API_KEY_HERE'",
+        'token = "short"',
+    ]
+    assert redacted_content("\n".join(kept)) == "\n".join(kept)
