@@ -630,7 +630,7 @@ def _logged_in_on_a_run_page(page: Any, server: str, token: str, run_id: str) ->
 
 
 def _answered(server: str, token: str, run_id: str) -> list[str]:
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(f"{server}/api/v1/runs/{run_id}/events", headers=headers)
     with urllib.request.urlopen(request, timeout=30) as response:
         events = json.loads(response.read())
@@ -705,3 +705,106 @@ def test_a_page_open_when_the_server_restarts_with_a_new_token_says_to_log_in_ag
             page.locator("#run-login").get_by_role("button", name="Log in").click()
             ended.wait_for(state="hidden")
             assert page.get_by_role("heading", name=f"Run {run_id}").count() == 1
+
+
+def _refresh_shown(page: Any) -> bool:
+    """Whether a refresh of the body (a change of the run) is shown on the page at once."""
+    page.evaluate("document.getElementById('run-body').dataset.before = 'refresh'")
+    page.evaluate(_REFRESH)
+    page.wait_for_timeout(200)  # a refresh shown is in by then
+    return bool(page.evaluate("document.getElementById('run-body').dataset.before !== 'refresh'"))
+
+
+def _press_on(page: Any, element: Any, button: str = "left") -> None:
+    element.scroll_into_view_if_needed()
+    box = element.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down(button=button)
+
+
+def test_a_press_that_makes_no_click_does_not_stop_the_page_following_the_run(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """A press whose release the page never sees held every refresh back, until the next click.
+
+    A right-click's menu (opened on the press) and a `<select>`'s list (the tool policies) take
+    the release; headless Chromium shows neither, so here the release is left out, as the page
+    then sees it. Only a press of the primary button (or Space on a button) holds refreshes, a
+    choice made in a list ends it, and a press no release ends stops holding them after 3 s.
+    """
+    page = browser_page
+    run_id = _api_run(server, _ask_script(tmp_path), "pressed without a click", {"auto_approve": False})
+    page.goto(f"{server}/runs/{run_id}")
+    heading = page.get_by_role("heading", name="Review the plan")
+    heading.wait_for()
+    assert _refresh_shown(page)
+
+    _press_on(page, heading, "right")  # the context menu opens and takes the release
+    assert _refresh_shown(page)
+    page.mouse.up(button="right")
+
+    policy = page.get_by_label("ask_user", exact=True).last  # the run's policy for ask_user
+    _press_on(page, policy)  # its list opens and takes the release
+    policy.select_option("deny")  # the choice is made in the list
+    assert _refresh_shown(page)
+    assert page.get_by_label("ask_user", exact=True).last.input_value() == "deny"  # the edit kept
+    page.mouse.up()
+
+    _press_on(page, heading)  # a press whose release never reaches the page
+    assert not _refresh_shown(page)  # held while pressed: a click may be on its way
+    page.wait_for_function("document.getElementById('run-body').dataset.before !== 'refresh'", timeout=6_000)
+    page.mouse.up()
+    assert _refresh_shown(page)
+
+
+def test_an_answer_refused_or_gone_is_said_so_and_one_taken_is_said_taken(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """The page says what became of an answer, and whether sending it again can help.
+
+    Every error but 409 and 422 said "not sent … send it again": a refusal as from another site
+    (403) and a run no longer on the server (404), which no resend gets past, and a failure after
+    the answer was taken (a resend was then refused: "yours was not taken").
+    """
+    page = browser_page
+    run_id = _api_run(server, _ask_script(tmp_path), "answers that go astray", {"auto_approve": True})
+    page.goto(f"{server}/runs/{run_id}")
+    answer = page.get_by_role("textbox", name="Which colour?")
+    answer.fill("teal")
+    unsent = page.locator("#run-unsent")
+
+    def sent_as(route: Any, **how: Any) -> None:  # the answer reaches the server, altered on the way
+        route.fulfill(response=route.fetch(**how))
+
+    elsewhere = {"origin": "http://elsewhere.example"}  # as from a page on another site
+    page.route("**/requests/*", lambda route: sent_as(route, headers={**route.request.headers, **elsewhere}))
+    page.get_by_role("button", name="Answer").click()
+    unsent.filter(has_text="Not sent: the server refused it").wait_for()
+    assert unsent.inner_text() == (
+        "Not sent: the server refused it (HTTP 403: a request from http://elsewhere.example cannot change "
+        "anything here): sending it again from this page cannot help. Load the page again from the "
+        "server's own address. What you typed and chose is still below, to copy."
+    )
+    page.unroute("**/requests/*")
+
+    gone = "20260101-000000-abcdef"  # a run this server does not have (one deleted, another database)
+    page.route("**/requests/*", lambda route: sent_as(route, url=route.request.url.replace(run_id, gone)))
+    page.get_by_role("button", name="Answer").click()
+    unsent.filter(has_text="Not sent: what it answers is no longer on the server").wait_for()
+    assert unsent.inner_text() == (
+        f"Not sent: what it answers is no longer on the server (HTTP 404: no run '{gone}'): sending it "
+        "again cannot help. Load the page again to see the run as the server has it. What you typed "
+        "and chose is still below, to copy."
+    )
+    page.unroute("**/requests/*")
+    assert (answer.input_value(), _answered(server, "", run_id)) == ("teal", [])
+
+    # taken, and the run then not read (the database lost): the server's 204 (test_web_pages pins it)
+    taken = "Your answer was taken, but the page could not show the run as it is now (the database is lost)."
+    trigger = {"HX-Trigger": json.dumps({"runActionTaken": taken})}
+    page.route("**/requests/*", lambda route: (route.fetch(), route.fulfill(status=204, headers=trigger)))
+    page.get_by_role("button", name="Answer").click()
+    page.get_by_role("status").filter(has_text=taken).wait_for()
+    assert unsent.is_hidden()
+    page.locator("h1 .status-succeeded").wait_for(timeout=30_000)  # the body fetched again after it
+    assert _answered(server, "", run_id) == ["ask_user"]

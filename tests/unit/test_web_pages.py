@@ -19,6 +19,7 @@ from _cli import start
 from _plans import APPROVED_AS_SHOWN, step, to_approval
 
 from masterplanner import RunOptions, Settings
+from masterplanner.errors import DatabaseUnavailableError
 from masterplanner.service import RunService
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
@@ -195,6 +196,72 @@ async def test_a_tool_approval_is_answered_inline(
     assert denied.status_code == 200
     body = await _body_until(client, run_id, r"status status-succeeded")
     assert "kept it" in body
+
+
+async def test_an_answer_taken_is_said_taken_when_the_run_cannot_be_shown_after_it(
+    client: httpx.AsyncClient,
+    write_script: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The answer is stored before the run is read for the body: a failure then is no "not sent".
+
+    It was a 5xx: the page said the answer was not sent, to send again, and the answer sent again
+    was refused as answered ("yours was not taken").
+    """
+    ask = {"name": "ask_user", "args": {"question": "Which colour?"}}
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("q", tools=["ask_user"])]}},
+            {"purpose": "step:q", "tool_calls": [ask]},
+            {
+                "purpose": "step:q",
+                "expect": ["teal"],
+                "tool_calls": [ask | {"args": {"question": "Which shade?"}}],
+            },
+            {"purpose": "step:q", "expect": ["dark"], "output": "dark teal"},
+            DRAFTS,
+            CRITIC,
+        ]
+    )
+    created = await client.post("/new", data={"task": "ask", "model": f"scripted:{script}", "yes": "on"})
+    run_id = created.headers["location"].removeprefix("/runs/")
+    lost = "the database at postgresql://db.example/runs cannot be reached (refused): cannot read a run"
+    for question, text, failure, why in [
+        ("Which colour?", "teal", DatabaseUnavailableError(lost), lost),
+        (
+            "Which shade?",
+            "dark",
+            RuntimeError("a bug"),
+            "the server failed to read it; its log has the details",
+        ),
+    ]:
+        body = await _body_until(client, run_id, question)
+        asked = re.search(r'hx-post="(/runs/[^/]+/requests/[0-9a-f]+)"', body)
+        assert asked is not None
+
+        async def fails(*_: object, failure: Exception = failure) -> None:
+            raise failure
+
+        with monkeypatch.context() as broken:
+            broken.setattr(RunService, "report", fails)  # read for the body, after the answer is stored
+            answered = await client.post(
+                asked[1], data={"choice": "text", "text": text}, headers={"hx-request": "true"}
+            )
+        note = (
+            f"Your answer was taken, but the page could not show the run as it is now ({why}): it shows "
+            "it at the run's next change, or when the page is loaded again."
+        )
+        got = (answered.status_code, json.loads(answered.headers["hx-trigger"]))
+        assert got == (204, {"runActionTaken": note})
+        again = await client.post(asked[1], data={"choice": "text", "text": text})
+        assert again.status_code == 409  # it was taken: sending it again is not needed
+    await _body_until(client, run_id, r"status status-succeeded")
+    events = (await client.get(f"/api/v1/runs/{run_id}/events")).json()
+    assert [event["data"]["kind"] for event in events if event["kind"] == "request_answered"] == [
+        "ask_user"
+    ] * 2
+    assert [record.exc_info[1] for record in caplog.records if record.exc_info] == [failure]
 
 
 async def test_a_run_started_in_the_terminal_is_approved_on_its_page(

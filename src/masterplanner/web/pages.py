@@ -8,6 +8,8 @@ Every action is a run service call, as in the API.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import re
 import stat
@@ -53,6 +55,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
 """Characters no local path to go on to after a login holds (a backslash reads as a slash)."""
 STATUSES = ("planning", "awaiting_approval", "running", "succeeded", "failed", "cancelled")
 _MAX_FILES = 200
+_log = logging.getLogger("masterplanner.web")
 
 
 def _service(request: Request) -> RunService:
@@ -341,9 +344,41 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
         problem, status = {"request": request_id, "message": str(error), "problems": []}, 422
     if problem is not None and status == 422 and edited != decision:  # the form is shown again
         problem["message"] += f"; the form shows your edit with the secret taken out (marked {REMOVED})"
+    if problem is None:
+        return await _body_once_done(request, record.id, "Your answer was taken")
     record = await service.get(record.id)
-    context = await _body_context(request, record, problem, edited=edited if problem else None)
+    context = await _body_context(request, record, problem, edited=edited)
     return templates.TemplateResponse(request, "_run_body.html", context, status_code=status)
+
+
+TAKEN_EVENT = "runActionTaken"
+"""The event (`HX-Trigger`) of a 204 that took what was sent but cannot show the run; its value says so."""
+
+
+async def _body_once_done(request: Request, run_id: str, done: str) -> Response:
+    """The run's body after what the person sent was stored (`done` says what it was).
+
+    When the run cannot be read or shown then (the database lost, say), a success still: what
+    they sent was taken, and the page is told so (a 204 with `TAKEN_EVENT`: the body stays). Before, it
+    was a 5xx: the page said "not sent … send it again", and the answer sent again was refused
+    as answered ("yours was not taken").
+    """
+    try:
+        context = await _body_context(request, await _service(request).get(run_id), None)
+        return templates.TemplateResponse(request, "_run_body.html", context)
+    except Exception as error:
+        if isinstance(error, MasterplannerError):
+            why = str(error)
+        else:
+            _log.exception(
+                "run %s: the body could not be shown after %s", run_id, done.lower(), exc_info=error
+            )
+            why = "the server failed to read it; its log has the details"
+        note = (
+            f"{done}, but the page could not show the run as it is now ({why}): it shows it at the "
+            "run's next change, or when the page is loaded again."
+        )
+        return Response(status_code=204, headers={"HX-Trigger": json.dumps({TAKEN_EVENT: note})})
 
 
 @router.post("/runs/{run_id}/feedback", response_class=HTMLResponse)
@@ -384,7 +419,10 @@ async def cancel(request: Request, run_id: str) -> Response:
         record = await service.get(found.id)
         if not record.finished:
             raise
-    return templates.TemplateResponse(request, "_run_body.html", await _body_context(request, record, None))
+        return templates.TemplateResponse(
+            request, "_run_body.html", await _body_context(request, record, None)
+        )
+    return await _body_once_done(request, record.id, "The run was cancelled")
 
 
 @router.post("/runs/{run_id}/resume", response_class=HTMLResponse)

@@ -17,7 +17,9 @@
 // A form they send reaches the server, or they are told it did not: no refresh is shown while
 // they press in the body (a refresh between press and release made the browser send no click),
 // a form sent before HTMX has set a fetched body up is sent as HTMX would (the browser loaded the
-// run's page with it instead), and an answer the server never took is said, its part held.
+// run's page with it instead), and an answer the server did not take is said, its part held, with
+// what to do (send it again, or not: refused, or gone); one taken that the server could not show
+// the run after is said taken.
 // When the person's login ends while the page is open (a server started with --auth: its cookie
 // expired or was cleared, or the server was given a new token), the page says so above the body,
 // with a login form there: the body stays as it was, what they typed included, and a form the
@@ -81,7 +83,7 @@
   // replaced the body the answer was to be shown in, and the answer's response (a refusal and
   // why) went into a body no longer on the page. While an answer is out, refreshes are not shown:
   // its response is the run as it is then, and a refresh left out is fetched again after it.
-  // Nor while the person presses in the body (a mouse button or a key held on a button): a
+  // Nor while the person presses in the body (its primary button, or Space held on a button): a
   // click is the press and the release on one element, and a refresh between them replaced or
   // moved it (a held part too: HTMX takes it out of the page and puts it back), so the browser
   // sent no click at all: an Answer clicked while a burst of the run's changes came went nowhere.
@@ -104,13 +106,31 @@
     });
     fetchMissed();
   });
+  // Only what makes a click holds refreshes: the primary button (a right-click opens a menu, which
+  // takes the release) or Space on a button. A press ends with its release, or with what else the
+  // page sees when something took the release: the menu (`contextmenu`), a choice made in a
+  // select's list (`change`), a drag's end, the window left. A press longer than `PRESS_MS` holds
+  // them no longer (before, a press whose release the page never saw held every refresh back until
+  // the next click: the page stopped following the run).
+  var PRESS_MS = 3000;
+  var pressEnds = null; // the timer that ends a press held too long
   function press(event) {
     var inBody = event.target.closest && event.target.closest("#run-body");
-    var key = event.type !== "keydown" || (event.key === " " && event.target.closest("button"));
-    if (inBody && key) pressing = true;
+    var key =
+      event.type === "keydown"
+        ? event.key === " " && !event.repeat && event.target.closest("button")
+        : event.isPrimary !== false && event.button === 0;
+    if (!inBody || !key) return;
+    pressing = true;
+    clearTimeout(pressEnds);
+    pressEnds = setTimeout(function () {
+      pressing = false;
+      fetchMissed();
+    }, PRESS_MS);
   }
   function release() {
     if (!pressing) return;
+    clearTimeout(pressEnds);
     setTimeout(function () {
       pressing = false; // after the click the release makes, and the answer it sends
       fetchMissed();
@@ -118,9 +138,17 @@
   }
   document.addEventListener("pointerdown", press, true);
   document.addEventListener("keydown", press, true);
-  ["pointerup", "pointercancel", "keyup"].forEach(function (type) {
+  ["pointerup", "pointercancel", "keyup", "contextmenu", "dragend"].forEach(function (type) {
     document.addEventListener(type, release, true);
   });
+  document.addEventListener(
+    "change",
+    function (event) {
+      // a select's only: a text field's comes as the press on a button takes the focus from it
+      if (event.target.tagName === "SELECT") release();
+    },
+    true
+  );
   window.addEventListener("blur", release);
 
   // A form in a fetched body that HTMX has not set up yet (it does 20 ms after the swap) is sent
@@ -137,23 +165,69 @@
     htmx.ajax("POST", post, { source: form, target: "#run-body", swap: "outerHTML", values: values });
   });
 
-  // An answer the server never took (it could not be reached, or failed): said above the body,
-  // and its part held, so what the person typed and chose stays for them to send again.
-  function unsent(event, why) {
+  // An answer the server did not take: said above the body, and its part held, so what the person
+  // typed and chose stays. What to do depends on why: sent again once the server is reached or
+  // works again (out of reach, a 5xx); not when it refused it as from another site (403: the page
+  // is to be loaded again from the server's address) or no longer has what it answers (404). (Before,
+  // each said "send it again", into the same refusal.)
+  function unsent(event, text) {
     var request = event.detail.requestConfig;
     var note = document.getElementById("run-unsent");
     if (!request || request.verb !== "post" || !note) return;
     var part = partOf(request.elt);
     if (part) held[part.id] = true;
-    note.textContent = "Not sent: " + why + ". What you typed and chose is still below: send it again.";
+    note.textContent = text;
     note.hidden = false;
+    var taken = document.getElementById("run-taken");
+    if (taken) taken.hidden = true;
   }
+  function serverWords(xhr) {
+    // a refusal's reason, in the server's words (its JSON `error`)
+    try {
+      var said = JSON.parse(xhr.responseText).error;
+      return typeof said === "string" ? said : "";
+    } catch (error) {
+      return "";
+    }
+  }
+  var KEPT = "What you typed and chose is still below";
   document.addEventListener("htmx:sendError", function (event) {
-    unsent(event, "the server could not be reached");
+    unsent(event, "Not sent: the server could not be reached. " + KEPT + ": send it again.");
   });
   document.addEventListener("htmx:responseError", function (event) {
-    if (event.detail.xhr.status === 401) loginEnded(event);
-    else unsent(event, "the server answered with an error (HTTP " + event.detail.xhr.status + ")");
+    var status = event.detail.xhr.status;
+    var said = serverWords(event.detail.xhr);
+    var why = "HTTP " + status + (said ? ": " + said : "");
+    if (status === 401) loginEnded(event);
+    else if (status === 403)
+      unsent(
+        event,
+        "Not sent: the server refused it (" + why + "): sending it again from this page cannot help. " +
+          "Load the page again from the server's own address. " + KEPT + ", to copy."
+      );
+    else if (status === 404)
+      unsent(
+        event,
+        "Not sent: what it answers is no longer on the server (" + why + "): sending it again cannot " +
+          "help. Load the page again to see the run as the server has it. " + KEPT + ", to copy."
+      );
+    else if (status >= 500)
+      unsent(event, "Not sent: the server failed on it (" + why + "). " + KEPT + ": send it again.");
+    else unsent(event, "Not sent: the server refused it (" + why + "). " + KEPT + ".");
+  });
+  // Taken, but the server could not read the run after it (`pages.TAKEN_EVENT`): said, the body
+  // left as it is and fetched again once the answer's request is done.
+  document.addEventListener("runActionTaken", function (event) {
+    var note = document.getElementById("run-taken");
+    var part = partOf(event.target);
+    if (part) delete held[part.id];
+    var unsentNote = document.getElementById("run-unsent");
+    if (unsentNote) unsentNote.hidden = true;
+    if (note) {
+      note.textContent = event.detail.value;
+      note.hidden = false;
+    }
+    missed = true;
   });
 
   // The login ended: the server answers the page's requests with a 401 (a refresh is not shown, a
@@ -300,8 +374,12 @@
       missed = true;
       return;
     }
-    var unsentNote = document.getElementById("run-unsent");
-    if (unsentNote && request && request.verb === "post") unsentNote.hidden = true; // this one reached the server
+    if (request && request.verb === "post") {
+      ["run-unsent", "run-taken"].forEach(function (id) {
+        var note = document.getElementById(id);
+        if (note) note.hidden = true; // this one reached the server, and its response says how it went
+      });
+    }
     var sent = request && request.verb === "post" ? partOf(request.elt) : null;
     if (sent) {
       delete held[sent.id]; // the answer to its own form says how it went, and why if refused
