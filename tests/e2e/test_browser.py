@@ -808,3 +808,34 @@ def test_an_answer_refused_or_gone_is_said_so_and_one_taken_is_said_taken(
     assert unsent.is_hidden()
     page.locator("h1 .status-succeeded").wait_for(timeout=30_000)  # the body fetched again after it
     assert _answered(server, "", run_id) == ["ask_user"]
+
+
+def test_a_new_task_sent_after_the_login_ended_is_planned_once_logged_in_again(
+    isolated: Path, browser_page: Any, tmp_path: Path
+) -> None:
+    """The form is answered with the login page, which sends it on as typed once the token is given.
+
+    Before, the browser showed a 401 in JSON, and the task typed was gone.
+    """
+    page = browser_page
+    with serving(isolated / "serve.log", "--auth") as server:
+        token = (isolated / "web-token").read_text().strip()
+        page.goto(f"{server}/new")
+        page.get_by_label("Token").fill(token)
+        page.get_by_role("button", name="Log in").click()
+        task = 'Write a haiku about <tea> & "cakes"'
+        page.get_by_label("Task").fill(task)
+        page.get_by_label("Model", exact=True).fill(f"scripted:{_ask_script(tmp_path)}")
+        page.context.clear_cookies()  # the login ended while the form was filled in
+        page.get_by_role("button", name="Plan it").click()
+        page.get_by_role("alert").filter(has_text="Not saved: your login to this server has ended").wait_for()
+        assert page.get_by_role("heading", name="Log in").count() == 1
+        page.get_by_label("Token").fill(token)
+        page.get_by_role("button", name="Log in").click()
+        page.get_by_role("heading", name="Review the plan").wait_for()
+        run_id = page.url.split("/")[4]
+        request = urllib.request.Request(
+            f"{server}/api/v1/runs/{run_id}", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert json.loads(response.read())["task"] == task

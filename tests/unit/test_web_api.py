@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import os
+import re
 import stat
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -554,6 +557,85 @@ async def test_a_login_ended_is_a_401_in_json_for_all_but_a_page_a_browser_opens
             303,
             "/login?next=%2Fruns%2F20260101-000000-abcdef",
         )
+
+
+def _hidden_fields(page: str) -> list[tuple[str, str]]:
+    """The login form's hidden fields, as a browser sends them."""
+    return [
+        (html.unescape(name), html.unescape(value))
+        for name, value in re.findall(r'<input type="hidden" name="([^"]*)" value="([^"]*)">', page)
+    ]
+
+
+async def test_a_form_sent_when_the_login_has_ended_is_the_login_page_and_sent_again_after_it(
+    service: RunService,
+) -> None:
+    """A browser's plain form (a new task, an agent's edit, a delete) was answered with a 401 in JSON.
+
+    Now it is the login page (401) saying the form was not saved, carrying what was typed; the
+    login sends it on to where it was sent (a 307: the browser posts it again, logged in). What
+    holds a secret is not carried back: the login then goes on to the form's page, to fill in again.
+    """
+    app = create_app(service, token="t" * 43)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://example.test"
+    ) as client:
+        client.cookies.update({"masterplanner_token": "an older token of this server"})
+        browser = {
+            "accept": "text/html,application/xhtml+xml,*/*;q=0.8",
+            "referer": "http://example.test/new",
+        }
+        typed = [("task", 'write a haiku\nabout <tea> & "cakes"'), ("model", ""), ("max_parallel", "99")]
+        refused = await client.post("/new", data=dict(typed), headers=browser)
+        page = refused.text
+        assert (refused.status_code, refused.headers["content-type"].split(";")[0]) == (401, "text/html")
+        assert "<h1>Log in</h1>" in page
+        assert html.unescape(re.findall(r'class="error" role="alert">([^<]*)<', page)[0]) == (
+            "Not saved: your login to this server has ended, so the form you sent was not taken. Log in "
+            "and it is sent again, as you filled it in."
+        )
+        carried = _hidden_fields(page)
+        assert carried == [
+            ("next", "/new"),
+            ("resend", "post"),
+            *typed,
+        ]
+
+        form = browser | {"content-type": "application/x-www-form-urlencoded"}
+        wrong = await client.post("/login", content=urlencode([*carried, ("token", "nope")]), headers=form)
+        assert wrong.status_code == 401 and _hidden_fields(wrong.text) == carried  # still carried
+        sent = urlencode([*carried, ("token", "t" * 43)])
+        logged_in = await client.post("/login", content=sent, headers=form)
+        assert (logged_in.status_code, logged_in.headers["location"]) == (307, "/new")
+        # the browser sends the login's form again to /new, now with the cookie
+        again = await client.post("/new", content=sent, headers=form)
+        assert again.status_code == 422  # the form, as typed, with what is wrong in it
+        assert "max parallel must be a whole number from 1 to" in again.text
+        assert "write a haiku\nabout &lt;tea&gt; &amp; &#34;cakes&#34;</textarea>" in again.text
+
+        client.cookies.clear()
+        secret = "use the key sk-proj-Abcdefghijklmnop1234567890QRSTuvwx"
+        refused = await client.post("/new", data={"task": secret}, headers=browser)
+        assert refused.status_code == 401 and "sk-proj" not in refused.text
+        assert html.unescape(re.findall(r'class="error" role="alert">([^<]*)<', refused.text)[0]) == (
+            "Not saved: your login to this server has ended, so the form you sent was not taken. What "
+            "you typed holds a secret, which this page does not send back: log in, then fill the form "
+            "in again."
+        )
+        assert _hidden_fields(refused.text) == [("next", "/new")]
+
+        # a form of no fields (a delete button): sent empty, as a browser does
+        deleted = await client.post("/teams/a-team", content=b"", headers=form)
+        assert (deleted.status_code, _hidden_fields(deleted.text)) == (
+            401,
+            [("next", "/teams/a-team"), ("resend", "post")],
+        )
+        # the API and the page's own requests keep the JSON
+        for headers in ({"accept": "application/json"}, {**browser, "hx-request": "true"}):
+            refused = await client.post("/new", data={"task": "t"}, headers=headers)
+            assert refused.status_code == 401 and refused.json()["error"].startswith(
+                "this server needs its token"
+            )
 
 
 async def test_other_sites_and_other_host_names_are_refused(client: httpx.AsyncClient) -> None:

@@ -113,6 +113,32 @@ def _opens_a_page(request: Request) -> bool:
     )
 
 
+def _sends_a_form(request: Request) -> bool:
+    """Whether a browser is sending a page's plain form (not the API, nor a page's HTMX request)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return (
+        request.method == "POST"
+        and not request.url.path.startswith("/api/")
+        and "hx-request" not in request.headers
+        and "text/html" in request.headers.get("accept", "")
+        and kind in ("application/x-www-form-urlencoded", "multipart/form-data")
+    )
+
+
+async def _fields(request: Request) -> list[tuple[str, Any]] | None:
+    """A form's fields, read only when it says it is within `MAX_BODY_BYTES` (else None).
+
+    (Read before `_BodyLimit`, which stops a longer one as it arrives.)
+    """
+    declared = request.headers.get("content-length", "")
+    if not (declared.isascii() and declared.isdigit()) or int(declared) > MAX_BODY_BYTES:
+        return None
+    try:
+        return list((await request.form()).multi_items())
+    except (HTTPException, ValueError):  # a body that is not the form it says it is
+        return None
+
+
 def _refused(request: Request, status: int, message: str, **more: Any) -> Response:
     """A refusal as the asker reads it: a page for a browser opening a page, else JSON.
 
@@ -223,10 +249,12 @@ _OPEN_PATHS = ("/login", "/static/", "/api/v1/health")
 def _require(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
     """Middleware that refuses every request without the token (header or login cookie).
 
-    A page a browser opens without it is sent to the login page instead. Anything else gets a 401
-    in JSON: a program (the API, /openapi.json), and a page's own requests, whose script says the
-    login has ended (a run page's refresh followed the redirect and showed the login page inside
-    the run's body; an answer it sent was refused as an error of the server's).
+    A page a browser opens without it is sent to the login page instead, and a page's plain form
+    a browser sends is answered with the login page, which sends it again once logged in
+    (`pages.form_not_taken`; it showed a 401 in JSON). Anything else gets a 401 in JSON: a
+    program (the API, /openapi.json), and a page's own requests, whose script says the login has
+    ended (a run page's refresh followed the redirect and showed the login page inside the run's
+    body; an answer it sent was refused as an error of the server's).
     """
 
     async def check(request: Request, call_next: _Next) -> Response:
@@ -240,6 +268,8 @@ def _require(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
         if _opens_a_page(request):
             asked = path + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(f"/login?{urlencode({'next': asked})}", status_code=303)
+        if _sends_a_form(request):
+            return pages.form_not_taken(request, await _fields(request))
         return _error(
             401,
             "this server needs its token: send `Authorization: Bearer TOKEN` or log in at /login "

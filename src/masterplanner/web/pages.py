@@ -16,6 +16,7 @@ import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
@@ -38,7 +39,7 @@ from .api import Executions, event_seq, existing_run, workspace_path
 from .auth import COOKIE, same_token
 from .graph import plan_svg
 
-__all__ = ["router", "templates"]
+__all__ = ["form_not_taken", "router", "templates"]
 
 router = APIRouter(include_in_schema=False)
 
@@ -82,7 +83,48 @@ async def login_page(request: Request, then: Annotated[str, Query(alias="next")]
     """The token form (only a server started with --auth asks for one)."""
     if request.app.state.token is None:
         return RedirectResponse(_after_login(then), status_code=303)
-    return templates.TemplateResponse(request, "login.html", {"error": None, "next": _after_login(then)})
+    return templates.TemplateResponse(request, "login.html", _login_context(None, _after_login(then)))
+
+
+def _login_context(
+    error: str | None, after: str, carried: list[tuple[str, str]] | None = None
+) -> dict[str, Any]:
+    """What `login.html` shows; `carried`: a form sent without the login, sent again once logged in."""
+    return {"error": error, "next": after, "carried": carried or [], "resend": carried is not None}
+
+
+_CARRIED_NOT = ("token", "next", "resend")
+"""The login form's own fields: a form holding one of these is not carried through it."""
+_NOT_TAKEN = "Not saved: your login to this server has ended, so the form you sent was not taken."
+
+
+def form_not_taken(request: Request, fields: list[tuple[str, Any]] | None) -> Response:
+    """The login page (401) for a plain form a browser sent without the login; `fields`: what it sent.
+
+    What was typed is carried in the login form, which sends it on to where it was sent once the
+    token is taken (`login`: a 307, the browser posts it again). A form holding a secret is not sent
+    back: the login goes on to the form's page, to fill in again. (Before, the browser showed a
+    bare 401 in JSON, and what was typed was gone.)
+    """
+    typed = [(name, value) for name, value in fields or [] if isinstance(value, str)]
+    secret = any(redacted(value) != value for _, value in typed)
+    if (
+        fields is not None
+        and len(typed) == len(fields)
+        and not secret
+        and not any(name in _CARRIED_NOT for name, _ in typed)
+    ):
+        asked = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        message = f"{_NOT_TAKEN} Log in and it is sent again, as you filled it in."
+        context = _login_context(message, _after_login(asked), typed)
+    else:
+        held = " What you typed holds a secret, which this page does not send back:" if secret else ""
+        message = f"{_NOT_TAKEN}{held} {'log' if secret else 'Log'} in, then fill the form in again."
+        referer = urlsplit(request.headers.get("referer", ""))
+        same = referer.netloc == request.headers.get("host")
+        back = referer.path + (f"?{referer.query}" if referer.query else "") if same else ""
+        context = _login_context(message, _after_login(back))
+    return templates.TemplateResponse(request, "login.html", context, status_code=401)
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -91,16 +133,17 @@ async def login(request: Request) -> Response:
     token: str | None = request.app.state.token
     form = await request.form()
     after = _after_login(form.get("next"))
+    # a form sent without the login, carried through it (`form_not_taken`): posted again (307)
+    carried = [(name, str(value)) for name, value in form.multi_items() if name not in _CARRIED_NOT]
+    resend = form.get("resend") == "post"
     if token is None:
-        return RedirectResponse(after, status_code=303)
+        return RedirectResponse(after, status_code=307 if resend else 303)
     given = str(form.get("token", ""))
     if not same_token(given, token):
-        context = {
-            "error": "that is not this server's token (see the web-token file in its home directory)",
-            "next": after,
-        }
+        error = "that is not this server's token (see the web-token file in its home directory)"
+        context = _login_context(error, after, carried if resend else None)
         return templates.TemplateResponse(request, "login.html", context, status_code=401)
-    response = RedirectResponse(after, status_code=303)
+    response = RedirectResponse(after, status_code=307 if resend else 303)
     response.set_cookie(COOKIE, token, httponly=True, samesite="strict", max_age=30 * 24 * 3600)
     return response
 
