@@ -584,8 +584,17 @@ async def test_a_form_sent_when_the_login_has_ended_is_the_login_page_and_sent_a
         browser = {
             "accept": "text/html,application/xhtml+xml,*/*;q=0.8",
             "referer": "http://example.test/new",
+            "sec-fetch-site": "same-origin",
         }
         typed = [("task", 'write a haiku\nabout <tea> & "cakes"'), ("model", ""), ("max_parallel", "99")]
+        # a form another site posted (an older browser: no Sec-Fetch-Site, `Origin: null`) is not
+        # carried: the person's login would send it again from this server's own origin
+        for elsewhere in ({"origin": "null"}, {"origin": "http://evil.test"}, {}):
+            foreign = await client.post(
+                "/new", data=dict(typed), headers={"accept": "text/html", **elsewhere}
+            )
+            assert foreign.status_code in (401, 403)
+            assert ("task", typed[0][1]) not in _hidden_fields(foreign.text)
         refused = await client.post("/new", data=dict(typed), headers=browser)
         page = refused.text
         assert (refused.status_code, refused.headers["content-type"].split(";")[0]) == (401, "text/html")

@@ -110,6 +110,7 @@ def form_not_taken(request: Request, fields: list[tuple[str, Any]] | None) -> Re
     secret = any(redacted(value) != value for _, value in typed)
     if (
         fields is not None
+        and _sent_from_here(request)
         and len(typed) == len(fields)
         and not secret
         and not any(name in _CARRIED_NOT for name, _ in typed)
@@ -125,6 +126,19 @@ def form_not_taken(request: Request, fields: list[tuple[str, Any]] | None) -> Re
         back = referer.path + (f"?{referer.query}" if referer.query else "") if same else ""
         context = _login_context(message, _after_login(back))
     return templates.TemplateResponse(request, "login.html", context, status_code=401)
+
+
+def _sent_from_here(request: Request) -> bool:
+    """Whether the browser says the form came from this server's own page (`Sec-Fetch-Site` or `Origin`).
+
+    Only such a form is carried through the login: a form another site posted (which an older
+    browser may send with no `Sec-Fetch-Site` and `Origin: null`) would otherwise be sent again,
+    by the person's own login, from this server's origin, past every cross-site check.
+    """
+    if request.headers.get("sec-fetch-site") == "same-origin":
+        return True
+    origin = request.headers.get("origin", "")
+    return origin not in ("", "null") and urlsplit(origin).netloc == request.headers.get("host")
 
 
 @router.post("/login", response_class=HTMLResponse)
