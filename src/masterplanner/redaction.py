@@ -110,9 +110,13 @@ _URL_SECRETS = (
 )
 """A URL's password (`url_user` kept) or a credential parameter's value (`query_name` kept)."""
 
-_RANDOM_WORD = r"(?=[A-Za-z0-9+=_-]*\d)(?=[A-Za-z0-9+=_-]*[A-Za-z])[A-Za-z0-9+=_-]{20,}"
+_RANDOM_WORD = (
+    r"(?:(?=[A-Za-z0-9+=_-]*\d)(?=[A-Za-z0-9+=_-]*[A-Za-z])[A-Za-z0-9+=_-]{20,}"
+    r"|(?=[A-Za-z0-9+/=_-]*\d)(?=[A-Za-z0-9+/=_-]*[a-z])(?=[A-Za-z0-9+/=_-]*[A-Z])[A-Za-z0-9+/=_-]{20,})"
+)
 """What a value named by a bare `key` must look like to be taken for a credential: 20 or more of a
-key's characters, letters and digits both. `key` alone names an identifier more often than a
+key's characters, letters and digits both, or with `/` (base64) upper- and lower-case letters and
+digits all three. `key` alone names an identifier more often than a
 secret (a Jira issue's `"key": "PROJ-1234"`, an S3 object's `"Key": "photos/2024/cat.jpg"`, a
 setting's `key: user_2024`): taken out, a step that read such data and wrote it back lost them.
 Names ending in `_key`, `api_key`, `secret` and the like keep the broader rule."""
@@ -147,12 +151,14 @@ _PATH = r"(?=(?:~|\.\.?)?/)(?!(?=\S*[A-Z])(?=\S*[a-z])\S*\d)"
 credential: it begins with `/`, `~/`, `./` or `../`, and does not mix upper-case and lower-case
 letters and digits as a key does (a base64 key may begin with `/`: `/wJalrXUtnFEMI/K7MDENG…`)."""
 
-_CODE_NAME = r"(?:[A-Za-z_]+(?:[.-][A-Za-z_]+)*|_*[A-Za-z]+\d*(?:[._]+[A-Za-z]+\d*)+_*)[;,]?(?!\S)"
-"""A value that names a variable, or is words, not a credential: letters joined by `_`, `.` or `-`
-(`hashedPassword`, `settings.api_key`, `Invalid-password-given`), or parts joined by `_` or `.`
+_CODE_NAME = r"(?:[A-Za-z_]+(?:\.[A-Za-z_]+)*|_*[A-Za-z]+\d*(?:[._]+[A-Za-z]+\d*)+_*)[;,]?(?!\S)"
+"""A value that names a variable, not a credential: letters joined by `_` or `.` (`hashedPassword`,
+`settings.api_key`), or parts joined by `_` or `.`
 whose digits only end them (`next_page_token2`, `settings.v2_key`), a `;` or `,` after it
 (`config.apiKey;`). One part ending in digits (`summer2024`) is a password more often than not,
-and a part with digits inside it (`s3cr3t_v4lue`, `ya29.a0AfH6SMBx7`) a key."""
+and a part with digits inside it (`s3cr3t_v4lue`, `ya29.a0AfH6SMBx7`) a key. Words joined by `-` are
+no name in code: a passphrase (`correct-horse-battery-staple`) goes, and so does a `.properties`
+message so set (`error.password=Invalid-password-given`), the lesser loss."""
 
 _ASSIGNED = (
     # a line that sets a credential-named variable, as a .env, ini, YAML or shell file does:

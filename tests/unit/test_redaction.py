@@ -412,7 +412,7 @@ def test_a_json_member_named_as_a_credential_loses_its_string_value_and_the_json
 def test_code_manifests_paths_and_messages_named_like_a_credential_are_left_as_they_are() -> None:
     """What a step reads and may write back: each line was taken for a credential's setting, and the
     marker went into the person's file in its value's place. A value is code when it names a variable
-    (`config.apiKey;`, `next_page_token2`), words (`Invalid-password-given`) or a path."""
+    (`config.apiKey;`, `next_page_token2`) or a path."""
     kept = [
         # C-family code: a name, a `;` or `,` after it
         "this.apiKey = config.apiKey;",
@@ -431,8 +431,6 @@ def test_code_manifests_paths_and_messages_named_like_a_credential_are_left_as_t
         "PWD=/home/user/projects",
         "OLDPWD=/Users/alice/src",
         "auth_file: ./certs/client.pem",
-        # a message in a `.properties` file
-        "error.password=Invalid-password-given",
     ]
     assert redacted_content("\n".join(kept)) == "\n".join(kept)
     # a value with a key's mix stays a credential, however it is set
@@ -445,6 +443,13 @@ def test_code_manifests_paths_and_messages_named_like_a_credential_are_left_as_t
         ("AWS_SECRET_KEY=/wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", f"AWS_SECRET_KEY={REMOVED}"),
         ("DB_PASSWORD=correct-horse-battery", f"DB_PASSWORD={REMOVED}"),  # a shell's: any value
         ("error.password=Invalid-passw0rd-given", f"error.password={REMOVED}"),
+        # words joined by `-` are no name in code: a passphrase goes (and a `.properties` message)
+        ("password: correct-horse-battery-staple", f"password: {REMOVED}"),
+        ("db_password = a-long-pass-phrase", f"db_password = {REMOVED}"),
+        ("error.password=Invalid-password-given", f"error.password={REMOVED}"),
+        # a bare `key` given a base64 key (a `/` in it): upper, lower and digits all three
+        ("key: wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", f"key: {REMOVED}"),
+        ("KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", f"KEY={REMOVED}"),
     ]
     assert redacted_content("\n".join(line for line, _ in secret)) == "\n".join(shown for _, shown in secret)
 
