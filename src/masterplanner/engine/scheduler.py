@@ -21,7 +21,7 @@ replan was stopped, not found wanting.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -30,6 +30,8 @@ from ..errors import PlanError
 from ..plan import Plan, Step
 
 __all__ = ["StepOutcome", "run_dag"]
+
+_log = logging.getLogger("masterplanner.scheduler")
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,10 @@ async def run_dag(
                 # replan, not its step's chance: the dependents stay for the run's end, or for
                 # the redone replan of a run resumed. A skip that cannot be recorded leaves them
                 # so too, and the planner's problems stay the error.
-                with contextlib.suppress(Exception):
+                try:
                     await _skip(_skip_blocked(schedule.waiting(), schedule.outcomes)[1], on_skip)
+                except Exception as error:
+                    _log.warning("the dependents of a step whose replan failed were not skipped: %s", error)
                 raise
             waiting, skipped = _skip_blocked(schedule.waiting(), schedule.outcomes)
             await _skip(skipped, on_skip)
