@@ -158,4 +158,13 @@ async def test_a_step_whose_prompt_fails_stops_the_others(write_script: WriteScr
             PLAN, CATALOG, model=resolve_model(f"scripted:{script}"), ledger=ledger, rounds=0
         )
     await asyncio.sleep(0.8)  # past the slow draft's end, had it gone on
-    assert ledger.by_purpose().get("prompt_creator", {}).get("calls", 0) == 0
+    # the one call counted is the draft that failed: the slow one was stopped, not answered
+    assert ledger.by_purpose()["prompt_creator"] == {
+        "calls": 1,
+        "failed_calls": 1,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "seconds": ledger.by_purpose()["prompt_creator"]["seconds"],
+        "cost_usd": 0.0,
+        "unpriced_calls": 0,
+    }
