@@ -22,6 +22,18 @@ def _checks(code: str) -> list[tuple[str, bool, str, str]]:
     return [(check.name, check.ok, check.detail, check.fix) for check in found]
 
 
+NOTES_SERVER = str(Path(__file__).with_name("mcp_notes_server.py"))
+"""The test MCP server offering the tools named on its command line."""
+
+
+def _without_the_model_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor with the embedded model's checks taken as passed (they load the model: seconds)."""
+    from masterplanner import doctor
+
+    monkeypatch.setattr(doctor, "_check_model_file", lambda: Check("embedded model file", True, True, "stub"))
+    monkeypatch.setattr(doctor, "_check_model_runs", lambda settings: iter(()))
+
+
 def test_a_crash_in_llama_cpp_is_reported_with_the_portable_rebuild() -> None:
     [(name, ok, detail, fix)] = _checks("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     assert (name, ok) == ("llama.cpp loads the model", False)
@@ -186,12 +198,10 @@ def test_doctor_exits_1_naming_why_the_database_is_not_writable(
 ) -> None:
     from typer.testing import CliRunner
 
-    from masterplanner import doctor
     from masterplanner.cli.app import app
 
     # the model checks load llama.cpp: out of this test's way
-    monkeypatch.setattr(doctor, "_check_model_file", lambda: Check("embedded model file", True, True, "stub"))
-    monkeypatch.setattr(doctor, "_check_model_runs", lambda settings: iter(()))
+    _without_the_model_checks(monkeypatch)
     path = tmp_path / "mp.sqlite"
     path.write_bytes(os.urandom(4096))
     monkeypatch.setenv("MASTERPLANNER_DATABASE_URL", f"sqlite:///{path}")
@@ -222,12 +232,10 @@ def test_doctor_lists_each_mcp_server_s_tools_and_names_one_that_cannot_be_liste
     """Before, doctor did not look at mcp_servers: every check was ok, and every run then failed."""
     from typer.testing import CliRunner
 
-    from masterplanner import doctor
     from masterplanner.cli.app import app
 
-    monkeypatch.setattr(doctor, "_check_model_file", lambda: Check("embedded model file", True, True, "stub"))
-    monkeypatch.setattr(doctor, "_check_model_runs", lambda settings: iter(()))
-    notes = str(Path(__file__).with_name("mcp_notes_server.py"))
+    _without_the_model_checks(monkeypatch)
+    notes = NOTES_SERVER
     servers = {
         "notes": {"command": sys.executable, "args": [notes, "shout", "add"]},
         "bad": {"command": "/nonexistent/server"},
@@ -275,12 +283,10 @@ def test_doctor_fails_an_mcp_server_offering_a_tool_under_a_built_in_or_team_too
     """Before, doctor listed `write_file` and `set_note` as the servers' tools, and every run refused them."""
     from typer.testing import CliRunner
 
-    from masterplanner import doctor
     from masterplanner.cli.app import app
 
-    monkeypatch.setattr(doctor, "_check_model_file", lambda: Check("embedded model file", True, True, "stub"))
-    monkeypatch.setattr(doctor, "_check_model_runs", lambda settings: iter(()))
-    notes = str(Path(__file__).with_name("mcp_notes_server.py"))
+    _without_the_model_checks(monkeypatch)
+    notes = NOTES_SERVER
     servers = {
         "notes": {"command": sys.executable, "args": [notes, "shout"]},
         "write": {"command": sys.executable, "args": [notes, "text", "file"]},  # write_file: built-in
@@ -311,11 +317,9 @@ def test_doctor_fails_on_settings_every_run_refuses_naming_where_they_are(
     """A policy for no tool, a search backend without its folder, a bad model in a file: all were "ok"."""
     from typer.testing import CliRunner
 
-    from masterplanner import doctor
     from masterplanner.cli.app import app
 
-    monkeypatch.setattr(doctor, "_check_model_file", lambda: Check("embedded model file", True, True, "stub"))
-    monkeypatch.setattr(doctor, "_check_model_runs", lambda settings: iter(()))
+    _without_the_model_checks(monkeypatch)
     settings_file = Path.cwd() / "masterplanner.toml"
     settings_file.write_text('model = "openai:"\n')
     env = {"MASTERPLANNER_TOOL_POLICIES": '{"fly": "auto"}', "MASTERPLANNER_WEB_SEARCH_BACKEND": "local"}
