@@ -311,6 +311,42 @@ def test_doctor_fails_an_mcp_server_offering_a_tool_under_a_built_in_or_team_too
     )
 
 
+def test_doctor_fails_only_the_mcp_servers_whose_tools_cannot_be_named_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, two servers' tools that could not be named apart failed every server's check."""
+    from typer.testing import CliRunner
+
+    from masterplanner.cli.app import app
+
+    _without_the_model_checks(monkeypatch)
+    notes = NOTES_SERVER
+    servers = {
+        "notes": {"command": sys.executable, "args": [notes, "shout"]},
+        # "a"'s b_c is tagged a_b_c_10fba79c (it is "a_b"'s c's name too): "a_b" offers that name
+        "a": {"command": sys.executable, "args": [notes, "b_c"]},
+        "a_b": {"command": sys.executable, "args": [notes, "c", "c_10fba79c"]},
+        "x": {"command": sys.executable, "args": [notes, "y"]},
+    }
+    monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps(servers))
+    result = CliRunner().invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 1, result.output
+    found = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    clash = (
+        "MCP servers 'a' and 'a_b' offer tools 'b_c' and 'c_10fba79c': they cannot both be called "
+        "'a_b_c_10fba79c'"
+    )
+    assert {name: (check["ok"], check["detail"]) for name, check in found.items() if "MCP" in name} == {
+        "MCP server notes": (True, "1 tool: notes_shout"),
+        "MCP server a": (False, clash),
+        "MCP server a_b": (False, clash),
+        "MCP server x": (True, "1 tool: x_y"),
+    }
+    assert found["MCP server a_b"]["fix"] == (
+        "correct mcp_servers.a_b in masterplanner.toml (or MASTERPLANNER_MCP_SERVERS)"
+    )
+
+
 def test_doctor_fails_on_settings_every_run_refuses_naming_where_they_are(
     isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

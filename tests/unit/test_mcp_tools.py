@@ -60,6 +60,21 @@ async def test_a_tool_name_model_providers_refuse_is_mapped_to_one_they_take() -
     assert len(specs[0].name) == 64
 
 
+async def test_discovery_refuses_two_servers_tools_it_cannot_name_apart_naming_both() -> None:
+    """What a run does where `doctor` fails the two servers (`discover_each`): it fails, in these words."""
+    servers = {
+        "notes": McpServer(command=sys.executable, args=[SERVER]),
+        "a": McpServer(command=sys.executable, args=[SERVER, "b_c"]),  # tagged a_b_c_10fba79c
+        "a_b": McpServer(command=sys.executable, args=[SERVER, "c", "c_10fba79c"]),
+    }
+    with pytest.raises(ConfigError) as caught:
+        await discover_tools(servers)
+    assert str(caught.value) == (
+        "MCP servers 'a' and 'a_b' offer tools 'b_c' and 'c_10fba79c': they cannot both be called "
+        "'a_b_c_10fba79c'"
+    )
+
+
 def test_a_run_calls_a_tool_by_its_mapped_name_and_the_server_by_its_own(
     write_script: Callable[..., Path],
 ) -> None:

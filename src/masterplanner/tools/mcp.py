@@ -167,6 +167,14 @@ def mcp_tool_name(server: str, tool: str, *, tagged: bool = False) -> str:
     return f"{prefix}_{readable[:room]}_{tag}" if readable[:room] else f"{prefix}_{tag}"
 
 
+class _NameClash(ConfigError):
+    """Two tools `_catalog_names` cannot name apart: the error of `servers`, the one or two offering them."""
+
+    def __init__(self, message: str, servers: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.servers = servers
+
+
 def _catalog_names(servers: Mapping[str, list[str]]) -> dict[tuple[str, str], str]:
     """Each server's tools' catalog names, by (server, its own name) (`mcp_tool_name`).
 
@@ -195,12 +203,15 @@ def _catalog_names(servers: Mapping[str, list[str]]) -> dict[tuple[str, str], st
             if name in seen:
                 first_server, first = seen[name]
                 if first_server != server:
-                    raise ConfigError(
+                    raise _NameClash(
                         f"MCP servers {first_server!r} and {server!r} offer tools {first!r} and {tool!r}: "
-                        f"they cannot both be called {name!r}"
+                        f"they cannot both be called {name!r}",
+                        (first_server, server),
                     )
                 both = f"the tool {tool!r} twice" if first == tool else f"tools {first!r} and {tool!r}"
-                raise ConfigError(f"MCP server {server!r} lists {both}: they cannot both be called {name!r}")
+                raise _NameClash(
+                    f"MCP server {server!r} lists {both}: they cannot both be called {name!r}", (server,)
+                )
             seen[name] = (server, tool)
     return names
 
@@ -388,9 +399,11 @@ async def discover_each(servers: Mapping[str, McpServer]) -> dict[str, list[Tool
     """Each server's tools as a run offers them, or why they cannot be listed (`doctor`).
 
     The servers that list their tools are named together, as `discover_tools` names them (two
-    servers' tools of one name are told apart). A naming problem (a server listing one name
-    twice) is each listed server's error, as it fails every run; a tool offered under a built-in
-    or team tool's name is its server's error, in the words a run refuses it with (`_taken_name`).
+    servers' tools of one name are told apart). Two tools that cannot be named apart (a server
+    listing one name twice) are the error of the one or two servers offering them, in the words a
+    run fails with; the others are named without them. Before, that error was every server's. A
+    tool offered under a built-in or team tool's name is its server's error, in the words a run
+    refuses it with (`_taken_name`).
     """
     found: dict[str, list[ToolSpec] | ConfigError] = {}
     listed: dict[str, list[Any]] = {}
@@ -399,10 +412,14 @@ async def discover_each(servers: Mapping[str, McpServer]) -> dict[str, list[Tool
             listed[name] = await _list_tools(name, server)
         except ConfigError as exc:
             found[name] = exc
-    try:
-        specs = _specs(listed)
-    except ConfigError as exc:
-        return {name: found.get(name, exc) for name in servers}
+    while True:
+        try:
+            specs = _specs(listed)
+            break
+        except _NameClash as exc:
+            for name in exc.servers:
+                found[name] = exc
+                del listed[name]
     for name in listed:
         own = [spec for spec in specs if spec.mcp_server == name]
         found[name] = _taken_name(own) or own
