@@ -147,6 +147,27 @@ def test_an_import_past_the_lessons_limit_drops_the_files_lessons_never_the_stor
     assert store.get_agent("full").lessons == [f"Mine {n}." for n in range(50)]
 
 
+def test_an_import_takes_a_lesson_differing_only_in_spacing_case_or_end_punctuation_as_the_same(
+    store: RegistryStore, tmp_path: Path
+) -> None:
+    """Before, `name  the OUTPUT file` beside a stored `Name the output file.` was a second lesson."""
+    stored = ["Name the output file.", "Check the units"]
+    store.put_agent(_agent("clerk", "clerk", "You file things.", lessons=[*stored, "Sign each letter."]))
+    store.put_agent(store.get_agent("clerk").model_copy(update={"lessons": stored}))  # one removed
+    exported = tmp_path / "agents.jsonl"
+    store.export_agents(exported)
+    line = json.loads(exported.read_text())
+    same = ["name  the OUTPUT file", "Check the units!", " sign each\tletter. "]
+    exported.write_text(json.dumps(line | {"lessons": same}) + "\n")
+    done = store.import_agents([spec for _, spec in store.read_agents(exported)])
+    assert (done.updated, done.unchanged, store.get_agent("clerk").lessons) == ([], ["clerk"], stored)
+    # a new one is added as the file has it (once, though the file has it twice), the others not
+    new = ["Keep a log;", "keep a LOG", *same]
+    exported.write_text(json.dumps(line | {"lessons": new}) + "\n")
+    done = store.import_agents([spec for _, spec in store.read_agents(exported)])
+    assert (done.updated, store.get_agent("clerk").lessons) == (["clerk"], ["Keep a log;", *stored])
+
+
 def test_export_import_round_trips_and_a_corrupt_file_imports_nothing(
     store: RegistryStore, tmp_path: Path
 ) -> None:

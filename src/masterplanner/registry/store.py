@@ -117,6 +117,11 @@ MAX_LESSONS = 50
 """The most lessons an agent keeps (`AgentSpec.lessons`); a rating past it lets the oldest go."""
 
 
+def _lesson_key(lesson: str) -> str:
+    """What two lessons are compared by: their words, in lower case, without closing punctuation."""
+    return " ".join(lesson.casefold().split()).rstrip(".,;:!?… ")
+
+
 def _with_lessons_kept(imported: AgentSpec, current: AgentSpec, had: Collection[str]) -> AgentSpec:
     """`imported` holding every lesson of `current` (the stored agent), after the file's new ones.
 
@@ -125,9 +130,16 @@ def _with_lessons_kept(imported: AgentSpec, current: AgentSpec, had: Collection[
     when no stored version of the agent had it (`had`: every version's lessons): one removed
     since (by an edit, or let go past `MAX_LESSONS` as it learned) stays removed; before, an older
     export brought it back. The new ones come first (as older ones); past `MAX_LESSONS`, they
-    give way, oldest first.
+    give way, oldest first. Lessons are compared as `_lesson_key` gives them: before, one that
+    differed only in spacing, case or a closing `.` was imported as a second lesson. A new one is
+    kept as the file has it, once.
     """
-    extra = [lesson for lesson in imported.lessons if lesson not in had and lesson not in current.lessons]
+    known = {_lesson_key(lesson) for lesson in [*had, *current.lessons]}
+    extra: list[str] = []
+    for lesson in imported.lessons:
+        if (key := _lesson_key(lesson)) not in known:
+            known.add(key)
+            extra.append(lesson)
     lessons = [*extra[max(0, len(extra) + len(current.lessons) - MAX_LESSONS) :], *current.lessons]
     return imported if lessons == imported.lessons else imported.model_copy(update={"lessons": lessons})
 
