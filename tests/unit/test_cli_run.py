@@ -977,7 +977,10 @@ def test_run_ids_are_listed_whole_in_a_narrow_terminal(write_script: Callable[..
     assert run_id in listed.stdout  # whole, to be copied into `runs show` or `runs resume`
     wide = mp("runs", "list", env={"COLUMNS": "200"}).stdout
     assert "planning (queued)" in wide  # no worker has taken it
-    assert json.loads(mp("runs", "list", "--json").stdout)[0]["idle"] == "queued"
+    [row] = json.loads(mp("runs", "list", "--json").stdout)
+    assert (row["run_id"], row["idle"]) == (run_id, "queued")
+    # the keys the README gives (the API's `GET /runs` names the id `id`): a public contract
+    assert sorted(row) == ["created_at", "idle", "model", "run_id", "status", "task"]
 
 
 def test_a_workspace_that_does_not_exist_is_made_and_said_or_refused(

@@ -417,6 +417,9 @@ async def test_a_stopped_run_is_resumed_from_its_page_or_the_api(
         elsewhere.close()
     listed = (await client.get("/api/v1/runs")).json()
     assert [(run["id"], run["idle"]) for run in listed] == [(made.id, "stopped")]
+    # the keys the README gives (`runs list --json` names the id `run_id`): a public contract
+    keys = "id task status model workspace created_at updated_at output error retries idle"
+    assert sorted(listed[0]) == sorted(keys.split())
     body = (await client.get(f"/runs/{made.id}/body")).text
     assert f'hx-post="/runs/{made.id}/resume"' in body and "Resume run" in body
     # a rating sent from a page that was stale: refused, and the page says why
