@@ -76,8 +76,11 @@ def test_a_run_is_rated_once_with_its_lessons_each_taught_once(store: RegistrySt
     assert sum(isinstance(error, RunError) for error in refused) == 3 and refused.count(None) == 1
     again = store.apply_rating("r3", 1, by="a", agent_ids=["w"], lessons={"w": ["Say the totals."]})
     assert again.lessons == {}  # nothing added: the lesson is not reported as one
+    # nor one differing only in spacing, case or closing punctuation (as an import compares them)
+    alike = store.apply_rating("r4", 1, by="a", agent_ids=["w"], lessons={"w": ["say  the TOTALS"]})
+    assert alike.lessons == {}
     agent = store.get_agent("w")
-    assert (agent.stats.ratings, agent.stats.rating_sum) == (3, 4.0)
+    assert (agent.stats.ratings, agent.stats.rating_sum) == (4, 5.0)
     assert agent.lessons == ["Say the totals."] and agent.version == 2  # taught once: no new version
 
 

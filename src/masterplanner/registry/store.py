@@ -750,11 +750,12 @@ class RegistryStore:
     def _add_lesson(self, connection: Connection, agent_id: str, lesson: str) -> str | None:
         """Append a lesson to an agent as its next version (the 50 newest kept); the lesson added, if any.
 
-        A lesson the agent has already is not added (None).
+        A lesson the agent has already is not added (None), compared as an import compares them
+        (`_lesson_key`): before, one differing only in case or a closing `.` was a second lesson.
         """
         agent = self.get_agent(agent_id, connection=connection)
         lesson = lesson.strip()
-        if lesson in agent.lessons:
+        if _lesson_key(lesson) in {_lesson_key(known) for known in agent.lessons}:
             return None
         lessons = [*agent.lessons, lesson][-MAX_LESSONS:]
         self.put_agent(agent.model_copy(update={"lessons": lessons}), connection)
