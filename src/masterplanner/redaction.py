@@ -73,15 +73,36 @@ _OWN_SHAPES = (
 )
 """Credentials by their own shape: providers' keys, a private key, a bearer token."""
 
-_NAMED = (
+_WRITTEN_AS = r"(?:[_-](?:value|b64|base64|hex|raw|plain|plaintext|encoded)|[_-]base(?<=key[_-]base))"
+"""A word after a credential's that says how it is written, for case-insensitive use: a
+`token_value`, a `password_b64`, Rails' `secret_key_base` (`_base` after a key only: a
+`token_base` may be a URL) are credentials. A word naming something else (`api_key_id`,
+`password_hash`, `token_count`, `secret_name`) names none, and a bare `key`, `pass`, `pwd` or
+`auth` with a word after it (`key_value`, `auth_value`) none either."""
+_PASSWORD_WORD = rf"pass(?:word|wd|phrase){_WRITTEN_AS}?"
+"""A password's name's last word (or words: `password_b64`), for case-insensitive use."""
+_KEY_WORD = r"(?:api|secret|access|private)[_-]?key"
+"""A key's name's last words that name a credential by themselves (`api_key`, `secretKey`)."""
+_NOT_PASSWORD_WORD = rf"(?:{_KEY_WORD}|secret|token){_WRITTEN_AS}?"
+"""The credential words `_NAMED` knows but a password's, for case-insensitive use."""
+_CREDENTIAL_WORD = (
+    rf"(?:{_KEY_WORD}|apikey|secret|token|pass(?:word|wd|phrase)|credentials?){_WRITTEN_AS}?"
+    r"|key|pwd|pass|auth"
+)
+"""The last word of a variable's or a JSON member's name that names a credential (`_ASSIGNED`,
+`_MEMBER`), for case-insensitive use."""
+
+
+def _named(words: str) -> str:
+    """A name ending in one of `words` and the `=` or `:` after it (`_NAMED`)."""
     # a name ending in a credential word, alone or as the last part of a longer one
     # (OPENAI_API_KEY=…, DB_PASSWORD=…, X-Api-Key: …): `\b` alone missed `_KEY`, `_` being a
     # word character. The name's earlier parts are one run (not `(?:[A-Za-z0-9]+[_-])*`, which
     # took seconds on a 16 KB `a_a_…` argument: tried from every part, each scanned to the end)
-    r"(?<![A-Za-z0-9_-])(?:[A-Za-z0-9_-]*[_-])?"
-    r"(?:api[_-]?key|(?:secret|access|private)[_-]?key|secret|token|password|passwd)"
-    r"(?![A-Za-z0-9_-])\s*[:=]\s*"
-)
+    return rf"(?<![A-Za-z0-9_-])(?:[A-Za-z0-9_-]*[_-])?(?:{words})(?![A-Za-z0-9_-])\s*[:=]\s*"
+
+
+_NAMED = _named(f"{_PASSWORD_WORD}|{_NOT_PASSWORD_WORD}")
 """A credential's name and the `=` or `:` after it, to its value (`_NAMED_VALUE`)."""
 
 _NAMED_VALUE = (
@@ -91,6 +112,24 @@ _NAMED_VALUE = (
     # is not a credential, and a task saying so was refused
     r"(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?!(?-i:[A-Z_]+)(?:\s|$))\S{8,}"
 )
+
+_AUTHORIZATION = (
+    # an `Authorization` header's credentials, after its scheme if it has one: on a header line,
+    # as a request's dump or `curl -H` shows it (`Authorization: Basic dXNlcjpwYXNz`,
+    # `Proxy-Authorization: …`), in JSON or in a Python dict (`"Authorization": "Basic …"`). Its
+    # name and scheme are kept. The credentials are a word of 8 or more of a token's characters
+    # holding a digit, `+`, `/` or `=`, or a lower-case letter before an upper-case one, as base64
+    # and keys do and words do not (`Basic authentication`); not a placeholder (`YOUR_BASE64`),
+    # a variable (`$CREDENTIALS`) or code (`f"Basic {encoded}"`). Before, only a Bearer token of
+    # 16 characters or more went: a Basic header's `user:password` reached the model whole.
+    # (`Proxy-Authorization`'s `Proxy-` is before the match: one that began at each word's start,
+    # to take it in, was read at every word of every text)
+    r"(?P<authorization>(?<![A-Za-z0-9_])(?i:authorization)[\"']?[ \t]*[:=][ \t]*[\"']?"
+    r"(?:[A-Za-z][A-Za-z0-9-]*[ \t]+)?)"
+    r"(?![A-Z0-9_]*_[A-Z0-9_]*(?![A-Za-z0-9._~+/=-]))"
+    r"(?=[A-Za-z0-9._~+/-]*(?:[0-9+/=]|[a-z][A-Z]))[A-Za-z0-9._~+/-]{8,}+=*+(?![^\s\"',;\\])"
+)
+"""An `Authorization` header's name and scheme (`authorization`, kept) and its credentials."""
 
 _KEY_SHAPES = rf"{_OWN_SHAPES}|(?i:{_NAMED}{_NAMED_VALUE})"
 """A credential by its shape, or a value given to a name ending in a credential word."""
@@ -146,6 +185,29 @@ def _quoted() -> str:
     return "(?:" + "|".join(read) + ")"
 
 
+def _phrase() -> str:
+    """A quoted string's value of words that looks like a password, from its opening quote to its closing one.
+
+    Words parted by single spaces, none holding code or a placeholder's characters, 8 or more
+    characters in all: 3 to 8 words of 3 or more characters each (`correct horse battery
+    staple`), or any number with one word mixing letters and digits (`Tr0ub4dor &3 horse`). A
+    message says its words with short ones among them and mixes no letters and digits in one
+    (`must be at least 8 characters`, `can't be blank`): it stays. No escapes: a password of
+    words with a quote in it is not read so.
+    """
+    read = []
+    for mark in "\"'":
+        word = rf"[^\s\\{mark}()\[\]{{}}$<>%]"
+        spaced = rf"[^\t\n\r\f\v\\{mark}()\[\]{{}}$<>%]"
+        read.append(
+            # 8 to 256 characters (a longer string is read no further: each was scanned to its end)
+            rf"(?<={mark})(?={spaced}{{8,256}}+{mark})"
+            rf"(?={word}{{3,}}+(?: {word}{{3,}}+){{2,7}}{mark}|{spaced}*?(?:[A-Za-z]\d|\d[A-Za-z]))"
+            rf"{word}++(?: {word}++)++(?={mark})"
+        )
+    return "(?:" + "|".join(read) + ")"
+
+
 _PATH = r"(?=(?:~|\.\.?)?/)(?!(?=\S*[A-Z])(?=\S*[a-z])\S*\d)"
 """A value that is a path (`/home/user/projects`, `~/.ssh/id_ed25519`, `./certs/client.pem`), not a
 credential: it begins with `/`, `~/`, `./` or `../`, and does not mix upper-case and lower-case
@@ -167,9 +229,10 @@ _ASSIGNED = (
     # (and its opening quote) is kept, its value goes. The name ends in a credential word as a part
     # of its own (`DB_PASS`, `SSH_KEY`, `basic_auth`; not `MONKEY`).
     r"(?P<assigned>(?<![^\n])[ \t]*(?:export[ \t]+|-[ \t]+)?"
-    r"(?:(?P<shell>(?P<shell_bare>KEY=)|(?!KEY=)(?:[A-Z0-9_]*_)?(?:API_?KEY|KEY|SECRET|TOKEN|PASSWORD|PASSWD|PWD|PASS|CREDENTIALS?|AUTH)=)"
+    r"(?:(?P<shell>(?P<shell_bare>KEY=)|(?!KEY=)(?:[A-Z0-9_]*_)?"
+    rf"(?:{_CREDENTIAL_WORD.upper()})=)"
     r"|(?:(?P<assigned_bare>(?i:key))|(?!(?i:key)(?:=|[ \t]*:|[ \t]+=))(?:[A-Za-z0-9_.-]*[_.-])?"
-    r"(?i:api[_-]?key|apikey|key|secret|token|password|passwd|pwd|pass|credentials?|auth))"
+    rf"(?i:{_CREDENTIAL_WORD}))"
     r"(?:=|[ \t]*:[ \t]+|[ \t]+=[ \t]*|=[ \t]+))(?P<assigned_quote>[\"'])?)"
     # a path is no credential, however it is set (`SSH_KEY=~/.ssh/id_ed25519`, `PWD=/home/…`)
     rf"(?!{_PATH})"
@@ -194,34 +257,62 @@ _ASSIGNED = (
 """A credential-named variable set on a line of its own (`assigned`, kept, with its opening quote
 if it has one), and its value."""
 
+_STRING = r"\"[^\"\\\n]*+(?:\\.[^\"\\\n]*+)*+\"|'[^'\\\n]*+(?:\\.[^'\\\n]*+)*+'"
+"""A JSON string, or a Python string as `repr` shows one, on one line."""
+_LIST = rf"\[[ \t\r\n]*+(?:(?:{_STRING})[ \t\r\n]*+,[ \t\r\n]*+)*+(?:{_STRING})[ \t\r\n]*+\]"
+"""A JSON list of strings (or a Python one), over lines or not."""
+
 _MEMBER = (
     # a JSON member (or a Python dict's item, as `str(result)` shows one) named as `_ASSIGNED`
     # names a variable, or in camelCase (`accessToken`, `clientSecret`), given a string:
     # `"password": "hunter2hunter2"`. Its name and quotes are kept, its value goes and the JSON
     # stays valid. The quote before the `:` hid it from every other rule.
-    r"(?P<member>[\"'](?:(?P<member_bare>(?i:key))|(?!(?i:key)[\"'])(?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?"
-    r"(?i:api[_-]?key|apikey|key|secret|token|password|passwd|pwd|pass|credentials?|auth))"
-    r"[\"'][ \t]*:[ \t]*(?P<member_quote>[\"']))"
+    r"(?P<member>(?P<member_name_quote>[\"'])(?:(?P<member_bare>(?i:key))|(?!(?i:key)[\"'])"
+    r"(?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?"
+    rf"(?i:(?P<member_password>pass(?:word|wd|phrase)|secret)(?=[\"'])|{_CREDENTIAL_WORD}))"
+    r"[\"'][ \t]*:[ \t]*(?P<member_quote>[\"'])?)"
+    r"(?(member_quote)"
     rf"(?(member_bare)(?={_RANDOM_WORD}(?P=member_quote)))"
     # the value is one word, read as `_ASSIGNED` reads a line's (`_quoted`), and not a name
     # (`"key": "created_at"`, `"translation_key": "settings.title"`: what a bare `key` names in
     # JSON more often than not, and what a YAML file's `key: created_at` keeps too). A string is
     # no variable: dotted words holding a digit are a token (a JWT, `ya29.a0Af…`), not a name.
-    r"(?![A-Za-z_]+(?:\.[A-Za-z_]+)*(?P=member_quote))" + _quoted()
+    rf"(?:(?![A-Za-z_]+(?:\.[A-Za-z_]+)*(?P=member_quote)){_quoted()}"
+    # under a password's or a secret's name, words may be a passphrase (`_phrase`)
+    rf"|(?(member_password){_phrase()}|(?!)))"
+    # not a string: a password's or a secret's number of 6 or more digits (not `"password": 12`, a
+    # policy's length, nor a float), or a list of strings under any credential's name but a bare
+    # `key`'s, whose strings are read as a member's string is (`_removed`)
+    r"|(?:(?(member_password)(?P<member_number>\d{6,}+)(?![\d.eE])|(?!))"
+    rf"|(?(member_bare)(?!)|(?P<member_list>{_LIST}))))"
 )
-"""A credential-named JSON member given a string (`member`, to its opening quote, kept), and its value."""
+"""A credential-named JSON member given a string, a number or a list of strings (`member`, to the
+string's opening quote, kept), and its value."""
+_MEMBER_STRING = re.compile(rf"([\"'])(?![A-Za-z_]+(?:\.[A-Za-z_]+)*\1)(?:{_quoted()})\1")
+"""A string in a list under a credential's name that looks like one, as `_MEMBER` reads a string."""
+_MEMBER_PHRASE = re.compile(rf"([\"'])(?:{_phrase()})\1")
+"""A string in a list under a password's or a secret's name that looks like a passphrase."""
 
-_QUOTED_NAMED = rf"(?P<named>(?i:{_NAMED})[\"']){_quoted()}"
+_QUOTED_NAMED = (
+    rf"(?P<named>(?i:{_named(f'(?P<named_password>{_PASSWORD_WORD})|{_NOT_PASSWORD_WORD}')})(?P<named_quote>[\"']))"
+    # under a name not a password's (`sort_token`, `client_secret`, `cache_key`), lower-case words
+    # joined by `_` or `.` are a name, not a credential: `sort_token: "created_at_desc_order"` lost
+    # its value in a file a step wrote back. A key has digits or mixes cases; under a password's
+    # name such words may be a passphrase (`"correct_horse_battery_staple"`), and go.
+    r"(?(named_password)|(?![a-z]++(?:[._][a-z]++)++(?P=named_quote)))" + _quoted()
+)
 """A credential's name given a quoted literal anywhere (`password = "…"`, `connect(token='…')`):
 its name and opening quote (`named`), kept, and its value."""
 
-_SECRET = re.compile(rf"{_URL_SECRETS}|{_KEY_SHAPES}|{_QUOTED_NAMED}|{_ASSIGNED}|{_MEMBER}")
+_SECRET = re.compile(rf"{_URL_SECRETS}|{_AUTHORIZATION}|{_KEY_SHAPES}|{_QUOTED_NAMED}|{_ASSIGNED}|{_MEMBER}")
 """Everything taken out of what is shown (`redacted`): broad, as hiding too much there costs little.
 
 A quoted literal a name is given goes whole with its name (`_KEY_SHAPES`) but in a call
 (`client(password="…")`, which `_NAMED_VALUE` reads as code), where its value goes."""
 
-_CODE_SECRET = re.compile(rf"{_URL_SECRETS}|{_OWN_SHAPES}|{_QUOTED_NAMED}|{_ASSIGNED}|{_MEMBER}")
+_CODE_SECRET = re.compile(
+    rf"{_URL_SECRETS}|{_AUTHORIZATION}|{_OWN_SHAPES}|{_QUOTED_NAMED}|{_ASSIGNED}|{_MEMBER}"
+)
 """What is taken out of a line of source code a traceback shows (`redacted_traceback`), and of
 what a tool read (`redacted_content`).
 
@@ -244,7 +335,9 @@ _TYPED_SECRET = re.compile(
     # (`?api_key={api_key}`, `?token=$TOKEN`, `?key=YOUR_API_KEY_HERE`, `?key=value`)
     rf"|{_TYPED_QUERY}(?=[^\s&#]*\d|[^\s&#]{{12}})(?![^\s&#]*[()\[\]{{}}$<>%])"
     r"(?!(?-i:[A-Z_]+)(?:[\s&#]|$))[^\s&#'\"<>]{8,}"
-    rf"|{_KEY_SHAPES}"
+    rf"|{_AUTHORIZATION}|{_KEY_SHAPES}"
+    # a JSON member holding a credential (`{"password": "…"}`): its quote before the `:` hid it
+    rf"|{_MEMBER}"
 )
 """What a person's input, a memory, a stored team or a lesson is refused for (`secret_parts`).
 
@@ -253,8 +346,11 @@ Narrower than `_SECRET` where ordinary text meets URLs: a port before a later `@
 `?sort_key=date`, code (`?api_key={api_key}`) and placeholders were refused as secrets.
 """
 
-_SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$")
-"""Environment variables whose values are secrets by their name (OPENAI_API_KEY, …)."""
+_SECRET_VARIABLE = re.compile(
+    r"(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?)$"
+    rf"|(?:(?:API|SECRET|ACCESS|PRIVATE)_?KEY|TOKEN|SECRET|PASS(?:WORD|WD|PHRASE)|CREDENTIALS?){_WRITTEN_AS.upper()}$"
+)
+"""Environment variables whose values are secrets by their name (OPENAI_API_KEY, SECRET_KEY_BASE, …)."""
 _HEADERS_VARIABLE = re.compile(r"OTEL_EXPORTER_OTLP_(?:[A-Z]+_)?HEADERS")
 """The OpenTelemetry exporter's headers (`OTEL_EXPORTER_OTLP_HEADERS`, `…_TRACES_HEADERS`, …):
 the values of those named as credentials are secrets (`_SECRET_HEADER`)."""
@@ -344,7 +440,7 @@ def _forget(number: int) -> None:
 
 def looks_secret(text: str) -> bool:
     """Whether `text` contains something shaped like a credential (a key, token, password, private key)."""
-    return _TYPED_SECRET.search(text) is not None
+    return next(iter(_typed(text)), None) is not None
 
 
 def _secret_values() -> list[str]:
@@ -374,12 +470,45 @@ def _kept(match: re.Match[str]) -> str:
     A URL's user, a parameter's, a variable's, a JSON member's or a quoted credential's name.
     """
     kept = match.groupdict()
-    return kept["url_user"] or kept["query_name"] or kept["named"] or kept["assigned"] or kept["member"] or ""
+    names = ("url_user", "query_name", "authorization", "named", "assigned", "member")
+    return next((kept[name] for name in names if kept.get(name)), "")
 
 
 def _removed(match: re.Match[str]) -> str:
-    """A match of `_SECRET` without its credential, what it keeps (`_kept`) kept."""
-    return _kept(match) + REMOVED
+    """A match of `_SECRET` without its credential, what it keeps (`_kept`) kept.
+
+    A JSON member's number goes as a string (the JSON stays JSON), and of a list of strings
+    under a credential's name, the strings that look like one go.
+    """
+    kept = _kept(match)
+    if match["member_number"] is not None:
+        return f"{kept}{match['member_name_quote']}{REMOVED}{match['member_name_quote']}"
+    if match["member_list"] is not None:
+        return kept + _list_removed(match["member_list"], phrases=match["member_password"] is not None)
+    return kept + REMOVED
+
+
+def _list_removed(listed: str, *, phrases: bool) -> str:
+    """A list of strings under a credential's name, each string that looks like one taken out."""
+
+    def removed(string: re.Match[str]) -> str:
+        shown = string[0]
+        if _MEMBER_STRING.fullmatch(shown) or (phrases and _MEMBER_PHRASE.fullmatch(shown)):
+            return shown[0] + REMOVED + shown[0]
+        return shown
+
+    return re.sub(_STRING, removed, listed)
+
+
+def _typed(text: str) -> Iterable[re.Match[str]]:
+    """The matches of `_TYPED_SECRET` in `text` that hold a credential.
+
+    A list under a credential's name (`{"password": ["can't be blank"]}`) is one only when a
+    string of it looks like one.
+    """
+    for match in _TYPED_SECRET.finditer(text):
+        if match["member_list"] is None or _removed(match) != match[0]:
+            yield match
 
 
 def redacted(text: str) -> str:
@@ -507,7 +636,7 @@ def secret_parts(text: str) -> list[str]:
     there before?), never for showing.
     """
     return [value for value in _secret_values() if value in text and not _ONE_WORD.fullmatch(value)] + [
-        match.group(0) for match in _TYPED_SECRET.finditer(text)
+        match.group(0) for match in _typed(text)
     ]
 
 

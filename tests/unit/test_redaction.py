@@ -496,3 +496,206 @@ def test_a_quoted_value_loses_its_value_and_keeps_its_name_and_quotes() -> None:
         'token = "short"',
     ]
     assert redacted_content("\n".join(kept)) == "\n".join(kept)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # a header line, as a request's dump or curl -v shows it: the name and scheme stay
+        ("Authorization: Basic dXNlcjpwYXNzd29yZDEyMw==", f"Authorization: Basic {REMOVED}"),
+        ("proxy-authorization: basic YWxpY2U6czNjcmV0cGFzcw==", f"proxy-authorization: basic {REMOVED}"),
+        (
+            'curl -H "Authorization: Basic dXNlcjpwYXNz" https://h/',
+            f'curl -H "Authorization: Basic {REMOVED}" https://h/',
+        ),
+        ("Authorization: Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b", f"Authorization: Token {REMOVED}"),
+        # JSON, and a Python dict as `str(headers)` shows it: still JSON, or still a dict
+        ('{"Authorization": "Basic dXNlcjpwYXNzd29yZDEyMw=="}', f'{{"Authorization": "Basic {REMOVED}"}}'),
+        ("{'Proxy-Authorization': 'Basic dXNlcjpwYXNz'}", f"{{'Proxy-Authorization': 'Basic {REMOVED}'}}"),
+    ],
+)
+def test_an_authorization_header_loses_its_credentials_and_keeps_its_name_and_scheme(
+    text: str, shown: str
+) -> None:
+    """Before, only a Bearer token of 16 or more characters went: a Basic header's base64
+    `user:password` reached the model, the events and the database whole, and a task holding one
+    was taken."""
+    assert (redacted(text), redacted_content(text)) == (shown, shown)
+    assert looks_secret(text) and secret_parts(shown) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # prose, code and placeholders about the header: no credential in them
+        "Authorization: Basic authentication is not enough here",
+        "Send Authorization: Basic with the user's name and password",
+        "Write a Basic JavaScript tutorial",
+        'headers["Authorization"] = "Basic " + encoded',
+        'headers = {"Authorization": f"Basic {encoded}"}',
+        "curl -H 'Authorization: Basic $CREDENTIALS' https://h/",
+        "Authorization: Basic <base64 of user:password>",
+        "Authorization: Basic YOUR_BASE64_HERE",
+        "Authorization: required",
+        "Authorization=Basic",
+    ],
+)
+def test_what_is_said_about_an_authorization_header_is_no_credential(text: str) -> None:
+    assert (looks_secret(text), redacted(text), redacted_content(text)) == (False, text, text)
+
+
+def test_a_credential_name_with_a_word_after_the_credential_word_still_names_a_credential(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`secret_key_base` (Rails), `token_value`, `password_b64`: the word after the credential's
+    said how it is written, and its value reached the model whole. A word naming something else
+    (`_id`, `_hash`, `_count`, `_name`, `_file`) is no credential, nor a `key_value`."""
+    key = "0f4e5d6c7b8a9f0e1d2c3b4a5f6e7d8c"
+    read = "\n".join(
+        [
+            f"SECRET_KEY_BASE={key}",
+            f"export RAILS_SECRET_KEY_BASE={key}",
+            f"  secret_key_base: {key}",
+            f"token_value = {key}",
+            "PASSWORD_B64=aHVudGVyMmh1bnRlcjI=",
+            f'{{"secret_key_base": "{key}", "api_key_hex": "{key}"}}',
+            "passphrase: sunny2024meadow",
+            # not credentials
+            "aws_access_key_id: AKID0123EXAMPLE",
+            "password_hash: pbkdf2_sha256_600000",
+            "token_count: 1234567890",
+            "secret_name: prod-db-2024-rotation",
+            "key_value: cache_v2_2024",
+            '{"api_key_id": "kid_2024_0001", "token_type": "refresh_2024"}',
+        ]
+    )
+    assert redacted_content(read).split("\n") == [
+        f"SECRET_KEY_BASE={REMOVED}",
+        f"export RAILS_SECRET_KEY_BASE={REMOVED}",
+        f"  secret_key_base: {REMOVED}",
+        f"token_value = {REMOVED}",
+        f"PASSWORD_B64={REMOVED}",
+        f'{{"secret_key_base": "{REMOVED}", "api_key_hex": "{REMOVED}"}}',
+        f"passphrase: {REMOVED}",
+        "aws_access_key_id: AKID0123EXAMPLE",
+        "password_hash: pbkdf2_sha256_600000",
+        "token_count: 1234567890",
+        "secret_name: prod-db-2024-rotation",
+        "key_value: cache_v2_2024",
+        '{"api_key_id": "kid_2024_0001", "token_type": "refresh_2024"}',
+    ]
+    assert looks_secret(f"deploy with SECRET_KEY_BASE={key}")
+    assert not looks_secret("set aws_access_key_id: AKID0123EXAMPLE and token_count: 1234567890")
+    # a variable so named holds a secret by its name, as `SECRET_KEY` does
+    monkeypatch.setenv("SECRET_KEY_BASE", "plainbasevalue")
+    monkeypatch.setenv("DEPLOY_KEY_ID", "plainidvalue")
+    assert redacted("plainbasevalue plainidvalue") == f"{REMOVED} plainidvalue"
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        'Call the API with {"password": "hunter2hunter2"}',
+        "Log in with {'api_key': 'abcd1234efgh5678'}",
+        'Use {"user": "bob", "password": "correct horse battery staple"}',
+        'Send {"pin": 1234, "password": 48291377}',
+        'Send {"api_key": ["abcd1234efgh5678", "ijkl9012mnop3456"]}',
+        '{"Authorization": "Basic dXNlcjpwYXNzd29yZDEyMw=="}',
+    ],
+)
+def test_a_task_typed_as_json_holding_a_credential_is_refused_naming_the_task(task: str) -> None:
+    """A JSON member's quote before the `:` hid it from the typed check: the task was stored and
+    sent to the planner with the password in it."""
+    from masterplanner import PlanError
+    from masterplanner.plan import validate_task
+
+    assert looks_secret(task) and secret_parts(task) != []
+    with pytest.raises(PlanError) as refused:
+        validate_task(task)
+    assert refused.value.problems == [secret_refusal("the task", not_in="the task")]
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        'Return {"password": "", "token_count": 12, "max_tokens": 4096}',
+        'Validate {"password": "must be at least 8 characters"}',
+        'Errors look like {"password": ["can\'t be blank", "is too short"]}',
+        'Paginate with {"next_token": "created_at_desc_order", "pin": 482913}',
+        'Configure {"password": {"min_length": 12}}',
+    ],
+)
+def test_a_task_typed_as_json_about_credentials_is_taken(task: str) -> None:
+    from masterplanner.plan import validate_task
+
+    assert (looks_secret(task), secret_parts(task), validate_task(task)) == (False, [], task)
+
+
+def test_a_json_member_s_passphrase_number_or_list_under_a_credential_name_goes() -> None:
+    """A multi-word password, a number under `password`, `passphrase` or `secret`, and the strings
+    of a list under any credential name reached the model whole: only a one-word string went. The
+    JSON stays JSON (a number taken out is a string), and what is not a credential stays: a
+    message (`"password": ["can't be blank"]`), a count, a `pin` (a GPIO pin's number as often
+    as a code)."""
+    import json
+
+    read = json.dumps(
+        {
+            "password": "correct horse battery staple",
+            "db": {"passphrase": "Tr0ub4dor &3 horse"},
+            "secret": 8472910366,
+            "admin_password": 482913,
+            "api_key": ["abcd1234efgh5678", "short", "ijkl9012mnop3456"],
+            "tokens_used": [12, 40],
+            "errors": {"password": ["can't be blank", "must be at least 8 characters"]},
+            "hint": {"password": "is too short (minimum is 8 characters)"},
+            "policy": {"password": 12, "secret": 3.14159265},
+            "pin": 482913,
+            "token_count": 12345678,
+            "max_tokens": 4096,
+            "scopes": ["read_all_repositories_2024"],
+        },
+        indent=2,
+    )
+    shown = json.loads(redacted_content(read))
+    assert shown == {
+        "password": REMOVED,
+        "db": {"passphrase": REMOVED},
+        "secret": REMOVED,
+        "admin_password": REMOVED,
+        "api_key": [REMOVED, "short", REMOVED],
+        "tokens_used": [12, 40],
+        "errors": {"password": ["can't be blank", "must be at least 8 characters"]},
+        "hint": {"password": "is too short (minimum is 8 characters)"},
+        "policy": {"password": 12, "secret": 3.14159265},
+        "pin": 482913,
+        "token_count": 12345678,
+        "max_tokens": 4096,
+        "scopes": ["read_all_repositories_2024"],
+    }
+    assert json.loads(redacted(read)) == shown
+    # on one line, and as Python shows a dict
+    assert redacted("{'password': 48291377, 'n': 1}") == f"{{'password': '{REMOVED}', 'n': 1}}"
+    assert redacted('{"secret":["s3cr3t-v4lue-1"]}') == f'{{"secret":["{REMOVED}"]}}'
+
+
+def test_a_quoted_identifier_under_a_token_or_secret_name_stays_and_a_quoted_secret_goes() -> None:
+    """`sort_token: "created_at_desc_order"` lost its value in a file a step wrote back: under
+    names ending in token, secret or key, a quoted value was taken whole however it looked. Lower-case
+    words joined by `_` or `.` are a name there; under a password's name they may be a passphrase."""
+    kept = [
+        'sort_token: "created_at_desc_order"',
+        "    page_token = 'next_page.cursor_field'",
+        'cache_key = "user_profile_v_latest"',
+        'client_secret: "change_me_in_production"',
+        'fetch(next_token="created_at_desc_order")',
+    ]
+    assert redacted_content("\n".join(kept)) == "\n".join(kept)
+    gone = [
+        ('password = "correct_horse_battery_staple"', f'password = "{REMOVED}"'),
+        ('sort_token: "s3cr3t_t0ken_value"', f'sort_token: "{REMOVED}"'),
+        ('client_secret = "mysupersecretvalue"', f'client_secret = "{REMOVED}"'),
+        ('api_key = "AbCdEfGhIjKlMnOpQrSt"', f'api_key = "{REMOVED}"'),
+        ('connect(token="abcd1234efgh5678")', f'connect(token="{REMOVED}")'),
+    ]
+    assert redacted_content("\n".join(text for text, _ in gone)) == "\n".join(shown for _, shown in gone)
