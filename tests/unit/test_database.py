@@ -587,3 +587,23 @@ def test_a_database_made_before_planning_was_kept_takes_it_and_its_planning_run_
         assert {"stage": "steps"} in progress and not any(data["stage"] == "resumed" for data in progress)
     finally:
         store.close()
+
+
+def test_kept_planning_is_written_only_by_the_holder_of_the_run_s_lease(database_url: str) -> None:
+    """Before, a process that had lost the run's lease (it stalled past it and another took the
+    run over) still wrote its planning work over the new holder's."""
+    store = RunStore(database_url)
+    try:
+        store.create_run("r1", "plan me", model="scripted:x", workspace="/tmp", options=RunOptions())
+        assert not store.keep_planning("r1", {"plan": "by nobody"}, owner="first")  # nobody holds it
+        assert store.kept_planning("r1") is None
+        assert store.claim("r1", "first", lease_s=0.05)
+        assert store.keep_planning("r1", {"plan": "by the first"}, owner="first")
+        time.sleep(0.2)  # the first stalls past its lease; the second takes the run over
+        assert store.claim("r1", "second", lease_s=60)
+        assert not store.keep_planning("r1", {"plan": "by the first, late"}, owner="first")
+        assert store.kept_planning("r1") == {"plan": "by the first"}
+        assert store.keep_planning("r1", {"plan": "by the second"}, owner="second")
+        assert store.kept_planning("r1") == {"plan": "by the second"}
+    finally:
+        store.close()

@@ -78,13 +78,14 @@ class PlanningWork:
             raise RunError(f"run {run_id}: its planning work cannot be read: {exc}") from None
 
 
-async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
+async def plan_run(resources: RunResources, run: RunRecord, *, owner: str) -> RunRecord:
     """Plan the run and write its agents' prompts; it then awaits approval.
 
     A stored team that solved a task like this one is adapted when there is one; otherwise the
     planner plans (with similar teams as examples) and each step reuses a stored agent that fits
     it, or gets a prompt from the Prompt Creator. The planner's work is kept as it is done
-    (`PlanningWork`): a run resumed while planning goes on from its plan and finished prompts.
+    (`PlanningWork`), while `owner` holds the run's lease: a run resumed while planning goes on
+    from its plan and finished prompts.
     """
     store = resources.store
 
@@ -98,9 +99,13 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
         made = PlanningWork.from_json_dict(run.id, kept)
         await progress({"stage": "resumed", "prompts": len(made.prompts)})
     else:
-        made = await _new_plan(resources, run, progress)
+        made = await _new_plan(resources, run, progress, owner)
     if isinstance(made, PlanningWork):
-        plan, agents, ready = made.plan, await _agents(resources, run, made, progress), dict(made.ready)
+        plan, agents, ready = (
+            made.plan,
+            await _agents(resources, run, made, progress, owner),
+            dict(made.ready),
+        )
         if made.reused:
             ready["reused_agents"] = {step_id: agent.agent_id for step_id, agent in made.reused.items()}
     else:
@@ -118,7 +123,9 @@ async def plan_run(resources: RunResources, run: RunRecord) -> RunRecord:
     return await asyncio.to_thread(record)
 
 
-async def _new_plan(resources: RunResources, run: RunRecord, progress: Progress) -> PlanningWork | _Adapted:
+async def _new_plan(
+    resources: RunResources, run: RunRecord, progress: Progress, owner: str
+) -> PlanningWork | _Adapted:
     """A stored team's plan adapted to the run, or else the planner's.
 
     The planner's plan is kept (`PlanningWork`) as soon as it is made.
@@ -157,12 +164,12 @@ async def _new_plan(resources: RunResources, run: RunRecord, progress: Progress)
     if hints:
         ready["hints"] = [hint.task for hint in hints]
     work = PlanningWork(plan, ready)
-    await asyncio.to_thread(resources.store.keep_planning, run.id, work.to_json_dict())
+    await asyncio.to_thread(partial(resources.store.keep_planning, run.id, work.to_json_dict(), owner=owner))
     return work
 
 
 async def _agents(
-    resources: RunResources, run: RunRecord, work: PlanningWork, progress: Progress
+    resources: RunResources, run: RunRecord, work: PlanningWork, progress: Progress, owner: str
 ) -> dict[str, AgentBrief]:
     """Each step's agent: a stored one that fits it, or a prompt from the Prompt Creator.
 
@@ -173,7 +180,7 @@ async def _agents(
 
     async def keep() -> None:
         async with keeping:
-            await asyncio.to_thread(store.keep_planning, run.id, work.to_json_dict())
+            await asyncio.to_thread(partial(store.keep_planning, run.id, work.to_json_dict(), owner=owner))
 
     if work.reused is None:
         reused: dict[str, Any] = {}

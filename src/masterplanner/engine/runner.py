@@ -281,7 +281,7 @@ class Engine:
             note_loop()
             try:
                 await asyncio.to_thread(self.launch)
-                drive = _Drive(self, run.id)
+                drive = _Drive(self, run.id, owner)
                 work = asyncio.ensure_future(drive.run())
                 self._guards.watch(run.id, owner, work, drive)
                 try:
@@ -498,10 +498,12 @@ def _check_tools(plan: Plan, done: set[str], catalog: RunCatalog) -> None:
 class _Drive:
     """This process's turn at advancing one run, from wherever its stored state says it is."""
 
-    def __init__(self, engine: Engine, run_id: str) -> None:
+    def __init__(self, engine: Engine, run_id: str, owner: str) -> None:
         self.engine = engine
         self.store = engine.store
         self.run_id = run_id
+        self.owner = owner
+        """The name this execution holds the run's lease under."""
         self.interrupted: set[str] = set()
         self.stop_reason: str | None = None
         self.ending = False
@@ -536,7 +538,7 @@ class _Drive:
                 raise _Refused(error) from None
             raise  # the person's own process: the run fails, saying why (retry it once fixed)
         if run.status == "planning":
-            run = await plan_run(resources, run)
+            run = await plan_run(resources, run, owner=self.owner)
         if run.status == "awaiting_approval":
             run = await review_run(resources, run)
         if run.status == "running":

@@ -391,15 +391,22 @@ class RunStore:
             return self.update_run(run_id, unless_finished=True, status=status, **values)
         return self.update_run(run_id, unless_cancelled=True, status=status, **values)
 
-    def keep_planning(self, run_id: str, work: Mapping[str, Any]) -> bool:
+    def keep_planning(self, run_id: str, work: Mapping[str, Any], *, owner: str) -> bool:
         """Store the planning work done so far on a run that is still planning (JSON form).
 
-        Whether it was stored (False: the run is no longer planning, cancelled meanwhile say).
+        Only while `owner` holds the run's lease (as a heartbeat renews it): a process that lost
+        it (stalled past it, and another took the run over) does not write over the new holder's
+        work. Whether it was stored (False: the run is no longer planning, cancelled meanwhile
+        say, or `owner` no longer holds it).
         """
         with self.begin("keep a run's planning") as connection:
             kept = connection.execute(
                 runs_table.update()
-                .where(runs_table.c.id == run_id, runs_table.c.status == "planning")
+                .where(
+                    runs_table.c.id == run_id,
+                    runs_table.c.status == "planning",
+                    runs_table.c.owner == owner,
+                )
                 .values(planning=json.dumps(work), updated_at=utc_now())
             )
             return kept.rowcount > 0
