@@ -48,10 +48,16 @@ def planning_stage(data: dict[str, Any]) -> str:
         return f"writing prompts ({data.get('draft', '')} of {data.get('of', '')})"
     if stage == "review":
         return f"reviewing prompts (round {data.get('round', '')})"
+    where = f" in {data['process']}" if data.get("process") else ""  # the process that took it over
     if stage == "resumed":
         prompts = data.get("prompts", 0)
         made = "" if not prompts else f" and {prompts} of its prompts"
-        return f"resuming planning (its plan{made} {'were' if made else 'was'} made before)"
+        return f"resuming planning{where} (its plan{made} {'were' if made else 'was'} made before)"
+    if stage == "planned_again":
+        return (
+            f"planning again{where}: the plan made before the stop names a tool not offered now "
+            f"({data.get('why', '')})"
+        )
     return _STAGES.get(str(stage), str(stage or ""))
 
 

@@ -114,7 +114,8 @@ def _assert_planning_went_on_from_the_kept_work(cluster: Cluster, run_id: str, s
         ("Draft after the stop.", "Revised after the stop."),
     ]
     progress = [data for _kind, _step, data in cluster.events(run_id, "planning_progress")]
-    resumed_at = progress.index({"stage": "resumed", "prompts": 2})
+    resumed_at = next(at for at, data in enumerate(progress) if data["stage"] == "resumed")
+    took_over = progress[resumed_at].pop("process")  # the worker that went on with it
     assert progress[resumed_at:] == [
         {"stage": "resumed", "prompts": 2},
         {"stage": "prompts", "draft": 3, "of": 3},
@@ -124,33 +125,35 @@ def _assert_planning_went_on_from_the_kept_work(cluster: Cluster, run_id: str, s
     assert cluster.store.kept_planning(run_id) is None  # cleared once the plan was ready
     ran_on = {data["process"] for _kind, _step, data in cluster.events(run_id, "step_started")}
     assert ran_on and stopped_id not in ran_on
+    assert took_over != stopped_id and took_over in {record.id for record in cluster.store.processes.listed()}
     with cluster.store.begin("read reservations") as connection:  # the cut request's is not left held
         assert connection.scalar(sa.text("SELECT COUNT(*) FROM mp_reservations")) == 0
-    _assert_shown_resumed(cluster, run_id)
+    _assert_shown_resumed(cluster, run_id, took_over)
 
 
-RESUMED = [
-    "resuming planning (its plan and 2 of its prompts were made before)",
-    "writing prompts (3 of 3)",
-    "reviewing prompts (round 1)",
-]
-"""How planning resumed on the other worker reads, in `runs show` and on the run's page."""
+def _resumed(took_over: str) -> list[str]:
+    """How planning resumed on the other worker reads, in `runs show` and on the run's page."""
+    return [
+        f"resuming planning in {took_over} (its plan and 2 of its prompts were made before)",
+        "writing prompts (3 of 3)",
+        "reviewing prompts (round 1)",
+    ]
 
 
-def _assert_shown_resumed(cluster: Cluster, run_id: str) -> None:
+def _assert_shown_resumed(cluster: Cluster, run_id: str, took_over: str) -> None:
     """`runs show` and the run's page say planning was resumed from its plan, planned once."""
     shown = subprocess.run(
         [*MP, "runs", "show", run_id], capture_output=True, text=True, env=cluster.env, timeout=60
     )
     assert shown.returncode == 0, shown.stderr
     stages = re.findall(r"^\d\d:\d\d:\d\d planning_progress (.*)$", shown.stdout, re.MULTILINE)
-    assert stages.count("planning the steps") == 1 and stages[-3:] == RESUMED, shown.stdout
+    assert stages.count("planning the steps") == 1 and stages[-3:] == _resumed(took_over), shown.stdout
     assert "└── c c after b" in shown.stdout  # the plan as it was made before the stop
     with serving(cluster.home / "serve.log", "--workers", env=cluster.env) as url:
         with urllib.request.urlopen(f"{url}/runs/{run_id}", timeout=30) as response:
             page = response.read().decode()
     stages = re.findall(r"<li><time>[^<]*</time> planning_progress ([^<]*)</li>", page)
-    assert stages.count("planning the steps") == 1 and stages[-3:] == RESUMED, stages
+    assert stages.count("planning the steps") == 1 and stages[-3:] == _resumed(took_over), stages
 
 
 def test_a_worker_killed_while_planning_leaves_the_run_to_another_that_goes_on_from_its_plan(

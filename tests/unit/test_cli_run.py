@@ -341,16 +341,18 @@ def test_planning_stopped_is_resumed_from_its_plan_and_written_prompts(
         ("Draft after the stop.", "Revised after the stop."),
     ]
     progress = [e["data"] for e in shown["events"] if e["kind"] == "planning_progress"]
-    resumed_at = progress.index({"stage": "resumed", "prompts": 2})
+    resumed_at = next(at for at, data in enumerate(progress) if data["stage"] == "resumed")
+    took_over = progress[resumed_at].pop("process")  # named: the process that went on with it
     assert progress[resumed_at:] == [
         {"stage": "resumed", "prompts": 2},
         {"stage": "prompts", "draft": 3, "of": 3},
         {"stage": "review", "round": 1},
     ]
+    assert {e["data"]["process"] for e in shown["events"] if e["kind"] == "step_started"} == {took_over}
     kinds = [e["kind"] for e in shown["events"]]
     assert kinds.count("plan_ready") == 1
     text = mp("runs", "show", run_id).stdout
-    assert "resuming planning (its plan and 2 of its prompts were made before)" in text
+    assert f"resuming planning in {took_over} (its plan and 2 of its prompts were made before)" in text
 
 
 EDITOR = """

@@ -170,10 +170,8 @@ async def test_a_run_that_failed_writing_its_prompts_keeps_its_plan_when_retried
         "step:only": 1,
     }
     progress = [event.data for event in engine.store.events(run.id) if event.kind == "planning_progress"]
-    assert progress[progress.index({"stage": "resumed", "prompts": 0}) :] == [
-        {"stage": "resumed", "prompts": 0},
-        {"stage": "prompts", "draft": 1, "of": 1},
-    ]
+    resumed = {"stage": "resumed", "prompts": 0, "process": engine.owner}
+    assert progress[progress.index(resumed) :] == [resumed, {"stage": "prompts", "draft": 1, "of": 1}]
     audit = mp("runs", "audit", run.id)
     said = "its planning goes on from what it had made; model-call budget set to 3"
     assert f"retried the run after it failed ({said})" in audit.stdout

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from ..adaptation import adapt_plan
 from ..clause_planner import language_caution, uses_clause_plans
 from ..errors import ModelError, PlanError, RunError
-from ..plan import Plan, validate_plan
+from ..plan import Plan, tool_problems, validate_plan
 from ..planner import plan as make_plan
 from ..prompting import AgentPrompt, Progress, create_prompts, prompts_to_json
 from ..registry import Cohort
@@ -78,14 +78,16 @@ class PlanningWork:
             raise RunError(f"run {run_id}: its planning work cannot be read: {exc}") from None
 
 
-async def plan_run(resources: RunResources, run: RunRecord, *, owner: str) -> RunRecord:
+async def plan_run(resources: RunResources, run: RunRecord, *, owner: str, process: str) -> RunRecord:
     """Plan the run and write its agents' prompts; it then awaits approval.
 
     A stored team that solved a task like this one is adapted when there is one; otherwise the
     planner plans (with similar teams as examples) and each step reuses a stored agent that fits
     it, or gets a prompt from the Prompt Creator. The planner's work is kept as it is done
     (`PlanningWork`), while `owner` holds the run's lease: a run resumed while planning goes on
-    from its plan and finished prompts.
+    from its plan and finished prompts, and the event that says so names `process` (this one).
+    A kept plan naming a tool this run's catalog no longer offers (a setting changed while the
+    run was stopped) is not reused: the run is planned again, and the event says why.
     """
     store = resources.store
 
@@ -95,10 +97,18 @@ async def plan_run(resources: RunResources, run: RunRecord, *, owner: str) -> Ru
 
     kept = await asyncio.to_thread(store.kept_planning, run.id)
     made: PlanningWork | _Adapted
-    if kept is not None:
-        made = PlanningWork.from_json_dict(run.id, kept)
-        await progress({"stage": "resumed", "prompts": len(made.prompts)})
+    work = None if kept is None else PlanningWork.from_json_dict(run.id, kept)
+    unoffered = (
+        []
+        if work is None
+        else [p for step in work.plan.steps for p in tool_problems(step, resources.catalog)]
+    )
+    if work is not None and not unoffered:
+        await progress({"stage": "resumed", "prompts": len(work.prompts), "process": process})
+        made = work
     else:
+        if unoffered:
+            await progress({"stage": "planned_again", "why": "; ".join(unoffered), "process": process})
         made = await _new_plan(resources, run, progress, owner)
     if isinstance(made, PlanningWork):
         plan, agents, ready = (

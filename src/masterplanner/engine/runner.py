@@ -538,7 +538,7 @@ class _Drive:
                 raise _Refused(error) from None
             raise  # the person's own process: the run fails, saying why (retry it once fixed)
         if run.status == "planning":
-            run = await plan_run(resources, run, owner=self.owner)
+            run = await plan_run(resources, run, owner=self.owner, process=self.engine.owner)
         if run.status == "awaiting_approval":
             run = await review_run(resources, run)
         if run.status == "running":

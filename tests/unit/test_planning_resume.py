@@ -1,0 +1,137 @@
+"""A run stopped while planning, resumed by another engine from its kept work (`planning.PlanningWork`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _plans import step
+
+from masterplanner import Settings
+from masterplanner.engine import Engine, RunOptions, run_catalog
+from masterplanner.event_text import planning_stage
+
+OPTIONS = RunOptions(auto_approve=True, prompt_rounds=0)
+
+
+def _planner(*steps: dict[str, Any]) -> dict[str, Any]:
+    return {"purpose": "planner", "output": {"steps": list(steps)}}
+
+
+async def _stopped_with_its_plan_kept(script: Path, task: str) -> str:
+    """Run `task` in one engine and stop it (as Ctrl-C does) once its plan is kept; the run's id.
+
+    The script's first draft waits an hour: the run is planning when it stops.
+    """
+    planning = Engine(Settings.load())
+    try:
+        run = planning.create_run(task, model=f"scripted:{script}", options=OPTIONS)
+        execution = asyncio.ensure_future(planning.execute(run.id))
+        deadline = time.monotonic() + 60  # only so a broken run cannot hang the suite
+        while (planning.store.kept_planning(run.id) or {}).get("reused") is None:
+            assert not execution.done() and time.monotonic() < deadline, "its planning was never kept"
+            await asyncio.sleep(0.05)
+        execution.cancel()
+        await asyncio.gather(execution, return_exceptions=True)
+        assert planning.store.get_run(run.id).status == "planning"
+    finally:
+        planning.close()
+    return run.id
+
+
+def _progress(engine: Engine, run_id: str) -> list[dict[str, Any]]:
+    return [event.data for event in engine.store.events(run_id) if event.kind == "planning_progress"]
+
+
+async def test_a_kept_plan_naming_a_tool_no_longer_offered_is_planned_again(
+    write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the kept plan was taken as it was: approved by itself, the run failed at its start
+    ("the plan cannot run here") for a tool the settings no longer offered."""
+    script = write_script(
+        [
+            _planner(step("fetch", tools=["http_request"])),
+            {"purpose": "prompt_creator", "output": "Fetch it.", "delay_s": 3600.0},
+        ]
+    )
+    monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["example.com"]')
+    run_id = await _stopped_with_its_plan_kept(script, "fetch a page")
+    monkeypatch.delenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS")  # http_request is no longer offered
+    script.write_text(
+        json.dumps(
+            {
+                "calls": [
+                    _planner(step("write", tools=[])),
+                    {"purpose": "prompt_creator", "output": "Write it."},
+                    {"purpose": "step:write", "output": "written"},
+                ]
+            }
+        )
+    )
+    resuming = Engine(Settings.load())
+    try:
+        final = await resuming.execute(run_id)
+        assert (final.status, final.output, final.error) == ("succeeded", "written", None)
+        assert final.plan is not None and final.plan.ids == ["write"]
+        usage = resuming.report(run_id)["usage"]["by_purpose"]
+        assert {purpose: entry["calls"] for purpose, entry in usage.items()} == {
+            "planner": 2,
+            "prompt_creator": 1,  # the new plan's (the first one's, cut short by the stop, was not made)
+            "step:write": 1,
+        }
+        why = "step 'fetch': tool 'http_request' is not available here: " + str(
+            run_catalog(resuming.settings).why_missing("http_request")
+        )
+        progress = _progress(resuming, run_id)
+        again = progress.index({"stage": "planned_again", "why": why, "process": resuming.owner})
+        assert [data["stage"] for data in progress[again:]] == [
+            "planned_again",
+            "similar_teams",
+            "steps",
+            "prompts",
+        ]
+        assert planning_stage(progress[again]) == (
+            f"planning again in {resuming.owner}: the plan made before the stop names a tool "
+            f"not offered now ({why})"
+        )
+        assert resuming.store.kept_planning(run_id) is None
+    finally:
+        resuming.close()
+
+
+async def test_a_resumed_planning_names_the_process_that_took_it_over(
+    write_script: Callable[..., Path],
+) -> None:
+    """Before, `resumed` said what was kept but not which process went on with it."""
+    script = write_script(
+        [
+            _planner(step("a", tools=[])),
+            {"purpose": "prompt_creator", "output": "Do a.", "delay_s": 3600.0},
+        ]
+    )
+    run_id = await _stopped_with_its_plan_kept(script, "do a")
+    script.write_text(
+        json.dumps(
+            {
+                "calls": [
+                    {"purpose": "prompt_creator", "output": "Do a."},
+                    {"purpose": "step:a", "output": "A"},
+                ]
+            }
+        )
+    )
+    resuming = Engine(Settings.load())
+    try:
+        final = await resuming.execute(run_id)
+        assert (final.status, final.output) == ("succeeded", "A")
+        progress = _progress(resuming, run_id)
+        resumed = {"stage": "resumed", "prompts": 0, "process": resuming.owner}
+        assert progress[progress.index(resumed) :] == [resumed, {"stage": "prompts", "draft": 1, "of": 1}]
+        assert planning_stage(resumed) == f"resuming planning in {resuming.owner} (its plan was made before)"
+    finally:
+        resuming.close()
