@@ -156,7 +156,7 @@ _BUDGETS = {
 
 
 def _retried(event: Event) -> str:
-    """What a `run_retried` event says was done: which steps run again, which budgets changed."""
+    """What a `run_retried` event says was done: which steps run again, which budgets and rounds changed."""
     steps = [str(step) for step in event.data.get("steps", [])]
     status = event.data.get("status")
     if status == "planning":
@@ -171,6 +171,8 @@ def _retried(event: Event) -> str:
         again = f"step {steps[0]} runs again" if steps else "no step to run again"
     budgets = event.data.get("budgets") or {}
     changed = "".join(f"; {_BUDGETS.get(key, key)} set to {value:g}" for key, value in budgets.items())
+    if "prompt_rounds" in event.data:
+        changed += f"; critique rounds per prompt set to {event.data['prompt_rounds']}"
     return f"retried the run after it failed ({again}{changed})"
 
 

@@ -52,7 +52,14 @@ def planning_stage(data: dict[str, Any]) -> str:
     if stage == "resumed":
         prompts = data.get("prompts", 0)
         made = "" if not prompts else f" and {prompts} of its prompts"
-        return f"resuming planning{where} (its plan{made} {'were' if made else 'was'} made before)"
+        rewritten = data.get("rewritten", 0)
+        again = (
+            ""
+            if not rewritten
+            else f"; {rewritten} prompt{' written' if rewritten == 1 else 's written'} under other "
+            f"critique rounds {'is' if rewritten == 1 else 'are'} written again"
+        )
+        return f"resuming planning{where} (its plan{made} {'were' if made else 'was'} made before{again})"
     if stage == "planned_again":
         return (
             f"planning again{where}: the plan made before the stop names a tool not offered now "

@@ -414,12 +414,15 @@ class RunService:
         max_tokens: int | None = None,
         max_wall_s: float | None = None,
         max_cost_usd: float | None = None,
+        prompt_rounds: int | None = None,
     ) -> RunRecord:
         """Make a failed run ready to go on from where it failed; then `execute` it (or workers do).
 
         Its succeeded steps keep their outputs and are not run again; its failed, skipped and
         cancelled steps run afresh. A budget given here replaces the run's; one the run has
-        used up is refused (`BudgetExceededError`) before anything changes. A run that did not
+        used up is refused (`BudgetExceededError`) before anything changes. `prompt_rounds`
+        replaces its critique rounds per prompt (prompts kept from its planning under other
+        rounds are written again). A run that did not
         fail is refused (`RunError`). `for_workers`: queue it for the workers, or (False) execute
         it in the caller; None keeps it as it was. `by` is who asked, for the audit log.
         """
@@ -434,6 +437,7 @@ class RunService:
                 max_tokens=max_tokens,
                 max_wall_s=max_wall_s,
                 max_cost_usd=max_cost_usd,
+                prompt_rounds=prompt_rounds,
             )
         )
 

@@ -18,6 +18,7 @@ from _plans import step
 from masterplanner import RunError, Settings
 from masterplanner.engine import Engine, RunOptions
 from masterplanner.errors import BudgetExceededError, ConfigError
+from masterplanner.event_text import planning_stage
 from masterplanner.service import RunService
 
 FAST = RunOptions(auto_approve=True, prompt_rounds=0, retry_backoff_s=0.01, max_replans=0)
@@ -350,10 +351,19 @@ def test_runs_retry_names_the_flag_of_the_budget_the_run_used_up(tmp_path: Path)
         f"error: run {run_id} cannot go on: the run used its budget of 4 model calls; "
         "retry it with a larger budget (--max-calls)",
     )
+    too_many = mp("runs", "retry", run_id, "--max-calls", "6", "--rounds", "6")
+    assert (too_many.returncode, too_many.stderr.strip()) == (
+        2,
+        "error: --rounds must be between 0 and 5, got 6",
+    )
     _rewrite(script, [{"purpose": "step:b", "output": "B"}])
-    retried = mp("runs", "retry", run_id, "--max-calls", "6", "--json")
+    retried = mp("runs", "retry", run_id, "--max-calls", "6", "--rounds", "2", "--json")
     assert retried.returncode == 0, retried.stderr
-    assert json.loads(retried.stdout)["output"] == "B"
+    report = json.loads(retried.stdout)
+    assert report["output"] == "B"
+    shown = json.loads(mp("runs", "show", run_id, "--json").stdout)
+    [event] = [e for e in shown["events"] if e["kind"] == "run_retried"]
+    assert (event["data"]["budgets"], event["data"]["prompt_rounds"]) == ({"max_model_calls": 6}, 2)
 
 
 async def test_a_retried_run_counts_once_for_the_agents_it_reused(engine: Engine, tmp_path: Path) -> None:
@@ -387,3 +397,57 @@ async def test_a_retried_run_counts_once_for_the_agents_it_reused(engine: Engine
         assert [(s.uses, s.successes, s.failures) for s in counted.values()] == [(2, 2, 0), (2, 2, 0)]
     finally:
         registry.close()
+
+
+async def test_a_retry_that_changes_the_rounds_writes_again_the_prompts_kept_under_other_rounds(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Before, a prompt kept from the failed planning was taken as it was, with the critique
+    rounds of the run before its retry (none here) and not those the retry asked for."""
+    script = tmp_path / "script.json"
+    too_long = " ".join(["word"] * 300)  # over the script's cap: the second draft fails (after the first)
+    calls = [
+        _planner(step("a", tools=[]), step("b", "a", tools=[])),
+        {"purpose": "prompt_creator", "output": "Kept draft."},
+        {"purpose": "prompt_creator", "output": too_long, "delay_s": 0.5},
+    ]
+    script.write_text(json.dumps({"calls": calls, "max_output_tokens": 200}))
+    run = engine.create_run("a, then b", model=f"scripted:{script}", options=FAST)
+    failed = await engine.execute(run.id)
+    assert failed.status == "failed" and failed.plan is None
+    kept = engine.store.kept_planning(run.id)
+    assert kept is not None and [brief.get("draft") for brief in kept["prompts"].values()] == ["Kept draft."]
+
+    with pytest.raises(ConfigError) as bad:
+        engine.retry(run.id, prompt_rounds=6)
+    assert str(bad.value) == "prompt_rounds must be a whole number from 0 to 5, got 6"
+    _rewrite(
+        script,
+        [
+            {"purpose": "prompt_creator", "output": "Written again.", "repeat": True},
+            {"purpose": "critic", "repeat": True},
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:b", "output": "B"},
+        ],
+    )
+    retried = engine.retry(run.id, prompt_rounds=1, by="cli@test:1")
+    assert (retried.status, retried.options.prompt_rounds) == ("planning", 1)
+    final = await engine.execute(run.id)
+    assert (final.status, final.output) == ("succeeded", "B")
+    # both prompts written under the retry's one round: the kept one, of none, was written again
+    assert {step_id: (agent.draft, len(agent.rounds)) for step_id, agent in final.agents.items()} == {
+        "a": ("Written again.", 1),
+        "b": ("Written again.", 1),
+    }
+    assert engine.report(run.id)["usage"]["by_purpose"]["critic"]["calls"] == 2
+    progress = [event.data for event in engine.store.events(run.id) if event.kind == "planning_progress"]
+    resumed = {"stage": "resumed", "prompts": 0, "rewritten": 1, "process": engine.owner}
+    assert resumed in progress
+    assert planning_stage(resumed) == (
+        f"resuming planning in {engine.owner} (its plan was made before; 1 prompt written under "
+        "other critique rounds is written again)"
+    )
+    retry_event = next(e for e in engine.store.events(run.id) if e.kind == "run_retried")
+    assert retry_event.data["prompt_rounds"] == 1
+    said = "its planning goes on from what it had made; critique rounds per prompt set to 1"
+    assert f"retried the run after it failed ({said})" in mp("runs", "audit", run.id).stdout

@@ -728,6 +728,12 @@ def runs_retry(
         float | None,
         typer.Option("--max-cost", parser=number, help="New budget: US dollars for the whole run."),
     ] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(
+            "--rounds", parser=whole_number(), help="Critique-and-revise rounds per prompt from now (0-5)."
+        ),
+    ] = None,
     detach: Annotated[
         bool,
         typer.Option("--detach", help="Queue it for workers (`masterplanner worker`) and return at once."),
@@ -740,13 +746,16 @@ def runs_retry(
     replan budget again); a run that failed before its plan was approved is reviewed again.
     The run's budgets stay unless given here: its model calls, tokens and money count from
     the run's start, its seconds from this retry. A budget the run has used up is refused
-    before anything changes. The run executes in this terminal, or with --detach is queued
-    for the workers sharing the database.
+    before anything changes. --rounds sets the critique rounds of the prompts written from
+    now (a prompt kept from planning under other rounds is written again). The run executes in
+    this terminal, or with --detach is queued for the workers sharing the database.
     """
     from ..errors import BudgetExceededError
     from ..service import answerer_name
 
     _check_budgets(max_calls, max_tokens, max_seconds, max_cost)
+    if rounds is not None:
+        _check_options(prompt_rounds=rounds)
     service = _service(load_settings())
     try:
         record = asyncio.run(
@@ -758,6 +767,7 @@ def runs_retry(
                 max_tokens=max_tokens,
                 max_wall_s=max_seconds,
                 max_cost_usd=max_cost,
+                prompt_rounds=rounds,
             )
         )
     except BudgetExceededError as refused:

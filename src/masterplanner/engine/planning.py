@@ -54,6 +54,17 @@ class PlanningWork:
     prompts: dict[str, AgentBrief] = field(default_factory=dict)
     """The steps' prompts the Prompt Creator has finished."""
 
+    def drop_prompts_not_of(self, rounds: int) -> int:
+        """Leave out the prompts written under other critique rounds than `rounds`; how many went.
+
+        A prompt holds each of its rounds (`AgentBrief.rounds`), so it says the rounds it was
+        written under: a retry that changed them (`runs retry --rounds`) has those written again.
+        """
+        other = [step_id for step_id, prompt in self.prompts.items() if len(prompt.rounds) != rounds]
+        for step_id in other:
+            del self.prompts[step_id]
+        return len(other)
+
     def to_json_dict(self) -> dict[str, Any]:
         """`{"plan", "ready", "reused", "prompts"}`, as stored."""
         return {
@@ -104,7 +115,9 @@ async def plan_run(resources: RunResources, run: RunRecord, *, owner: str, proce
         else [p for step in work.plan.steps for p in tool_problems(step, resources.catalog)]
     )
     if work is not None and not unoffered:
-        await progress({"stage": "resumed", "prompts": len(work.prompts), "process": process})
+        rewritten = work.drop_prompts_not_of(run.options.prompt_rounds)
+        said = {"rewritten": rewritten} if rewritten else {}
+        await progress({"stage": "resumed", "prompts": len(work.prompts), **said, "process": process})
         made = work
     else:
         if unoffered:

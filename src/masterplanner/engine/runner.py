@@ -55,6 +55,7 @@ from .control import open_run_store, request_cancel, run_report
 from .planning import plan_run, review_run
 from .processes import Processes, ProcessKind
 from .records import (
+    WHOLE_OPTION_LIMITS,
     RunOptions,
     RunRecord,
     budget_problem,
@@ -340,6 +341,7 @@ class Engine:
         max_tokens: int | None = None,
         max_wall_s: float | None = None,
         max_cost_usd: float | None = None,
+        prompt_rounds: int | None = None,
     ) -> RunRecord:
         """Make a failed run ready to go on from where it failed; `execute` (or a worker) then runs it.
 
@@ -348,9 +350,10 @@ class Engine:
         approved is reviewed (or planned) again. A budget given here replaces the run's (the
         run's model calls, tokens and money count from its start, its seconds from the retry);
         one the run has already used up is refused before anything changes. A process still
-        ending the run is waited for (at most `run_lease_s`). `for_workers`:
-        queue it for workers, or (False) execute it in this process; None keeps it as it was.
-        `by`: who asks (`front end@host:pid`), for the audit log.
+        ending the run is waited for (at most `run_lease_s`). `prompt_rounds` replaces the run's
+        critique rounds per prompt: prompts it kept from planning under other rounds are written
+        again. `for_workers`: queue it for workers, or (False) execute it in this process; None
+        keeps it as it was. `by`: who asks (`front end@host:pid`), for the audit log.
         """
         run = self.store.get_run(run_id)
         changed: dict[str, Any] = {
@@ -368,6 +371,17 @@ class Engine:
                 raise ConfigError(problem)
         _check_money_budget(run.model, max_cost_usd)  # a budget it could not hold (it took one)
         options = replace(run.options, **changed)
+        if prompt_rounds is not None:
+            low, high = WHOLE_OPTION_LIMITS["prompt_rounds"]
+            if (
+                not isinstance(prompt_rounds, int)
+                or isinstance(prompt_rounds, bool)
+                or not low <= prompt_rounds <= high
+            ):
+                raise ConfigError(
+                    f"prompt_rounds must be a whole number from {low} to {high}, got {prompt_rounds!r}"
+                )
+            options = replace(options, prompt_rounds=prompt_rounds)
         if run.status == "failed":  # otherwise the store says why it cannot be retried
             _check_budget_left(self.store, run.id, options)
             # the process that ran it may still be ending it (telling the registry): wait for it
@@ -384,6 +398,7 @@ class Engine:
             for_workers=run.for_workers if for_workers is None else for_workers,
             by=by,
             budgets=changed,
+            prompt_rounds=prompt_rounds,
         )
         return self.store.get_run(run.id)
 

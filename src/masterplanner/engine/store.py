@@ -519,6 +519,7 @@ class RunStore:
         for_workers: bool,
         by: str | None,
         budgets: Mapping[str, Any] | None = None,
+        prompt_rounds: int | None = None,
     ) -> list[str]:
         """Put a failed run back where it failed, in one transaction; returns the steps to run again.
 
@@ -526,7 +527,7 @@ class RunStore:
         outputs); it goes back to `running` if its plan was approved, else to the review or to
         planning; its error goes, `retries` counts one more, `options` replace its options and
         `for_workers` says who executes it now. A `run_retried` event records who asked and the
-        `budgets` they changed. Refused
+        `budgets` they changed (and the `prompt_rounds` they set, if they did). Refused
         (`RunError`) unless the run failed and no process holds it.
         """
         retried: list[str] = []
@@ -534,7 +535,9 @@ class RunStore:
             with self._append_lock:
                 try:
                     with self.begin("retry a run") as connection:
-                        retried = self._retry(connection, run_id, options, for_workers, by, budgets)
+                        retried = self._retry(
+                            connection, run_id, options, for_workers, by, budgets, prompt_rounds
+                        )
                 except sa.exc.IntegrityError:
                     continue  # another process took the event's seq; try again
             return retried
@@ -559,6 +562,7 @@ class RunStore:
         for_workers: bool,
         by: str | None,
         budgets: Mapping[str, Any] | None,
+        prompt_rounds: int | None,
     ) -> list[str]:
         row = connection.execute(sa.select(runs_table).where(runs_table.c.id == run_id)).mappings().first()
         if row is None:
@@ -633,6 +637,7 @@ class RunStore:
         if status == "planning":  # whether it goes on from a plan it kept or plans afresh (the audit)
             data["planning_kept"] = row["planning"] is not None
         data |= ({"by": by} if by else {}) | ({"budgets": dict(budgets)} if budgets else {})
+        data |= {} if prompt_rounds is None else {"prompt_rounds": prompt_rounds}
         _insert_event(connection, run_id, utc_now(), "run_retried", None, json.dumps(data))
         return steps
 
