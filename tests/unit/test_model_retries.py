@@ -143,3 +143,47 @@ async def test_failures_that_another_try_cannot_fix_are_raised_at_once(
     with pytest.raises(type(failure)):
         await ask(RetriedModel(inner, attempts=4, timeout_s=None))
     assert (waits, len(inner.sent)) == ([], 1)
+
+
+async def test_a_model_retried_event_that_cannot_be_stored_leaves_the_request_tried_again_and_is_logged(
+    isolated: Any, write_script: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The event only says the request is tried again: its write failing failed the request (and its step).
+
+    As for a `model_waiting` event (`test_pricing.py`), the request goes on and the failure is logged.
+    """
+    import logging
+
+    from masterplanner import RunError, Settings
+    from masterplanner.engine import Engine, resources
+    from masterplanner.purpose import using_purpose
+
+    inner = Failing(rate_limited(0.0))
+    monkeypatch.setattr(
+        resources, "resolve_model", lambda spec, settings: RetriedModel(inner, attempts=2, timeout_s=None)
+    )
+    engine = Engine(Settings.load())
+    try:
+        run = engine.create_run("x", model=f"scripted:{write_script([])}")
+        made = await resources.resources_of(run.id, engine.settings, engine.store)
+        written: list[str] = []
+
+        def failing(run_id: str, kind: str, *args: object, **kwargs: object) -> None:
+            written.append(kind)
+            raise RunError("the run's database failed: disk I/O error")
+
+        monkeypatch.setattr(engine.store, "append_event", failing)
+        with using_purpose("step:a"), caplog.at_level(logging.WARNING, logger="masterplanner"):
+            response = await made.model.request([], None, ModelRequestParameters())
+    finally:
+        engine.close()
+    assert response.parts == [TextPart("ok")]
+    assert len(inner.sent) == 2  # tried again after the 429
+    assert written == ["model_retried"]
+    assert [(record.levelname, record.getMessage()) for record in caplog.records] == [
+        (
+            "WARNING",
+            f"run {run.id}: could not store the model_retried event of a model request of step:a (it is "
+            "tried again all the same): the run's database failed: disk I/O error",
+        )
+    ]

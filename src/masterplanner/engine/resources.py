@@ -13,10 +13,11 @@ that recovers a step's workflow can build what the step needs.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunError
 from ..models import resolve_model
 from ..models.retries import Reporter, RetriedModel, RetryNote
 from ..purpose import current_purpose
@@ -34,6 +35,8 @@ from .step_agent import BudgetedModel, context_budget
 from .store import RunStore
 
 __all__ = ["RunResources", "hold", "release", "resources_of"]
+
+_log = logging.getLogger("masterplanner.resources")
 
 _KEPT_IDLE = 16
 """Resources made for runs this process does not execute (a step recovered on its own) it keeps."""
@@ -115,7 +118,12 @@ def _check_policies(run: RunRecord, catalog: RunCatalog) -> None:
 
 
 def _retry_events(store: RunStore, run_id: str) -> Reporter:
-    """Each wait before a model request is tried again, as a `model_retried` event of the run."""
+    """Each wait before a model request is tried again, as a `model_retried` event of the run.
+
+    The event only tells: when the run store cannot take it (the database away, a full disk),
+    that is logged and the request is tried again all the same (before, the failure failed it,
+    and its step), as a `model_waiting` event's is (`RunLedger.note_wait`).
+    """
 
     async def report(note: RetryNote) -> None:
         purpose = current_purpose() or ""
@@ -127,7 +135,16 @@ def _retry_events(store: RunStore, run_id: str) -> Reporter:
             "attempts": note.attempts,
         }
         step = purpose.removeprefix("step:") if purpose.startswith("step:") else None
-        await asyncio.to_thread(store.append_event, run_id, "model_retried", step, data)
+        try:
+            await asyncio.to_thread(store.append_event, run_id, "model_retried", step, data)
+        except RunError as error:
+            _log.warning(
+                "run %s: could not store the model_retried event of a model request of %s (it is "
+                "tried again all the same): %s",
+                run_id,
+                purpose or "no purpose",
+                error,
+            )
 
     return report
 
