@@ -589,3 +589,31 @@ async def test_a_model_waiting_event_that_cannot_be_stored_leaves_the_request_wa
             "for room in the run's budgets all the same): the run's database failed: disk I/O error",
         )
     ]
+
+
+@pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled"])
+def test_a_run_that_ends_forgets_its_usage_keys_and_a_live_run_s_repeated_write_counts_once(
+    store: RunStore, isolated: Path, end: str
+) -> None:
+    """`mp_usage_requests` grew by a row per model request for ever; a key is made again only by its
+    own write (`reconnecting`), which a run's end comes after."""
+    import sqlalchemy as sa
+
+    def keys() -> dict[str, int]:
+        with store.engine.connect() as connection:
+            rows = connection.execute(
+                sa.text("SELECT run_id, COUNT(*) FROM mp_usage_requests GROUP BY run_id ORDER BY run_id")
+            )
+            return {str(run_id): int(count) for run_id, count in rows}
+
+    store.create_run("r2", "t", model="openai:gpt-4o", workspace=str(isolated), options=RunOptions())
+    for run_id, request in (("r1", "k1"), ("r1", "k1"), ("r1", "k2"), ("r2", "k3")):  # k1 written again
+        store.add_usage(run_id, "step:a", input_tokens=10, output_tokens=5, seconds=0.5, request=request)
+    assert store.usage_totals("r1") == (2, 30, 0.0, 0)
+    assert keys() == {"r1": 2, "r2": 1}
+
+    assert store.set_status("r1", end)  # type: ignore[arg-type]
+    assert keys() == {"r2": 1}  # the live run keeps its own
+    assert store.usage_totals("r1") == (2, 30, 0.0, 0)  # the usage stays
+    store.add_usage("r2", "step:a", input_tokens=10, output_tokens=5, seconds=0.5, request="k3")
+    assert store.usage_totals("r2") == (1, 15, 0.0, 0)  # still counted once while it is live

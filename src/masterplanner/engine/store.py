@@ -358,18 +358,8 @@ class RunStore:
         `unless_finished`, one that has ended by then (succeeded, failed or cancelled). Whether
         the run was written (False: no such run, or left as it was).
         """
-        if values.get("plan") is not None:
-            values["plan"] = json.dumps(values["plan"].to_json_dict())
-        if values.get("agents") is not None:
-            values["agents"] = json.dumps(briefs_json(values["agents"]))
-        which = runs_table.c.id == run_id
-        if unless_cancelled:
-            which = sa.and_(which, runs_table.c.status != "cancelled")
-        if unless_finished:
-            which = sa.and_(which, runs_table.c.status.not_in(list(FINISHED_RUN_STATUSES)))
         with self.begin("update a run") as connection:
-            update = runs_table.update().where(which).values(updated_at=utc_now(), **values)
-            return connection.execute(update).rowcount > 0
+            return _update_run(connection, run_id, unless_cancelled, unless_finished, values)
 
     def set_status(self, run_id: str, status: RunStatus, **values: Any) -> bool:
         """Move a run to `status`, setting other columns in the same write.
@@ -384,12 +374,20 @@ class RunStore:
         A run that ends carries no cancel still to come: a cancel asked as it ended (recorded as
         asked, in its events) came too late, and its flag, left set, had the next execution of
         the ended run (`runs resume` finishing its end) stopped as cancelled.
+
+        A run that ends forgets the keys of its counted model requests (`mp_usage_requests`, in
+        the same transaction): each is made again only by its own write (`add_usage`, repeated by
+        `reconnecting` while the database is away), and a run's requests are answered and counted
+        before it ends. Kept, they grew by a row a request for ever.
         """
-        if status in FINISHED_RUN_STATUSES:
-            values = {"cancel_requested": False, **values}
-        if status == "cancelled":
-            return self.update_run(run_id, unless_finished=True, status=status, **values)
-        return self.update_run(run_id, unless_cancelled=True, status=status, **values)
+        if status not in FINISHED_RUN_STATUSES:
+            return self.update_run(run_id, unless_cancelled=True, status=status, **values)
+        values = {"cancel_requested": False, "status": status, **values}
+        with self.begin("update a run") as connection:
+            ended = _update_run(connection, run_id, status != "cancelled", status == "cancelled", values)
+            if ended:
+                connection.execute(_FORGET_REQUESTS, {"run_id": run_id})
+            return ended
 
     def keep_planning(self, run_id: str, work: Mapping[str, Any], *, owner: str) -> bool:
         """Store the planning work done so far on a run that is still planning (JSON form).
@@ -1098,6 +1096,7 @@ _ADD_USAGE = sa.text(
     "cost_usd = mp_usage.cost_usd + :cost_usd, unpriced_calls = mp_usage.unpriced_calls + :unpriced, "
     "failed_calls = mp_usage.failed_calls + :failed"
 )
+_FORGET_REQUESTS = sa.text("DELETE FROM mp_usage_requests WHERE run_id = :run_id")
 _COUNT_REQUEST = sa.text(
     "INSERT INTO mp_usage_requests (id, run_id) VALUES (:id, :run_id) ON CONFLICT (id) DO NOTHING"
 )
@@ -1141,6 +1140,23 @@ _USAGE_TOTALS = sa.text(
     "SELECT COALESCE(SUM(calls), 0), COALESCE(SUM(input_tokens + output_tokens), 0), "
     "COALESCE(SUM(cost_usd), 0), COALESCE(SUM(unpriced_calls), 0) FROM mp_usage WHERE run_id = :run_id"
 )
+
+
+def _update_run(
+    connection: Connection, run_id: str, unless_cancelled: bool, unless_finished: bool, values: dict[str, Any]
+) -> bool:
+    """`RunStore.update_run` in a transaction of the caller's."""
+    if values.get("plan") is not None:
+        values["plan"] = json.dumps(values["plan"].to_json_dict())
+    if values.get("agents") is not None:
+        values["agents"] = json.dumps(briefs_json(values["agents"]))
+    which = runs_table.c.id == run_id
+    if unless_cancelled:
+        which = sa.and_(which, runs_table.c.status != "cancelled")
+    if unless_finished:
+        which = sa.and_(which, runs_table.c.status.not_in(list(FINISHED_RUN_STATUSES)))
+    update = runs_table.update().where(which).values(updated_at=utc_now(), **values)
+    return connection.execute(update).rowcount > 0
 
 
 def _spending(connection: Connection, run_id: str, postgres: bool) -> Spending:
