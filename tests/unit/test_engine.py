@@ -1101,6 +1101,70 @@ async def test_an_end_an_earlier_version_recorded_under_the_old_id_is_finished(
     assert kinds.count("run_succeeded") == 1
 
 
+def _failing_once(engine: Engine, monkeypatch: pytest.MonkeyPatch, status: str) -> list[str]:
+    """The store's write of the run's end as `status` fails once (a full disk), after DBOS began the end."""
+    real = engine.store.set_status
+    failed: list[str] = []
+
+    def set_status(run_id: str, to: Any, **values: Any) -> bool:
+        if to == status and not failed:
+            failed.append(run_id)
+            raise RunError("the run's database failed: disk I/O error: cannot update a run")
+        return real(run_id, to, **values)
+
+    monkeypatch.setattr(engine.store, "set_status", set_status)
+    return failed
+
+
+async def test_a_run_whose_end_dbos_recorded_and_the_store_did_not_ends_on_resume_as_recorded(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end workflow ended (ERROR: the store could not write the outcome) and the run did not.
+
+    Before, every resume called the end workflow again under its id, which only raised the
+    recorded error again: the run stayed `running` for ever.
+    """
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "step:a", "output": "A"}, DRAFTS])
+    run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
+    failed = _failing_once(engine, monkeypatch, "succeeded")
+    with pytest.raises(RunError, match="disk I/O error"):
+        await engine.execute(run.id)
+    assert failed == [run.id]
+    assert engine.store.get_run(run.id).status == "running"
+
+    final = await engine.execute(run.id)
+    assert (final.status, final.output, final.error) == ("succeeded", "A", None)
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert kinds[-2:] == ["run_succeeded", "team_stored"]
+    assert (kinds.count("run_succeeded"), kinds.count("team_stored")) == (1, 1)
+    assert [s.status for s in engine.store.steps(run.id)] == ["succeeded"]
+    again = await engine.execute(run.id)  # ended: nothing more happens
+    assert (again.status, again.output) == ("succeeded", "A")
+    assert [kind for kind, _ in _kinds(engine, run.id)] == kinds
+
+
+async def test_a_run_that_failed_planning_and_whose_end_the_store_missed_ends_failed_without_planning_again(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end's outcome is the one recorded: the run is not taken on again (asking the planner again)."""
+    script = write_script([])  # no answer for the planner: planning fails
+    run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
+    _failing_once(engine, monkeypatch, "failed")
+    with pytest.raises(RunError) as stopped:
+        await engine.execute(run.id)
+    assert engine.store.get_run(run.id).status == "planning"
+    calls = engine.report(run.id)["usage"]["llm_calls"]
+    assert calls >= 1
+
+    final = await engine.execute(run.id)
+    assert (final.status, final.error) == ("failed", str(stopped.value))
+    assert engine.report(run.id)["usage"]["llm_calls"] == calls
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert kinds.count("run_failed") == 1 and kinds[-1] == "run_failed"
+    failed = [event.data for event in engine.store.events(run.id) if event.kind == "run_failed"]
+    assert failed == [{"reason": str(stopped.value), "outcome_counted": False}]
+
+
 async def test_two_processes_executing_one_run_at_once_run_it_once(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import secrets
 import time
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync
+from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync, WorkflowStatus
 from opentelemetry import context as otel_context
 
 from .. import telemetry
@@ -60,6 +61,7 @@ from .records import (
     RunRecord,
     budget_problem,
     options_problem,
+    own_workflow_id,
     workflow_id,
 )
 from .registries import release_registry
@@ -544,6 +546,14 @@ class _Drive:
             self.ending = True
             await self._finish_end()
             return
+        _attempt, _end_id, end = await self._latest_end()
+        if end is not None and end.status in _ENDED:
+            # DBOS recorded the run's end and the run's store did not (its write of the outcome
+            # failed: a full disk, the database away): the run ends as that end was to end it,
+            # and is not taken on again (planned again, say) towards another end
+            status, text, tell_registry = _recorded_end(self.run_id, end)
+            await self._end(status, text, tell_registry=tell_registry)
+            return
         try:
             resources = await resources_of(run.id, self.engine.settings, self.store)
         except ConfigError as error:
@@ -631,19 +641,43 @@ class _Drive:
 
     async def _finish_end(self) -> None:
         """Finish the end of a run that a crash cut short (its outcome recorded, the registry not told)."""
-        end_id = await own_workflow(self.run_id, "end", self.retries, END_WORKFLOW)
-        status = await DBOS.get_workflow_status_async(end_id)
+        _attempt, end_id, status = await self._latest_end()
         if status is not None and status.status == "PENDING":
             handle = await DBOS.resume_workflow_async(end_id)
             await handle.get_result()
 
+    async def _latest_end(self) -> tuple[int, str, WorkflowStatus | None]:
+        """The run's latest end workflow: which attempt, its id and its status (None: none started).
+
+        `<run>._end`, then `<run>._end-2`, `<run>._end-3`, … for each end made again (`_end`).
+        """
+        attempt, end_id = 1, await own_workflow(self.run_id, "end", self.retries, END_WORKFLOW)
+        status = await DBOS.get_workflow_status_async(end_id)
+        for later in itertools.count(2):
+            if status is None or status.status not in _ENDED:
+                break
+            again = own_workflow_id(self.run_id, f"end-{later}", self.retries)
+            found = await DBOS.get_workflow_status_async(again)
+            if found is None:
+                break
+            attempt, end_id, status = later, again, found
+        return attempt, end_id, status
+
     async def _end(self, status: Literal["succeeded", "failed"], text: str, *, tell_registry: bool) -> None:
+        """End the run as `status` with `text` (its output or its error) through its end workflow.
+
+        An end workflow that ended while the run did not (DBOS recorded it, the store's write of
+        the outcome failed) is made again under the next attempt's id with the outcome it was
+        given: under its own id it only raised its recorded error again, and the run never ended.
+        """
         self.ending = True
-        end_id = await own_workflow(self.run_id, "end", self.retries, END_WORKFLOW)
-        earlier = await DBOS.get_workflow_status_async(end_id)
+        attempt, end_id, earlier = await self._latest_end()
         if earlier is not None and earlier.status in ("PENDING", "ENQUEUED"):
             await self._follow(end_id, None)  # a crash cut it short before it recorded the outcome
             return
+        if earlier is not None:
+            status, text, tell_registry = _recorded_end(self.run_id, earlier)
+            end_id = own_workflow_id(self.run_id, f"end-{attempt + 1}", self.retries)
         with SetWorkflowID(end_id):
             await end_workflow(self.run_id, status, text, tell_registry)
 
@@ -831,6 +865,16 @@ class _Drive:
                             self.store.append_event, self.run_id, "step_recovered", step_id, data
                         )
             status = await next_status(workflow_id)  # one read for every workflow followed here
+
+
+def _recorded_end(run_id: str, end: WorkflowStatus) -> tuple[Literal["succeeded", "failed"], str, bool]:
+    """The outcome a run's end workflow was given: `(status, text, tell_registry)`."""
+    args = tuple(end.input["args"]) if end.input is not None else ()
+    if len(args) == 4 and args[1] in ("succeeded", "failed") and isinstance(args[2], str):
+        return ("succeeded" if args[1] == "succeeded" else "failed"), args[2], bool(args[3])
+    raise RunError(
+        f"run {run_id} cannot end: its end workflow {end.workflow_id} holds no outcome to end it with"
+    )
 
 
 def _check_money_budget(spec: str, max_cost_usd: float | None) -> None:
