@@ -129,10 +129,10 @@ async def test_garbage_output_is_retried_then_fails_and_skips_dependents(
         "the step gave up after 3 attempts"
     )
     assert steps["b"]["status"] == "skipped"
-    assert steps["b"]["error"] == "dependency 'a' failed"
+    assert steps["b"]["error"] == "dependency 'a' failed and could not be replanned"
     assert steps["c"] == steps["c"] | {"status": "succeeded", "output": "c fine"}
     assert final.error is not None and final.error.startswith(f"step a failed: {steps['a']['error']}")
-    assert "step b skipped: dependency 'a' failed" in final.error
+    assert "; step b skipped: dependency 'a' failed and could not be replanned" in final.error
     kinds = [kind for kind, step_id in _kinds(engine, run.id) if step_id == "a"]
     # a replan was tried; the script has no replanner answer, so the step stays failed
     assert kinds == [

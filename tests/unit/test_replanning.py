@@ -308,12 +308,13 @@ async def test_the_dependents_of_a_step_whose_replan_failed_are_skipped_for_it_n
     final = await engine.execute(run.id)
     assert final.status == "failed"
     assert final.error is not None and why in final.error
-    # as `runs show`, the live view and the run page show them: not run because b failed, not
-    # cancelled as if a person had stopped them
+    # as `runs show`, the live view and the run page show them: not run because b failed and
+    # could not be replanned (they said only that b failed), not cancelled as if a person had
+    # stopped them
     report = engine.report(run.id)
     assert [(s["id"], s["status"], s["error"]) for s in report["steps"][1:]] == [
         ("b", "failed", report["steps"][1]["error"]),
-        ("c", "skipped", "dependency 'b' failed"),
+        ("c", "skipped", "dependency 'b' failed and could not be replanned"),
         ("d", "skipped", "dependency 'c' skipped"),
     ]
     assert report["steps"][1]["error"].startswith("the model called no_such_tool")

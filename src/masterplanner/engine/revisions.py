@@ -36,7 +36,7 @@ from .records import AgentBrief, EventKind, RunRecord, briefs
 from .requests import PlanDecision
 from .resources import RunResources, resources_of
 from .runtime import launched_host, own_workflow
-from .scheduler import StepOutcome
+from .scheduler import NOT_REPLANNED, StepOutcome
 
 __all__ = ["PlanRevisions", "expand_workflow", "replan_workflow"]
 
@@ -202,12 +202,13 @@ class PlanRevisions:
     async def _run(self) -> RunRecord:
         return await asyncio.to_thread(self.store.get_run, self.run_id)
 
-    async def on_failure(self, step: Step, outcome: StepOutcome) -> Plan | None:
+    async def on_failure(self, step: Step, outcome: StepOutcome) -> Plan | str | None:
         """Replan a failed step (and its dependents), within the run's replan budget.
 
         None when the budget is spent or the person rejects the new steps: the step stays
-        failed. A replan with no valid plan after its repairs fails the run with the planner's
-        problems (`PlanError`).
+        failed. `NOT_REPLANNED` when the replanner could not be asked (its model call failed):
+        the step stays failed, and its dependents' skip says it could not be replanned. A replan
+        with no valid plan after its repairs fails the run with the planner's problems (`PlanError`).
         """
         run = await self._run()
         events = await asyncio.to_thread(self.store.events, self.run_id)
@@ -240,7 +241,7 @@ class PlanRevisions:
         )
         if "error" in proposal:  # the step stays failed, and so does the run
             await self._failed(step.id, number, {"error": proposal["error"]})
-            return None
+            return NOT_REPLANNED
         if "problems" in proposal:
             await self._failed(step.id, number, {"problems": proposal["problems"]})
             raise PlanError(

@@ -15,7 +15,9 @@ its sub-plan) is scheduled instead of the step; None runs the step as it is. An 
 `on_failure` stops everything too; a `PlanError` (a replan with no valid plan) once the failed
 step's dependents are skipped: they are not run because it failed, whatever else the error stops.
 Any other error (a review cancelled or expired, the database gone) leaves them unfinished: the
-replan was stopped, not found wanting.
+replan was stopped, not found wanting. A step that could not be replanned (`on_failure` answered
+`NOT_REPLANNED`, or raised the `PlanError`) is named so in its dependents' skip: "dependency 'b'
+failed and could not be replanned".
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Literal
 from ..errors import PlanError
 from ..plan import Plan, Step
 
-__all__ = ["StepOutcome", "run_dag"]
+__all__ = ["NOT_REPLANNED", "StepOutcome", "run_dag"]
 
 _log = logging.getLogger("masterplanner.scheduler")
 
@@ -43,7 +45,12 @@ class StepOutcome:
     error: str | None = None
 
 
-Revise = Callable[[Step, StepOutcome], Awaitable[Plan | None]]
+NOT_REPLANNED = "could not be replanned"
+"""What `on_failure` answers for a step it found no plan to replace (its dependents' skip says it)."""
+
+Revise = Callable[[Step, StepOutcome], Awaitable[Plan | str | None]]
+"""A failed step's revision: the revised plan, None (the step stays failed), or why it could not be
+revised (the step stays failed, and its dependents' skip reason says why)."""
 Expand = Callable[[Step], Awaitable[Plan | None]]
 
 
@@ -81,11 +88,12 @@ async def run_dag(
                 # the redone replan of a run resumed. A skip that cannot be recorded leaves them
                 # so too, and the planner's problems stay the error.
                 try:
-                    await _skip(_skip_blocked(schedule.waiting(), schedule.outcomes)[1], on_skip)
+                    blocked = _skip_blocked(schedule.waiting(), schedule.outcomes, schedule.unrevised)
+                    await _skip(blocked[1], on_skip)
                 except Exception as error:
                     _log.warning("the dependents of a step whose replan failed were not skipped: %s", error)
                 raise
-            waiting, skipped = _skip_blocked(schedule.waiting(), schedule.outcomes)
+            waiting, skipped = _skip_blocked(schedule.waiting(), schedule.outcomes, schedule.unrevised)
             await _skip(skipped, on_skip)
             if await schedule.start(waiting):
                 continue  # an `expand` step's sub-plan is in its place: schedule again
@@ -129,7 +137,9 @@ class _Schedule:
         self.offered: set[str] = set()
         """Failed steps offered to `on_failure`, and `expand` steps offered to `on_expand`."""
         self.running: dict[asyncio.Future[StepOutcome], Step] = {}
-        self.revision: tuple[asyncio.Future[Plan | None], str] | None = None
+        self.revision: tuple[asyncio.Future[Plan | str | None], str] | None = None
+        self.unrevised: dict[str, str] = {}
+        """Failed steps whose revision found no plan, and why (`NOT_REPLANNED`)."""
 
     def record(self, step_id: str, outcome: StepOutcome) -> None:
         """A step's outcome; a failed one is held for `on_failure` first (once)."""
@@ -145,7 +155,15 @@ class _Schedule:
             task, step_id = self.revision
             self.revision = None
             self.outcomes[step_id] = self.held.pop(step_id)
-            self.plan = task.result() or self.plan
+            try:
+                revised = task.result()
+            except PlanError:  # no valid plan
+                self.unrevised[step_id] = NOT_REPLANNED
+                raise
+            if isinstance(revised, str):
+                self.unrevised[step_id] = revised
+            else:
+                self.plan = revised or self.plan
         if self.revision is not None or self.on_failure is None:
             return
         for step_id in [step_id for step_id in self.held if step_id not in self.plan.ids]:
@@ -202,11 +220,12 @@ class _Schedule:
 
 
 def _skip_blocked(
-    waiting: list[Step], outcomes: dict[str, StepOutcome]
+    waiting: list[Step], outcomes: dict[str, StepOutcome], unrevised: Mapping[str, str]
 ) -> tuple[list[Step], list[tuple[Step, str]]]:
     """Mark skipped every waiting step with a dependency that did not succeed (transitively).
 
-    Returns the steps still waiting, and the skipped ones with the reason.
+    Returns the steps still waiting, and the skipped ones with the reason: the first such
+    dependency, and why it could not be revised when it could not (`unrevised`).
     """
     skipped: list[tuple[Step, str]] = []
     changed = True
@@ -215,7 +234,8 @@ def _skip_blocked(
         for step in list(waiting):
             bad = [dep for dep in step.depends_on if dep in outcomes and outcomes[dep].status != "succeeded"]
             if bad:
-                reason = f"dependency {bad[0]!r} {outcomes[bad[0]].status}"
+                why = f" and {unrevised[bad[0]]}" if bad[0] in unrevised else ""
+                reason = f"dependency {bad[0]!r} {outcomes[bad[0]].status}{why}"
                 outcomes[step.id] = StepOutcome("skipped", error=reason)
                 waiting.remove(step)
                 skipped.append((step, reason))
