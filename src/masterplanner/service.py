@@ -626,8 +626,9 @@ class RunService:
         elif text is not None:
             raise RequestError(f"request {request.id} asks yes or no: approve or deny it, not a text")
         elif request.kind in ("plan_review", "replan"):
-            answer = (
-                {"action": "approve"} if approve else {"action": "reject", "reason": reason or "rejected"}
+            # with no reason, the run says `NO_REASON` as for a rejection from any other front end
+            answer = {"action": "approve" if approve else "reject"} | (
+                {"reason": reason} if reason and not approve else {}
             )
         else:
             answer = {"approved": bool(approve)} | ({"reason": reason} if reason and not approve else {})

@@ -482,12 +482,12 @@ def test_a_rejection_at_the_terminal_takes_an_optional_reason_kept_as_the_other_
     [_created, audited] = json.loads(mp("runs", "audit", run_id, "--json").stdout)
     assert (audited["action"], audited["front_end"]) == ("rejected the plan: not what I asked", "terminal")
 
-    # Enter for none: rejected with no reason given (the run says only that it was rejected at review)
+    # Enter for none: the run says no reason was given, as a rejection with none from any front end
     bare = mp("run", "one thing", "--model", f"scripted:{script}", "--json", stdin="r\n\n")
     assert bare.returncode == 1, bare.stderr
     run_id = json.loads(bare.stdout)["run_id"]
     [rejected] = [event for event in run_events(run_id) if event["kind"] == "rejected"]
-    assert rejected["data"]["reason"] == "rejected at review"
+    assert rejected["data"]["reason"] == "no reason given"
     [_created, audited] = json.loads(mp("runs", "audit", run_id, "--json").stdout)
     assert audited["action"] == "rejected the plan"
 

@@ -276,6 +276,48 @@ async def test_a_rejected_replan_is_named_in_the_run_s_error(
     assert final.error.endswith(" (its replan was rejected by test: not like that)")
 
 
+@pytest.mark.parametrize("front_end", ["runs answer --deny", "the others"])
+async def test_a_rejection_with_no_reason_says_so_in_the_same_words_from_every_front_end(
+    engine: Engine, write_script: Callable[..., Path], front_end: str
+) -> None:
+    """A plan's rejection and a replan's, with no reason given.
+
+    It was "rejected" from `runs answer --deny` and "rejected at review" from the others (the
+    terminal, the web page, the API): the run's error said "rejected: rejected".
+    """
+
+    async def reject(service: RunService, request_id: str) -> None:
+        if front_end == "runs answer --deny":
+            await service.answer_plainly(request_id, approve=False, by="test")
+        else:
+            await service.answer(request_id, {"action": "reject"}, by="test")
+
+    options = replace(FAST, auto_approve=False)
+    scripts = [f"scripted:{replan_script(write_script)}" for _ in range(2)]
+    replanned = engine.create_run("replan it", model=scripts[0], options=options)
+    reviewed = engine.create_run("reject it", model=scripts[1], options=options)
+    service = RunService(engine.settings)
+    try:
+        execution = asyncio.ensure_future(engine.execute(replanned.id))
+        await reject(service, (await _replan_after_approving_the_plan(service, replanned.id)).id)
+        failed = await asyncio.wait_for(execution, 60)
+        execution = asyncio.ensure_future(engine.execute(reviewed.id))
+        await reject(service, (await _opened(service, reviewed.id, "plan_review")).id)
+        rejected = await asyncio.wait_for(execution, 60)
+    finally:
+        service.close()
+    assert failed.status == "failed"
+    assert failed.error is not None
+    assert failed.error.endswith(" (its replan was rejected by test: no reason given)")
+    assert [data for *_, data in _events(engine, failed.id, "replan_failed")] == [
+        {"n": 1, "rejected": "no reason given", "by": "test"}
+    ]
+    assert (rejected.status, rejected.error) == ("cancelled", "rejected: no reason given")
+    assert [data for *_, data in _events(engine, rejected.id, "rejected")] == [
+        {"reason": "no reason given", "by": "test"}
+    ]
+
+
 @pytest.mark.parametrize(
     ("replanner", "why"),
     [

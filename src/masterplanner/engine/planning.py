@@ -282,7 +282,7 @@ async def review_run(resources: RunResources, run: RunRecord) -> RunRecord:
         else:
             decision, by = await _review_answer(resources, run)
         if decision.action == "reject":
-            reason = decision.reason or "rejected at review"
+            reason = decision.why
 
             def rejected(run_id: str = run.id, reason: str = reason, by: str = by) -> RunRecord:
                 store.append_event(run_id, "rejected", data={"reason": reason, "by": by})

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ANSWER_TEXT_CHARS",
+    "NO_REASON",
     "PlanDecision",
     "Request",
     "RequestKind",
@@ -71,6 +72,9 @@ ANSWER_TEXT_CHARS = 20_000
 """Longest text answer (an `ask_user` reply, a reason for a refusal or a rejection) taken, from
 any front end: the HTTP API's fields (`web.api.AnswerIn`) take the same, so a reason is not
 refused at 4,000 characters in one form of answer and at 20,000 in another."""
+NO_REASON = "no reason given"
+"""What a rejection of a plan or a replan given with no reason says (`PlanDecision.why`), from every
+front end alike: it was "rejected" from `runs answer --deny` and "rejected at review" elsewhere."""
 
 
 class PlanDecision(BaseModel):
@@ -86,6 +90,11 @@ class PlanDecision(BaseModel):
     """Edited agents by step id (prompts, per-agent tool policies); a step left out keeps its agent."""
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] | None = None
     """The run's tool policies as edited."""
+
+    @property
+    def why(self) -> str:
+        """A rejection's reason as the run keeps it: the one given, else `NO_REASON`."""
+        return self.reason or NO_REASON
 
     @property
     def edits(self) -> bool:

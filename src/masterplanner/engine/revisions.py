@@ -260,7 +260,7 @@ class PlanRevisions:
                 shown = _shown(run, revised, agents)
                 decision = decision.changes(revised, shown, held, self.resources.catalog.names)
                 if decision.action == "reject":
-                    await self._failed(step.id, number, {"rejected": decision.reason or "rejected", "by": by})
+                    await self._failed(step.id, number, {"rejected": decision.why, "by": by})
                     return None
                 if not decision.edits:
                     break
