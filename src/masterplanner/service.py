@@ -13,6 +13,8 @@ event loop, so a web server can share the loop with running runs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import os
 import socket
 import threading
@@ -43,6 +45,7 @@ from .engine.store import Lease, process_identity
 from .errors import (
     AgentEditError,
     ConfigError,
+    MasterplannerError,
     NotFoundError,
     RequestClosedError,
     RequestError,
@@ -91,6 +94,7 @@ __all__ = [
 __getattr__ = lazy_names(__name__, {"masterplanner.engine.worker": ("WorkerSummary",)}, __all__)[0]
 
 _FOLLOW_POLL_S = 0.2
+_log = logging.getLogger(__name__)
 
 
 def answerer_name(front_end: str) -> str:
@@ -197,6 +201,37 @@ def _agent_problems(spec: AgentSpec, settings: Settings) -> list[str]:
             f"model: {spec.model!r} is not a model spec (PROVIDER:NAME, or local; empty: the run's model)"
         )
     return problems
+
+
+def _plain_answer(
+    request: Request, *, approve: bool | None, text: str | None, reason: str | None
+) -> dict[str, Any]:
+    """A yes, a no (and a reason) or a text as `request`'s kind takes it; `RequestError` if it takes none."""
+    if request.kind == "ask_user":
+        if text is None:
+            raise RequestError(
+                f"request {request.id} is an agent's question: answer it with a text, not a yes or no"
+            )
+        return {"text": text}
+    if text is not None:
+        raise RequestError(f"request {request.id} asks yes or no: approve or deny it, not a text")
+    if request.kind in ("plan_review", "replan"):
+        # with no reason, the run says `NO_REASON` as for a rejection from any other front end
+        return {"action": "approve" if approve else "reject"} | (
+            {"reason": reason} if reason and not approve else {}
+        )
+    return {"approved": bool(approve)} | ({"reason": reason} if reason and not approve else {})
+
+
+def _follow_up(request: Request, what: str, error: Exception) -> str:
+    """What failed after `request`'s answer was stored, in words; logged with its details."""
+    _log.exception("request %s: answered, but %s failed", request.id, what, exc_info=error)
+    why = (
+        str(error)
+        if isinstance(error, MasterplannerError)
+        else "an unexpected error; the log has the details"
+    )
+    return f"{what} failed ({why})"
 
 
 @dataclass(frozen=True)
@@ -572,28 +607,47 @@ class RunService:
         `RequestError` (nothing changes) when the request is unknown or not open any more, or
         the answer does not fit it; an edited plan that does not validate is a `PlanError` (one
         without `task` keeps the run's).
-        Of two answers given at once exactly one is taken; the other gets a `RequestError`.
+        Of two answers given at once exactly one is taken; the other gets a `RequestError`. The
+        same answer sent again by the same answerer (`same_answerer`: a browser that lost the
+        reply, a script run twice) is no refusal: the request as answered, `taken_before`.
+        What fails once the answer is stored (its `request_answered` event, storing the team a
+        `remember` answer approved) is logged and said in `follow_up_failed`: the answer stands
+        (before, it was a refusal, and the answer sent again was refused as answered).
         """
         request = await self.request(request_id)
+        if request.kind in ("plan_review", "replan") and isinstance(answer, dict) and "plan" in answer:
+            reviewed = request.payload.get("plan") or {}
+            if isinstance(answer["plan"], dict) and "task" not in answer["plan"] and "task" in reviewed:
+                # an edit without the task keeps the run's, as the terminal's edit does
+                answer = {**answer, "plan": {"task": reviewed["task"], **answer["plan"]}}
         if request.state == "open" and request.kind in ("plan_review", "replan") and isinstance(answer, dict):
             if "plan" in answer:
-                reviewed = request.payload.get("plan") or {}
-                if isinstance(answer["plan"], dict) and "task" not in answer["plan"] and "task" in reviewed:
-                    # an edit without the task keeps the run's, as the terminal's edit does
-                    answer = {**answer, "plan": {"task": reviewed["task"], **answer["plan"]}}
-                validate_plan(answer["plan"], catalog_of_review(request), task=reviewed.get("task"))
+                validate_plan(
+                    answer["plan"],
+                    catalog_of_review(request),
+                    task=(request.payload.get("plan") or {}).get("task"),
+                )
             _check_names_in_decision(request, answer)
         answered = await asyncio.to_thread(self._store.requests.answer, request.id, answer, by=by)
-        await asyncio.to_thread(
-            self._store.append_event,
-            answered.run_id,
-            "request_answered",
-            answered.step_id,
-            {"request": answered.id, "kind": answered.kind, "by": by},
-        )
+        if answered.taken_before:  # stored, and its run told, when it was first sent
+            return answered
+        failed = []
+        try:
+            await asyncio.to_thread(
+                self._store.append_event,
+                answered.run_id,
+                "request_answered",
+                answered.step_id,
+                {"request": answered.id, "kind": answered.kind, "by": by},
+            )
+        except Exception as error:
+            failed.append(_follow_up(answered, "recording it in the run's events", error))
         if answered.kind == "remember":
-            await asyncio.to_thread(self._remember, answered)
-        return answered
+            try:
+                await asyncio.to_thread(self._remember, answered)
+            except Exception as error:
+                failed.append(_follow_up(answered, "storing the run's team", error))
+        return dataclasses.replace(answered, follow_up_failed="; ".join(failed)) if failed else answered
 
     async def answer_plainly(
         self,
@@ -607,31 +661,22 @@ class RunService:
         """Answer with a yes, a no (and a reason) or a text, in the form the request's kind takes.
 
         A plan review takes yes (approve) or no (reject); a tool approval and the remember
-        question yes or no; an agent's question a text.
+        question yes or no; an agent's question a text. As `answer`: the same answer sent again
+        by the same answerer is `taken_before`.
         """
         if (approve is None) == (text is None):
             raise RequestError("answer with exactly one of: approve, deny, or a text")
         if text is not None and reason is not None:
             raise RequestError("a reason goes with a denial, not with a text answer")
         request = await self.request(request_id)
-        if request.state != "open":  # closed first: the form of an answer it cannot take is beside the point
-            raise RequestClosedError(closed_text(request))
-        answer: dict[str, Any]
-        if request.kind == "ask_user":
-            if text is None:
-                raise RequestError(
-                    f"request {request.id} is an agent's question: answer it with a text, not a yes or no"
-                )
-            answer = {"text": text}
-        elif text is not None:
-            raise RequestError(f"request {request.id} asks yes or no: approve or deny it, not a text")
-        elif request.kind in ("plan_review", "replan"):
-            # with no reason, the run says `NO_REASON` as for a rejection from any other front end
-            answer = {"action": "approve" if approve else "reject"} | (
-                {"reason": reason} if reason and not approve else {}
-            )
-        else:
-            answer = {"approved": bool(approve)} | ({"reason": reason} if reason and not approve else {})
+        try:
+            answer = _plain_answer(request, approve=approve, text=text, reason=reason)
+        except RequestError:
+            if (
+                request.state != "open"
+            ):  # closed first: the form of an answer it cannot take is beside the point
+                raise RequestClosedError(closed_text(request)) from None
+            raise
         return await self.answer(request.id, answer, by=by)
 
     async def decide(self, run_id: str, decision: dict[str, Any], *, by: str) -> Request:

@@ -21,11 +21,14 @@ from _cli import mp, start
 from _plans import APPROVED_AS_SHOWN, step, to_approval
 
 from masterplanner import ConfigError, Settings
+from masterplanner.engine.store import RunStore
+from masterplanner.errors import DatabaseUnavailableError, RequestClosedError
 from masterplanner.service import RunService
 from masterplanner.tools import BUILTIN_TOOL_NAMES
 from masterplanner.tools.team import TEAM_TOOL_NAMES
 from masterplanner.web import MAX_BODY_BYTES, check_bind, create_app, web_token
 from masterplanner.web.api_responses import (
+    AnsweredRequestOut,
     EventOut,
     FeedbackOut,
     ListedRunOut,
@@ -96,7 +99,7 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
     assert [s["id"] for s in review["payload"]["plan"]["steps"]] == ["a", "b"]
     answered = await client.post(f"/requests/{review['id']}/answer", json={"approve": True})
     assert answered.status_code == 200, answered.text
-    assert typed(RequestOut, answered).state == "answered"
+    assert typed(AnsweredRequestOut, answered).state == "answered"
     assert answered.json()["answered_by"].startswith("web@")
 
     stream = await client.get(f"/runs/{run['id']}/events/stream")  # ends when the run is over
@@ -143,6 +146,123 @@ async def test_a_run_started_reviewed_and_followed_through_the_api(
     again = await client.post(f"/requests/{review['id']}/answer", json={"approve": False})
     assert again.status_code == 409
     assert again.json()["error"].startswith(f"request {review['id']} is answered by web@")
+
+
+async def _review_of_new_run(client: httpx.AsyncClient, write_script: Callable[..., Path]) -> dict[str, Any]:
+    body = {
+        "task": "do a then b",
+        "model": f"scripted:{_script(write_script)}",
+        "options": {"prompt_rounds": 0},
+    }
+    created = await client.post("/runs", json=body)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    (review,) = await _wait_for(client, f"/requests?run_id={run_id}", lambda found: len(found) == 1)
+    return dict(review)
+
+
+async def _answered_events(client: httpx.AsyncClient, run_id: str) -> list[dict[str, Any]]:
+    events = (await client.get(f"/runs/{run_id}/events")).json()
+    return [event["data"] for event in events if event["kind"] == "request_answered"]
+
+
+async def test_an_answer_sent_again_by_its_answerer_is_taken_once_and_another_is_refused(
+    client: httpx.AsyncClient, service: RunService, write_script: Callable[..., Path]
+) -> None:
+    """A client that lost the reply to its answer sends it again: it was taken, and is said so.
+
+    Before, the resend was a 409 ("it takes no answer now"): a browser that lost the connection
+    after the server stored its answer was told its answer was not taken.
+    """
+    review = await _review_of_new_run(client, write_script)
+    answer = f"/requests/{review['id']}/answer"
+    first = await client.post(answer, json={"approve": True})
+    assert first.status_code == 200, first.text
+    taken = typed(AnsweredRequestOut, first)
+    assert (taken.taken_before, taken.follow_up_failed) == (False, None)
+    again = await client.post(answer, json={"approve": True})
+    assert again.status_code == 200, again.text
+    assert typed(AnsweredRequestOut, again).model_dump() == taken.model_dump() | {"taken_before": True}
+    # a different answer is refused, as before; nothing of either send was stored twice
+    other = await client.post(answer, json={"approve": False, "reason": "no"})
+    assert (other.status_code, other.json()["error"]) == (
+        409,
+        f"request {review['id']} is answered by {taken.answered_by}: it takes no answer now",
+    )
+    assert (await client.get(f"/requests/{review['id']}")).json()["answer"] == {"action": "approve"}
+    await _wait_for(client, f"/runs/{review['run_id']}", lambda report: report["status"] == "succeeded")
+    assert await _answered_events(client, review["run_id"]) == [
+        {"request": review["id"], "kind": "plan_review", "by": taken.answered_by}
+    ]
+
+    # another answerer's answer: the same answer from this server is refused, as the server's
+    # answerer is not the one who answered; that answerer's own, from another process, is taken
+    second = await _review_of_new_run(client, write_script)
+    host = taken.answered_by.split("@", 1)[1].rsplit(":", 1)[0]
+    elsewhere = await service.answer_plainly(second["id"], by=f"cli@{host}:1", approve=True)
+    assert (elsewhere.state, elsewhere.taken_before) == ("answered", False)
+    resent = await service.answer_plainly(second["id"], by=f"cli@{host}:2", approve=True)
+    assert (resent.taken_before, resent.answered_by, resent.answered_at) == (
+        True,
+        f"cli@{host}:1",
+        elsewhere.answered_at,
+    )
+    with pytest.raises(RequestClosedError, match=rf"^request {second['id']} is already answered \(by cli@"):
+        await service.answer(second["id"], {"action": "approve"}, by=f"cli@{host}x:1")  # another host
+    refused = await client.post(f"/requests/{second['id']}/answer", json={"approve": True})
+    assert (refused.status_code, refused.json()["error"]) == (
+        409,
+        f"request {second['id']} is answered by cli@{host}:1: it takes no answer now",
+    )
+
+
+@pytest.mark.parametrize(
+    ("failure", "why"),
+    [
+        (
+            DatabaseUnavailableError("the database cannot be reached (refused): cannot append an event"),
+            "the database cannot be reached (refused): cannot append an event",
+        ),
+        (RuntimeError("a bug"), "an unexpected error; the log has the details"),
+    ],
+)
+async def test_an_answer_stored_whose_event_fails_is_said_taken(
+    client: httpx.AsyncClient,
+    write_script: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    failure: Exception,
+    why: str,
+) -> None:
+    """The answer is stored before its event is appended: a failure then is no refusal.
+
+    Before, it was the API's 503 or 500 (the page: "not sent … send it again"), and the answer
+    sent again was refused as answered.
+    """
+    review = await _review_of_new_run(client, write_script)
+    append = RunStore.append_event
+
+    def failing(store: RunStore, run_id: str, kind: Any, *args: Any, **kwargs: Any) -> Any:
+        if kind == "request_answered":
+            raise failure
+        return append(store, run_id, kind, *args, **kwargs)
+
+    with monkeypatch.context() as broken:
+        broken.setattr(RunStore, "append_event", failing)
+        answered = await client.post(f"/requests/{review['id']}/answer", json={"approve": True})
+    assert answered.status_code == 200, answered.text
+    taken = typed(AnsweredRequestOut, answered)
+    assert (taken.state, taken.answer, taken.taken_before) == ("answered", {"action": "approve"}, False)
+    assert taken.follow_up_failed == f"recording it in the run's events failed ({why})"
+    assert [record.exc_info[1] for record in caplog.records if record.exc_info] == [failure]
+    assert [record.getMessage() for record in caplog.records if record.exc_info] == [
+        f"request {review['id']}: answered, but recording it in the run's events failed"
+    ]
+    # the run took it and went on; sent again, it is said taken
+    again = await client.post(f"/requests/{review['id']}/answer", json={"approve": True})
+    assert typed(AnsweredRequestOut, again).taken_before is True
+    await _wait_for(client, f"/runs/{review['run_id']}", lambda report: report["status"] == "succeeded")
+    assert await _answered_events(client, review["run_id"]) == []
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from _cli import start
 from _plans import APPROVED_AS_SHOWN, step, to_approval
 
 from masterplanner import RunOptions, Settings
+from masterplanner.engine.store import RunStore
 from masterplanner.errors import DatabaseUnavailableError
 from masterplanner.service import RunService
 
@@ -34,6 +35,8 @@ CRITIC = {
     },
     "repeat": True,
 }
+TAKEN_ALREADY = "Your answer was taken already, when you sent it before: it is not stored twice."
+"""What the run page says of an answer sent again that was taken the first time."""
 WRITE = {"name": "write_file", "args": {"path": "out.txt", "content": "hello from b"}}
 
 
@@ -254,14 +257,78 @@ async def test_an_answer_taken_is_said_taken_when_the_run_cannot_be_shown_after_
         )
         got = (answered.status_code, json.loads(answered.headers["hx-trigger"]))
         assert got == (204, {"runActionTaken": note})
+        # sent again (the page said nothing of the first): taken once, and said so
         again = await client.post(asked[1], data={"choice": "text", "text": text})
-        assert again.status_code == 409  # it was taken: sending it again is not needed
+        assert (again.status_code, json.loads(again.headers["hx-trigger-after-swap"])) == (
+            200,
+            {"runActionTaken": TAKEN_ALREADY},
+        )
+        assert "yours was not taken" not in again.text
     await _body_until(client, run_id, r"status status-succeeded")
     events = (await client.get(f"/api/v1/runs/{run_id}/events")).json()
     assert [event["data"]["kind"] for event in events if event["kind"] == "request_answered"] == [
         "ask_user"
     ] * 2
     assert [record.exc_info[1] for record in caplog.records if record.exc_info] == [failure]
+
+
+async def test_an_answer_whose_event_fails_or_sent_again_is_shown_taken_on_the_page(
+    client: httpx.AsyncClient,
+    write_script: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An answer stored is said taken: also when its event then fails, and when it is sent again.
+
+    Before, the event's failure was the page's "not sent … send it again" (a 500), and the answer
+    sent again was refused: "… is already answered …; yours was not taken" (409).
+    """
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
+            {"purpose": "step:a", "output": "A done"},
+            DRAFTS,
+            CRITIC,
+        ]
+    )
+    run_id = (
+        (await client.post("/new", data={"task": "t", "model": f"scripted:{script}"}))
+        .headers["location"]
+        .removeprefix("/runs/")
+    )
+    review = re.search(
+        r'hx-post="(/runs/[^/]+/requests/[0-9a-f]+)"', await _body_until(client, run_id, "Review the plan")
+    )
+    assert review is not None
+    append = RunStore.append_event
+
+    def failing(store: RunStore, run_id: str, kind: Any, *args: Any, **kwargs: Any) -> Any:
+        if kind == "request_answered":
+            raise RuntimeError("a bug")
+        return append(store, run_id, kind, *args, **kwargs)
+
+    sent = {"choice": "approve", "title.a": "Do a well"}
+    with monkeypatch.context() as broken:
+        broken.setattr(RunStore, "append_event", failing)
+        answered = await client.post(review[1], data=sent, headers={"hx-request": "true"})
+    failed = "recording it in the run's events failed (an unexpected error; the log has the details)"
+    assert (answered.status_code, json.loads(answered.headers["hx-trigger-after-swap"])) == (
+        200,
+        {"runActionTaken": f"Your answer was taken, but {failed}."},
+    )
+    assert 'id="run-problem"' not in answered.text and "Review the plan" not in answered.text
+    assert [str(record.exc_info[1]) for record in caplog.records if record.exc_info] == ["a bug"]
+    again = await client.post(review[1], data=sent, headers={"hx-request": "true"})
+    assert (again.status_code, json.loads(again.headers["hx-trigger-after-swap"])) == (
+        200,
+        {"runActionTaken": TAKEN_ALREADY},
+    )
+    # another answer is refused, as before
+    other = await client.post(review[1], data={"choice": "deny", "reason": "no"})
+    assert other.status_code == 409 and "yours was not taken" in html.unescape(other.text)
+    await _body_until(client, run_id, r"status status-succeeded")
+    report = (await client.get(f"/api/v1/runs/{run_id}")).json()
+    assert report["plan"]["steps"][0]["title"] == "Do a well"
 
 
 async def test_a_run_started_in_the_terminal_is_approved_on_its_page(

@@ -184,10 +184,13 @@ class TerminalAnswerer:
         if answer is None:
             return
         try:
-            await self.service.answer(request.id, answer, by=self.by)
+            answered = await self.service.answer(request.id, answer, by=self.by)
         except (RequestError, PlanError) as error:
             self._print(f"[yellow]{shown(str(error))}[/]")
             self._seen.discard(request.id)  # still open (a refused answer): asked again
+            return
+        if answered.follow_up_failed:  # taken: the run goes on
+            self._print(f"[yellow]your answer was taken, but {shown(answered.follow_up_failed)}[/]")
 
     async def _line(self, prompt: str, request: Request, *, optional: bool = False) -> str | None:
         """A line typed for `request`; None when input closed or another process answered first.

@@ -630,7 +630,9 @@ def runs_answer(
     """Answer REQUEST with exactly one of --approve, --deny [--reason R] or --text T.
 
     Exit code 2, with nothing changed, when the request does not exist, is already answered, or
-    its run was cancelled; of two answers given at once exactly one is taken.
+    its run was cancelled; of two answers given at once exactly one is taken. The same answer
+    given again from this host's command line (a script run twice) is no error: it says the
+    request was answered so already, and nothing is stored again.
     """
     from ..errors import RequestError
     from ..service import answerer_name
@@ -649,14 +651,21 @@ def runs_answer(
             reason=reason,
         ),
     )
+    said = f"request {shown(answered.id)} of run {shown(answered.run_id)} answered"
+    if answered.taken_before:
+        said = (
+            f"request {shown(answered.id)} of run {shown(answered.run_id)} was answered so already "
+            f"(by {shown(answered.answered_by or '')} at {shown(answered.answered_at or '')}): "
+            "taken once, nothing stored again"
+        )
+    elif answered.follow_up_failed:
+        said += f", but {shown(answered.follow_up_failed)}"
     if as_json:
+        if answered.taken_before or answered.follow_up_failed:
+            console(stderr=True).print(said, highlight=False, soft_wrap=True)
         typer.echo(json_text(answered.to_json_dict()))
         return
-    console(stderr=True).print(
-        f"request {shown(answered.id)} of run {shown(answered.run_id)} answered",
-        highlight=False,
-        soft_wrap=True,
-    )
+    console(stderr=True).print(said, highlight=False, soft_wrap=True)
 
 
 @runs_app.command("resume", short_help="Continue an interrupted run from its last checkpoint.")

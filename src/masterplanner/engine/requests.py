@@ -13,18 +13,22 @@ the process that asked has died: a resumed step opens the same request again (it
 the step's durable position, so it finds the existing row) and takes the answer that is there.
 
 Answering is one conditional update (`… WHERE state = 'open'`): of two processes answering at
-once exactly one succeeds; the other is told the request's state and who answered it.
+once exactly one succeeds; the other is told the request's state and who answered it. An answer
+sent again (a browser that lost the server's reply, a script run twice) is no conflict: the same
+answer from the same answerer (`same_answerer`) to a request it answered is taken once, and the
+second send is told so (`Request.taken_before`) instead of being refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import re
 import secrets
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
@@ -59,6 +63,7 @@ __all__ = [
     "StepClock",
     "closed_text",
     "create_requests_table",
+    "same_answerer",
     "secret_in_answer",
     "typed_secrets_removed",
 ]
@@ -189,9 +194,13 @@ def create_requests_table(connection: Connection) -> None:
         connection.execute(sa.text("ALTER TABLE mp_runs DROP COLUMN decision"))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Request:
-    """One pause of a run, waiting for (or holding) a person's answer."""
+    """One pause of a run, waiting for (or holding) a person's answer.
+
+    `taken_before` and `follow_up_failed` say how an answer just given went; they are not stored
+    (a request read from the database has neither).
+    """
 
     id: str
     run_id: str
@@ -203,9 +212,15 @@ class Request:
     answered_by: str | None
     created_at: str
     answered_at: str | None
+    taken_before: bool = dataclasses.field(default=False, compare=False)
+    """The answer just given was this request's answer already, from the same answerer (sent
+    again): nothing was stored again, and the run was not told twice."""
+    follow_up_failed: str | None = dataclasses.field(default=None, compare=False)
+    """What failed after the answer just given was stored (its event, storing the run's team), in
+    words; the answer stands (`RunService.answer`)."""
 
     def to_json_dict(self) -> dict[str, Any]:
-        """Plain JSON form."""
+        """Plain JSON form (the stored request: without `taken_before` and `follow_up_failed`)."""
         return {
             "id": self.id,
             "run_id": self.run_id,
@@ -512,15 +527,17 @@ class Requests:
     def answer(self, request_id: str, answer: dict[str, Any], *, by: str) -> Request:
         """Answer an open request; exactly one of several racing answers is taken.
 
-        `RequestError` (nothing changes) when there is no such request, it is not open any more,
-        or the answer does not fit its kind.
+        `RequestError` (nothing changes) when there is no such request, the answer does not fit
+        its kind, or the request is not open any more (`RequestClosedError`): unless it was
+        answered with this very answer by the same answerer (`same_answerer`), which is this
+        answer sent again; then the request as it is, `taken_before`, and nothing stored again.
         """
         request = self.get(request_id)
-        if request.state != "open":
-            raise RequestClosedError(closed_text(request))
-        answer = _checked_answer(request, answer)
         if "\x00" in by:  # stored as it is (Postgres refuses it)
             raise RequestError(f"request {request.id}: who answers ({by!r}) {NUL_PROBLEM}")
+        if request.state != "open":
+            return _taken_before(request, answer, by)
+        answer = _checked_answer(request, answer)
         with self._store.begin("answer a request") as connection:
             updated = connection.execute(
                 requests_table.update()
@@ -532,8 +549,8 @@ class Requests:
                     answered_at=utc_now(),
                 )
             )
-        if updated.rowcount != 1:
-            raise RequestClosedError(closed_text(self.get(request.id)))
+        if updated.rowcount != 1:  # answered meanwhile: by another, or this answer sent twice at once
+            return _taken_before(self.get(request.id), answer, by)
         return self.get(request.id)
 
     def close_run(self, run_id: str, state: Literal["expired", "cancelled"], *, keep_remember: bool) -> int:
@@ -618,6 +635,44 @@ class StepClock:
 
 
 _step_clock: ContextVar[StepClock | None] = ContextVar("masterplanner_step_clock", default=None)
+
+
+_PID = re.compile(r"^(.+@.+):\d+$")
+"""An answerer's name as `service.answerer_name` makes it, `front end@host:pid`, up to its pid."""
+
+
+def same_answerer(one: str, other: str) -> bool:
+    """Whether two answerers' names (`Request.answered_by`, `by`) name the same answerer.
+
+    The same front end on the same host is the same answerer, whatever its process: a server
+    restarted between an answer and its resend has another pid, and the pid names no person.
+    (The web's answerer is the server: its one login, the token, is shared by whoever holds it,
+    so no browser, or person, is told from another.) Other names are compared whole (each is
+    cut at 200 characters, as stored).
+    """
+
+    def who(name: str) -> str:
+        name = name[:200]
+        found = _PID.match(name)
+        return found[1] if found else name
+
+    return who(one) == who(other)
+
+
+def _taken_before(request: Request, answer: dict[str, Any], by: str) -> Request:
+    """`request` (closed), `taken_before` when its answer is `answer` from `by`; else `RequestClosedError`."""
+    if (
+        request.state == "answered"
+        and request.answered_by is not None
+        and same_answerer(request.answered_by, by)
+    ):
+        try:
+            same = json.loads(json.dumps(_checked_answer(request, answer))) == request.answer
+        except RequestError:  # not even an answer it takes: not the one it has
+            same = False
+        if same:
+            return dataclasses.replace(request, taken_before=True)
+    raise RequestClosedError(closed_text(request))
 
 
 def closed_text(request: Request) -> str:

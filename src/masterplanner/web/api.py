@@ -37,6 +37,7 @@ from ..service import RunService, answerer_name
 from ..tools import BUILTIN_TOOL_NAMES
 from ..tools.team import TEAM_TOOL_NAMES
 from .api_responses import (
+    AnsweredRequestOut,
     EventOut,
     FeedbackOut,
     HealthOut,
@@ -550,24 +551,39 @@ async def get_request(request: Request, request_id: str) -> dict[str, Any]:
 @router.post(
     "/requests/{request_id}/answer",
     summary="Answer a request",
-    **success(RequestOut, "The request, answered"),
+    **success(AnsweredRequestOut, "The request, answered (by this answer, or by this answer sent before)"),
 )
 async def answer_request(request: Request, request_id: str, body: AnswerIn) -> dict[str, Any]:
-    """Answer an open request; the run waiting on it goes on in whichever process runs it."""
+    """Answer an open request; the run waiting on it goes on in whichever process runs it.
+
+    The same answer sent again to a request this server's answers answered so (a client that lost
+    the reply) is taken once: 200 with the request, `taken_before` true. Another answer to a
+    request no longer open, or one another front end gave, is a 409.
+    """
     service = _service(request)
     found = await _request(service, request_id)
-    if found.state != "open":
-        by = f" by {found.answered_by}" if found.answered_by else ""
-        raise HTTPException(409, f"request {found.id} is {found.state}{by}: it takes no answer now")
-    _check_fits(found, body)
     by = answerer_name("web")
-    if body.decision is not None:
-        answered = await service.answer(found.id, body.decision, by=by)
-    else:
-        answered = await service.answer_plainly(
-            found.id, by=by, approve=body.approve, text=body.text, reason=body.reason
-        )
-    return {**answered.to_json_dict(), "summary": answered.summary()}
+    try:
+        _check_fits(found, body)
+        if body.decision is not None:
+            answered = await service.answer(found.id, body.decision, by=by)
+        else:
+            answered = await service.answer_plainly(
+                found.id, by=by, approve=body.approve, text=body.text, reason=body.reason
+            )
+    except RequestError:
+        if found.state == "open":  # not taken as it does not fit (422), or lost a race (409)
+            raise
+        who = f" by {found.answered_by}" if found.answered_by else ""
+        raise HTTPException(
+            409, f"request {found.id} is {found.state}{who}: it takes no answer now"
+        ) from None
+    return {
+        **answered.to_json_dict(),
+        "summary": answered.summary(),
+        "taken_before": answered.taken_before,
+        "follow_up_failed": answered.follow_up_failed,
+    }
 
 
 async def _request(service: RunService, request_id: str) -> StoredRequest:

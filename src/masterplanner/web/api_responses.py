@@ -21,6 +21,7 @@ from ..registry.memory import MemoryKind
 
 __all__ = [
     "AgentOut",
+    "AnsweredRequestOut",
     "EventOut",
     "FeedbackOut",
     "HealthOut",
@@ -189,6 +190,17 @@ class RequestOut(_Out):
     answered_at: str | None
     summary: str
     """One line saying what the request asks."""
+
+
+class AnsweredRequestOut(RequestOut):
+    """A request as an answer to it left it."""
+
+    taken_before: bool
+    """The answer was this request's answer already, from this server's answers (sent again by a
+    client that lost the reply, say): it was taken once, and nothing was stored again."""
+    follow_up_failed: str | None
+    """What failed after the answer was stored (its event in the run's log, storing the run's
+    team), in words; the answer stands and the run goes on. null when nothing failed."""
 
 
 class FeedbackOut(_Out):

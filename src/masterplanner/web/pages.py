@@ -374,6 +374,7 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
     status = 200
     decision: dict[str, Any] | None = None
     edited: dict[str, Any] | None = None
+    answered: StoredRequest | None = None
     try:
         found = await service.request(request_id)
         if found.run_id != record.id:
@@ -383,13 +384,14 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
             # shown again if refused, as the person left it; a secret they typed is not sent
             # back (nothing of it was stored): taken out, and said so below
             edited = typed_secrets_removed(found, decision)
-            await service.answer(found.id, decision, by=answerer_name("web"))
+            answered = await service.answer(found.id, decision, by=answerer_name("web"))
         elif found.kind == "ask_user":
-            await service.answer_plainly(found.id, by=answerer_name("web"), text=str(form.get("text", "")))
+            text = str(form.get("text", ""))
+            answered = await service.answer_plainly(found.id, by=answerer_name("web"), text=text)
         else:
             reason = str(form.get("reason", "")).strip() or None
             approve = choice == "approve"
-            await service.answer_plainly(
+            answered = await service.answer_plainly(
                 found.id, by=answerer_name("web"), approve=approve, reason=None if approve else reason
             )
     except PlanError as error:
@@ -401,19 +403,30 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
         problem, status = {"request": request_id, "message": str(error), "problems": []}, 422
     if problem is not None and status == 422 and edited != decision:  # the form is shown again
         problem["message"] += f"; the form shows your edit with the secret taken out (marked {REMOVED})"
-    if problem is None:
+    if answered is not None:
+        if answered.taken_before:  # sent again: the page lost the reply to its first send
+            note = "Your answer was taken already, when you sent it before: it is not stored twice."
+            return await _body_once_done(request, record.id, "Your answer was taken", note=note)
+        if answered.follow_up_failed:
+            note = f"Your answer was taken, but {answered.follow_up_failed}."
+            return await _body_once_done(request, record.id, "Your answer was taken", note=note)
         return await _body_once_done(request, record.id, "Your answer was taken")
+    assert problem is not None
     record = await service.get(record.id)
     context = await _body_context(request, record, problem, edited=edited)
     return templates.TemplateResponse(request, "_run_body.html", context, status_code=status)
 
 
 TAKEN_EVENT = "runActionTaken"
-"""The event (`HX-Trigger`) of a 204 that took what was sent but cannot show the run; its value says so."""
+"""The event (`HX-Trigger`) of a 204 that took what was sent but cannot show the run, or (after the
+swap) of a body shown with a note on how what was sent was taken; its value says so."""
 
 
-async def _body_once_done(request: Request, run_id: str, done: str) -> Response:
+async def _body_once_done(request: Request, run_id: str, done: str, *, note: str | None = None) -> Response:
     """The run's body after what the person sent was stored (`done` says what it was).
+
+    `note`: what the page says above the body besides (`TAKEN_EVENT`), as an answer sent again, or
+    one whose follow-up failed, is said.
 
     When the run cannot be read or shown then (the database lost, say), a success still: what
     they sent was taken, and the page is told so (a 204 with `TAKEN_EVENT`: the body stays). Before, it
@@ -422,7 +435,9 @@ async def _body_once_done(request: Request, run_id: str, done: str) -> Response:
     """
     try:
         context = await _body_context(request, await _service(request).get(run_id), None)
-        return templates.TemplateResponse(request, "_run_body.html", context)
+        # after the swap: the page hides its notes when a form's response is swapped in
+        headers = {"HX-Trigger-After-Swap": json.dumps({TAKEN_EVENT: note})} if note else None
+        return templates.TemplateResponse(request, "_run_body.html", context, headers=headers)
     except Exception as error:
         if isinstance(error, MasterplannerError):
             why = str(error)
@@ -431,11 +446,12 @@ async def _body_once_done(request: Request, run_id: str, done: str) -> Response:
                 "run %s: the body could not be shown after %s", run_id, done.lower(), exc_info=error
             )
             why = "the server failed to read it; its log has the details"
-        note = (
+        said = (
             f"{done}, but the page could not show the run as it is now ({why}): it shows it at the "
             "run's next change, or when the page is loaded again."
         )
-        return Response(status_code=204, headers={"HX-Trigger": json.dumps({TAKEN_EVENT: note})})
+        said = f"{note} {said}" if note else said
+        return Response(status_code=204, headers={"HX-Trigger": json.dumps({TAKEN_EVENT: said})})
 
 
 @router.post("/runs/{run_id}/feedback", response_class=HTMLResponse)

@@ -216,7 +216,9 @@
     else unsent(event, "Not sent: the server refused it (" + why + "). " + KEPT + ".");
   });
   // Taken, but the server could not read the run after it (`pages.TAKEN_EVENT`): said, the body
-  // left as it is and fetched again once the answer's request is done.
+  // left as it is and fetched again once the answer's request is done. Also sent after the body's
+  // swap with a note on how an answer was taken: one sent again that was taken the first time
+  // (this page lost the reply), or one whose follow-up failed.
   document.addEventListener("runActionTaken", function (event) {
     var note = document.getElementById("run-taken");
     var part = partOf(event.target);
