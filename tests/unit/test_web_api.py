@@ -739,7 +739,7 @@ async def test_a_form_sent_when_the_login_has_ended_is_the_login_page_and_sent_a
         # the browser sends the login's form again to /new, now with the cookie
         again = await client.post("/new", content=sent, headers=form)
         assert again.status_code == 422  # the form, as typed, with what is wrong in it
-        assert "max parallel must be a whole number from 1 to" in again.text
+        assert "Steps running at once must be a whole number from 1 to" in again.text
         assert "write a haiku\nabout &lt;tea&gt; &amp; &#34;cakes&#34;</textarea>" in again.text
 
         client.cookies.clear()

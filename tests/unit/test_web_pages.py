@@ -143,13 +143,37 @@ async def test_a_task_is_started_reviewed_with_edits_answered_and_followed(
     assert "No runs match" in (await client.get("/runs", params={"q": "nothing like this"})).text
 
 
+async def test_a_multi_line_task_from_the_form_is_stored_with_lf_line_ends(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """A browser sends a textarea's line breaks as CRLF; the task was stored with them."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
+            {"purpose": "step:a", "output": "A done"},
+            DRAFTS,
+            CRITIC,
+        ]
+    )
+    task = "Write a poem.\r\n\r\nKeep it short:\r\n- four lines"
+    created = await client.post("/new", data={"task": task, "model": f"scripted:{script}", "yes": "on"})
+    assert created.status_code == 303, created.text
+    run_id = created.headers["location"].removeprefix("/runs/")
+    stored = (await client.get(f"/api/v1/runs/{run_id}")).json()["task"]
+    assert stored == "Write a poem.\n\nKeep it short:\n- four lines"
+    await _body_until(client, run_id, r"status status-succeeded")
+
+
 async def test_a_bad_task_is_shown_on_the_form_and_nothing_is_stored(client: httpx.AsyncClient) -> None:
     refused = await client.post("/new", data={"task": "   ", "model": "scripted:/nowhere.json"})
     assert refused.status_code == 422
     assert "invalid task: the task is empty" in refused.text
     typed = {"task": "t", "max_parallel": "99", "max_replans": "3", "team": "off", "check_outputs": "on"}
     bad = await client.post("/new", data=typed)
-    assert bad.status_code == 422 and "max parallel must be a whole number from 1 to 64" in bad.text
+    # named as the form shows it (it said "max parallel", a name the form shows nowhere)
+    assert bad.status_code == 422 and "Steps running at once must be a whole number from 1 to 64" in bad.text
+    rounds = await client.post("/new", data={"task": "t", "prompt_rounds": "x"})
+    assert "Critique-and-revise rounds per prompt must be a whole number from 0 to " in rounds.text
     # the form comes back as the person left it, its options open
     assert "<details open>" in bad.text and 'value="99"' in bad.text and 'value="3"' in bad.text
     assert '<option value="off" selected>' in bad.text and 'name="check_outputs" checked' in bad.text

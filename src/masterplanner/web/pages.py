@@ -234,7 +234,8 @@ async def create_run(request: Request) -> Response:
     """Start the run this server executes; its page shows the plan for review when it is ready."""
     form = await request.form()
     service = _service(request)
-    task, model = str(form.get("task", "")).strip(), str(form.get("model", "")).strip()
+    # a textarea's line breaks come as CRLF: stored as the LF every other front end stores
+    task, model = form_text(form, "task").strip(), str(form.get("model", "")).strip()
     workspace, yes = str(form.get("workspace", "")).strip(), form.get("yes") == "on"
     team, check_outputs = str(form.get("team", "")), form.get("check_outputs") == "on"
     typed = {name: str(form.get(name, "")).strip()[:100] for name, *_ in _NEW_RUN_FIELDS}
@@ -263,7 +264,10 @@ async def create_run(request: Request) -> Response:
                 workspace_path(workspace)
             except ValueError as problem:
                 raise ValueError(f"the workspace folder {problem}") from None
-        wholes = {name: _whole(form, name, default, *limits) for name, _, limits, default in _NEW_RUN_FIELDS}
+        wholes = {
+            name: _whole(form, name, default, *limits, label)
+            for name, label, limits, default in _NEW_RUN_FIELDS
+        }
         options = RunOptions(
             auto_approve=yes,
             tool_policies=dict(service.settings.tool_policies),
