@@ -103,8 +103,14 @@ def test_serve_with_json_logs_writes_only_json_lines(
         time.sleep(2 * EXPORT_TIMEOUT_S)  # the run's spans were sent, and failed
     lines = (isolated / "serve.log").read_text().splitlines()
     entries = [json.loads(line) for line in lines]  # every line is one JSON object
+    # where to open the pages (it said only the API's address), and where the API is
+    assert (entries[0]["url"], entries[0]["api"]) == (f"{url}/", f"{url}/api/v1")
     assert [(entry["logger"], entry["message"]) for entry in entries] == [
-        ("masterplanner.serve", f"serving on {url}/api/v1 (Ctrl-C stops)"),
+        (
+            "masterplanner.serve",
+            f"serving the web app on {url}/ (open it in a browser), its REST API on {url}/api/v1 "
+            "(Ctrl-C stops)",
+        ),
         ("masterplanner.telemetry", f"traces could not be sent to {down}/v1/traces: connection refused"),
         ("masterplanner.cli", "terminated (SIGTERM)"),
     ]

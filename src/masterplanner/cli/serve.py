@@ -1,4 +1,4 @@
-"""`masterplanner serve`: the REST API over the run service, for browsers and programs."""
+"""`masterplanner serve`: the web app and its REST API over the run service, for browsers and programs."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def serve(
 ) -> None:
     """Serve the web app (its pages at /) and the API under /api/v1 (OpenAPI at /openapi.json).
 
-    It serves until Ctrl-C.
+    It says where to open the pages (the server's root) and where the API is, and serves until Ctrl-C.
 
     Runs started through it are executed by this server, or with --workers queued for the workers
     sharing its database (the request returns at once); runs started elsewhere (`masterplanner
@@ -54,8 +54,10 @@ def serve(
     service = RunService(settings)
     try:
         where = f"[{host}]" if ":" in host else host
-        url = f"http://{where}:{port}/api/v1"
-        log("serve", f"serving on {url} (Ctrl-C stops)", event="serving", url=url)
+        # the pages' root is what a person opens; the API is under it
+        url, api = f"http://{where}:{port}/", f"http://{where}:{port}/api/v1"
+        said = f"serving the web app on {url} (open it in a browser), its REST API on {api} (Ctrl-C stops)"
+        log("serve", said, event="serving", url=url, api=api)
         serve_app(create_app(service, token=token, for_workers=workers), service, host=host, port=port)
     finally:
         service.close()
