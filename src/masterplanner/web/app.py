@@ -31,7 +31,7 @@ from ..errors import (
     problem_in_our_words,
 )
 from ..service import RegistryService, RunService
-from . import pages
+from . import files, login, pages
 from . import registry as registry_routes
 from .api import Executions, router, streams
 from .auth import COOKIE, is_loopback, same_token, token_matches
@@ -80,7 +80,9 @@ def create_app(
     app.state.executions = Executions(service, for_workers=for_workers)
     app.include_router(router)
     app.include_router(streams)
+    app.include_router(login.router)
     app.include_router(pages.router)
+    app.include_router(files.router)
     app.include_router(registry_routes.api)
     app.include_router(registry_routes.pages)
     app.mount("/static", StaticFiles(packages=[("masterplanner.web", "static")]), name="static")
@@ -251,7 +253,7 @@ def _require(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
 
     A page a browser opens without it is sent to the login page instead, and a page's plain form
     a browser sends is answered with the login page, which sends it again once logged in
-    (`pages.form_not_taken`; it showed a 401 in JSON). Anything else gets a 401 in JSON: a
+    (`login.form_not_taken`; it showed a 401 in JSON). Anything else gets a 401 in JSON: a
     program (the API, /openapi.json), and a page's own requests, whose script says the login has
     ended (a run page's refresh followed the redirect and showed the login page inside the run's
     body; an answer it sent was refused as an error of the server's).
@@ -269,7 +271,7 @@ def _require(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
             asked = path + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(f"/login?{urlencode({'next': asked})}", status_code=303)
         if _sends_a_form(request):
-            return pages.form_not_taken(request, await _fields(request))
+            return login.form_not_taken(request, await _fields(request))
         return _error(
             401,
             "this server needs its token: send `Authorization: Bearer TOKEN` or log in at /login "

@@ -2,7 +2,8 @@
 
 Rendered on the server from Jinja templates (`StrictUndefined`); HTMX (vendored in `static/`)
 swaps the run's body when the run's server-sent `change` events arrive and posts the forms.
-Every action is a run service call, as in the API.
+Every action is a run service call, as in the API. The login is `login.py`'s; a run's workspace
+files are listed and served by `files.py`.
 """
 
 from __future__ import annotations
@@ -10,21 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import re
-import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO
-from urllib.parse import urlsplit
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
-from starlette.background import BackgroundTask
 
 from ..engine.records import BUDGET_LIMITS, FINISHED_RUN_STATUSES, WHOLE_OPTION_LIMITS, RunOptions, RunRecord
 from ..errors import MasterplannerError, PlanError, RequestClosedError, RunError, quoted_id
@@ -33,13 +29,12 @@ from ..event_text import event_detail
 from ..redaction import REMOVED, redacted
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name, typed_secrets_removed
-from ..tools.workspace import walk_files
 from ..usage import budget_money, money
 from .api import Executions, event_seq, existing_run, workspace_path
-from .auth import COOKIE, same_token
+from .files import workspace_files
 from .graph import plan_svg
 
-__all__ = ["form_not_taken", "router", "templates"]
+__all__ = ["router", "templates"]
 
 router = APIRouter(include_in_schema=False)
 
@@ -52,10 +47,7 @@ templates = Jinja2Templates(
 )
 templates.env.globals["event_detail"] = event_detail  # an event's words, as the terminal says them
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
-"""Characters no local path to go on to after a login holds (a backslash reads as a slash)."""
 STATUSES = ("planning", "awaiting_approval", "running", "succeeded", "failed", "cancelled")
-_MAX_FILES = 200
 _log = logging.getLogger("masterplanner.web")
 
 
@@ -68,98 +60,6 @@ def _service(request: Request) -> RunService:
 async def home() -> RedirectResponse:
     """The runs page."""
     return RedirectResponse("/runs", status_code=303)
-
-
-def _after_login(asked: object) -> str:
-    """Where a login goes on to: the page asked for, if it is one of this server's, else the runs."""
-    text = asked if isinstance(asked, str) else ""
-    # a path on this server only: "//host" (and "/\\host", a browser reads "\\" as "/") is another site
-    local = text.startswith("/") and not text.startswith("//") and not _CONTROL.search(text)
-    return text if local else "/runs"
-
-
-@router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request, then: Annotated[str, Query(alias="next")] = "/runs") -> Response:
-    """The token form (only a server started with --auth asks for one)."""
-    if request.app.state.token is None:
-        return RedirectResponse(_after_login(then), status_code=303)
-    return templates.TemplateResponse(request, "login.html", _login_context(None, _after_login(then)))
-
-
-def _login_context(
-    error: str | None, after: str, carried: list[tuple[str, str]] | None = None
-) -> dict[str, Any]:
-    """What `login.html` shows; `carried`: a form sent without the login, sent again once logged in."""
-    return {"error": error, "next": after, "carried": carried or [], "resend": carried is not None}
-
-
-_CARRIED_NOT = ("token", "next", "resend")
-"""The login form's own fields: a form holding one of these is not carried through it."""
-_NOT_TAKEN = "Not saved: your login to this server has ended, so the form you sent was not taken."
-
-
-def form_not_taken(request: Request, fields: list[tuple[str, Any]] | None) -> Response:
-    """The login page (401) for a plain form a browser sent without the login; `fields`: what it sent.
-
-    What was typed is carried in the login form, which sends it on to where it was sent once the
-    token is taken (`login`: a 307, the browser posts it again). A form holding a secret is not sent
-    back: the login goes on to the form's page, to fill in again. (Before, the browser showed a
-    bare 401 in JSON, and what was typed was gone.)
-    """
-    typed = [(name, value) for name, value in fields or [] if isinstance(value, str)]
-    secret = any(redacted(value) != value for _, value in typed)
-    if (
-        fields is not None
-        and _sent_from_here(request)
-        and len(typed) == len(fields)
-        and not secret
-        and not any(name in _CARRIED_NOT for name, _ in typed)
-    ):
-        asked = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        message = f"{_NOT_TAKEN} Log in and it is sent again, as you filled it in."
-        context = _login_context(message, _after_login(asked), typed)
-    else:
-        held = " What you typed holds a secret, which this page does not send back:" if secret else ""
-        message = f"{_NOT_TAKEN}{held} {'log' if secret else 'Log'} in, then fill the form in again."
-        referer = urlsplit(request.headers.get("referer", ""))
-        same = referer.netloc == request.headers.get("host")
-        back = referer.path + (f"?{referer.query}" if referer.query else "") if same else ""
-        context = _login_context(message, _after_login(back))
-    return templates.TemplateResponse(request, "login.html", context, status_code=401)
-
-
-def _sent_from_here(request: Request) -> bool:
-    """Whether the browser says the form came from this server's own page (`Sec-Fetch-Site` or `Origin`).
-
-    Only such a form is carried through the login: a form another site posted (which an older
-    browser may send with no `Sec-Fetch-Site` and `Origin: null`) would otherwise be sent again,
-    by the person's own login, from this server's origin, past every cross-site check.
-    """
-    if request.headers.get("sec-fetch-site") == "same-origin":
-        return True
-    origin = request.headers.get("origin", "")
-    return origin not in ("", "null") and urlsplit(origin).netloc == request.headers.get("host")
-
-
-@router.post("/login", response_class=HTMLResponse)
-async def login(request: Request) -> Response:
-    """Check the token and keep it in an HttpOnly, same-site cookie for this browser."""
-    token: str | None = request.app.state.token
-    form = await request.form()
-    after = _after_login(form.get("next"))
-    # a form sent without the login, carried through it (`form_not_taken`): posted again (307)
-    carried = [(name, str(value)) for name, value in form.multi_items() if name not in _CARRIED_NOT]
-    resend = form.get("resend") == "post"
-    if token is None:
-        return RedirectResponse(after, status_code=307 if resend else 303)
-    given = str(form.get("token", ""))
-    if not same_token(given, token):
-        error = "that is not this server's token (see the web-token file in its home directory)"
-        context = _login_context(error, after, carried if resend else None)
-        return templates.TemplateResponse(request, "login.html", context, status_code=401)
-    response = RedirectResponse(after, status_code=307 if resend else 303)
-    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", max_age=30 * 24 * 3600)
-    return response
 
 
 @router.get("/runs", response_class=HTMLResponse)
@@ -560,83 +460,6 @@ async def retry(request: Request, run_id: str) -> Response:
     return Response(status_code=204, headers={"HX-Redirect": f"/runs/{record.id}"})
 
 
-@router.get("/runs/{run_id}/file")
-async def workspace_file(request: Request, run_id: str, path: str) -> Response:
-    """One file of the run's workspace (images and text shown by the browser, others downloaded)."""
-    record = await existing_run(request, run_id)
-    opened = await asyncio.to_thread(_open_inside, record.workspace, path)
-    if opened is None:
-        raise HTTPException(404, f"the workspace of run {record.id} has no file {path!r}")
-    file, name = opened
-    inline = Path(name).suffix.lower() in (".png", ".jpg", ".jpeg", ".gif", ".webp", ".txt", ".md")
-    # served from the file that was checked: its descriptor's own path reopens that very file,
-    # whatever the step's code renames or links meanwhile (closed once sent, or when dropped)
-    return FileResponse(
-        f"/proc/self/fd/{file.fileno()}",
-        filename=name,
-        stat_result=os.fstat(file.fileno()),
-        content_disposition_type="inline" if inline else "attachment",
-        background=BackgroundTask(file.close),
-    )
-
-
-def _open_inside(workspace: str, path: str) -> tuple[BinaryIO, str] | None:
-    """The regular file `path` names inside `workspace`, and its name, or None.
-
-    Links are resolved and must stay inside. The check is made on the opened file, not on the
-    path: the run's code may swap a folder on the way for a link out between a check of the path
-    and its opening, and the file served would then be from outside the workspace.
-    """
-    if "\x00" in path:  # no file has it in its name (the path functions refuse it with an error)
-        return None
-    root = os.path.realpath(workspace)
-    target = os.path.realpath(os.path.join(root, path))
-    if os.path.commonpath([root, target]) != root:
-        return None
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        fd = os.open(target, flags)
-    except OSError:  # gone, a link now, or not readable
-        return None
-    try:
-        opened = os.readlink(f"/proc/self/fd/{fd}")
-        inside = os.path.commonpath([root, opened]) == root and stat.S_ISREG(os.fstat(fd).st_mode)
-    except (OSError, ValueError):
-        inside = False
-    if inside:
-        return os.fdopen(fd, "rb"), os.path.basename(target)  # (`opened` ends " (deleted)" once removed)
-    os.close(fd)
-    return None
-
-
-def _files(workspace: str) -> list[dict[str, Any]]:
-    """The workspace's regular files (not following links), by path, at most `_MAX_FILES`.
-
-    A name that is not UTF-8 is shown with its bytes escaped and not linked (the page failed on it).
-    """
-    found: list[dict[str, Any]] = []
-    root = Path(workspace)
-    if not root.is_dir():
-        return found
-    for entry in walk_files(root, enters=lambda name: not name.startswith(".")):
-        try:
-            info = entry.stat(follow_symlinks=False)
-        except OSError:  # gone since it was listed
-            continue
-        if stat.S_ISREG(info.st_mode):
-            path = str(Path(entry.path).relative_to(root))
-            try:
-                path.encode("utf-8")
-            except UnicodeEncodeError:  # a name that is not UTF-8: shown escaped, with no link
-                shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-                found.append({"path": shown, "bytes": info.st_size, "linked": False})
-            else:
-                found.append({"path": path, "bytes": info.st_size, "linked": True})
-        if len(found) >= _MAX_FILES:
-            return found
-    return found
-
-
 def form_text(form: Any, name: str) -> str:
     """A form field's text as typed: a browser sends a textarea's line breaks as CRLF.
 
@@ -761,7 +584,7 @@ async def _body_context(
             "last_seq": events[-1].seq if events else 0,
             "idle": (await service.idle([record])).get(record.id),
             "resume_error": None,
-            "files": await asyncio.to_thread(_files, record.workspace),
+            "files": await asyncio.to_thread(workspace_files, record.workspace),
             "problem": problem,
             "step_problems": step_problems,
             "rated": None,
