@@ -810,6 +810,35 @@ def test_an_answer_refused_or_gone_is_said_so_and_one_taken_is_said_taken(
     assert _answered(server, "", run_id) == ["ask_user"]
 
 
+def test_an_answer_whose_reply_was_lost_sent_again_is_said_taken_already(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """The server stored the answer but the page lost its reply: sent again, it is said taken.
+
+    Before, the page said "not sent … send it again", and the answer sent again was refused:
+    "… is already answered …; yours was not taken".
+    """
+    page = browser_page
+    run_id = _api_run(server, _ask_script(tmp_path), "a reply lost", {"auto_approve": True})
+    page.goto(f"{server}/runs/{run_id}")
+    answer = page.get_by_role("textbox", name="Which colour?")
+    answer.fill("teal")
+    unsent, taken = page.locator("#run-unsent"), page.locator("#run-taken")
+    # the answer reaches the server, which stores it; its reply is lost on the way back
+    page.route("**/requests/*", lambda route: (route.fetch(), route.abort("connectionreset")))
+    page.get_by_role("button", name="Answer").click()
+    unsent.filter(has_text="Not sent: the server could not be reached").wait_for()
+    page.unroute("**/requests/*")
+    assert _answered(server, "", run_id) == ["ask_user"]  # it was taken
+    page.get_by_role("button", name="Answer").click()  # as the note says: sent again
+    taken.filter(has_text="Your answer was taken already").wait_for()
+    said = "Your answer was taken already, when you sent it before: it is not stored twice."
+    assert taken.inner_text() == said
+    assert unsent.is_hidden() and page.get_by_text("yours was not taken").count() == 0
+    page.locator("h1 .status-succeeded").wait_for(timeout=30_000)
+    assert _answered(server, "", run_id) == ["ask_user"]
+
+
 def test_a_new_task_sent_after_the_login_ended_is_planned_once_logged_in_again(
     isolated: Path, browser_page: Any, tmp_path: Path
 ) -> None:

@@ -105,6 +105,14 @@ def test_a_run_with_no_terminal_input_is_answered_from_another_process(
     approved = next(e["data"] for e in events if e["kind"] == "tool_approved")
     assert approved["by"].startswith("cli@") and approved["request"] == approval["id"]
 
+    # the same answer given again from this host's command line (a script run twice): taken once
+    same = mp("runs", "answer", approval["id"], "--approve")
+    assert same.returncode == 0, same.stderr
+    assert same.stderr.startswith(
+        f"request {approval['id']} of run {report['run_id']} was answered so already (by cli@"
+    )
+    assert same.stderr.rstrip().endswith("): taken once, nothing stored again")
+    assert [e["kind"] for e in run_events(report["run_id"])].count("request_answered") == 3
     # a closed request cannot be answered again; nothing changes
     again = mp("runs", "answer", approval["id"], "--deny")
     assert again.returncode == 2
