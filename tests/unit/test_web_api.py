@@ -21,6 +21,7 @@ from _cli import mp, start
 from _plans import APPROVED_AS_SHOWN, step, to_approval
 
 from masterplanner import ConfigError, Settings
+from masterplanner.engine.control import open_run_store
 from masterplanner.engine.store import RunStore
 from masterplanner.errors import DatabaseUnavailableError, RequestClosedError
 from masterplanner.service import RunService
@@ -263,6 +264,31 @@ async def test_an_answer_stored_whose_event_fails_is_said_taken(
     assert typed(AnsweredRequestOut, again).taken_before is True
     await _wait_for(client, f"/runs/{review['run_id']}", lambda report: report["status"] == "succeeded")
     assert await _answered_events(client, review["run_id"]) == []
+
+
+async def test_a_remember_answer_whose_team_cannot_be_stored_is_said_taken(
+    client: httpx.AsyncClient, service: RunService, write_script: Callable[..., Path]
+) -> None:
+    """Storing the team an approved `remember` question names fails after the answer is stored.
+
+    Before, the failure (here: the run has no plan) was the API's 400, a refusal, though the
+    answer was taken; sent again, it was refused as answered.
+    """
+    run = await service.create("t", model=f"scripted:{write_script([])}")  # never planned
+    store = open_run_store(service.settings)
+    try:
+        question, _ = store.requests.open(run.id, "remember", {"agents": 2}, key=f"remember:{run.id}")
+    finally:
+        store.close()
+    answered = await client.post(f"/requests/{question.id}/answer", json={"approve": True})
+    assert answered.status_code == 200, answered.text
+    taken = typed(AnsweredRequestOut, answered)
+    assert (taken.state, taken.answer, taken.taken_before) == ("answered", {"approved": True}, False)
+    assert taken.follow_up_failed == (
+        f"storing the run's team failed (run {run.id} has no plan: there is no team to store)"
+    )
+    events = await _answered_events(client, run.id)
+    assert [(event["request"], event["kind"]) for event in events] == [(question.id, "remember")]
 
 
 @pytest.mark.parametrize(
