@@ -672,9 +672,8 @@ class RunService:
         try:
             answer = _plain_answer(request, approve=approve, text=text, reason=reason)
         except RequestError:
-            if (
-                request.state != "open"
-            ):  # closed first: the form of an answer it cannot take is beside the point
+            # closed first: the form of an answer it cannot take is beside the point
+            if request.state != "open":
                 raise RequestClosedError(closed_text(request)) from None
             raise
         return await self.answer(request.id, answer, by=by)
