@@ -407,9 +407,12 @@ def either_database(isolated: Path, request: pytest.FixtureRequest, monkeypatch:
 async def _a_run_awaiting_review(client: httpx.AsyncClient, write_script: Callable[..., Path]) -> Any:
     script = write_script([{"purpose": "*", "repeat": True}])
     created = await client.post("/runs", json={"task": "x", "model": f"scripted:{script}"})
-    return await _wait_for(
+    run = await _wait_for(
         client, f"/runs/{created.json()['id']}", lambda found: found["status"] == "awaiting_approval"
     )
+    # the review request opens just after the status is set (it failed once under load: no request yet)
+    await _wait_for(client, f"/requests?run_id={run['id']}", lambda found: len(found) == 1)
+    return run
 
 
 async def test_an_id_or_a_search_holding_a_nul_names_nothing(
