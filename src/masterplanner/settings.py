@@ -67,6 +67,7 @@ __all__ = [
     "Settings",
     "default_home",
     "known_workspaces",
+    "lacking_credential_text",
     "missing_credential",
     "provider_of",
     "record_workspace",
@@ -269,6 +270,19 @@ def missing_credential(provider: str) -> str | None:
     if not names or any(os.environ.get(name) for name in names):
         return None
     return names[0]
+
+
+def lacking_credential_text(provider: str) -> str:
+    """What `provider` lacks here, in words: `"X is not set here"`, or `"neither X nor Y is set here"`.
+
+    Only for a provider `missing_credential` found lacking. OpenAI's requests need a key or a
+    compatible server's address (which may need no key), and a message naming only the key sent
+    a person with a local server off to make one up.
+    """
+    names = _CREDENTIALS.get(provider, ())
+    if len(names) == 2:
+        return f"neither {names[0]} nor {names[1]} is set here"
+    return f"{' or '.join(names)} is not set here"
 
 
 class ProviderLimit(BaseModel):

@@ -594,8 +594,18 @@ def test_a_worker_for_a_provider_whose_key_is_not_set_is_refused_in_our_words() 
     result = run("worker", "--queues", "scripted,openai", env={"OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""})
     assert (result.returncode, result.stderr.strip()) == (
         2,
-        "error: this worker cannot take openai runs or steps: OPENAI_API_KEY is not set here; "
-        "set it, or leave openai out of the worker's queues",
+        "error: this worker cannot take openai runs or steps: neither OPENAI_API_KEY nor "
+        "OPENAI_BASE_URL is set here; set one (OPENAI_BASE_URL alone for a compatible server that "
+        "needs no key), or leave openai out of the worker's queues",
+    )
+
+
+def test_a_worker_for_anthropic_without_its_key_is_refused_naming_the_key() -> None:
+    result = run("worker", "--queues", "anthropic", env={"ANTHROPIC_API_KEY": ""})
+    assert (result.returncode, result.stderr.strip()) == (
+        2,
+        "error: this worker cannot take anthropic runs or steps: ANTHROPIC_API_KEY is not set here; "
+        "set it, or leave anthropic out of the worker's queues",
     )
 
 

@@ -1284,6 +1284,10 @@ def test_a_worker_takes_by_default_the_providers_whose_keys_are_set_here(
     try:
         assert worker.providers == ["anthropic", "local", "ollama", "scripted"]
         assert worker.left_out == {"openai": "OPENAI_API_KEY"}
+        # a compatible server needs only OPENAI_BASE_URL: the line it starts with names both
+        assert worker.left_out_text == (
+            "; not openai's (neither OPENAI_API_KEY nor OPENAI_BASE_URL is set here)"
+        )
         assert worker.queues == ["steps-anthropic", "steps-local", "steps-ollama", "steps-scripted"]
     finally:
         worker.close()

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from ..errors import ConfigError, MasterplannerError, RunError
 from ..models import missing_credential
 from ..redaction import redacted
-from ..settings import PROVIDERS, Settings
+from ..settings import PROVIDERS, Settings, lacking_credential_text
 from .catalogs import settings_policy_problem
 from .records import RunRecord
 from .runner import Engine
@@ -85,9 +85,14 @@ class Worker:
         lacking = {name: variable for name in PROVIDERS if (variable := missing_credential(name)) is not None}
         for name in providers or []:
             if name in lacking:
+                fix = (
+                    "set one (OPENAI_BASE_URL alone for a compatible server that needs no key)"
+                    if name == "openai"
+                    else "set it"
+                )
                 raise ConfigError(
-                    f"this worker cannot take {name} runs or steps: {lacking[name]} is not set here; "
-                    f"set it, or leave {name} out of the worker's queues"
+                    f"this worker cannot take {name} runs or steps: {lacking_credential_text(name)}; "
+                    f"{fix}, or leave {name} out of the worker's queues"
                 )
         self.settings = settings
         self.providers = list(providers) if providers else [name for name in PROVIDERS if name not in lacking]
@@ -106,6 +111,11 @@ class Worker:
         return self.engine.owner
 
     @property
+    def left_out_text(self) -> str:
+        """The providers left out by default and what each lacks, as the line the worker starts with ends."""
+        return "".join(f"; not {name}'s ({lacking_credential_text(name)})" for name in self.left_out)
+
+    @property
     def queues(self) -> list[str]:
         """The step queues it takes from."""
         return [step_queue_name(provider) for provider in self.providers]
@@ -114,9 +124,7 @@ class Worker:
         """Work until `stop` is set; then hand over, let running steps finish, and return."""
         engine, summary = self.engine, WorkerSummary()
         changes = await asyncio.to_thread(partial(engine.launch, worker_of=self.providers))
-        left_out = "".join(
-            f"; not {name}'s ({variable} is not set here)" for name, variable in self.left_out.items()
-        )
+        left_out = self.left_out_text
         self.note(
             f"worker {self.id}: steps from {', '.join(self.queues)}, "
             f"{self.settings.worker_concurrency} at once; runs of those providers queued for workers "
