@@ -227,8 +227,8 @@ class _TomlFiles(PydanticBaseSettingsSource):
         if "home" in home_data:
             raise SettingsError(
                 f"{home_file}: sets home, which the home folder's own settings file cannot (it is "
-                "found inside the home); set it with --home, MASTERPLANNER_HOME or masterplanner.toml "
-                "in the current directory"
+                "found inside the home); set it with MASTERPLANNER_HOME or masterplanner.toml in the "
+                "current directory"
             )
         self.origin = dict.fromkeys(home_data, home_file) | dict.fromkeys(cwd_data, cwd_file)
         self.data = home_data | cwd_data

@@ -292,8 +292,8 @@ def test_home_set_in_the_home_folders_own_file_is_refused(isolated: Path, tmp_pa
         Settings.load()
     assert str(caught.value) == (
         f"{path}: sets home, which the home folder's own settings file cannot (it is found inside the "
-        "home); set it with --home, MASTERPLANNER_HOME or masterplanner.toml in the current directory"
-    )
+        "home); set it with MASTERPLANNER_HOME or masterplanner.toml in the current directory"
+    )  # not "--home": the command has no such option, and told to use it a person got an error
     write_toml(isolated, f'home = "{isolated}/."\nmodel = "scripted:x.json"\n')  # itself: harmless
     assert (Settings.load().home, Settings.load().model) == (isolated, "scripted:x.json")
 
