@@ -287,6 +287,12 @@ def test_cli_baselines_only_needs_no_model(benchmarks: Path) -> None:
     )
     assert isinstance(refused.exception, ConfigError)
     assert "--model has no use with --baselines-only" in str(refused.exception)
+    # `--per-request` shapes the JSON only: without `--json` it was taken and silently did nothing
+    alone = runner.invoke(app, ["eval", "planning", "--dataset", "tmdb", "--baselines-only", "--per-request"])
+    assert isinstance(alone.exception, ConfigError)
+    assert str(alone.exception) == (
+        "--per-request has no use without --json: it adds every request's scores to the JSON report"
+    )
 
 
 def test_unknown_dataset(benchmarks: Path) -> None:

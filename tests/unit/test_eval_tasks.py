@@ -522,3 +522,16 @@ def test_cli_prints_the_figures(suite: Path, write_script: Callable[..., Path], 
     )
     assert table.returncode == 0, table.stderr
     assert "│ all      │     1 │      1 │      100% │" in table.stdout
+
+
+def test_per_task_without_json_is_refused_before_any_task_runs(tmp_path: Path) -> None:
+    """`--per-task` shapes the JSON only: without `--json` it was taken and silently did nothing."""
+    command = [sys.executable, "-m", "masterplanner", "eval", "tasks", "--per-task", "--limit", "1"]
+    env = {**os.environ, "MASTERPLANNER_HOME": str(tmp_path / "home")}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2,
+        "",
+        "error: --per-task has no use without --json: it adds every task's checks, plan and usage "
+        "to the JSON report\n",
+    )

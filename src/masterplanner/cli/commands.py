@@ -290,7 +290,7 @@ def eval_planning(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     per_request: Annotated[
-        bool, typer.Option("--per-request", help="Include every request's scores.")
+        bool, typer.Option("--per-request", help="With --json: include every request's scores.")
     ] = False,
     results: Annotated[
         Path | None,
@@ -310,11 +310,15 @@ def eval_planning(
     of the task, each with its best-matching tool). The last two need no model: with
     --baselines-only nothing else runs.
     """
+    from ..errors import ConfigError
     from ..evaluation import PlanningReport
 
+    if per_request and not as_json:  # taken and doing nothing, it looked like a report cut short
+        raise ConfigError(
+            "--per-request has no use without --json: it adds every request's scores to the JSON report"
+        )
     report: PlanningReport
     if baselines_only:
-        from ..errors import ConfigError
         from ..evaluation import evaluate_baselines
 
         for flag, given in (("--model", model), ("--results", results)):
@@ -441,8 +445,14 @@ def eval_tasks(
 
     from rich.progress import Progress, TimeElapsedColumn
 
+    from ..errors import ConfigError
     from ..evaluation.tasks import evaluate_tasks
 
+    if per_task and not as_json:  # before a task runs: a whole evaluation's wait for nothing
+        raise ConfigError(
+            "--per-task has no use without --json: it adds every task's checks, plan and usage "
+            "to the JSON report"
+        )
     settings = load_settings(model=model)
     title = shown(f"everyday tasks with {settings.model}")
     with Progress(
