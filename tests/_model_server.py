@@ -29,8 +29,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from _http_server import Received, Reply, http_server, json_reply
 
 
 @dataclass
@@ -85,65 +86,41 @@ class ModelServer:
             self.unmatched.append(text[-2000:])
             return None
 
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-            def do_GET(self) -> None:
-                self._send(200, {"object": "list", "data": [{"id": "faulty", "object": "model"}]})
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                turn = 1 + sum(message.get("role") == "assistant" for message in body.get("messages", []))
-                chosen = server._choose(json.dumps(body), turn)
-                if chosen is None:
-                    self._send(404, {"error": {"message": "no rule of the test server matches this request"}})
-                    return
-                index, given = chosen
-                kind, _, seconds = given.partition(":")
-                if kind == "429":
-                    headers = {"Retry-After": seconds} if seconds else {}
-                    self._send(
-                        429, {"error": {"message": "rate limit reached", "type": "rate_limit"}}, headers
-                    )
-                elif kind == "401":
-                    key = self.headers.get("Authorization", "").removeprefix("Bearer ")
-                    message = f"Incorrect API key provided: {key}"
-                    self._send(401, {"error": {"message": message, "type": "invalid_request_error"}})
-                elif kind == "500":
-                    self._send(500, {"error": {"message": "the server had an error", "type": "server_error"}})
-                elif kind == "hang":
-                    server._stopping.wait(600)
-                    self.close_connection = True
-                elif kind == "crash":
-                    self.close_connection = True
-                elif kind == "malformed":
-                    self._send_raw(200, b'{"id": "x", "choices": [{"index": 0, "message": {"role": "assist')
-                else:
-                    reply = {"unexpected": True} if kind == "wrong_schema" else server.rules[index].reply
-                    completion = _completion(reply, body.get("model", "faulty"))
-                    if kind == "no_usage":
-                        del completion["usage"]
-                    self._send(200, completion)
-
-            def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-                self._send_raw(status, json.dumps(payload).encode(), headers)
-
-            def _send_raw(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-
-        return Handler
+    def answer(self, request: Received) -> Reply | None:
+        """The reply to `request` (the rules' models listed, or a chat completion), or None for none."""
+        if request.method == "GET":
+            return json_reply({"object": "list", "data": [{"id": "faulty", "object": "model"}]})
+        body = json.loads(request.body or b"{}")
+        turn = 1 + sum(message.get("role") == "assistant" for message in body.get("messages", []))
+        chosen = self._choose(json.dumps(body), turn)
+        if chosen is None:
+            return json_reply({"error": {"message": "no rule of the test server matches this request"}}, 404)
+        index, given = chosen
+        kind, _, seconds = given.partition(":")
+        if kind == "429":
+            headers = {"Retry-After": seconds} if seconds else {}
+            return json_reply(
+                {"error": {"message": "rate limit reached", "type": "rate_limit"}}, 429, headers
+            )
+        if kind == "401":
+            key = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            message = f"Incorrect API key provided: {key}"
+            return json_reply({"error": {"message": message, "type": "invalid_request_error"}}, 401)
+        if kind == "500":
+            return json_reply({"error": {"message": "the server had an error", "type": "server_error"}}, 500)
+        if kind == "hang":
+            self._stopping.wait(600)
+            return None
+        if kind == "crash":
+            return None
+        if kind == "malformed":
+            cut = b'{"id": "x", "choices": [{"index": 0, "message": {"role": "assist'
+            return Reply(200, cut, "application/json")
+        reply = {"unexpected": True} if kind == "wrong_schema" else self.rules[index].reply
+        completion = _completion(reply, body.get("model", "faulty"))
+        if kind == "no_usage":
+            del completion["usage"]
+        return json_reply(completion)
 
 
 def _completion(reply: Any, model: str) -> dict[str, Any]:
@@ -175,14 +152,9 @@ def _completion(reply: Any, model: str) -> dict[str, Any]:
 def model_server(rules: list[Rule]) -> Iterator[ModelServer]:
     """Serve `rules` on a free port of 127.0.0.1 until the block ends."""
     server = ModelServer(rules)
-    http = ThreadingHTTPServer(("127.0.0.1", 0), server.handler())
-    http.daemon_threads = True
-    thread = threading.Thread(target=http.serve_forever, daemon=True)
-    thread.start()
-    server.base_url = f"http://127.0.0.1:{http.server_address[1]}/v1"
-    try:
-        yield server
-    finally:
-        server._stopping.set()
-        http.shutdown()
-        http.server_close()
+    with http_server(server.answer, keep_alive=True) as http:
+        server.base_url = f"{http.url}/v1"
+        try:
+            yield server
+        finally:
+            server._stopping.set()  # a hung request ends before the server stops

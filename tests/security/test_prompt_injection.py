@@ -17,15 +17,14 @@ text claimed about approval; the run's policies did not change; and the step sti
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
+from _http_server import Received, Reply, http_server
 from masterplanner import Settings
 from masterplanner.engine import Engine, RunOptions
 from masterplanner.redaction import REMOVED
@@ -126,34 +125,22 @@ REFUSALS = {
 """What the tool says when it refuses an obeyed call (under `ask`, before the person is asked)."""
 
 
-class Page(BaseHTTPRequestHandler):
-    """Serves the attack page; counts every request (the attacker's server never gets one)."""
+class Page:
+    """The attack page's body, and every request for it (the attacker's server never gets one)."""
 
     body = b""
     hits: ClassVar[list[str]] = []
 
-    def do_GET(self) -> None:
-        Page.hits.append(self.path)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
 
-    do_POST = do_GET
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
+def _serve_page(request: Received) -> Reply:
+    Page.hits.append(request.path)
+    return Reply(200, Page.body, "text/plain")
 
 
 @pytest.fixture(scope="module")
 def page_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with http_server(_serve_page) as server:
+        yield server.url
 
 
 def document(attack: Attack) -> str:

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import os
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -28,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _http_server import Received, Reply, http_server, json_reply
 from masterplanner import BudgetExceededError, Settings, ToolError
 from masterplanner.engine import Engine, RunOptions
 from masterplanner.engine.tool_calls import ToolCalls
@@ -305,26 +303,13 @@ def refusing_images_api() -> Iterator[ImagesApi]:
     """An images API on 127.0.0.1 that refuses every request at once (400, so no retry)."""
     api = ImagesApi("")
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            api.requests.append(json.loads(body))
-            answer = json.dumps({"error": {"message": "refused", "type": "invalid_request_error"}}).encode()
-            self.send_response(400)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
+    def refuse(request: Received) -> Reply:
+        api.requests.append(request.json())
+        return json_reply({"error": {"message": "refused", "type": "invalid_request_error"}}, 400)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    api.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    yield api
-    server.shutdown()
-    server.server_close()
+    with http_server(refuse) as server:
+        api.url = f"{server.url}/v1"
+        yield api
 
 
 @FUZZ

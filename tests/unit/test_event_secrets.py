@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _plans import step
 
+from _http_server import Received, Reply, http_server, json_reply, text_reply
 from masterplanner import Settings
 from masterplanner.engine import Engine, Event, RunOptions, RunRecord
 from masterplanner.engine.tool_calls import _shown_in_events
@@ -201,31 +200,17 @@ def test_an_images_api_error_echoing_the_key_reaches_the_model_without_it(
     """
     key = "images-key-0123456789abcdef"
 
-    class Refusing(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            sent = self.headers["Authorization"].removeprefix("Bearer ")
-            reply = json.dumps({"error": {"message": f"Incorrect API key provided: {sent}"}}).encode()
-            self.send_response(401)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
+    def refusing(request: Received) -> Reply:
+        sent = request.headers["Authorization"].removeprefix("Bearer ")
+        return json_reply({"error": {"message": f"Incorrect API key provided: {sent}"}}, 401)
 
-        def log_message(self, *args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("OPENAI_API_KEY", key)
-    monkeypatch.setenv("MASTERPLANNER_IMAGE_BASE_URL", f"http://127.0.0.1:{server.server_address[1]}/v1")
     draw = {"name": "generate_image", "args": {"prompt": "a lighthouse", "path": "light.png"}}
     shown = "failed with HTTP 401: it refused the key in OPENAI_API_KEY"  # not the server's words
-    try:  # the step's model is shown the failure without the key
+    with http_server(refusing) as server:  # the step's model is shown the failure without the key
+        monkeypatch.setenv("MASTERPLANNER_IMAGE_BASE_URL", f"{server.url}/v1")
         expected = ["the images API at http://127.0.0.1:", shown]
         final, events = _one_tool_call_run(write_script, tmp_path, draw, expected)
-    finally:
-        server.shutdown()
     assert (final.status, final.output, final.error) == ("succeeded", "done", None)
     (result,) = [event.data for event in events if event.kind == "tool_result"]
     assert result["tool"] == "generate_image" and shown in result["error"]
@@ -241,29 +226,16 @@ def test_a_search_servers_error_quoting_its_url_reaches_the_model_and_events_wit
     The step's model, the `tool_result` event and the run keep the user name and the host, not the password.
     """
 
-    class Refusing(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(401)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    monkeypatch.setenv("MASTERPLANNER_WEB_SEARCH_BACKEND", "searxng")
-    monkeypatch.setenv("MASTERPLANNER_SEARXNG_URL", f"http://alice:s3cretpass@127.0.0.1:{port}")
-    search = {"name": "web_search", "args": {"query": "tides"}}
-    shown = (
-        f"Client error '401 Unauthorized' for url "
-        f"'http://alice:{REMOVED}@127.0.0.1:{port}/search?q=tides&format=json'"
-    )
-    try:
+    with http_server(Reply(401)) as server:
+        port = server.port
+        monkeypatch.setenv("MASTERPLANNER_WEB_SEARCH_BACKEND", "searxng")
+        monkeypatch.setenv("MASTERPLANNER_SEARXNG_URL", f"http://alice:s3cretpass@127.0.0.1:{port}")
+        search = {"name": "web_search", "args": {"query": "tides"}}
+        shown = (
+            f"Client error '401 Unauthorized' for url "
+            f"'http://alice:{REMOVED}@127.0.0.1:{port}/search?q=tides&format=json'"
+        )
         final, events = _one_tool_call_run(write_script, tmp_path, search, [shown])
-    finally:
-        server.shutdown()
     assert (final.status, final.output, final.error) == ("succeeded", "done", None), final.error
     (result,) = [event.data for event in events if event.kind == "tool_result"]
     assert result["tool"] == "web_search" and shown in result["error"]
@@ -294,23 +266,6 @@ def _one_tool_call_run(
         engine.close()
 
 
-class _EchoingKey(BaseHTTPRequestHandler):
-    """A page that shows the key it was configured with (a debug page, a misconfigured server)."""
-
-    key = ""
-
-    def do_GET(self) -> None:
-        page = f"the key is {self.key}.".encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(page)))
-        self.end_headers()
-        self.wfile.write(page)
-
-    def log_message(self, *args: object) -> None:
-        return
-
-
 @pytest.mark.parametrize("tool", ["read_file", "http_request", "mcp"])
 def test_a_tool_s_result_holding_a_secret_reaches_the_model_events_and_database_without_it(
     tool: str,
@@ -326,30 +281,29 @@ def test_a_tool_s_result_holding_a_secret_reaches_the_model_events_and_database_
     server's `env`).
     """
     key = "plainvalue0123456789zq"
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Echo", (_EchoingKey,), {"key": key}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/debug"
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "ws" / "notes.txt").write_text(f"the key is {key}.\n")
-    if tool == "mcp":
-        key = key.upper()  # the server shouts
-        servers = {"notes": {"command": sys.executable, "args": [NOTES_SERVER], "env": {"NOTES_TOKEN": key}}}
-        monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps(servers))
-        call, shown = {"name": "notes_shout", "args": {"text": "whoami"}}, f"SIGNED IN WITH {REMOVED}"
-    else:
-        monkeypatch.setenv("OPENAI_API_KEY", key)
-        monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["127.0.0.1"]')
-        monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOW_LOOPBACK", "true")
-        shown = f"the key is {REMOVED}."
-        call = (
-            {"name": "read_file", "args": {"path": "notes.txt"}}
-            if tool == "read_file"
-            else {"name": "http_request", "args": {"url": url}}
-        )
-    try:  # the step's model is shown the result with the key taken out
+    with http_server(text_reply(f"the key is {key}.")) as server:
+        url = f"{server.url}/debug"
+        (tmp_path / "ws").mkdir()
+        (tmp_path / "ws" / "notes.txt").write_text(f"the key is {key}.\n")
+        if tool == "mcp":
+            key = key.upper()  # the server shouts
+            servers = {
+                "notes": {"command": sys.executable, "args": [NOTES_SERVER], "env": {"NOTES_TOKEN": key}}
+            }
+            monkeypatch.setenv("MASTERPLANNER_MCP_SERVERS", json.dumps(servers))
+            call, shown = {"name": "notes_shout", "args": {"text": "whoami"}}, f"SIGNED IN WITH {REMOVED}"
+        else:
+            monkeypatch.setenv("OPENAI_API_KEY", key)
+            monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["127.0.0.1"]')
+            monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOW_LOOPBACK", "true")
+            shown = f"the key is {REMOVED}."
+            call = (
+                {"name": "read_file", "args": {"path": "notes.txt"}}
+                if tool == "read_file"
+                else {"name": "http_request", "args": {"url": url}}
+            )
+        # the step's model is shown the result with the key taken out
         final, events = _one_tool_call_run(write_script, tmp_path, call, [shown])
-    finally:
-        server.shutdown()
     assert (final.status, final.output, final.error) == ("succeeded", "done", None)
     (result,) = [event.data for event in events if event.kind == "tool_result"]
     assert shown in result["result"]
@@ -432,22 +386,6 @@ def test_a_quoted_dotenv_file_and_code_a_tool_reads_reach_the_model_with_only_th
     assert [data for data in stored if any(value in data for value in values)] == []
 
 
-class _JsonReply(BaseHTTPRequestHandler):
-    """An API answering with the credentials it holds, as JSON (a token endpoint, a debug route)."""
-
-    body = b""
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args: object) -> None:
-        return
-
-
 @pytest.mark.parametrize("tool", ["read_file", "http_request"])
 def test_json_credentials_a_tool_read_reach_the_model_events_and_database_without_their_values(
     tool: str,
@@ -461,23 +399,20 @@ def test_json_credentials_a_tool_read_reach_the_model_events_and_database_withou
     given them whole. The names and the other members stay, and the JSON stays JSON."""
     held = {"password": "hunter2hunter2", "api_key": "abcd1234efgh", "token_count": 12, "user": "alice"}
     body = json.dumps(held).encode()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Json", (_JsonReply,), {"body": body}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1/session"
-    monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["127.0.0.1"]')
-    monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOW_LOOPBACK", "true")
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "ws" / "config.json").write_bytes(body)
-    shown = f'{{"password": "{REMOVED}", "api_key": "{REMOVED}", "token_count": 12, "user": "alice"}}'
-    call = (
-        {"name": "read_file", "args": {"path": "config.json"}}
-        if tool == "read_file"
-        else {"name": "http_request", "args": {"url": url}}
-    )
-    try:  # the step's model is shown the JSON without the values
+    with http_server(Reply(200, body, "application/json")) as server:
+        url = f"{server.url}/v1/session"
+        monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["127.0.0.1"]')
+        monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOW_LOOPBACK", "true")
+        (tmp_path / "ws").mkdir()
+        (tmp_path / "ws" / "config.json").write_bytes(body)
+        shown = f'{{"password": "{REMOVED}", "api_key": "{REMOVED}", "token_count": 12, "user": "alice"}}'
+        call = (
+            {"name": "read_file", "args": {"path": "config.json"}}
+            if tool == "read_file"
+            else {"name": "http_request", "args": {"url": url}}
+        )
+        # the step's model is shown the JSON without the values
         final, events = _one_tool_call_run(write_script, tmp_path, call, [shown])
-    finally:
-        server.shutdown()
     assert (final.status, final.output, final.error) == ("succeeded", "done", None), final.error
     (result,) = [event.data for event in events if event.kind == "tool_result"]
     assert shown in result["result"]
@@ -495,27 +430,15 @@ def _checkpoints(home: Path) -> list[bytes]:
     return [base64.b64decode(output) for (output,) in rows]
 
 
-class _LongPage(BaseHTTPRequestHandler):
-    """A page longer than `http_request` keeps, whose cap falls inside the key it shows."""
+def _long_page(key: str) -> str:
+    """A page longer than `http_request` keeps, whose cap falls inside the `key` it shows."""
+    from masterplanner.tools.http import HttpPolicy
 
-    key = ""
-
-    def do_GET(self) -> None:
-        from masterplanner.tools.http import HttpPolicy
-
-        line = "." * 79 + "\n"
-        cap = HttpPolicy().max_bytes
-        filler = line * ((cap - 11) // len(line))
-        filler += "." * (cap - 11 - len(filler) - 1) + " "
-        page = f"{filler}{self.key} and more after it.\n".encode()  # the cap keeps 11 of the key's 22
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(page)))
-        self.end_headers()
-        self.wfile.write(page)
-
-    def log_message(self, *args: object) -> None:
-        return
+    line = "." * 79 + "\n"
+    cap = HttpPolicy().max_bytes
+    filler = line * ((cap - 11) // len(line))
+    filler += "." * (cap - 11 - len(filler) - 1) + " "
+    return f"{filler}{key} and more after it.\n"  # the cap keeps 11 of the key's 22
 
 
 def test_a_secret_the_tool_s_output_cap_cuts_keeps_no_part_of_itself(
@@ -531,16 +454,10 @@ def test_a_secret_the_tool_s_output_cap_cuts_keeps_no_part_of_itself(
     monkeypatch.setenv("OPENAI_API_KEY", key)
     monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOWED_DOMAINS", '["127.0.0.1"]')
     monkeypatch.setenv("MASTERPLANNER_HTTP_ALLOW_LOOPBACK", "true")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Long", (_LongPage,), {"key": key}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/long"
     (tmp_path / "ws").mkdir()
-    try:
-        final, _ = _one_tool_call_run(
-            write_script, tmp_path, {"name": "http_request", "args": {"url": url}}, ["HTTP 200 from"]
-        )
-    finally:
-        server.shutdown()
+    with http_server(text_reply(_long_page(key))) as server:
+        call = {"name": "http_request", "args": {"url": f"{server.url}/long"}}
+        final, _ = _one_tool_call_run(write_script, tmp_path, call, ["HTTP 200 from"])
     assert (final.status, final.output, final.error) == ("succeeded", "done", None), final.error
     part = key[:11].encode()  # what the cap kept of it
     stored = [path.read_bytes() for path in isolated.rglob("*") if path.is_file()] + _checkpoints(isolated)

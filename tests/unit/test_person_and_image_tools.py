@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import struct
-import threading
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 from _answers import execute_answering
 from _plans import step
 
+from _http_server import Received, Reply, http_server, json_reply
 from masterplanner import Settings, ToolError
 from masterplanner.engine import Engine, RunOptions
 from masterplanner.errors import RequestError
@@ -39,13 +38,35 @@ def _png() -> bytes:
     )
 
 
+ImagesServer = Callable[[int, dict[str, Any]], tuple[str, list[dict[str, Any]]]]
+"""Starts an images API (see `images_server`): its base URL and what it was sent."""
+
+
 @pytest.fixture
-def images_api() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    server, received = _images_server(
-        200, {"created": 0, "data": [{"b64_json": base64.b64encode(_png()).decode()}]}
-    )
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1", received
-    server.shutdown()
+def images_server() -> Iterator[ImagesServer]:
+    """Starts images APIs on 127.0.0.1 (stopped after the test), each answering every request with
+    `status` and `body`: its base URL, and what it was sent (each request's path, its
+    `Authorization` and its JSON body's fields)."""
+    with ExitStack() as servers:
+
+        def start(status: int, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+            received: list[dict[str, Any]] = []
+
+            def answer(request: Received) -> Reply:
+                received.append(
+                    {"path": request.path, "auth": request.headers["Authorization"], **request.json()}
+                )
+                return json_reply(body, status)
+
+            served = servers.enter_context(http_server(answer))
+            return f"{served.url}/v1", received
+
+        yield start
+
+
+@pytest.fixture
+def images_api(images_server: ImagesServer) -> tuple[str, list[dict[str, Any]]]:
+    return images_server(200, {"created": 0, "data": [{"b64_json": base64.b64encode(_png()).decode()}]})
 
 
 def test_generate_image_saves_the_png(
@@ -81,29 +102,12 @@ def test_generate_image_saves_the_png(
 def test_an_images_api_answering_with_something_that_is_not_json_is_said_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            reply = b"<html>hello</html>"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
-        workspace = Workspace(tmp_path / "ws").create()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+    workspace = Workspace(tmp_path / "ws").create()
+    with http_server(Reply(200, b"<html>hello</html>", "text/html")) as server:
+        url = f"{server.url}/v1"
         with pytest.raises(ToolError) as failed:
             asyncio.run(generate_image(ImageConfig(model="m", base_url=url), workspace, "a cat", "cat.png"))
-    finally:
-        server.shutdown()
     assert str(failed.value) == f"the images API at {url} answered with something that is not JSON"
 
 
@@ -161,30 +165,6 @@ async def test_ask_user_goes_to_the_front_end(isolated: Path, write_script: Call
         engine.close()
 
 
-def _images_server(status: int, body: dict[str, Any]) -> tuple[ThreadingHTTPServer, list[dict[str, Any]]]:
-    """An images API on 127.0.0.1 answering every request with `status` and `body`; what it was sent
-    (each request's path, its `Authorization` and its JSON body's fields)."""
-    received: list[dict[str, Any]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            received.append({"path": self.path, "auth": self.headers["Authorization"], **sent})
-            reply = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, received
-
-
 @pytest.mark.parametrize(
     ("status", "message", "said"),
     [
@@ -203,19 +183,20 @@ def _images_server(status: int, body: dict[str, Any]) -> tuple[ThreadingHTTPServ
     ],
 )
 def test_a_failing_images_api_is_asked_once_and_said_in_our_words(
-    status: int, message: str, said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    status: int,
+    message: str,
+    said: str,
+    images_server: ImagesServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The SDK tried a failed request once more unseen, and its own text (advice, links) was the error."""
     error = {"message": message, "type": "server_error", "code": "invalid_api_key" if status == 401 else None}
-    server, received = _images_server(status, {"error": error})
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
-        workspace = Workspace(tmp_path / "ws").create()
-        with pytest.raises(ToolError) as failed:
-            asyncio.run(generate_image(ImageConfig(model="m", base_url=url), workspace, "a cat", "cat.png"))
-    finally:
-        server.shutdown()
+    url, received = images_server(status, {"error": error})
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+    workspace = Workspace(tmp_path / "ws").create()
+    with pytest.raises(ToolError) as failed:
+        asyncio.run(generate_image(ImageConfig(model="m", base_url=url), workspace, "a cat", "cat.png"))
     assert str(failed.value) == f"the images API at {url} failed with HTTP {status}{said}"
     assert [sent["path"] for sent in received] == ["/v1/images/generations"]
 
@@ -246,16 +227,18 @@ def _image_run(write_script: Callable[..., Path]) -> Path:
 
 
 async def test_generate_image_is_counted_in_the_run_s_cost_and_held_to_its_money_budget(
-    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+    isolated: Path,
+    write_script: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    images_server: ImagesServer,
 ) -> None:
     """An image request's cost was never counted: reports left it out and --max-cost let it through."""
     from masterplanner.models import pricing
 
     monkeypatch.setattr(pricing, "_loopback", lambda url: False)  # the test's API is priced as OpenAI's
     reply = {"created": 0, "data": [{"b64_json": base64.b64encode(_png()).decode()}], "usage": _IMAGE_USAGE}
-    server, received = _images_server(200, reply)
+    url, received = images_server(200, reply)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     engine = Engine(Settings.load(image_base_url=url, image_model="gpt-image-1"))
     options = RunOptions(auto_approve=True, prompt_rounds=0, tool_policies={"generate_image": "auto"})
     try:
@@ -281,7 +264,6 @@ async def test_generate_image_is_counted_in_the_run_s_cost_and_held_to_its_money
         assert len(received) == 1
     finally:
         engine.close()
-        server.shutdown()
 
 
 @pytest.mark.parametrize(
@@ -290,7 +272,11 @@ async def test_generate_image_is_counted_in_the_run_s_cost_and_held_to_its_money
     ids=["chat-form", "total-only", "not-an-object"],
 )
 async def test_an_image_reply_whose_usage_says_no_tokens_is_of_unknown_price_and_gives_back_its_hold(
-    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, usage: object
+    isolated: Path,
+    write_script: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    usage: object,
+    images_server: ImagesServer,
 ) -> None:
     """Counting it failed with Python's `None + None`: the step failed so, the image priced $0, and
     its budget reservation stayed held."""
@@ -298,9 +284,8 @@ async def test_an_image_reply_whose_usage_says_no_tokens_is_of_unknown_price_and
 
     monkeypatch.setattr(pricing, "_loopback", lambda url: False)  # the test's API is priced as OpenAI's
     reply = {"created": 0, "data": [{"b64_json": base64.b64encode(_png()).decode()}], "usage": usage}
-    server, received = _images_server(200, reply)
+    url, received = images_server(200, reply)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     engine = Engine(Settings.load(image_base_url=url, image_model="gpt-image-1"))
     options = RunOptions(auto_approve=True, prompt_rounds=0, tool_policies={"generate_image": "auto"})
     try:
@@ -312,16 +297,17 @@ async def test_an_image_reply_whose_usage_says_no_tokens_is_of_unknown_price_and
         assert engine.store.spending(run.id).held_calls == 0
     finally:
         engine.close()
-        server.shutdown()
 
 
 async def test_an_image_request_the_api_failed_is_a_failed_call_of_the_step(
-    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+    isolated: Path,
+    write_script: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    images_server: ImagesServer,
 ) -> None:
     """It was made (the API answered HTTP 500) but not counted: the run's calls left it out."""
-    server, received = _images_server(500, {"error": {"message": "the server had an error"}})
+    url, received = images_server(500, {"error": {"message": "the server had an error"}})
     monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     engine = Engine(Settings.load(image_base_url=url, image_model="gpt-image-1"))
     options = RunOptions(
         auto_approve=True, prompt_rounds=0, tool_policies={"generate_image": "auto"}, max_model_calls=10
@@ -335,20 +321,21 @@ async def test_an_image_request_the_api_failed_is_a_failed_call_of_the_step(
         assert engine.store.spending(run.id).held_calls == 0
     finally:
         engine.close()
-        server.shutdown()
 
 
 async def test_an_image_model_of_unknown_price_is_refused_under_a_money_budget(
-    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+    isolated: Path,
+    write_script: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    images_server: ImagesServer,
 ) -> None:
     """As a run's model of unknown price is: its cost could not be held to the budget."""
     from masterplanner.models import pricing
 
     monkeypatch.setattr(pricing, "_loopback", lambda url: False)
     reply = {"created": 0, "data": [{"b64_json": base64.b64encode(_png()).decode()}]}
-    server, received = _images_server(200, reply)
+    url, received = images_server(200, reply)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     engine = Engine(Settings.load(image_base_url=url, image_model="my-inhouse-painter"))
     options = RunOptions(
         auto_approve=True, prompt_rounds=0, tool_policies={"generate_image": "auto"}, max_cost_usd=1.0
@@ -375,4 +362,3 @@ async def test_an_image_model_of_unknown_price_is_refused_under_a_money_budget(
         assert [sent["path"] for sent in received] == ["/v1/images/generations"]
     finally:
         engine.close()
-        server.shutdown()

@@ -10,10 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
@@ -21,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from _cli import mp
 
+from _http_server import Received, Reply, http_server, json_reply
 from masterplanner.errors import ModelError
 from masterplanner.registry import AgentSpec, Cohort, RegistryStore, resolve_embedder
 from masterplanner.registry.memory import MemoryStore
@@ -90,29 +89,14 @@ class EmbeddingServer:
 def embedding_server() -> Iterator[EmbeddingServer]:
     server = EmbeddingServer()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+    def embeddings(request: Received) -> Reply:
+        body = request.json()
+        texts = [body["input"]] if isinstance(body["input"], str) else list(body["input"])
+        return json_reply(server.reply(texts))
 
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            texts = [body["input"]] if isinstance(body["input"], str) else list(body["input"])
-            data = json.dumps(server.reply(texts)).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=http.serve_forever, daemon=True)
-    thread.start()
-    server.base_url = f"http://127.0.0.1:{http.server_address[1]}/v1"
-    try:
+    with http_server(embeddings) as http:
+        server.base_url = f"{http.url}/v1"
         yield server
-    finally:
-        http.shutdown()
-        http.server_close()
 
 
 @pytest.fixture

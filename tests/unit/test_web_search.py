@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from _deep_folders import deep_folders
+from _http_server import Received, Reply, http_server, json_reply
 from masterplanner import ToolError
 from masterplanner.tools.web_search import SearchConfig, SearchResult, web_search
 
@@ -52,30 +50,13 @@ def test_no_backend_says_how_to_configure_one() -> None:
 
 @pytest.fixture
 def searxng() -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            assert self.path.startswith("/search?q=sea+tides&format=json")
-            body = json.dumps(
-                {
-                    "results": [
-                        {"title": "Tide", "url": "https://example.org/tide", "content": "Tides are..."}
-                    ]
-                    * 3
-                }
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def search(request: Received) -> Reply:
+        assert request.path.startswith("/search?q=sea+tides&format=json")
+        hit = {"title": "Tide", "url": "https://example.org/tide", "content": "Tides are..."}
+        return json_reply({"results": [hit] * 3})
 
-        def log_message(self, *args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with http_server(search) as server:
+        yield server.url
 
 
 def test_searxng_json_api(searxng: str) -> None:
