@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cluster import plan_step as step
 
 from _model_server import ModelServer, Rule, model_server
 from masterplanner.engine.store import RunStore
@@ -42,18 +43,6 @@ RUN_ARGS = (
     "0",
 )
 """`masterplanner run` on the test server's model, without the review (--yes) unless added."""
-
-
-def step(step_id: str, *deps: str, tools: list[str] | None = None) -> dict[str, Any]:
-    return {
-        "id": step_id,
-        "title": step_id,
-        "instruction": f"Do {step_id}.",
-        "agent_role": "worker",
-        "tools": tools or [],
-        "depends_on": list(deps),
-        "expected_output": "",
-    }
 
 
 def rules(

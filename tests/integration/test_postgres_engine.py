@@ -8,23 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _cluster import plan_step as step
 
 from masterplanner import RunService, Settings
 from masterplanner.engine import Engine, RunOptions
 
 pytestmark = pytest.mark.postgres
-
-
-def step(step_id: str, *deps: str, tools: list[str]) -> dict[str, object]:
-    return {
-        "id": step_id,
-        "title": step_id,
-        "instruction": f"Do {step_id}.",
-        "agent_role": "worker",
-        "tools": tools,
-        "depends_on": list(deps),
-        "expected_output": "",
-    }
 
 
 @pytest.fixture

@@ -6,32 +6,21 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from test_workers import Cluster, plan_step
+from _cluster import Cluster, plan_step
 
 from _serve import serving
 
 pytestmark = pytest.mark.postgres
 
-MP = [sys.executable, "-m", "masterplanner"]
 STEPS = [plan_step("a"), plan_step("b", "a"), plan_step("c", "b")]
-
-
-@pytest.fixture
-def cluster(postgres_database: str, tmp_path: Path) -> Iterator[Cluster]:
-    started = Cluster(postgres_database, tmp_path / "home")
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 def _calls_after_the_stop() -> list[dict[str, Any]]:
@@ -63,16 +52,8 @@ def _planning_on_a_worker_with_two_prompts_kept(
             {"purpose": "*", "repeat": True},
         ]
     )
-    cluster.worker("--concurrency", "1")
-    cluster.worker("--concurrency", "1")
-    cluster.worker_ids(2)
-    queued = subprocess.run(
-        [*MP, "run", "three things", "-m", f"scripted:{script}", "--yes", "--detach"],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=120,
-    )
+    cluster.start_workers(2, "--concurrency", "1")
+    queued = cluster.mp("run", "three things", "-m", f"scripted:{script}", "--yes", "--detach")
     assert queued.returncode == 0, queued.stderr
     run_id = queued.stdout.strip()
     deadline = time.monotonic() + 120  # only so a broken run cannot hang the suite
@@ -142,9 +123,7 @@ def _resumed(took_over: str) -> list[str]:
 
 def _assert_shown_resumed(cluster: Cluster, run_id: str, took_over: str) -> None:
     """`runs show` and the run's page say planning was resumed from its plan, planned once."""
-    shown = subprocess.run(
-        [*MP, "runs", "show", run_id], capture_output=True, text=True, env=cluster.env, timeout=60
-    )
+    shown = cluster.mp("runs", "show", run_id, timeout=60)
     assert shown.returncode == 0, shown.stderr
     stages = re.findall(r"^\d\d:\d\d:\d\d planning_progress (.*)$", shown.stdout, re.MULTILINE)
     assert stages.count("planning the steps") == 1 and stages[-3:] == _resumed(took_over), shown.stdout

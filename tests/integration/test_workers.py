@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
@@ -20,137 +20,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from _cluster import Cluster, plan_step
 
 from _otlp import otlp_receiver
 from _serve import serving
-from masterplanner.engine.store import RunStore
 
 pytestmark = pytest.mark.postgres
-
-LEASE_S = 3.0
-
-
-def plan_step(step_id: str, *deps: str, tools: list[str] | None = None) -> dict[str, Any]:
-    return {
-        "id": step_id,
-        "title": step_id,
-        "instruction": f"Do {step_id}.",
-        "agent_role": "worker",
-        "tools": tools or [],
-        "depends_on": list(deps),
-        "expected_output": "",
-    }
-
-
-class Cluster:
-    """Worker processes and enqueuing processes over one Postgres database, with their logs in files."""
-
-    def __init__(self, database: str, home: Path) -> None:
-        self.database = database
-        self.home = home
-        self.env = {
-            **os.environ,
-            "MASTERPLANNER_HOME": str(home),
-            "MASTERPLANNER_DATABASE_URL": database,
-            "MASTERPLANNER_RUN_LEASE_S": str(LEASE_S),
-            "MASTERPLANNER_REUSE_THRESHOLD": "1.01",
-            "MASTERPLANNER_EMBEDDER": "none",
-            "MASTERPLANNER_REMEMBER_RUNS": "never",
-            "COLUMNS": "200",
-            # no hosted provider's key: a worker takes local, ollama and scripted runs by default
-            "OPENAI_API_KEY": "",
-            "OPENAI_BASE_URL": "",
-            "ANTHROPIC_API_KEY": "",
-        }
-        self.workers: list[subprocess.Popen[str]] = []
-        home.mkdir(parents=True, exist_ok=True)
-        self.store = RunStore(database)
-
-    def worker(
-        self, *flags: str, env: dict[str, str] | None = None, under: list[str] | None = None
-    ) -> subprocess.Popen[str]:
-        """A worker process with the cluster's environment (and `env` on top), started by `under`'s
-        command if given (which ends by executing the rest of its command line)."""
-        log = (self.home / f"worker{len(self.workers)}.log").open("w")
-        process = subprocess.Popen(
-            [*(under or []), sys.executable, "-m", "masterplanner", "worker", *flags],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**self.env, **(env or {})},
-        )
-        self.workers.append(process)
-        return process
-
-    def log(self, index: int) -> str:
-        return (self.home / f"worker{index}.log").read_text()
-
-    def worker_ids(self, count: int, timeout: float = 60) -> list[str]:
-        """The ids of the live workers, once `count` of them are registered."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            live = [record.id for record in self.store.processes.listed() if record.kind == "worker"]
-            if len(live) >= count:
-                return live
-            time.sleep(0.2)
-        raise AssertionError(f"{count} workers did not start within {timeout:g} s")
-
-    def enqueue(self, script: Path, tasks: list[str]) -> list[str]:
-        """Queue runs for the workers from a process of its own (the library's RunService); their ids."""
-        code = (
-            "import asyncio, json, sys\n"
-            "from masterplanner import RunOptions, RunService, Settings\n"
-            "async def main():\n"
-            "    service = RunService(Settings.load())\n"
-            "    ids = []\n"
-            "    for task in json.loads(sys.argv[2]):\n"
-            "        run = await service.create(task, model='scripted:' + sys.argv[1],\n"
-            "                                   options=RunOptions(auto_approve=True), for_workers=True)\n"
-            "        ids.append(run.id)\n"
-            "    service.close()\n"
-            "    print(json.dumps(ids))\n"
-            "asyncio.run(main())\n"
-        )
-        done = subprocess.run(
-            [sys.executable, "-c", code, str(script), json.dumps(tasks)],
-            capture_output=True,
-            text=True,
-            env=self.env,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        return list(json.loads(done.stdout))
-
-    def wait_finished(self, run_ids: list[str], timeout: float = 180) -> dict[str, str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            statuses = {run_id: self.store.get_run(run_id).status for run_id in run_ids}
-            if all(status in ("succeeded", "failed", "cancelled") for status in statuses.values()):
-                return statuses
-            time.sleep(0.25)
-        raise AssertionError(f"runs not finished within {timeout:g} s: {statuses}")
-
-    def events(self, run_id: str, *kinds: str) -> list[tuple[str, str | None, dict[str, Any]]]:
-        return [
-            (event.kind, event.step, event.data) for event in self.store.events(run_id) if event.kind in kinds
-        ]
-
-    def close(self) -> None:
-        for process in self.workers:
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=30)
-        self.store.close()
-
-
-@pytest.fixture
-def cluster(postgres_database: str, tmp_path: Path) -> Iterator[Cluster]:
-    started = Cluster(postgres_database, tmp_path / "home")
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 def test_two_workers_share_twenty_runs_enqueued_from_a_third_process(
@@ -178,9 +53,7 @@ def test_two_workers_share_twenty_runs_enqueued_from_a_third_process(
             {"purpose": "*", "repeat": True},
         ]
     )
-    cluster.worker()
-    cluster.worker()
-    workers = cluster.worker_ids(2)
+    workers = cluster.start_workers(2)
     run_ids = cluster.enqueue(script, [f"task number {n}" for n in range(20)])
     statuses = cluster.wait_finished(run_ids)
     assert statuses == dict.fromkeys(run_ids, "succeeded")
@@ -199,9 +72,7 @@ def test_a_worker_killed_mid_run_leaves_every_run_to_the_other_and_no_tool_call_
 ) -> None:
     ids = ["a", "b", "c"]
     script = _file_writing_chain(write_script, ids)
-    cluster.worker("--concurrency", "1")
-    cluster.worker("--concurrency", "1")
-    cluster.worker_ids(2)
+    cluster.start_workers(2, "--concurrency", "1")
     run_ids = cluster.enqueue(script, [f"write three files, run {n}" for n in range(4)])
     # kill the worker whose step has made its tool call and waits on its second model request
     victim_id, victim = _worker_past_a_tool_call(cluster, run_ids)
@@ -288,9 +159,7 @@ def test_sigterm_hands_runs_over_and_lets_the_running_step_finish(
     cluster: Cluster, write_script: Callable[..., Path]
 ) -> None:
     script = _file_writing_chain(write_script, ["a", "b"])
-    cluster.worker("--concurrency", "1")
-    cluster.worker("--concurrency", "1")
-    cluster.worker_ids(2)
+    cluster.start_workers(2, "--concurrency", "1")
     run_ids = cluster.enqueue(script, [f"two files, run {n}" for n in range(3)])
     stopping_id, stopping = _worker_past_a_tool_call(cluster, run_ids)
     stopping.send_signal(signal.SIGTERM)
@@ -308,24 +177,22 @@ def test_sigterm_hands_runs_over_and_lets_the_running_step_finish(
     assert (record.alive, record.stopped) == (False, True)
 
 
-def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
-    cluster: Cluster, write_script: Callable[..., Path]
-) -> None:
-    script = write_script(
+def _one_step(write_script: Callable[..., Path], output: str = "A") -> Path:
+    """A script whose plan is one step, a, which answers `output`."""
+    return write_script(
         [
             {"purpose": "planner", "output": {"steps": [plan_step("a")]}, "repeat": True},
-            {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:a", "output": output},
             {"purpose": "*", "repeat": True},
         ]
     )
-    mp = [sys.executable, "-m", "masterplanner"]
-    queued = subprocess.run(
-        [*mp, "run", "one step", "-m", f"scripted:{script}", "--yes", "--detach"],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=120,
-    )
+
+
+def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    script = _one_step(write_script)
+    queued = cluster.mp("run", "one step", "-m", f"scripted:{script}", "--yes", "--detach")
     assert queued.returncode == 0, queued.stderr
     run_id = queued.stdout.strip()
     assert "no worker is running on this database: the run waits until one starts" in queued.stderr
@@ -334,13 +201,7 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
     worker_process = cluster.worker("--queues", "scripted,scripted")  # named twice, listened to once
     assert cluster.wait_finished([run_id]) == {run_id: "succeeded"}
     # a run of a provider no running worker takes waits, and the person is told so
-    other = subprocess.run(
-        [*mp, "run", "one step", "-m", "local", "--yes", "--detach"],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=120,
-    )
+    other = cluster.mp("run", "one step", "-m", "local", "--yes", "--detach")
     assert other.returncode == 0, other.stderr
     assert other.stderr.strip() == (
         "no worker running on this database takes local runs: the run waits until one does "
@@ -348,13 +209,7 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
     )
     time.sleep(1.0)  # four of the worker's claim rounds
     assert cluster.store.get_run(other.stdout.strip()).status == "planning"
-    shown = subprocess.run(
-        [*mp, "runs", "show", other.stdout.strip(), "--json"],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=60,
-    )
+    shown = cluster.mp("runs", "show", other.stdout.strip(), "--json", timeout=60)
     assert json.loads(shown.stdout)["waiting"] == other.stderr.strip()
     worker_process.send_signal(signal.SIGTERM)
     assert worker_process.wait(timeout=60) == 0
@@ -368,21 +223,13 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
     )
     assert logged[0]["queues"] == ["steps-scripted"] and logged[0]["time"].endswith("Z")
     assert logged[2]["message"] == "stopped: 1 run ended here, 0 handed over"
-    listed = subprocess.run(
-        [*mp, "workers", "--all", "--json"], capture_output=True, text=True, env=cluster.env, timeout=60
-    )
+    listed = cluster.mp("workers", "--all", "--json", timeout=60)
     assert listed.returncode == 0, listed.stderr
     (worker,) = json.loads(listed.stdout)
     assert (worker["kind"], worker["queues"], worker["concurrency"]) == ("worker", ["steps-scripted"], 4)
     started = cluster.events(run_id, "step_started")
     assert [(step, data["process"]) for _kind, step, data in started] == [("a", worker["id"])]
-    drawn = subprocess.run(
-        [*mp, "runs", "show", run_id, "--timeline"],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=60,
-    )
+    drawn = cluster.mp("runs", "show", run_id, "--timeline", timeout=60)
     assert drawn.returncode == 0, drawn.stderr
     (row,) = [line for line in drawn.stdout.splitlines() if line.startswith("a ")]
     assert "█" in row and "succeeded" in row and row.endswith(worker["id"])
@@ -391,13 +238,7 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
 def test_a_worker_whose_tool_policies_setting_is_invalid_refuses_to_start_saying_which_and_where(
     cluster: Cluster, write_script: Callable[..., Path]
 ) -> None:
-    script = write_script(
-        [
-            {"purpose": "planner", "output": {"steps": [plan_step("a")]}, "repeat": True},
-            {"purpose": "step:a", "output": "A"},
-            {"purpose": "*", "repeat": True},
-        ]
-    )
+    script = _one_step(write_script)
     (run_id,) = cluster.enqueue(script, ["one step"])  # queued with the enqueuing process's settings
     tools = (
         "tools are ask_agent, ask_user, broadcast, code_execution, delete_file, generate_image, "
@@ -467,9 +308,7 @@ def test_runs_finish_when_postgres_restarts_mid_run(
             {"purpose": "*", "repeat": True},
         ]
     )
-    cluster.worker()
-    cluster.worker()
-    cluster.worker_ids(2)
+    cluster.start_workers(2)
     run_ids = cluster.enqueue(script, [f"three steps, run {n}" for n in range(6)])
     deadline = time.monotonic() + 120
     while not any(cluster.events(run_id, "step_succeeded") for run_id in run_ids):
@@ -492,13 +331,7 @@ def test_runs_finish_when_postgres_restarts_mid_run(
 def test_the_web_app_with_workers_queues_a_run_and_returns_at_once(
     cluster: Cluster, write_script: Callable[..., Path]
 ) -> None:
-    script = write_script(
-        [
-            {"purpose": "planner", "output": {"steps": [plan_step("a")]}, "repeat": True},
-            {"purpose": "step:a", "output": "from a worker"},
-            {"purpose": "*", "repeat": True},
-        ]
-    )
+    script = _one_step(write_script, "from a worker")
     with serving(cluster.home / "serve.log", "--workers", env=cluster.env) as url:
         body = json.dumps(
             {"task": "one step", "model": f"scripted:{script}", "options": {"auto_approve": True}}
@@ -544,9 +377,7 @@ def test_a_run_whose_steps_ran_on_two_workers_is_one_trace(
     )
     with otlp_receiver() as (url, spans):
         cluster.env["MASTERPLANNER_OTEL_ENDPOINT"] = url
-        cluster.worker("--concurrency", "1")
-        cluster.worker("--concurrency", "1")
-        workers = set(cluster.worker_ids(2))
+        workers = set(cluster.start_workers(2, "--concurrency", "1"))
         # four runs: that no run at all has steps on both workers is then far-fetched
         run_ids = cluster.enqueue(script, [f"three at once, run {n}" for n in range(1, 5)])
         assert cluster.wait_finished(run_ids) == dict.fromkeys(run_ids, "succeeded")
@@ -594,9 +425,7 @@ def test_a_provider_limit_holds_across_all_workers(
     # no worker is killed here: a lease long enough that a loaded machine (CI) never makes a
     # live worker look dead, which would hand its running step to the other one
     cluster.env["MASTERPLANNER_RUN_LEASE_S"] = "15"
-    cluster.worker()
-    cluster.worker()
-    cluster.worker_ids(2)
+    cluster.start_workers(2)
     run_ids = cluster.enqueue(script, [f"two at once, run {n}" for n in range(3)])
     assert cluster.wait_finished(run_ids) == dict.fromkeys(run_ids, "succeeded")
     spans: list[tuple[datetime, datetime]] = []
@@ -752,18 +581,9 @@ def test_a_run_that_failed_on_workers_is_retried_on_them_with_a_larger_budget(
         {"purpose": "*", "repeat": True},
     ]
     script.write_text(json.dumps({"calls": calls}))
-    cluster.worker()
-    cluster.worker()
-    cluster.worker_ids(2)
-    mp = [sys.executable, "-m", "masterplanner"]
+    cluster.start_workers(2)
     flags = ["--yes", "--rounds", "0", "--max-calls", "6", "--detach"]
-    queued = subprocess.run(
-        [*mp, "run", "a, b, c", "-m", f"scripted:{script}", *flags],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=120,
-    )
+    queued = cluster.mp("run", "a, b, c", "-m", f"scripted:{script}", *flags)
     assert queued.returncode == 0, queued.stderr
     run_id = queued.stdout.strip()
     assert cluster.wait_finished([run_id]) == {run_id: "failed"}
@@ -771,13 +591,7 @@ def test_a_run_that_failed_on_workers_is_retried_on_them_with_a_larger_budget(
     assert cluster.store.get_run(run_id).error == "the run used its budget of 6 model calls"
 
     script.write_text(json.dumps({"calls": [{"purpose": "step:c", "output": "C"}]}))
-    retried = subprocess.run(
-        [*mp, "runs", "retry", run_id, "--max-calls", "7", "--detach"],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=120,
-    )
+    retried = cluster.mp("runs", "retry", run_id, "--max-calls", "7", "--detach")
     assert retried.returncode == 0, retried.stderr
     assert retried.stdout.strip() == run_id
     assert cluster.wait_finished([run_id]) == {run_id: "succeeded"}
@@ -802,17 +616,9 @@ def test_steps_on_two_workers_cannot_together_pass_the_token_budget(cluster: Clu
     ]
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"calls": calls, "max_output_tokens": 100_000}))
-    cluster.worker("--concurrency", "2")
-    cluster.worker("--concurrency", "2")
-    workers = set(cluster.worker_ids(2))
+    workers = set(cluster.start_workers(2, "--concurrency", "2"))
     flags = ["--yes", "--rounds", "0", "--max-tokens", "230000", "--max-replans", "0", "--detach"]
-    queued = subprocess.run(
-        [sys.executable, "-m", "masterplanner", "run", "four at once", "-m", f"scripted:{script}", *flags],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=120,
-    )
+    queued = cluster.mp("run", "four at once", "-m", f"scripted:{script}", *flags)
     assert queued.returncode == 0, queued.stderr
     run_id = queued.stdout.strip()
     assert cluster.wait_finished([run_id]) == {run_id: "failed"}
@@ -856,14 +662,7 @@ def test_runs_resume_finishes_a_run_whose_only_worker_died_mid_step_without_any_
     assert _wait_for_a_step_past_its_tool_call(cluster, [run_id]) == worker_id
     worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=30)
-    resumed = subprocess.run(
-        [sys.executable, "-m", "masterplanner", "runs", "resume", run_id, "--json"],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    resumed = cluster.mp("runs", "resume", run_id, "--json")
     assert resumed.returncode == 0, resumed.stderr
     report = json.loads(resumed.stdout)
     assert (report["status"], report["output"]) == ("succeeded", "ok")
@@ -923,9 +722,6 @@ def test_a_worker_killed_mid_call_leaves_no_mcp_server_running(
             os.kill(pid, signal.SIGKILL)
 
 
-MP = [sys.executable, "-m", "masterplanner"]
-
-
 def test_a_worker_logging_json_writes_only_json_lines_when_a_run_fails(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -948,25 +744,8 @@ def test_a_worker_logging_json_writes_only_json_lines_when_a_run_fails(
     cluster.env["MASTERPLANNER_OTEL_ENDPOINT"] = down
     worker = cluster.worker()
     cluster.worker_ids(1)
-    queued = subprocess.run(
-        [
-            *MP,
-            "run",
-            "a, b",
-            "-m",
-            f"scripted:{script}",
-            "--yes",
-            "--rounds",
-            "0",
-            "--max-calls",
-            "2",
-            "--detach",
-        ],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=120,
-    )
+    flags = ["--yes", "--rounds", "0", "--max-calls", "2", "--detach"]
+    queued = cluster.mp("run", "a, b", "-m", f"scripted:{script}", *flags)
     assert queued.returncode == 0, queued.stderr
     run_id = queued.stdout.strip()
     assert cluster.wait_finished([run_id]) == {run_id: "failed"}
