@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from _cli import LEASE_S, answer, mp, pending, run_events, shown, start
 from _plans import step
 
 from masterplanner import DatabaseUnavailableError, RunError, Settings
-from masterplanner.engine import Engine, RunOptions
+from masterplanner.engine import Engine, RunOptions, RunRecord
 from masterplanner.service import RunService
 
 FAST = RunOptions(auto_approve=True, prompt_rounds=0, retry_backoff_s=0.01, step_attempts=2)
@@ -56,6 +57,25 @@ async def _replan_after_approving_the_plan(service: RunService, run_id: str) -> 
     """Approve the run's plan review as it opens; the replan request, once a failed step brings it."""
     await service.answer((await _opened(service, run_id, "plan_review")).id, {"action": "approve"}, by="test")
     return await _opened(service, run_id, "replan")
+
+
+@asynccontextmanager
+async def _executing_with_review(
+    engine: Engine, script: Path, task: str = "replan it", *, workspace: Path | None = None
+) -> AsyncIterator[tuple[RunRecord, RunService, asyncio.Future[RunRecord]]]:
+    """A run of `script` with a review (FAST, not approved ahead) executing while the block runs:
+    the run, a service to answer its requests, and its execution (cancelled if the block leaves
+    it unfinished)."""
+    options = replace(FAST, auto_approve=False)
+    run = engine.create_run(task, model=f"scripted:{script}", options=options, workspace=workspace)
+    service = RunService(engine.settings)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    try:
+        yield run, service, execution
+    finally:
+        if not execution.done():
+            execution.cancel()
+        service.close()
 
 
 def replan_script(write_script: Callable[..., Path], *, new_ids: tuple[str, str] = ("c1", "c2")) -> Path:
@@ -261,16 +281,10 @@ async def test_replans_stop_at_the_run_s_bound(engine: Engine, write_script: Cal
 async def test_a_rejected_replan_is_named_in_the_run_s_error(
     engine: Engine, write_script: Callable[..., Path]
 ) -> None:
-    options = replace(FAST, auto_approve=False)
-    run = engine.create_run("replan it", model=f"scripted:{replan_script(write_script)}", options=options)
-    service = RunService(engine.settings)
-    try:
-        execution = asyncio.ensure_future(engine.execute(run.id))
+    async with _executing_with_review(engine, replan_script(write_script)) as (run, service, execution):
         replan = await _replan_after_approving_the_plan(service, run.id)
         await service.answer(replan.id, {"action": "reject", "reason": "not like that"}, by="test")
         final = await asyncio.wait_for(execution, 60)
-    finally:
-        service.close()
     assert final.status == "failed"
     assert final.error is not None and final.error.startswith("step c failed: the model called no_such_tool")
     assert final.error.endswith(" (its replan was rejected by test: not like that)")
@@ -418,18 +432,10 @@ async def test_the_dependents_of_a_step_whose_replan_review_expired_are_not_skip
 ) -> None:
     """The replan's review was closed unanswered (as the run's end by another process closes its
     requests): the run fails for that, not because the replan found no plan."""
-    options = replace(FAST, auto_approve=False)
-    run = engine.create_run("replan it", model=f"scripted:{_chain_script(write_script)}", options=options)
-    service = RunService(engine.settings)
-    execution = asyncio.ensure_future(engine.execute(run.id))
-    try:
+    async with _executing_with_review(engine, _chain_script(write_script)) as (run, service, execution):
         replan = await _replan_after_approving_the_plan(service, run.id)
         assert engine.store.requests.close_run(run.id, "expired", keep_remember=True) == 1
         final = await asyncio.wait_for(execution, 60)
-    finally:
-        if not execution.done():
-            execution.cancel()
-        service.close()
     assert (final.status, final.error) == (
         "failed",
         f"the replan of step b (request {replan.id}) was expired",
@@ -625,12 +631,12 @@ async def test_the_steps_of_a_replan_keep_the_tool_policies_set_at_review_for_th
             DRAFTS,
         ]
     )
-    options = replace(FAST, auto_approve=False)
     workspace = tmp_path / "ws"
-    run = engine.create_run("replan c", model=f"scripted:{script}", options=options, workspace=workspace)
-    service = RunService(engine.settings)
-    execution = asyncio.ensure_future(engine.execute(run.id))
-    try:
+    async with _executing_with_review(engine, script, "replan c", workspace=workspace) as (
+        run,
+        service,
+        execution,
+    ):
         review = await _opened(service, run.id, "plan_review")
         agents = review.payload["agents"]
         denied = {"write_file": "deny", "read_file": "ask"}
@@ -651,10 +657,6 @@ async def test_the_steps_of_a_replan_keep_the_tool_policies_set_at_review_for_th
         tightened = shown | {"tool_policies": {"read_file": "deny"}}
         await service.answer(again.id, {"action": "approve", "agents": {"c1": tightened}}, by="test")
         final = await asyncio.wait_for(execution, 60)
-    finally:
-        if not execution.done():
-            execution.cancel()
-        service.close()
     assert (final.status, final.output) == ("succeeded", "C1"), final.error
     assert not (workspace / "out.txt").exists()
     refused = [(e.step, e.data) for e in engine.store.events(run.id) if e.kind == "tool_denied"]
@@ -711,12 +713,7 @@ async def test_an_edited_replan_is_applied_and_one_that_cannot_be_is_asked_again
     engine: Engine, write_script: Callable[..., Path]
 ) -> None:
     """Every edit of a replan failed the run: the failed step it replaces counted as "has run"."""
-    options = replace(FAST, auto_approve=False)
-    run = engine.create_run("replan it", model=f"scripted:{replan_script(write_script)}", options=options)
-    service = RunService(engine.settings)
-    execution = asyncio.ensure_future(engine.execute(run.id))
-
-    try:
+    async with _executing_with_review(engine, replan_script(write_script)) as (run, service, execution):
         first = await _replan_after_approving_the_plan(service, run.id)
         plan = first.payload["plan"]
         # the retired step's agent is not offered back (the run page sent it, and was refused)
@@ -728,10 +725,6 @@ async def test_an_edited_replan_is_applied_and_one_that_cannot_be_is_asked_again
         reworded = {**plan, "steps": [*plan["steps"][:3], {**plan["steps"][3], "instruction": "Do c2 well."}]}
         await service.answer(again.id, {"action": "approve", "plan": reworded}, by="test")
         final = await asyncio.wait_for(execution, 60)
-    finally:
-        if not execution.done():
-            execution.cancel()
-        service.close()
     assert (final.status, final.output) == ("succeeded", "C2"), final.error
     assert final.plan is not None and final.plan.step("c2").instruction == "Do c2 well."
     assert sorted(_started(engine, run.id)) == ["a", "b", "c", "c1", "c2"]  # a and b once
@@ -759,12 +752,7 @@ async def test_independent_steps_go_on_while_a_replan_waits_for_its_review(
             DRAFTS,
         ]
     )
-    options = replace(FAST, auto_approve=False)
-    run = engine.create_run("branches", model=f"scripted:{script}", options=options)
-    service = RunService(engine.settings)
-    execution = asyncio.ensure_future(engine.execute(run.id))
-
-    try:
+    async with _executing_with_review(engine, script, "branches") as (run, service, execution):
         replan = await _replan_after_approving_the_plan(service, run.id)
         while "b2" not in [step.id for step in engine.store.steps(run.id) if step.status == "succeeded"]:
             assert not execution.done(), execution.result().error
@@ -772,10 +760,6 @@ async def test_independent_steps_go_on_while_a_replan_waits_for_its_review(
         assert (await service.request(replan.id)).state == "open"  # b2 ran while the review waited
         await service.answer(replan.id, {"action": "approve"}, by="test")
         final = await asyncio.wait_for(execution, 60)
-    finally:
-        if not execution.done():
-            execution.cancel()
-        service.close()
     assert (final.status, final.output) == ("succeeded", "Z2"), final.error
 
 
@@ -835,19 +819,11 @@ async def _replan_answered(
 
     The run as it ended, its audit's actions and the replan request's payload.
     """
-    options = replace(FAST, auto_approve=False)
-    run = engine.create_run("replan it", model=f"scripted:{script}", options=options)
-    service = RunService(engine.settings)
-    execution = asyncio.ensure_future(engine.execute(run.id))
-    try:
+    async with _executing_with_review(engine, script) as (run, service, execution):
         request = await asyncio.wait_for(_replan_after_approving_the_plan(service, run.id), 30)
         await service.answer(request.id, answer_of(request.payload), by="test")
         final = await asyncio.wait_for(execution, 60)
         audit = [entry.action for entry in await service.audit(run.id)]
-    finally:
-        if not execution.done():
-            execution.cancel()
-        service.close()
     return final, audit, request.payload
 
 
@@ -896,11 +872,7 @@ async def test_a_replan_s_answer_changing_the_run_s_tool_policies_is_refused_and
     engine: Engine, write_script: Callable[..., Path]
 ) -> None:
     """The run-wide policies of a replan's answer (the run page's form shows them) were dropped silently."""
-    options = replace(FAST, auto_approve=False)
-    run = engine.create_run("replan it", model=f"scripted:{replan_script(write_script)}", options=options)
-    service = RunService(engine.settings)
-    execution = asyncio.ensure_future(engine.execute(run.id))
-    try:
+    async with _executing_with_review(engine, replan_script(write_script)) as (run, service, execution):
         first = await asyncio.wait_for(_replan_after_approving_the_plan(service, run.id), 30)
         answer = {"action": "approve", "plan": first.payload["plan"], "tool_policies": {"read_file": "deny"}}
         await service.answer(first.id, answer, by="test")
@@ -911,10 +883,6 @@ async def test_a_replan_s_answer_changing_the_run_s_tool_policies_is_refused_and
         )
         await service.answer(again.id, {"action": "approve"}, by="test")
         final = await asyncio.wait_for(execution, 60)
-    finally:
-        if not execution.done():
-            execution.cancel()
-        service.close()
     assert (final.status, final.output) == ("succeeded", "C2"), final.error
     assert final.options.tool_policies == {}
 
