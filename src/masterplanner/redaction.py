@@ -185,25 +185,38 @@ def _quoted() -> str:
     return "(?:" + "|".join(read) + ")"
 
 
-def _phrase() -> str:
-    """A quoted string's value of words that looks like a password, from its opening quote to its closing one.
+_SENTENCE_WORD = r"(?<![A-Za-z])(?i:you(?:rs?)?|the|please|must|pass(?:word|wd|phrase)s?)(?![A-Za-z])"
+"""A word that says words under a password's name are a sentence or a label, not a passphrase."""
 
-    Words parted by single spaces, none holding code or a placeholder's characters, 8 or more
+
+def _phrase(*, typed: bool) -> str:
+    """A quoted string's value of words that may be a passphrase, from its opening quote to its closing one.
+
+    Words parted by single spaces, none holding code or a placeholder's characters, 8 to 256
     characters in all: 3 to 8 words of 3 or more characters each (`correct horse battery
-    staple`), or any number with one word mixing letters and digits (`Tr0ub4dor &3 horse`). A
-    message says its words with short ones among them and mixes no letters and digits in one
-    (`must be at least 8 characters`, `can't be blank`): it stays. No escapes: a password of
-    words with a quote in it is not read so.
+    staple`), or any number with one word holding a digit between letters (`Tr0ub4dor &3 horse`).
+    `typed`, what a person's input is refused for, only what is clearly one: 4 to 8 words of 3 or
+    more letters. Neither is a sentence or a label: words ending in `.`, `?`, `!`, `:` or `…`,
+    holding `,`, `;` or a typographic apostrophe, or saying "your", "you", "the", "please", "must"
+    or "password" (`Forgot your password?`, `Confirm new password`, `The two password fields
+    didn't match.`)
+    are a UI's text or a message, and stay; so does a message with short words among them
+    (`must be at least 8 characters`, `can't be blank`). No escapes: a passphrase with a quote in
+    it is not read so.
     """
     read = []
     for mark in "\"'":
         word = rf"[^\s\\{mark}()\[\]{{}}$<>%]"
         spaced = rf"[^\t\n\r\f\v\\{mark}()\[\]{{}}$<>%]"
+        if typed:
+            words = rf"(?=[A-Za-z]{{3,}}+(?: [A-Za-z]{{3,}}+){{3,7}}{mark})"
+        else:
+            words = rf"(?={word}{{3,}}+(?: {word}{{3,}}+){{2,7}}{mark}|{spaced}*?[A-Za-z]\d++[A-Za-z])"
         read.append(
             # 8 to 256 characters (a longer string is read no further: each was scanned to its end)
             rf"(?<={mark})(?={spaced}{{8,256}}+{mark})"
-            rf"(?={word}{{3,}}+(?: {word}{{3,}}+){{2,7}}{mark}|{spaced}*?(?:[A-Za-z]\d|\d[A-Za-z]))"
-            rf"{word}++(?: {word}++)++(?={mark})"
+            rf"(?!{spaced}*?(?:[,;\u2019]|[.?!:…]{mark}|{_SENTENCE_WORD}))"
+            rf"{words}{word}++(?: {word}++)++(?={mark})"
         )
     return "(?:" + "|".join(read) + ")"
 
@@ -262,36 +275,51 @@ _STRING = r"\"[^\"\\\n]*+(?:\\.[^\"\\\n]*+)*+\"|'[^'\\\n]*+(?:\\.[^'\\\n]*+)*+'"
 _LIST = rf"\[[ \t\r\n]*+(?:(?:{_STRING})[ \t\r\n]*+,[ \t\r\n]*+)*+(?:{_STRING})[ \t\r\n]*+\]"
 """A JSON list of strings (or a Python one), over lines or not."""
 
-_MEMBER = (
-    # a JSON member (or a Python dict's item, as `str(result)` shows one) named as `_ASSIGNED`
-    # names a variable, or in camelCase (`accessToken`, `clientSecret`), given a string:
-    # `"password": "hunter2hunter2"`. Its name and quotes are kept, its value goes and the JSON
-    # stays valid. The quote before the `:` hid it from every other rule.
-    r"(?P<member>(?P<member_name_quote>[\"'])(?:(?P<member_bare>(?i:key))|(?!(?i:key)[\"'])"
-    r"(?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?"
-    rf"(?i:(?P<member_password>pass(?:word|wd|phrase)|secret)(?=[\"'])|{_CREDENTIAL_WORD}))"
-    r"[\"'][ \t]*:[ \t]*(?P<member_quote>[\"'])?)"
-    r"(?(member_quote)"
-    rf"(?(member_bare)(?={_RANDOM_WORD}(?P=member_quote)))"
-    # the value is one word, read as `_ASSIGNED` reads a line's (`_quoted`), and not a name
-    # (`"key": "created_at"`, `"translation_key": "settings.title"`: what a bare `key` names in
-    # JSON more often than not, and what a YAML file's `key: created_at` keeps too). A string is
-    # no variable: dotted words holding a digit are a token (a JWT, `ya29.a0Af…`), not a name.
-    rf"(?:(?![A-Za-z_]+(?:\.[A-Za-z_]+)*(?P=member_quote)){_quoted()}"
-    # under a password's or a secret's name, words may be a passphrase (`_phrase`)
-    rf"|(?(member_password){_phrase()}|(?!)))"
-    # not a string: a password's or a secret's number of 6 or more digits (not `"password": 12`, a
-    # policy's length, nor a float), or a list of strings under any credential's name but a bare
-    # `key`'s, whose strings are read as a member's string is (`_removed`)
-    r"|(?:(?(member_password)(?P<member_number>\d{6,}+)(?![\d.eE])|(?!))"
-    rf"|(?(member_bare)(?!)|(?P<member_list>{_LIST}))))"
-)
+
+def _member(phrase: str) -> str:
+    """`_MEMBER`, words under a bare password's name read as `phrase` (`_phrase`)."""
+    return (
+        # a JSON member (or a Python dict's item, as `str(result)` shows one) named as `_ASSIGNED`
+        # names a variable, or in camelCase (`accessToken`, `clientSecret`), given a string:
+        # `"password": "hunter2hunter2"`. Its name and quotes are kept, its value goes and the JSON
+        # stays valid. The quote before the `:` hid it from every other rule.
+        r"(?P<member>(?P<member_name_quote>[\"'])(?:(?P<member_bare>(?i:key))"
+        # a password's or a secret's name (`member_password`), the whole name a password's
+        # (`member_phrase`) or ending in one or in a secret's
+        r"|(?P<member_password>(?P<member_phrase>(?i:pass(?:word|wd|phrase)))"
+        r"|(?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?(?i:pass(?:word|wd|phrase)|secret))(?=[\"'])"
+        r"|(?!(?i:key)[\"'])(?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?"
+        rf"(?i:{_CREDENTIAL_WORD}))"
+        r"[\"'][ \t]*:[ \t]*(?P<member_quote>[\"'])?)"
+        r"(?(member_quote)"
+        rf"(?(member_bare)(?={_RANDOM_WORD}(?P=member_quote)))"
+        # the value is one word, read as `_ASSIGNED` reads a line's (`_quoted`), and not a name
+        # (`"key": "created_at"`, `"translation_key": "settings.title"`: what a bare `key` names in
+        # JSON more often than not, and what a YAML file's `key: created_at` keeps too). A string is
+        # no variable: dotted words holding a digit are a token (a JWT, `ya29.a0Af…`), not a name.
+        rf"(?:(?![A-Za-z_]+(?:\.[A-Za-z_]+)*(?P=member_quote)){_quoted()}"
+        # under a password's own name (`password`, not `forgot_password` nor `secret`: a UI's
+        # strings are so named), words may be a passphrase (`_phrase`)
+        rf"|(?(member_phrase){phrase}|(?!)))"
+        # not a string: a password's or a secret's number of 6 or more digits (not `"password": 12`, a
+        # policy's length, nor a float), or a list of strings under any credential's name but a bare
+        # `key`'s, whose strings are read as a member's string is (`_removed`)
+        r"|(?:(?(member_password)(?P<member_number>\d{6,}+)(?![\d.eE])|(?!))"
+        rf"|(?(member_bare)(?!)|(?P<member_list>{_LIST}))))"
+    )
+
+
+_MEMBER = _member(_phrase(typed=False))
 """A credential-named JSON member given a string, a number or a list of strings (`member`, to the
 string's opening quote, kept), and its value."""
+_TYPED_MEMBER = _member(_phrase(typed=True))
+"""`_MEMBER` as what a person types is refused for: only words clearly a passphrase are one."""
 _MEMBER_STRING = re.compile(rf"([\"'])(?![A-Za-z_]+(?:\.[A-Za-z_]+)*\1)(?:{_quoted()})\1")
 """A string in a list under a credential's name that looks like one, as `_MEMBER` reads a string."""
-_MEMBER_PHRASE = re.compile(rf"([\"'])(?:{_phrase()})\1")
-"""A string in a list under a password's or a secret's name that looks like a passphrase."""
+_MEMBER_PHRASE = re.compile(rf"([\"'])(?:{_phrase(typed=False)})\1")
+"""A string in a list under a password's own name that may be a passphrase."""
+_TYPED_MEMBER_PHRASE = re.compile(rf"([\"'])(?:{_phrase(typed=True)})\1")
+"""A string in a list under a password's own name that is clearly a passphrase (`_TYPED_MEMBER`)."""
 
 _QUOTED_NAMED = (
     rf"(?P<named>(?i:{_named(f'(?P<named_password>{_PASSWORD_WORD})|{_NOT_PASSWORD_WORD}')})(?P<named_quote>[\"']))"
@@ -336,8 +364,10 @@ _TYPED_SECRET = re.compile(
     rf"|{_TYPED_QUERY}(?=[^\s&#]*\d|[^\s&#]{{12}})(?![^\s&#]*[()\[\]{{}}$<>%])"
     r"(?!(?-i:[A-Z_]+)(?:[\s&#]|$))[^\s&#'\"<>]{8,}"
     rf"|{_AUTHORIZATION}|{_KEY_SHAPES}"
-    # a JSON member holding a credential (`{"password": "…"}`): its quote before the `:` hid it
-    rf"|{_MEMBER}"
+    # a JSON member holding a credential (`{"password": "…"}`): its quote before the `:` hid it.
+    # Words under a password's name only when clearly a passphrase: a task holding a UI's strings
+    # (`{"password": "Confirm new password"}`) was refused
+    rf"|{_TYPED_MEMBER}"
 )
 """What a person's input, a memory, a stored team or a lesson is refused for (`secret_parts`).
 
@@ -484,16 +514,22 @@ def _removed(match: re.Match[str]) -> str:
     if match["member_number"] is not None:
         return f"{kept}{match['member_name_quote']}{REMOVED}{match['member_name_quote']}"
     if match["member_list"] is not None:
-        return kept + _list_removed(match["member_list"], phrases=match["member_password"] is not None)
+        phrase = None
+        if match["member_phrase"] is not None:
+            phrase = _TYPED_MEMBER_PHRASE if match.re is _TYPED_SECRET else _MEMBER_PHRASE
+        return kept + _list_removed(match["member_list"], phrase)
     return kept + REMOVED
 
 
-def _list_removed(listed: str, *, phrases: bool) -> str:
-    """A list of strings under a credential's name, each string that looks like one taken out."""
+def _list_removed(listed: str, phrase: re.Pattern[str] | None) -> str:
+    """A list of strings under a credential's name, each string that looks like one taken out.
+
+    Under a password's own name, so is each that `phrase` reads as a passphrase.
+    """
 
     def removed(string: re.Match[str]) -> str:
         shown = string[0]
-        if _MEMBER_STRING.fullmatch(shown) or (phrases and _MEMBER_PHRASE.fullmatch(shown)):
+        if _MEMBER_STRING.fullmatch(shown) or (phrase is not None and phrase.fullmatch(shown)):
             return shown[0] + REMOVED + shown[0]
         return shown
 

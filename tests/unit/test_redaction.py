@@ -623,6 +623,8 @@ def test_a_task_typed_as_json_holding_a_credential_is_refused_naming_the_task(ta
         'Errors look like {"password": ["can\'t be blank", "is too short"]}',
         'Paginate with {"next_token": "created_at_desc_order", "pin": 482913}',
         'Configure {"password": {"min_length": 12}}',
+        'Add a French translation for {"forgot_password": "Forgot your password?"}',
+        'Translate {"password": "Enter your password", "reset_password": "Send reset link"}',
     ],
 )
 def test_a_task_typed_as_json_about_credentials_is_taken(task: str) -> None:
@@ -699,3 +701,56 @@ def test_a_quoted_identifier_under_a_token_or_secret_name_stays_and_a_quoted_sec
         ('connect(token="abcd1234efgh5678")', f'connect(token="{REMOVED}")'),
     ]
     assert redacted_content("\n".join(text for text, _ in gone)) == "\n".join(shown for _, shown in gone)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a UI's strings and a framework's messages under a password's or a secret's name: words,
+        # but a sentence's or a label's, not a passphrase
+        '{"forgot_password": "Forgot your password?"}',
+        '{"password": "Enter your password"}',
+        '{"confirm_password": "Confirm new password"}',
+        '"reset_password": "Send reset link"',
+        '{"client_secret": "Your client secret"}',
+        '{"secret": "See the docs at v2"}',
+        '{"password": ["The two password fields didn\u2019t match."]}',
+        '{"password": "This field is required."}',
+        '{"password": "Passwords do not match!"}',
+        "{'password': 'Please enter the new password'}",
+    ],
+)
+def test_a_ui_string_or_message_under_a_password_or_secret_name_is_no_passphrase(text: str) -> None:
+    """4f966b7 took any 3 to 8 words of 3 or more characters, or words with one mixing letters and
+    digits (`v2`), under any name ending in password or secret for a passphrase: a step that read
+    a translation file and wrote it back lost its strings, and a task holding one was refused."""
+    assert (redacted(text), redacted_content(text), looks_secret(text), secret_parts(text)) == (
+        text,
+        text,
+        False,
+        [],
+    )
+
+
+def test_a_passphrase_under_a_password_s_own_name_still_goes_and_clearly_one_is_refused() -> None:
+    """What is shown loses words that may be a passphrase under a bare `password`, `passwd` or
+    `passphrase` (3 to 8 words, or words with a letter-digit-letter one); what a person types is
+    refused only for one that is clearly a passphrase: 4 to 8 words of letters, no sentence."""
+    gone = [
+        ('{"password": "correct horse battery staple"}', f'{{"password": "{REMOVED}"}}'),
+        ('{"passwd": "purple monkey dishwasher"}', f'{{"passwd": "{REMOVED}"}}'),
+        ("{'passphrase': 'Tr0ub4dor &3 horse'}", f"{{'passphrase': '{REMOVED}'}}"),
+        ('{"password": ["Correct Horse Battery Staple"]}', f'{{"password": ["{REMOVED}"]}}'),
+    ]
+    for text, shown in gone:
+        assert (redacted(text), redacted_content(text)) == (shown, shown)
+    assert looks_secret('Log in with {"password": "correct horse battery staple"}')
+    assert looks_secret('{"passphrase": "Correct Horse Battery Staple"}')
+    assert looks_secret('{"password": ["lunar basket origami velvet"]}')
+    # three words, or a word mixing letters and digits among them: not clearly a passphrase typed
+    assert not looks_secret('{"passwd": "purple monkey dishwasher"}')
+    assert not looks_secret("{'passphrase': 'Tr0ub4dor &3 horse'}")
+    # under a longer name or a secret's, words are a UI's text (a one-word key still goes)
+    kept = '{"db_password": "correct horse battery staple", "secret": "lunar basket origami velvet"}'
+    assert (redacted(kept), looks_secret(kept)) == (kept, False)
+    assert redacted('{"db_password": "hunter2hunter2"}') == f'{{"db_password": "{REMOVED}"}}'
