@@ -113,23 +113,49 @@ _NAMED_VALUE = (
     r"(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?!(?-i:[A-Z_]+)(?:\s|$))\S{8,}"
 )
 
+_AUTHORIZATION_NAME = r"(?<![A-Za-z0-9_])(?i:authorization)[\"']?[ \t]*[:=][ \t]*"
+"""An `Authorization` header's name to its value (`Authorization: `, `"Authorization": `)."""
+_TOKEN_RUN = r"[A-Za-z0-9._~+/-]"
+"""A character of an `Authorization` header's credentials (RFC 9110's token68 but its `=`)."""
+_RANDOM_TOKEN = rf"(?={_TOKEN_RUN}*(?:[0-9+/]|[a-z][A-Z]))"
+"""Credentials that hold a digit, `+` or `/`, or a lower-case letter before an upper-case one."""
+
 _AUTHORIZATION = (
+    # a scheme with parameters (RFC 9110's auth-param: Digest, OAuth 1.0, AWS's signature): the
+    # value of the parameter that bears the secret (`response=`, `oauth_signature=`,
+    # `Signature=`) goes, the scheme and the other parameters stay (a key id in them goes by its
+    # own shape, `_removed`). Before, the first parameter's name was taken for the credentials:
+    # `Digest [secret removed]"Mufasa", …, response="…"` showed the signature.
+    rf"(?P<authorization_param>{_AUTHORIZATION_NAME}[\"']?[A-Za-z][A-Za-z0-9-]*[ \t]+"
+    r"(?>[A-Za-z][A-Za-z0-9_-]*[ \t]*=[ \t]*(?:\\?\"[^\"\\\n]*+\\?\"|[^\s,\"'\\]*+)[ \t]*,[ \t]*)*?"
+    r"(?i:response|oauth_signature|signature)[ \t]*=[ \t]*(?:\\?\")?)"
+    r"(?!\[secret removed\])[^\s\"',\\]++"
     # an `Authorization` header's credentials, after its scheme if it has one: on a header line,
     # as a request's dump or `curl -H` shows it (`Authorization: Basic dXNlcjpwYXNz`,
     # `Proxy-Authorization: …`), in JSON or in a Python dict (`"Authorization": "Basic …"`). Its
     # name and scheme are kept. The credentials are a word of 8 or more of a token's characters
-    # holding a digit, `+`, `/` or `=`, or a lower-case letter before an upper-case one, as base64
-    # and keys do and words do not (`Basic authentication`); not a placeholder (`YOUR_BASE64`),
-    # a variable (`$CREDENTIALS`) or code (`f"Basic {encoded}"`). Before, only a Bearer token of
-    # 16 characters or more went: a Basic header's `user:password` reached the model whole.
+    # holding a digit, `+` or `/`, or a lower-case letter before an upper-case one, as base64 and
+    # keys do and words do not (`Basic authentication`); not a placeholder (`YOUR_BASE64`,
+    # `base64encoded`, `your_token`), a variable (`$CREDENTIALS`), code (`f"Basic {encoded}"`) nor
+    # a parameter's name (`Credential=`). Unquoted and with no scheme, a value is code more often
+    # than not (`headers: { Authorization: authToken }`, `this.apiToken`): a lower-case letter
+    # before an upper-case one is no credential there. Before, only a Bearer token of 16
+    # characters or more went: a Basic header's `user:password` reached the model whole.
     # (`Proxy-Authorization`'s `Proxy-` is before the match: one that began at each word's start,
     # to take it in, was read at every word of every text)
-    r"(?P<authorization>(?<![A-Za-z0-9_])(?i:authorization)[\"']?[ \t]*[:=][ \t]*[\"']?"
-    r"(?:[A-Za-z][A-Za-z0-9-]*[ \t]+)?)"
+    rf"|(?P<authorization>{_AUTHORIZATION_NAME}(?P<authorization_quote>[\"'])?"
+    r"(?P<authorization_scheme>[A-Za-z][A-Za-z0-9-]*[ \t]+)?)"
     r"(?![A-Z0-9_]*_[A-Z0-9_]*(?![A-Za-z0-9._~+/=-]))"
-    r"(?=[A-Za-z0-9._~+/-]*(?:[0-9+/=]|[a-z][A-Z]))[A-Za-z0-9._~+/-]{8,}+=*+(?![^\s\"',;\\])"
+    rf"(?!(?i:your|{_TOKEN_RUN}*(?:base64|encoded|example|placeholder)))"
+    rf"(?!{_TOKEN_RUN}*=++(?:\\?[\"'])?[A-Za-z0-9])"
+    rf"(?(authorization_scheme){_RANDOM_TOKEN}|(?(authorization_quote){_RANDOM_TOKEN}|(?={_TOKEN_RUN}*[0-9+/])))"
+    rf"{_TOKEN_RUN}{{8,}}+=*+(?![^\s\"',;\\])"
+    # with no scheme, a word before a parameter is a scheme (`AWS4-HMAC-SHA256 Credential=…`)
+    r"(?(authorization_scheme)|(?![ \t]+[A-Za-z][A-Za-z0-9_-]*[ \t]*=))"
 )
-"""An `Authorization` header's name and scheme (`authorization`, kept) and its credentials."""
+"""An `Authorization` header's name, scheme and parameters to the secret one's value
+(`authorization_param`, kept) and that value, or its name and scheme (`authorization`, kept) and
+its credentials."""
 
 _KEY_SHAPES = rf"{_OWN_SHAPES}|(?i:{_NAMED}{_NAMED_VALUE})"
 """A credential by its shape, or a value given to a name ending in a credential word."""
@@ -500,7 +526,7 @@ def _kept(match: re.Match[str]) -> str:
     A URL's user, a parameter's, a variable's, a JSON member's or a quoted credential's name.
     """
     kept = match.groupdict()
-    names = ("url_user", "query_name", "authorization", "named", "assigned", "member")
+    names = ("url_user", "query_name", "authorization_param", "authorization", "named", "assigned", "member")
     return next((kept[name] for name in names if kept.get(name)), "")
 
 
@@ -511,6 +537,10 @@ def _removed(match: re.Match[str]) -> str:
     under a credential's name, the strings that look like one go.
     """
     kept = _kept(match)
+    if match["authorization_param"] is not None:
+        # the parameters before the signature stay, less what has a key's own shape in them
+        # (an AWS header's `Credential=AKIA…`)
+        kept = match.re.sub(_removed, kept)
     if match["member_number"] is not None:
         return f"{kept}{match['member_name_quote']}{REMOVED}{match['member_name_quote']}"
     if match["member_list"] is not None:

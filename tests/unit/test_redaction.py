@@ -754,3 +754,78 @@ def test_a_passphrase_under_a_password_s_own_name_still_goes_and_clearly_one_is_
     kept = '{"db_password": "correct horse battery staple", "secret": "lunar basket origami velvet"}'
     assert (redacted(kept), looks_secret(kept)) == (kept, False)
     assert redacted('{"db_password": "hunter2hunter2"}') == f'{{"db_password": "{REMOVED}"}}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # code naming the header's value: an identifier, not a credential
+        "headers: { Authorization: authToken, Accept: 'application/json' },",
+        "fetch(url, { headers: { Authorization: accessToken, Accept: 'json' } })",
+        "const headers = { Authorization: this.apiToken };",
+        "    Authorization: authHeader,",
+        # a placeholder, as the docs write one
+        "Authorization: Basic base64encoded",
+        "Authorization: Basic <base64encoded>",
+        "Authorization: Token your_token",
+        # a signed request's header built in code: the scheme and the parameter's name stay
+        "headers = {'Authorization': 'AWS4-HMAC-SHA256 Credential=' + access_key + '/' + scope}",
+        'auth = f"Digest username=\\"{user}\\", response=\\"{digest}\\""',
+    ],
+)
+def test_code_and_placeholders_for_an_authorization_header_stay(text: str) -> None:
+    """4f966b7 took any word with a lower-case letter before an upper-case one for a header's
+    credentials: a JavaScript file a step read and wrote back lost its variables' names."""
+    assert (redacted(text), redacted_content(text), looks_secret(text)) == (text, text, False)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # a bare credential with no scheme goes when it looks random
+        (
+            "Authorization: 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b",
+            f"Authorization: {REMOVED}",
+        ),
+        ('{"Authorization": "dXNlcjpwYXNzd29yZA"}', f'{{"Authorization": "{REMOVED}"}}'),
+        ("Authorization: Bearer accessTokenValue", f"Authorization: Bearer {REMOVED}"),
+        # a scheme with parameters: the secret-bearing parameter's value goes, the rest stays
+        (
+            'Authorization: Digest username="Mufasa", realm="testrealm@host.com", '
+            'nonce="dcd98b7102dd2f0e8b11d0f600bfb0c093", uri="/dir/index.html", qop=auth, nc=00000001, '
+            'response="6629fae49393a05397450978507c4ef1", opaque="5ccc069c403ebaf9f0171e9517f40e41"',
+            'Authorization: Digest username="Mufasa", realm="testrealm@host.com", '
+            'nonce="dcd98b7102dd2f0e8b11d0f600bfb0c093", uri="/dir/index.html", qop=auth, nc=00000001, '
+            f'response="{REMOVED}", opaque="5ccc069c403ebaf9f0171e9517f40e41"',
+        ),
+        (
+            'Authorization: OAuth oauth_consumer_key="xvz1evFS4wEEPTGEFPHBog", '
+            'oauth_nonce="kYjzVBB8Y0ZFabxSWbWovY3uYSQ2pTgmZeNu2VS4cg", '
+            'oauth_signature="tnnArxj06cWHq44gCs1OSKk%2FjY%3D", oauth_signature_method="HMAC-SHA1"',
+            'Authorization: OAuth oauth_consumer_key="xvz1evFS4wEEPTGEFPHBog", '
+            'oauth_nonce="kYjzVBB8Y0ZFabxSWbWovY3uYSQ2pTgmZeNu2VS4cg", '
+            f'oauth_signature="{REMOVED}", oauth_signature_method="HMAC-SHA1"',
+        ),
+        (
+            "Authorization: AWS4-HMAC-SHA256 "
+            "Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, "
+            "SignedHeaders=host;range;x-amz-date, "
+            "Signature=fe5f80f77d5fa3beca038a248ff027d0445342fe2855ddc963176630326f1024",
+            "Authorization: AWS4-HMAC-SHA256 "
+            f"Credential={REMOVED}/20130524/us-east-1/s3/aws4_request, "
+            f"SignedHeaders=host;range;x-amz-date, Signature={REMOVED}",
+        ),
+        # as JSON holds it, quotes escaped
+        (
+            '{"Authorization": "Digest username=\\"Mufasa\\", '
+            'response=\\"6629fae49393a05397450978507c4ef1\\""}',
+            f'{{"Authorization": "Digest username=\\"Mufasa\\", response=\\"{REMOVED}\\""}}',
+        ),
+    ],
+)
+def test_an_authorization_header_loses_only_its_credentials_or_its_signature(text: str, shown: str) -> None:
+    """A scheme with parameters was cut at its first parameter's name (`Digest [secret
+    removed]"Mufasa"`, the signature shown) or lost its scheme's name (`[secret removed]
+    Credential=…`): a parameter's `name=` is no credential."""
+    assert (redacted(text), redacted_content(text)) == (shown, shown)
+    assert looks_secret(text) and secret_parts(shown) == []
