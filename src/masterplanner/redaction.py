@@ -129,7 +129,9 @@ _AUTHORIZATION = (
     rf"(?P<authorization_param>{_AUTHORIZATION_NAME}[\"']?[A-Za-z][A-Za-z0-9-]*[ \t]+"
     r"(?>[A-Za-z][A-Za-z0-9_-]*[ \t]*=[ \t]*(?:\\?\"[^\"\\\n]*+\\?\"|[^\s,\"'\\]*+)[ \t]*,[ \t]*)*?"
     r"(?i:response|oauth_signature|signature)[ \t]*=[ \t]*(?:\\?\")?)"
-    r"(?!\[secret removed\])[^\s\"',\\]++"
+    # the value a signature's: a token's characters and URL escapes (`%2F`), holding a digit, `+`,
+    # `/` or an escape, not a placeholder or code (`"%s"`, `$RESPONSE`, `<signature>`)
+    r"(?=[^\s\"',\\]*[0-9+/%])(?:[A-Za-z0-9._~+/=-]|%[0-9A-Fa-f]{2})++(?![^\s\"',\\])"
     # an `Authorization` header's credentials, after its scheme if it has one: on a header line,
     # as a request's dump or `curl -H` shows it (`Authorization: Basic dXNlcjpwYXNz`,
     # `Proxy-Authorization: …`), in JSON or in a Python dict (`"Authorization": "Basic …"`). Its

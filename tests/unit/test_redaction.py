@@ -770,7 +770,11 @@ def test_a_passphrase_under_a_password_s_own_name_still_goes_and_clearly_one_is_
         "Authorization: Token your_token",
         # a signed request's header built in code: the scheme and the parameter's name stay
         "headers = {'Authorization': 'AWS4-HMAC-SHA256 Credential=' + access_key + '/' + scope}",
-        'auth = f"Digest username=\\"{user}\\", response=\\"{digest}\\""',
+        'headers = {"Authorization": f"Digest username=\\"{user}\\", response=\\"{digest}\\""}',
+        'header = \'Authorization: Digest username="%s", response="%s"\' % (user, digest)',
+        'Authorization: Digest username="Mufasa", response="$RESPONSE"',
+        'Authorization: OAuth oauth_consumer_key="key", oauth_signature="<signature>"',
+        "Authorization: AWS4-HMAC-SHA256 Credential=KEY/SCOPE, SignedHeaders=host, Signature=YOUR_SIGNATURE",
     ],
 )
 def test_code_and_placeholders_for_an_authorization_header_stay(text: str) -> None:
