@@ -40,6 +40,7 @@ __all__ = [
     "names_nothing",
     "reconnecting",
     "reconnecting_methods",
+    "repeats_itself",
     "shown_url",
     "transaction",
     "utc_now",
@@ -209,11 +210,30 @@ def reconnecting(method: Callable[_P, _R]) -> Callable[_P, _R]:
 
 _C = TypeVar("_C", bound=type)
 
+_REPEATING_ITSELF: set[object] = set()
+"""The store methods `reconnecting_methods` leaves as they are (`repeats_itself`)."""
+
+
+def repeats_itself(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A store method `reconnecting_methods` does not make `reconnecting` as a whole.
+
+    For a call that must know a try of its own from another's: a transaction whose COMMIT
+    reached the server before the connection dropped did commit, and a call made again whole
+    finds what it stored as if someone else had. Such a method makes its repeatable part
+    `reconnecting` itself, with what tells its tries from other calls made once, outside it
+    (`Requests.answer`: a token stored with the answer).
+    """
+    _REPEATING_ITSELF.add(method)
+    return method
+
 
 def reconnecting_methods(cls: _C) -> _C:
-    """Every public method of a store class made `reconnecting` (its calls are each safe to repeat)."""
+    """Every public method of a store class made `reconnecting` (its calls are each safe to repeat).
+
+    Not those marked `repeats_itself`.
+    """
     for name, value in list(vars(cls).items()):
-        if name.startswith("_") or name == "begin" or not callable(value):
+        if name.startswith("_") or name == "begin" or not callable(value) or value in _REPEATING_ITSELF:
             continue
         setattr(cls, name, reconnecting(value))
     return cls

@@ -607,3 +607,28 @@ def test_kept_planning_is_written_only_by_the_holder_of_the_run_s_lease(database
         assert store.kept_planning("r1") == {"plan": "by the second"}
     finally:
         store.close()
+
+
+def test_a_database_made_before_answer_tokens_takes_answers_once_migrated(database_url: str) -> None:
+    """Migration `0015_request_answer_call`: the column of the token an answer's call stores with it."""
+    import sqlalchemy as sa
+
+    store = RunStore(database_url)
+    with store.begin("make the database as versions before the migration left it") as connection:
+        connection.execute(sa.text("ALTER TABLE mp_requests DROP COLUMN answer_call"))
+        connection.execute(sa.text("DELETE FROM mp_migrations WHERE name = '0015_request_answer_call'"))
+    store.close()
+    store = RunStore(database_url)
+    try:
+        request, _ = store.requests.open("r1", "ask_user", {"question": "Which?"}, key="r1:ask")
+        answered = store.requests.answer(request.id, {"text": "this"}, by="cli@host:1")
+        assert (answered.state, answered.answer) == ("answered", {"text": "this"})
+        assert not answered.taken_before
+        assert store.requests.answer(request.id, {"text": "this"}, by="cli@host:2").taken_before
+        with store.begin("read the schema") as connection:
+            columns = {column["name"] for column in sa.inspect(connection).get_columns("mp_requests")}
+            applied = list(connection.scalars(sa.text("SELECT name FROM mp_migrations")))
+        assert "answer_call" in columns
+        assert applied.count("0015_request_answer_call") == 1
+    finally:
+        store.close()

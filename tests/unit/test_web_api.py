@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import json
 import os
 import re
 import stat
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,49 @@ async def test_an_answer_sent_again_by_its_answerer_is_taken_once_and_another_is
         409,
         f"request {second['id']} is answered by cli@{host}:1: it takes no answer now",
     )
+
+
+async def test_an_answer_whose_commit_lost_its_acknowledgement_is_this_send_not_a_resend(
+    client: httpx.AsyncClient, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection drops after the answer's COMMIT reached the server: the store call is made
+    again (`reconnecting`), finds the answer stored, and takes it as this send's.
+
+    Before, the call made again took its own answer for a resend: `taken_before`, no
+    `request_answered` event, and the page told the one person who sent it that it was "taken
+    already … when you sent it before".
+    """
+    review = await _review_of_new_run(client, write_script)
+    begin = RunStore.begin
+    dropped: list[str] = []
+
+    @contextlib.contextmanager
+    def dropping_after_commit(store: RunStore, action: str) -> Iterator[Any]:
+        with begin(store, action) as connection:
+            yield connection
+        if action == "answer a request" and not dropped:  # committed; its acknowledgement lost
+            dropped.append(action)
+            raise DatabaseUnavailableError(f"database x: cannot {action}: server closed the connection")
+
+    with monkeypatch.context() as flaky:
+        flaky.setattr(RunStore, "begin", dropping_after_commit)
+        answered = await client.post(f"/requests/{review['id']}/answer", json={"approve": True})
+    assert dropped == ["answer a request"]
+    taken = typed(AnsweredRequestOut, answered)
+    assert (taken.state, taken.answer, taken.taken_before, taken.follow_up_failed) == (
+        "answered",
+        {"action": "approve"},
+        False,
+        None,
+    )
+    await _wait_for(client, f"/runs/{review['run_id']}", lambda report: report["status"] == "succeeded")
+    assert await _answered_events(client, review["run_id"]) == [
+        {"request": review["id"], "kind": "plan_review", "by": taken.answered_by}
+    ]
+    # sent again by another call: that one is a resend
+    again = await client.post(f"/requests/{review['id']}/answer", json={"approve": True})
+    assert typed(AnsweredRequestOut, again).taken_before is True
+    assert len(await _answered_events(client, review["run_id"])) == 1
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.engine import Connection
 
-from ..database import names_nothing, reconnecting_methods
+from ..database import names_nothing, reconnecting, reconnecting_methods, repeats_itself
 from ..errors import (
     NUL_PROBLEM,
     RequestClosedError,
@@ -61,6 +61,7 @@ __all__ = [
     "RequestState",
     "Requests",
     "StepClock",
+    "add_answer_call",
     "closed_text",
     "create_requests_table",
     "same_answerer",
@@ -183,6 +184,7 @@ requests_table = sa.Table(
     sa.Column("answered_by", sa.String(200)),
     sa.Column("created_at", sa.String(32), nullable=False),
     sa.Column("answered_at", sa.String(32)),
+    sa.Column("answer_call", sa.String(32)),
 )
 
 
@@ -192,6 +194,16 @@ def create_requests_table(connection: Connection) -> None:
     columns = {column["name"] for column in sa.inspect(connection).get_columns("mp_runs")}
     if "decision" in columns:
         connection.execute(sa.text("ALTER TABLE mp_runs DROP COLUMN decision"))
+
+
+def add_answer_call(connection: Connection) -> None:
+    """Migration `0015_request_answer_call`: the token of the `Requests.answer` call that stored the answer.
+
+    A try of that call made again (`reconnecting`) after its COMMIT reached the server finds its
+    own token there: the answer is this call's, not one sent before.
+    """
+    if "answer_call" not in {column["name"] for column in sa.inspect(connection).get_columns("mp_requests")}:
+        connection.execute(sa.text("ALTER TABLE mp_requests ADD COLUMN answer_call VARCHAR(32)"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -524,6 +536,7 @@ class Requests:
             rows = connection.execute(query).mappings().all()
         return [_request(row) for row in rows]
 
+    @repeats_itself
     def answer(self, request_id: str, answer: dict[str, Any], *, by: str) -> Request:
         """Answer an open request; exactly one of several racing answers is taken.
 
@@ -531,12 +544,21 @@ class Requests:
         its kind, or the request is not open any more (`RequestClosedError`): unless it was
         answered with this very answer by the same answerer (`same_answerer`), which is this
         answer sent again; then the request as it is, `taken_before`, and nothing stored again.
+
+        The call is made again while the database is unavailable (`reconnecting`), under a token
+        of its own stored with the answer (`answer_call`): a try whose COMMIT reached the server
+        before the connection dropped is found by the next try as this call's answer, not as
+        one sent before (which was `taken_before`, and its run never told).
         """
+        return reconnecting(self._answer)(request_id, answer, by=by, call=secrets.token_hex(16))
+
+    def _answer(self, request_id: str, answer: dict[str, Any], *, by: str, call: str) -> Request:
+        """One try of `answer`, under its call's token."""
         request = self.get(request_id)
         if "\x00" in by:  # stored as it is (Postgres refuses it)
             raise RequestError(f"request {request.id}: who answers ({by!r}) {NUL_PROBLEM}")
         if request.state != "open":
-            return _taken_before(request, answer, by)
+            return self._closed(request, answer, by, call)
         answer = _checked_answer(request, answer)
         with self._store.begin("answer a request") as connection:
             updated = connection.execute(
@@ -547,11 +569,23 @@ class Requests:
                     answer=json.dumps(answer),
                     answered_by=by[:200],
                     answered_at=utc_now(),
+                    answer_call=call,
                 )
             )
         if updated.rowcount != 1:  # answered meanwhile: by another, or this answer sent twice at once
-            return _taken_before(self.get(request.id), answer, by)
+            return self._closed(self.get(request.id), answer, by, call)
         return self.get(request.id)
+
+    def _closed(self, request: Request, answer: dict[str, Any], by: str, call: str) -> Request:
+        """`request`, not open: as it is if an earlier try of this call answered it, else `_taken_before`."""
+        if request.state == "answered":
+            with self._store.begin("read a request") as connection:
+                stored_call = connection.scalar(
+                    sa.select(requests_table.c.answer_call).where(requests_table.c.id == request.id)
+                )
+            if stored_call == call:
+                return request
+        return _taken_before(request, answer, by)
 
     def close_run(self, run_id: str, state: Literal["expired", "cancelled"], *, keep_remember: bool) -> int:
         """Close a run's open requests (when it is cancelled or ends); returns how many."""

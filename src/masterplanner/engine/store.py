@@ -56,7 +56,7 @@ from .records import (
     briefs_json,
     utc_now,
 )
-from .requests import Requests, create_requests_table
+from .requests import Requests, add_answer_call, create_requests_table
 
 __all__ = ["MIGRATIONS", "Lease", "RunStore", "Spending", "engine_url", "held_here", "process_identity"]
 
@@ -224,6 +224,7 @@ MIGRATIONS: list[Migration] = [
     ("0012_run_planning", _add_run_planning),
     ("0013_usage_failed_calls", _add_usage_failed_calls),
     ("0014_usage_requests", _create_usage_requests),
+    ("0015_request_answer_call", add_answer_call),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
