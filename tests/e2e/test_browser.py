@@ -823,6 +823,8 @@ def test_an_answer_whose_reply_was_lost_sent_again_is_said_taken_already(
     page.goto(f"{server}/runs/{run_id}")
     answer = page.get_by_role("textbox", name="Which colour?")
     answer.fill("teal")
+    form_path = str(page.locator('form[hx-post*="/requests/"]').get_attribute("hx-post"))
+    asked_at = "/requests/" + form_path.rsplit("/", 1)[1]
     unsent, taken = page.locator("#run-unsent"), page.locator("#run-taken")
     # the answer reaches the server, which stores it; its reply is lost on the way back
     page.route("**/requests/*", lambda route: (route.fetch(), route.abort("connectionreset")))
@@ -831,8 +833,13 @@ def test_an_answer_whose_reply_was_lost_sent_again_is_said_taken_already(
     page.unroute("**/requests/*")
     assert _answered(server, "", run_id) == ["ask_user"]  # it was taken
     page.get_by_role("button", name="Answer").click()  # as the note says: sent again
-    taken.filter(has_text="Your answer was taken already").wait_for()
-    said = "Your answer was taken already, when you sent it before: it is not stored twice."
+    taken.filter(has_text="This answer was taken already").wait_for()
+    with urllib.request.urlopen(f"{server}/api/v1{asked_at}", timeout=30) as got:
+        asked = json.loads(got.read())
+    said = (
+        f"This answer was taken already (by {asked['answered_by']}, at {asked['answered_at']}): "
+        "it is not stored twice."
+    )
     assert taken.inner_text() == said
     assert unsent.is_hidden() and page.get_by_text("yours was not taken").count() == 0
     page.locator("h1 .status-succeeded").wait_for(timeout=30_000)

@@ -308,8 +308,9 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
     if problem is not None and status == 422 and edited != decision:  # the form is shown again
         problem["message"] += f"; the form shows your edit with the secret taken out (marked {REMOVED})"
     if answered is not None:
-        if answered.taken_before:  # sent again: the page lost the reply to its first send
-            note = "Your answer was taken already, when you sent it before: it is not stored twice."
+        if answered.taken_before:  # sent again, by whoever holds the web's one login: not "you"
+            by, at = answered.answered_by, answered.answered_at
+            note = f"This answer was taken already (by {by}, at {at}): it is not stored twice."
             return await _body_once_done(request, record.id, "Your answer was taken", note=note)
         if answered.follow_up_failed:
             note = f"Your answer was taken, but {answered.follow_up_failed}."
