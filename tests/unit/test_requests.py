@@ -135,6 +135,36 @@ def test_a_run_with_no_terminal_input_is_answered_from_another_process(
     assert json.loads(mp("runs", "pending", "--json").stdout) == []
 
 
+def test_runs_answer_json_says_whether_the_answer_was_taken_before_and_what_failed_after_it(
+    write_script: Callable[..., Path],
+) -> None:
+    """`runs answer --json` carries `taken_before` and `follow_up_failed`, as the API's answer does.
+
+    Before, they were said only on stderr: a script reading the JSON took a resend, or a team
+    that could not be stored, for a plain answer.
+    """
+    from masterplanner import RunOptions
+    from masterplanner.engine import Engine
+
+    engine = Engine(Settings.load())
+    try:  # a run never planned: the team its remember question approves cannot be stored
+        run = engine.create_run("t", model=f"scripted:{write_script([])}", options=RunOptions())
+        question, _ = engine.store.requests.open(run.id, "remember", {"agents": 2}, key=f"remember:{run.id}")
+    finally:
+        engine.close()
+    first = mp("runs", "answer", question.id, "--approve", "--json")
+    assert first.returncode == 0, first.stderr
+    taken = json.loads(first.stdout)
+    assert (taken["id"], taken["state"], taken["answer"]) == (question.id, "answered", {"approved": True})
+    assert (taken["taken_before"], taken["follow_up_failed"]) == (
+        False,
+        f"storing the run's team failed (run {run.id} has no plan: there is no team to store)",
+    )
+    again = mp("runs", "answer", question.id, "--approve", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == taken | {"taken_before": True, "follow_up_failed": None}
+
+
 @needs_sandbox
 def test_kill_9_while_a_tool_approval_is_open_then_answer_then_resume(
     write_script: Callable[..., Path],

@@ -625,7 +625,13 @@ def runs_answer(
     ] = False,
     reason: Annotated[str | None, typer.Option("--reason", help="Why (with --deny).")] = None,
     text: Annotated[str | None, typer.Option("--text", help="The answer to an agent's question.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the answered request as JSON.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the answered request as JSON, with taken_before and follow_up_failed (as the API).",
+        ),
+    ] = False,
 ) -> None:
     """Answer REQUEST with exactly one of --approve, --deny [--reason R] or --text T.
 
@@ -663,7 +669,9 @@ def runs_answer(
     if as_json:
         if answered.taken_before or answered.follow_up_failed:
             console(stderr=True).print(said, highlight=False, soft_wrap=True)
-        typer.echo(json_text(answered.to_json_dict()))
+        # how it was taken, as the API's answer says it: a script reads the JSON, not stderr
+        how = {"taken_before": answered.taken_before, "follow_up_failed": answered.follow_up_failed}
+        typer.echo(json_text(answered.to_json_dict() | how))
         return
     console(stderr=True).print(said, highlight=False, soft_wrap=True)
 
