@@ -948,12 +948,24 @@ async def test_a_failed_run_is_retried_through_the_api(
     run_id = created.json()["id"]
     await _wait_for(client, f"/runs/{run_id}", lambda found: found["status"] == "failed")
 
-    bad = await client.post(f"/runs/{run_id}/retry", json={"max_model_calls": 0, "colour": "red"})
+    bad = await client.post(
+        f"/runs/{run_id}/retry",
+        json={"max_model_calls": 0, "prompt_rounds": 6, "colour": "red"},
+    )
     assert bad.status_code == 422
     assert bad.json()["problems"] == [
         "body.max_model_calls: must be at least 1, got 0",
-        "body.colour: unknown field; known: max_cost_usd, max_model_calls, max_tokens, max_wall_s",
+        "body.prompt_rounds: must be at most 5, got 6",
+        "body.colour: unknown field; known: max_cost_usd, max_model_calls, max_tokens, max_wall_s, "
+        "prompt_rounds",
     ]
+    for rounds, problem in [
+        (-1, "must be at least 0, got -1"),
+        (1.5, "should be a whole number, got a number"),
+        ("2", "should be a whole number, got text"),
+    ]:
+        refused = await client.post(f"/runs/{run_id}/retry", json={"prompt_rounds": rounds})
+        assert (refused.status_code, refused.json()["problems"]) == (422, [f"body.prompt_rounds: {problem}"])
     spent = await client.post(f"/runs/{run_id}/retry", json={"max_model_calls": 10})
     assert spent.status_code == 409
     assert spent.json()["error"] == (
@@ -962,9 +974,12 @@ async def test_a_failed_run_is_retried_through_the_api(
     assert (await client.get(f"/runs/{run_id}")).json()["status"] == "failed"
 
     script.write_text(json.dumps({"calls": [{"purpose": "step:b", "output": "B at last"}]}))
-    retried = await client.post(f"/runs/{run_id}/retry")
+    retried = await client.post(f"/runs/{run_id}/retry", json={"prompt_rounds": 0})
     assert retried.status_code == 200, retried.text
     assert (retried.json()["status"], retried.json()["retries"]) == ("running", 1)
+    events = (await client.get(f"/runs/{run_id}/events")).json()
+    (retry,) = [event["data"] for event in events if event["kind"] == "run_retried"]
+    assert ("budgets" in retry, retry["prompt_rounds"]) == (False, 0)
     report = await _wait_for(client, f"/runs/{run_id}", lambda found: found["status"] == "succeeded")
     assert report["output"] == "B at last"
     assert [(s["id"], s["status"]) for s in report["steps"]] == [("a", "succeeded"), ("b", "succeeded")]

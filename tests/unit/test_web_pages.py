@@ -441,6 +441,7 @@ async def test_a_failed_run_is_retried_from_its_page(
     ) in body
     assert f"run_failed step b failed: {gave_up}; the step gave up after 3 attempts</li></ol>" in body
     assert "Model calls for the whole run (now 13; used 13)" in body
+    assert "Critique-and-revise rounds per prompt from now (now 0)" in body
     assert "Tokens for the whole run (now 2000000; used " in body
     assert (await client.get(f"/runs/{run_id}/body?failed=1")).status_code == 204  # still failed
     # a file whose name is not UTF-8 is shown escaped, not linked (the page was a 500)
@@ -479,15 +480,23 @@ async def test_a_failed_run_is_retried_from_its_page(
             "the money budget (US dollars) must be a number more than 0 and at most 1e+06",
         ),
         ("max_wall_s", "0", "seconds must be a number more than 0 and at most 604800, not '0'"),
+        ("prompt_rounds", "6", "critique rounds per prompt must be a whole number from 0 to 5, not '6'"),
+        ("prompt_rounds", "-1", "critique rounds per prompt must be a whole number from 0 to 5, not '-1'"),
     ]:
         bad = await client.post(f"/runs/{run_id}/retry", data={field: typed}, headers=headers)
         assert bad.status_code == 422
         assert message in html.unescape(bad.text)
+        assert f'id="retry_{field}" name="{field}" inputmode="decimal" value="{typed}"' in bad.text
     assert (await client.get(f"/api/v1/runs/{run_id}")).json()["status"] == "failed"
 
     script.write_text(json.dumps({"calls": [{"purpose": "step:b", "output": "B at last"}]}))
-    retried = await client.post(f"/runs/{run_id}/retry", data={"max_model_calls": "20"}, headers=headers)
+    retried = await client.post(
+        f"/runs/{run_id}/retry", data={"max_model_calls": "20", "prompt_rounds": "0"}, headers=headers
+    )
     assert (retried.status_code, retried.headers["HX-Redirect"]) == (204, f"/runs/{run_id}")
+    events = (await client.get(f"/api/v1/runs/{run_id}/events")).json()
+    (retry,) = [event["data"] for event in events if event["kind"] == "run_retried"]
+    assert (retry["budgets"], retry["prompt_rounds"]) == ({"max_model_calls": 20}, 0)
     # a page of the run still showing it failed loads again, live
     assert (await client.get(f"/runs/{run_id}/body?failed=1")).headers["HX-Refresh"] == "true"
     body = await _body_until(client, run_id, r'class="status status-succeeded"')

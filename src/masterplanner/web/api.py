@@ -211,7 +211,7 @@ class AnswerIn(BaseModel):
 
 
 class RetryIn(BaseModel):
-    """New budgets for a retried run (each left out keeps the run's)."""
+    """New budgets and critique rounds for a retried run (each left out keeps the run's)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -227,6 +227,20 @@ class RetryIn(BaseModel):
     )
     max_cost_usd: Annotated[float, Field(gt=0, le=BUDGET_LIMITS["max_cost_usd"])] | None = Field(
         default=None, description="US dollars the run's model calls may cost."
+    )
+    prompt_rounds: (
+        Annotated[
+            int,
+            Field(ge=WHOLE_OPTION_LIMITS["prompt_rounds"][0], le=WHOLE_OPTION_LIMITS["prompt_rounds"][1]),
+            BeforeValidator(_integral),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description=(
+            "Critique-and-revise rounds a prompt written from now (a prompt kept from planning "
+            "under other rounds is written again)."
+        ),
     )
 
 

@@ -222,8 +222,8 @@ def _most(budget: str) -> int:
     return int(BUDGET_LIMITS[budget])
 
 
-_RETRY_FIELDS = ("max_model_calls", "max_tokens", "max_cost_usd", "max_wall_s")
-"""The retry form's budget fields, named as `RunService.retry` takes them."""
+_RETRY_FIELDS = ("max_model_calls", "max_tokens", "max_cost_usd", "max_wall_s", "prompt_rounds")
+"""The retry form's fields (budgets, critique rounds), named as `RunService.retry` takes them."""
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
@@ -420,10 +420,10 @@ async def resume(request: Request, run_id: str) -> Response:
 
 @router.post("/runs/{run_id}/retry", response_class=HTMLResponse)
 async def retry(request: Request, run_id: str) -> Response:
-    """Retry the failed run with the budgets filled in; the page loads again, following it live.
+    """Retry the failed run with the budgets and critique rounds filled in; the page loads again, live.
 
-    A budget that is not a number is 422 and one the run has used up 409, shown under the form
-    with what was typed kept. A run that is no longer failed (retried from another page) loads
+    A field that is not a number it takes is 422, a budget the run has used up 409, shown under
+    the form with what was typed kept. A run that is no longer failed (retried from another page) loads
     again as it is now.
     """
     service = _service(request)
@@ -432,7 +432,7 @@ async def retry(request: Request, run_id: str) -> Response:
     form = await request.form()
     typed = {name: str(form.get(name, "")).strip()[:100] for name in _RETRY_FIELDS}
     try:
-        budgets: dict[str, Any] = {
+        given: dict[str, Any] = {  # the budgets (empty: the run's), then the critique rounds
             "max_model_calls": _whole(form, "max_model_calls", 0, 1, _most("max_model_calls"), "model calls")
             or None,
             "max_tokens": _whole(form, "max_tokens", 0, 1, _most("max_tokens"), "tokens") or None,
@@ -441,13 +441,16 @@ async def retry(request: Request, run_id: str) -> Response:
             ),
             "max_wall_s": _amount(form, "max_wall_s", BUDGET_LIMITS["max_wall_s"], "seconds"),
         }
+        if typed["prompt_rounds"]:  # left empty: the run's (0 is a number of rounds, not "none")
+            low, high = WHOLE_OPTION_LIMITS["prompt_rounds"]
+            given["prompt_rounds"] = _whole(form, "prompt_rounds", 0, low, high, "critique rounds per prompt")
     except ValueError as error:
         context = await _body_context(request, record, None)
         context["retry"] = {"typed": typed, "error": str(error)}
         return templates.TemplateResponse(request, "_run_body.html", context, status_code=422)
     try:
         record = await service.retry(
-            record.id, by=answerer_name("web"), for_workers=executions.for_workers, **budgets
+            record.id, by=answerer_name("web"), for_workers=executions.for_workers, **given
         )
     except MasterplannerError as error:
         now = await service.get(record.id)
