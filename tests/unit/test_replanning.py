@@ -400,6 +400,46 @@ def _chain_script(write_script: Callable[..., Path], *replanner: dict[str, Any])
     )
 
 
+async def test_the_dependents_of_a_step_whose_replan_was_rejected_say_so_in_their_skip(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """Their skip said only "dependency 'b' failed", while the run's error said the replan was rejected."""
+    options = replace(FAST, auto_approve=False)
+    run = engine.create_run("replan it", model=f"scripted:{_chain_script(write_script)}", options=options)
+    service = RunService(engine.settings)
+    try:
+        execution = asyncio.ensure_future(engine.execute(run.id))
+        replan = await _replan_after_approving_the_plan(service, run.id)
+        await service.answer(replan.id, {"action": "reject", "reason": "not like that"}, by="test")
+        final = await asyncio.wait_for(execution, 60)
+    finally:
+        service.close()
+    assert final.status == "failed"
+    assert final.error is not None
+    assert final.error.endswith(
+        " (its replan was rejected by test: not like that); step c skipped: dependency 'b' failed and its "
+        "replan was rejected; step d skipped: dependency 'c' skipped"
+    )
+    steps = [(s["id"], s["status"], s["error"]) for s in engine.report(run.id)["steps"][2:]]
+    assert steps == [
+        ("c", "skipped", "dependency 'b' failed and its replan was rejected"),
+        ("d", "skipped", "dependency 'c' skipped"),
+    ]
+    assert _started(engine, run.id) == ["a", "b"]
+    # a process taking the run over after the rejection (its dependents not yet skipped) says the
+    # same, whatever replans are left: it said nothing of the replan
+    from types import SimpleNamespace
+
+    from masterplanner.engine.revisions import PlanRevisions
+    from masterplanner.engine.scheduler import StepOutcome
+
+    plan = engine.store.get_run(run.id).plan
+    assert plan is not None
+    revisions = PlanRevisions(SimpleNamespace(store=engine.store, run_id=run.id))  # type: ignore[arg-type]
+    taken_over = await revisions.on_failure(plan.step("b"), StepOutcome("failed", error="b failed"))
+    assert taken_over == "its replan was rejected"
+
+
 def _stopped_by_the_run_s_error(engine: Engine, run_id: str) -> None:
     """b failed, and its dependents were stopped with the run (its end cancels what had not run)."""
     steps = [(s["id"], s["status"], s["error"]) for s in engine.report(run_id)["steps"]]

@@ -36,7 +36,7 @@ from .records import AgentBrief, EventKind, RunRecord, briefs
 from .requests import PlanDecision
 from .resources import RunResources, resources_of
 from .runtime import launched_host, own_workflow
-from .scheduler import NOT_REPLANNED, StepOutcome
+from .scheduler import NOT_REPLANNED, REPLAN_REJECTED, StepOutcome
 
 __all__ = ["PlanRevisions", "expand_workflow", "replan_workflow"]
 
@@ -205,9 +205,9 @@ class PlanRevisions:
     async def on_failure(self, step: Step, outcome: StepOutcome) -> Plan | str | None:
         """Replan a failed step (and its dependents), within the run's replan budget.
 
-        None when the budget is spent or the person rejects the new steps: the step stays
-        failed. `NOT_REPLANNED` when the replanner could not be asked (its model call failed):
-        the step stays failed, and its dependents' skip says it could not be replanned. A replan
+        None when the budget is spent: the step stays failed. `REPLAN_REJECTED` when the person
+        rejects the new steps, and `NOT_REPLANNED` when the replanner could not be asked (its
+        model call failed): the step stays failed, and its dependents' skip says why. A replan
         with no valid plan after its repairs fails the run with the planner's problems (`PlanError`).
         """
         run = await self._run()
@@ -217,10 +217,13 @@ class PlanRevisions:
         retried = max((event.seq for event in events if event.kind == "run_retried"), default=0)
         events = [event for event in events if event.seq > retried]
         done = sum(1 for event in events if event.kind in ("replanned", "replan_failed"))
-        if done >= run.options.max_replans or run.plan is None or step.id not in run.plan.ids:
+        if run.plan is None or step.id not in run.plan.ids:
             return None
-        if any(event.kind == "replan_failed" and event.step == step.id for event in events):
-            return None  # its replan was rejected before this process took the run over
+        ended = [event.data for event in events if event.kind == "replan_failed" and event.step == step.id]
+        if ended:  # its replan was rejected (or failed) before this process took the run over
+            return REPLAN_REJECTED if "rejected" in ended[-1] else NOT_REPLANNED
+        if done >= run.options.max_replans:
+            return None
         error = outcome.error or "failed"
         if not any(event.kind == "replan_requested" and event.data.get("n") == number for event in events):
             await asyncio.to_thread(
@@ -261,7 +264,7 @@ class PlanRevisions:
                 decision = decision.changes(revised, shown, held, self.resources.catalog.names)
                 if decision.action == "reject":
                     await self._failed(step.id, number, {"rejected": decision.why, "by": by})
-                    return None
+                    return REPLAN_REJECTED
                 if not decision.edits:
                     break
                 try:

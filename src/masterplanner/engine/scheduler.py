@@ -17,7 +17,8 @@ step's dependents are skipped: they are not run because it failed, whatever else
 Any other error (a review cancelled or expired, the database gone) leaves them unfinished: the
 replan was stopped, not found wanting. A step that could not be replanned (`on_failure` answered
 `NOT_REPLANNED`, or raised the `PlanError`) is named so in its dependents' skip: "dependency 'b'
-failed and could not be replanned".
+failed and could not be replanned"; one whose replan a person rejected (`REPLAN_REJECTED`) too:
+"dependency 'b' failed and its replan was rejected", as the run's error says.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any, Literal
 from ..errors import PlanError
 from ..plan import Plan, Step
 
-__all__ = ["NOT_REPLANNED", "StepOutcome", "run_dag"]
+__all__ = ["NOT_REPLANNED", "REPLAN_REJECTED", "StepOutcome", "run_dag"]
 
 _log = logging.getLogger("masterplanner.scheduler")
 
@@ -47,6 +48,8 @@ class StepOutcome:
 
 NOT_REPLANNED = "could not be replanned"
 """What `on_failure` answers for a step it found no plan to replace (its dependents' skip says it)."""
+REPLAN_REJECTED = "its replan was rejected"
+"""What `on_failure` answers for a step whose replan the person rejected (its dependents' skip says it)."""
 
 Revise = Callable[[Step, StepOutcome], Awaitable[Plan | str | None]]
 """A failed step's revision: the revised plan, None (the step stays failed), or why it could not be
@@ -139,7 +142,7 @@ class _Schedule:
         self.running: dict[asyncio.Future[StepOutcome], Step] = {}
         self.revision: tuple[asyncio.Future[Plan | str | None], str] | None = None
         self.unrevised: dict[str, str] = {}
-        """Failed steps whose revision found no plan, and why (`NOT_REPLANNED`)."""
+        """Failed steps whose revision found no plan, and why (`NOT_REPLANNED`, `REPLAN_REJECTED`)."""
 
     def record(self, step_id: str, outcome: StepOutcome) -> None:
         """A step's outcome; a failed one is held for `on_failure` first (once)."""
