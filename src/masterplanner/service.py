@@ -57,7 +57,7 @@ from .errors import (
 )
 from .plan import validate_plan
 from .redaction import secret_parts, secret_refusal
-from .settings import Settings, provider_of
+from .settings import Settings, needed_credential_text, provider_of
 from .tools import ToolSpec
 from .tools.catalog import Catalog
 
@@ -542,9 +542,11 @@ class RunService:
             )
         serving = {worker.id for worker in workers if step_queue_name(record.model) in worker.queues}
         if not serving:
+            needed = needed_credential_text(provider)
+            where = f", where {needed} is set" if needed else ""
             return (
                 f"no worker running on this database takes {provider} runs: the run waits until one does "
-                f"(`masterplanner worker --queues {provider}`, where the provider's API key is set)"
+                f"(`masterplanner worker --queues {provider}`{where})"
             )
         refusals = {
             str(event.data.get("process")): str(event.data.get("reason"))

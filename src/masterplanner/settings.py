@@ -285,6 +285,16 @@ def lacking_credential_text(provider: str) -> str:
     return f"{' or '.join(names)} is not set here"
 
 
+def needed_credential_text(provider: str) -> str | None:
+    """The environment variables `provider`'s requests need, in words (`"X or Y"`), or None if none.
+
+    For a hint of where to start a worker for it: `local`, `scripted` and `ollama` need none, and
+    a hint naming "the provider's API key" for them sent a person looking for a key that is not.
+    """
+    names = _CREDENTIALS.get(provider, ())
+    return " or ".join(names) or None
+
+
 class ProviderLimit(BaseModel):
     """How many steps using one provider's models may run at once and start per minute, on all workers."""
 

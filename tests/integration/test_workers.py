@@ -205,7 +205,7 @@ def test_run_detach_queues_the_run_and_a_worker_started_later_runs_it(
     assert other.returncode == 0, other.stderr
     assert other.stderr.strip() == (
         "no worker running on this database takes local runs: the run waits until one does "
-        "(`masterplanner worker --queues local`, where the provider's API key is set)"
+        "(`masterplanner worker --queues local`)"
     )
     time.sleep(1.0)  # four of the worker's claim rounds
     assert cluster.store.get_run(other.stdout.strip()).status == "planning"

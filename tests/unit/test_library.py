@@ -253,6 +253,38 @@ def test_a_run_s_steps_events_and_usage_take_the_start_of_its_id_and_refuse_an_u
     assert asyncio.run(program()) == [True, True, True, ["no run 'nope-nope'"] * 3, True]
 
 
+def test_a_run_no_running_worker_takes_names_the_credentials_only_of_a_provider_that_needs_them(
+    write_script: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`local` and `scripted` need no key, where the hint said "where the provider's API key is set"."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-not-used")
+
+    async def program() -> list[str | None]:
+        service = RunService(Settings(home=tmp_path / "home"))
+        try:
+            # a worker that takes only another provider's runs is running
+            service._store.processes.register("w1", "worker", lease_s=60, queues=["steps-ollama"])
+            said = []
+            models = (_script(write_script), "local", "openai:gpt-4o-mini", "anthropic:claude-sonnet-4-0")
+            for model in models:
+                run = await service.create("x", model=model, for_workers=True)
+                said.append(await service.waiting(run))
+            return said
+        finally:
+            service.close()
+
+    waits = "no worker running on this database takes {} runs: the run waits until one does "
+    assert asyncio.run(program()) == [
+        waits.format("scripted") + "(`masterplanner worker --queues scripted`)",
+        waits.format("local") + "(`masterplanner worker --queues local`)",
+        waits.format("openai")
+        + "(`masterplanner worker --queues openai`, where OPENAI_API_KEY or OPENAI_BASE_URL is set)",
+        waits.format("anthropic")
+        + "(`masterplanner worker --queues anthropic`, where ANTHROPIC_API_KEY is set)",
+    ]
+
+
 def test_a_home_made_again_after_a_service_closed_gets_the_next_team(
     write_script: Callable[..., Path], tmp_path: Path
 ) -> None:
