@@ -211,9 +211,10 @@ class _TomlFiles(PydanticBaseSettingsSource):
         self.ignored: tuple[Path, str] | None = None
         cwd_data: dict[str, Any] = {}
         if cwd_file.exists() and (workspace := _workspace_holding(cwd_file.parent, _base_home(flag_home))):
+            where = "is" if cwd_file.parent.resolve() == workspace else "is inside"
             self.ignored = (
                 cwd_file,
-                f"{cwd_file.parent} is the workspace of an earlier run ({workspace}), where steps "
+                f"{cwd_file.parent} {where} the workspace of an earlier run ({workspace}), where steps "
                 "write; settings are never read from a workspace. Put them in "
                 f"{_base_home(flag_home) / CONFIG_FILE_NAME}, the environment or flags",
             )

@@ -506,3 +506,34 @@ def test_a_refused_server_url_is_quoted_without_its_password(
         Settings.load()
     assert "abcdefghijklmnop" not in str(refused.value)
     assert str(refused.value).endswith("got 'htps://user:[secret removed]@host/mcp'")
+
+
+def test_a_settings_file_in_a_recorded_workspace_or_a_folder_inside_one_is_not_read_and_says_which(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder inside a workspace was said to be "the workspace of an earlier run" itself."""
+    workspace = Path.cwd().resolve()
+    Settings.load().record_workspace(workspace)
+    inner = workspace / "src" / "deep"
+    inner.mkdir(parents=True)
+    seen = []
+    for folder in (workspace, inner):
+        planted = write_toml(folder, 'model = "openai:planted"\n')
+        monkeypatch.chdir(folder)
+        settings = Settings.load()
+        assert settings.model != "openai:planted"
+        seen.append(settings.ignored_config)
+    fix = (
+        f"settings are never read from a workspace. Put them in {isolated / 'masterplanner.toml'}, "
+        "the environment or flags"
+    )
+    assert seen == [
+        (
+            workspace / "masterplanner.toml",
+            f"{workspace} is the workspace of an earlier run ({workspace}), where steps write; {fix}",
+        ),
+        (
+            planted,
+            f"{inner} is inside the workspace of an earlier run ({workspace}), where steps write; {fix}",
+        ),
+    ]
