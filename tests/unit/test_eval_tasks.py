@@ -535,3 +535,22 @@ def test_per_task_without_json_is_refused_before_any_task_runs(tmp_path: Path) -
         "error: --per-task has no use without --json: it adds every task's checks, plan and usage "
         "to the JSON report\n",
     )
+
+
+def test_an_unknown_category_or_a_missing_suite_is_refused_before_any_progress_shows(tmp_path: Path) -> None:
+    """The progress bar was drawn before the refusal, as if the evaluation had started."""
+    command = [sys.executable, "-m", "masterplanner", "eval", "tasks"]
+    env = {**os.environ, "MASTERPLANNER_HOME": str(tmp_path / "home")}
+    said = []
+    for flags in (["--category", "nope"], ["--suite", str(tmp_path / "nope.json")]):
+        result = subprocess.run([*command, *flags], capture_output=True, text=True, timeout=120, env=env)
+        said.append((result.returncode, result.stdout, result.stderr))
+    assert said == [
+        (
+            2,
+            "",
+            "error: unknown category 'nope'; known: write, summarize, translate, csv, files, script, "
+            "two-part\n",
+        ),
+        (2, "", f"error: task suite {tmp_path / 'nope.json'} does not exist\n"),
+    ]

@@ -443,7 +443,7 @@ def eval_tasks(
     """
     import asyncio
 
-    from rich.progress import Progress, TimeElapsedColumn
+    from rich.progress import Progress, TaskID, TimeElapsedColumn
 
     from ..errors import ConfigError
     from ..evaluation.tasks import evaluate_tasks
@@ -455,16 +455,20 @@ def eval_tasks(
         )
     settings = load_settings(model=model)
     title = shown(f"everyday tasks with {settings.model}")
-    with Progress(
-        *Progress.get_default_columns(), TimeElapsedColumn(), console=console(stderr=True)
-    ) as progress:
-        bar = progress.add_task(title, total=None)
+    # The bar starts with the first task, not before: a refusal (an unknown category, a missing
+    # suite, a results file of another evaluation) showed under a bar as if the evaluation ran.
+    progress = Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=console(stderr=True))
+    bars: list[TaskID] = []
 
-        def show(done: int, total: int, passed: int, task_id: str | None) -> None:
-            figures = f" · {passed}/{done} passed" if done else ""
-            running = f" · running {task_id}" if task_id else ""
-            progress.update(bar, completed=done, total=total, description=title + figures + shown(running))
+    def show(done: int, total: int, passed: int, task_id: str | None) -> None:
+        if not bars:
+            progress.start()
+            bars.append(progress.add_task(title, total=None))
+        figures = f" · {passed}/{done} passed" if done else ""
+        running = f" · running {task_id}" if task_id else ""
+        progress.update(bars[0], completed=done, total=total, description=title + figures + shown(running))
 
+    try:
         report = asyncio.run(
             evaluate_tasks(
                 settings,
@@ -477,6 +481,9 @@ def eval_tasks(
                 progress=show,
             )
         )
+    finally:
+        if bars:
+            progress.stop()
     if as_json:
         typer.echo(json_text(report.to_json_dict(per_task=per_task)))
         return
