@@ -612,6 +612,22 @@ def test_feedback_reports_only_the_lessons_it_added_and_never_a_secret(
     assert "sk-live" not in exported.read_text() and "Keep it under 100 words." in exported.read_text()
 
 
+def test_a_rating_the_run_refuses_exits_1_and_a_rating_out_of_range_exits_2(
+    write_script: Callable[..., Path],
+) -> None:
+    """The README's exit codes: a call the run's state refuses is 1, an input no run takes is 2."""
+    script = write_script([{"purpose": "*", "repeat": True}])
+    run_id = _mp("run", "x", "-m", f"scripted:{script}", "--yes", "--detach").stdout.strip()
+    said = [_mp("feedback", run_id, "--rating", "3")]
+    assert _mp("runs", "cancel", run_id).returncode == 0  # no process holds it: cancelled at once
+    said += [_mp("feedback", run_id, "--rating", "3"), _mp("feedback", run_id, "--rating", "9")]
+    assert [(done.returncode, done.stderr) for done in said] == [
+        (1, f"error: run {run_id} is planning: a run is rated once it has ended\n"),
+        (1, f"error: run {run_id} was cancelled before any step ran: there is nothing to rate\n"),
+        (2, "error: the rating must be a whole number from 1 to 5, got 9\n"),
+    ]
+
+
 def test_the_comment_teaches_only_the_steps_it_names(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:
