@@ -76,7 +76,7 @@ _POLL_S = 0.2
 """How often a waiting step looks at its request (a read of one row by primary key)."""
 ANSWER_TEXT_CHARS = 20_000
 """Longest text answer (an `ask_user` reply, a reason for a refusal or a rejection) taken, from
-any front end: the HTTP API's fields (`web.api.AnswerIn`) take the same, so a reason is not
+any front end: the HTTP API's fields (`web.api_bodies.AnswerIn`) take the same, so a reason is not
 refused at 4,000 characters in one form of answer and at 20,000 in another."""
 NO_REASON = "no reason given"
 """What a rejection of a plan or a replan given with no reason says (`PlanDecision.why`), from every

@@ -30,7 +30,8 @@ from ..redaction import REMOVED, redacted
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name, typed_secrets_removed
 from ..usage import budget_money, money
-from .api import Executions, event_seq, existing_run, workspace_path
+from .api import Executions, event_seq, existing_run
+from .api_bodies import workspace_path
 from .files import workspace_files
 from .graph import plan_svg
 
