@@ -159,7 +159,7 @@ def _policy_tool(name: object, catalog: Catalog) -> bool:
     if not isinstance(name, str):
         return False
     from .engine.catalogs import RunCatalog
-    from .tools.mcp import names_server_tool
+    from .tools.mcp_names import names_server_tool
 
     if name in catalog:
         return True

@@ -542,8 +542,8 @@ class Settings(BaseSettings):
         """Server names of ASCII letters, digits, `_` and `-`: they begin its tools' names.
 
         Before, `[mcp_servers."a b"]` loaded and its tools were named `a b_<tool>`, a name model
-        providers refuse (they take ^[a-zA-Z0-9_-]{1,64}$).
-        Any length: a long one's tools are offered under a shortened start (`tools.mcp.mcp_tool_prefix`).
+        providers refuse (they take ^[a-zA-Z0-9_-]{1,64}$). Any length: a long one's tools are
+        offered under a shortened start (`tools.mcp_names.mcp_tool_prefix`).
         """
         import re
 

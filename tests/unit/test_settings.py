@@ -436,7 +436,7 @@ def test_an_mcp_server_name_that_cannot_begin_a_tool_name_is_refused_naming_the_
 def test_an_mcp_server_name_of_any_length_loads(isolated: Path) -> None:
     """A name of more than 32 characters was refused (its tools' names went past 64 characters),
     and a configuration that worked elsewhere stopped loading: its tools' names are shortened instead
-    (`tools.mcp.mcp_tool_prefix`)."""
+    (`tools.mcp_names.mcp_tool_prefix`)."""
     write_toml(Path.cwd(), f'[mcp_servers.{"n" * 70}]\ncommand = "true"\n')
     assert list(Settings.load().mcp_servers) == ["n" * 70]
 

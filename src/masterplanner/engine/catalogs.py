@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..settings import Settings
 from ..tools.catalog import Catalog, ToolSpec
-from ..tools.mcp import MAX_TOOL_PREFIX, mcp_tool_prefix, names_server_tool
+from ..tools.mcp_names import MAX_TOOL_PREFIX, mcp_tool_prefix, names_server_tool
 from ..tools.names import BUILTIN_TOOL_NAMES, TEAM_TOOL_NAMES
 
 if TYPE_CHECKING:

@@ -15,11 +15,9 @@ Their tools default to the `ask` approval policy: what a third-party server does
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -33,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..errors import ConfigError, ToolError
 from ..private import create_private_file, private_folder
 from .catalog import ToolSpec
+from .mcp_names import ToolNameClashError, catalog_names
 from .names import BUILTIN_TOOL_NAMES, TEAM_TOOL_NAMES
 
 # The MCP client library logs what it cannot parse from a server (a line a server prints that is
@@ -48,9 +47,6 @@ __all__ = [
     "discover_tools",
     "is_http_url",
     "mcp_client",
-    "mcp_tool_name",
-    "mcp_tool_prefix",
-    "names_server_tool",
 ]
 
 
@@ -113,107 +109,6 @@ def is_http_url(url: str) -> bool:
     # (urlsplit drops a tab or a line break inside the URL, which HTTP clients then refuse)
     blank = any(character.isspace() or ord(character) < 32 for character in url)
     return parts.scheme in ("http", "https") and bool(parts.hostname) and not blank
-
-
-MAX_TOOL_NAME = 64
-"""The longest tool name model providers take (OpenAI: ^[a-zA-Z0-9_-]{1,64}$)."""
-
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_NOT_IN_A_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
-
-
-MAX_TOOL_PREFIX = 32
-"""The longest start of an MCP server's tools' names (`mcp_tool_prefix`): half of `MAX_TOOL_NAME`."""
-
-
-def mcp_tool_prefix(server: str) -> str:
-    """What the catalog names of a server's tools begin with, before their `_`: the server's name.
-
-    A name of more than `MAX_TOOL_PREFIX` characters (a tool name may hold 64) is cut to 23 and
-    ends in `_` and 8 hex digits of its SHA-256. Before, settings refused such a server, and a
-    configuration that had worked elsewhere stopped loading.
-    """
-    if len(server) <= MAX_TOOL_PREFIX:
-        return server
-    tag = hashlib.sha256(server.encode()).hexdigest()[:8]
-    return f"{server[: MAX_TOOL_PREFIX - len(tag) - 1]}_{tag}"
-
-
-def names_server_tool(name: str, servers: Iterable[str]) -> bool:
-    """Whether `name` is of the form a tool of one of `servers` is named (`<prefix>_<tool>`)."""
-    return any(name.startswith(f"{mcp_tool_prefix(server)}_") for server in servers)
-
-
-def mcp_tool_name(server: str, tool: str, *, tagged: bool = False) -> str:
-    """The catalog name of a server's tool: `<server>_<tool>`, made one model providers take.
-
-    A tool's own name is the server's to choose (`fs.read`, `read file`, 40 characters): before,
-    it was used as it came, and a model provider refused the run's first request offering it.
-    The server's part is `mcp_tool_prefix` (its name, cut when it is long). Each character other
-    than an ASCII letter, a digit, `_` and `-` becomes `_`; a name longer than `MAX_TOOL_NAME` is
-    cut and ends in `_` and 8 hex digits of the SHA-256 of the tool's own name, as it also does
-    when `tagged` (two tools mapped to one name, `discover_tools`). The server is still called
-    with the tool's own name (`ToolSpec.mcp_tool`).
-    """
-    prefix = mcp_tool_prefix(server)
-    name = f"{prefix}_{tool}"
-    if _TOOL_NAME.fullmatch(name) and not tagged:
-        return name
-    readable = _NOT_IN_A_TOOL_NAME.sub("_", tool)
-    if len(prefix) + 1 + len(readable) <= MAX_TOOL_NAME and not tagged:
-        return f"{prefix}_{readable}"
-    tag = hashlib.sha256(tool.encode()).hexdigest()[:8]
-    room = MAX_TOOL_NAME - len(prefix) - 1 - len(tag) - 1  # a prefix is at most 32
-    return f"{prefix}_{readable[:room]}_{tag}" if readable[:room] else f"{prefix}_{tag}"
-
-
-class _NameClash(ConfigError):
-    """Two tools `_catalog_names` cannot name apart: the error of `servers`, the one or two offering them."""
-
-    def __init__(self, message: str, servers: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.servers = servers
-
-
-def _catalog_names(servers: Mapping[str, list[str]]) -> dict[tuple[str, str], str]:
-    """Each server's tools' catalog names, by (server, its own name) (`mcp_tool_name`).
-
-    A name that is another tool's too is tagged, so that the name a tool gets depends on its own
-    name alone, not on the order servers list them in: of one server's tools, the one whose name
-    had to be changed (`fs.read` beside `fs_read`); of two servers' (server `a`'s `b_c` and
-    server `a_b`'s `c`: both `a_b_c`), both. A tool whose own name serves as it is, and no other
-    tool's name is, keeps it. Two tools that still share a name (a server that lists one name
-    twice) are a `ConfigError` naming both.
-    """
-    names = {
-        (server, tool): mcp_tool_name(server, tool) for server, tools in servers.items() for tool in tools
-    }
-    taken: dict[str, list[tuple[str, str]]] = {}
-    for key, name in names.items():
-        taken.setdefault(name, []).append(key)
-    for (server, tool), name in names.items():
-        sharing = taken[name]
-        across = len({other for other, _ in sharing}) > 1
-        if len(sharing) > 1 and (across or name != f"{mcp_tool_prefix(server)}_{tool}"):
-            names[(server, tool)] = mcp_tool_name(server, tool, tagged=True)
-    seen: dict[str, tuple[str, str]] = {}
-    for server, tools in servers.items():
-        for tool in tools:
-            name = names[(server, tool)]
-            if name in seen:
-                first_server, first = seen[name]
-                if first_server != server:
-                    raise _NameClash(
-                        f"MCP servers {first_server!r} and {server!r} offer tools {first!r} and {tool!r}: "
-                        f"they cannot both be called {name!r}",
-                        (first_server, server),
-                    )
-                both = f"the tool {tool!r} twice" if first == tool else f"tools {first!r} and {tool!r}"
-                raise _NameClash(
-                    f"MCP server {server!r} lists {both}: they cannot both be called {name!r}", (server,)
-                )
-            seen[name] = (server, tool)
-    return names
 
 
 def mcp_client(server: McpServer) -> Any:
@@ -416,7 +311,7 @@ async def discover_each(servers: Mapping[str, McpServer]) -> dict[str, list[Tool
         try:
             specs = _specs(listed)
             break
-        except _NameClash as exc:
+        except ToolNameClashError as exc:
             for name in exc.servers:
                 found[name] = exc
                 del listed[name]
@@ -458,14 +353,14 @@ async def _list_tools(name: str, server: McpServer) -> list[Any]:
 
 
 def _specs(listed: Mapping[str, list[Any]]) -> list[ToolSpec]:
-    """The catalog entries of the servers' listed tools, named across all of them (`_catalog_names`)."""
-    catalog_names = _catalog_names({name: [tool.name for tool in tools] for name, tools in listed.items()})
+    """The catalog entries of the servers' listed tools, named across all of them (`catalog_names`)."""
+    names = catalog_names({name: [tool.name for tool in tools] for name, tools in listed.items()})
     specs: list[ToolSpec] = []
     for name, tools in listed.items():
         for tool in tools:
             specs.append(
                 ToolSpec(
-                    catalog_names[(name, tool.name)],
+                    names[(name, tool.name)],
                     (tool.description or f"{tool.name} from the MCP server {name}").strip(),
                     dict(tool.input_schema or {"type": "object", "properties": {}}),
                     "execute",
