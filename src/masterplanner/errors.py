@@ -6,6 +6,7 @@ MasterplannerError                 anything masterplanner raises on purpose
 │   ├── SettingsError              a setting, TOML file or environment variable is invalid
 │   ├── ModelSpecError             a model spec string has no known form
 │   ├── MissingCredentialError     a provider needs an environment variable that is not set
+│   ├── ToolNameClashError         two MCP servers' tools cannot be named apart in one catalog
 │   ├── ModelFileError             a GGUF model file is missing or cannot be loaded
 │   ├── ScriptError                a scripted-model file is missing or malformed, or a call
 │   │                              lacks the text its script entry expects
@@ -62,6 +63,7 @@ __all__ = [
     "ScriptExhaustedError",
     "SettingsError",
     "ToolError",
+    "ToolNameClashError",
     "json_kind",
     "known_fields",
     "no_nul",
@@ -109,6 +111,14 @@ class SettingsError(ConfigError):
 
 class ModelSpecError(ConfigError):
     """A model spec string does not match any known form."""
+
+
+class ToolNameClashError(ConfigError):
+    """Two MCP servers' tools the catalog cannot name apart; `servers`: the one or two offering them."""
+
+    def __init__(self, message: str, servers: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.servers = servers
 
 
 class MissingCredentialError(ConfigError):

@@ -22,6 +22,7 @@ def _examples() -> list[errors.MasterplannerError]:
             "PlanError",
             "ScriptExhaustedError",
             "AgentEditError",
+            "ToolNameClashError",
         )
     ]
     return [
@@ -32,6 +33,9 @@ def _examples() -> list[errors.MasterplannerError]:
         errors.AgentEditError(["name: must not be blank", "model: 'x' is not a model spec"]),
         errors.RunNotFoundError("no run 'ab' but several start so", ambiguous=True),
         errors.ScriptExhaustedError("step:a", "script.json"),
+        errors.ToolNameClashError(
+            "tools 'a_b_c' of servers 'a' and 'a_b' cannot be named apart", ("a", "a_b")
+        ),
     ]
 
 

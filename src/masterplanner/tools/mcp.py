@@ -28,10 +28,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..errors import ConfigError, ToolError
+from ..errors import ConfigError, ToolError, ToolNameClashError
 from ..private import create_private_file, private_folder
 from .catalog import ToolSpec
-from .mcp_names import ToolNameClashError, catalog_names
+from .mcp_names import catalog_names
 from .names import BUILTIN_TOOL_NAMES, TEAM_TOOL_NAMES
 
 # The MCP client library logs what it cannot parse from a server (a line a server prints that is

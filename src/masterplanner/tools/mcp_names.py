@@ -13,12 +13,11 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping
 
-from ..errors import ConfigError
+from ..errors import ToolNameClashError
 
 __all__ = [
     "MAX_TOOL_NAME",
     "MAX_TOOL_PREFIX",
-    "ToolNameClashError",
     "catalog_names",
     "mcp_tool_name",
     "mcp_tool_prefix",
@@ -76,14 +75,6 @@ def mcp_tool_name(server: str, tool: str, *, tagged: bool = False) -> str:
     tag = hashlib.sha256(tool.encode()).hexdigest()[:8]
     room = MAX_TOOL_NAME - len(prefix) - 1 - len(tag) - 1  # a prefix is at most 32
     return f"{prefix}_{readable[:room]}_{tag}" if readable[:room] else f"{prefix}_{tag}"
-
-
-class ToolNameClashError(ConfigError):
-    """Two tools `catalog_names` cannot name apart: the error of `servers`, the one or two offering them."""
-
-    def __init__(self, message: str, servers: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.servers = servers
 
 
 def catalog_names(servers: Mapping[str, list[str]]) -> dict[tuple[str, str], str]:
