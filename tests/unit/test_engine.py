@@ -1101,13 +1101,16 @@ async def test_an_end_an_earlier_version_recorded_under_the_old_id_is_finished(
     assert kinds.count("run_succeeded") == 1
 
 
-def _failing_once(engine: Engine, monkeypatch: pytest.MonkeyPatch, status: str) -> list[str]:
-    """The store's write of the run's end as `status` fails once (a full disk), after DBOS began the end."""
+def _failing_once(engine: Engine, monkeypatch: pytest.MonkeyPatch, status: str, times: int = 1) -> list[str]:
+    """The store's write of the run's end as `status` fails `times` times (a full disk).
+
+    After DBOS began the end.
+    """
     real = engine.store.set_status
     failed: list[str] = []
 
     def set_status(run_id: str, to: Any, **values: Any) -> bool:
-        if to == status and not failed:
+        if to == status and len(failed) < times:
             failed.append(run_id)
             raise RunError("the run's database failed: disk I/O error: cannot update a run")
         return real(run_id, to, **values)
@@ -1163,6 +1166,41 @@ async def test_a_run_that_failed_planning_and_whose_end_the_store_missed_ends_fa
     assert kinds.count("run_failed") == 1 and kinds[-1] == "run_failed"
     failed = [event.data for event in engine.store.events(run.id) if event.kind == "run_failed"]
     assert failed == [{"reason": str(stopped.value), "outcome_counted": False}]
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed"])
+async def test_an_end_the_store_cannot_record_again_on_resume_stops_the_run_to_resume_later(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, status: str
+) -> None:
+    """The disk is still full when the run is resumed: its end, made again, fails again.
+
+    Before, the resume raised the store's plain error ("…: cannot update a run") with no resume
+    hint, where the first execution stopped the run to resume later (`RunStoppedError`); and an
+    execution whose answer the store could not record (a succeeded end) raised it plainly too.
+    """
+    from masterplanner.errors import RunStoppedError
+
+    answers = (
+        [] if status == "failed" else [_planner(step("a", tools=[])), {"purpose": "step:a", "output": "A"}]
+    )
+    script = write_script([*answers, DRAFTS])  # failed: no answer for the planner, planning fails
+    run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
+    failed = _failing_once(engine, monkeypatch, status, times=2)
+    with pytest.raises(RunStoppedError):
+        await engine.execute(run.id)
+    with pytest.raises(RunStoppedError) as stopped:
+        await engine.execute(run.id)  # resumed: the end made again fails again
+    assert str(stopped.value) == "the run's database failed: disk I/O error: cannot update a run"
+    assert failed == [run.id, run.id]
+    assert engine.store.get_run(run.id).status == ("running" if status == "succeeded" else "planning")
+    assert engine.store.lease(run.id) is None  # given up: `runs list` says stopped
+
+    final = await engine.execute(run.id)  # room again: the run ends as its end was to end it
+    assert final.status == status
+    if status == "succeeded":
+        assert final.output == "A"
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert kinds.count(f"run_{status}") == 1
 
 
 async def test_two_processes_executing_one_run_at_once_run_it_once(

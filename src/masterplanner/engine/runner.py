@@ -586,7 +586,7 @@ class _Drive:
             raise refused.error from None
         except MasterplannerError as exc:
             if self.ending:
-                raise  # the end workflow itself failed: it records its own outcome
+                await self._end_failed(exc)
             # steps still running (on workers too) or queued stop: none finishes after the run failed
             await self._stop_or_fail(str(exc), cancel_steps=True)
         except sa.exc.DBAPIError as exc:  # DBOS's own writes (a full disk, say); our stores raise RunError
@@ -599,6 +599,24 @@ class _Drive:
         except Exception as exc:  # a bug: the run stayed `running`, and nobody took it over
             await self._fail_for_bug(exc)
             raise  # its traceback goes where the caller's errors go (the terminal, the server's log)
+
+    async def _end_failed(self, exc: MasterplannerError) -> None:
+        """Raise the error of the run's end workflow: a run it left unfinished stops, to resume later.
+
+        The store could not record the run's outcome (a full disk): the run is left as it was,
+        and `RunStoppedError` says so, with the resume hint, as when the end of a run that failed
+        cannot be recorded (`_stop_or_fail`). Before, an end that failed on resume (the disk still
+        full), or an answer that could not be recorded, raised the store's own error, with no
+        hint. An end that recorded the outcome and failed after (telling the registry) raises
+        its error as it is: the run has ended.
+        """
+        try:
+            ended = (await asyncio.to_thread(self.store.get_run, self.run_id)).finished
+        except MasterplannerError:
+            ended = False  # the database cannot even be read: nothing says the run ended
+        if ended or isinstance(exc, RunStoppedError):
+            raise exc
+        raise RunStoppedError(str(exc)) from None
 
     async def _fail_for_bug(self, exc: Exception) -> None:
         """End the run failed, naming an error that is not ours (unless its end is under way).
