@@ -605,6 +605,11 @@ def test_kept_planning_is_written_only_by_the_holder_of_the_run_s_lease(database
         assert store.kept_planning("r1") == {"plan": "by the first"}
         assert store.keep_planning("r1", {"plan": "by the second"}, owner="second")
         assert store.kept_planning("r1") == {"plan": "by the second"}
+        # nor its plan, once made: the run awaits approval of the holder's
+        assert not store.set_status("r1", "awaiting_approval", owner="first", planning=None)
+        assert store.get_run("r1").status == "planning"
+        assert store.set_status("r1", "awaiting_approval", owner="second", planning=None)
+        assert store.get_run("r1").status == "awaiting_approval"
     finally:
         store.close()
 

@@ -135,3 +135,85 @@ async def test_a_resumed_planning_names_the_process_that_took_it_over(
         assert planning_stage(resumed) == f"resuming planning in {resuming.owner} (its plan was made before)"
     finally:
         resuming.close()
+
+
+@pytest.mark.parametrize("lost", ["while planning", "before its plan was recorded"])
+async def test_a_process_that_lost_the_run_while_planning_records_nothing_and_stops(
+    database_url: str,
+    write_script: Callable[..., Path],
+    lost: str,
+) -> None:
+    """A process stalls past its lease while planning; another takes the run over.
+
+    Only the kept work's writes checked the lease: the stalled one, going on, recorded its plan
+    over the new holder's with a second `plan_ready` (and each opened a review), or here, ran the
+    run's steps itself. Now it stops quietly at its first write, and the new holder goes on.
+    """
+    from masterplanner.engine import planning
+    from masterplanner.engine.store import RunStore
+
+    slow = {"delay_s": 2.5}  # past the stalled process's lease of 1 s
+    script = write_script(
+        [
+            _planner(step("a", tools=[])) | (slow if lost == "while planning" else {}),
+            {"purpose": "prompt_creator", "output": "Do a.", "repeat": True},
+            {"purpose": "step:a", "output": "A"},
+        ]
+    )
+    other = RunStore(database_url)
+    stalled = Engine(Settings.load(run_lease_s=1))
+    taking_over: list[str] = []
+
+    def take_over(run_id: str) -> None:
+        """The other process takes the run once the stalled one's lease lapsed."""
+        deadline = time.monotonic() + 30
+        while not other.claim(run_id, "other", lease_s=60):
+            assert time.monotonic() < deadline, "the stalled process's lease never lapsed"
+            time.sleep(0.05)
+        taking_over.append(run_id)
+
+    cautions = planning.model_cautions
+
+    def stalls(resources: Any, run: Any) -> list[str]:
+        take_over(run.id)  # the whole process stalls here, its prompts kept
+        return cautions(resources, run)
+
+    try:
+        run = stalled.create_run("do a", model=f"scripted:{script}", options=OPTIONS)
+        with pytest.MonkeyPatch.context() as patch:
+            # stalled: its guard neither renews its lease nor sees it taken over
+            patch.setattr(stalled.store, "heartbeats", lambda owners, **_: None)
+            patch.setattr(stalled.store, "watched", lambda owners: dict.fromkeys(owners, (True, False)))
+            if lost == "before its plan was recorded":
+                patch.setattr(planning, "model_cautions", stalls)
+            execution = asyncio.ensure_future(stalled.execute(run.id))
+            if lost == "while planning":
+                while {"stage": "steps"} not in _progress(stalled, run.id):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)  # the planner is asked: the stalled process holds the run
+                await asyncio.to_thread(take_over, run.id)
+            final = await asyncio.wait_for(execution, 60)
+        assert taking_over == [run.id]
+        assert (final.status, final.plan, final.output) == ("planning", None, None)
+        kinds = [event.kind for event in stalled.store.events(run.id)]
+        assert "plan_ready" not in kinds and "step_started" not in kinds
+        lease = other.lease(run.id)
+        assert lease is not None and lease.owner == "other"
+        calls = stalled.report(run.id)["usage"]["by_purpose"]
+        if lost == "while planning":  # its plan is not kept, and no prompt is asked for it
+            assert other.kept_planning(run.id) is None
+            assert set(calls) == {"planner"}
+        else:  # what it kept while it held the lease stays, for the new holder
+            kept = other.kept_planning(run.id)
+            assert kept is not None and set(kept["prompts"]) == {"a"}
+    finally:
+        stalled.close()
+    other.release(run.id, "other")
+    going_on = Engine(Settings.load())
+    try:
+        final = await going_on.execute(run.id)
+        assert (final.status, final.output) == ("succeeded", "A")
+        kinds = [event.kind for event in going_on.store.events(run.id)]
+        assert (kinds.count("plan_ready"), kinds.count("step_started")) == (1, 1)
+    finally:
+        going_on.close()
+        other.close()

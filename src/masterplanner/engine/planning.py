@@ -89,7 +89,17 @@ class PlanningWork:
             raise RunError(f"run {run_id}: its planning work cannot be read: {exc}") from None
 
 
-async def plan_run(resources: RunResources, run: RunRecord, *, owner: str, process: str) -> RunRecord:
+class _Lost(Exception):
+    """A planning write found the run no longer this execution's: its lease lost, or the run cancelled."""
+
+
+async def _keep(store: RunStore, run_id: str, work: PlanningWork, owner: str) -> None:
+    """Keep the planning work done so far (`RunStore.keep_planning`), or stop planning (`_Lost`)."""
+    if not await asyncio.to_thread(partial(store.keep_planning, run_id, work.to_json_dict(), owner=owner)):
+        raise _Lost
+
+
+async def plan_run(resources: RunResources, run: RunRecord, *, owner: str, process: str) -> RunRecord | None:
     """Plan the run and write its agents' prompts; it then awaits approval.
 
     A stored team that solved a task like this one is adapted when there is one; otherwise the
@@ -99,7 +109,21 @@ async def plan_run(resources: RunResources, run: RunRecord, *, owner: str, proce
     from its plan and finished prompts, and the event that says so names `process` (this one).
     A kept plan naming a tool this run's catalog no longer offers (a setting changed while the
     run was stopped) is not reused: the run is planned again, and the event says why.
+
+    None when a write of the planning (its kept work, its plan) finds that `owner` no longer
+    holds the run's lease, or that the run was cancelled: this execution stops planning, with
+    nothing more recorded, and whoever holds the run goes on with it. Before, only the kept
+    work's writes checked the lease: a process that had stalled past it still recorded its plan
+    over the new holder's, with a second `plan_ready`, and went on to review and run it too.
     """
+    try:
+        return await _planned(resources, run, owner=owner, process=process)
+    except _Lost:
+        return None
+
+
+async def _planned(resources: RunResources, run: RunRecord, *, owner: str, process: str) -> RunRecord:
+    """`plan_run`, raising `_Lost` at the first write that finds the run no longer this execution's."""
     store = resources.store
 
     async def progress(data: dict[str, Any]) -> None:
@@ -139,9 +163,13 @@ async def plan_run(resources: RunResources, run: RunRecord, *, owner: str, proce
         ready["cautions"] = cautions
 
     def record() -> RunRecord:
-        if store.set_status(run.id, "awaiting_approval", plan=plan, agents=agents, planning=None):
-            store.append_event(run.id, "plan_ready", data={"steps": plan.ids, **ready})
-        return store.get_run(run.id)  # cancelled meanwhile: as it is
+        written = store.set_status(
+            run.id, "awaiting_approval", owner=owner, plan=plan, agents=agents, planning=None
+        )
+        if not written:  # cancelled meanwhile, or another process holds the run now
+            raise _Lost
+        store.append_event(run.id, "plan_ready", data={"steps": plan.ids, **ready})
+        return store.get_run(run.id)
 
     return await asyncio.to_thread(record)
 
@@ -187,7 +215,7 @@ async def _new_plan(
     if hints:
         ready["hints"] = [hint.task for hint in hints]
     work = PlanningWork(plan, ready)
-    await asyncio.to_thread(partial(resources.store.keep_planning, run.id, work.to_json_dict(), owner=owner))
+    await _keep(resources.store, run.id, work, owner)
     return work
 
 
@@ -203,7 +231,7 @@ async def _agents(
 
     async def keep() -> None:
         async with keeping:
-            await asyncio.to_thread(partial(store.keep_planning, run.id, work.to_json_dict(), owner=owner))
+            await _keep(store, run.id, work, owner)
 
     if work.reused is None:
         reused: dict[str, Any] = {}

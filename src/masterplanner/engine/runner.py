@@ -563,7 +563,10 @@ class _Drive:
                 raise _Refused(error) from None
             raise  # the person's own process: the run fails, saying why (retry it once fixed)
         if run.status == "planning":
-            run = await plan_run(resources, run, owner=self.owner, process=self.engine.owner)
+            planned = await plan_run(resources, run, owner=self.owner, process=self.engine.owner)
+            if planned is None:
+                return  # another process took the run over (or it was cancelled): it goes on
+            run = planned
         if run.status == "awaiting_approval":
             run = await review_run(resources, run)
         if run.status == "running":

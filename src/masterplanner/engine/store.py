@@ -351,18 +351,25 @@ class RunStore:
             )
 
     def update_run(
-        self, run_id: str, *, unless_cancelled: bool = False, unless_finished: bool = False, **values: Any
+        self,
+        run_id: str,
+        *,
+        unless_cancelled: bool = False,
+        unless_finished: bool = False,
+        owner: str | None = None,
+        **values: Any,
     ) -> bool:
         """Set columns of a run (`plan` as a `Plan`, `agents` as a map of `AgentBrief`s).
 
         With `unless_cancelled`, a run that is cancelled by then is left as it is; with
-        `unless_finished`, one that has ended by then (succeeded, failed or cancelled). Whether
-        the run was written (False: no such run, or left as it was).
+        `unless_finished`, one that has ended by then (succeeded, failed or cancelled); with
+        `owner`, one whose lease `owner` no longer holds (another process took the run over).
+        Whether the run was written (False: no such run, or left as it was).
         """
         with self.begin("update a run") as connection:
-            return _update_run(connection, run_id, unless_cancelled, unless_finished, values)
+            return _update_run(connection, run_id, unless_cancelled, unless_finished, values, owner)
 
-    def set_status(self, run_id: str, status: RunStatus, **values: Any) -> bool:
+    def set_status(self, run_id: str, status: RunStatus, *, owner: str | None = None, **values: Any) -> bool:
         """Move a run to `status`, setting other columns in the same write.
 
         A cancelled run stays cancelled: a cancel from another process can land while the
@@ -380,12 +387,17 @@ class RunStore:
         the same transaction): each is made again only by its own write (`add_usage`, repeated by
         `reconnecting` while the database is away), and a run's requests are answered and counted
         before it ends. Kept, they grew by a row a request for ever.
+
+        With `owner`, only while `owner` holds the run's lease (False otherwise): a process that
+        lost it does not write over the new holder's work (`planning.plan_run`'s plan).
         """
         if status not in FINISHED_RUN_STATUSES:
-            return self.update_run(run_id, unless_cancelled=True, status=status, **values)
+            return self.update_run(run_id, unless_cancelled=True, owner=owner, status=status, **values)
         values = {"cancel_requested": False, "status": status, **values}
         with self.begin("update a run") as connection:
-            ended = _update_run(connection, run_id, status != "cancelled", status == "cancelled", values)
+            ended = _update_run(
+                connection, run_id, status != "cancelled", status == "cancelled", values, owner
+            )
             if ended:
                 connection.execute(_FORGET_REQUESTS, {"run_id": run_id})
             return ended
@@ -1144,7 +1156,12 @@ _USAGE_TOTALS = sa.text(
 
 
 def _update_run(
-    connection: Connection, run_id: str, unless_cancelled: bool, unless_finished: bool, values: dict[str, Any]
+    connection: Connection,
+    run_id: str,
+    unless_cancelled: bool,
+    unless_finished: bool,
+    values: dict[str, Any],
+    owner: str | None = None,
 ) -> bool:
     """`RunStore.update_run` in a transaction of the caller's."""
     if values.get("plan") is not None:
@@ -1156,6 +1173,8 @@ def _update_run(
         which = sa.and_(which, runs_table.c.status != "cancelled")
     if unless_finished:
         which = sa.and_(which, runs_table.c.status.not_in(list(FINISHED_RUN_STATUSES)))
+    if owner is not None:
+        which = sa.and_(which, runs_table.c.owner == owner)
     update = runs_table.update().where(which).values(updated_at=utc_now(), **values)
     return connection.execute(update).rowcount > 0
 
