@@ -377,6 +377,58 @@ async def test_the_dependents_of_a_step_whose_replan_failed_are_skipped_for_it_n
     assert _started(engine, run.id) == ["a", "b"]
 
 
+async def test_a_resumed_run_skips_the_dependents_of_a_step_whose_replan_failed_for_it(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The execution stopped after b's replan failed (its model call) and before its dependents
+    were skipped. Resumed, the failed replan was taken for a rejected one: c was skipped saying
+    only "dependency 'b' failed", not that b could not be replanned."""
+    import threading
+
+    script = write_script(
+        [
+            _planner(step("a", tools=[]), step("b", "a", tools=[]), step("c", "b", tools=[])),
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:b"} | GARBAGE,
+            DRAFTS,  # no answer for the replanner: its model call fails
+        ]
+    )
+    run = engine.create_run("replan it", model=f"scripted:{script}", options=FAST)
+    recorded = engine.store.update_step
+    skipping, stopped = threading.Event(), threading.Event()
+
+    def held(run_id: str, step_id: str, **values: Any) -> None:
+        if values.get("status") == "skipped" and not stopped.is_set():
+            skipping.set()
+            stopped.wait(30)  # the execution is stopped meanwhile: the skip is never written
+            return
+        recorded(run_id, step_id, **values)
+
+    monkeypatch.setattr(engine.store, "update_step", held)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    while not skipping.is_set():
+        assert not execution.done(), execution
+        await asyncio.sleep(0.05)
+    execution.cancel()
+    await asyncio.gather(execution, return_exceptions=True)
+    stopped.set()
+    monkeypatch.setattr(engine.store, "update_step", recorded)
+    assert [(s.id, s.status) for s in engine.store.steps(run.id)] == [
+        ("a", "succeeded"),
+        ("b", "failed"),
+        ("c", "pending"),
+    ]
+
+    final = await engine.execute(run.id)
+    assert final.status == "failed"
+    assert final.error is not None and " (it could not be replanned: " in final.error
+    report = engine.report(run.id)
+    assert [(s["id"], s["status"], s["error"]) for s in report["steps"][2:]] == [
+        ("c", "skipped", "dependency 'b' failed and could not be replanned")
+    ]
+    assert len(_events(engine, run.id, "replan_failed")) == 1  # not asked again
+
+
 def _chain_script(write_script: Callable[..., Path], *replanner: dict[str, Any]) -> Path:
     """a → b → c → d; b fails every attempt, then the replanner is asked (b2 → c2 in its place)."""
     return write_script(

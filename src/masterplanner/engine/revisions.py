@@ -209,6 +209,8 @@ class PlanRevisions:
         rejects the new steps, and `NOT_REPLANNED` when the replanner could not be asked (its
         model call failed): the step stays failed, and its dependents' skip says why. A replan
         with no valid plan after its repairs fails the run with the planner's problems (`PlanError`).
+        A step whose replan failed in an earlier execution of the run answers as that failure
+        was recorded (`NOT_REPLANNED`, or `REPLAN_REJECTED`), without asking again.
         """
         run = await self._run()
         events = await asyncio.to_thread(self.store.events, self.run_id)
