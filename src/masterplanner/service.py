@@ -215,6 +215,7 @@ def _plain_answer(
         return {"text": text}
     if text is not None:
         raise RequestError(f"request {request.id} asks yes or no: approve or deny it, not a text")
+    reason = reason.strip() if reason is not None else None  # blanks alone are no reason
     if request.kind in ("plan_review", "replan"):
         # with no reason, the run says `NO_REASON` as for a rejection from any other front end
         return {"action": "approve" if approve else "reject"} | (

@@ -992,3 +992,50 @@ def test_the_estimate_at_a_replan_counts_only_the_steps_still_to_run(
     estimates = [line for line in result.stderr.splitlines() if line.startswith("estimate for the steps:")]
     calls = [line.split(":", 1)[1].split(",")[0].strip() for line in estimates]
     assert calls == ["about 3 model calls", "about 2 model calls"]  # a, b, c; then c1, c2
+
+
+@pytest.mark.parametrize("front_end", ["runs answer --deny", "the others"])
+async def test_a_rejection_whose_reason_is_blank_says_no_reason_was_given(
+    engine: Engine, write_script: Callable[..., Path], front_end: str
+) -> None:
+    """A reason of spaces alone (`runs answer --deny --reason '   '`, or the API's) is no reason.
+
+    It went past `NO_REASON`: the run said "rejected:    " and the audit "rejected the plan:    ".
+    The reason given is kept without the blanks around it.
+    """
+
+    async def reject(service: RunService, request_id: str, reason: str) -> None:
+        if front_end == "runs answer --deny":
+            await service.answer_plainly(request_id, approve=False, reason=reason, by="test")
+        else:
+            await service.answer(request_id, {"action": "reject", "reason": reason}, by="test")
+
+    options = replace(FAST, auto_approve=False)
+    outcomes = []
+    service = RunService(engine.settings)
+    try:
+        for reason in (" \n\t ", "  too broad \n"):
+            run = engine.create_run(
+                "reject it", model=f"scripted:{replan_script(write_script)}", options=options
+            )
+            execution = asyncio.ensure_future(engine.execute(run.id))
+            await reject(service, (await _opened(service, run.id, "plan_review")).id, reason)
+            final = await asyncio.wait_for(execution, 60)
+            audit = [entry.action for entry in await service.audit(run.id)]
+            outcomes.append((final.status, final.error, _events(engine, run.id, "rejected")[0][2], audit[-1]))
+    finally:
+        service.close()
+    assert outcomes == [
+        (
+            "cancelled",
+            "rejected: no reason given",
+            {"reason": "no reason given", "by": "test"},
+            "rejected the plan",
+        ),
+        (
+            "cancelled",
+            "rejected: too broad",
+            {"reason": "too broad", "by": "test"},
+            "rejected the plan: too broad",
+        ),
+    ]

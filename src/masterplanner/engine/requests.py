@@ -32,7 +32,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy.engine import Connection
 
 from ..database import names_nothing, reconnecting, reconnecting_methods, repeats_itself
@@ -97,10 +97,20 @@ class PlanDecision(BaseModel):
     tool_policies: dict[str, Literal["auto", "ask", "deny"]] | None = None
     """The run's tool policies as edited."""
 
+    @field_validator("reason")
+    @classmethod
+    def _no_blank_reason(cls, reason: str | None) -> str | None:
+        """The reason without the blanks around it; one of blanks alone is none (`NO_REASON`).
+
+        Spaces alone (`runs answer --deny --reason '   '`, the API's) went past `NO_REASON`:
+        the run said "rejected:    ", and so did the audit.
+        """
+        return (reason.strip() or None) if reason is not None else None
+
     @property
     def why(self) -> str:
         """A rejection's reason as the run keeps it: the one given, else `NO_REASON`."""
-        return self.reason or NO_REASON
+        return (self.reason or "").strip() or NO_REASON
 
     @property
     def edits(self) -> bool:
@@ -414,6 +424,10 @@ def _shaped_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
             f"request {request.id}: the reason is {len(reason):,} characters; "
             f"the limit is {ANSWER_TEXT_CHARS:,}"
         )
+    if reason is not None:  # kept without the blanks around it; blanks alone are no reason
+        reason = reason.strip() or None
+        answer = {key: value for key, value in answer.items() if key != "reason"}
+        answer |= {"reason": reason} if reason else {}
     if request.kind in ("plan_review", "replan"):
         what = "a plan review" if request.kind == "plan_review" else "a replan's review"
         action = answer.get("action")
