@@ -637,3 +637,41 @@ def test_a_database_made_before_answer_tokens_takes_answers_once_migrated(databa
         assert applied.count("0015_request_answer_call") == 1
     finally:
         store.close()
+
+
+def test_a_run_s_request_keys_are_found_by_its_id_in_a_database_new_or_made_before(database_url: str) -> None:
+    """Migration `0016_usage_requests_run_index`: the end of a run deletes its request keys
+    (`DELETE FROM mp_usage_requests WHERE run_id = …`, in the end's transaction), which read the
+    whole table, every run's keys, with no index on `run_id`."""
+    import sqlalchemy as sa
+
+    def indexed(store: RunStore) -> list[list[str | None]]:
+        with store.begin("read the schema") as connection:
+            return [
+                index["column_names"] for index in sa.inspect(connection).get_indexes("mp_usage_requests")
+            ]
+
+    store = RunStore(database_url)
+    try:
+        assert indexed(store) == [["run_id"]]  # a new database
+        with store.begin("make the database as versions before the migration left it") as connection:
+            connection.execute(sa.text("DROP INDEX ix_mp_usage_requests_run_id"))
+            connection.execute(
+                sa.text("DELETE FROM mp_migrations WHERE name = '0016_usage_requests_run_index'")
+            )
+        assert indexed(store) == []
+    finally:
+        store.close()
+    store = RunStore(database_url)
+    try:
+        assert indexed(store) == [["run_id"]]
+        with store.begin("read the migrations") as connection:
+            applied = list(connection.scalars(sa.text("SELECT name FROM mp_migrations")))
+        assert applied.count("0016_usage_requests_run_index") == 1
+        store.create_run("r1", "x", model="scripted:x", workspace="/tmp", options=RunOptions())
+        store.add_usage("r1", "planner", input_tokens=1, output_tokens=1, seconds=0.1, request="k1")
+        assert store.set_status("r1", "failed", error="x")
+        with store.begin("read the keys") as connection:
+            assert connection.scalar(sa.text("SELECT COUNT(*) FROM mp_usage_requests")) == 0
+    finally:
+        store.close()
