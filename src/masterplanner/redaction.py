@@ -150,10 +150,13 @@ _AUTHORIZATION = (
     r"(?![A-Z0-9_]*_[A-Z0-9_]*(?![A-Za-z0-9._~+/=-]))"
     rf"(?!(?i:your|{_TOKEN_RUN}*(?:base64|encoded|example|placeholder)))"
     rf"(?!{_TOKEN_RUN}*=++(?:\\?[\"'])?[A-Za-z0-9])"
+    # with no scheme, upper-case words joined by `-` before a parameter are a scheme, not
+    # credentials (`AWS4-HMAC-SHA256 Credential=…`). Any value before ` name=` was taken for one,
+    # and a logfmt line's token (`authorization=9944b… user=bob`) was shown.
+    r"(?(authorization_scheme)|"
+    r"(?!(?-i:[A-Z][A-Z0-9]*(?:-[A-Z][A-Z0-9]*)+)[ \t]+[A-Za-z][A-Za-z0-9_-]*[ \t]*=))"
     rf"(?(authorization_scheme){_RANDOM_TOKEN}|(?(authorization_quote){_RANDOM_TOKEN}|(?={_TOKEN_RUN}*[0-9+/])))"
     rf"{_TOKEN_RUN}{{8,}}+=*+(?![^\s\"',;\\])"
-    # with no scheme, a word before a parameter is a scheme (`AWS4-HMAC-SHA256 Credential=…`)
-    r"(?(authorization_scheme)|(?![ \t]+[A-Za-z][A-Za-z0-9_-]*[ \t]*=))"
 )
 """An `Authorization` header's name, scheme and parameters to the secret one's value
 (`authorization_param`, kept) and that value, or its name and scheme (`authorization`, kept) and
@@ -176,6 +179,7 @@ _URL_SECRETS = (
     rf"|(?P<query_name>{_CREDENTIAL_PARAMETER})(?!\[secret removed\])(?P<query_value>[^\s&#'\"<>]+)"
 )
 """A URL's password (`url_user` kept) or a credential parameter's value (`query_name` kept)."""
+
 
 _RANDOM_WORD = (
     r"(?:(?=[A-Za-z0-9+=_-]*\d)(?=[A-Za-z0-9+=_-]*[A-Za-z])[A-Za-z0-9+=_-]{20,}"
@@ -222,9 +226,10 @@ def _phrase(*, typed: bool) -> str:
 
     Words parted by single spaces, none holding code or a placeholder's characters, 8 to 256
     characters in all: 3 to 8 words of 3 or more characters each (`correct horse battery
-    staple`), or any number with one word holding a digit between letters (`Tr0ub4dor &3 horse`).
-    `typed`, what a person's input is refused for, only what is clearly one: 4 to 8 words of 3 or
-    more letters. Neither is a sentence or a label: words ending in `.`, `?`, `!`, `:` or `…`,
+    staple`), or any number with one word holding a digit between letters or ending 2 letters or
+    more (`Tr0ub4dor &3 horse!`, `Winter2024 is cold`), whatever else they hold. `typed`, what a
+    person's input is refused for, only what is clearly one: 4 to 8 words of 3 or more letters.
+    Plain words are no sentence or label: words ending in `.`, `?`, `!`, `:` or `…`,
     holding `,`, `;` or a typographic apostrophe, or saying "your", "you", "the", "please", "must"
     or "password" (`Forgot your password?`, `Confirm new password`, `The two password fields
     didn't match.`)
@@ -236,15 +241,20 @@ def _phrase(*, typed: bool) -> str:
     for mark in "\"'":
         word = rf"[^\s\\{mark}()\[\]{{}}$<>%]"
         spaced = rf"[^\t\n\r\f\v\\{mark}()\[\]{{}}$<>%]"
+        # plain words, neither a sentence nor a label
+        plain = rf"(?!{spaced}*?(?:[,;\u2019]|[.?!:…]{mark}|{_SENTENCE_WORD}))"
         if typed:
-            words = rf"(?=[A-Za-z]{{3,}}+(?: [A-Za-z]{{3,}}+){{3,7}}{mark})"
+            words = rf"(?={plain}[A-Za-z]{{3,}}+(?: [A-Za-z]{{3,}}+){{3,7}}{mark})"
         else:
-            words = rf"(?={word}{{3,}}+(?: {word}{{3,}}+){{2,7}}{mark}|{spaced}*?[A-Za-z]\d++[A-Za-z])"
+            # or, whatever else they hold, a word with digits between letters (`Tr0ub4dor`) or
+            # ending 2 letters or more (`Winter2024`; not a version's `v2`)
+            words = (
+                rf"(?={plain}{word}{{3,}}+(?: {word}{{3,}}+){{2,7}}{mark}"
+                rf"|{spaced}*?(?:[A-Za-z]\d++[A-Za-z]|(?<![A-Za-z\d])[A-Za-z]{{2,}}+\d++(?=[ {mark}])))"
+            )
         read.append(
             # 8 to 256 characters (a longer string is read no further: each was scanned to its end)
-            rf"(?<={mark})(?={spaced}{{8,256}}+{mark})"
-            rf"(?!{spaced}*?(?:[,;\u2019]|[.?!:…]{mark}|{_SENTENCE_WORD}))"
-            rf"{words}{word}++(?: {word}++)++(?={mark})"
+            rf"(?<={mark})(?={spaced}{{8,256}}+{mark}){words}{word}++(?: {word}++)++(?={mark})"
         )
     return "(?:" + "|".join(read) + ")"
 

@@ -833,3 +833,72 @@ def test_an_authorization_header_loses_only_its_credentials_or_its_signature(tex
     Credential=…`): a parameter's `name=` is no credential."""
     assert (redacted(text), redacted_content(text)) == (shown, shown)
     assert looks_secret(text) and secret_parts(shown) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # a bare credential followed by another field, as a log line or key=value (logfmt) log writes it
+        (
+            "Authorization: 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b status=200",
+            f"Authorization: {REMOVED} status=200",
+        ),
+        (
+            "authorization=9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b user=bob",
+            f"authorization={REMOVED} user=bob",
+        ),
+        (
+            "ts=2026-01-01T00:00:00Z level=debug authorization=9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b "
+            "url=https://x.example/a",
+            f"ts=2026-01-01T00:00:00Z level=debug authorization={REMOVED} url=https://x.example/a",
+        ),
+        # a scheme with parameters is still read as one: its credential parameter's key id and
+        # signature go, its name and the other parameters stay
+        (
+            "Authorization: HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524, "
+            "Signature=fe5f80f77d5fa3beca038a248ff027d0445342fe2855ddc963176630326f1024",
+            f"Authorization: HMAC-SHA256 Credential={REMOVED}/20130524, Signature={REMOVED}",
+        ),
+    ],
+)
+def test_a_bare_authorization_credential_before_another_field_goes(text: str, shown: str) -> None:
+    """A value with no scheme followed by ` name=` was taken for a scheme (as `AWS4-HMAC-SHA256
+    Credential=…` is one): a logfmt line's token was shown and a task holding it was taken."""
+    assert (redacted(text), redacted_content(text)) == (shown, shown)
+    assert looks_secret(text) and secret_parts(shown) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # words with a letter-digit-letter word, or a letters-then-digits one, are a passphrase
+        # whatever punctuation or word is among them
+        ('{"password": "Tr0ub4dor &3 horse!"}', f'{{"password": "{REMOVED}"}}'),
+        ('{"password": "c0rrect h0rse, battery"}', f'{{"password": "{REMOVED}"}}'),
+        ('{"password": "Your2Secret horse"}', f'{{"password": "{REMOVED}"}}'),
+        ('{"password": "Winter2024 is cold"}', f'{{"password": "{REMOVED}"}}'),
+        ("{'passphrase': 'the Summer99 sky'}", f"{{'passphrase': '{REMOVED}'}}"),
+    ],
+)
+def test_a_passphrase_holding_a_word_with_digits_goes_even_if_it_reads_as_a_sentence(
+    text: str, shown: str
+) -> None:
+    """The sentence-or-label reading (a trailing `!`, a `,`, "your", "the") was applied to
+    passphrases with digits too, and a letters-then-digits word (`Winter2024`) made none: these
+    were shown, where they were taken out before."""
+    assert (redacted(text), redacted_content(text)) == (shown, shown)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a UI's text with digits under a password's own name: no letter-digit word in it
+        '{"password": "Must be 8+ characters."}',
+        '{"password": "Use at least 8 characters"}',
+        '{"password": "Enter your password"}',
+        # a letter and a digit alone (a version) are no passphrase's word
+        '{"password": "See the docs at v2"}',
+    ],
+)
+def test_a_ui_string_with_digits_under_a_password_s_name_stays(text: str) -> None:
+    assert (redacted(text), redacted_content(text), looks_secret(text)) == (text, text, False)
