@@ -113,8 +113,9 @@ _NAMED_VALUE = (
     r"(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?!(?-i:[A-Z_]+)(?:\s|$))\S{8,}"
 )
 
-_AUTHORIZATION_NAME = r"(?<![A-Za-z0-9_])(?i:authorization)[\"']?[ \t]*[:=][ \t]*"
-"""An `Authorization` header's name to its value (`Authorization: `, `"Authorization": `)."""
+_AUTHORIZATION_NAME = r"(?<![A-Za-z0-9_])(?i:authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*"
+"""An `Authorization` header's name to its value (`Authorization: `, `"Authorization": `, or in a
+JSON string holding JSON, `\\"Authorization\\": `)."""
 _TOKEN_RUN = r"[A-Za-z0-9._~+/-]"
 """A character of an `Authorization` header's credentials (RFC 9110's token68 but its `=`)."""
 _RANDOM_TOKEN = rf"(?={_TOKEN_RUN}*(?:[0-9+/]|[a-z][A-Z]))"
@@ -126,7 +127,7 @@ _AUTHORIZATION = (
     # `Signature=`) goes, the scheme and the other parameters stay (a key id in them goes by its
     # own shape, `_removed`). Before, the first parameter's name was taken for the credentials:
     # `Digest [secret removed]"Mufasa", …, response="…"` showed the signature.
-    rf"(?P<authorization_param>{_AUTHORIZATION_NAME}[\"']?[A-Za-z][A-Za-z0-9-]*[ \t]+"
+    rf"(?P<authorization_param>{_AUTHORIZATION_NAME}(?:\\?[\"'])?[A-Za-z][A-Za-z0-9-]*[ \t]+"
     r"(?>[A-Za-z][A-Za-z0-9_-]*[ \t]*=[ \t]*(?:\\?\"[^\"\\\n]*+\\?\"|[^\s,\"'\\]*+)[ \t]*,[ \t]*)*?"
     r"(?i:response|oauth_signature|signature)[ \t]*=[ \t]*(?:\\?\")?)"
     # the value a signature's: a token's characters and URL escapes (`%2F`), holding a digit, `+`,
@@ -145,7 +146,7 @@ _AUTHORIZATION = (
     # characters or more went: a Basic header's `user:password` reached the model whole.
     # (`Proxy-Authorization`'s `Proxy-` is before the match: one that began at each word's start,
     # to take it in, was read at every word of every text)
-    rf"|(?P<authorization>{_AUTHORIZATION_NAME}(?P<authorization_quote>[\"'])?"
+    rf"|(?P<authorization>{_AUTHORIZATION_NAME}(?:\\?(?P<authorization_quote>[\"']))?"
     r"(?P<authorization_scheme>[A-Za-z][A-Za-z0-9-]*[ \t]+)?)"
     r"(?![A-Z0-9_]*_[A-Z0-9_]*(?![A-Za-z0-9._~+/=-]))"
     rf"(?!(?i:your|{_TOKEN_RUN}*(?:base64|encoded|example|placeholder)))"
@@ -179,6 +180,30 @@ _URL_SECRETS = (
     rf"|(?P<query_name>{_CREDENTIAL_PARAMETER})(?!\[secret removed\])(?P<query_value>[^\s&#'\"<>]+)"
 )
 """A URL's password (`url_user` kept) or a credential parameter's value (`query_name` kept)."""
+
+
+def _curl_user(*, typed: bool) -> str:
+    r"""A `curl -u user:password` (`--user`): the command to its `:` (`curl_user`, kept), and the password.
+
+    On curl's line (or lines joined by `\`), within 32 arguments of `curl`; a password that is a
+    variable or a placeholder (`-u $USER:$PASS`, `admin:<password>`) stays, as does a user alone
+    (`-u admin`, curl asks for the password). Not another command's `-u` (`docker run -u 1000:1000`,
+    a user and a group). `typed`: only a password read as `_NAMED_VALUE` reads a value (8 or more
+    characters holding a digit, or 12), not a docs' `-u user:password`.
+    """
+    gap = r"(?:[ \t]*+\\\r?\n[ \t]*+|[ \t]++)"
+    value = r"(?=[^\s\"']*\d|[^\s\"']{12})(?=[^\s\"']{8})" if typed else ""
+    return (
+        # each argument is read once (possessive), and at most 32 of them: from each `curl`, a
+        # search to the line's end made a long line of them quadratic
+        rf"(?P<curl_user>(?<![\w-])curl(?:{gap}(?!-u|--user[ \t=]|curl(?![\w-])|\\\s)\S++){{0,32}}+"
+        rf"{gap}(?:-u[ \t]*+|--user(?:[ \t]++|=))[\"']?[^\s:\"'$]++:)"
+        rf"(?![^\s\"']*[$<>{{}}()%`]){value}[^\s\"']++"
+    )
+
+
+_CURL_USER = _curl_user(typed=False)
+"""curl's `-u user:password` as what is shown takes it out: any password but a variable or a placeholder."""
 
 
 _RANDOM_WORD = (
@@ -370,14 +395,16 @@ _QUOTED_NAMED = (
 """A credential's name given a quoted literal anywhere (`password = "…"`, `connect(token='…')`):
 its name and opening quote (`named`), kept, and its value."""
 
-_SECRET = re.compile(rf"{_URL_SECRETS}|{_AUTHORIZATION}|{_KEY_SHAPES}|{_QUOTED_NAMED}|{_ASSIGNED}|{_MEMBER}")
+_SECRET = re.compile(
+    rf"{_URL_SECRETS}|{_AUTHORIZATION}|{_CURL_USER}|{_KEY_SHAPES}|{_QUOTED_NAMED}|{_ASSIGNED}|{_MEMBER}"
+)
 """Everything taken out of what is shown (`redacted`): broad, as hiding too much there costs little.
 
 A quoted literal a name is given goes whole with its name (`_KEY_SHAPES`) but in a call
 (`client(password="…")`, which `_NAMED_VALUE` reads as code), where its value goes."""
 
 _CODE_SECRET = re.compile(
-    rf"{_URL_SECRETS}|{_AUTHORIZATION}|{_OWN_SHAPES}|{_QUOTED_NAMED}|{_ASSIGNED}|{_MEMBER}"
+    rf"{_URL_SECRETS}|{_AUTHORIZATION}|{_CURL_USER}|{_OWN_SHAPES}|{_QUOTED_NAMED}|{_ASSIGNED}|{_MEMBER}"
 )
 """What is taken out of a line of source code a traceback shows (`redacted_traceback`), and of
 what a tool read (`redacted_content`).
@@ -401,7 +428,7 @@ _TYPED_SECRET = re.compile(
     # (`?api_key={api_key}`, `?token=$TOKEN`, `?key=YOUR_API_KEY_HERE`, `?key=value`)
     rf"|{_TYPED_QUERY}(?=[^\s&#]*\d|[^\s&#]{{12}})(?![^\s&#]*[()\[\]{{}}$<>%])"
     r"(?!(?-i:[A-Z_]+)(?:[\s&#]|$))[^\s&#'\"<>]{8,}"
-    rf"|{_AUTHORIZATION}|{_KEY_SHAPES}"
+    rf"|{_AUTHORIZATION}|{_curl_user(typed=True)}|{_KEY_SHAPES}"
     # a JSON member holding a credential (`{"password": "…"}`): its quote before the `:` hid it.
     # Words under a password's name only when clearly a passphrase: a task holding a UI's strings
     # (`{"password": "Confirm new password"}`) was refused
@@ -538,7 +565,16 @@ def _kept(match: re.Match[str]) -> str:
     A URL's user, a parameter's, a variable's, a JSON member's or a quoted credential's name.
     """
     kept = match.groupdict()
-    names = ("url_user", "query_name", "authorization_param", "authorization", "named", "assigned", "member")
+    names = (
+        "url_user",
+        "query_name",
+        "authorization_param",
+        "authorization",
+        "curl_user",
+        "named",
+        "assigned",
+        "member",
+    )
     return next((kept[name] for name in names if kept.get(name)), "")
 
 
@@ -549,9 +585,10 @@ def _removed(match: re.Match[str]) -> str:
     under a credential's name, the strings that look like one go.
     """
     kept = _kept(match)
-    if match["authorization_param"] is not None:
+    if match["authorization_param"] is not None or match["curl_user"] is not None:
         # the parameters before the signature stay, less what has a key's own shape in them
-        # (an AWS header's `Credential=AKIA…`)
+        # (an AWS header's `Credential=AKIA…`); so do curl's arguments before `-u`, less their
+        # secrets (a URL's password, an `Authorization` header's credentials)
         kept = match.re.sub(_removed, kept)
     if match["member_number"] is not None:
         return f"{kept}{match['member_name_quote']}{REMOVED}{match['member_name_quote']}"

@@ -902,3 +902,43 @@ def test_a_passphrase_holding_a_word_with_digits_goes_even_if_it_reads_as_a_sent
 )
 def test_a_ui_string_with_digits_under_a_password_s_name_stays(text: str) -> None:
     assert (redacted(text), redacted_content(text), looks_secret(text)) == (text, text, False)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # a JSON string holding JSON: the header's quotes escaped
+        (
+            '"{\\"Authorization\\": \\"Basic dXNlcjpwYXNzd29yZA==\\"}"',
+            f'"{{\\"Authorization\\": \\"Basic {REMOVED}\\"}}"',
+        ),
+        # curl's -u user:password: the user stays, the password goes
+        ("curl -u admin:correcthorse https://x.example/", f"curl -u admin:{REMOVED} https://x.example/"),
+        (
+            "curl -s --user 'deploy:S3cretPass99' https://x.example/",
+            f"curl -s --user 'deploy:{REMOVED}' https://x.example/",
+        ),
+        (
+            "curl -X POST \\\n  -u admin:hunter2hunter2 \\\n  https://h/",
+            f"curl -X POST \\\n  -u admin:{REMOVED} \\\n  https://h/",
+        ),
+    ],
+)
+def test_an_escaped_authorization_header_and_curl_s_user_password_go(text: str, shown: str) -> None:
+    assert (redacted(text), redacted_content(text)) == (shown, shown)
+    assert looks_secret(text) and secret_parts(shown) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "curl -u $USER:$PASS https://x.example/",
+        'curl -u "$API_USER:$API_PASSWORD" https://x.example/',
+        "curl -u user https://x.example/",
+        "curl -u admin: https://x.example/",
+        # not curl's: a user and a group
+        "docker run -u 1000:1000 image",
+    ],
+)
+def test_curl_s_user_alone_or_as_variables_and_other_commands_user_stay(text: str) -> None:
+    assert (redacted(text), redacted_content(text), looks_secret(text)) == (text, text, False)
