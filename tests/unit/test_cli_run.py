@@ -908,12 +908,12 @@ def test_a_cancel_asked_as_the_run_records_its_end_leaves_no_cancel_to_come(
             {"purpose": "*", "repeat": True},
         ]
     )
-    ends = RunStore.set_status
+    ends = RunStore.end_run
 
-    def asked_as_it_ends(store: RunStore, run_id: str, status: Any, **values: Any) -> bool:
+    def asked_as_it_ends(store: RunStore, run_id: str, status: Any, *args: Any, **values: Any) -> bool:
         if status == "succeeded":  # another process asks the run to stop as it writes its outcome
             assert store.ask_cancel(run_id, by="cli@elsewhere:1")
-        return ends(store, run_id, status, **values)
+        return ends(store, run_id, status, *args, **values)
 
     async def run_it() -> RunRecord:
         service = RunService(Settings.load())
@@ -926,7 +926,7 @@ def test_a_cancel_asked_as_the_run_records_its_end_leaves_no_cancel_to_come(
             service.close()
 
     with monkeypatch.context() as patched:
-        patched.setattr(RunStore, "set_status", asked_as_it_ends)
+        patched.setattr(RunStore, "end_run", asked_as_it_ends)
         record = asyncio.run(run_it())
     assert (record.status, record.output) == ("succeeded", "done a"), record.error
     kinds = [e["kind"] for e in run_events(record.id)]

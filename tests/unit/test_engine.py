@@ -363,14 +363,14 @@ async def test_a_cancel_landing_as_the_run_ends_keeps_it_cancelled_and_stores_no
 
     run = _one_step_run(engine, write_script)
     store = engine.store
-    setting = store.set_status
+    ending = store.end_run
 
-    def set_status(run_id: str, status: Any, **values: Any) -> bool:
+    def end_run(run_id: str, status: Any, *args: Any, **values: Any) -> bool:
         if status == "succeeded":  # another process's cancel, recorded as the run ends
             mark_cancelled(store, run_id)
-        return setting(run_id, status, **values)
+        return ending(run_id, status, *args, **values)
 
-    monkeypatch.setattr(store, "set_status", set_status)
+    monkeypatch.setattr(store, "end_run", end_run)
     final = await asyncio.wait_for(engine.execute(run.id), 60)
     kinds = [kind for kind, _ in _kinds(engine, run.id)]
     assert (final.status, store.get_run(run.id).status) == ("cancelled", "cancelled")
@@ -962,7 +962,7 @@ async def test_a_cancel_asked_just_before_the_run_ends_does_not_cut_its_end_shor
 
     run = _one_step_run(engine, write_script)
     store = engine.store
-    setting, telling = store.set_status, workflows._tell_registry
+    ending, telling = store.end_run, workflows._tell_registry
     told: list[RunRecord] = []
 
     def cancel() -> None:  # another process's `runs cancel`, waiting for the run to stop
@@ -974,18 +974,18 @@ async def test_a_cancel_asked_just_before_the_run_ends_does_not_cut_its_end_shor
 
     canceller = threading.Thread(target=cancel)
 
-    def set_status(run_id: str, status: Any, **values: Any) -> bool:
+    def end_run(run_id: str, status: Any, *args: Any, **values: Any) -> bool:
         if status == "succeeded":  # the cancel is asked just before the end records the outcome
             canceller.start()
             while not store.cancel_requested(run_id):
                 time.sleep(0.01)
-        return setting(run_id, status, **values)
+        return ending(run_id, status, *args, **values)
 
     def slow_tell(*args: Any, **kwargs: Any) -> None:  # the guard looks several times meanwhile
         time.sleep(1.0)
         telling(*args, **kwargs)
 
-    monkeypatch.setattr(store, "set_status", set_status)
+    monkeypatch.setattr(store, "end_run", end_run)
     monkeypatch.setattr(workflows, "_tell_registry", slow_tell)
     final = await asyncio.wait_for(engine.execute(run.id), 60)
     await asyncio.to_thread(canceller.join, 60)
@@ -1106,16 +1106,16 @@ def _failing_once(engine: Engine, monkeypatch: pytest.MonkeyPatch, status: str, 
 
     After DBOS began the end.
     """
-    real = engine.store.set_status
+    real = engine.store.end_run
     failed: list[str] = []
 
-    def set_status(run_id: str, to: Any, **values: Any) -> bool:
+    def end_run(run_id: str, to: Any, *args: Any, **values: Any) -> bool:
         if to == status and len(failed) < times:
             failed.append(run_id)
             raise RunError("the run's database failed: disk I/O error: cannot update a run")
-        return real(run_id, to, **values)
+        return real(run_id, to, *args, **values)
 
-    monkeypatch.setattr(engine.store, "set_status", set_status)
+    monkeypatch.setattr(engine.store, "end_run", end_run)
     return failed
 
 
@@ -1199,6 +1199,46 @@ async def test_an_end_the_store_cannot_record_again_on_resume_stops_the_run_to_r
     assert final.status == status
     if status == "succeeded":
         assert final.output == "A"
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert kinds.count(f"run_{status}") == 1
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed"])
+async def test_a_run_s_end_is_written_whole_or_not_at_all(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, status: str
+) -> None:
+    """The end's event cannot be written (the disk fills between the status and the event).
+
+    Before, the status was a transaction of its own: the run stood ended with no `run_succeeded`
+    or `run_failed` among its events, for good (its end, made again, found it ended and wrote
+    nothing more). Now nothing of the end is written: the run stops, and its resume ends it once.
+    """
+    import sqlalchemy as sa
+
+    from masterplanner.engine import store as store_module
+    from masterplanner.errors import RunStoppedError
+
+    answers = (
+        [] if status == "failed" else [_planner(step("a", tools=[])), {"purpose": "step:a", "output": "A"}]
+    )
+    script = write_script([*answers, DRAFTS])  # failed: no answer for the planner, planning fails
+    run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
+    insert, refused = store_module._insert_event, []
+
+    def full_disk(connection: Any, run_id: str, at: str, kind: Any, step: Any, payload: str) -> int:
+        if kind == f"run_{status}" and not refused:
+            refused.append(kind)
+            raise sa.exc.OperationalError("INSERT INTO mp_events", {}, Exception("disk I/O error"))
+        return insert(connection, run_id, at, kind, step, payload)
+
+    monkeypatch.setattr(store_module, "_insert_event", full_disk)
+    with pytest.raises(RunStoppedError):
+        await engine.execute(run.id)
+    assert refused == [f"run_{status}"]
+    stopped = engine.store.get_run(run.id)
+    assert stopped.status == ("running" if status == "succeeded" else "planning")
+    final = await engine.execute(run.id)  # room again
+    assert final.status == status
     kinds = [kind for kind, _ in _kinds(engine, run.id)]
     assert kinds.count(f"run_{status}") == 1
 

@@ -15,7 +15,7 @@ from typing import Any
 from .. import telemetry
 from ..errors import RunError
 from ..settings import Settings
-from .records import RunRecord, nested_steps, utc_now
+from .records import RunRecord, nested_steps
 from .store import RunStore
 
 __all__ = ["mark_cancelled", "open_run_store", "request_cancel", "run_report"]
@@ -60,16 +60,18 @@ def mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on req
 
     A run that has ended by then is left as it ended (`RunStore.set_status`).
     """
-    if not store.set_status(run_id, "cancelled", error=reason):
+    ended = store.end_run(
+        run_id,
+        "cancelled",
+        "run_cancelled",
+        {"reason": reason},
+        requests="cancelled",
+        keep_remember=False,
+        unstarted_finished=False,
+        error=reason,
+    )
+    if not ended:
         return
-    now = utc_now()
-    for step in store.steps(run_id):
-        if step.status in ("pending", "running"):
-            store.update_step(
-                run_id, step.id, status="cancelled", finished_at=now if step.started_at else None
-            )
-    store.requests.close_run(run_id, "cancelled", keep_remember=False)
-    store.append_event(run_id, "run_cancelled", data={"reason": reason})
     if telemetry.exporting():
         run = store.get_run(run_id)
         telemetry.record_run(

@@ -466,6 +466,16 @@ def _shaped_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
     return {"approved": approved} | ({"reason": reason} if reason else {})
 
 
+def close_open_requests(
+    connection: Connection, run_id: str, state: Literal["expired", "cancelled"], *, keep_remember: bool
+) -> int:
+    """Close a run's open requests in the caller's transaction (`remember` ones kept if asked); how many."""
+    query = requests_table.update().where(requests_table.c.run_id == run_id, requests_table.c.state == "open")
+    if keep_remember:
+        query = query.where(requests_table.c.kind != "remember")
+    return int(connection.execute(query.values(state=state, answered_at=utc_now())).rowcount)
+
+
 @reconnecting_methods
 class Requests:
     """The requests of the runs in one run store's database."""
@@ -603,13 +613,8 @@ class Requests:
 
     def close_run(self, run_id: str, state: Literal["expired", "cancelled"], *, keep_remember: bool) -> int:
         """Close a run's open requests (when it is cancelled or ends); returns how many."""
-        query = requests_table.update().where(
-            requests_table.c.run_id == run_id, requests_table.c.state == "open"
-        )
-        if keep_remember:
-            query = query.where(requests_table.c.kind != "remember")
         with self._store.begin("close requests") as connection:
-            return int(connection.execute(query.values(state=state, answered_at=utc_now())).rowcount)
+            return close_open_requests(connection, run_id, state, keep_remember=keep_remember)
 
     async def pause(
         self,

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from pydantic import ValidationError
@@ -56,7 +56,7 @@ from .records import (
     briefs_json,
     utc_now,
 )
-from .requests import Requests, add_answer_call, create_requests_table
+from .requests import Requests, add_answer_call, close_open_requests, create_requests_table
 
 __all__ = ["MIGRATIONS", "Lease", "RunStore", "Spending", "engine_url", "held_here", "process_identity"]
 
@@ -415,6 +415,62 @@ class RunStore:
             if ended:
                 connection.execute(_FORGET_REQUESTS, {"run_id": run_id})
             return ended
+
+    def end_run(
+        self,
+        run_id: str,
+        status: Literal["succeeded", "failed", "cancelled"],
+        event: EventKind,
+        data: dict[str, Any],
+        *,
+        requests: Literal["expired", "cancelled"],
+        keep_remember: bool,
+        unstarted_finished: bool,
+        **values: Any,
+    ) -> bool:
+        """End the run in one transaction, with its steps, its requests and its end event.
+
+        Its status moves as `set_status` moves it, its unfinished steps are cancelled, its open
+        requests are closed as `requests` and its end `event` is appended. `unstarted_finished`:
+        a step never started gets a `finished_at` too (a failed end's way) or none (a cancel's).
+        Whether the run ended so (False: it had ended, or was cancelled, and nothing is written).
+
+        Before, each was a transaction of its own: a process that died between them left an
+        ended run with no end event, or with running steps or open requests, for good (its end,
+        made again, found the run ended and wrote nothing more); and a reader between them (the
+        run's web page) saw it failed with no `run_failed` among its events.
+        """
+        payload = json.dumps(data, default=str)
+        values = {"cancel_requested": False, "status": status, **values}
+        for _ in range(20):
+            with self._append_lock:
+                try:
+                    with self.begin("end a run") as connection:
+                        if not _update_run(
+                            connection, run_id, status != "cancelled", status == "cancelled", dict(values)
+                        ):
+                            return False
+                        connection.execute(_FORGET_REQUESTS, {"run_id": run_id})
+                        now = utc_now()
+                        finished_at = (
+                            sa.literal(now)
+                            if unstarted_finished
+                            else sa.case((steps_table.c.started_at.is_not(None), now), else_=None)
+                        )
+                        connection.execute(
+                            steps_table.update()
+                            .where(
+                                steps_table.c.run_id == run_id,
+                                steps_table.c.status.in_(["pending", "running"]),
+                            )
+                            .values(status="cancelled", finished_at=finished_at)
+                        )
+                        close_open_requests(connection, run_id, requests, keep_remember=keep_remember)
+                        _insert_event(connection, run_id, now, event, None, payload)
+                except sa.exc.IntegrityError:
+                    continue  # another process took the event's seq; try again
+            return True
+        raise RunError(f"could not end run {run_id}: the event log is too contended")
 
     def keep_planning(self, run_id: str, work: Mapping[str, Any], *, owner: str) -> bool:
         """Store the planning work done so far on a run that is still planning (JSON form).

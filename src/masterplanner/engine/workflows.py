@@ -227,24 +227,33 @@ async def end_workflow(
 
     def record() -> bool:
         """Whether the run ended so: a cancel recorded meanwhile stands, and nothing else is said."""
+        # one transaction: the status, its steps, its requests and its end event (`end_run`)
         if status == "succeeded":
-            if not store.set_status(run_id, "succeeded", output=text):
-                return False
-            store.requests.close_run(run_id, "expired", keep_remember=True)
-            store.append_event(run_id, "run_succeeded", data={"output_chars": len(text)})
-        else:
-            now = utc_now()
-            reason = redacted(text)  # a model server's error may echo the key it was sent
-            for step in store.steps(run_id):
-                if step.status in ("pending", "running"):
-                    store.update_step(run_id, step.id, status="cancelled", finished_at=now)
-            if not store.set_status(run_id, "failed", error=reason):
-                return False
-            store.requests.close_run(run_id, "expired", keep_remember=True)
-            # `outcome_counted`: the registry is told this failure (a retry that succeeds corrects it)
-            store.append_event(
-                run_id, "run_failed", data={"reason": reason, "outcome_counted": tell_registry}
+            ended = store.end_run(
+                run_id,
+                "succeeded",
+                "run_succeeded",
+                {"output_chars": len(text)},
+                requests="expired",
+                keep_remember=True,
+                unstarted_finished=True,
+                output=text,
             )
+        else:
+            reason = redacted(text)  # a model server's error may echo the key it was sent
+            # `outcome_counted`: the registry is told this failure (a retry that succeeds corrects it)
+            ended = store.end_run(
+                run_id,
+                "failed",
+                "run_failed",
+                {"reason": reason, "outcome_counted": tell_registry},
+                requests="expired",
+                keep_remember=True,
+                unstarted_finished=True,
+                error=reason,
+            )
+        if not ended:
+            return False
         if telemetry.exporting():
             run = store.get_run(run_id)
             telemetry.record_run(
