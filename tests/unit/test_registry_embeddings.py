@@ -701,3 +701,29 @@ def test_a_sentence_transformers_model_in_a_folder_under_home_is_loaded(
     assert embedder is not None
     (vector,) = embedder.embed_sync(["a text"], "query")
     assert len(vector) == 384
+
+
+def test_loading_the_embedded_model_leaves_the_process_s_output_alone(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """llama-cpp-python pointed file descriptors 1 and 2 at /dev/null while a model loaded, for
+    the whole process: what another task printed meanwhile was lost (the CLI's first progress
+    line, "finding similar teams", printed as the embedder loaded). llama.cpp's own lines go to
+    logging, not to stderr.
+    """
+    redirected: list[int] = []
+    dup2 = os.dup2
+
+    def recorded(fd: int, fd2: int, inheritable: bool = True) -> int:
+        if fd2 in (1, 2):
+            redirected.append(fd2)
+        return dup2(fd, fd2, inheritable)
+
+    monkeypatch.setattr(os, "dup2", recorded)
+    embedder = SmolLM2Embedder(embedded_model_path())
+    try:
+        assert embedder.embed(["two files"]).shape == (1, embedder.dimensions)
+    finally:
+        embedder.close()
+    assert redirected == []
+    assert capfd.readouterr().err == ""

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import ctypes
 import json
+import logging
 import os
 import re
 import threading
@@ -231,9 +233,61 @@ def _chat_formatter(llama: Any, path: Path) -> Any:
     )
 
 
+class _Unredirected:
+    """What llama-cpp-python's `suppress_stdout_stderr` is replaced with: it redirects nothing."""
+
+    def __init__(self, disable: bool = True) -> None:
+        del disable
+
+    def __enter__(self) -> _Unredirected:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+
+_LLAMA_LOG = logging.getLogger("masterplanner.llama")
+_log_callback: Any = None
+"""llama.cpp's log callback while set (kept referenced: llama.cpp holds only its address)."""
+_quieting = threading.Lock()
+
+
+def quiet_llama_cpp() -> None:
+    """Send llama.cpp's log lines to logging, and load models leaving stdout and stderr alone.
+
+    Called before any model is loaded (once is enough); the lines go to the
+    `masterplanner.llama` logger at debug level. llama-cpp-python loads a model
+    (`verbose=False`) inside `suppress_stdout_stderr`, which points file descriptors 1 and 2 at
+    /dev/null for the whole process while it loads (0.4 s for the embedded model): every other
+    thread's and task's output went with it. A run's first progress line in the CLI ("finding
+    similar teams", printed as the embedder loaded) was lost so, and a server's log lines would
+    have been. llama.cpp's own lines go through its log callback, which printed them to stderr;
+    here they go to logging, and the redirection does nothing.
+    """
+    global _log_callback
+    with _quieting:
+        if _log_callback is not None:
+            return
+        import llama_cpp
+        import llama_cpp._internals
+        import llama_cpp.llama
+        import llama_cpp.llama_chat_format
+
+        @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+        def to_logging(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+            del level, user_data
+            _LLAMA_LOG.debug("%s", text.decode("utf-8", errors="replace").rstrip("\n"))
+
+        llama_cpp.llama_log_set(to_logging, ctypes.c_void_p(0))
+        for module in (llama_cpp.llama, llama_cpp._internals, llama_cpp.llama_chat_format):
+            module.suppress_stdout_stderr = _Unredirected
+        _log_callback = to_logging
+
+
 def _open(path: Path, context_tokens: int, threads: int) -> Any:
     from ._sampling import FastGrammarLlama
 
+    quiet_llama_cpp()
     try:
         return FastGrammarLlama(
             model_path=str(path),

@@ -148,25 +148,27 @@ class SmolLM2Embedder:
     def __init__(self, path: Path) -> None:
         """Load `path` with llama.cpp in embedding mode (last-token pooling); about 0.4 s."""
         import llama_cpp
-        from llama_cpp._utils import suppress_stdout_stderr
 
-        # llama.cpp warns on stderr that the model's own pooling is overridden, which is intended.
+        from ..models._llama import quiet_llama_cpp
+
+        # llama.cpp warns that the model's own pooling is overridden, which is intended: its log
+        # lines go to logging, and loading leaves the process's stderr alone (`quiet_llama_cpp`).
+        quiet_llama_cpp()
         # One thread: llama.cpp's threads spin at every barrier waiting for each other, so on busy
         # cores (load average 11 on two) a text took 3.7 to 12.7 s with two threads and 0.5 to 0.7 s
         # with one; on idle cores two threads would at best halve a time that is already short.
         try:
-            with suppress_stdout_stderr(disable=False):
-                self.llama: Any = llama_cpp.Llama(
-                    model_path=str(path),
-                    embedding=True,
-                    pooling_type=llama_cpp.LLAMA_POOLING_TYPE_LAST,
-                    n_ctx=_CONTEXT_TOKENS,
-                    n_batch=_CONTEXT_TOKENS,
-                    n_ubatch=_CONTEXT_TOKENS,
-                    n_threads=1,
-                    n_threads_batch=1,
-                    verbose=False,
-                )
+            self.llama: Any = llama_cpp.Llama(
+                model_path=str(path),
+                embedding=True,
+                pooling_type=llama_cpp.LLAMA_POOLING_TYPE_LAST,
+                n_ctx=_CONTEXT_TOKENS,
+                n_batch=_CONTEXT_TOKENS,
+                n_ubatch=_CONTEXT_TOKENS,
+                n_threads=1,
+                n_threads_batch=1,
+                verbose=False,
+            )
         except (ValueError, RuntimeError) as exc:
             raise ModelFileError(str(path), f"llama.cpp cannot load it for embeddings: {exc}") from None
         _open.append(self)
