@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from _cli import mp
@@ -22,6 +23,7 @@ from _plans import step
 from masterplanner import ConfigError, DatabaseUnavailableError, RunError, RunOptions, Settings
 from masterplanner.database import reconnecting, shown_url
 from masterplanner.engine import Engine
+from masterplanner.engine.records import EventKind
 from masterplanner.engine.store import RunStore
 
 
@@ -673,5 +675,40 @@ def test_a_run_s_request_keys_are_found_by_its_id_in_a_database_new_or_made_befo
         assert store.set_status("r1", "failed", error="x")
         with store.begin("read the keys") as connection:
             assert connection.scalar(sa.text("SELECT COUNT(*) FROM mp_usage_requests")) == 0
+    finally:
+        store.close()
+
+
+def test_an_end_made_again_once_recorded_writes_nothing_more(database_url: str) -> None:
+    """A run's end made again after it was recorded (its workflow's step re-run after a crash, a
+    write repeated after a lost acknowledgement) appended a second `run_failed`; a cancel of a
+    cancelled run writes nothing."""
+    store = RunStore(database_url)
+    try:
+
+        def end(run_id: str, status: Literal["failed", "cancelled"], event: EventKind) -> bool:
+            cancel = status == "cancelled"
+            return store.end_run(
+                run_id,
+                status,
+                event,
+                {"reason": "x"},
+                requests="cancelled" if cancel else "expired",
+                keep_remember=not cancel,
+                unstarted_finished=not cancel,
+                error="x",
+            )
+
+        for run_id in ("r1", "r2"):
+            store.create_run(run_id, "x", model="scripted:x", workspace="/tmp", options=RunOptions())
+        assert (end("r1", "failed", "run_failed"), end("r1", "failed", "run_failed")) == (True, True)
+        assert (end("r2", "cancelled", "run_cancelled"), end("r2", "cancelled", "run_cancelled")) == (
+            True,
+            False,
+        )
+        assert not end("r2", "failed", "run_failed")  # a cancelled run stays cancelled
+        assert [event.kind for event in store.events("r1")].count("run_failed") == 1
+        assert [event.kind for event in store.events("r2")][-1:] == ["run_cancelled"]
+        assert [event.kind for event in store.events("r2")].count("run_cancelled") == 1
     finally:
         store.close()

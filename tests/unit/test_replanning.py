@@ -377,12 +377,28 @@ async def test_the_dependents_of_a_step_whose_replan_failed_are_skipped_for_it_n
     assert _started(engine, run.id) == ["a", "b"]
 
 
+@pytest.mark.parametrize(
+    ("replanner", "why"),
+    [
+        ([], " (it could not be replanned: "),  # no answer for the replanner: its model call fails
+        (  # no valid plan: the run's error names the planner's problems, as the first execution's did
+            [_planner(step("b2", "nowhere", tools=[]), purpose="replanner") | {"repeat": True}],
+            " (it could not be replanned: step 'b2': depends on unknown step 'nowhere')",
+        ),
+    ],
+    ids=["model call failed", "plan refused"],
+)
 async def test_a_resumed_run_skips_the_dependents_of_a_step_whose_replan_failed_for_it(
-    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+    engine: Engine,
+    write_script: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    replanner: list[dict[str, Any]],
+    why: str,
 ) -> None:
-    """The execution stopped after b's replan failed (its model call) and before its dependents
-    were skipped. Resumed, the failed replan was taken for a rejected one: c was skipped saying
-    only "dependency 'b' failed", not that b could not be replanned."""
+    """The execution stopped after b's replan failed (its model call, or no valid plan) and before
+    its dependents were skipped. Resumed, the failed replan was taken for a rejected one: c was
+    skipped saying only "dependency 'b' failed", not that b could not be replanned; and a refused
+    plan's problems were left out of the run's error."""
     import threading
 
     script = write_script(
@@ -390,7 +406,8 @@ async def test_a_resumed_run_skips_the_dependents_of_a_step_whose_replan_failed_
             _planner(step("a", tools=[]), step("b", "a", tools=[]), step("c", "b", tools=[])),
             {"purpose": "step:a", "output": "A"},
             {"purpose": "step:b"} | GARBAGE,
-            DRAFTS,  # no answer for the replanner: its model call fails
+            *replanner,
+            DRAFTS,
         ]
     )
     run = engine.create_run("replan it", model=f"scripted:{script}", options=FAST)
@@ -421,7 +438,7 @@ async def test_a_resumed_run_skips_the_dependents_of_a_step_whose_replan_failed_
 
     final = await engine.execute(run.id)
     assert final.status == "failed"
-    assert final.error is not None and " (it could not be replanned: " in final.error
+    assert final.error is not None and why in final.error, final.error
     report = engine.report(run.id)
     assert [(s["id"], s["status"], s["error"]) for s in report["steps"][2:]] == [
         ("c", "skipped", "dependency 'b' failed and could not be replanned")

@@ -791,6 +791,8 @@ class _Drive:
                 said[event.step] = f" (its replan was rejected by {who}: {data['rejected']})"
             elif "error" in data:
                 said[event.step] = f" (it could not be replanned: {data['error']})"
+            elif "problems" in data:  # no valid plan (the first execution failed with them)
+                said[event.step] = f" (it could not be replanned: {'; '.join(map(str, data['problems']))})"
         return said
 
     async def _aggregate(self, outcomes: dict[str, StepOutcome]) -> str:

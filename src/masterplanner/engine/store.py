@@ -435,10 +435,15 @@ class RunStore:
         a step never started gets a `finished_at` too (a failed end's way) or none (a cancel's).
         Whether the run ended so (False: it had ended, or was cancelled, and nothing is written).
 
-        Before, each was a transaction of its own: a process that died between them left an
-        ended run with no end event, or with running steps or open requests, for good (its end,
-        made again, found the run ended and wrote nothing more); and a reader between them (the
-        run's web page) saw it failed with no `run_failed` among its events.
+        A success or failure made again once it was recorded (its workflow's step re-run after a
+        crash, or a write `reconnecting` repeats after a lost acknowledgement) finds the run so
+        and writes nothing more (True): the run has one end event. A retry moves the run back
+        first, so an equal status is this end's. A cancel of a cancelled run writes nothing (False).
+
+        Before, each was a transaction of its own: a store error between them (a full disk) left
+        a run ended with no end event for good (its end workflow, recorded as failed, was not
+        made again), as did a process that died in `mark_cancelled`; and a reader between them
+        (the run's web page) saw it failed with no `run_failed` among its events.
         """
         payload = json.dumps(data, default=str)
         values = {"cancel_requested": False, "status": status, **values}
@@ -446,6 +451,11 @@ class RunStore:
             with self._append_lock:
                 try:
                     with self.begin("end a run") as connection:
+                        now_status = connection.scalar(
+                            sa.select(runs_table.c.status).where(runs_table.c.id == run_id)
+                        )
+                        if status != "cancelled" and now_status == status:  # recorded: made again
+                            return True
                         if not _update_run(
                             connection, run_id, status != "cancelled", status == "cancelled", dict(values)
                         ):
