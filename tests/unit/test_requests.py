@@ -13,7 +13,7 @@ import pytest
 from _cli import LEASE_S, answer, mp, pending, run_events, start
 from _plans import step
 
-from masterplanner import Settings
+from masterplanner import RequestError, RunOptions, Settings
 from masterplanner.engine import RunStore
 from masterplanner.sandbox import sandbox_problems
 
@@ -382,3 +382,19 @@ def test_a_call_put_to_a_person_is_shown_whole_and_one_too_long_to_show_is_refus
             "splitting it into several calls",
         }
     ]
+
+
+def test_an_agent_s_question_takes_a_text_and_nothing_else_not_even_a_blank_reason(tmp_path: Path) -> None:
+    """A blank reason was dropped before the answer's keys were checked, so `{"text": …,
+    "reason": "   "}` was taken for an agent's question, which takes a text and nothing else."""
+    store = RunStore(f"sqlite:///{tmp_path / 'runs.sqlite'}")
+    try:
+        store.create_run("r1", "x", model="scripted:x", workspace="/tmp", options=RunOptions())
+        question, _ = store.requests.open("r1", "ask_user", {"question": "Which?"}, key="r1:ask")
+        with pytest.raises(
+            RequestError, match=r'is a question: its answer is \{"text": …\} and nothing else'
+        ):
+            store.requests.answer(question.id, {"text": "this", "reason": "   "}, by="cli@host:1")
+        assert store.requests.get(question.id).state == "open"
+    finally:
+        store.close()

@@ -424,7 +424,8 @@ def _shaped_answer(request: Request, answer: dict[str, Any]) -> dict[str, Any]:
             f"request {request.id}: the reason is {len(reason):,} characters; "
             f"the limit is {ANSWER_TEXT_CHARS:,}"
         )
-    if reason is not None:  # kept without the blanks around it; blanks alone are no reason
+    # kept without the blanks around it; blanks alone are no reason (an agent's question takes none)
+    if reason is not None and request.kind != "ask_user":
         reason = reason.strip() or None
         answer = {key: value for key, value in answer.items() if key != "reason"}
         answer |= {"reason": reason} if reason else {}
