@@ -58,7 +58,8 @@ def request_cancel(
 def mark_cancelled(store: RunStore, run_id: str, reason: str = "cancelled on request") -> None:
     """Record a run as cancelled: its unfinished steps and its open requests too.
 
-    A run that has ended by then is left as it ended (`RunStore.set_status`).
+    One transaction with its `run_cancelled` event (`RunStore.end_run`); a run that has ended
+    by then is left as it ended.
     """
     ended = store.end_run(
         run_id,

@@ -212,8 +212,8 @@ def _create_usage_requests(connection: Connection) -> None:
 def _index_usage_requests_by_run(connection: Connection) -> None:
     """Migration `0016_usage_requests_run_index`: the run's request keys found by its id.
 
-    The end of a run deletes them (`set_status`, in the end's transaction), which read every
-    run's keys without it. (A database whose table `0014_usage_requests` made after this index
+    The end of a run deletes them (`end_run` or `set_status`, in the end's transaction), which
+    read every run's keys without it. (A database whose table `0014_usage_requests` made after this index
     was declared has it already.)
     """
     for index in usage_requests_table.indexes:
