@@ -507,8 +507,9 @@ async def test_calls_made_at_once_cannot_all_pass_the_call_budget(
     assert final.status == "failed" and final.error is not None
     assert "the run used its budget of 4 model calls" in final.error
     # at most the budget; a draft still in flight when the refusal failed the run is cancelled
-    # with it, and may be before its reply was counted (3 under load)
-    assert engine.report(run.id)["usage"]["llm_calls"] in (3, 4)
+    # with it, and may be before its reply was counted (3 under load, 2 in a CI run): the planner's
+    # call is always counted
+    assert 1 <= engine.report(run.id)["usage"]["llm_calls"] <= 4
 
 
 def _four_long_replies(write_script: Callable[..., Path]) -> Path:
