@@ -224,15 +224,23 @@ def _plain_answer(
     return {"approved": bool(approve)} | ({"reason": reason} if reason and not approve else {})
 
 
-def _follow_up(request: Request, what: str, error: Exception) -> str:
-    """What failed after `request`'s answer was stored, in words; logged with its details."""
+def _follow_up(request: Request, what: str, error: Exception, then: str = "") -> str:
+    """What failed after `request`'s answer was stored, in words (and `then`, what to do next); logged."""
     _log.exception("request %s: answered, but %s failed", request.id, what, exc_info=error)
     why = (
         str(error)
         if isinstance(error, MasterplannerError)
         else "an unexpected error; the log has the details"
     )
-    return f"{what} failed ({why})"
+    return f"{what} failed ({why})" + (f"; {then}" if then else "")
+
+
+def _store_again(request: Request) -> str:
+    """What to do when storing the team a `remember` answer approved failed."""
+    return (
+        "your yes stands: once that is fixed, send the same answer again, or run "
+        f"`masterplanner runs remember {request.run_id}`, to store the team"
+    )
 
 
 @dataclass(frozen=True)
@@ -615,7 +623,9 @@ class RunService:
         reply, a script run twice) is no refusal: the request as answered, `taken_before`.
         What fails once the answer is stored (its `request_answered` event, storing the team a
         `remember` answer approved) is logged and said in `follow_up_failed`: the answer stands
-        (before, it was a refusal, and the answer sent again was refused as answered).
+        (before, it was a refusal, and the answer sent again was refused as answered). A
+        `remember` answer whose team was neither stored nor said not stored (storing it failed)
+        is carried out again when sent again: the team is stored then, once (`remember`).
         """
         request = await self.request(request_id)
         if request.kind in ("plan_review", "replan") and isinstance(answer, dict) and "plan" in answer:
@@ -633,6 +643,13 @@ class RunService:
             _check_names_in_decision(request, answer)
         answered = await asyncio.to_thread(self._store.requests.answer, request.id, answer, by=by)
         if answered.taken_before:  # stored, and its run told, when it was first sent
+            if answered.kind == "remember" and not await asyncio.to_thread(self._team_told, answered):
+                # what that answer was for did not happen (storing the team failed): again now
+                try:
+                    await asyncio.to_thread(self._remember, answered)
+                except Exception as error:
+                    again = _follow_up(answered, "storing the run's team", error, _store_again(answered))
+                    return dataclasses.replace(answered, follow_up_failed=again)
             return answered
         failed = []
         try:
@@ -649,7 +666,7 @@ class RunService:
             try:
                 await asyncio.to_thread(self._remember, answered)
             except Exception as error:
-                failed.append(_follow_up(answered, "storing the run's team", error))
+                failed.append(_follow_up(answered, "storing the run's team", error, _store_again(answered)))
         return dataclasses.replace(answered, follow_up_failed="; ".join(failed)) if failed else answered
 
     async def answer_plainly(
@@ -689,10 +706,16 @@ class RunService:
             raise RequestError(f"run {run.id} is {run.status}: it has no plan review waiting for an answer")
         return await self.answer(reviews[-1].id, decision, by=by)
 
+    def _team_told(self, request: Request) -> bool:
+        """Whether the run's events say what came of the `remember` answer (team stored or not)."""
+        return any(
+            event.kind in ("team_stored", "team_not_stored") and event.data.get("request") == request.id
+            for event in self._store.events(request.run_id)
+        )
+
     def _remember(self, request: Request) -> None:
         """Apply an answered `remember` request: store the run's team, or record that it was not."""
-        from .engine.reuse import remember_run, secret_in_team
-        from .registry import open_registry
+        from .engine.reuse import secret_in_team
 
         assert request.answer is not None
         if not request.answer.get("approved"):
@@ -701,24 +724,74 @@ class RunService:
         run = self._store.get_run(request.run_id)
         if run.plan is None:
             raise RunError(f"run {run.id} has no plan: there is no team to store")
-        agents = briefs_json(run.agents)
-        secret = secret_in_team(run.plan, agents)
+        secret = secret_in_team(run.plan, briefs_json(run.agents))
         if secret is not None:  # asked before the run's end stopped asking about such a team
             self._store.append_event(
                 request.run_id, "team_not_stored", data={"request": request.id, "reason": secret}
             )
             return
-        remember_run(
-            open_registry(self.settings),
-            run_id=run.id,
-            model=run.model,
-            plan=run.plan,
-            agents=agents,
-            succeeded=True,
-            store_new=True,
-            count_reused=False,
+        # stored before (this answer sent again after its event was lost): said now, not stored again
+        if self._store_team(run) or not self._team_told(request):
+            self._store.append_event(run.id, "team_stored", data={"cohort": run.id, "request": request.id})
+
+    def _store_team(self, run: RunRecord) -> bool:
+        """Store the run's team (its new agents and its cohort) once; False if it was stored already.
+
+        All or nothing, and once (`remember_run`); reused agents' outcomes, counted when the
+        run ended, are not counted again.
+        """
+        from .engine.reuse import remember_run
+        from .registry import open_registry
+
+        assert run.plan is not None
+        registry = open_registry(self.settings)
+        try:
+            return remember_run(
+                registry,
+                run_id=run.id,
+                model=run.model,
+                plan=run.plan,
+                agents=briefs_json(run.agents),
+                succeeded=True,
+                store_new=True,
+                count_reused=False,
+            )
+        finally:  # its connections (a server answers many requests)
+            registry.close()
+
+    async def remember(self, run_id: str, *, by: str | None = None) -> str:
+        """Store the team of a run that succeeded, as a `remember` answer's yes does; the cohort's id.
+
+        For a team not stored when the run ended (`remember_runs = never`, or storing it failed
+        then) or when a yes was given (storing it failed). Refused (`RunError`), nothing changed,
+        when the run did not succeed, still asks whether to store its team (answer that), has a
+        team with what looks like a secret, or has its team stored already. A `team_stored`
+        event says who asked (`by`, the library's by default).
+        """
+        from .engine.reuse import secret_in_team
+
+        run = await self.get(run_id)
+        if run.status != "succeeded" or run.plan is None:
+            raise RunError(f"run {run.id} is {run.status}: only a run that succeeded has a team to store")
+        asking = [request for request in await self.pending(run.id) if request.kind == "remember"]
+        if asking:
+            question = asking[0].id
+            raise RunError(
+                f"run {run.id} asks whether to store its team: answer its request {question} "
+                f"(`masterplanner runs answer {question} --approve`)"
+            )
+        secret = secret_in_team(run.plan, briefs_json(run.agents))
+        if secret is not None:
+            raise RunError(f"run {run.id}: its team is not stored: {secret}")
+        if not await asyncio.to_thread(self._store_team, run):
+            raise RunError(
+                f"run {run.id}: its team is stored already (`masterplanner cohorts show {run.id}`)"
+            )
+        who = by or answerer_name("library")
+        await asyncio.to_thread(
+            self._store.append_event, run.id, "team_stored", None, {"cohort": run.id, "by": who}
         )
-        self._store.append_event(run.id, "team_stored", data={"cohort": run.id, "request": request.id})
+        return run.id
 
     # ---- feedback
 

@@ -939,3 +939,181 @@ async def test_reused_agents_count_a_secret_runs_outcome_and_no_one_is_asked_to_
             service.close()
     finally:
         engine.close()
+
+
+async def _asked_to_remember(engine: Engine, script: Path) -> tuple[str, str]:
+    """A run that succeeded with `remember_runs = ask` (set by the caller): its id and its open question."""
+    run = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+    assert (await execute_answering(engine, run.id, review=_approve)).status == "succeeded"
+    [question] = engine.store.requests.find(run.id)
+    assert question.kind == "remember"
+    return run.id, question.id
+
+
+def _stored_team(settings: Settings, run_id: str) -> tuple[list[str], dict[str, tuple[list[int], Any]]]:
+    """The stored cohorts' ids, and each agent's versions and stats."""
+    registry = RegistryStore(settings.database_url)
+    try:
+        agents = {
+            agent.id: (registry.versions(agent.id), agent.stats.model_dump())
+            for agent in registry.list_agents()
+        }
+        return [cohort.id for cohort in registry.list_cohorts()], agents
+    finally:
+        registry.close()
+
+
+async def test_a_yes_whose_team_could_not_be_stored_stores_it_when_sent_again(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: Any
+) -> None:
+    """The team a `remember` answer approved cannot be stored (the answering process's embedder
+    cannot be made: its provider's key is not set); the same answer sent again, once that is
+    fixed, stores it, and sent once more changes nothing.
+
+    Before, the answer stood and the team was never stored: sent again, it was `taken_before`
+    and did nothing, so the person's yes was lost.
+    """
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "ask")
+    settings = Settings.load()
+    engine = Engine(settings)
+    try:
+        run_id, question = await _asked_to_remember(engine, _team_script(write_script))
+    finally:
+        engine.close()
+    monkeypatch.setenv("MASTERPLANNER_EMBEDDER", "openai:text-embedding-3-small")  # no OPENAI_API_KEY
+    service = RunService(Settings.load())
+    try:
+        taken = await service.answer_plainly(question, approve=True, by="cli@laptop:101")
+    finally:
+        service.close()
+    assert (taken.state, taken.answer, taken.taken_before) == ("answered", {"approved": True}, False)
+    assert taken.follow_up_failed == (
+        "storing the run's team failed (embedder 'openai:text-embedding-3-small' needs the environment "
+        "variable OPENAI_API_KEY, which is not set); your yes stands: once that is fixed, "
+        f"send the same answer again, or run `masterplanner runs remember {run_id}`, to store the team"
+    )
+    assert _stored_team(settings, run_id) == ([], {})
+    monkeypatch.delenv("MASTERPLANNER_EMBEDDER")
+    service = RunService(Settings.load())
+    try:
+        again = await service.answer_plainly(question, approve=True, by="cli@laptop:102")
+        assert (again.taken_before, again.follow_up_failed, again.answered_by) == (
+            True,
+            None,
+            "cli@laptop:101",
+        )
+        stored = _stored_team(settings, run_id)
+        once = {"uses": 1, "successes": 1, "failures": 0, "ratings": 0, "rating_sum": 0.0}
+        assert stored == ([run_id], {f"{run_id}.load": ([1], once), f"{run_id}.report": ([1], once)})
+        # sent once more: the team is stored already, and nothing is stored or counted twice
+        more = await service.answer_plainly(question, approve=True, by="cli@laptop:103")
+        assert (more.taken_before, more.follow_up_failed) == (True, None)
+        assert _stored_team(settings, run_id) == stored
+        told = [
+            (event.kind, event.data)
+            for event in await service.events(run_id)
+            if event.kind.startswith("team_")
+        ]
+        assert told == [("team_stored", {"cohort": run_id, "request": question})]
+    finally:
+        service.close()
+
+
+async def test_a_team_whose_storing_failed_half_way_is_stored_whole_and_once(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: Any
+) -> None:
+    """Storing a team is all or nothing: the disk filling up after its first agent stores none of
+    it, and the answer sent again stores each agent once, counted once.
+
+    Before, the first agent stayed stored (and counted) without its team.
+    """
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "ask")
+    settings = Settings.load()
+    engine = Engine(settings)
+    try:
+        run_id, question = await _asked_to_remember(engine, _team_script(write_script))
+    finally:
+        engine.close()
+    put_agent = RegistryStore.put_agent
+    full = RunError("database registry.db: cannot store an agent: database or disk is full")
+
+    def filling(self: RegistryStore, spec: Any, *args: Any, **kwargs: Any) -> Any:
+        if spec.id == f"{run_id}.report":  # the second agent: the first was stored
+            raise full
+        return put_agent(self, spec, *args, **kwargs)
+
+    service = RunService(settings)
+    try:
+        with monkeypatch.context() as broken:
+            broken.setattr(RegistryStore, "put_agent", filling)
+            taken = await service.answer_plainly(question, approve=True, by="web@server:7")
+        assert (taken.taken_before, (taken.follow_up_failed or "").split(";")[0]) == (
+            False,
+            f"storing the run's team failed ({full})",
+        )
+        assert _stored_team(settings, run_id) == ([], {})
+        again = await service.answer_plainly(question, approve=True, by="web@server:7")
+        assert (again.taken_before, again.follow_up_failed) == (True, None)
+        once = {"uses": 1, "successes": 1, "failures": 0, "ratings": 0, "rating_sum": 0.0}
+        assert _stored_team(settings, run_id) == (
+            [run_id],
+            {f"{run_id}.load": ([1], once), f"{run_id}.report": ([1], once)},
+        )
+    finally:
+        service.close()
+
+
+async def test_runs_remember_stores_the_team_of_a_run_that_succeeded_once(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: Any
+) -> None:
+    """`runs remember RUN` stores a team nothing stored (here `remember_runs = never`), once.
+
+    Before, nothing did: a team not stored when its run ended, or when a yes was given, was lost.
+    """
+    from _cli import mp
+
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "never")
+    settings = Settings.load()
+    script = _team_script(write_script)
+    engine = Engine(settings)
+    try:
+        done = engine.create_run(T1, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+        assert (await execute_answering(engine, done.id, review=_approve)).status == "succeeded"
+        planning = engine.create_run(T2, model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+    finally:
+        engine.close()
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "ask")
+    engine = Engine(Settings.load())
+    try:
+        asking, question = await _asked_to_remember(engine, script)
+    finally:
+        engine.close()
+    assert _stored_team(settings, done.id) == ([], {})
+    stored = mp("runs", "remember", done.id)
+    assert (stored.returncode, stored.stderr.strip()) == (
+        0,
+        f"run {done.id}: its team is stored (masterplanner cohorts show {done.id})",
+    )
+    once = {"uses": 1, "successes": 1, "failures": 0, "ratings": 0, "rating_sum": 0.0}
+    team = ([done.id], {f"{done.id}.load": ([1], once), f"{done.id}.report": ([1], once)})
+    assert _stored_team(settings, done.id) == team
+    refusals = [
+        (done.id, f"run {done.id}: its team is stored already (`masterplanner cohorts show {done.id}`)"),
+        (planning.id, f"run {planning.id} is planning: only a run that succeeded has a team to store"),
+        (
+            asking,
+            f"run {asking} asks whether to store its team: answer its request {question} "
+            f"(`masterplanner runs answer {question} --approve`)",
+        ),
+    ]
+    for run_id, refusal in refusals:
+        again = mp("runs", "remember", run_id)
+        assert (again.returncode, again.stderr.strip()) == (1, f"error: {refusal}")
+    assert _stored_team(settings, done.id) == team
+    service = RunService(Settings.load())
+    try:
+        told = [event.data for event in await service.events(done.id) if event.kind.startswith("team_")]
+    finally:
+        service.close()
+    assert [data["cohort"] for data in told] == [done.id]
+    assert told[0]["by"].startswith("cli@")

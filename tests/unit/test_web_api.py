@@ -329,7 +329,9 @@ async def test_a_remember_answer_whose_team_cannot_be_stored_is_said_taken(
     taken = typed(AnsweredRequestOut, answered)
     assert (taken.state, taken.answer, taken.taken_before) == ("answered", {"approved": True}, False)
     assert taken.follow_up_failed == (
-        f"storing the run's team failed (run {run.id} has no plan: there is no team to store)"
+        f"storing the run's team failed (run {run.id} has no plan: there is no team to store); your yes "
+        f"stands: once that is fixed, send the same answer again, or run `masterplanner runs remember "
+        f"{run.id}`, to store the team"
     )
     events = await _answered_events(client, run.id)
     assert [(event["request"], event["kind"]) for event in events] == [(question.id, "remember")]

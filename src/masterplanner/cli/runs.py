@@ -664,7 +664,7 @@ def runs_answer(
             f"(by {shown(answered.answered_by or '')} at {shown(answered.answered_at or '')}): "
             "taken once, nothing stored again"
         )
-    elif answered.follow_up_failed:
+    if answered.follow_up_failed:  # sent again, what the answer was for is tried again: it failed again
         said += f", but {shown(answered.follow_up_failed)}"
     if as_json:
         if answered.taken_before or answered.follow_up_failed:
@@ -674,6 +674,27 @@ def runs_answer(
         typer.echo(json_text(answered.to_json_dict() | how))
         return
     console(stderr=True).print(said, highlight=False, soft_wrap=True)
+
+
+@runs_app.command("remember", short_help="Store the team of a run that succeeded in the registry.")
+def runs_remember(run_id: RunId) -> None:
+    """Store the agents and the team of a run that succeeded, as a yes to its remember question does.
+
+    For a team that was not stored: with `remember_runs = never`, or when storing it failed at
+    the run's end or after a yes. Exit code 2, with nothing changed, when the run did not
+    succeed, still asks whether to store its team (answer it with `runs answer`), has a team
+    holding what looks like a secret, or has its team stored already.
+    """
+    from ..service import answerer_name
+
+    cohort = _call(
+        _service(load_settings()), lambda service: service.remember(run_id, by=answerer_name("cli"))
+    )
+    console(stderr=True).print(
+        f"run {shown(cohort)}: its team is stored (masterplanner cohorts show {shown(cohort)})",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @runs_app.command("resume", short_help="Continue an interrupted run from its last checkpoint.")

@@ -168,16 +168,23 @@ def remember_run(
     store_new: bool = True,
     count_reused: bool = True,
     failure_counted: bool = False,
-) -> None:
-    """After a run: count every stored agent's outcome.
+) -> bool:
+    """After a run: count every stored agent's outcome; False when its team was stored already.
 
     A succeeded run (when `store_new`) also stores its new agents and its cohort. With
     `count_reused=False` (the team is stored later, on a `remember` request's answer, after
     the outcome was counted when the run ended) the reused agents are not counted again. With
     `failure_counted` (the run was retried after an end that counted it failed) each run counts
     once: a success turns that failure into a success, another failure counts nothing.
+
+    All of it is one transaction (`RegistryStore.record_team`): storing that fails half way
+    stores nothing, so it can be made again; and a team stored already (the cohort of the run's
+    id is there) is stored and counted once, whatever asks again.
     """
     agent_ids: dict[str, str] = {}
+    new_agents: list[AgentSpec] = []
+    counted: list[str] = []
+    corrected: list[str] = []
     store = succeeded and store_new
     for step in plan.steps:
         agent = agents.get(step.id) or {}
@@ -187,12 +194,11 @@ def remember_run(
         if agent_id is not None and not count_reused:
             agent_ids[step.id] = agent_id
             continue
-        existing = agent_id is not None  # a stored agent, whose earlier failure may have been counted
         if agent_id is None:
             if not store:
                 continue
             agent_id = f"{run_id}.{step.id}"
-            registry.put_agent(
+            new_agents.append(
                 AgentSpec.model_validate(
                     {
                         "id": agent_id,
@@ -206,19 +212,23 @@ def remember_run(
                         "origin": {"run_id": run_id, "step_id": step.id},
                         # edited at review: runs that reuse it work under the person's prompt too
                         "prompt_by_person": bool(agent.get("edited") or agent.get("prompt_by_person")),
+                        # its one use so far, this run's success, stored with it
+                        "stats": {"uses": 1, "successes": 1},
                     }
                 )
             )
-        if existing and failure_counted:
+        elif failure_counted:  # a stored agent, whose earlier failure was counted
             if succeeded:
-                registry.correct_outcome(agent_id)
+                corrected.append(agent_id)
         else:
-            registry.record_outcome(agent_id, succeeded=succeeded)
+            counted.append(agent_id)
         agent_ids[step.id] = agent_id
+    cohort = None
     if store:
         shape = plan.model_dump(mode="json", exclude_none=True)
-        registry.put_cohort(
-            Cohort.model_validate(
-                {"id": run_id, "task": plan.task, "plan": shape, "agents": agent_ids, "run_id": run_id}
-            )
+        cohort = Cohort.model_validate(
+            {"id": run_id, "task": plan.task, "plan": shape, "agents": agent_ids, "run_id": run_id}
         )
+    return registry.record_team(
+        succeeded=succeeded, new_agents=new_agents, counted=counted, corrected=corrected, cohort=cohort
+    )

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -730,22 +730,12 @@ class RegistryStore:
     def record_outcome(self, agent_id: str, *, succeeded: bool, rating: float | None = None) -> None:
         """Count one use of an agent (atomic: concurrent writers never lose an update)."""
         with self._begin("update an agent's stats") as connection:
-            _sql(
-                connection,
-                "UPDATE mp_agents SET uses = uses + 1, successes = successes + ?, failures = failures + ?, "
-                "ratings = ratings + ?, rating_sum = rating_sum + ? WHERE id = ?",
-                (int(succeeded), int(not succeeded), int(rating is not None), rating or 0.0, agent_id),
-            )
+            _count_use(connection, agent_id, succeeded=succeeded, rating=rating)
 
     def correct_outcome(self, agent_id: str) -> None:
         """Count an agent's last counted failure as a success instead: its run, retried, succeeded."""
         with self._begin("update an agent's stats") as connection:
-            _sql(
-                connection,
-                "UPDATE mp_agents SET successes = successes + 1, failures = failures - 1 "
-                "WHERE id = ? AND failures > 0",
-                (agent_id,),
-            )
+            _correct_use(connection, agent_id)
 
     def _add_lesson(self, connection: Connection, agent_id: str, lesson: str) -> str | None:
         """Append a lesson to an agent as its next version (the 50 newest kept); the lesson added, if any.
@@ -1159,6 +1149,49 @@ class RegistryStore:
             index.insert(connection, cohort.id, cohort.task)
             _forget_vectors(connection, "cohort", cohort.id)
 
+    def record_team(
+        self,
+        *,
+        succeeded: bool,
+        new_agents: Sequence[AgentSpec],
+        counted: Sequence[str],
+        corrected: Sequence[str],
+        cohort: Cohort | None,
+    ) -> bool:
+        """A run's effect on the registry in one transaction (all or none); False if its team was there.
+
+        `new_agents` are stored (with their stats as given), `counted` agents get one use with
+        the run's outcome each (`record_outcome`), `corrected` ones their counted failure turned
+        into a success (`correct_outcome`), and `cohort`, the run's team, is stored. A storing
+        that fails half way (a full disk) stores nothing, so it can be made again.
+
+        The cohort is claimed first: when the registry has it already (the run's team was
+        stored before: an answer sent again, a step made again) nothing changes, and False; of
+        two at once, the second's insert waits for the first's commit and then finds it. A new
+        agent the registry has already (stored with this run's team, which was removed since)
+        stays as it is: no version that changes nothing, and its use is not counted again.
+        """
+        with self._begin("store a run's team") as connection:
+            if cohort is not None:
+                claimed = _sql(
+                    connection,
+                    "INSERT INTO mp_cohorts (id, cohort, created_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (id) DO NOTHING",
+                    (cohort.id, cohort.model_dump_json(), utc_now()),
+                ).rowcount
+                if claimed != 1:
+                    return False
+                _text_index(connection, "cohort").insert(connection, cohort.id, cohort.task)
+                _forget_vectors(connection, "cohort", cohort.id)
+            for spec in new_agents:
+                if _sql(connection, "SELECT 1 FROM mp_agents WHERE id = ?", (spec.id,)).first() is None:
+                    self.put_agent(spec, connection)
+            for agent_id in counted:
+                _count_use(connection, agent_id, succeeded=succeeded)
+            for agent_id in corrected:
+                _correct_use(connection, agent_id)
+        return True
+
     def get_cohort(self, cohort_id: str) -> Cohort:
         """The cohort with this id."""
         if names_nothing(cohort_id):
@@ -1245,6 +1278,28 @@ class RegistryStore:
 def open_registry(settings: Settings) -> RegistryStore:
     """The registry in the settings' database, with the configured embedder (checked now, made when used)."""
     return RegistryStore(settings.database_url, settings.embedder)
+
+
+def _count_use(
+    connection: Connection, agent_id: str, *, succeeded: bool, rating: float | None = None
+) -> None:
+    """Count one use of an agent, in the caller's transaction (atomic: concurrent writers lose no update)."""
+    _sql(
+        connection,
+        "UPDATE mp_agents SET uses = uses + 1, successes = successes + ?, failures = failures + ?, "
+        "ratings = ratings + ?, rating_sum = rating_sum + ? WHERE id = ?",
+        (int(succeeded), int(not succeeded), int(rating is not None), rating or 0.0, agent_id),
+    )
+
+
+def _correct_use(connection: Connection, agent_id: str) -> None:
+    """Count an agent's last counted failure as a success, in the caller's transaction."""
+    _sql(
+        connection,
+        "UPDATE mp_agents SET successes = successes + 1, failures = failures - 1 "
+        "WHERE id = ? AND failures > 0",
+        (agent_id,),
+    )
 
 
 def _forget_vectors(connection: Connection, kind: str, item_id: str) -> None:

@@ -312,6 +312,8 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
         if answered.taken_before:  # sent again, by whoever holds the web's one login: not "you"
             by, at = answered.answered_by, answered.answered_at
             note = f"This answer was taken already (by {by}, at {at}): it is not stored twice."
+            if answered.follow_up_failed:  # what it was for was tried again, and failed again
+                note += f" But {answered.follow_up_failed}."
             return await _body_once_done(request, record.id, "Your answer was taken", note=note)
         if answered.follow_up_failed:
             note = f"Your answer was taken, but {answered.follow_up_failed}."
