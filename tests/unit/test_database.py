@@ -712,3 +712,51 @@ def test_an_end_made_again_once_recorded_writes_nothing_more(database_url: str) 
         assert [event.kind for event in store.events("r2")].count("run_cancelled") == 1
     finally:
         store.close()
+
+
+def test_a_review_s_decision_is_written_once_and_only_by_the_lease_holder(database_url: str) -> None:
+    """`RunStore.decide_review`: the decision's event and the run's move, in one transaction.
+
+    Written only while its writer holds the run's lease; made again once recorded (a write
+    repeated after a lost acknowledgement), it writes nothing more; a cancel recorded before it stands.
+    """
+    from masterplanner.engine.control import mark_cancelled
+
+    store = RunStore(database_url)
+    try:
+        for run_id in ("r1", "r2", "r3"):
+            store.create_run(run_id, "x", model="scripted:x", workspace="/tmp", options=RunOptions())
+            assert store.set_status(run_id, "awaiting_approval")
+            assert store.claim(run_id, "first", lease_s=0.05)
+        time.sleep(0.2)  # the first stalls past its leases; the second takes r1 and r2 over
+        for run_id in ("r1", "r2"):
+            assert store.claim(run_id, "second", lease_s=60)
+
+        def decisions(run_id: str) -> list[tuple[str, dict[str, object]]]:
+            return [(e.kind, e.data) for e in store.events(run_id) if e.kind in ("approved", "rejected")]
+
+        assert not store.decide_review("r1", "approved", {"by": "person"}, owner="first")
+        assert (store.get_run("r1").status, decisions("r1")) == ("awaiting_approval", [])
+        assert store.decide_review("r1", "approved", {"by": "person"}, owner="second")
+        assert store.decide_review("r1", "approved", {"by": "person"}, owner="second")  # made again
+        assert not store.decide_review("r1", "approved", {"by": "person"}, owner="first")
+        assert (store.get_run("r1").status, decisions("r1")) == ("running", [("approved", {"by": "person"})])
+
+        rejection = {"reason": "no", "by": "person"}
+        assert not store.decide_review("r2", "rejected", rejection, owner="first")
+        assert (store.get_run("r2").status, decisions("r2")) == ("awaiting_approval", [])
+        assert store.decide_review("r2", "rejected", rejection, owner="second")
+        assert not store.decide_review("r2", "rejected", rejection, owner="second")  # made again
+        rejected = store.get_run("r2")
+        assert (rejected.status, rejected.error) == ("cancelled", "rejected: no")
+        assert decisions("r2") == [("rejected", rejection)]
+        assert [event.kind for event in store.events("r2")][-1] == "rejected"
+
+        mark_cancelled(store, "r3")  # a cancel recorded before the decision stands
+        assert not store.decide_review("r3", "approved", {"by": "person"}, owner=None)
+        assert not store.decide_review("r3", "rejected", rejection, owner=None)
+        cancelled = store.get_run("r3")
+        assert (cancelled.status, cancelled.error) == ("cancelled", "cancelled on request")
+        assert decisions("r3") == []
+    finally:
+        store.close()

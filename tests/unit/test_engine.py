@@ -334,25 +334,38 @@ def _one_step_run(engine: Engine, write_script: Callable[..., Path]) -> RunRecor
 async def test_a_cancel_landing_as_the_review_is_approved_keeps_the_run_cancelled(
     engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The approval's move to `running` does not bring back a run a cancel recorded meanwhile."""
+    """The approval's move to `running` does not bring back a run a cancel recorded meanwhile.
+
+    The cancel lands within the approval's write, after it read the run awaiting approval: the
+    approval, one transaction with its event, records nothing (before, its `approved` event was
+    written first, on its own, and stayed on the cancelled run).
+    """
+    from masterplanner.engine import store as store_module
     from masterplanner.engine.control import mark_cancelled
+    from masterplanner.engine.store import RunStore
 
     run = _one_step_run(engine, write_script)
-    store = engine.store
-    appending = store.append_event
+    store, canceller = engine.store, RunStore(engine.settings.database_url)
+    moving, cancelled = store_module._update_run, []
 
-    def append_event(run_id: str, kind: str, *args: Any, **kwargs: Any) -> Any:
-        appended = appending(run_id, kind, *args, **kwargs)
-        if kind == "approved":  # another process's cancel, recorded between the event and the status
-            mark_cancelled(store, run_id)
-        return appended
+    def move(connection: Any, run_id: str, *args: Any, **kwargs: Any) -> bool:
+        values = args[2] if len(args) > 2 else kwargs["values"]
+        if values.get("status") == "running" and not cancelled:  # another process's cancel
+            cancelled.append(run_id)
+            mark_cancelled(canceller, run_id)
+        return moving(connection, run_id, *args, **kwargs)
 
-    monkeypatch.setattr(store, "append_event", append_event)
-    final = await asyncio.wait_for(engine.execute(run.id), 60)
+    monkeypatch.setattr(store_module, "_update_run", move)
+    try:
+        final = await asyncio.wait_for(engine.execute(run.id), 60)
+    finally:
+        canceller.close()
+    assert cancelled == [run.id]
     assert final.status == "cancelled"
     assert store.get_run(run.id).status == "cancelled"
     assert [step.status for step in store.steps(run.id)] in ([], ["pending"], ["cancelled"])
-    assert "step_started" not in [kind for kind, _ in _kinds(engine, run.id)]
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert kinds[-1] == "run_cancelled" and "approved" not in kinds and "step_started" not in kinds
 
 
 async def test_a_cancel_landing_as_the_run_ends_keeps_it_cancelled_and_stores_no_team(
@@ -640,7 +653,7 @@ async def test_an_error_that_is_not_ours_fails_the_run_instead_of_leaving_it_run
     `running` with no event and no error, and nobody took it over (its lease was given up)."""
     from masterplanner.engine import runner
 
-    async def broken(*_args: Any) -> RunRecord:
+    async def broken(*_args: Any, **_kwargs: Any) -> RunRecord:
         raise TypeError("changes() takes 4 positional arguments but 5 were given")
 
     monkeypatch.setattr(runner, "review_run", broken)
@@ -656,7 +669,7 @@ async def test_an_error_that_is_not_ours_fails_the_run_instead_of_leaving_it_run
     )
     assert engine.store.events(run.id)[-1].kind == "run_failed"
 
-    async def grouped(*_args: Any) -> RunRecord:  # ours inside a library's task group: no bug
+    async def grouped(*_args: Any, **_kwargs: Any) -> RunRecord:  # ours inside a library's task group: no bug
         raise ExceptionGroup("unhandled errors in a TaskGroup", [RunError("the review could not be stored")])
 
     monkeypatch.setattr(runner, "review_run", grouped)
@@ -1242,6 +1255,99 @@ async def test_a_run_s_end_is_written_whole_or_not_at_all(
     assert final.status == status
     kinds = [kind for kind, _ in _kinds(engine, run.id)]
     assert kinds.count(f"run_{status}") == 1
+
+
+class _Killed(BaseException):
+    """The process executing a run dies here (as `kill -9` stops it: nothing after runs)."""
+
+
+def _failing_as_the_run_moves(
+    monkeypatch: pytest.MonkeyPatch, status: str, failure: BaseException
+) -> list[str]:
+    """`failure` is raised once as the run's status moves to `status`, within the write that moves it."""
+    from masterplanner.engine import store as store_module
+
+    moving, failed = store_module._update_run, []
+
+    def move(connection: Any, run_id: str, *args: Any, **kwargs: Any) -> bool:
+        values = args[2] if len(args) > 2 else kwargs["values"]
+        if values.get("status") == status and not failed:
+            failed.append(run_id)
+            raise failure
+        return moving(connection, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(store_module, "_update_run", move)
+    return failed
+
+
+@pytest.mark.parametrize("decision", ["approved", "rejected"])
+async def test_a_review_s_decision_is_written_whole_or_not_at_all(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, decision: str
+) -> None:
+    """The process dies between the decision's event and the run's move.
+
+    Before, each was a write of its own: the run stood awaiting approval with an `approved` (or
+    `rejected`) event, and its resume took the review's answer again and recorded a second one.
+    Now the decision is one transaction: nothing of it was written, and the resume records it once.
+    """
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "step:a", "output": "A"}, DRAFTS])
+    run = engine.create_run("x", model=f"scripted:{script}", options=replace(FAST, auto_approve=False))
+
+    async def review(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve"} if decision == "approved" else {"action": "reject", "reason": "no"}
+
+    moved_to = "running" if decision == "approved" else "cancelled"
+    killed = _failing_as_the_run_moves(monkeypatch, moved_to, _Killed())
+    with pytest.raises(_Killed):
+        await execute_answering(engine, run.id, review=review)
+    assert killed == [run.id]
+    stopped = engine.store.get_run(run.id)
+    assert stopped.status == "awaiting_approval"
+    assert decision not in [kind for kind, _ in _kinds(engine, run.id)]
+
+    final = await engine.execute(run.id)  # resumed: the review's answer is taken as it was given
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert kinds.count(decision) == 1
+    if decision == "approved":
+        assert (final.status, final.output) == ("succeeded", "A")
+    else:
+        assert (final.status, final.error) == ("cancelled", "rejected: no")
+        assert kinds[-1] == "rejected" and "step_started" not in kinds
+
+
+@pytest.mark.parametrize("decision", ["approved", "rejected"])
+async def test_a_review_s_decision_the_store_could_not_record_is_not_half_recorded(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, decision: str
+) -> None:
+    """The disk fills between the decision's event and the run's move: the run fails, saying so.
+
+    Before, the event stayed: the failed run said it was approved (or rejected) at review, and
+    its retry, which reviews again a plan never approved, recorded a second `rejected`. Now
+    nothing of the decision is written, and the retry applies the answer given, once.
+    """
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "step:a", "output": "A"}, DRAFTS])
+    run = engine.create_run("x", model=f"scripted:{script}", options=replace(FAST, auto_approve=False))
+
+    async def review(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve"} if decision == "approved" else {"action": "reject", "reason": "no"}
+
+    full_disk = sa.exc.OperationalError("UPDATE mp_runs", {}, Exception("disk I/O error"))
+    moved_to = "running" if decision == "approved" else "cancelled"
+    failed = _failing_as_the_run_moves(monkeypatch, moved_to, full_disk)
+    ended = await execute_answering(engine, run.id, review=review)
+    assert failed == [run.id]
+    assert ended.status == "failed"
+    assert ended.error is not None and ended.error.endswith("disk I/O error")
+    assert decision not in [kind for kind, _ in _kinds(engine, run.id)]
+
+    engine.retry(run.id)  # room again: its plan, never approved, is reviewed again
+    final = await engine.execute(run.id)
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert kinds.count(decision) == 1
+    if decision == "approved":
+        assert (final.status, final.output) == ("succeeded", "A")
+    else:
+        assert (final.status, final.error) == ("cancelled", "rejected: no")
 
 
 async def test_two_processes_executing_one_run_at_once_run_it_once(

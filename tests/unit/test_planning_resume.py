@@ -217,3 +217,75 @@ async def test_a_process_that_lost_the_run_while_planning_records_nothing_and_st
     finally:
         going_on.close()
         other.close()
+
+
+@pytest.mark.parametrize("decision", ["approved", "rejected"])
+async def test_a_process_that_lost_the_run_while_its_review_was_open_records_no_decision(
+    database_url: str,
+    write_script: Callable[..., Path],
+    decision: str,
+) -> None:
+    """A process stalls past its lease while the plan review is open; another takes the run over.
+
+    Before, the review's outcome was written by whichever process read the answer: the stalled
+    one recorded `approved` (and ran the steps itself) or `rejected` (and cancelled the run) under
+    the new holder's lease. Now it records nothing and stops; the holder applies the answer, once.
+    """
+    from masterplanner import RunService
+    from masterplanner.engine.store import RunStore
+
+    script = write_script(
+        [
+            _planner(step("a", tools=[])),
+            {"purpose": "prompt_creator", "output": "Do a.", "repeat": True},
+            {"purpose": "step:a", "output": "A"},
+        ]
+    )
+    other = RunStore(database_url)
+    stalled = Engine(Settings.load(run_lease_s=1))
+    service = RunService(stalled.settings)
+    answer = {"action": "approve"} if decision == "approved" else {"action": "reject", "reason": "no"}
+
+    def take_over(run_id: str) -> None:
+        """The other process takes the run once the stalled one's lease lapsed."""
+        deadline = time.monotonic() + 30
+        while not other.claim(run_id, "other", lease_s=60):
+            assert time.monotonic() < deadline, "the stalled process's lease never lapsed"
+            time.sleep(0.05)
+
+    try:
+        run = stalled.create_run("do a", model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+        with pytest.MonkeyPatch.context() as patch:
+            # stalled: its guard neither renews its lease nor sees it taken over
+            patch.setattr(stalled.store, "heartbeats", lambda owners, **_: None)
+            patch.setattr(stalled.store, "watched", lambda owners: dict.fromkeys(owners, (True, False)))
+            execution = asyncio.ensure_future(stalled.execute(run.id))
+            while not (pending := await service.pending(run.id)):
+                assert not execution.done(), execution
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(take_over, run.id)
+            await service.answer(pending[0].id, answer, by="test")
+            final = await asyncio.wait_for(execution, 60)
+        assert (final.status, final.error) == ("awaiting_approval", None)
+        kinds = [event.kind for event in stalled.store.events(run.id)]
+        assert decision not in kinds and "step_started" not in kinds
+        lease = other.lease(run.id)
+        assert lease is not None and lease.owner == "other"
+    finally:
+        service.close()
+        stalled.close()
+    other.release(run.id, "other")
+    going_on = Engine(Settings.load())
+    try:
+        final = await going_on.execute(run.id)  # the answer given is applied by the holder, once
+        kinds = [event.kind for event in going_on.store.events(run.id)]
+        assert kinds.count(decision) == 1
+        if decision == "approved":
+            assert (final.status, final.output) == ("succeeded", "A")
+            assert kinds.count("step_started") == 1
+        else:
+            assert (final.status, final.error) == ("cancelled", "rejected: no")
+            assert "step_started" not in kinds
+    finally:
+        going_on.close()
+        other.close()

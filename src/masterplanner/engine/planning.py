@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
@@ -296,12 +296,19 @@ def review_payload(run: RunRecord, catalog: RunCatalog) -> dict[str, Any]:
     }
 
 
-async def review_run(resources: RunResources, run: RunRecord) -> RunRecord:
+async def review_run(resources: RunResources, run: RunRecord, *, owner: str) -> RunRecord | None:
     """Wait for the plan review's answer (any process may give it) and apply it.
 
-    Approved, the run is `running`; rejected, `cancelled`. An edit that does not validate
-    against this run's catalog is refused with its problems in an `approval_requested` event,
-    and a new review request opens: the plan stays as it was.
+    Approved, the run is `running`; rejected, `cancelled`: the decision's event and the run's
+    move are one write (`RunStore.decide_review`), made only while `owner` holds the run's lease.
+    An edit that does not validate against this run's catalog is refused with its problems in
+    an `approval_requested` event, and a new review request opens: the plan stays as it was.
+
+    None when the decision's write finds that `owner` no longer holds the run's lease: this
+    execution stops, with nothing recorded, and whoever holds the run applies the answer. Before,
+    a process that had stalled past its lease recorded the decision under the new holder's, and,
+    approved, ran the steps itself. A run cancelled meanwhile is returned as it is: the cancel
+    stands, and the decision is not recorded.
     """
     store = resources.store
     while True:
@@ -310,29 +317,31 @@ async def review_run(resources: RunResources, run: RunRecord) -> RunRecord:
         else:
             decision, by = await _review_answer(resources, run)
         if decision.action == "reject":
-            reason = decision.why
-
-            def rejected(run_id: str = run.id, reason: str = reason, by: str = by) -> RunRecord:
-                store.append_event(run_id, "rejected", data={"reason": reason, "by": by})
-                store.set_status(run_id, "cancelled", error=f"rejected: {reason}")
-                return store.get_run(run_id)
-
-            return await asyncio.to_thread(rejected)
+            return await asyncio.to_thread(
+                _decided, store, run.id, "rejected", {"reason": decision.why, "by": by}, owner
+            )
         try:
             run = await _apply_edit(resources, run, decision)
         except PlanError as error:
             await _open_review(resources, run, {"refused_edit": "; ".join(error.problems)})
             continue
         break
+    return await asyncio.to_thread(_decided, store, run.id, "approved", {"by": by}, owner)
 
-    def approved() -> RunRecord:
-        # the approval is recorded first (who approved is kept even if this process dies next);
-        # a cancel recorded meanwhile stands: the run is not moved to `running`
-        store.append_event(run.id, "approved", data={"by": by})
-        store.set_status(run.id, "running")
-        return store.get_run(run.id)
 
-    return await asyncio.to_thread(approved)
+def _decided(
+    store: RunStore,
+    run_id: str,
+    decision: Literal["approved", "rejected"],
+    data: dict[str, Any],
+    owner: str,
+) -> RunRecord | None:
+    """Record the review's decision; the run as it is then, or None if `owner` lost its lease."""
+    written = store.decide_review(run_id, decision, data, owner=owner)
+    run = store.get_run(run_id)
+    if written or run.finished:  # a rejection made again, or a cancel recorded meanwhile, stands
+        return run
+    return None
 
 
 async def _reviews(resources: RunResources, run: RunRecord) -> list[Request]:

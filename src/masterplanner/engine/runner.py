@@ -568,7 +568,10 @@ class _Drive:
                 return  # another process took the run over (or it was cancelled): it goes on
             run = planned
         if run.status == "awaiting_approval":
-            run = await review_run(resources, run)
+            reviewed = await review_run(resources, run, owner=self.owner)
+            if reviewed is None:
+                return  # another process took the run over: it applies the review's answer
+            run = reviewed
         if run.status == "running":
             await self._run_steps(run, resources)
 

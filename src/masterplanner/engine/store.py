@@ -426,6 +426,7 @@ class RunStore:
         requests: Literal["expired", "cancelled"],
         keep_remember: bool,
         unstarted_finished: bool,
+        owner: str | None = None,
         **values: Any,
     ) -> bool:
         """End the run in one transaction, with its steps, its requests and its end event.
@@ -434,6 +435,7 @@ class RunStore:
         requests are closed as `requests` and its end `event` is appended. `unstarted_finished`:
         a step never started gets a `finished_at` too (a failed end's way) or none (a cancel's).
         Whether the run ended so (False: it had ended, or was cancelled, and nothing is written).
+        With `owner`, only while `owner` holds the run's lease (False otherwise, nothing written).
 
         A success or failure made again once it was recorded (its workflow's step re-run after a
         crash, or a write `reconnecting` repeats after a lost acknowledgement) finds the run so
@@ -451,21 +453,20 @@ class RunStore:
             with self._append_lock:
                 try:
                     with self.begin("end a run") as connection:
-                        now_status = connection.scalar(
-                            sa.select(runs_table.c.status).where(runs_table.c.id == run_id)
-                        )
-                        if status != "cancelled" and now_status == status:  # recorded: made again
+                        now = connection.execute(_STATUS_AND_OWNER, {"run_id": run_id}).first()
+                        if now is None or (owner is not None and now.owner != owner):
+                            return False
+                        if status != "cancelled" and now.status == status:  # recorded: made again
                             return True
-                        if not _update_run(
-                            connection, run_id, status != "cancelled", status == "cancelled", dict(values)
-                        ):
+                        cancel = status == "cancelled"
+                        if not _update_run(connection, run_id, not cancel, cancel, dict(values), owner):
                             return False
                         connection.execute(_FORGET_REQUESTS, {"run_id": run_id})
-                        now = utc_now()
+                        at = utc_now()
                         finished_at = (
-                            sa.literal(now)
+                            sa.literal(at)
                             if unstarted_finished
-                            else sa.case((steps_table.c.started_at.is_not(None), now), else_=None)
+                            else sa.case((steps_table.c.started_at.is_not(None), at), else_=None)
                         )
                         connection.execute(
                             steps_table.update()
@@ -476,11 +477,63 @@ class RunStore:
                             .values(status="cancelled", finished_at=finished_at)
                         )
                         close_open_requests(connection, run_id, requests, keep_remember=keep_remember)
-                        _insert_event(connection, run_id, now, event, None, payload)
+                        _insert_event(connection, run_id, at, event, None, payload)
                 except sa.exc.IntegrityError:
                     continue  # another process took the event's seq; try again
             return True
         raise RunError(f"could not end run {run_id}: the event log is too contended")
+
+    def decide_review(
+        self,
+        run_id: str,
+        decision: Literal["approved", "rejected"],
+        data: dict[str, Any],
+        *,
+        owner: str | None,
+    ) -> bool:
+        """Record a plan review's decision in one transaction: its event (`data`) and the run's move.
+
+        Approved, the run moves to `running` with its `approved` event; rejected, it is cancelled
+        as `end_run` cancels a run, its `rejected` event last and its error `rejected: <reason>`
+        (`data["reason"]`). With `owner`, only while `owner` holds the run's lease: a process that
+        lost it (it stalled past it, and another took the run over) writes nothing. A run that
+        ended meanwhile (a cancel recorded) is left as it is. Whether the decision was written
+        (True too for an approval made again once recorded, which writes nothing more; False for
+        a rejection made again, as for a cancel of a cancelled run).
+
+        Before, each was two writes, the event and then the move: a store error or a crash between
+        them left a run awaiting approval with its decision's event, which its resume recorded a
+        second time, or a failed run saying it was approved or rejected.
+        """
+        if decision == "rejected":
+            return self.end_run(
+                run_id,
+                "cancelled",
+                "rejected",
+                data,
+                requests="cancelled",
+                keep_remember=False,
+                unstarted_finished=False,
+                owner=owner,
+                error=f"rejected: {data['reason']}",
+            )
+        payload = json.dumps(data, default=str)
+        for _ in range(20):
+            with self._append_lock:
+                try:
+                    with self.begin("record a plan's approval") as connection:
+                        now = connection.execute(_STATUS_AND_OWNER, {"run_id": run_id}).first()
+                        if now is None or (owner is not None and now.owner != owner):
+                            return False
+                        if now.status == "running":  # recorded: made again
+                            return True
+                        if not _update_run(connection, run_id, True, True, {"status": "running"}, owner):
+                            return False
+                        _insert_event(connection, run_id, utc_now(), "approved", None, payload)
+                except sa.exc.IntegrityError:
+                    continue  # another process took the event's seq; try again
+            return True
+        raise RunError(f"could not record the approval of run {run_id}: the event log is too contended")
 
     def keep_planning(self, run_id: str, work: Mapping[str, Any], *, owner: str) -> bool:
         """Store the planning work done so far on a run that is still planning (JSON form).
@@ -1227,6 +1280,9 @@ _INSERT_RESERVATION = {
     )
     for postgres, now in _NOW.items()
 }
+_STATUS_AND_OWNER = sa.select(runs_table.c.status, runs_table.c.owner).where(
+    runs_table.c.id == sa.bindparam("run_id")
+)
 _DELETE_RESERVATION = sa.text("DELETE FROM mp_reservations WHERE id = :id")
 _RESERVED = sa.text("SELECT tokens, cost_usd FROM mp_reservations WHERE id = :id")
 _USAGE_TOTALS = sa.text(
