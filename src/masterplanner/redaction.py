@@ -73,10 +73,14 @@ _OWN_SHAPES = (
 )
 """Credentials by their own shape: providers' keys, a private key, a bearer token."""
 
-_WRITTEN_AS = r"(?:[_-](?:value|b64|base64|hex|raw|plain|plaintext|encoded)|[_-]base(?<=key[_-]base))"
+_WRITTEN_AS = (
+    r"(?:[_-]?(?:value|b64|base64|hex|raw|plain|plaintext|encoded)"
+    r"|[_-]?base(?:(?<=key[_-]base)|(?<=keybase)))"
+)
 """A word after a credential's that says how it is written, for case-insensitive use: a
 `token_value`, a `password_b64`, Rails' `secret_key_base` (`_base` after a key only: a
-`token_base` may be a URL) are credentials. A word naming something else (`api_key_id`,
+`token_base` may be a URL) are credentials, and so are they in camelCase (`apiKeyValue`,
+`secretKeyBase`, `clientSecretB64`: shown whole before). A word naming something else (`api_key_id`,
 `password_hash`, `token_count`, `secret_name`) names none, and a bare `key`, `pass`, `pwd` or
 `auth` with a word after it (`key_value`, `auth_value`) none either."""
 _PASSWORD_WORD = rf"pass(?:word|wd|phrase){_WRITTEN_AS}?"
@@ -99,10 +103,15 @@ def _named(words: str) -> str:
     # (OPENAI_API_KEY=…, DB_PASSWORD=…, X-Api-Key: …): `\b` alone missed `_KEY`, `_` being a
     # word character. The name's earlier parts are one run (not `(?:[A-Za-z0-9]+[_-])*`, which
     # took seconds on a 16 KB `a_a_…` argument: tried from every part, each scanned to the end)
-    return rf"(?<![A-Za-z0-9_-])(?:[A-Za-z0-9_-]*[_-])?(?:{words})(?![A-Za-z0-9_-])\s*[:=]\s*"
+    # a camelCase name's last part begins with its hump (`clientSecret`, `apiKeyValue`), as a
+    # JSON member's does (`_member`): before, only a `_` or `-` parted one, and these were shown
+    return (
+        r"(?<![A-Za-z0-9_-])(?:[A-Za-z0-9_-]*(?:[_-]|(?-i:[a-z0-9](?=[A-Z]))))?"
+        rf"(?:{words})(?![A-Za-z0-9_-])\s*[:=]\s*"
+    )
 
 
-_NAMED = _named(f"{_PASSWORD_WORD}|{_NOT_PASSWORD_WORD}")
+_NAMED = _named(f"(?P<shape_password>{_PASSWORD_WORD})|{_NOT_PASSWORD_WORD}")
 """A credential's name and the `=` or `:` after it, to its value (`_NAMED_VALUE`)."""
 
 _NAMED_VALUE = (
@@ -127,9 +136,11 @@ _AUTHORIZATION = (
     # `Signature=`) goes, the scheme and the other parameters stay (a key id in them goes by its
     # own shape, `_removed`). Before, the first parameter's name was taken for the credentials:
     # `Digest [secret removed]"Mufasa", …, response="…"` showed the signature.
+    # Hawk's `id` and `mac` both go: the parameters are read to the last that bears a secret,
+    # and those before it in what is kept are taken out in turn (`_removed`).
     rf"(?P<authorization_param>{_AUTHORIZATION_NAME}(?:\\?[\"'])?[A-Za-z][A-Za-z0-9-]*[ \t]+"
-    r"(?>[A-Za-z][A-Za-z0-9_-]*[ \t]*=[ \t]*(?:\\?\"[^\"\\\n]*+\\?\"|[^\s,\"'\\]*+)[ \t]*,[ \t]*)*?"
-    r"(?i:response|oauth_signature|signature)[ \t]*=[ \t]*(?:\\?\")?)"
+    r"(?>[A-Za-z][A-Za-z0-9_-]*[ \t]*=[ \t]*(?:\\?\"[^\"\\\n]*+\\?\"|[^\s,\"'\\]*+)[ \t]*,[ \t]*)*"
+    r"(?i:response|oauth_signature|signature|mac|id)[ \t]*=[ \t]*(?:\\?\")?)"
     # the value a signature's: a token's characters and URL escapes (`%2F`), holding a digit, `+`,
     # `/` or an escape, not a placeholder or code (`"%s"`, `$RESPONSE`, `<signature>`)
     r"(?=[^\s\"',\\]*[0-9+/%])(?:[A-Za-z0-9._~+/=-]|%[0-9A-Fa-f]{2})++(?![^\s\"',\\])"
@@ -147,7 +158,10 @@ _AUTHORIZATION = (
     # (`Proxy-Authorization`'s `Proxy-` is before the match: one that began at each word's start,
     # to take it in, was read at every word of every text)
     rf"|(?P<authorization>{_AUTHORIZATION_NAME}(?:\\?(?P<authorization_quote>[\"']))?"
-    r"(?P<authorization_scheme>[A-Za-z][A-Za-z0-9-]*[ \t]+)?)"
+    r"(?P<authorization_scheme>[A-Za-z][A-Za-z0-9-]*[ \t]+)?"
+    # after a scheme, an account or key id and a `:` before the signature (Azure's `SharedKey
+    # account:signature`, AWS's v2 `AWS AKIA…:signature`): kept, less a key's own shape in it
+    r"(?(authorization_scheme)(?P<authorization_account>[A-Za-z0-9._-]{1,128}+:(?=[A-Za-z0-9+/]))?))"
     r"(?![A-Z0-9_]*_[A-Z0-9_]*(?![A-Za-z0-9._~+/=-]))"
     rf"(?!(?i:your|{_TOKEN_RUN}*(?:base64|encoded|example|placeholder)))"
     rf"(?!{_TOKEN_RUN}*=++(?:\\?[\"'])?[A-Za-z0-9])"
@@ -156,14 +170,26 @@ _AUTHORIZATION = (
     # and a logfmt line's token (`authorization=9944b… user=bob`) was shown.
     r"(?(authorization_scheme)|"
     r"(?!(?-i:[A-Z][A-Z0-9]*(?:-[A-Z][A-Z0-9]*)+)[ \t]+[A-Za-z][A-Za-z0-9_-]*[ \t]*=))"
-    rf"(?(authorization_scheme){_RANDOM_TOKEN}|(?(authorization_quote){_RANDOM_TOKEN}|(?={_TOKEN_RUN}*[0-9+/])))"
+    # unquoted with no scheme, a camelCase name with digits is code too (`Authorization: auth2Header`)
+    rf"(?(authorization_scheme){_RANDOM_TOKEN}|(?(authorization_quote){_RANDOM_TOKEN}|"
+    rf"(?={_TOKEN_RUN}*[0-9+/])(?!(?:[a-z_][A-Za-z0-9_]*\.)*+[a-z]++\d*+(?:[A-Z][a-z]{{2,}}+\d*+)++(?!{_TOKEN_RUN}|=))))"
     rf"{_TOKEN_RUN}{{8,}}+=*+(?![^\s\"',;\\])"
+    # quoted with no scheme, the credentials end the string: a word before a space is a scheme
+    # (`"SharedKeyLite myaccount:[secret removed]"`)
+    r"(?(authorization_scheme)|(?(authorization_quote)(?=\\?[\"'])))"
 )
 """An `Authorization` header's name, scheme and parameters to the secret one's value
 (`authorization_param`, kept) and that value, or its name and scheme (`authorization`, kept) and
 its credentials."""
 
-_KEY_SHAPES = rf"{_OWN_SHAPES}|(?i:{_NAMED}{_NAMED_VALUE})"
+_KEY_SHAPES = (
+    # under a name not a password's, lower-case words joined by `_` or `.` in quotes are a name
+    # (`sort_token: "created_at_desc_order"`), as `_QUOTED_NAMED` reads them: before, what is shown
+    # lost them whole, name and all, and a person typing them was refused
+    rf"{_OWN_SHAPES}|(?i:{_NAMED}"
+    r"(?(shape_password)|(?![\"'](?-i:[a-z]++(?:[._][a-z]++)++)[\"']))"
+    rf"{_NAMED_VALUE})"
+)
 """A credential by its shape, or a value given to a name ending in a credential word."""
 
 _URL_SECRETS = (
@@ -275,7 +301,9 @@ def _phrase(*, typed: bool) -> str:
             # ending 2 letters or more (`Winter2024`; not a version's `v2`)
             words = (
                 rf"(?={plain}{word}{{3,}}+(?: {word}{{3,}}+){{2,7}}{mark}"
-                rf"|{spaced}*?(?:[A-Za-z]\d++[A-Za-z]|(?<![A-Za-z\d])[A-Za-z]{{2,}}+\d++(?=[ {mark}])))"
+                # (an acronym and one digit is a name: `API2`, `HTTP2`)
+                rf"|{spaced}*?(?:[A-Za-z]\d++[A-Za-z]"
+                rf"|(?<![A-Za-z\d])(?![A-Z]++\d(?=[ {mark}]))[A-Za-z]{{2,}}+\d++(?=[ {mark}])))"
             )
         read.append(
             # 8 to 256 characters (a longer string is read no further: each was scanned to its end)
@@ -298,6 +326,37 @@ and a part with digits inside it (`s3cr3t_v4lue`, `ya29.a0AfH6SMBx7`) a key. Wor
 no name in code: a passphrase (`correct-horse-battery-staple`) goes, and so does a `.properties`
 message so set (`error.password=Invalid-password-given`), the lesser loss."""
 
+_STRING = r"\"[^\"\\\n]*+(?:\\.[^\"\\\n]*+)*+\"|'[^'\\\n]*+(?:\\.[^'\\\n]*+)*+'"
+"""A JSON string, or a Python string as `repr` shows one, on one line."""
+_LIST = rf"\[[ \t\r\n]*+(?:(?:{_STRING})[ \t\r\n]*+,[ \t\r\n]*+)*+(?:{_STRING})[ \t\r\n]*+\]"
+"""A JSON list of strings (or a Python one), over lines or not."""
+_PLURAL_WORD = r"(?i:tokens|secrets|pass(?:word|wd|phrase)s|(?:api|secret|access|private)[_-]?keys|apikeys)"
+"""A plural credential name's last word (`tokens`, `api_keys`, `passwords`; not a bare `keys`)."""
+_PLURAL_ITEM = rf"{_STRING}|[^\s\[\]{{}},\"'#]++"
+"""A string, or a YAML flow sequence's unquoted word, in a list under a plural credential name."""
+_PLURAL_LIST = (
+    rf"\[[ \t\r\n]*+(?:(?:{_PLURAL_ITEM})[ \t\r\n]*+,[ \t\r\n]*+)*+(?:(?:{_PLURAL_ITEM})[ \t\r\n]*+)?\]"
+)
+"""A list under a plural credential name (`"tokens": [...]`, `passwords: [a, b]`, `api_keys = [...]`,
+over lines or not), as `_MEMBER` and `_ASSIGNED` read one: a string in it that looks random or has
+a key's own shape goes (`_PLURAL_SECRET`), the rest stays. Such a name holds a tokenizer's pieces
+or a list of names as often as keys, and a count is no list of strings (`"tokens": 345`, `tokens:
+[1200, 345]`). Read only where those rules read a name (at a quote, at a line's start): a rule of
+its own, tried at every word, cost a tenth more on every text."""
+
+
+_UNQUOTED_PHRASE = (
+    # 3 to 8 words of 3 or more letters, digits or `-` parted by single spaces, none a sentence's
+    # word (`password: Enter your password`), to the line's end or its comment
+    rf"(?![^\n#]*?{_SENTENCE_WORD})[A-Za-z0-9-]{{3,}}+(?: [A-Za-z0-9-]{{3,}}+){{2,7}}+"
+    r"(?=(?:[ \t]+#[^\n]*)?[ \t\r]*(?![^\n]))"
+)
+"""An unquoted passphrase of plain words set to a password's own name on a line of its own
+(`password: correct horse battery staple`, as YAML or ini writes it). Fewer than 3 words, short
+words or punctuation (`password: must be at least 8 characters`, `password: minimum 12 characters`)
+are a message or a requirement, not one; under a longer name (`reset_password: Send reset link`)
+words are a UI's strings more often, as in JSON (`_member`)."""
+
 _ASSIGNED = (
     # a line that sets a credential-named variable, as a .env, ini, YAML or shell file does:
     # `DB_PASSWORD=hunter2hunter2`, `export API_KEY=sk-…`, `password = hunter2hunter2`,
@@ -307,9 +366,13 @@ _ASSIGNED = (
     r"(?P<assigned>(?<![^\n])[ \t]*(?:export[ \t]+|-[ \t]+)?"
     r"(?:(?P<shell>(?P<shell_bare>KEY=)|(?!KEY=)(?:[A-Z0-9_]*_)?"
     rf"(?:{_CREDENTIAL_WORD.upper()})=)"
-    r"|(?:(?P<assigned_bare>(?i:key))|(?!(?i:key)(?:=|[ \t]*:|[ \t]+=))(?:[A-Za-z0-9_.-]*[_.-])?"
+    r"|(?:(?P<assigned_bare>(?i:key))|(?P<assigned_phrase>(?i:pass(?:word|wd|phrase)))(?=[ \t]*[:=])"
+    rf"|(?P<assigned_plural>(?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?{_PLURAL_WORD})"
+    r"|(?!(?i:key)(?:=|[ \t]*:|[ \t]+=))(?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?"
     rf"(?i:{_CREDENTIAL_WORD}))"
     r"(?:=|[ \t]*:[ \t]+|[ \t]+=[ \t]*|=[ \t]+))(?P<assigned_quote>[\"'])?)"
+    # under a plural name, a list (`_PLURAL_LIST`) and nothing else
+    rf"(?(assigned_plural)(?P<assigned_plural_list>{_PLURAL_LIST})(?=(?:[ \t]+#[^\n]*)?[ \t\r]*(?![^\n]))|"
     # a path is no credential, however it is set (`SSH_KEY=~/.ssh/id_ed25519`, `PWD=/home/…`)
     rf"(?!{_PATH})"
     # a bare `key`'s value goes only when it looks random
@@ -326,17 +389,12 @@ _ASSIGNED = (
     # value that names a variable or is words is code, not a credential (`_CODE_NAME`):
     # `api_key = settings.api_key`, `this.apiKey = config.apiKey;`. Taken out, a step that read a
     # source file and wrote it back put the marker into the person's file.
-    + rf"|(?(shell)|(?!{_CODE_NAME}))"
-    r"(?![\"'])(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?![A-Z_]+(?!\S))\S{8,}(?<!,)"
-    r"(?=(?:[ \t]+#[^\n]*)?[ \t\r]*(?![^\n])))"
+    + rf"|(?:(?(assigned_phrase){_UNQUOTED_PHRASE}|(?!))|(?(shell)|(?!{_CODE_NAME}))"
+    r"(?![\"'])(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?![A-Z_]+(?!\S))\S{8,}(?<!,))"
+    r"(?=(?:[ \t]+#[^\n]*)?[ \t\r]*(?![^\n]))))"
 )
 """A credential-named variable set on a line of its own (`assigned`, kept, with its opening quote
 if it has one), and its value."""
-
-_STRING = r"\"[^\"\\\n]*+(?:\\.[^\"\\\n]*+)*+\"|'[^'\\\n]*+(?:\\.[^'\\\n]*+)*+'"
-"""A JSON string, or a Python string as `repr` shows one, on one line."""
-_LIST = rf"\[[ \t\r\n]*+(?:(?:{_STRING})[ \t\r\n]*+,[ \t\r\n]*+)*+(?:{_STRING})[ \t\r\n]*+\]"
-"""A JSON list of strings (or a Python one), over lines or not."""
 
 
 def _member(phrase: str) -> str:
@@ -351,9 +409,12 @@ def _member(phrase: str) -> str:
         # (`member_phrase`) or ending in one or in a secret's
         r"|(?P<member_password>(?P<member_phrase>(?i:pass(?:word|wd|phrase)))"
         r"|(?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?(?i:pass(?:word|wd|phrase)|secret))(?=[\"'])"
+        rf"|(?P<member_plural>(?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?{_PLURAL_WORD})(?=[\"'])"
         r"|(?!(?i:key)[\"'])(?:[A-Za-z0-9_.-]*(?:[_.-]|[a-z0-9](?=[A-Z])))?"
         rf"(?i:{_CREDENTIAL_WORD}))"
         r"[\"'][ \t]*:[ \t]*(?P<member_quote>[\"'])?)"
+        # under a plural name, a list (`_PLURAL_LIST`) and nothing else
+        rf"(?(member_plural)(?P<member_plural_list>{_PLURAL_LIST})|"
         r"(?(member_quote)"
         rf"(?(member_bare)(?={_RANDOM_WORD}(?P=member_quote)))"
         # the value is one word, read as `_ASSIGNED` reads a line's (`_quoted`), and not a name
@@ -368,7 +429,7 @@ def _member(phrase: str) -> str:
         # policy's length, nor a float), or a list of strings under any credential's name but a bare
         # `key`'s, whose strings are read as a member's string is (`_removed`)
         r"|(?:(?(member_password)(?P<member_number>\d{6,}+)(?![\d.eE])|(?!))"
-        rf"|(?(member_bare)(?!)|(?P<member_list>{_LIST}))))"
+        rf"|(?(member_bare)(?!)|(?P<member_list>{_LIST})))))"
     )
 
 
@@ -383,6 +444,12 @@ _MEMBER_PHRASE = re.compile(rf"([\"'])(?:{_phrase(typed=False)})\1")
 """A string in a list under a password's own name that may be a passphrase."""
 _TYPED_MEMBER_PHRASE = re.compile(rf"([\"'])(?:{_phrase(typed=True)})\1")
 """A string in a list under a password's own name that is clearly a passphrase (`_TYPED_MEMBER`)."""
+
+_PLURAL_SECRET = re.compile(
+    rf"{_OWN_SHAPES}|(?=\S*\d)(?=\S*[A-Za-z])(?!\S*[()\[\]{{}}$<>%])(?!{_CODE_NAME}$)[^\s\"'\\]{{8,}}"
+)
+"""A string in a list under a plural credential name that is a credential: a key's own shape, or 8
+or more characters holding letters and digits both, neither code nor a name (`next_page_token2`)."""
 
 _QUOTED_NAMED = (
     rf"(?P<named>(?i:{_named(f'(?P<named_password>{_PASSWORD_WORD})|{_NOT_PASSWORD_WORD}')})(?P<named_quote>[\"']))"
@@ -585,6 +652,10 @@ def _removed(match: re.Match[str]) -> str:
     under a credential's name, the strings that look like one go.
     """
     kept = _kept(match)
+    if match["authorization_account"]:
+        # an account before a signature is kept but for a key's own shape (`AWS AKIA…:…`)
+        account = match["authorization_account"]
+        kept = kept.removesuffix(account) + re.sub(_OWN_SHAPES, REMOVED, account)
     if match["authorization_param"] is not None or match["curl_user"] is not None:
         # the parameters before the signature stay, less what has a key's own shape in them
         # (an AWS header's `Credential=AKIA…`); so do curl's arguments before `-u`, less their
@@ -592,12 +663,31 @@ def _removed(match: re.Match[str]) -> str:
         kept = match.re.sub(_removed, kept)
     if match["member_number"] is not None:
         return f"{kept}{match['member_name_quote']}{REMOVED}{match['member_name_quote']}"
+    plural = match["member_plural_list"] or match.groupdict().get("assigned_plural_list")
+    if plural is not None:
+        return kept + _plural_removed(plural)
     if match["member_list"] is not None:
         phrase = None
         if match["member_phrase"] is not None:
             phrase = _TYPED_MEMBER_PHRASE if match.re is _TYPED_SECRET else _MEMBER_PHRASE
         return kept + _list_removed(match["member_list"], phrase)
     return kept + REMOVED
+
+
+def _plural_removed(listed: str) -> str:
+    """A list under a plural credential name, each item that is a credential (`_PLURAL_SECRET`) taken out.
+
+    An unquoted item (YAML's `[a, b]`) becomes a quoted string: the marker unquoted would be a list.
+    """
+
+    def removed(item: re.Match[str]) -> str:
+        shown = item[0]
+        quote = shown[0] if shown[0] in "\"'" else ""
+        if not _PLURAL_SECRET.fullmatch(shown[1:-1] if quote else shown):
+            return shown
+        return f"{quote}{REMOVED}{quote}" if quote else f'"{REMOVED}"'
+
+    return re.sub(_PLURAL_ITEM, removed, listed)
 
 
 def _list_removed(listed: str, phrase: re.Pattern[str] | None) -> str:
@@ -622,7 +712,8 @@ def _typed(text: str) -> Iterable[re.Match[str]]:
     string of it looks like one.
     """
     for match in _TYPED_SECRET.finditer(text):
-        if match["member_list"] is None or _removed(match) != match[0]:
+        listed = match["member_list"] is not None or match["member_plural_list"] is not None
+        if not listed or _removed(match) != match[0]:
             yield match
 
 

@@ -942,3 +942,102 @@ def test_an_escaped_authorization_header_and_curl_s_user_password_go(text: str, 
 )
 def test_curl_s_user_alone_or_as_variables_and_other_commands_user_stay(text: str) -> None:
     assert (redacted(text), redacted_content(text), looks_secret(text)) == (text, text, False)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown", "content"),
+    [
+        # a list under a plural credential name: each string that looks random or has a key's own
+        # shape goes, the rest (a tokenizer's pieces, a name) stays, and the JSON stays JSON
+        (
+            '{"tokens": ["ghp_0123456789abcdefghijABCDEFGHIJ", "s3cr3tT0kenValue99", "Hello", '
+            '"internationalization"]}',
+            f'{{"tokens": ["{REMOVED}", "{REMOVED}", "Hello", "internationalization"]}}',
+            None,
+        ),
+        (
+            '{"api_keys": ["abcd1234efgh5678", "ijkl9012mnop3456"], "n": 2}',
+            f'{{"api_keys": ["{REMOVED}", "{REMOVED}"], "n": 2}}',
+            None,
+        ),
+        ("{'accessTokens': ['ya29.a0AfH6SMBx7']}", f"{{'accessTokens': ['{REMOVED}']}}", None),
+        # unquoted, as YAML's flow sequence: a string in its place, the YAML still YAML
+        ("passwords: [hunter2hunter2, s3cr3tpass]", f'passwords: ["{REMOVED}", "{REMOVED}"]', None),
+        ("api_keys = ['abcd1234efgh5678', \"short\"]", f"api_keys = ['{REMOVED}', \"short\"]", None),
+        # a camelCase name with a word after the credential's that says how it is written
+        ("secretKeyBase: 0f4e5d6c7b8a9f0e1d2c3b4a5f6e7d8c", REMOVED, f"secretKeyBase: {REMOVED}"),
+        ('{"apiKeyValue": "abcd1234efgh5678"}', f'{{"apiKeyValue": "{REMOVED}"}}', None),
+        ('apiKeyValue = "abcd1234efgh5678"', REMOVED, f'apiKeyValue = "{REMOVED}"'),
+        ("clientSecretB64: aHVudGVyMmh1bnRlcjI=", REMOVED, f"clientSecretB64: {REMOVED}"),
+        ('{"clientSecretB64": "aHVudGVyMmh1bnRlcjI="}', f'{{"clientSecretB64": "{REMOVED}"}}', None),
+        # an unquoted passphrase on a YAML or ini line of its own, under a password's own name
+        ("password: correct horse battery staple", f"password: {REMOVED}", None),
+        ("  - passphrase: purple monkey dishwasher # old", f"  - passphrase: {REMOVED} # old", None),
+        # Azure's SharedKey and SharedKeyLite: the account stays, the signature goes
+        (
+            "Authorization: SharedKey myaccount:ctzMq410TV3wS7upTBcunJTDLEJwMAZuFPfr0mrrA08=",
+            f"Authorization: SharedKey myaccount:{REMOVED}",
+            None,
+        ),
+        (
+            '{"Authorization": "SharedKeyLite myaccount:ctzMq410TV3wS7upTBcunJTDLEJwMAZuFPfr0mrrA08="}',
+            f'{{"Authorization": "SharedKeyLite myaccount:{REMOVED}"}}',
+            None,
+        ),
+        # AWS signature v2: the key id goes by its own shape, the signature too
+        (
+            "Authorization: AWS AKIAIOSFODNN7EXAMPLE:frJIUN8DYpKDtOLCwo//yllqDzg=",
+            f"Authorization: AWS {REMOVED}:{REMOVED}",
+            None,
+        ),
+        # Hawk: its id and its mac go, its timestamp and nonce stay
+        (
+            'Authorization: Hawk id="dh37fgj492je", ts="1353832234", nonce="j4h3g2", '
+            'mac="6R4rV5iE+NPoym+WwjeHzjAGXUtLNIxmo1vpMofpLAE="',
+            f'Authorization: Hawk id="{REMOVED}", ts="1353832234", nonce="j4h3g2", mac="{REMOVED}"',
+            None,
+        ),
+    ],
+)
+def test_plural_camel_case_passphrase_and_signed_header_credentials_go(
+    text: str, shown: str, content: str | None
+) -> None:
+    """Each was shown whole (docs/security.md listed them as known gaps): a plural name, a camelCase
+    name with a word after the credential's, an unquoted passphrase, and the `Authorization`
+    schemes whose credentials hold a `:` (SharedKey, AWS v2) or are parameters other than a
+    signature (Hawk's `id` and `mac`)."""
+    assert (redacted(text), redacted_content(text)) == (shown, content or shown)
+    assert secret_parts(shown) == [] and secret_parts(content or shown) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # counts and names under plural or credential-like names: an LLM's usage, a schema
+        '{"usage": {"input_tokens": 1200, "output_tokens": 345, "tokens": 1545}}',
+        "tokens_used: 1234",
+        "max_tokens: 2048",
+        "tokens: [1200, 345]",
+        '{"tokens": ["Hello", ",", " world", "internationalization"]}',
+        '"keys": ["name", "id"]',
+        '{"api_keys": ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"], "secrets": ["db-password", "api-token"]}',
+        "passwords_match: true",
+        "sort_keys: [created_at, updated_at]",
+        # a UI's strings and messages under a password's name, in JSON or on a YAML line
+        '{"forgot_password": "Forgot your password?"}',
+        '{"password": "See the docs at API2"}',
+        "password: Enter your password",
+        "password: must be at least 8 characters",
+        "password: minimum 12 characters",
+        "password_hint: the usual one",
+        # code naming an Authorization header's value
+        "headers: { Authorization: authToken }",
+        "Authorization: auth2Header",
+        "    Authorization: auth2Header,",
+        # a quoted name under a token's name
+        'sort_token: "created_at_desc_order"',
+    ],
+)
+def test_counts_names_ui_strings_and_code_stay(text: str) -> None:
+    """Ordinary text named like a credential: hidden, a step that read it and wrote it back lost it."""
+    assert (redacted(text), redacted_content(text), looks_secret(text)) == (text, text, False)
