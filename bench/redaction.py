@@ -6,7 +6,8 @@ Every tool result (a file read, an HTTP body, a program's output) is redacted be
 the events or a checkpoint see it, on the event loop. A megabyte of mixed text (code, JSON,
 `.env` lines, HTTP headers, near-misses of each rule) and three texts that run to their end after
 a name a rule reads (a passphrase's, a list's, a quoted token's: the shapes a rule that scanned
-to the end at every position, or backtracked, would be slow on) go through `redacted`,
+to the end at every position, or backtracked, would be slow on), and two that once were slow
+(a long run of name parts, `a_a_a_…`, and of URL starts, `x://u:x://u:…`) go through `redacted`,
 `redacted_content` and `secret_parts`. The anchor, timed in the same run on the same texts, is
 one pass of a plain word-finding regular expression (`re.findall(r"\\w+")`): each figure is the
 best of --repeat runs divided by the anchor's best, i.e. how many such passes redaction costs.
@@ -44,6 +45,10 @@ def texts(megabytes: float) -> dict[str, str]:
         "open phrase": '{"password": "' + "ab " * (size // 3),
         "open list": '{"token": [' + '"a", ' * (size // 5),
         "open quoted name": 'sort_token: "' + "a_" * (size // 2),
+        # once slow: a name's parts tried from every part (16 KB of `a_` took 8 s), and a URL's
+        # password read to the last `@` of its token (`x://u:` repeated took seconds)
+        "name parts": "a_" * (size // 2),
+        "url starts": "x://u:" * (size // 6),
     }
 
 

@@ -109,12 +109,8 @@ def test_no_text_no_clauses_and_any_text_at_least_one() -> None:
     assert clauses("...") == ["..."]
 
 
-def test_clauses_are_deterministic_and_fast() -> None:
-    import time
-
+def test_clauses_are_deterministic() -> None:
     task = "Read a.csv, compute the mean and then write it to b.txt. " * 50
-    started = time.perf_counter()
     first = clauses(task)
-    assert time.perf_counter() - started < 0.5
     assert first == clauses(task)
     assert len(first) == 150

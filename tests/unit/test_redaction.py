@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import time
 from pathlib import Path
 
 import pytest
@@ -82,12 +81,10 @@ def test_words_that_begin_like_a_key_are_not_credentials(text: str) -> None:
     assert (looks_secret(text), redacted(text)) == (False, text)
 
 
-def test_a_long_run_of_name_parts_is_read_once_not_once_per_part() -> None:
-    """`(?:[A-Za-z0-9]+[_-])*` tried the name from every part and scanned each to the end: 16 KB of
-    `a_` took 8 s (every tool argument is read so). The bound is a hundred times what it takes now."""
-    started = time.perf_counter()
+def test_a_long_run_of_name_parts_is_no_credential() -> None:
+    """`(?:[A-Za-z0-9]+[_-])*` once tried the name from every part: 16 KB of `a_` took 8 s. How
+    long it takes is bench/redaction.py's to measure ("name parts"); here, what comes out."""
     assert redacted("a_" * 8000) == "a_" * 8000 and not looks_secret("x-" * 8000)
-    assert time.perf_counter() - started < 1.0
 
 
 def test_what_a_person_types_holds_a_secret_by_its_shape_or_as_a_secret_variables_value(
@@ -194,12 +191,11 @@ def test_urls_without_a_credential_are_left_as_they_are(text: str) -> None:
     assert (looks_secret(text), redacted(text)) == (False, text)
 
 
-def test_text_full_of_url_starts_is_read_in_time() -> None:
-    """The password runs to the last `@` of its token: unbounded, `x://u:` repeated took seconds."""
-    started = time.perf_counter()
+def test_text_full_of_url_starts_is_left_as_it_is() -> None:
+    """The password runs to the last `@` of its token: unbounded, `x://u:` repeated took seconds
+    (bench/redaction.py's "url starts" measures it); here, what comes out."""
     for text in ("x://u:" * 3000, "x://" * 4000, "a-" * 8000, "?" + "a_" * 8000):
         assert redacted(text) == text
-    assert time.perf_counter() - started < 1.0
 
 
 def test_secrets_the_settings_hold_are_taken_out_and_refused_while_those_settings_are_in_use(
