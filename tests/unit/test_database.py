@@ -760,3 +760,54 @@ def test_a_review_s_decision_is_written_once_and_only_by_the_lease_holder(databa
         assert decisions("r3") == []
     finally:
         store.close()
+
+
+def test_a_database_made_before_folded_tasks_finds_its_runs_in_any_case(database_url: str) -> None:
+    """Migration `0017_run_task_folded`: the runs stored before it are case-folded in batches
+    and found by a search in any case; a run a version before it stores afterwards (sharing the
+    database, its `task_folded` NULL) is still found as that version found it, ASCII's case."""
+    import sqlalchemy as sa
+
+    store = RunStore(database_url)
+    with store.begin("make the database as versions before the migration left it") as connection:
+        connection.execute(sa.text("ALTER TABLE mp_runs DROP COLUMN task_folded"))
+        connection.execute(sa.text("DELETE FROM mp_migrations WHERE name = '0017_run_task_folded'"))
+        connection.execute(
+            sa.text(
+                "INSERT INTO mp_runs (id, task, status, model, workspace, options, created_at, "
+                "updated_at, cancel_requested) VALUES (:id, :task, 'failed', 'scripted', '/tmp', '{}', "
+                ":at, :at, :no)"
+            ),
+            [
+                {
+                    "id": f"old{number:04}",
+                    "task": f"ÄRGER number {number}",
+                    "at": f"2026-01-01T{number:04}",
+                    "no": False,
+                }
+                for number in range(1001)
+            ],
+        )
+    store.close()
+    store = RunStore(database_url)
+    try:
+        with store.begin("read the migrations") as connection:
+            applied = list(connection.scalars(sa.text("SELECT name FROM mp_migrations")))
+            assert connection.scalar(sa.text("SELECT COUNT(*) FROM mp_runs WHERE task_folded IS NULL")) == 0
+        assert applied.count("0017_run_task_folded") == 1
+        assert [run.id for run in store.list_runs(2000, text="ärger")] == [
+            f"old{number:04}" for number in reversed(range(1001))
+        ]
+        assert [run.id for run in store.list_runs(text="ÄRGER NUMBER 1000")] == ["old1000"]
+        with store.begin("store a run as a version before the migration does") as connection:
+            connection.execute(
+                sa.text(
+                    "INSERT INTO mp_runs (id, task, status, model, workspace, options, created_at, "
+                    "updated_at, cancel_requested) VALUES ('older', 'Write the Report', 'failed', "
+                    "'scripted', '/tmp', '{}', '2027', '2027', :no)"
+                ),
+                {"no": False},
+            )
+        assert [run.id for run in store.list_runs(text="the REPORT")] == ["older"]
+    finally:
+        store.close()

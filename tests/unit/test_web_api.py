@@ -23,6 +23,7 @@ from _plans import APPROVED_AS_SHOWN, step, to_approval
 
 from masterplanner import ConfigError, Settings
 from masterplanner.engine.control import open_run_store
+from masterplanner.engine.records import RunOptions
 from masterplanner.engine.store import RunStore
 from masterplanner.errors import DatabaseUnavailableError, RequestClosedError
 from masterplanner.service import RunService
@@ -1087,3 +1088,48 @@ async def test_a_review_answer_naming_some_steps_agents_leaves_the_others_as_the
     assert [entry.action for entry in audit_entries([other], [])] == [
         "approved the plan with edits to the prompts of a and the tool policies of b"
     ]
+
+
+async def test_a_run_search_finds_the_task_in_any_case_beyond_ascii(either_database: str) -> None:
+    """`q=Ärger` and `q=ärger` found none of the tasks "Ärger task …": the query was lowered in
+    Python and compared with SQL's `lower(task)`, ASCII only on SQLite. Wildcards stay literal.
+    (Found by fuzzing the API, 2026-11-28.)
+    """
+    settings = Settings.load()
+    settings.ensure_home()
+    store = RunStore(settings.database_url)
+    tasks = {
+        "r1": "Ärger task 1",
+        "r2": "ärger task 2",
+        "r3": "ÄRGER TASK 3",
+        "r4": "Die Straße",
+        "r5": "ΣΊΣΥΦΟΣ rolls",
+        "r6": "100% done",
+        "r7": "a_b c",
+        "r8": "Unrelated job",
+    }
+    for run_id, task in tasks.items():
+        store.create_run(run_id, task, model="scripted", workspace=".", options=RunOptions())
+    store.engine.dispose()
+    async with web_client() as client:
+        for q, found in [
+            ("Ärger", {"r1", "r2", "r3"}),
+            ("ärger", {"r1", "r2", "r3"}),
+            ("ÄRGER task 3", {"r3"}),
+            ("STRASSE", {"r4"}),
+            ("straße", {"r4"}),
+            ("σίσυφος", {"r5"}),
+            ("%", {"r6"}),
+            ("a_b", {"r7"}),
+            ("_", {"r7"}),
+            ("a%b", set()),
+        ]:
+            listed = await client.get("/api/v1/runs", params={"q": q})
+            assert (listed.status_code, {run["id"] for run in listed.json()}) == (200, found), q
+        page = await client.get("/runs", params={"q": "ärger"})
+        assert page.status_code == 200
+        assert [task for task in tasks.values() if html.escape(task) in page.text] == [
+            "Ärger task 1",
+            "ärger task 2",
+            "ÄRGER TASK 3",
+        ]

@@ -84,6 +84,9 @@ runs_table = sa.Table(
     sa.Column("executor", sa.String(16)),
     sa.Column("retries", sa.Integer, nullable=False, server_default="0"),
     sa.Column("planning", sa.Text),
+    sa.Column("task_folded", sa.Text),
+    # the task case-folded in Python (`str.casefold`), which `list_runs` searches: SQLite's
+    # lower() folds ASCII only and Postgres's follows the database's ctype (none in `C`)
 )
 steps_table = sa.Table(
     "mp_steps",
@@ -220,6 +223,21 @@ def _index_usage_requests_by_run(connection: Connection) -> None:
         index.create(connection, checkfirst=True)
 
 
+def _add_run_task_folded(connection: Connection) -> None:
+    """Migration `0017_run_task_folded`: each run's task case-folded, for searches in any case.
+
+    Filled in here for the runs already stored, a thousand at a time.
+    """
+    if "task_folded" not in {column["name"] for column in sa.inspect(connection).get_columns("mp_runs")}:
+        connection.execute(sa.text("ALTER TABLE mp_runs ADD COLUMN task_folded TEXT"))
+    unfolded = sa.select(runs_table.c.id, runs_table.c.task).where(runs_table.c.task_folded.is_(None))
+    while rows := connection.execute(unfolded.limit(1000)).all():
+        connection.execute(
+            runs_table.update().where(runs_table.c.id == sa.bindparam("run_id")),
+            [{"run_id": run_id, "task_folded": task.casefold()} for run_id, task in rows],
+        )
+
+
 MIGRATIONS: list[Migration] = [
     ("0001_runs_steps_events_usage", _create_run_tables),
     ("0002_requests", create_requests_table),
@@ -237,6 +255,7 @@ MIGRATIONS: list[Migration] = [
     ("0014_usage_requests", _create_usage_requests),
     ("0015_request_answer_call", add_answer_call),
     ("0016_usage_requests_run_index", _index_usage_requests_by_run),
+    ("0017_run_task_folded", _add_run_task_folded),
 ]
 """Named schema migrations, applied in order, each exactly once per database."""
 
@@ -351,6 +370,7 @@ class RunStore:
                 runs_table.insert().values(
                     id=run_id,
                     task=task,
+                    task_folded=task.casefold(),
                     status="planning",
                     model=model,
                     workspace=workspace,
@@ -633,15 +653,22 @@ class RunStore:
     def list_runs(
         self, limit: int = 50, *, status: str | None = None, text: str | None = None
     ) -> list[RunRecord]:
-        """The newest runs first; only those with `status`, and whose task holds `text` (any case)."""
+        r"""The newest runs first; only those with `status`, and whose task holds `text` (any case).
+
+        Any case is Unicode's case folding (`str.casefold`: `Ä` finds `ä`, `STRASSE` finds
+        `Straße`); `%`, `_` and `\` in `text` are taken as they are.
+        """
         query = sa.select(runs_table).order_by(runs_table.c.created_at.desc()).limit(limit)
         if status:
             query = query.where(runs_table.c.status == status)
         if text and names_nothing(text):
             return []
         if text:
-            escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            query = query.where(sa.func.lower(runs_table.c.task).like(f"%{escaped}%", escape="\\"))
+            escaped = text.casefold().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            # a run stored by a version before `task_folded` (sharing the database) is searched by
+            # its task lowered in SQL, as that version did
+            folded = sa.func.coalesce(runs_table.c.task_folded, sa.func.lower(runs_table.c.task))
+            query = query.where(folded.like(f"%{escaped}%", escape="\\"))
         with self.begin("list runs") as connection:
             rows = connection.execute(query).mappings().all()
         return [_run_record(row) for row in rows]
