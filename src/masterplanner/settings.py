@@ -655,12 +655,14 @@ class Settings(BaseSettings):
         settings._trusted_home = _base_home(given.get("home"))
         return settings
 
-    def record_workspace(self, folder: Path) -> None:
-        """Record `folder` as a run's workspace, so no settings are read from it from now on.
+    def check_workspace(self, folder: Path) -> None:
+        """Refuse (`SettingsError`) a workspace that no run may have, by where it is alone.
 
         A workspace that is masterplanner's home, or holds it, is refused: steps could then
         rewrite the settings, the registry and the runs of every later run. So is one that is
-        `/`, a system folder (or inside one of the operating system's own), or a home folder itself.
+        `/`, a system folder (or inside one of the operating system's own), or a home folder
+        itself. Nothing on disk is read or made: a run checks this before it makes the folder
+        or measures what it holds (the measure of `/` took seconds, for a refusal).
         """
         folder = folder.resolve()
         refusal = _unsafe_workspace(folder)
@@ -682,6 +684,15 @@ class Settings(BaseSettings):
                     f"workspace {folder} is inside masterplanner's home {home}, among its own data or "
                     f"the runs' workspaces; steps could change them there. Choose a folder outside it"
                 )
+
+    def record_workspace(self, folder: Path) -> None:
+        """Record `folder` as a run's workspace, so no settings are read from it from now on.
+
+        Refused, recording nothing, as `check_workspace` refuses it.
+        """
+        folder = folder.resolve()
+        self.check_workspace(folder)
+        homes = {self.home.resolve(), (self._trusted_home or _base_home(None)).resolve()}
         for home in homes:
             try:
                 home.mkdir(mode=0o700, parents=True, exist_ok=True)  # its owner's only, as ensure_home

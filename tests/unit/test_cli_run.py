@@ -1064,10 +1064,13 @@ def test_a_workspace_under_tilde_is_the_home_s_and_an_empty_one_is_refused(tmp_p
 
 def test_a_workspace_the_person_cannot_write_to_is_refused(tmp_path: Path) -> None:
     """Before, the run succeeded with each write 'permission denied'. Root passes every permission:
-    it runs without the capabilities that let it (as a person without them would be)."""
+    it runs without the capabilities that let it (as a person without them would be). It is
+    refused before its files are measured: a folder in it that cannot be read made the refusal
+    "cannot measure", and a large tree took seconds to measure before it (the API's `/`)."""
     (tmp_path / "none.json").write_text('{"calls": [{"purpose": "*", "repeat": true}]}')
     locked = tmp_path / "locked"
     locked.mkdir()
+    (locked / "unreadable").mkdir(mode=0o000)
     locked.chmod(0o555)
     dropped = "-dac_override,-dac_read_search"
     prefix = ("setpriv", f"--bounding-set={dropped}", f"--inh-caps={dropped}") if os.geteuid() == 0 else ()

@@ -1133,3 +1133,59 @@ async def test_a_run_search_finds_the_task_in_any_case_beyond_ascii(either_datab
             "ärger task 2",
             "ÄRGER TASK 3",
         ]
+
+
+async def test_a_workspace_refused_for_where_it_is_is_refused_before_it_is_measured(
+    isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_script: Callable[..., Path]
+) -> None:
+    """`{"workspace": "/"}` took 7-15 s, measuring the whole file system, before its refusal
+    (found by fuzzing the API, 2026-11-28). The root, a system folder, a home folder and a folder
+    holding masterplanner's home or inside it are refused first, measuring nothing, making no
+    folder and recording nothing."""
+    from masterplanner.settings import known_workspaces
+    from masterplanner.tools.workspace import Workspace
+
+    measured: list[Path] = []
+    measure = Workspace.allocated_bytes
+
+    def allocated_bytes(workspace: Workspace) -> int:
+        measured.append(workspace.root)
+        return measure(workspace)
+
+    monkeypatch.setattr(Workspace, "allocated_bytes", allocated_bytes)
+    home, parent = await asyncio.to_thread(isolated.resolve), await asyncio.to_thread(tmp_path.resolve)
+    model = f"scripted:{write_script([{'purpose': '*', 'repeat': True}])}"
+    own = "steps write and delete files there. Choose a folder of its own"
+    async with web_client("/api/v1") as client:
+        for folder, error in [
+            ("/", f"workspace / is the root of the file system; {own}"),
+            ("/usr", f"workspace /usr is the system folder /usr; {own}"),
+            (
+                "/usr/share/new-folder",
+                f"workspace /usr/share/new-folder is inside the system folder /usr; {own}",
+            ),
+            ("/home/someone", f"workspace /home/someone is a home folder itself; {own}"),
+            (
+                str(tmp_path),
+                f"workspace {parent} holds masterplanner's home {home}; steps could change "
+                "its settings, agents and runs there. Choose a folder outside it",
+            ),
+            (
+                str(isolated / "mine"),
+                f"workspace {home / 'mine'} is inside masterplanner's home {home}, among its own data "
+                "or the runs' workspaces; steps could change them there. Choose a folder outside it",
+            ),
+        ]:
+            refused = await client.post("/runs", json={"task": "t", "model": model, "workspace": folder})
+            assert (refused.status_code, refused.json()) == (400, {"error": error}), folder
+        assert (await client.get("/runs")).json() == []
+    made = _removed_if_made(Path("/usr/share/new-folder"), Path("/home/someone"), isolated / "mine")
+    assert (measured, known_workspaces(isolated), made) == ([], [], [])
+
+
+def _removed_if_made(*folders: Path) -> list[Path]:
+    """Those of the (empty) `folders` that exist, removed: a test that fails leaves none behind."""
+    made = [folder for folder in folders if folder.exists()]
+    for folder in made:
+        folder.rmdir()
+    return made

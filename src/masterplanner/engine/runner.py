@@ -213,14 +213,18 @@ class Engine:
             raise ConfigError(problem)
         _check_money_budget(spec, options.max_cost_usd)
         growth = options.workspace_max_growth_bytes
+        # refused for where it is before anything is made there or measured (the measure of `/`
+        # took seconds, for a refusal; a folder was made in /usr/share, then refused)
+        self.settings.check_workspace(folder)
         try:
             # a workspace the caller names is made only in a folder that exists
-            start = Workspace(folder).create(parents=workspace is None).allocated_bytes()
+            made = Workspace(folder).create(parents=workspace is None)
+            if not os.access(folder, os.W_OK | os.X_OK):
+                # each step's writes failed ("permission denied") and the run still succeeded
+                raise ConfigError(f"workspace {folder} is not writable")
+            start = made.allocated_bytes()
         except ToolError as error:  # the run's configuration, not a step's tool call
             raise ConfigError(str(error)) from None
-        if not os.access(folder, os.W_OK | os.X_OK):
-            # each step's writes failed ("permission denied") and the run still succeeded
-            raise ConfigError(f"workspace {folder} is not writable")
         options = replace(
             options,
             team_tools=not small if options.team_tools is None else options.team_tools,
