@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from _cluster import plan_step as step
@@ -252,7 +253,11 @@ def test_a_429_with_retry_after_is_waited_out_and_the_run_succeeds(
         ("500", "fetch", "the model server failed (HTTP 500: the server had an error)"),
         ("hang", "fetch", "the model server did not answer within 3 s"),
         ("malformed", "fetch", "the model server's reply was not valid JSON"),
-        ("crash", "fetch", "could not reach the model server (Connection error.)"),
+        (
+            "crash",
+            "fetch",
+            "could not reach the model server at {address} (it closed the connection without answering)",
+        ),
         ("500", "planner", "the model server failed (HTTP 500: the server had an error)"),
         ("429", "aggregator", "the model provider is rate limiting requests (HTTP 429)"),
     ],
@@ -265,6 +270,7 @@ def test_a_failure_in_passing_is_tried_again_once_and_said(
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert (report["status"], report["output"]) == ("succeeded", "all done")
+    problem = problem.format(address=urlsplit(here.server.base_url).netloc)
     purpose = {"fetch": "step:fetch"}.get(rule, rule)
     step_id = "fetch" if rule == "fetch" else None
     assert retries_of(here, report["run_id"]) == [

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import socket
+import ssl
 from typing import Any
 
 import pytest
@@ -187,3 +191,105 @@ async def test_a_model_retried_event_that_cannot_be_stored_leaves_the_request_tr
             "tried again all the same): the run's database failed: disk I/O error",
         )
     ]
+
+
+def _served(reply: bool) -> tuple[int, Any]:
+    """A local port: nobody listens there (`reply` False), or a server that reads each request
+    and closes the connection without answering (True). Returns (port, the socket to close)."""
+    import socket
+    import threading
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    if not reply:
+        listening.close()
+        return port, listening
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = listening.accept()
+                with connection:
+                    connection.recv(65536)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return port, listening
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"), [(False, "connection refused"), (True, "it closed the connection without answering")]
+)
+async def test_a_model_server_out_of_reach_is_said_in_our_words_with_its_address_and_no_secret(
+    waits: list[float], monkeypatch: pytest.MonkeyPatch, reply: bool, reason: str
+) -> None:
+    """It said "could not reach the model server (Connection error.)", the OpenAI client's own
+    words, which neither name the server nor what went wrong (found by a fuzz review, 2026-11-28)."""
+    from pydantic_ai import models
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from masterplanner.models.openai_compat import OpenAICompatibleModel
+
+    monkeypatch.setattr(models, "ALLOW_MODEL_REQUESTS", True)  # a local port, no hosted API
+    port, listening = _served(reply)
+    url = f"http://someone:pass-word-1@127.0.0.1:{port}/v1?token=tok-en-2"
+    server = OpenAICompatibleModel("m", provider=OpenAIProvider(base_url=url, api_key="sk-key-3"))
+    try:
+        with pytest.raises(ModelRetriesExhaustedError) as caught:
+            await RetriedModel(server, attempts=2, timeout_s=30).request(
+                [ModelRequest(parts=[UserPromptPart("hi")])], None, ModelRequestParameters()
+            )
+    finally:
+        listening.close()
+    assert str(caught.value) == (
+        f"could not reach the model server at 127.0.0.1:{port} ({reason}); gave up after 2 tries"
+    )
+    assert waits == [1.0]
+
+
+def _attempts_failed(*failures: OSError) -> OSError:
+    """anyio's error when each address of a host was tried and failed, raised while httpcore's is handled."""
+    failed = OSError("All connection attempts failed")
+    failed.__cause__ = ExceptionGroup("multiple connection attempts failed", list(failures))
+    handling = OSError("All connection attempts failed")
+    handling.__context__ = failed
+    return handling
+
+
+@pytest.mark.parametrize(
+    ("cause", "reason"),
+    [
+        (socket.gaierror(socket.EAI_NONAME, "Name or service not known"), "no such host"),
+        (
+            socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"),
+            "its name could not be looked up",
+        ),
+        (ConnectionResetError(104, "Connection reset by peer"), "the connection was reset"),
+        (OSError(errno.ENETUNREACH, "Network is unreachable"), "network is unreachable"),
+        (OSError(errno.EHOSTUNREACH, "No route to host"), "no route to host"),
+        (TimeoutError("timed out"), "timed out"),
+        (ssl.SSLCertVerificationError(1, "certificate verify failed"), "its TLS certificate was not trusted"),
+        (ValueError("something else"), "the connection failed"),
+        (
+            _attempts_failed(ConnectionRefusedError(111, "refused"), OSError(101, "unreachable")),
+            "connection refused",
+        ),
+    ],
+)
+async def test_why_a_model_server_was_out_of_reach_is_read_from_the_transport_s_error(
+    waits: list[float], cause: BaseException, reason: str
+) -> None:
+    """What the transport raised, under the SDK's "Connection error." (the `__cause__` chain)."""
+    import httpx
+
+    failure = api.ModelConnectionError("m", "Connection error.")
+    transport = httpx.ConnectError(
+        str(cause), request=httpx.Request("POST", "https://models.example:8443/v1/chat")
+    )
+    transport.__cause__ = cause
+    failure.__cause__ = transport
+    with pytest.raises(ModelRetriesExhaustedError) as caught:
+        await ask(RetriedModel(Failing(failure), attempts=1, timeout_s=None))
+    assert str(caught.value) == (
+        f"could not reach the model server at models.example:8443 ({reason}); gave up after one try"
+    )

@@ -18,7 +18,11 @@ here.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
+import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -83,11 +87,78 @@ def transient_problem(error: BaseException, timeout_s: float | None = None) -> P
         detail = ": ".join(part for part in (http, _error_message(error.body)) if part)
         return Problem(f"the model server failed ({detail or 'no reason given'})", error.retry_after)
     if isinstance(error, api.ModelConnectionError):
-        reason = redacted(_first_line(error.message))
-        return Problem(f"could not reach the model server ({reason})", error.retry_after)
+        causes = _causes(error)
+        where = _address(causes)
+        at = f" at {where}" if where else ""
+        return Problem(f"could not reach the model server{at} ({_unreachable(causes)})", error.retry_after)
     if isinstance(error, json.JSONDecodeError) or isinstance(error.__cause__, json.JSONDecodeError):
         return Problem("the model server's reply was not valid JSON")
     return None
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """`error` and what it was raised from, outermost first (a chain that loops is read once).
+
+    httpcore raises its errors while handling the transport's (`__context__`, not `__cause__`);
+    of a group (each address of a host tried, all failed) the first is read.
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in chain:
+        chain.append(current)
+        if isinstance(current, BaseExceptionGroup):
+            current = current.exceptions[0]
+        else:
+            current = current.__cause__ or current.__context__
+    return chain
+
+
+def _address(causes: list[BaseException]) -> str:
+    """`host:port` of the request the transport failed to make ('' if no error names it).
+
+    Only the host and port: the URL's user name, password, path and query (which may hold a
+    key) are left out.
+    """
+    for cause in causes:
+        url = getattr(getattr(cause, "request", None), "url", None)
+        host = getattr(url, "host", None)
+        if isinstance(host, str) and host:
+            port = getattr(url, "port", None)
+            shown = f"[{host}]" if ":" in host else host
+            return f"{shown}:{port}" if isinstance(port, int) else shown
+    return ""
+
+
+_NO_SUCH_HOST = frozenset(
+    getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA", "EAI_ADDRFAMILY") if hasattr(socket, name)
+)
+
+
+def _unreachable(causes: list[BaseException]) -> str:
+    """Why the server could not be reached, in our words.
+
+    Read from the transport's error under the SDK's own words ("Connection error.", which say
+    nothing of it): the innermost, the operating system's, says the most.
+    """
+    for cause in reversed(causes):
+        if isinstance(cause, socket.gaierror):
+            return "no such host" if cause.errno in _NO_SUCH_HOST else "its name could not be looked up"
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return "its TLS certificate was not trusted"
+        if isinstance(cause, ssl.SSLError):
+            return "the TLS handshake failed"
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, ConnectionResetError):
+            return "the connection was reset"
+        if isinstance(cause, TimeoutError):
+            return "timed out"
+        if isinstance(cause, OSError) and cause.errno is not None and cause.errno in errno.errorcode:
+            return os.strerror(cause.errno).lower()
+    for cause in causes:  # httpx's words for a server that closed the connection
+        if type(cause).__name__ == "RemoteProtocolError" and "disconnected" in str(cause):
+            return "it closed the connection without answering"
+    return "the connection failed"
 
 
 def _error_message(body: object) -> str:
