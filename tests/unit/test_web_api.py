@@ -527,6 +527,45 @@ async def test_a_body_holding_a_nul_is_refused_naming_the_field(
         assert (await client.get(f"/runs/{run['id']}")).json()["status"] == "awaiting_approval"
 
 
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/vnd.api+json",
+        "application/merge-patch+json; charset=utf-8",
+        "Application/JSON",
+        'application/problem+JSON; profile="x"',
+    ],
+)
+async def test_a_body_holding_a_nul_is_refused_whatever_json_type_it_is_sent_as(
+    isolated: Path, write_script: Callable[..., Path], content_type: str
+) -> None:
+    """FastAPI reads any `application/…+json` body as JSON; the NUL check read only
+    `application/json`, so a feedback comment with one was a 400 where others are 422 (found by
+    a fuzz review, 2026-11-28)."""
+    script = write_script([{"purpose": "*", "repeat": True}])
+    async with web_client("/api/v1") as client:
+        run = await _a_run_awaiting_review(client, write_script)
+        review = (await client.get(f"/requests?run_id={run['id']}")).json()[0]
+        body = {"task": "x", "model": f"scripted:{script}", "options": {"auto_approve": True}}
+        ended = (await client.post("/runs", json=body)).json()
+        await _wait_for(
+            client, f"/runs/{ended['id']}", lambda found: found["status"] in ("failed", "succeeded")
+        )
+        for path, body, field in [
+            (f"/runs/{ended['id']}/feedback", {"rating": 4, "comment": "a\x00b"}, "comment"),
+            (f"/requests/{review['id']}/answer", {"approve": False, "reason": "no\x00pe"}, "reason"),
+        ]:
+            refused = await client.post(
+                path, content=json.dumps(body), headers={"content-type": content_type}
+            )
+            problem = f"body.{field}: must not hold a NUL character"
+            assert (refused.status_code, refused.json()) == (
+                422,
+                {"error": f"the request is invalid: {problem}", "problems": [problem]},
+            ), path
+        assert (await client.get(f"/requests/{review['id']}")).json()["state"] == "open"
+
+
 async def test_ids_numbers_and_bodies_past_what_is_taken(
     client: httpx.AsyncClient, write_script: Callable[..., Path], tmp_path: Path
 ) -> None:

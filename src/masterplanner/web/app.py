@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import email.message
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -310,11 +311,13 @@ async def _no_nul_in_body(request: Request) -> None:
 
     No text stored holds one (`database.names_nothing`): Postgres refuses it in its own words
     (naming its URL), after an answer had been taken with a 200 and the run then failed on it.
+    Every body FastAPI reads as JSON is checked (`_read_as_json`): one sent as
+    `application/vnd.api+json` skipped it, and a feedback comment with a NUL was then a 400.
     A body that is not JSON is left to the route, which says so.
     """
     if request.method not in ("POST", "PUT", "PATCH"):
         return
-    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+    if not _read_as_json(request.headers.get("content-type")):
         return
     try:
         sent = json.loads(await request.body())
@@ -323,6 +326,21 @@ async def _no_nul_in_body(request: Request) -> None:
     where = nul_at(sent)
     if where is not None:
         raise RequestValidationError([{"type": "value_error", "loc": ("body", *where), "msg": NUL_PROBLEM}])
+
+
+def _read_as_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of this type as JSON (`fastapi.routing`, strict content types).
+
+    `application/json` and any `application/…+json`, in any case and with any parameters,
+    parsed as FastAPI parses it; without a type, no (FastAPI's `strict_content_type`).
+    """
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    json_subtype = subtype == "json" or subtype.endswith("+json")
+    return message.get_content_maintype() == "application" and json_subtype
 
 
 class _BodyLimit:
