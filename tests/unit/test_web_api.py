@@ -1228,3 +1228,35 @@ def _removed_if_made(*folders: Path) -> list[Path]:
     for folder in made:
         folder.rmdir()
     return made
+
+
+async def test_of_simultaneous_resumes_of_a_stopped_run_one_starts_it_and_the_others_are_409(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    """All four were 200 (one execution started), where README promises a 409 for a run being
+    executed (found by a fuzz review, 2026-11-28)."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
+            {"purpose": "step:a", "output": "A done"},
+            DRAFTS,
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    elsewhere = RunService(Settings.load())  # made by a process that stopped before executing it
+    try:
+        made = await elsewhere.create(
+            "do a", model=f"scripted:{script}", options=RunOptions(auto_approve=True)
+        )
+    finally:
+        elsewhere.close()
+    async with web_client("/api/v1") as client:
+        answers = await asyncio.gather(*(client.post(f"/runs/{made.id}/resume") for _ in range(4)))
+        statuses = sorted(answer.status_code for answer in answers)
+        refusals = [answer.json() for answer in answers if answer.status_code == 409]
+        assert (statuses, refusals) == (
+            [200, 409, 409, 409],
+            [{"error": f"run {made.id} is being executed: there is nothing to resume"}] * 3,
+        )
+        done = await _wait_for(client, f"/runs/{made.id}", lambda found: found["status"] == "succeeded")
+    assert done["output"] == "A done"

@@ -96,22 +96,23 @@ class Executions:
         self.for_workers = for_workers
         self._tasks: dict[str, asyncio.Task[RunRecord]] = {}
 
-    def start(self, run_id: str, *, again: bool = False) -> None:
+    def start(self, run_id: str, *, again: bool = False) -> bool:
         """Execute the run in the background (not if this server already does, or workers do).
 
         `again` (a retried run): if this server's execution of it is still finishing, the run
-        is executed again once that execution is over.
+        is executed again once that execution is over. Whether an execution starts (or will).
         """
         if self.for_workers:
-            return
+            return False
         running = self._tasks.get(run_id)
         if running is not None and not running.done():
             if again:
                 running.add_done_callback(lambda _: self.start(run_id))
-            return
+            return again
         task = asyncio.create_task(self.service.execute(run_id), name=f"run {run_id}")
         self._tasks[run_id] = task
         task.add_done_callback(self._finished)
+        return True
 
     async def resume(self, run_id: str) -> RunRecord:
         """Go on, in this server, with a run no process executes (the one that did stopped).
@@ -132,7 +133,10 @@ class Executions:
                 f"this server executes no runs (it was started with --workers): "
                 f"resume run {record.id} with `masterplanner runs resume {record.id}`"
             )
-        self.start(record.id)
+        # of resumes sent at once, each found the run stopped; the first starts it, the others
+        # are refused as for a run being executed (they were all taken, one execution started)
+        if not self.start(record.id):
+            raise RunError(f"run {record.id} is being executed: there is nothing to resume")
         return record
 
     def _finished(self, task: asyncio.Task[RunRecord]) -> None:
