@@ -67,7 +67,10 @@ class AgentPrompt:
         return self.revisions[-1] if self.revisions else self.draft
 
     def to_json_dict(self) -> dict[str, Any]:
-        """JSON form: `prompt`, `critique` (the last one, or null), `draft`, and every round."""
+        """JSON form: `prompt`, `critique` (the last one, or null), `draft`, and every round.
+
+        The last critique is of the text the last revision replaced, not of `prompt`.
+        """
         return {
             "prompt": self.final,
             "critique": self.critiques[-1].model_dump() if self.critiques else None,

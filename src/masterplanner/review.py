@@ -31,6 +31,7 @@ __all__ = [
     "FRESH",
     "POLICIES",
     "ReviewEdit",
+    "critique_note",
     "edit_in_editor",
     "editor_command",
     "parse_review_yaml",
@@ -68,6 +69,19 @@ def reused_agent_origin(agent: dict[str, Any]) -> str:
     if agent.get("prompt_by_person") and not agent.get("edited"):
         origin += ", its prompt written by a person"
     return origin
+
+
+def critique_note(critique: dict[str, Any]) -> str:
+    """The critic's scores as the reviews say them, with what they are of.
+
+    The critique is of the text the last revision replaced (the draft, after one round), not of
+    the prompt shown: shown as "critic: …" beside the prompt, the scores read as the prompt's.
+    """
+    return (
+        f"the critic scored the version before this revision: clarity {critique['clarity']}, "
+        f"completeness {critique['completeness']}, tool fit {critique['tool_fit']}, "
+        f"output {critique['output_format']}"
+    )
 
 
 @dataclass(frozen=True)

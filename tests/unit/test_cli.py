@@ -298,6 +298,31 @@ def test_plan_with_prompts_json(write_script: Callable[..., Path]) -> None:
     assert payload["agents"]["a"]["critique"] == critique
 
 
+def test_plan_with_prompts_says_the_critic_scored_the_version_before_the_revision(
+    write_script: Callable[..., Path],
+) -> None:
+    """The prompt shown is the last revision; the critique is of the text that revision replaced."""
+    valid = {"steps": [_step("a")]}
+    critique = {"clarity": 2, "completeness": 1, "tool_fit": 5, "output_format": 3, "defects": ["vague"]}
+    script = write_script(
+        [
+            {"purpose": "planner", "output": valid},
+            {"purpose": "prompt_creator", "output": "You are a draft."},
+            {"purpose": "critic", "output": critique},
+            {"purpose": "prompt_creator", "output": "You are the revision."},
+        ]
+    )
+    result = run("plan", "Do a", "--model", f"scripted:{script}", "--prompts")
+    assert result.returncode == 0, result.stderr
+    lines = [line.strip(" │├└─") for line in result.stdout.splitlines()]
+    at = lines.index(
+        "prompt (the critic scored the version before this revision: clarity 2, completeness 1, "
+        "tool fit 5, output 3)"
+    )
+    assert lines[at + 1].strip(" │├└─") == "You are the revision."
+    assert "critic: clarity" not in result.stdout
+
+
 def test_plan_plans_with_the_tools_a_run_could_use_here(write_script: Callable[..., Path]) -> None:
     """`plan` offered every shipped tool: it showed plans with tools `run` would refuse here."""
     searching = {"steps": [{**_step("look"), "tools": ["web_search"]}]}

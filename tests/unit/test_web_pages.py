@@ -95,7 +95,12 @@ async def test_a_task_is_started_reviewed_with_edits_answered_and_followed(
 
     body = await _body_until(client, run_id, "Review the plan")
     assert "<svg" in body and 'marker-end="url(#arrow)"' in body  # the graph, with an arrow a → b
-    assert "Critic: clarity 4, completeness 3, tool fit 5, output 4; defects: say the file" in body
+    # the prompt shown is the revision; the critic's scores are of the text it replaced
+    assert (
+        "The critic scored the version before this revision: clarity 4, completeness 3, tool fit 5, "
+        "output 4; defects the revision was to fix: say the file"
+    ) in body
+    assert "Critic: clarity" not in body
     assert "Estimate for the steps: about 4 model calls, " in body and ", cost $0.00 " in body
     review_id = re.search(r'hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', body)
     assert review_id is not None

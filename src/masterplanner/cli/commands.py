@@ -249,15 +249,13 @@ def print_plan_dict(result: Plan, agents: dict[str, Any], *, stderr: bool = Fals
 
 
 def _agent_notes(agent: dict[str, Any]) -> str:
-    """The critic's scores, `(edited)`, a reused person's prompt and where a reused agent came from."""
+    """The critic's scores, `(edited)`, a reused person's prompt, where a reused agent came from."""
     notes = ""
     critique = agent.get("critique")
     if critique:
-        scores = (
-            f"critic: clarity {critique['clarity']}, completeness {critique['completeness']}, "
-            f"tool fit {critique['tool_fit']}, output {critique['output_format']}"
-        )
-        notes += f" [dim]({shown(scores)})[/]"
+        from ..review import critique_note
+
+        notes += f" [dim]({shown(critique_note(critique))})[/]"
     if agent.get("edited"):
         notes += " [yellow](edited)[/]"
     if agent.get("agent_id") and agent.get("reused_from") is not None:

@@ -260,7 +260,8 @@ class AgentBrief(BaseModel):
     """The instructions the step agent gets (empty: the Prompt Creator writes them before the run)."""
     draft: str | None = None
     critique: dict[str, Any] | None = None
-    """The Prompt Creator's last critique."""
+    """The Prompt Creator's last critique: of the text its last revision replaced (the draft, after
+    one round), not of `prompt`."""
     rounds: list[dict[str, Any]] = []
     """Each critique-and-revision round of the Prompt Creator."""
     agent_id: str | None = None

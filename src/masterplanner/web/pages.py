@@ -27,6 +27,7 @@ from ..errors import MasterplannerError, PlanError, RequestClosedError, RunError
 from ..estimate import BASIS, estimate_run
 from ..event_text import event_detail
 from ..redaction import REMOVED, redacted
+from ..review import critique_note
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name, typed_secrets_removed
 from ..usage import budget_money, money
@@ -47,6 +48,7 @@ templates = Jinja2Templates(
     )
 )
 templates.env.globals["event_detail"] = event_detail  # an event's words, as the terminal says them
+templates.env.globals["critique_note"] = critique_note  # the critic's scores, as the terminal says them
 
 STATUSES = ("planning", "awaiting_approval", "running", "succeeded", "failed", "cancelled")
 _log = logging.getLogger("masterplanner.web")
