@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # a rating above LOW_RATING calls no model: pydantic-ai is im
 
     from .registry import RegistryStore
 
-__all__ = ["LOW_RATING", "FeedbackResult", "check_rating", "give_feedback"]
+__all__ = ["LOW_RATING", "FeedbackResult", "check_rating", "give_feedback", "registry_refusal"]
 
 LOW_RATING = 2
 """At or below this rating the agents involved are taught lessons."""
@@ -66,6 +66,24 @@ def involved_agents(
     }
     known = registry.known_agents(list(candidates.values()))
     return {step_id: agent_id for step_id, agent_id in candidates.items() if agent_id in known}
+
+
+def registry_refusal(registry: RegistryStore, run_id: str, plan: Plan, agents: dict[str, Any]) -> str | None:
+    """Why the registry cannot rate the run (none of its agents is stored, or it was rated); None if it can.
+
+    Blocking (database work): call it off the event loop.
+    """
+    if not involved_agents(registry, run_id, plan, agents):
+        return (
+            f"run {run_id} has no agents in the registry to rate: the agents made for a run are "
+            "stored with its team when it succeeds (and storing it was approved), and none of its "
+            "steps used a stored agent"
+        )
+    try:
+        registry.check_unrated(run_id)
+    except RunError as rated:
+        return str(rated)
+    return None
 
 
 def check_rating(rating: object) -> None:
@@ -111,16 +129,12 @@ async def give_feedback(
         raise ConfigError(
             secret_refusal("the comment", not_in="a rating's comment") + "; the run is not rated"
         )
-    # the registry's calls are database work (and may embed): off the event loop
+    # the registry's calls are database work (and may embed): off the event loop; a refusal is
+    # said before the analysis's model call, and `apply_rating` decides
+    refusal = await asyncio.to_thread(registry_refusal, registry, run_id, plan, agents)
+    if refusal is not None:
+        raise RunError(refusal)
     involved = await asyncio.to_thread(involved_agents, registry, run_id, plan, agents)
-    if not involved:
-        raise RunError(
-            f"run {run_id} has no agents in the registry to rate: the agents made for a run are "
-            "stored with its team when it succeeds (and storing it was approved), and none of its "
-            "steps used a stored agent"
-        )
-    # said before the analysis's model call; `apply_rating` decides
-    await asyncio.to_thread(registry.check_unrated, run_id)
     # an agent reused by several steps is rated once for the run
     result = FeedbackResult(rated_agents=list(dict.fromkeys(involved.values())))
     lessons: dict[str, list[str]] = {}

@@ -795,6 +795,36 @@ class RunService:
 
     # ---- feedback
 
+    async def rating_refusal(self, run_id: str) -> str | None:
+        """Why `feedback` refuses to rate the run now, in the words it refuses with; None if it rates it.
+
+        A run is rated once it has ended after some of its steps ran, when some of its agents are
+        in the registry, and only once. One definition: `feedback` asks it, and the run's web page
+        offers its rating form only when it says nothing (it offered it to runs refused then).
+        """
+        from .feedback import registry_refusal
+        from .registry import open_registry
+
+        run = await self.get(run_id)
+        if not run.finished:
+            return f"run {run.id} is {run.status}: a run is rated once it has ended"
+        events = await self.events(run.id)
+        if run.plan is None or not any(event.kind == "step_started" for event in events):
+            return f"run {run.id} was {run.status} before any step ran: there is nothing to rate"
+        rated = [event for event in events if event.kind == "run_rated"]  # before the registry kept it
+        if rated:
+            earlier = rated[-1]
+            return (
+                f"run {run.id} was rated {earlier.data.get('rating')} already (by "
+                f"{earlier.data.get('by', 'someone')} at {earlier.at}): a run is rated once"
+            )
+        registry = await asyncio.to_thread(open_registry, self.settings)
+        try:
+            agents = briefs_json(run.agents)
+            return await asyncio.to_thread(registry_refusal, registry, run.id, run.plan, agents)
+        finally:
+            registry.close()
+
     async def feedback(
         self, run_id: str, *, rating: int, comment: str = "", model: str | None = None, by: str | None = None
     ) -> FeedbackSummary:
@@ -811,18 +841,10 @@ class RunService:
 
         check_rating(rating)
         run = await self.get(run_id)
-        if not run.finished:
-            raise RunError(f"run {run.id} is {run.status}: a run is rated once it has ended")
-        events = await self.events(run.id)
-        if run.plan is None or not any(event.kind == "step_started" for event in events):
-            raise RunError(f"run {run.id} was {run.status} before any step ran: there is nothing to rate")
-        rated = [event for event in events if event.kind == "run_rated"]  # before the registry kept it
-        if rated:
-            earlier = rated[-1]
-            raise RunError(
-                f"run {run.id} was rated {earlier.data.get('rating')} already (by "
-                f"{earlier.data.get('by', 'someone')} at {earlier.at}): a run is rated once"
-            )
+        refusal = await self.rating_refusal(run.id)
+        if refusal is not None:
+            raise RunError(refusal)
+        assert run.plan is not None  # a run that never had one is refused above
         analyst = None
         if rating <= LOW_RATING:  # the failure analysis's model; a higher rating needs none
             from .models import resolve_model

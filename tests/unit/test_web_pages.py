@@ -900,3 +900,70 @@ async def test_a_page_rendered_as_the_run_changes_has_its_stream_start_before_wh
     asked = next(event["seq"] for event in events if event["kind"] == "cancel_requested")
     after = re.search(rf'sse-connect="/runs/{run_id}/changes\?after=(\d+)"', page)
     assert after is not None and int(after[1]) < asked  # the stream sends it, and the page follows
+
+
+async def test_a_run_s_page_offers_a_rating_only_where_the_service_takes_one(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """The page offered "Rate this run" to every finished run with a plan; the service refused most."""
+    form_field = 'name="rating"'
+    # failed at its step (not replanned), the registry empty: none of its agents is stored
+    broken = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("z", tools=[])]}},
+            DRAFTS,
+            {"purpose": "critic", "repeat": True},
+            {"purpose": "step:z", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True},
+        ]
+    )
+    form = {"task": "count the zebras", "model": f"scripted:{broken}", "yes": "on", "max_replans": "0"}
+    created = await client.post("/new", data=form)
+    failed = created.headers["location"].removeprefix("/runs/")
+    body = await _body_until(client, failed, r'class="status status-failed"')
+    assert form_field not in body and "Rate this run" not in body
+    assert (
+        f'<p class="note">This run cannot be rated: run {failed} has no agents in the registry to rate: '
+    ) in body
+    # the service still refuses what the page does not offer
+    refused = await client.post(
+        f"/runs/{failed}/feedback", data={"rating": "3"}, headers={"HX-Request": "true"}
+    )
+    assert refused.status_code == 422
+    assert f'role="alert">run {failed} has no agents in the registry to rate: ' in refused.text
+
+    one_step = {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}}
+    fine = write_script(
+        [one_step, {"purpose": "step:a", "output": "A done"}, DRAFTS, {"purpose": "*", "repeat": True}]
+    )
+    created = await client.post("/new", data={"task": "do a", "model": f"scripted:{fine}", "yes": "on"})
+    good = created.headers["location"].removeprefix("/runs/")
+    body = await _body_until(client, good, r'class="status status-succeeded"')
+    assert "Rate this run" in body and form_field in body
+    rated = await client.post(f"/runs/{good}/feedback", data={"rating": "4"}, headers={"HX-Request": "true"})
+    assert rated.status_code == 200, rated.text
+    assert "Rated 4/5: 1 agents and the team" in rated.text and form_field not in rated.text
+    # rated: who and when instead of the form, in the service's words
+    events = (await client.get(f"/api/v1/runs/{good}/events")).json()
+    (rating,) = [event for event in events if event["kind"] == "run_rated"]
+    by = rating["data"]["by"]
+    body = (await client.get(f"/runs/{good}/body")).text
+    assert form_field not in body and "Rate this run" not in body
+    assert re.search(
+        rf'<p class="note">This run cannot be rated: run {good} was rated 4 already \(by {re.escape(by)} at '
+        r"[^)]+\): a run is rated once</p>",
+        body,
+    )
+
+    # rejected at review: nothing ran
+    created = await client.post("/new", data={"task": "do a", "model": f"scripted:{fine}"})
+    rejected = created.headers["location"].removeprefix("/runs/")
+    body = await _body_until(client, rejected, "Review the plan")
+    review_id = re.search(r'hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', body)
+    assert review_id is not None
+    await client.post(f"/runs/{rejected}/requests/{review_id[1]}", data={"choice": "reject"})
+    body = await _body_until(client, rejected, r'class="status status-cancelled"')
+    assert form_field not in body and "Rate this run" not in body
+    assert (
+        f'<p class="note">This run cannot be rated: run {rejected} was cancelled before any step ran: '
+        "there is nothing to rate</p>"
+    ) in body

@@ -380,8 +380,11 @@ async def rate(request: Request, run_id: str) -> Response:
             record.id, rating=int(rating), comment=comment[:4000], by=answerer_name("web")
         )
     except MasterplannerError as error:
+        # as it is now: rated meanwhile from another page, say
+        context = await _body_context(request, await service.get(record.id), None)
         context["rated"] = {"error": str(error)}
         return templates.TemplateResponse(request, "_run_body.html", context, status_code=422)
+    context = await _body_context(request, await service.get(record.id), None)
     lessons = sum(len(items) for items in summary.lessons.values())
     context["rated"] = {
         "message": f"Rated {rating}/5: {len(summary.rated_agents)} agents"
@@ -572,11 +575,12 @@ async def _body_context(
         head, _, rest = text.partition(": ")
         step_id = head.removeprefix("step ").strip("'") if head.startswith("step ") else ""
         step_problems.setdefault(step_id, []).append(rest if step_id else text)
+    finished = record.status in FINISHED_RUN_STATUSES
     return (
         {
             "run": record,
             "report": report,
-            "finished": record.status in FINISHED_RUN_STATUSES,
+            "finished": finished,
             "requests": requests,
             "review": review,
             "plan": plan,
@@ -597,6 +601,8 @@ async def _body_context(
             "problem": problem,
             "step_problems": step_problems,
             "rated": None,
+            # the service's own question: the page offered a rating it then refused
+            "unratable": await service.rating_refusal(record.id) if finished else None,
             "retry": None,
             "estimate": estimate,
             "estimate_basis": BASIS,
