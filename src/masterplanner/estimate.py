@@ -18,10 +18,9 @@ from typing import Any
 
 from .usage import money
 
-__all__ = ["BASIS", "RunEstimate", "estimate_run"]
+__all__ = ["RunEstimate", "estimate_run"]
 
-BASIS = "one request a step, two with tools; tokens and time a request as this run's calls so far"
-"""What the estimate assumes, shown beside it (the terminal's review showed the figures alone)."""
+_REQUESTS = "one request a step, two with tools"
 
 
 @dataclass(frozen=True)
@@ -35,6 +34,16 @@ class RunEstimate:
     """Wall time with the steps' parallelism; None until the run has made a call to measure by."""
     cost: str | None
     """What those tokens cost (`$0.0123`; `$0.00` for models that run here); None when not known."""
+
+    def basis(self) -> str:
+        """What the estimate assumes, shown beside it, of the figures it shows.
+
+        Without a call to measure by, it shows no tokens or time: it says when it will (it
+        explained "tokens and time a request as this run's calls so far" it did not show).
+        """
+        if self.tokens is None:
+            return f"{_REQUESTS}; tokens and time are estimated once this run has made a model call"
+        return f"{_REQUESTS}; tokens and time a request as this run's calls so far"
 
     def text(self) -> str:
         """`about 4 model calls, 400 tokens, 5.3 s, cost $0.00`, as the reviews show it."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-__all__ = ["Part", "Tone", "budget_wait", "event_detail", "planning_stage", "retry_wait"]
+__all__ = ["Part", "Tone", "budget_wait", "event_detail", "planning_stage", "retry_wait", "team_reused"]
 
 Tone = Literal["good", "bad", "warn"] | None
 Part = tuple[str, Tone]
@@ -114,15 +114,19 @@ def _request(data: dict[str, Any]) -> list[Part]:
     return parts + ([(f" edit refused: {data['refused_edit']}", "bad")] if "refused_edit" in data else [])
 
 
+def team_reused(data: dict[str, Any]) -> str:
+    """A `plan_ready` event's stored team reused: `reusing the team of run R (similarity S, adapted: HOW)`."""
+    return (
+        f"reusing the team of run {data.get('reused_cohort')} (similarity {data.get('similarity')}, "
+        f"adapted: {data.get('adaptation')})"
+    )
+
+
 def _plan_ready(data: dict[str, Any]) -> list[Part]:
     if data.get("cautions"):
         return [(f" caution: {caution}", "warn") for caution in data["cautions"]]
     if "reused_cohort" in data:
-        reuse = (
-            f"reusing the team of run {data['reused_cohort']} (similarity {data.get('similarity')}, "
-            f"adapted: {data.get('adaptation')})"
-        )
-        return [(f" {reuse}", None)]
+        return [(f" {team_reused(data)}", None)]
     if "reuse_failed" in data:
         return [(f" {data['reuse_failed']}", "warn"), ("; planned afresh", None)]
     return []

@@ -733,6 +733,39 @@ def test_the_review_says_why_a_small_model_did_not_reuse_the_stored_team(
     assert said in second.stderr.splitlines(), second.stderr
 
 
+def test_the_review_says_which_stored_team_it_reuses_and_an_estimate_says_what_it_shows(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    # The review marked each agent reused but said nothing of the team (only `runs show` did), and
+    # its estimate explained "tokens and time" it did not show (no model call measured them yet).
+    calls = [
+        {"purpose": "planner", "output": {"steps": [{"title": "Write the haiku", "agent_role": "poet"}]}},
+        {"purpose": "prompt_creator", "output": "You are a poet.", "repeat": True},
+        {"purpose": "*", "repeat": True},
+    ]
+    script = write_script(None, raw=json.dumps({"small_model": True, "calls": calls}))
+    model = f"scripted:{script}"
+    first = _mp("run", "Write a haiku about the sea to haiku.txt", "--model", model, "--yes", "--json")
+    assert first.returncode == 0, first.stderr
+    first_id = json.loads(first.stdout)["run_id"]
+    second = subprocess.run(
+        [*_MP, "run", "Write a haiku about the sea to poem.txt", "--model", model, "--rounds", "0"],
+        input="a\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert second.returncode == 0, second.stderr
+    lines = second.stderr.splitlines()
+    assert f"reusing the team of run {first_id} (similarity 1.0, adapted: parameters)" in lines, second.stderr
+    (estimate,) = [line for line in lines if line.startswith("estimate for the steps:")]
+    assert estimate == (
+        "estimate for the steps: about 2 model calls, cost $0.00 (one request a step, two with tools; "
+        "tokens and time are estimated once this run has made a model call)"
+    )
+
+
 async def test_a_run_is_rated_once_all_or_nothing_and_only_after_something_ran(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:

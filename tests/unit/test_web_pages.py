@@ -878,6 +878,37 @@ async def test_the_review_page_says_why_a_small_model_did_not_reuse_the_stored_t
     ) in body
 
 
+async def test_the_review_page_says_which_stored_team_it_reuses(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """Only the events said a team was reused; the estimate explained tokens and time it did not show."""
+    calls = [
+        {"purpose": "planner", "output": {"steps": [{"title": "Write the haiku", "agent_role": "poet"}]}},
+        {"purpose": "prompt_creator", "output": "You are a poet.", "repeat": True},
+        {"purpose": "*", "repeat": True},
+    ]
+    model = f"scripted:{write_script(None, raw=json.dumps({'small_model': True, 'calls': calls}))}"
+    form = {
+        "task": "Write a haiku about the sea to haiku.txt",
+        "model": model,
+        "prompt_rounds": "0",
+        "yes": "on",
+    }
+    first = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
+    await _body_until(client, first, r"status status-succeeded")
+    form = {"task": "Write a haiku about the sea to poem.txt", "model": model, "prompt_rounds": "0"}
+    run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
+    body = await _body_until(client, run_id, "Review the plan")
+    assert (
+        f'<p class="reused" role="note">Reusing the team of run {first} (similarity 1.0, adapted: '
+        "parameters).</p>"
+    ) in body
+    assert (
+        "Estimate for the steps: about 2 model calls, cost $0.00 <small>(one request a step, two with "
+        "tools; tokens and time are estimated once this run has made a model call)</small>"
+    ) in body
+
+
 async def test_a_page_rendered_as_the_run_changes_has_its_stream_start_before_what_it_does_not_show(
     client: httpx.AsyncClient, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

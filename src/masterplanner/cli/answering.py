@@ -314,21 +314,23 @@ class TerminalAnswerer:
 
     async def _estimate(self, plan: Plan) -> str:
         """What running the plan's steps will likely take and cost (`estimate.estimate_run`)."""
-        from ..estimate import BASIS, estimate_run
+        from ..estimate import estimate_run
 
         run = await self.service.get(self.run_id)
         usage = await self.service.usage(self.run_id)
         done = {step.id for step in await self.service.steps(self.run_id) if step.status == "succeeded"}
         parallel = run.options.max_parallel
         estimate = estimate_run(plan.to_json_dict(), usage, run.model, max_parallel=parallel, done=done)
-        return f"{estimate.text()} ({BASIS})"
+        return f"{estimate.text()} ({estimate.basis()})"
 
     def _review_notes(self, payload: dict[str, Any]) -> None:
-        """What the person should know before the plan: a refused edit, cautions, a team not reused."""
+        """What the person should know before the plan: a refused edit, cautions, a team reused or not."""
         if payload.get("refused_edit"):
             self._print(f"[red]the last edit was refused:[/] {shown(payload['refused_edit'])}")
         for caution in payload.get("cautions") or []:
             self._print(f"[yellow]caution:[/] {shown(caution)}")
+        if payload.get("reused_team"):
+            self._print(shown(payload["reused_team"]))
         if payload.get("not_reused"):
             self._print(f"[yellow]stored team not reused:[/] {shown(payload['not_reused'])}; planned afresh")
 

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from ..adaptation import adapt_plan
 from ..clause_planner import language_caution, uses_clause_plans
 from ..errors import ModelError, PlanError, RunError
+from ..event_text import team_reused
 from ..plan import Plan, tool_problems, validate_plan
 from ..planner import plan as make_plan
 from ..prompting import AgentPrompt, Progress, create_prompts, prompts_to_json
@@ -356,7 +357,7 @@ async def _open_review(
     store = resources.store
     count = len(await _reviews(resources, run))
     payload = review_payload(run, resources.catalog) | {"cautions": model_cautions(resources, run)}
-    payload |= await asyncio.to_thread(_not_reused, store, run.id)
+    payload |= await asyncio.to_thread(_team_reuse, store, run.id)
     request, new = await asyncio.to_thread(
         store.requests.open, run.id, "plan_review", payload | (note or {}), key=f"{run.id}#review{count + 1}"
     )
@@ -367,13 +368,18 @@ async def _open_review(
     return request
 
 
-def _not_reused(store: RunStore, run_id: str) -> dict[str, str]:
-    """`not_reused`: why a stored team found for a task like the run's was not reused, if one was not.
+def _team_reuse(store: RunStore, run_id: str) -> dict[str, str]:
+    """`reused_team`: the stored team the plan reuses, or `not_reused`: why one found was not; or nothing.
 
-    The review says it: a person who solved a task like this one before expects its team back.
+    The review says it: a person who solved a task like this one before expects its team back, and
+    one whose plan came from another run should know before approving it (before, only the
+    `plan_ready` event said so, and the review marked the agents alone).
     """
     ready = [event.data for event in store.events(run_id) if event.kind == "plan_ready"]
-    why = ready[-1].get("reuse_failed") if ready else None
+    last = ready[-1] if ready else {}
+    if "reused_cohort" in last:
+        return {"reused_team": team_reused(last)}
+    why = last.get("reuse_failed")
     return {"not_reused": why} if isinstance(why, str) else {}
 
 

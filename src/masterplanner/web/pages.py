@@ -24,7 +24,7 @@ from markupsafe import Markup
 
 from ..engine.records import BUDGET_LIMITS, FINISHED_RUN_STATUSES, WHOLE_OPTION_LIMITS, RunOptions, RunRecord
 from ..errors import MasterplannerError, PlanError, RequestClosedError, RunError, quoted_id
-from ..estimate import BASIS, estimate_run
+from ..estimate import estimate_run
 from ..event_text import event_detail
 from ..redaction import REMOVED, redacted
 from ..review import critique_note
@@ -605,7 +605,6 @@ async def _body_context(
             "unratable": await service.rating_refusal(record.id) if finished else None,
             "retry": None,
             "estimate": estimate,
-            "estimate_basis": BASIS,
             "waiting": await service.waiting(record),
             "cost": money(report["usage"]["cost_usd"], report["usage"]["unpriced_calls"]),
             "money_budget": None if (most := record.options.max_cost_usd) is None else budget_money(most),
