@@ -9,9 +9,36 @@ event's data may come from a model, a tool or a person: the front end escapes it
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Literal
 
-__all__ = ["Part", "Tone", "budget_wait", "event_detail", "planning_stage", "retry_wait", "team_reused"]
+__all__ = [
+    "Part",
+    "Tone",
+    "budget_wait",
+    "clock",
+    "event_detail",
+    "planning_stage",
+    "retry_wait",
+    "status_word",
+    "team_reused",
+]
+
+_STATUS_WORDS = {"pending": "waiting", "awaiting_approval": "awaiting approval"}
+
+
+def status_word(status: str) -> str:
+    """A run's or step's status in the README's words: a step not started is `waiting`, not `pending`."""
+    return _STATUS_WORDS.get(status, status)
+
+
+def clock(at: str) -> str:
+    """A stored time (ISO, UTC) as this machine's local `HH:MM:SS`; the text itself if it is not one."""
+    try:
+        return datetime.fromisoformat(at.replace("Z", "+00:00")).astimezone().strftime("%H:%M:%S")
+    except ValueError:
+        return at
+
 
 Tone = Literal["good", "bad", "warn"] | None
 Part = tuple[str, Tone]

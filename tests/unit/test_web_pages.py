@@ -8,6 +8,7 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -211,8 +212,12 @@ async def test_a_tool_approval_is_answered_inline(
 ) -> None:
     script = write_script(
         [
-            {"purpose": "planner", "output": {"steps": [step("a", tools=["delete_file"])]}},
+            {
+                "purpose": "planner",
+                "output": {"steps": [step("a", tools=["delete_file"]), step("b", "a", tools=[])]},
+            },
             {"purpose": "step:a", "tool_calls": [{"name": "delete_file", "args": {"path": "gone.txt"}}]},
+            {"purpose": "step:b", "output": "B done"},
             {
                 "purpose": "step:a",
                 "expect": ["the call to delete_file was not approved"],
@@ -226,11 +231,18 @@ async def test_a_tool_approval_is_answered_inline(
         "location"
     ][6:]
     body = await _body_until(client, run_id, "Review the plan")
+    # the README's words, as the terminal says them: not the raw `awaiting_approval` and `pending`
+    assert '<span class="status status-awaiting_approval">awaiting approval</span>' in body
+    # event times as the terminal shows them (local), the stored ISO time kept in the element
+    (first, *_) = (await client.get(f"/api/v1/runs/{run_id}/events")).json()
+    local = datetime.fromisoformat(first["at"].replace("Z", "+00:00")).astimezone().strftime("%H:%M:%S")
+    assert f'<li><time datetime="{first["at"]}" title="{first["at"]}">{local}</time> run_created' in body
     review = re.search(r'hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', body)
     assert review is not None
     await client.post(f"/runs/{run_id}/requests/{review[1]}", data={"choice": "approve"})
     body = await _body_until(client, run_id, "wants to call")
     assert "<code>delete_file</code>" in body and "gone.txt" in body
+    assert '<tr class="status-pending"><td>b</td><td>waiting</td>' in body
     approval = re.search(r'hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', body)
     assert approval is not None
     denied = await client.post(
@@ -442,7 +454,7 @@ async def test_a_failed_run_is_retried_from_its_page(
     gave_up = "the model called no_such_tool, a tool this step does not have, 3 times in a row"
     assert (
         f'step_failed <strong>b</strong><span class="tone-bad"> {gave_up}; the step gave up after 3 '
-        f"attempts</span></li><li><time>"
+        f"attempts</span></li><li><time datetime="
     ) in body
     assert f"run_failed step b failed: {gave_up}; the step gave up after 3 attempts</li></ol>" in body
     assert "Model calls for the whole run (now 13; used 13)" in body

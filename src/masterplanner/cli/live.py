@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..event_text import Part, budget_wait, event_detail, planning_stage, retry_wait
+from ..event_text import Part, budget_wait, clock, event_detail, planning_stage, retry_wait, status_word
 from ..tools.workspace import walk_files
 from ..usage import failed_note, money
 from .terminal import shown, visible
@@ -56,7 +56,7 @@ __all__ = [
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 # status: (symbol, style, word); a running step's symbol is the spinner's current frame
 _LOOK = {
-    "pending": ("·", "dim", "waiting"),
+    "pending": ("·", "dim", status_word("pending")),
     "running": ("", "yellow", "running"),
     "succeeded": ("✓", "green", "succeeded"),
     "failed": ("✗", "red", "failed"),
@@ -119,7 +119,7 @@ def _markup(parts: list[Part], *, trimmed: bool = False) -> str:
 
 def event_line(event: Event) -> str:
     r"""One event as one line of markup (newlines in its data are shown as `\n`)."""
-    at = shown(event.at[11:19])
+    at = shown(clock(event.at))
     step = f" [cyan]{shown(event.step)}[/]" if event.step else ""
     colour = {"run_succeeded": "green", "step_succeeded": "green", "run_failed": "red", "step_failed": "red"}
     kind = f"[{colour[event.kind]}]{event.kind}[/]" if event.kind in colour else shown(event.kind)

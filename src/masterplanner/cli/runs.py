@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from ..event_text import status_word
 from ..usage import failed_note, money
 from .answering import TerminalAnswerer, how_to_answer
 from .common import app, console, load_settings, number, whole_number
@@ -524,7 +525,7 @@ def runs_show(
         for step in steps:
             table.add_row(
                 ("  " * depth + "└ " if depth else "") + shown(step["id"]),
-                shown(step["status"]),
+                shown(status_word(step["status"])),
                 shown(step["attempts"]),
                 shown((step["started_at"] or "")[11:23]),
                 shown((step["finished_at"] or "")[11:23]),

@@ -25,7 +25,7 @@ from markupsafe import Markup
 from ..engine.records import BUDGET_LIMITS, FINISHED_RUN_STATUSES, WHOLE_OPTION_LIMITS, RunOptions, RunRecord
 from ..errors import MasterplannerError, PlanError, RequestClosedError, RunError, quoted_id
 from ..estimate import estimate_run
-from ..event_text import event_detail
+from ..event_text import clock, event_detail, status_word
 from ..redaction import REMOVED, redacted
 from ..review import critique_note
 from ..service import Request as StoredRequest
@@ -48,6 +48,8 @@ templates = Jinja2Templates(
     )
 )
 templates.env.globals["event_detail"] = event_detail  # an event's words, as the terminal says them
+templates.env.globals["status_word"] = status_word  # `waiting`, `awaiting approval`: the README's words
+templates.env.globals["clock"] = clock  # an event's time, local, as `runs show` says it
 templates.env.globals["critique_note"] = critique_note  # the critic's scores, as the terminal says them
 
 STATUSES = ("planning", "awaiting_approval", "running", "succeeded", "failed", "cancelled")
