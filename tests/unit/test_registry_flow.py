@@ -700,12 +700,11 @@ async def test_a_small_models_next_task_carries_nothing_of_the_one_before(
         engine.close()
 
 
-def test_the_review_says_why_a_small_model_did_not_reuse_the_stored_team(
-    isolated: Path, write_script: Callable[..., Path]
-) -> None:
-    # A person ran "summarise the files in this folder" with the embedded model, then
-    # "summarize the files in this directory": the stored team was found (similarity 1.0) but
-    # planned afresh, and nothing in the terminal said so, though the README promises reuse.
+def _a_haiku_run_then_its_review_again(
+    write_script: Callable[..., Path], second_task: str
+) -> tuple[str, str]:
+    """A small model's run of a haiku task, stored; then `second_task`'s review, approved at the
+    terminal: the first run's id and what the second printed on stderr."""
     calls = [
         {"purpose": "planner", "output": {"steps": [{"title": "Write the haiku", "agent_role": "poet"}]}},
         {"purpose": "prompt_creator", "output": "You are a poet.", "repeat": True},
@@ -715,9 +714,8 @@ def test_the_review_says_why_a_small_model_did_not_reuse_the_stored_team(
     model = f"scripted:{script}"
     first = _mp("run", "Write a haiku about the sea to haiku.txt", "--model", model, "--yes", "--json")
     assert first.returncode == 0, first.stderr
-    first_id = json.loads(first.stdout)["run_id"]
     second = subprocess.run(
-        [*_MP, "run", "Write a haiku about autumn leaves to leaves.txt", "--model", model, "--rounds", "0"],
+        [*_MP, "run", second_task, "--model", model, "--rounds", "0"],
         input="a\n",
         capture_output=True,
         text=True,
@@ -725,12 +723,24 @@ def test_the_review_says_why_a_small_model_did_not_reuse_the_stored_team(
         env={**os.environ, "COLUMNS": "400"},
     )
     assert second.returncode == 0, second.stderr
-    said = (
+    return json.loads(first.stdout)["run_id"], second.stderr
+
+
+def test_the_review_says_why_a_small_model_did_not_reuse_the_stored_team(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    # A person ran "summarise the files in this folder" with the embedded model, then
+    # "summarize the files in this directory": the stored team was found (similarity 1.0) but
+    # planned afresh, and nothing in the terminal said so, though the README promises reuse.
+    first_id, said = _a_haiku_run_then_its_review_again(
+        write_script, "Write a haiku about autumn leaves to leaves.txt"
+    )
+    reason = (
         f"stored team not reused: cohort {first_id} could not be adapted: a small model reuses a stored "
         "team only for the same task, or one that differs only in file names, numbers, URLs or quoted "
         "text: it plans a reworded task afresh rather than rewrite another task's plan; planned afresh"
     )
-    assert said in second.stderr.splitlines(), second.stderr
+    assert reason in said.splitlines(), said
 
 
 def test_the_review_says_which_stored_team_it_reuses_and_an_estimate_says_what_it_shows(
@@ -738,27 +748,11 @@ def test_the_review_says_which_stored_team_it_reuses_and_an_estimate_says_what_i
 ) -> None:
     # The review marked each agent reused but said nothing of the team (only `runs show` did), and
     # its estimate explained "tokens and time" it did not show (no model call measured them yet).
-    calls = [
-        {"purpose": "planner", "output": {"steps": [{"title": "Write the haiku", "agent_role": "poet"}]}},
-        {"purpose": "prompt_creator", "output": "You are a poet.", "repeat": True},
-        {"purpose": "*", "repeat": True},
-    ]
-    script = write_script(None, raw=json.dumps({"small_model": True, "calls": calls}))
-    model = f"scripted:{script}"
-    first = _mp("run", "Write a haiku about the sea to haiku.txt", "--model", model, "--yes", "--json")
-    assert first.returncode == 0, first.stderr
-    first_id = json.loads(first.stdout)["run_id"]
-    second = subprocess.run(
-        [*_MP, "run", "Write a haiku about the sea to poem.txt", "--model", model, "--rounds", "0"],
-        input="a\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "400"},
+    first_id, said = _a_haiku_run_then_its_review_again(
+        write_script, "Write a haiku about the sea to poem.txt"
     )
-    assert second.returncode == 0, second.stderr
-    lines = second.stderr.splitlines()
-    assert f"reusing the team of run {first_id} (similarity 1.0, adapted: parameters)" in lines, second.stderr
+    lines = said.splitlines()
+    assert f"reusing the team of run {first_id} (similarity 1.0, adapted: parameters)" in lines, said
     (estimate,) = [line for line in lines if line.startswith("estimate for the steps:")]
     assert estimate == (
         "estimate for the steps: about 2 model calls, cost $0.00 (one request a step, two with tools; "

@@ -861,10 +861,11 @@ async def test_a_folder_swapped_for_a_link_out_after_its_path_was_checked_serves
     assert served.headers["content-disposition"] == 'inline; filename="kept.txt"'
 
 
-async def test_the_review_page_says_why_a_small_model_did_not_reuse_the_stored_team(
-    client: httpx.AsyncClient, write_script: Callable[..., Path]
-) -> None:
-    """The terminal's review said so; the page's said nothing, and the stored team seemed ignored."""
+async def _a_haiku_run_then_its_review_page(
+    client: httpx.AsyncClient, write_script: Callable[..., Path], second_task: str
+) -> tuple[str, str]:
+    """A small model's run of a haiku task, stored; then `second_task`'s review page: the first
+    run's id and the page's body."""
     calls = [
         {"purpose": "planner", "output": {"steps": [{"title": "Write the haiku", "agent_role": "poet"}]}},
         {"purpose": "prompt_creator", "output": "You are a poet.", "repeat": True},
@@ -879,9 +880,18 @@ async def test_the_review_page_says_why_a_small_model_did_not_reuse_the_stored_t
     }
     first = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
     await _body_until(client, first, r"status status-succeeded")
-    form = {"task": "Write a haiku about autumn leaves to leaves.txt", "model": model, "prompt_rounds": "0"}
+    form = {"task": second_task, "model": model, "prompt_rounds": "0"}
     run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
-    body = await _body_until(client, run_id, "Review the plan")
+    return first, await _body_until(client, run_id, "Review the plan")
+
+
+async def test_the_review_page_says_why_a_small_model_did_not_reuse_the_stored_team(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """The terminal's review said so; the page's said nothing, and the stored team seemed ignored."""
+    first, body = await _a_haiku_run_then_its_review_page(
+        client, write_script, "Write a haiku about autumn leaves to leaves.txt"
+    )
     assert (
         f'<p class="caution" role="note">Stored team not reused: cohort {first} could not be adapted: '
         "a small model reuses a stored team only for the same task, or one that differs only in file "
@@ -894,23 +904,9 @@ async def test_the_review_page_says_which_stored_team_it_reuses(
     client: httpx.AsyncClient, write_script: Callable[..., Path]
 ) -> None:
     """Only the events said a team was reused; the estimate explained tokens and time it did not show."""
-    calls = [
-        {"purpose": "planner", "output": {"steps": [{"title": "Write the haiku", "agent_role": "poet"}]}},
-        {"purpose": "prompt_creator", "output": "You are a poet.", "repeat": True},
-        {"purpose": "*", "repeat": True},
-    ]
-    model = f"scripted:{write_script(None, raw=json.dumps({'small_model': True, 'calls': calls}))}"
-    form = {
-        "task": "Write a haiku about the sea to haiku.txt",
-        "model": model,
-        "prompt_rounds": "0",
-        "yes": "on",
-    }
-    first = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
-    await _body_until(client, first, r"status status-succeeded")
-    form = {"task": "Write a haiku about the sea to poem.txt", "model": model, "prompt_rounds": "0"}
-    run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
-    body = await _body_until(client, run_id, "Review the plan")
+    first, body = await _a_haiku_run_then_its_review_page(
+        client, write_script, "Write a haiku about the sea to poem.txt"
+    )
     assert (
         f'<p class="reused" role="note">Reusing the team of run {first} (similarity 1.0, adapted: '
         "parameters).</p>"
