@@ -306,10 +306,10 @@ def test_a_process_stopping_while_the_database_is_away_does_not_wait_for_it(
         attempts.append(action)
         raise DatabaseUnavailableError(f"database x: cannot {action}: connection refused")
 
-    monkeypatch.setattr(store, "begin", away)
-    heartbeat.stop()  # one try; `Processes.stop` itself would keep trying for RECONNECT_S (60 s)
-    assert attempts == ["record a process's stop"]
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:  # undone here (not the fixtures' patches too)
+        patched.setattr(store, "begin", away)
+        heartbeat.stop()  # one try; `Processes.stop` itself would keep trying for RECONNECT_S (60 s)
+        assert attempts == ["record a process's stop"]
     assert [record.alive for record in store.processes.listed(include_dead=True)] == [
         True
     ]  # lapses by itself

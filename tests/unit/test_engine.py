@@ -1096,17 +1096,17 @@ async def test_an_end_an_earlier_version_recorded_under_the_old_id_is_finished(
         blocked.set()
         go_on.wait(10)
 
-    monkeypatch.setattr(runtime, "own_workflow_id", records.workflow_id)  # the earlier version's ids
-    monkeypatch.setattr(workflows, "_tell_registry", stuck)
-    execution = asyncio.ensure_future(engine.execute(run.id))
-    while not blocked.is_set():  # noqa: ASYNC110
-        await asyncio.sleep(0.02)
-    execution.cancel()
-    await asyncio.gather(execution, return_exceptions=True)
-    go_on.set()
-    old = await asyncio.to_thread(engine.store.get_run, run.id)
-    assert old.status == "succeeded"
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:  # undone here (not the fixtures' patches too)
+        patched.setattr(runtime, "own_workflow_id", records.workflow_id)  # the earlier version's ids
+        patched.setattr(workflows, "_tell_registry", stuck)
+        execution = asyncio.ensure_future(engine.execute(run.id))
+        while not blocked.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        execution.cancel()
+        await asyncio.gather(execution, return_exceptions=True)
+        go_on.set()
+        old = await asyncio.to_thread(engine.store.get_run, run.id)
+        assert old.status == "succeeded"
 
     final = await engine.execute(run.id)
     assert final.status == "succeeded"

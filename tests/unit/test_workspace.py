@@ -303,12 +303,12 @@ def test_disk_errors_while_writing_are_tool_errors_and_leave_nothing_behind(
             return real(*args, **kwargs)  # the folders open; the file does not
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(os, failing, fail)
-    if failing == "mkdir":
-        (workspace.root / "out").rmdir()
-    with pytest.raises(ToolError, match=message):
-        workspace.write_file("out/a.txt", "content")
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:  # undone here (not the fixtures' patches too)
+        patched.setattr(os, failing, fail)
+        if failing == "mkdir":
+            (workspace.root / "out").rmdir()
+        with pytest.raises(ToolError, match=message):
+            workspace.write_file("out/a.txt", "content")
     assert [p.name for p in workspace.root.rglob("*") if p.is_file()] == []
 
 
@@ -333,15 +333,15 @@ def test_disk_errors_while_reading_listing_and_deleting_are_tool_errors(
             return real(*args, **kwargs)
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(os, failing, fail)
-    calls = {
-        "read": lambda: workspace.read_file("a.txt"),
-        "delete": lambda: workspace.delete_file("a.txt"),
-        "list": lambda: workspace.list_files("."),
-    }
-    with pytest.raises(ToolError, match=message):
-        calls[action]()
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:  # undone here (not the fixtures' patches too)
+        patched.setattr(os, failing, fail)
+        calls = {
+            "read": lambda: workspace.read_file("a.txt"),
+            "delete": lambda: workspace.delete_file("a.txt"),
+            "list": lambda: workspace.list_files("."),
+        }
+        with pytest.raises(ToolError, match=message):
+            calls[action]()
     assert workspace.read_file("a.txt") == "x"
 
 
