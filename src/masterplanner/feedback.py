@@ -32,8 +32,12 @@ __all__ = ["LOW_RATING", "FeedbackResult", "check_rating", "give_feedback", "reg
 LOW_RATING = 2
 """At or below this rating the agents involved are taught lessons."""
 
-MAX_LESSON_CHARS = 300
-"""Longest lesson the analysis may write (a person's comment is cut to `MAX_COMMENT_CHARS`)."""
+MAX_ANALYSIS_LESSON_CHARS = 300
+"""Longest lesson the analysis may write: a longer one is cut (a person's comment to `MAX_COMMENT_CHARS`).
+
+Both stay within what an edit of the agent takes (`registry.specs.MAX_LESSON_CHARS`): the
+agent's form, sent back as it is, is never refused for a lesson feedback wrote.
+"""
 MAX_COMMENT_CHARS = 500
 _MAX_LESSONS = 12
 _OUTPUT_CHARS = 600
@@ -214,7 +218,9 @@ def _usable_lessons(analysis: object, plan: Plan, involved: dict[str, str]) -> d
             continue
         step_id, text = item.get("step"), item.get("lesson")
         target = involved.get(step_id.strip()) if isinstance(step_id, str) else None
-        lesson = nul_replaced(" ".join(text.split())[:MAX_LESSON_CHARS]) if isinstance(text, str) else ""
+        lesson = (
+            nul_replaced(" ".join(text.split())[:MAX_ANALYSIS_LESSON_CHARS]) if isinstance(text, str) else ""
+        )
         words = _words(lesson)
         if target is None or len(lesson.split()) < 2 or not words - known_words or secret_parts(lesson):
             continue
@@ -235,7 +241,7 @@ def _analysis_schema(step_ids: list[str]) -> dict[str, Any]:
         "type": "object",
         "properties": {
             "step": {"enum": step_ids},
-            "lesson": {"type": "string", "minLength": 1, "maxLength": MAX_LESSON_CHARS},
+            "lesson": {"type": "string", "minLength": 1, "maxLength": MAX_ANALYSIS_LESSON_CHARS},
         },
         "required": ["step", "lesson"],
         "additionalProperties": False,

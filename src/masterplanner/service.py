@@ -163,9 +163,15 @@ def _check_kind(kind: object) -> None:
         raise ConfigError(f"kind must be {' or '.join(get_args(MemoryKind))}, got {kind!r}")
 
 
+def _items(field: str, texts: list[str]) -> list[tuple[str, str]]:
+    """Each text of an agent's list, named as a problem names it (`lessons.0`)."""
+    return [(f"{field}.{number}", text) for number, text in enumerate(texts)]
+
+
 def _agent_problems(spec: AgentSpec, settings: Settings) -> list[str]:
     """What an edited agent has that its JSON form allows but a run could not use."""
     from .engine.catalogs import unknown_policy_tool
+    from .registry.specs import MAX_KEYWORD_CHARS, MAX_LESSON_CHARS
     from .settings import PROVIDERS
 
     problems = []
@@ -179,12 +185,24 @@ def _agent_problems(spec: AgentSpec, settings: Settings) -> list[str]:
     nul = nul_field(spec.model_dump(mode="json", exclude={"id", "stats", "name", "role"}))
     if nul is not None:
         problems.append(nul)
-    # each goes into the prompts of the runs that use the agent
-    for field, text in [
-        (field, getattr(spec, field)) for field in ("name", "role", "description", "system_prompt")
-    ] + [(f"lessons.{number}", lesson) for number, lesson in enumerate(spec.lessons)]:
+    # each goes into the prompts of the runs that use the agent; keywords are indexed and embedded
+    for field, text in (
+        [(field, getattr(spec, field)) for field in ("name", "role", "description", "system_prompt")]
+        + _items("lessons", spec.lessons)
+        + _items("keywords", spec.keywords)
+    ):
         if secret_parts(text):
             problems.append(f"{field}: " + secret_refusal("it", not_in="an agent"))
+    # (not on reading: an agent stored before these limits keeps its longer ones until edited)
+    for what, texts, limit in (
+        ("keyword", spec.keywords, MAX_KEYWORD_CHARS),
+        ("lesson", spec.lessons, MAX_LESSON_CHARS),
+    ):
+        problems += [
+            f"{item}: is {len(text):,} characters; the limit for a {what} is {limit:,}"
+            for item, text in _items(f"{what}s", texts)
+            if len(text) > limit
+        ]
     if not spec.system_prompt.strip():  # spaces alone: a step would run with no instructions
         problems.append("system_prompt: must not be blank")
     twice = sorted({tool for tool in spec.tools if spec.tools.count(tool) > 1})

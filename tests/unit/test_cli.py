@@ -446,6 +446,16 @@ def test_an_agent_s_text_holding_a_nul_is_refused_naming_it(database_url: str, t
     )
     shown = json.loads(run("agents", "show", "poet", "--json").stdout)
     assert (shown["versions"], shown["keywords"], shown["lessons"]) == ([1], [], [])
+    # a lesson past its limit: before, `agents edit` stored any length (and every later run of the
+    # agent failed on its token budget)
+    editor.write_text(NUL_LESSON_EDITOR.replace('"a" + chr(0) + "b"', '"a" * 80000'))
+    too_long = run("agents", "edit", "poet", env={"VISUAL": f"{sys.executable} {editor}"})
+    assert (too_long.returncode, too_long.stderr) == (
+        2,
+        "error: the edit is not a valid agent, nothing changed: lessons.0: is 80,000 characters; "
+        "the limit for a lesson is 600\n",
+    )
+    assert json.loads(run("agents", "show", "poet", "--json").stdout)["versions"] == [1]
 
 
 def test_agents_import_adds_versions_and_refuses_what_an_edit_would(tmp_path: Path) -> None:
@@ -486,6 +496,17 @@ def test_agents_import_adds_versions_and_refuses_what_an_edit_would(tmp_path: Pa
         ),
         ({"stats": {"uses": -1}}, "stats.uses: must be at least 0, got -1"),
         ({"lessons": ["", "   "]}, "lessons.0: must not be blank; lessons.1: must not be blank"),
+        # lessons and keywords had a count and no length; a keyword's secret was taken
+        (
+            {"lessons": ["Cite it.", "a" * 80_000]},
+            "lessons.1: is 80,000 characters; the limit for a lesson is 600",
+        ),
+        ({"keywords": ["k" * 101]}, "keywords.0: is 101 characters; the limit for a keyword is 100"),
+        (
+            {"keywords": ["verse", "sk-proj-Abc123def456ghi789jkl"]},
+            "keywords.1: it holds what looks like a secret (an API key, a token or a password, such as "
+            "`OPENAI_API_KEY=…`): put secrets in the environment or the settings file, not in an agent",
+        ),
     ]:
         backup.write_text(json.dumps(line | {"id": "other"}) + "\n" + json.dumps(line | change) + "\n")
         refused = run("agents", "import", str(backup))

@@ -164,6 +164,74 @@ async def test_agents_and_teams_through_the_api(
     assert (await client.delete(f"/api/v1/memories/{memories[0]['id']}")).status_code == 404
 
 
+KEY = "sk-proj-Abc123def456ghi789jkl"
+SECRET = (
+    "it holds what looks like a secret (an API key, a token or a password, such as "
+    "`OPENAI_API_KEY=…`): put secrets in the environment or the settings file, not in an agent"
+)
+
+
+def _copies(home: Path, text: str) -> list[Path]:
+    """The files under the home (the database, its WAL, logs) whose bytes hold `text`."""
+    return [path for path in home.rglob("*") if path.is_file() and text.encode() in path.read_bytes()]
+
+
+async def test_an_agent_edit_refuses_a_lesson_or_keyword_past_its_limit_and_a_secret_keyword(
+    client: httpx.AsyncClient, isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    """Before, lessons and keywords had a count and no length: 45 lessons of 80,000 characters were
+    stored (every later run of the agent failed on its token budget), a 100,000-character keyword,
+    and a keyword holding an API key (keywords are indexed and embedded with the agent).
+    """
+    from masterplanner import Settings
+    from masterplanner.registry import open_registry
+
+    stored = await _finished_run(client, write_script)
+    agent_id = stored["team"]["agents"]["write"]
+    agent = (await client.get(f"/api/v1/agents/{agent_id}")).json()
+    too_long = {
+        "lessons": ["Cite the source.", "a" * 80_000],
+        "keywords": ["summary", "k" * 100_000, f"key {KEY}"],
+    }
+    refused = await client.put(f"/api/v1/agents/{agent_id}", json=agent | too_long)
+    assert (refused.status_code, refused.json()["problems"]) == (
+        422,
+        [
+            f"keywords.2: {SECRET}",
+            "keywords.1: is 100,000 characters; the limit for a keyword is 100",
+            "lessons.1: is 80,000 characters; the limit for a lesson is 600",
+        ],
+    )
+    assert (await client.get(f"/api/v1/agents/{agent_id}")).json()["version"] == 1
+    at_limit = {"lessons": ["Cite the source.", "a" * 600], "keywords": ["summary", "k" * 100]}
+    taken = await client.put(f"/api/v1/agents/{agent_id}", json=agent | at_limit)
+    assert taken.status_code == 200, taken.text
+    assert (taken.json()["version"], taken.json()["lessons"], taken.json()["keywords"]) == (
+        2,
+        at_limit["lessons"],
+        at_limit["keywords"],
+    )
+    assert _copies(isolated, KEY) == []
+
+    # an agent stored before the limits (by the store itself here) still reads, lists and searches;
+    # an edit names its long items, and is taken once they are shortened
+    old = {"lessons": ["b" * 5000], "keywords": ["verylong" * 20]}
+    registry = open_registry(Settings.load())
+    registry.put_agent(registry.get_agent(agent_id).model_copy(update=old))
+    read = (await client.get(f"/api/v1/agents/{agent_id}")).json()
+    assert (read["version"], read["lessons"], read["keywords"]) == (3, old["lessons"], old["keywords"])
+    assert agent_id in [listed["id"] for listed in (await client.get("/api/v1/agents")).json()]
+    kept = await client.put(f"/api/v1/agents/{agent_id}", json=read | {"description": "Writes it."})
+    assert kept.json()["problems"] == [
+        "keywords.0: is 160 characters; the limit for a keyword is 100",
+        "lessons.0: is 5,000 characters; the limit for a lesson is 600",
+    ]
+    shortened = await client.put(
+        f"/api/v1/agents/{agent_id}", json=read | {"lessons": ["b" * 600], "keywords": ["verylong"]}
+    )
+    assert (shortened.status_code, shortened.json()["version"]) == (200, 4)
+
+
 async def test_agents_teams_and_memory_pages(
     client: httpx.AsyncClient, write_script: Callable[..., Path]
 ) -> None:

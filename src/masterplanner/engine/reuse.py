@@ -21,6 +21,7 @@ from ..plan import Plan, Step, validate_plan
 from ..planner import PlanExample
 from ..redaction import secret_parts
 from ..registry import AgentSpec, Cohort, RegistryStore
+from ..registry.specs import MAX_KEYWORD_CHARS
 from ..tools import Catalog
 from ..tools.selection import words
 
@@ -208,7 +209,11 @@ def remember_run(
                         "system_prompt": agent.get("prompt") or step.instruction,
                         "tools": list(step.tools),
                         "model": model,
-                        "keywords": sorted(set(words(plan.task)))[:20],
+                        # a longer "word" (a long name, an unspaced line of Japanese) is none:
+                        # an edit of the agent's own form would be refused for it
+                        "keywords": sorted(
+                            {word for word in words(plan.task) if len(word) <= MAX_KEYWORD_CHARS}
+                        )[:20],
                         "origin": {"run_id": run_id, "step_id": step.id},
                         # edited at review: runs that reuse it work under the person's prompt too
                         "prompt_by_person": bool(agent.get("edited") or agent.get("prompt_by_person")),

@@ -6,7 +6,25 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["AgentSpec", "AgentStats", "Cohort", "with_prompt_author"]
+__all__ = ["MAX_KEYWORD_CHARS", "MAX_LESSON_CHARS", "AgentSpec", "AgentStats", "Cohort", "with_prompt_author"]
+
+MAX_LESSON_CHARS = 600
+"""The longest lesson an agent edit or import may write (checked there, not on reading).
+
+Each lesson is a line of the prompt of every run that reuses the agent (`lessons_prompt`), and
+an agent keeps 50: 600 characters each add at most 30,000 (about 7,500 tokens). Unbounded, 45
+lessons of 80,000 characters were stored and every later run of the agent failed on its token
+budget. The longest feedback writes fits: a person's comment of 500 characters in its framing
+(546); a lesson is a sentence or two. An agent stored before the limit keeps its longer ones.
+"""
+MAX_KEYWORD_CHARS = 100
+"""The longest keyword an agent edit or import may write (checked there, not on reading).
+
+A keyword is a word or a short phrase: 100 characters hold any word of a dictionary (the
+longest have about 45 letters) with room. Each is indexed for search and embedded with the agent;
+unbounded, a 100,000-character keyword was stored. The words of a task longer than this are
+left out of the keywords of the agents its run stores (`store_outcome`).
+"""
 
 
 class AgentStats(BaseModel):
