@@ -100,6 +100,25 @@ def test_query_terms_are_chosen_rarest_first_within_the_postings_budget() -> Non
     assert _selective_terms(["qq"], {"qq": 0}.__getitem__) == _TermChoice(["qq"])
 
 
+def test_words_split_identifiers_and_keep_the_letters_of_every_script() -> None:
+    """Words were ASCII only: "Ärger" gave "rger", a Japanese or Hindi text no word at all, so
+    keywords and lexical similarity (tool choice, agent reuse without an embedder) lost them.
+    """
+    from masterplanner.registry.store import lexical_similarity
+    from masterplanner.tools.selection import words
+
+    assert words("parseHTTPResponse read_csv getX2Files of 12 ids") == [
+        "parse", "http", "response", "read", "csv", "get", "file", "12", "ids"
+    ]  # fmt: skip
+    assert words("Ärger über Straßenbahn-Fahrplänen, ÄrgerBericht; A\u0308rger") == [
+        "ärger", "über", "straßenbahn", "fahrplänen", "ärger", "bericht", "ärger"
+    ]  # fmt: skip
+    assert words("報告書を書く。猫、2 cats") == ["報告書を書く", "猫", "cat"]
+    assert words("हिन्दी में रिपोर्ट लिखें") == ["हिन्दी", "में", "रिपोर्ट", "लिखें"]
+    assert lexical_similarity("報告書を書く", "報告書を書く。") == 1.0
+    assert lexical_similarity("Ärger melden", "Über Ärger") == 0.5
+
+
 def test_a_query_of_only_common_terms_ranks_texts_holding_all_of_them(
     store: RegistryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

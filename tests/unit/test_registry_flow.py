@@ -1144,3 +1144,40 @@ async def test_runs_remember_stores_the_team_of_a_run_that_succeeded_once(
         service.close()
     assert [data["cohort"] for data in told] == [done.id]
     assert told[0]["by"].startswith("cli@")
+
+
+async def test_a_stored_agents_keywords_keep_every_script_and_what_runs_write_stays_editable(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    """Keywords lost every letter outside ASCII ("Ärger" gave "rger", a Japanese task none), so a
+    search in the task's words missed its agents. What a run and its feedback write stays within
+    what an edit takes: a word of the task past a keyword's limit is no keyword, and a model's
+    long lesson is cut; otherwise the agent's own form, sent back, would be refused.
+    """
+    from masterplanner.service import RegistryService
+
+    lesson = "Always name the totals. " + "Check every row again. " * 400
+    analysis = {"purpose": "feedback", "output": {"lessons": [{"step": "report", "lesson": lesson}]}}
+    model = f"scripted:{_team_script(write_script, analysis)}"
+    task = f"Melde den Ärger über {'z' * 150}.txt und 報告書を書く"
+    settings = Settings.load()
+    service, registry = RunService(settings), RegistryService(settings)
+    try:
+        done = await service.create(task, model=model, options=RunOptions(auto_approve=True, prompt_rounds=0))
+        assert (await service.execute(done.id)).status == "succeeded"
+        agents = [f"{done.id}.load", f"{done.id}.report"]
+        report = await registry.agent(agents[1])
+        assert report.keywords == ["den", "melde", "txt", "und", "ärger", "über", "報告書を書く"]
+        for query in ("Ärger", "ärger melden", "報告書を書く"):
+            assert sorted(agent.id for agent, _ in await registry.search_agents(query)) == agents, query
+
+        rated = await service.feedback(done.id, rating=1, model=model)
+        [taught] = rated.lessons[agents[1]]
+        assert taught == " ".join(lesson.split())[:300].rstrip()  # cut, where it had 9,224
+        for agent_id in agents:
+            form = (await registry.agent(agent_id)).model_dump(mode="json")
+            edited = await registry.edit_agent(agent_id, form | {"description": "Edited."})
+            assert (edited.description, edited.version) == ("Edited.", form["version"] + 1)
+    finally:
+        service.close()
+        registry.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections import Counter
 
 from .catalog import Catalog, ToolSpec
@@ -19,23 +20,71 @@ from .catalog import Catalog, ToolSpec
 __all__ = ["DEFAULT_PRESELECT", "STOP_WORDS", "best_tools", "preselect", "rank", "words"]
 
 DEFAULT_PRESELECT = 20
-_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+_RUN = re.compile(r"(?:[A-Za-z0-9]|[^\x00-\x7f])+")
+"""A stretch of ASCII letters and digits and any other characters: what `_split` takes apart."""
+_ASCII_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+"""An ASCII stretch's words: CamelCase split (`parseHTTPResponse`: parse, HTTP, Response), digits apart."""
 STOP_WORDS = frozenset(
     "a an and the of to for in on with by from is are be it its this that as at or me my i".split()
 )
 
 
 def words(text: str) -> list[str]:
-    """Lower-case word stems: CamelCase and snake_case split, stop words dropped, plural 's' removed."""
+    """Lower-case word stems: CamelCase and snake_case split, stop words dropped, plural 's' removed.
+
+    Words of any script: letters with their combining marks (`हिन्दी`), split where case says a
+    word starts (`ÄrgerBericht`). A script written without spaces keeps a stretch whole (`報告書を書く`),
+    as the registry's text index does. One letter alone is no word, unless of a script without
+    case (`猫`).
+    """
     found = []
-    for word in _WORD.findall(text):
+    for word in _split(text):
         word = word.lower()
-        if word in STOP_WORDS or len(word) < 2:
+        if word in STOP_WORDS or (len(word) < 2 and (word.islower() or word.isdigit())):
             continue
         if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
             word = word[:-1]
         found.append(word)
     return found
+
+
+def _split(text: str) -> list[str]:
+    """`text`'s words as written: ASCII ones by `_ASCII_WORD`, the others by their Unicode categories.
+
+    (Before, only ASCII letters made words: "Ärger" gave "rger", a Japanese task none.)
+    """
+    found: list[str] = []
+    for run in _RUN.findall(text):
+        if run.isascii():
+            found += _ASCII_WORD.findall(run)
+        else:  # composed: "A" and a combining diaeresis is the "Ä" typed elsewhere
+            found += _unicode_words(unicodedata.normalize("NFC", run))
+    return found
+
+
+def _unicode_words(run: str) -> list[str]:
+    """`run`'s stretches of letters (with their marks) and of digits, split where case starts a word."""
+    found: list[str] = []
+    start, kind, case = 0, "", ""
+    for index, character in enumerate(run):
+        category = unicodedata.category(character)
+        now = "digit" if category == "Nd" else "letter" if category[0] in "LMN" else ""
+        if now != kind or (now == "letter" and _starts_word(category, case, run[index + 1 : index + 2])):
+            if kind:
+                found.append(run[start:index])
+            start, kind, case = index, now, ""
+        if category in ("Lu", "Ll"):
+            case = category  # the last cased letter's (a mark has none)
+    if kind:
+        found.append(run[start:])
+    return found
+
+
+def _starts_word(category: str, case: str, following: str) -> bool:
+    """Whether a letter of `category` after one of `case` starts a word, as in fooBar and HTTPServer."""
+    if category != "Lu":
+        return False
+    return case == "Ll" or (case == "Lu" and following != "" and unicodedata.category(following) == "Ll")
 
 
 def _document(tool: ToolSpec) -> list[str]:
