@@ -119,6 +119,17 @@ def test_words_split_identifiers_and_keep_the_letters_of_every_script() -> None:
     assert lexical_similarity("Ärger melden", "Über Ärger") == 0.5
 
 
+def test_an_agent_is_found_by_keywords_of_any_script(store: RegistryStore) -> None:
+    """The words a run gives a new agent as keywords are the terms both text indexes find it by."""
+    from masterplanner.tools.selection import words
+
+    keywords = sorted(set(words("Melde den Ärger, 報告書を書く, हिन्दी में")))
+    store.put_agent(_agent("clerk", "clerk", "You file reports.", keywords=keywords))
+    store.put_agent(_agent("poet", "poet", "You write haiku."))
+    for query in ("Ärger", "ärger melden", "報告書を書く", "हिन्दी"):
+        assert [agent.id for agent, _ in store.search_agents(query)] == ["clerk"], query
+
+
 def test_a_query_of_only_common_terms_ranks_texts_holding_all_of_them(
     store: RegistryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -292,15 +291,13 @@ _KINDS = ("agent", "cohort")
 
 
 def query_terms(text: str) -> list[str]:
-    """The words of a search as the text indexes split them (runs of letters and digits).
+    """The words of a search as the text indexes split them (runs of letters, with their marks, and digits).
 
     Lower case, without stop words and repeats.
     """
-    from ..tools.selection import STOP_WORDS
+    from ..tools.selection import STOP_WORDS, index_terms
 
-    found = (
-        term for term in re.findall(r"[^\W_]+", text.lower()) if len(term) > 1 and term not in STOP_WORDS
-    )
+    found = (term for term in index_terms(text.lower()) if len(term) > 1 and term not in STOP_WORDS)
     return list(dict.fromkeys(found))
 
 

@@ -17,7 +17,7 @@ from collections import Counter
 
 from .catalog import Catalog, ToolSpec
 
-__all__ = ["DEFAULT_PRESELECT", "STOP_WORDS", "best_tools", "preselect", "rank", "words"]
+__all__ = ["DEFAULT_PRESELECT", "STOP_WORDS", "best_tools", "index_terms", "preselect", "rank", "words"]
 
 DEFAULT_PRESELECT = 20
 _RUN = re.compile(r"(?:[A-Za-z0-9]|[^\x00-\x7f])+")
@@ -59,6 +59,28 @@ def _split(text: str) -> list[str]:
             found += _ASCII_WORD.findall(run)
         else:  # composed: "A" and a combining diaeresis is the "Ä" typed elsewhere
             found += _unicode_words(unicodedata.normalize("NFC", run))
+    return found
+
+
+def index_terms(text: str) -> list[str]:
+    """`text`'s stretches of letters (with their marks) and digits, as the registry's text indexes cut them.
+
+    (Before, a search cut "हिन्दी" at its vowel signs, which the indexes keep, and found nothing.)
+    """
+    found: list[str] = []
+    for run in _RUN.findall(text):
+        if run.isascii():
+            found.append(run)
+            continue
+        term = ""
+        for character in unicodedata.normalize("NFC", run):
+            if unicodedata.category(character)[0] in "LMN":
+                term += character
+            elif term:
+                found.append(term)
+                term = ""
+        if term:
+            found.append(term)
     return found
 
 
