@@ -23,7 +23,10 @@ asked for:
 - one model call, held by a JSON-schema grammar to exactly one entry per step, fills in each
   step's `title` (it must start with its clause's first word, then one to five words of letters
   and digits) and `agent_role` (one of the roles of `prompts/planner_roles.json` that best match
-  the clause). Titles are made distinct afterwards by adding a word of the clause.
+  the clause). A title's last words that leave it dangling (an article, a preposition, a
+  conjunction: "Write the haiku about autumn to") are dropped, and titles are made distinct
+  afterwards by adding a word of the clause. A step's id is its title's words, cut at a word
+  within 36 characters and never on a dangling one.
 
 Stored teams shown as examples (`hints`) are not used: the structure needs none, so none of their
 content can reach the plan. Hosted and larger models keep the free-form planner (`planner.plan`).
@@ -339,11 +342,47 @@ def distinct_titles(titles: Sequence[str], texts: Sequence[str]) -> list[str]:
     return result
 
 
+_DANGLING = frozenset(
+    """a an the and or but nor then so to into onto in on at of for from by with about as over under
+    than via per its their his her my our your this that these those""".split()
+)
+"""Words a title or an id never ends on: cut after them, it reads as a clause cut short."""
+_SLUG_CHARS = 36
+
+
+def _without_dangling(words: Sequence[str]) -> list[str]:
+    """`words` without the articles, prepositions and conjunctions that end them (the first word kept)."""
+    kept = list(words)
+    while len(kept) > 1 and kept[-1].lower() in _DANGLING:
+        kept.pop()
+    return kept
+
+
+def _trimmed_title(title: str) -> str:
+    """The model's title without a dangling last word: "Write the haiku about autumn to" ends on "autumn".
+
+    The title pattern lets the model stop after any word, and at its six words it stopped on "to".
+    """
+    return " ".join(_without_dangling(title.split())) or title
+
+
+def _slug_base(title: str) -> str:
+    """The title's words joined by "-", cut at a word within 36 characters, not on a dangling one."""
+    kept: list[str] = []
+    for word in _WORD.findall(title.lower()):
+        if len("-".join([*kept, word])) > _SLUG_CHARS:
+            break
+        kept.append(word)
+    if not kept:  # one word over the limit
+        return "-".join(_WORD.findall(title.lower()))[:_SLUG_CHARS].strip("-") or "step"
+    return "-".join(_without_dangling(kept))
+
+
 def _slugs(titles: Sequence[str]) -> list[str]:
     taken: set[str] = set()
     slugs = []
     for title in titles:
-        base = "-".join(_WORD.findall(title.lower()))[:36].strip("-") or "step"
+        base = _slug_base(title)
         slug, number = base, 2
         while slug in taken:
             slug, number = f"{base}-{number}", number + 1
@@ -386,7 +425,9 @@ def _read_files(text: str) -> list[str]:
 
 def build_steps(drafts: Sequence[DraftStep], fills: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Public-form steps: instructions from the clauses, a chain of dependencies, the model's fill-ins."""
-    titles = distinct_titles([str(fill["title"]) for fill in fills], [draft.text for draft in drafts])
+    titles = distinct_titles(
+        [_trimmed_title(str(fill["title"])) for fill in fills], [draft.text for draft in drafts]
+    )
     ids = _slugs(titles)
     steps = []
     for index, (draft, fill) in enumerate(zip(drafts, fills, strict=True)):

@@ -98,6 +98,33 @@ async def test_the_haiku_is_one_step_in_the_tasks_own_words(write_script: WriteS
     assert ledger.by_purpose()["planner"]["calls"] == 1
 
 
+async def test_a_title_and_its_id_never_end_on_a_dangling_word(write_script: WriteScript) -> None:
+    # the model's six words "Write the haiku about autumn to" made the title and the id
+    # `write-the-haiku-about-autumn-to`; an id cut at its length limit ended mid-word
+    model = _small(
+        write_script,
+        {
+            "purpose": "planner",
+            "output": _fills(
+                ("Write the haiku about autumn to", "poet"),
+                ("Summarise the meeting notes into paragraphs", "assistant"),
+                ("List the files in the", "assistant"),
+            ),
+        },
+    )
+    result = await plan(
+        "write a haiku about autumn to haiku.txt, then summarise the meeting notes into paragraphs "
+        "and then list the files in the workspace",
+        CATALOG,
+        model=model,
+    )
+    assert [(step.id, step.title) for step in result.steps] == [
+        ("write-the-haiku-about-autumn", "Write the haiku about autumn"),
+        ("summarise-the-meeting-notes", "Summarise the meeting notes into paragraphs"),
+        ("list-the-files", "List the files"),
+    ]
+
+
 async def test_clauses_form_a_chain_and_a_named_file_is_read(write_script: WriteScript) -> None:
     model = _small(
         write_script,
