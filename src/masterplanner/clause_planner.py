@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from .agents import retry_settings, run_agent
 from .errors import ModelError, PlanError
 from .plan import Plan
-from .plan_structure import clauses
+from .plan_structure import clauses, named_folders
 from .prompts import load_examples, render
 from .tools.catalog import Catalog
 from .tools.selection import STOP_WORDS, best_tools, rank, words
@@ -157,11 +157,14 @@ model, given trip.csv's name alone, described a trip to the Amazon)."""
 def tool_candidates(clause: str, catalog: Catalog, limit: int) -> list[str]:
     """The `limit` tools that best match `clause`, best first.
 
-    Tools the clause calls for outright (`_CLAUSE_TOOLS`) come first; then the best matches of
+    Tools the clause calls for outright (`_CLAUSE_TOOLS`, and `list_files` for a clause about
+    the files of a folder: `plan_structure.named_folders`) come first; then the best matches of
     the tools' descriptions, leaving out tools the clause shares no word with and those that
     it does not ask for (`_ASKED_FOR`).
     """
     called = [tool for pattern, tool in _CLAUSE_TOOLS if tool in catalog and pattern.search(clause)]
+    if "list_files" in catalog and named_folders(clause):  # "the three files in ./notes": their list
+        called = list(dict.fromkeys(["list_files", *called]))
     wanted = set(words(clause))
     matched = [
         name
@@ -189,8 +192,10 @@ def draft_steps(task: str, catalog: Catalog, max_steps: int) -> list[DraftStep]:
     """The plan's steps in order, from the task's clauses, each with its best-matching tool.
 
     A clause that names a file to read gets `read_file`, one that writes to a file ("… to
-    summary.txt") `write_file`. At most one step is added to the clauses' (when `max_steps`
-    leaves room), the first that applies of:
+    summary.txt") `write_file`; one about the files of a folder ("the three files in ./notes",
+    "the files") `list_files` and `read_file`: planned with `read_file` alone, the embedded
+    model's step could find none of them and wrote a summary of nothing. At most one step is
+    added to the clauses' (when `max_steps` leaves room), the first that applies of:
 
     - a step that finds the identifier a step's tool needs ("… based on its ID") when its clause
       gives none, with the best-matching tool that needs none;
@@ -228,8 +233,10 @@ def draft_steps(task: str, catalog: Catalog, max_steps: int) -> list[DraftStep]:
             drafts += [DraftStep(f"Read {reads[0]}", ["read_file"]), DraftStep(text, ["write_file"])]
             added = True
             continue
-        # what each of several files is about is in the files ("one sentence about each")
-        wanted = {"read_file": bool(reads or _ABOUT_EACH.search(text)), "write_file": bool(writes)}
+        # what each of several files is about is in the files ("one sentence about each"), as
+        # is what the files of a folder hold ("summarise the three files in ./notes")
+        about_files = reads or _ABOUT_EACH.search(text) or named_folders(text)
+        wanted = {"read_file": bool(about_files), "write_file": bool(writes)}
         tools = [*tools, *(t for t, on in wanted.items() if on and t in catalog and t not in tools)]
         drafts.append(DraftStep(text, tools))
     return drafts

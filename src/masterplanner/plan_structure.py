@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["clauses"]
+__all__ = ["FolderMention", "clauses", "named_folders"]
 
 # Base forms of verbs a task uses to ask for something (imperatives, after `to`, after `I want`).
 _VERBS = frozenset(
@@ -229,3 +229,58 @@ def clauses(task: str) -> list[str]:
     found = [_clean(task[start:end]) for start, end, _ in kept]
     found = [text for text in found if re.search(r"[A-Za-z0-9]", text)]
     return found or [task.strip()]
+
+
+@dataclass(frozen=True)
+class FolderMention:
+    """A folder of the workspace whose files a text is about (`named_folders`)."""
+
+    path: str
+    """The folder, relative to the workspace ("notes", "notes/2024"); "." is the workspace itself."""
+    certain: bool
+    """Whether the words make it a folder ("./notes", "notes/", "the notes folder", "the three
+    files"); "the files in notes" is one only if the workspace has a folder of that name."""
+
+
+_FOLDER_PATH = re.compile(
+    r"(?<![\w/.~:-])(?:\./(?P<dotted>(?:[\w-]+/)*[\w-]+)/?|(?P<slashed>(?:[\w-]+/)*[\w-]+)/)"
+    r"(?![\w/-])(?!\.\w)"
+)
+_FOLDER_WORD = re.compile(
+    r"\b(?:the|my|our|your|this|that)\s+['\"`]?(?P<name>[\w-]+)['\"`]?\s+(?:folder|directory)\b", re.I
+)
+_FILES_IN = re.compile(
+    r"\bfiles\s+(?:in|from|of|under|inside)\s+(?:the\s+)?(?:(?:folder|directory)\s+)?"
+    r"['\"`]?(?P<name>[A-Za-z_][\w-]*(?:/[\w-]+)*)/?['\"`]?(?![\w/-])(?!\.\w)",
+    re.I,
+)
+_NOT_FOLDERS = frozenset(
+    "workspace folder directory question order turn total full detail time it them this that".split()
+)
+_THE_FILES = re.compile(
+    r"\b(?:the|all(?:\s+the)?|these|those)\s+(?:(?:\d+|two|three|four|five|six|seven|eight|nine|ten)\s+)?"
+    r"files\b(?!\s+(?:in|of|from|under|inside|list|listing|names?)\b)",
+    re.I,
+)
+
+
+def named_folders(text: str) -> list[FolderMention]:
+    """The folders whose files a text is about, in order ("./notes", "notes/", "the notes folder").
+
+    "The files in notes" names one too (not `certain`), and "the files" or "the three files"
+    with no place named the workspace itself (".").
+
+    A path to a file ("out/report.md") names no folder; nor does "the files in the workspace",
+    which is the workspace's listing (`engine.step_agent.grounding_call`).
+    """
+    found: dict[str, bool] = {}
+    for match in _FOLDER_PATH.finditer(text):
+        found.setdefault((match["dotted"] or match["slashed"]).strip("/"), True)
+    for match in _FOLDER_WORD.finditer(text):
+        found.setdefault(match["name"], True)
+    for match in _FILES_IN.finditer(text):
+        if match["name"].lower() not in _NOT_FOLDERS:
+            found.setdefault(match["name"], "folder" in match[0].lower() or "directory" in match[0].lower())
+    if not found and _THE_FILES.search(text):
+        found["."] = True
+    return [FolderMention(path, certain) for path, certain in found.items()]

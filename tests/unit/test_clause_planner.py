@@ -77,6 +77,22 @@ def test_a_clause_about_each_file_may_read_them() -> None:
     assert [draft.tools for draft in drafts] == [["list_files"], ["write_file", "read_file"]]
 
 
+def test_a_clause_naming_a_folder_may_list_it_and_read_its_files() -> None:
+    # "the three files in ./notes" was planned with read_file and write_file only: nothing could
+    # find the notes, and the step wrote a summary of nothing (new-user review)
+    for task in (
+        "summarise the three files in ./notes into summary.md",
+        "Summarise the files in notes/ into summary.md",
+        "Summarise the files in the notes folder to summary.txt",
+        "summarise the files into summary.md",
+    ):
+        assert [draft.tools for draft in draft_steps(task, CATALOG, 8)] == [
+            ["list_files", "read_file", "write_file"]
+        ], task
+    # a file in a folder names no folder to list
+    assert [draft.tools for draft in draft_steps("Read out/report.md", CATALOG, 8)] == [["read_file"]]
+
+
 async def test_the_haiku_is_one_step_in_the_tasks_own_words(write_script: WriteScript) -> None:
     ledger = UsageLedger()
     model = _small(

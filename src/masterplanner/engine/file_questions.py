@@ -18,6 +18,7 @@ from typing import ClassVar, Literal
 
 __all__ = [
     "CountedFile",
+    "FolderFiles",
     "ListingQuestion",
     "counted_file",
     "listing_question",
@@ -157,3 +158,39 @@ def counted_file(instruction: str, existing: tuple[str, ...] | list[str]) -> Cou
     if found is None or found["path"] not in existing:
         return None
     return CountedFile(found["path"], found["unit"].lower())
+
+
+@dataclass(frozen=True)
+class FolderFiles:
+    """The files of a folder a step works on ("summarise the three files in ./notes"): listed, then read.
+
+    Found by the new-user review with the embedded model: "summarise the three files in ./notes
+    into summary.md" was planned with `read_file` and `write_file`; the step read nothing and
+    wrote a summary of nothing into summary.md, and the run succeeded. Now the engine lists the
+    folder, reads each file it holds (through the normal tool path) and drafts the text from
+    what they hold; a folder that cannot be listed, holds no file or has a file that cannot be
+    read fails the step, in those words.
+    """
+
+    path: str
+    """The folder, relative to the workspace; "." is the workspace itself."""
+    tool: ClassVar[str] = "list_files"
+
+    @property
+    def arguments(self) -> dict[str, str]:
+        """The `list_files` call's arguments: the folder (none for the workspace itself)."""
+        return {} if self.path == "." else {"path": self.path}
+
+    @property
+    def shown(self) -> str:
+        """The folder as a message names it ("notes/", "the workspace")."""
+        return "the workspace" if self.path == "." else f"{self.path}/"
+
+    def files(self, listing: str) -> list[str]:
+        """The workspace paths of the files a `list_files` listing of the folder shows (not its folders)."""
+        names = [
+            fields[0]
+            for fields in (line.split("\t") for line in listing.splitlines())
+            if len(fields) == 3 and fields[1] == "file"
+        ]
+        return names if self.path == "." else [f"{self.path}/{name}" for name in names]

@@ -28,20 +28,21 @@ from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import RequestUsage
 
-from ..errors import RunError
+from ..errors import RunError, ToolError
 from ..models import context_window
 from ..models.labelled import made_and_failed
 from ..models.local import STRUCTURED_PLANS, ToolAids
 from ..models.pricing import request_cost
 from ..plan import Plan, Step, sinks
+from ..plan_structure import named_folders
 from ..prompts import load_examples, render
 from ..purpose import current_purpose
 from ..tools.code_execution import succeeded_output
-from ..tools.results import TOOL_OUTPUT
+from ..tools.results import TOOL_FAILED, TOOL_OUTPUT
 from ..tools.workspace import Workspace
 from ..working_memory import INPUT_HEADING, ContextBudget, FittedInput
 from .budget import RequestBudget, Reservation, RunLedger, reservation_for
-from .file_questions import CountedFile, ListingQuestion, counted_file, listing_question
+from .file_questions import CountedFile, FolderFiles, ListingQuestion, counted_file, listing_question
 from .records import RunOptions
 from .table_queries import DraftedQuery, drafted_query
 
@@ -73,6 +74,8 @@ MAX_EACH = 20
 """A text with a line for each file is written for at most this many files (a model request each)."""
 EACH_CONTENT_CHARS = 400
 """Of each file a text has a line about, the model is shown this much."""
+FOLDER_CONTENT_CHARS = 1500
+"""Of each file of a folder a text is drafted from, the model is shown this much."""
 MAX_TRANSLATED_LINES = 60
 """A translation is asked for at most this many lines of its input (a model request a sentence)."""
 MAX_COUNTED_LINES = 50
@@ -198,7 +201,7 @@ class DirectCall:
     arguments: dict[str, str]
 
 
-Grounding = DirectCall | DraftedQuery | ListingQuestion | CountedFile
+Grounding = DirectCall | DraftedQuery | ListingQuestion | CountedFile | FolderFiles
 """A call the engine makes before the model works (see `StepAids.grounding`)."""
 
 
@@ -213,7 +216,8 @@ class StepAids(ToolAids):
     listing for "Describe each file in the workspace …" (the 135M model, left to call
     `list_files` itself, gave it a made-up path and answered from nothing), the SQL query that
     computes what the step asks of a CSV file (`table_queries`), or the call whose result
-    answers a question about files (`file_questions`: how many, the largest, those of a type)."""
+    answers a question about files (`file_questions`: how many, the largest, those of a type), or
+    the listing of the folder whose files the step works on (`FolderFiles`), which are then read."""
     reads_each: bool = False
     """The step may read files: a text about each of several files is drafted from their contents
     (read by one `read_file` call each, before the drafts), not from their names alone."""
@@ -268,7 +272,8 @@ _THAT_MANY_LINES = re.compile(r"\b(?:that|as)\s+many\s+lines\b", re.IGNORECASE)
 _EACH = re.compile(r"\b(?:about|describe|describing|for)\s+(?:each|every)\b", re.IGNORECASE)
 _EACH_OBJECT = re.compile(
     r"\b(?:each|every)\b(?:\s+of)?(?:\s+(?:the|these|those))?(?:\s+[\w.]+)?\s+files?\b"
-    r"(?:\s+(?:in|of)\s+(?:the|this)\s+workspace)?|\b(?:each|every)(?:\s+(?:one|item|file))?\b",
+    r"(?:\s+(?:in|of|from)\s+(?:(?:the|this)\s+workspace|\./[\w/-]*\w/?|[\w-]+(?:/[\w-]+)*/"
+    r"|the\s+[\w-]+\s+(?:folder|directory)))?|\b(?:each|every)(?:\s+(?:one|item|file))?\b",
     re.IGNORECASE,
 )
 _SAVE_CLAUSE = re.compile(r"\s+(?:and|then)\s+(?:save|write|put|store)\b[^.]*", re.IGNORECASE)
@@ -428,6 +433,34 @@ _WORKSPACE_FILES = re.compile(
 )
 
 
+_SUMMING_UP = re.compile(r"^\s*(summari[sz]e|describe|outline)\b", re.IGNORECASE)
+"""A request about a folder's files that is a line per file (`_per_file`)."""
+
+
+def _content_folder(instruction: str, workspace: Workspace) -> FolderFiles | None:
+    """The folder whose files the instruction works on (`plan_structure.named_folders`), if any.
+
+    "The files in notes" counts only when the workspace has a folder notes; "./notes", "notes/"
+    and "the notes folder" count either way (listing one that is not there fails the step).
+    """
+    for folder in named_folders(instruction):
+        if folder.certain or workspace.is_dir(folder.path):
+            return FolderFiles(folder.path)
+    return None
+
+
+def _per_file(draft: DraftedWrite) -> DraftedWrite:
+    """A summary of a folder's files as a line about each ("Summarise each file in one sentence.").
+
+    Only a request with no form of its own ("summarise the three files in ./notes"): the 135M
+    model, asked about several files at once, copied what it was shown (see `DraftedWrite.each`).
+    """
+    verb = _SUMMING_UP.match(draft.request)
+    if verb is None or draft != DraftedWrite(draft.path, draft.request):
+        return draft
+    return DraftedWrite(draft.path, f"{verb[1].capitalize()} each file in one sentence.", each=True)
+
+
 def grounding_call(step: Step, tools: Sequence[str]) -> DirectCall | None:
     """The listing a step about the workspace's files is given first ("Count the files in the workspace")."""
     if "list_files" in tools and _WORKSPACE_FILES.search(step.instruction):
@@ -446,8 +479,11 @@ def tool_aids(
     tool calls (failed ones count). A step whose instruction only reads an existing file, or only
     lists the workspace, gets a `DirectCall`; one that asks to write one new text file, and names
     no existing file it could read itself, gets a `DraftedWrite` (both applied only for models
-    whose profile sets `masterplanner_structured_plans`). `prompt`: the step's prompt when a
-    person wrote it (`StepAids.prompt`); such a step gets no `DirectCall`.
+    whose profile sets `masterplanner_structured_plans`). A text about the files of a folder
+    ("summarise the three files in ./notes into summary.md") is drafted from what they hold:
+    the folder is listed and its files read first (`FolderFiles`); a step that cannot list and
+    read them gets no drafted text (it would be drafted from nothing). `prompt`: the step's
+    prompt when a person wrote it (`StepAids.prompt`); such a step gets no `DirectCall`.
     """
     texts = [step.title, step.instruction, step.expected_output]
     if step.id in sinks(plan.steps):
@@ -487,7 +523,16 @@ def tool_aids(
     direct = (
         None if answered is not None or prompt else direct_call(step, tools, (*existing, *programs), programs)
     )
-    grounding = None if direct is not None else query or answered or grounding_call(step, tools)
+    folder = None
+    if draft is not None and not draft.language and query is None and answered is None:
+        folder = _content_folder(_USE_NOTE.sub("", step.instruction), workspace)
+        if folder is not None and folder.path == "." and draft.each:
+            folder = None  # "about each file in the workspace": its listing, as before (it reads them)
+        elif folder is not None and not {"list_files", "read_file"} <= set(tools):
+            folder, draft = None, None  # it could only be drafted from nothing
+        elif folder is not None:
+            draft = _per_file(draft)
+    grounding = None if direct is not None else query or answered or folder or grounding_call(step, tools)
     if not values:
         # nothing to ground: at least stop the model from calling tools until the request cap
         calls = _UNGROUNDED_CALLS + (grounding is not None)
@@ -940,8 +985,11 @@ class BudgetedModel(WrapperModel):
                 return self._call(DirectCall(aids.grounding.tool, aids.grounding.arguments))
             after = messages[messages.index(responses[0]) + 1 :][:1]  # the grounding call's return
             returns = [part for part in getattr(after[0], "parts", []) if isinstance(part, ToolReturnPart)]
-            data = _ran(returns[0].model_response_str()) if after and returns else None
-            grounded = _grounded(aids.grounding, data)
+            returned = returns[0].model_response_str() if after and returns else None
+            if isinstance(aids.grounding, FolderFiles):
+                rest = responses[1:]
+                return await self._folder_turn(aids.grounding, returned, aids, rest, messages, settings)
+            grounded = _grounded(aids.grounding, None if returned is None else _ran(returned))
             responses = responses[1:]
         aid = aids.direct_call or aids.drafted_write
         if aid is None:
@@ -970,6 +1018,52 @@ class BudgetedModel(WrapperModel):
                 return self._call(DirectCall("write_file", {"path": aid.path, "content": content}))
             return await self._draft(aid, messages, settings, grounded.text, aids.prompt)
         return self._returned(aid, responses, messages)
+
+    async def _folder_turn(
+        self,
+        folder: FolderFiles,
+        listing: str | None,
+        aids: StepAids,
+        responses: list[ModelResponse],
+        messages: list[ModelMessage],
+        settings: ModelSettings | None,
+    ) -> ModelResponse | None:
+        """A turn of a text drafted from the files of a folder, once the folder's listing has returned.
+
+        First one `read_file` call per file, then the text (a line about each, or one text drafted
+        from all of them) and its `write_file` call, then the text as the answer. A folder that
+        could not be listed, that holds no file, or a file that could not be read fails the step
+        (`ToolError`): the text would be drafted from nothing.
+        """
+        data = None if listing is None else _ran(listing)
+        if data is None:
+            problem = (listing or "").removeprefix(TOOL_FAILED).strip() or "it could not be listed"
+            raise ToolError(f"the step is about the files in {folder.shown}, but {problem}")
+        files = folder.files(data)[:MAX_EACH]
+        if not files:
+            raise ToolError(f"the step is about the files in {folder.shown}, but it holds none")
+        aid = aids.drafted_write
+        if aid is None or not aids.reads_each:
+            return None
+        if not responses:
+            parts = [ToolCallPart("read_file", {"path": path}) for path in files]
+            return ModelResponse(parts=list(parts), model_name=self.wrapped.model_name)
+        if _reads_of(responses[0]) != files:
+            return None  # not where this aid's conversation is: the model answers
+        if len(responses) > 1:
+            return self._returned(aid, responses[1:], messages)
+        contents = _returned_contents(responses[0], messages)
+        unread = [path for path in files if path not in contents]
+        if unread:
+            raise ToolError(
+                f"the step is about the files in {folder.shown}, but {', '.join(unread)} could not be read"
+            )
+        if aid.each:
+            return await self._draft_each(aid, files, contents, settings, aids.prompt)
+        held = "\n\n".join(
+            f"{path} holds:\n{contents[path][:FOLDER_CONTENT_CHARS].strip()}" for path in files
+        )
+        return await self._draft(aid, messages, settings, held, aids.prompt)
 
     async def _each_turn(
         self,

@@ -16,7 +16,7 @@ from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 
-from ..errors import ConfigError, ModelError, RunError
+from ..errors import ConfigError, ModelError, RunError, ToolError
 from ..purpose import current_purpose, using_purpose, validate_purpose
 from ..telemetry import span as traced
 from ..usage import UsageLedger
@@ -31,10 +31,11 @@ def made_and_failed(error: BaseException) -> bool:
     A provider's failure (an HTTP error, no answer in time, a reply that could not be read, the
     retries given up: `ModelError`) is. Not counted: a cancel (the run stopping), our own
     refusals before the request is made, all `RunError`s (a budget that cannot take it, a run
-    store that failed to reserve it), and a model that cannot be asked as configured
-    (`ConfigError`: a GGUF file that does not load, a key not set, a script that is malformed).
+    store that failed to reserve it), a model that cannot be asked as configured
+    (`ConfigError`: a GGUF file that does not load, a key not set, a script that is malformed),
+    and a step aid's turn that ends the step (`ToolError`: the files it is about cannot be read).
     """
-    return isinstance(error, Exception) and not isinstance(error, RunError | ConfigError)
+    return isinstance(error, Exception) and not isinstance(error, RunError | ConfigError | ToolError)
 
 
 class LabelledModel(WrapperModel):

@@ -534,6 +534,16 @@ class Workspace:
             return False
         return stat.S_ISREG(info.st_mode)
 
+    def is_dir(self, path: str) -> bool:
+        """Whether `path` is a folder in the workspace (reached without following symlinks)."""
+        try:
+            parts = _parts(path)
+            with self._directory(parts[:-1]) as directory:
+                info = os.stat(parts[-1], dir_fd=directory, follow_symlinks=False)
+        except (ToolError, OSError, ValueError):
+            return False
+        return stat.S_ISDIR(info.st_mode)
+
     def list_files(self, path: str = ".") -> FileListing:
         r"""The entries of a workspace directory, sorted by name (at most `MAX_LIST_ENTRIES`), and how many.
 
