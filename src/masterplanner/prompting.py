@@ -5,12 +5,15 @@ depends on, how to use its tools and what to hand on. A critic call (purpose `cr
 against a rubric — clarity, completeness, tool fit, output format, 1 to 5 — and lists defects;
 a revision (purpose `prompt_creator`) fixes them. `rounds` critique-and-revise rounds run per
 step (default 1; 0 keeps the draft). Steps are processed concurrently. Draft, every critique and
-the final prompt are kept so the review screen can show them.
+the final prompt are kept so the review screen can show them. Each is the prompt alone: the
+template's `<prompt>` tags and the writer's own words around it are dropped (`cleaned_prompt`),
+and a revision with nothing else in it keeps the prompt before it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from functools import cache
@@ -28,7 +31,15 @@ if TYPE_CHECKING:
     from pydantic_ai import Agent
     from pydantic_ai.models import Model
 
-__all__ = ["DEFAULT_ROUNDS", "MAX_ROUNDS", "AgentPrompt", "Critique", "create_prompts", "prompts_to_json"]
+__all__ = [
+    "DEFAULT_ROUNDS",
+    "MAX_ROUNDS",
+    "AgentPrompt",
+    "Critique",
+    "cleaned_prompt",
+    "create_prompts",
+    "prompts_to_json",
+]
 
 DEFAULT_ROUNDS = 1
 MAX_ROUNDS = 5
@@ -110,7 +121,46 @@ def _writer() -> Agent[None, str]:
     return Agent(output_type=str)
 
 
+_OPENING_TAG = re.compile(r"<prompt>", re.IGNORECASE)
+_CLOSING_TAG = re.compile(r"</prompt>", re.IGNORECASE)
+_FRAMING = re.compile(
+    r"^(?:here(?:'s|\s+is|\s+are)\b|sure\b|certainly\b|of\s+course\b|okay\b|to\s+improve\b"
+    r"|i(?:'ve|\s+have)\s+\w+|i\s+(?:made|rewrote|revised|updated|added|changed|adjusted|kept|improved|removed)\b"
+    r"|(?:the\s+|this\s+)?(?:revised|improved|updated|rewritten|new|final|current)\s+(?:version|prompt|system\s+prompt)\b"
+    r"|(?:system\s+)?prompt\s*:\s*$|(?:note|notes|changes|explanation)\s*:|```\w*\s*$|-{3,}\s*$)",
+    re.IGNORECASE,
+)
+"""A line of the writer's own at the start or end of its reply: "Here's the revised version:",
+"I made minor adjustments … for the reviewer.", a fence or a rule around the prompt."""
+
+
+def cleaned_prompt(text: str) -> str:
+    """The prompt in a Prompt Creator reply, without the template's tags and the writer's own words.
+
+    The revision template shows the prompt inside `<prompt>…</prompt>`; the embedded model
+    answered with the tags ("<prompt>", then "Write a haiku …"), and with words to the reviewer around
+    the prompt ("To improve clarity …, I've rewritten the prompt … Here's the revised version:"
+    … "I made minor adjustments … for the reviewer."), and the review showed them (and the team
+    stored them) as the agent's prompt. The text inside the tags is taken when they are there (a
+    missing closing tag: to the end), then lines of the writer's own (`_FRAMING`) are dropped from
+    its start and its end. Empty when nothing else is left.
+    """
+    opening = _OPENING_TAG.search(text)
+    if opening is not None:
+        text = text[opening.end() :]
+    closing = _CLOSING_TAG.search(text)
+    if closing is not None:
+        text = text[: closing.start()]
+    lines = text.strip().split("\n")  # not `splitlines`: a "\r" inside a line is the prompt's own
+    while lines and (not lines[0].strip() or _FRAMING.match(lines[0].strip())):
+        lines.pop(0)
+    while lines and (not lines[-1].strip() or _FRAMING.match(lines[-1].strip())):
+        lines.pop()
+    return "\n".join(lines).strip()
+
+
 async def _text(context: _Context, purpose: str, system: str, prompt: str) -> str:
+    """The prompt a `prompt_creator` call wrote (`cleaned_prompt`: empty if it wrote only words about one)."""
     from .agents import run_agent
     from .models import labelled
 
@@ -124,7 +174,7 @@ async def _text(context: _Context, purpose: str, system: str, prompt: str) -> st
     text = nul_replaced(str(agent_output).strip())  # the step's prompt, and its stored agent's
     if not text:
         raise ModelError(f"the {purpose} call returned an empty prompt")
-    return text
+    return cleaned_prompt(text)
 
 
 async def _critique(context: _Context, view: dict[str, Any], prompt: str) -> Critique:
@@ -183,18 +233,21 @@ async def _create_one(context: _Context, step: Step, rounds: int, progress: _Pro
     system = render("prompt_creator_system.j2")
     await progress.drafting()
     draft = await _text(context, "prompt_creator", system, render("prompt_creator_draft.j2", **view))
+    if not draft:
+        raise ModelError("the prompt_creator call returned no prompt, only words about one")
     critiques: list[Critique] = []
     revisions: list[str] = []
     current = draft
     for round_ in range(1, rounds + 1):
         await progress.reviewing(round_)
         critique = await _critique(context, view, current)
-        current = await _text(
+        revised = await _text(
             context,
             "prompt_creator",
             system,
             render("prompt_creator_revise.j2", prompt=current, critique=critique, **view),
         )
+        current = revised or current  # only words about a prompt: the one before it is kept
         critiques.append(critique)
         revisions.append(current)
     return AgentPrompt(step.id, draft, critiques, revisions)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from masterplanner import ConfigError, UsageLedger, resolve_model, validate_plan
+from masterplanner.errors import ModelError
 from masterplanner.prompting import AgentPrompt, Critique, create_prompts, prompts_to_json
 from masterplanner.tools import builtin_catalog
 
@@ -168,3 +169,53 @@ async def test_a_step_whose_prompt_fails_stops_the_others(write_script: WriteScr
         "cost_usd": 0.0,
         "unpriced_calls": 0,
     }
+
+
+async def test_a_prompt_is_stored_without_the_writers_tags_and_commentary(write_script: WriteScript) -> None:
+    # the embedded model's revisions kept the template's tags and its own words to the reviewer,
+    # and the review showed them (and the team stored them) as the agent's prompt
+    script = write_script(
+        [
+            {
+                "purpose": "prompt_creator",
+                "output": "Here is the prompt:\n\nYou read sales.csv.\nHand on its rows.",
+            },
+            {"purpose": "critic", "output": CRITIQUE},
+            {
+                "purpose": "prompt_creator",
+                "output": "To improve clarity, I've rewritten the prompt. Here's the revised version:\n\n"
+                "<prompt>\nYou read sales.csv with read_file.\nHand on its rows as they are.\n</prompt>\n\n"
+                "I made minor adjustments to the wording for the reviewer.",
+            },
+            {"purpose": "critic", "output": CRITIQUE},
+            # the closing tag missing: the prompt runs to the end
+            {
+                "purpose": "prompt_creator",
+                "output": "<prompt>\nYou read sales.csv with read_file.\nHand on every row.",
+            },
+            {"purpose": "critic", "output": CRITIQUE},
+            # nothing left once cleaned: the prompt before it is kept
+            {"purpose": "prompt_creator", "output": "Here's the revised version:\n<prompt>\n</prompt>"},
+        ]
+    )
+    one_step = validate_plan({"task": "t", "steps": [PLAN.steps[0].model_dump()]}, CATALOG)
+    prompts = await create_prompts(one_step, CATALOG, model=resolve_model(f"scripted:{script}"), rounds=3)
+    prompt = prompts["load"]
+    assert prompt.draft == "You read sales.csv.\nHand on its rows."
+    assert prompt.revisions == [
+        "You read sales.csv with read_file.\nHand on its rows as they are.",
+        "You read sales.csv with read_file.\nHand on every row.",
+        "You read sales.csv with read_file.\nHand on every row.",
+    ]
+    assert prompt.final == "You read sales.csv with read_file.\nHand on every row."
+
+
+async def test_a_draft_of_only_the_writers_own_words_fails_as_an_empty_one(write_script: WriteScript) -> None:
+    script = write_script(
+        [{"purpose": "prompt_creator", "output": "Here's the prompt:\n<prompt>\n</prompt>"}]
+    )
+    one_step = validate_plan({"task": "t", "steps": [PLAN.steps[0].model_dump()]}, CATALOG)
+    with pytest.raises(
+        ModelError, match=r"^the prompt_creator call returned no prompt, only words about one$"
+    ):
+        await create_prompts(one_step, CATALOG, model=resolve_model(f"scripted:{script}"), rounds=0)
