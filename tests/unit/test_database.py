@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 from _cli import mp
@@ -809,5 +809,104 @@ def test_a_database_made_before_folded_tasks_finds_its_runs_in_any_case(database
                 {"no": False},
             )
         assert [run.id for run in store.list_runs(text="the REPORT")] == ["older"]
+    finally:
+        store.close()
+
+
+def _held_by_another(store: RunStore, run_id: str, status: Literal["awaiting_approval", "running"]) -> None:
+    """A run of one step `a` whose first holder ("first") stalled past its lease: "second" holds it."""
+    from masterplanner.plan import Plan
+
+    store.create_run(run_id, "x", model="scripted:x", workspace="/tmp", options=RunOptions())
+    plan = Plan.model_validate({"task": "x", "steps": [step("a", tools=[])]})
+    assert store.update_run(run_id, plan=plan, agents={}, status=status)
+    assert store.claim(run_id, "first", lease_s=0.05)
+    time.sleep(0.2)
+    assert store.claim(run_id, "second", lease_s=60)
+
+
+def test_an_edit_at_review_is_written_with_its_approval_only_by_the_lease_holder(database_url: str) -> None:
+    """`RunStore.decide_review(…, edit=…)`: the edited plan, its agents and options, `plan_edited`,
+    `approved` and the move to `running`, in one transaction, while its writer holds the lease."""
+    from masterplanner.engine.records import AgentBrief, PlanChange
+    from masterplanner.plan import Plan
+
+    store = RunStore(database_url)
+    try:
+        _held_by_another(store, "r1", "awaiting_approval")
+        edit = PlanChange(
+            Plan.model_validate({"task": "x", "steps": [step("b", tools=[])]}),
+            {"b": AgentBrief(prompt="Do b.", edited=True)},
+            options=RunOptions(tool_policies={"read_file": "ask"}),
+        )
+
+        def written() -> tuple[str, list[str], list[tuple[str, dict[str, object]]]]:
+            run = store.get_run("r1")
+            assert run.plan is not None
+            return run.status, run.plan.ids, [(e.kind, e.data) for e in store.events("r1")]
+
+        assert not store.decide_review("r1", "approved", {"by": "person"}, owner="first", edit=edit)
+        assert written() == ("awaiting_approval", ["a"], [])
+        assert store.decide_review("r1", "approved", {"by": "person"}, owner="second", edit=edit)
+        # made again (a write repeated after a lost acknowledgement): nothing more is written
+        assert store.decide_review("r1", "approved", {"by": "person"}, owner="second", edit=edit)
+        assert not store.decide_review("r1", "approved", {"by": "person"}, owner="first", edit=edit)
+        edited = {"steps": ["b"], "tool_policies": {"read_file": "ask"}}
+        assert written() == ("running", ["b"], [("plan_edited", edited), ("approved", {"by": "person"})])
+        run = store.get_run("r1")
+        assert (run.agents["b"].prompt, run.options.tool_policies) == ("Do b.", {"read_file": "ask"})
+    finally:
+        store.close()
+
+
+def test_a_plan_s_revision_is_written_once_and_only_by_the_lease_holder(database_url: str) -> None:
+    """`RunStore.record_revision`: a replan's plan, agents, steps and event, in one transaction.
+
+    Written only while its writer holds the run's lease; made again once recorded (a write
+    repeated after a lost acknowledgement), it writes nothing more: its steps are not added twice
+    (their insert failed) and its event is not appended twice. So for an event alone (a replan's
+    rejection).
+    """
+    from masterplanner.engine.records import AgentBrief, PlanChange
+    from masterplanner.plan import Plan
+
+    store = RunStore(database_url)
+    try:
+        _held_by_another(store, "r1", "running")
+        store.init_steps("r1", ["a"])
+        store.update_step("r1", "a", status="failed")
+        revision = PlanChange(
+            Plan.model_validate({"task": "x", "steps": [step("a2", tools=[])]}),
+            {"a2": AgentBrief(prompt="Do a2.")},
+            added=("a2",),
+            retired={"a": "replaced"},
+        )
+        replanned = {"retired": ["a"], "steps": ["a2"], "by": "person", "n": 1}
+
+        def written() -> tuple[
+            list[str], list[tuple[str, str]], list[tuple[str, str | None, dict[str, Any]]]
+        ]:
+            run = store.get_run("r1")
+            assert run.plan is not None
+            steps = [(record.id, record.status) for record in store.steps("r1")]
+            return run.plan.ids, steps, [(e.kind, e.step, e.data) for e in store.events("r1")]
+
+        assert not store.record_revision("r1", "replanned", "a", replanned, owner="first", change=revision)
+        assert written() == (["a"], [("a", "failed")], [])
+        assert store.record_revision("r1", "replanned", "a", replanned, owner="second", change=revision)
+        assert store.record_revision("r1", "replanned", "a", replanned, owner="second", change=revision)
+        assert not store.record_revision("r1", "replanned", "a", replanned, owner="first", change=revision)
+        assert written() == (
+            ["a2"],
+            [("a", "replaced"), ("a2", "pending")],
+            [("replanned", "a", replanned)],
+        )
+        assert set(store.get_run("r1").agents) == {"a2"}
+
+        rejected = {"n": 2, "rejected": "no", "by": "person"}
+        assert not store.record_revision("r1", "replan_failed", "a2", rejected, owner="first")
+        assert store.record_revision("r1", "replan_failed", "a2", rejected, owner="second")
+        assert store.record_revision("r1", "replan_failed", "a2", rejected, owner="second")  # made again
+        assert written()[2] == [("replanned", "a", replanned), ("replan_failed", "a2", rejected)]
     finally:
         store.close()

@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from _answers import execute_answering
 from _cli import mp
+from _faults import Killed, failing_as_the_event_is_written
 from _plans import step
 
 from masterplanner import PlanError, RequestError, RunError, RunNotFoundError, Settings
@@ -1257,10 +1258,6 @@ async def test_a_run_s_end_is_written_whole_or_not_at_all(
     assert kinds.count(f"run_{status}") == 1
 
 
-class _Killed(BaseException):
-    """The process executing a run dies here (as `kill -9` stops it: nothing after runs)."""
-
-
 def _failing_as_the_run_moves(
     monkeypatch: pytest.MonkeyPatch, status: str, failure: BaseException
 ) -> list[str]:
@@ -1297,8 +1294,8 @@ async def test_a_review_s_decision_is_written_whole_or_not_at_all(
         return {"action": "approve"} if decision == "approved" else {"action": "reject", "reason": "no"}
 
     moved_to = "running" if decision == "approved" else "cancelled"
-    killed = _failing_as_the_run_moves(monkeypatch, moved_to, _Killed())
-    with pytest.raises(_Killed):
+    killed = _failing_as_the_run_moves(monkeypatch, moved_to, Killed())
+    with pytest.raises(Killed):
         await execute_answering(engine, run.id, review=review)
     assert killed == [run.id]
     stopped = engine.store.get_run(run.id)
@@ -1348,6 +1345,51 @@ async def test_a_review_s_decision_the_store_could_not_record_is_not_half_record
         assert (final.status, final.output) == ("succeeded", "A")
     else:
         assert (final.status, final.error) == ("cancelled", "rejected: no")
+
+
+@pytest.mark.parametrize("failure", ["killed", "full disk"])
+async def test_an_approved_edit_is_written_whole_with_its_approval(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """The process dies (or the disk fills) between the edited plan's write and its `plan_edited`.
+
+    Before, the edit was written first on its own, then its event: the run kept the edited plan
+    with no `plan_edited`, and the answer, taken again on resume (or on retry), no longer
+    differed from the plan stored, so it was no edit: the audit never said the person edited the
+    plan. Now the edit, its event, the approval and the run's move are one transaction.
+    """
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "step:b", "output": "B"}, DRAFTS])
+    run = engine.create_run("x", model=f"scripted:{script}", options=replace(FAST, auto_approve=False))
+    edited = {"task": "x", "steps": [step("b", tools=[])]}
+
+    async def review(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve", "plan": edited}
+
+    if failure == "killed":
+        killed = failing_as_the_event_is_written(monkeypatch, "plan_edited", Killed())
+        with pytest.raises(Killed):
+            await execute_answering(engine, run.id, review=review)
+        assert killed == [run.id]
+        stopped = engine.store.get_run(run.id)
+        assert stopped.status == "awaiting_approval"
+    else:
+        full_disk = sa.exc.OperationalError("INSERT INTO mp_events", {}, Exception("disk I/O error"))
+        failed = failing_as_the_event_is_written(monkeypatch, "plan_edited", full_disk)
+        stopped = await execute_answering(engine, run.id, review=review)
+        assert failed == [run.id]
+        assert stopped.status == "failed"
+        assert stopped.error is not None and stopped.error.endswith("disk I/O error")
+    assert stopped.plan is not None and stopped.plan.ids == ["a"]  # nothing of the edit was written
+    assert "plan_edited" not in [kind for kind, _ in _kinds(engine, run.id)]
+
+    if failure == "full disk":
+        engine.retry(run.id)  # room again: its plan, never approved, is reviewed again
+    final = await engine.execute(run.id)  # the review's answer is taken as it was given: an edit
+    assert (final.status, final.output) == ("succeeded", "B")
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert (kinds.count("plan_edited"), kinds.count("approved")) == (1, 1)
+    assert kinds.index("plan_edited") < kinds.index("approved") < kinds.index("step_started")
+    assert [s.id for s in engine.store.steps(run.id)] == ["b"]
 
 
 async def test_two_processes_executing_one_run_at_once_run_it_once(

@@ -158,6 +158,7 @@ async def test_a_process_that_lost_the_run_while_planning_records_nothing_and_st
             _planner(step("a", tools=[])) | (slow if lost == "while planning" else {}),
             {"purpose": "prompt_creator", "output": "Do a.", "repeat": True},
             {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:b", "output": "B"},
         ]
     )
     other = RunStore(database_url)
@@ -219,7 +220,7 @@ async def test_a_process_that_lost_the_run_while_planning_records_nothing_and_st
         other.close()
 
 
-@pytest.mark.parametrize("decision", ["approved", "rejected"])
+@pytest.mark.parametrize("decision", ["approved", "rejected", "plan_edited"])
 async def test_a_process_that_lost_the_run_while_its_review_was_open_records_no_decision(
     database_url: str,
     write_script: Callable[..., Path],
@@ -230,6 +231,9 @@ async def test_a_process_that_lost_the_run_while_its_review_was_open_records_no_
     Before, the review's outcome was written by whichever process read the answer: the stalled
     one recorded `approved` (and ran the steps itself) or `rejected` (and cancelled the run) under
     the new holder's lease. Now it records nothing and stops; the holder applies the answer, once.
+    An edit the answer makes (`plan_edited`) is written with the approval, by the holder alone:
+    before, the stalled process wrote the edited plan over the holder's run, with its event, and
+    the holder, finding the answer no longer differed from the plan, made no edit of it.
     """
     from masterplanner import RunService
     from masterplanner.engine.store import RunStore
@@ -239,12 +243,17 @@ async def test_a_process_that_lost_the_run_while_its_review_was_open_records_no_
             _planner(step("a", tools=[])),
             {"purpose": "prompt_creator", "output": "Do a.", "repeat": True},
             {"purpose": "step:a", "output": "A"},
+            {"purpose": "step:b", "output": "B"},
         ]
     )
     other = RunStore(database_url)
     stalled = Engine(Settings.load(run_lease_s=1))
     service = RunService(stalled.settings)
-    answer = {"action": "approve"} if decision == "approved" else {"action": "reject", "reason": "no"}
+    answer: dict[str, Any] = {
+        "approved": {"action": "approve"},
+        "rejected": {"action": "reject", "reason": "no"},
+        "plan_edited": {"action": "approve", "plan": {"task": "do a", "steps": [step("b", tools=[])]}},
+    }[decision]
 
     def take_over(run_id: str) -> None:
         """The other process takes the run once the stalled one's lease lapsed."""
@@ -267,8 +276,9 @@ async def test_a_process_that_lost_the_run_while_its_review_was_open_records_no_
             await service.answer(pending[0].id, answer, by="test")
             final = await asyncio.wait_for(execution, 60)
         assert (final.status, final.error) == ("awaiting_approval", None)
+        assert final.plan is not None and final.plan.ids == ["a"]
         kinds = [event.kind for event in stalled.store.events(run.id)]
-        assert decision not in kinds and "step_started" not in kinds
+        assert not {decision, "approved", "plan_edited", "step_started"} & set(kinds)
         lease = other.lease(run.id)
         assert lease is not None and lease.owner == "other"
     finally:
@@ -283,6 +293,9 @@ async def test_a_process_that_lost_the_run_while_its_review_was_open_records_no_
         if decision == "approved":
             assert (final.status, final.output) == ("succeeded", "A")
             assert kinds.count("step_started") == 1
+        elif decision == "plan_edited":
+            assert (final.status, final.output) == ("succeeded", "B")
+            assert kinds.count("approved") == 1 and kinds.count("step_started") == 1
         else:
             assert (final.status, final.error) == ("cancelled", "rejected: no")
             assert "step_started" not in kinds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -11,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from _answers import execute_answering
 from _cli import LEASE_S, answer, mp, pending, run_events, shown, start
+from _faults import Killed, failing_as_the_event_is_written
 from _plans import step
 
 from masterplanner import DatabaseUnavailableError, RunError, Settings
@@ -504,7 +507,8 @@ async def test_the_dependents_of_a_step_whose_replan_was_rejected_say_so_in_thei
 
     plan = engine.store.get_run(run.id).plan
     assert plan is not None
-    revisions = PlanRevisions(SimpleNamespace(store=engine.store, run_id=run.id))  # type: ignore[arg-type]
+    resources = SimpleNamespace(store=engine.store, run_id=run.id)
+    revisions = PlanRevisions(resources, owner="taking-over")  # type: ignore[arg-type]
     taken_over = await revisions.on_failure(plan.step("b"), StepOutcome("failed", error="b failed"))
     assert taken_over == "its replan was rejected"
 
@@ -529,7 +533,7 @@ async def test_the_dependents_of_a_step_whose_replan_the_database_stopped_are_no
     def unreachable(*_args: Any, **_kwargs: Any) -> None:
         raise DatabaseUnavailableError(f"{away}: cannot revise the plan")
 
-    monkeypatch.setattr(engine.store, "revise_steps", unreachable)
+    monkeypatch.setattr(engine.store, "record_revision", unreachable)
     run = engine.create_run("replan it", model=f"scripted:{_chain_script(write_script)}", options=FAST)
     final = await engine.execute(run.id)
     assert (final.status, final.error) == ("failed", f"{away}: cannot revise the plan")
@@ -1056,3 +1060,123 @@ async def test_a_rejection_whose_reason_is_blank_says_no_reason_was_given(
             "rejected the plan: too broad",
         ),
     ]
+
+
+def _revision_of(engine: Engine, run_id: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """The run's plan (its step ids) and its recorded steps with their statuses."""
+    run = engine.store.get_run(run_id)
+    assert run.plan is not None
+    return run.plan.ids, [(record.id, record.status) for record in engine.store.steps(run_id)]
+
+
+@pytest.mark.parametrize("failure", ["killed", "full disk"])
+async def test_a_replan_is_written_whole_or_not_at_all(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """The process dies (or the disk fills) between the revised plan's write and its `replanned`.
+
+    Before, the revised plan with its steps was one write and the event another: the run went on
+    with the new steps and no `replanned` for good (the audit lost the replan and who approved
+    it, and the run's next replan took the same number, so its recorded proposal and its
+    request's answer were this one's). Now they are one transaction: nothing of the replan was
+    written, and it is made once, on resume (or on retry).
+    """
+    run = engine.create_run("replan it", model=f"scripted:{replan_script(write_script)}", options=FAST)
+    if failure == "killed":
+        killed = failing_as_the_event_is_written(monkeypatch, "replanned", Killed())
+        with pytest.raises(Killed):
+            await engine.execute(run.id)
+        assert killed == [run.id]
+    else:
+        full_disk = sa.exc.OperationalError("INSERT INTO mp_events", {}, Exception("disk I/O error"))
+        failed = failing_as_the_event_is_written(monkeypatch, "replanned", full_disk)
+        stopped = await engine.execute(run.id)
+        assert failed == [run.id]
+        assert stopped.status == "failed"
+        assert stopped.error is not None and stopped.error.endswith("disk I/O error")
+    assert _revision_of(engine, run.id) == (
+        ["a", "b", "c"],
+        [("a", "succeeded"), ("b", "succeeded"), ("c", "failed")],
+    )
+    assert _events(engine, run.id, "replanned") == []
+
+    if failure == "full disk":
+        engine.retry(run.id)  # room again: c runs again, fails again, and is replanned
+    final = await engine.execute(run.id)
+    assert (final.status, final.output) == ("succeeded", "C2"), final.error
+    assert _revision_of(engine, run.id) == (
+        ["a", "b", "c1", "c2"],
+        [("a", "succeeded"), ("b", "succeeded"), ("c", "replaced"), ("c1", "succeeded"), ("c2", "succeeded")],
+    )
+    replanned = {"retired": ["c"], "steps": ["c1", "c2"], "by": "auto", "n": 1}
+    assert _events(engine, run.id, "replanned") == [("replanned", "c", replanned)]
+    assert sorted(_started(engine, run.id)).count("c1") == 1
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+async def test_a_process_that_lost_the_run_while_its_replan_was_open_records_no_decision(
+    database_url: str, write_script: Callable[..., Path], decision: str
+) -> None:
+    """A process stalls past its lease while a replan's request is open; another takes the run over.
+
+    Before, the stalled one applied the answer under the new holder's lease: approved, it wrote
+    the revised plan and ran the new steps itself; rejected, it recorded the rejection and failed
+    the run. Now it records nothing and stops; the holder applies the answer, once.
+    """
+    from masterplanner.engine.store import RunStore
+
+    script = replan_script(write_script)
+    other = RunStore(database_url)
+    stalled = Engine(Settings.load(run_lease_s=1))
+    service = RunService(stalled.settings)
+    reply = {"action": "approve"} if decision == "approve" else {"action": "reject", "reason": "no"}
+
+    def take_over(run_id: str) -> None:
+        """The other process takes the run once the stalled one's lease lapsed."""
+        deadline = time.monotonic() + 30
+        while not other.claim(run_id, "other", lease_s=60):
+            assert time.monotonic() < deadline, "the stalled process's lease never lapsed"
+            time.sleep(0.05)
+
+    try:
+        run = stalled.create_run(
+            "replan it", model=f"scripted:{script}", options=replace(FAST, auto_approve=False)
+        )
+        with pytest.MonkeyPatch.context() as patch:
+            # stalled: its guard neither renews its lease nor sees it taken over
+            patch.setattr(stalled.store, "heartbeats", lambda owners, **_: None)
+            patch.setattr(stalled.store, "watched", lambda owners: dict.fromkeys(owners, (True, False)))
+            execution = asyncio.ensure_future(stalled.execute(run.id))
+            replan = await asyncio.wait_for(_replan_after_approving_the_plan(service, run.id), 60)
+            await asyncio.to_thread(take_over, run.id)
+            await service.answer(replan.id, reply, by="test")
+            final = await asyncio.wait_for(execution, 60)
+        assert (final.status, final.error) == ("running", None)
+        assert _revision_of(stalled, run.id) == (
+            ["a", "b", "c"],
+            [("a", "succeeded"), ("b", "succeeded"), ("c", "failed")],
+        )
+        assert _events(stalled, run.id, "replanned", "replan_failed") == []
+        lease = other.lease(run.id)
+        assert lease is not None and lease.owner == "other"
+    finally:
+        service.close()
+        stalled.close()
+    other.release(run.id, "other")
+    going_on = Engine(Settings.load())
+    try:
+        final = await going_on.execute(run.id)  # the answer given is applied by the holder, once
+        decided = _events(going_on, run.id, "replanned", "replan_failed")
+        if decision == "approve":
+            assert (final.status, final.output) == ("succeeded", "C2"), final.error
+            replanned = {"retired": ["c"], "steps": ["c1", "c2"], "by": "test", "n": 1}
+            assert decided == [("replanned", "c", replanned)]
+            assert sorted(_started(going_on, run.id)) == ["a", "b", "c", "c1", "c2"]
+        else:
+            assert final.status == "failed"
+            assert final.error is not None and final.error.endswith(" (its replan was rejected by test: no)")
+            assert decided == [("replan_failed", "c", {"n": 1, "rejected": "no", "by": "test"})]
+            assert sorted(_started(going_on, run.id)) == ["a", "b", "c"]
+    finally:
+        going_on.close()
+        other.close()

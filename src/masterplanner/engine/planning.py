@@ -7,7 +7,6 @@ plans need not be the one that waits for the review, nor the one that runs the s
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -24,7 +23,7 @@ from ..planner import plan as make_plan
 from ..prompting import AgentPrompt, Progress, create_prompts, prompts_to_json
 from ..registry import Cohort
 from .catalogs import RunCatalog, unoffered_policy_tools
-from .records import AgentBrief, RunRecord, briefs, briefs_json
+from .records import AgentBrief, PlanChange, RunRecord, briefs, briefs_json
 from .requests import PlanDecision, Request
 from .resources import RunResources
 from .reuse import REUSE_CANDIDATES, cohort_hints, reusable_agents, reusable_cohort
@@ -322,12 +321,12 @@ async def review_run(resources: RunResources, run: RunRecord, *, owner: str) -> 
                 _decided, store, run.id, "rejected", {"reason": decision.why, "by": by}, owner
             )
         try:
-            run = await _apply_edit(resources, run, decision)
+            edit = await _edit_of(resources, run, decision)
         except PlanError as error:
             await _open_review(resources, run, {"refused_edit": "; ".join(error.problems)})
             continue
         break
-    return await asyncio.to_thread(_decided, store, run.id, "approved", {"by": by}, owner)
+    return await asyncio.to_thread(_decided, store, run.id, "approved", {"by": by}, owner, edit)
 
 
 def _decided(
@@ -336,9 +335,10 @@ def _decided(
     decision: Literal["approved", "rejected"],
     data: dict[str, Any],
     owner: str,
+    edit: PlanChange | None = None,
 ) -> RunRecord | None:
-    """Record the review's decision; the run as it is then, or None if `owner` lost its lease."""
-    written = store.decide_review(run_id, decision, data, owner=owner)
+    """Record the review's decision (an approval with its edit); the run then, or None if `owner` lost it."""
+    written = store.decide_review(run_id, decision, data, owner=owner, edit=edit)
     run = store.get_run(run_id)
     if written or run.finished:  # a rejection made again, or a cancel recorded meanwhile, stands
         return run
@@ -402,15 +402,16 @@ async def _review_answer(resources: RunResources, run: RunRecord) -> tuple[PlanD
     return decision, answered.answered_by or "person"
 
 
-async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDecision) -> RunRecord:
-    """Store an approved edit of the plan, the prompts or the tool policies (validated first).
+async def _edit_of(resources: RunResources, run: RunRecord, decision: PlanDecision) -> PlanChange | None:
+    """An approved edit of the plan, the prompts or the tool policies, validated, as the approval stores it.
 
     What the answer gives back as the run holds it is no edit (`PlanDecision.changes`): an
-    answer that changes nothing records no `plan_edited` and marks no prompt `edited`.
+    answer that changes nothing (None) records no `plan_edited` and marks no prompt `edited`.
+    The edit is written with the approval, in one transaction (`RunStore.decide_review`).
     """
     decision = decision.changes(run.plan, run.agents, run.options.tool_policies, resources.catalog.names)
     if not decision.edits:
-        return run
+        return None
     plan = validate_plan(
         decision.plan if decision.plan is not None else (run.plan or {}),
         resources.catalog,
@@ -438,16 +439,7 @@ async def _apply_edit(resources: RunResources, run: RunRecord, decision: PlanDec
             decision.tool_policies if decision.tool_policies is not None else run.options.tool_policies
         ),
     )
-    store = resources.store
-
-    def record() -> RunRecord:
-        store.update_run(run.id, plan=plan, agents=agents, options=json.dumps(options.to_json_dict()))
-        store.append_event(
-            run.id, "plan_edited", data={"steps": plan.ids, "tool_policies": options.tool_policies}
-        )
-        return store.get_run(run.id)
-
-    return await asyncio.to_thread(record)
+    return PlanChange(plan, agents, options=options)
 
 
 def kept_marks(before: Mapping[str, AgentBrief], after: Mapping[str, AgentBrief]) -> dict[str, AgentBrief]:

@@ -21,6 +21,7 @@ __all__ = [
     "AgentBrief",
     "Event",
     "EventKind",
+    "PlanChange",
     "RunOptions",
     "RunRecord",
     "RunStatus",
@@ -356,6 +357,22 @@ class RunRecord:
     def finished(self) -> bool:
         """Whether the run reached succeeded, failed or cancelled."""
         return self.status in FINISHED_RUN_STATUSES
+
+
+@dataclass(frozen=True)
+class PlanChange:
+    """A change of a run's plan as one write stores it: an edit at review, or a revision (a replan).
+
+    The plan and its agents replace the run's; `options`, when given (an edit of the tool
+    policies), replace the run's options; the `added` steps are recorded pending after the
+    steps there are, and each `retired` step takes its new status (`replaced`, `expanded`).
+    """
+
+    plan: Plan
+    agents: Mapping[str, AgentBrief]
+    options: RunOptions | None = None
+    added: tuple[str, ...] = ()
+    retired: Mapping[str, str] = field(default_factory=dict)
 
 
 def workflow_id(run_id: str, name: str, retries: int = 0) -> str:

@@ -152,7 +152,7 @@ class PlanDecision(BaseModel):
                     update["plan"] = None
             except ValidationError:  # not a plan: refused, with its problems, when it is applied
                 pass
-        if self.agents is not None:  # the steps it leaves out keep their agents (`planning._apply_edit`)
+        if self.agents is not None:  # the steps it leaves out keep their agents (`planning._edit_of`)
             given = {step_id: _as_held(brief, agents.get(step_id)) for step_id, brief in self.agents.items()}
             update["agents"] = (
                 None if all(agents.get(step_id) == brief for step_id, brief in given.items()) else given

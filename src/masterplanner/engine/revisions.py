@@ -4,8 +4,9 @@ Both are proposed by a durable workflow (`<run>._replan-<n>`, `<run>._expand-<st
 calls are checkpointed, so a process that takes the run over after a crash gets the same
 proposal instead of planning again. A replan is shown to the person as a stored `replan`
 request (approve, edit, reject) unless the run approves everything (`--yes`); a sub-plan was
-approved at review, when its step was marked `expand`. The revised plan, its new steps' agents
-and the retired steps' statuses (`replaced`, `expanded`) are stored in one transaction; steps
+approved at review, when its step was marked `expand`. The revised plan, its new steps' agents,
+the retired steps' statuses (`replaced`, `expanded`) and the event saying so are stored in one
+transaction, only by the process holding the run's lease (`RunStore.record_revision`); steps
 that finished are kept and never run again, and new step ids never reuse a recorded one.
 
 The tool policies the person set at review for the steps a revision retires hold for the steps
@@ -21,6 +22,7 @@ import asyncio
 import dataclasses
 import itertools
 from collections.abc import Awaitable, Iterable, Mapping
+from functools import partial
 from typing import Any, Literal
 
 from dbos import DBOS, SetWorkflowID
@@ -32,13 +34,20 @@ from ..planner import expand, replan
 from ..prompting import create_prompts, prompts_to_json
 from .checkpoints import checkpointed_and_counted
 from .planning import kept_marks, review_payload
-from .records import AgentBrief, EventKind, RunRecord, briefs
+from .records import AgentBrief, EventKind, PlanChange, RunRecord, briefs
 from .requests import PlanDecision
 from .resources import RunResources, resources_of
 from .runtime import launched_host, own_workflow
 from .scheduler import NOT_REPLANNED, REPLAN_REJECTED, StepOutcome
 
-__all__ = ["PlanRevisions", "expand_workflow", "replan_workflow"]
+__all__ = ["PlanRevisions", "RevisionLost", "expand_workflow", "replan_workflow"]
+
+
+class RevisionLost(Exception):
+    """A revision's write found the run no longer this execution's: another process took it over.
+
+    Nothing of the revision was recorded; the execution stops, and the holder makes the revision.
+    """
 
 
 _Policy = Literal["auto", "ask", "deny"]
@@ -194,10 +203,26 @@ async def _proposal(workflow_id: str, workflow: Any, *args: Any) -> dict[str, An
 class PlanRevisions:
     """What the scheduler calls when a step fails for good, or an `expand` step becomes ready."""
 
-    def __init__(self, resources: RunResources) -> None:
+    def __init__(self, resources: RunResources, *, owner: str) -> None:
         self.resources = resources
         self.store = resources.store
         self.run_id = resources.run_id
+        self.owner = owner
+        """The name the execution holds the run's lease under: only it records a revision."""
+
+    async def _record(
+        self, kind: EventKind, step_id: str, data: dict[str, Any], change: PlanChange | None = None
+    ) -> None:
+        """Record a revision's event (and its change of the plan) in one write, or stop (`RevisionLost`).
+
+        Only while this execution holds the run's lease (`RunStore.record_revision`). Before, a
+        process that had stalled past its lease applied the replan's answer under the new
+        holder's: it stored the revised plan and ran the new steps itself, or recorded the
+        rejection, and the holder recorded it again.
+        """
+        recorded = partial(self.store.record_revision, self.run_id, kind, step_id, data, owner=self.owner)
+        if not await asyncio.to_thread(recorded, change=change):
+            raise RevisionLost
 
     async def _run(self) -> RunRecord:
         return await asyncio.to_thread(self.store.get_run, self.run_id)
@@ -228,13 +253,7 @@ class PlanRevisions:
             return None
         error = outcome.error or "failed"
         if not any(event.kind == "replan_requested" and event.data.get("n") == number for event in events):
-            await asyncio.to_thread(
-                self.store.append_event,
-                self.run_id,
-                "replan_requested",
-                step.id,
-                {"n": number, "error": error},
-            )
+            await self._record("replan_requested", step.id, {"n": number, "error": error})
         # each retry of the run its own (as its steps'): a retry after a replan whose review
         # expired, or whose edit could not be applied, found that answer again and failed again
         proposal = await _proposal(
@@ -288,7 +307,7 @@ class PlanRevisions:
         proposal = await _proposal(expand_id, expand_workflow, self.run_id, step.id)
         if "problems" in proposal or "error" in proposal:
             why: dict[str, Any] = {key: proposal[key] for key in ("problems", "error") if key in proposal}
-            await asyncio.to_thread(self.store.append_event, self.run_id, "expand_failed", step.id, why)
+            await self._record("expand_failed", step.id, why)
             return None
         revised = Plan.model_validate(proposal["plan"])
         # the policies the person set for the step at review hold for the steps it became
@@ -305,9 +324,7 @@ class PlanRevisions:
         )
 
     async def _failed(self, step_id: str, number: int, data: dict[str, Any]) -> None:
-        await asyncio.to_thread(
-            self.store.append_event, self.run_id, "replan_failed", step_id, {"n": number, **data}
-        )
+        await self._record("replan_failed", step_id, {"n": number, **data})
 
     async def _review(
         self,
@@ -426,19 +443,19 @@ class PlanRevisions:
         number: int | None,
         by: str,
     ) -> Plan:
-        """Store the revised plan: new steps pending, retired ones marked, one event saying what changed."""
+        """Store the revised plan: new steps pending, retired ones marked, one event saying what changed.
+
+        One write, made only while this execution holds the run's lease (`_record`).
+        """
         assert run.plan is not None
         new = [step.id for step in revised.steps if step.id not in run.plan.ids]
         dropped = [step.id for step in run.plan.steps if step.id not in revised.ids]
         retire = {sid: retired.get(sid, "replaced") for sid in dropped}
         all_agents = {sid: brief for sid, brief in {**run.agents, **agents}.items() if sid in revised.ids}
-
-        def write() -> None:
-            self.store.revise_steps(self.run_id, revised, all_agents, added=new, retired=retire)
-            data: dict[str, Any] = {"retired": dropped, "steps": new, "by": by}
-            if number is not None:
-                data["n"] = number
-            self.store.append_event(self.run_id, kind, step_id, data)
-
-        await asyncio.to_thread(write)
+        data: dict[str, Any] = {"retired": dropped, "steps": new, "by": by}
+        if number is not None:
+            data["n"] = number
+        await self._record(
+            kind, step_id, data, PlanChange(revised, all_agents, added=tuple(new), retired=retire)
+        )
         return revised

@@ -66,7 +66,7 @@ from .records import (
 )
 from .registries import release_registry
 from .resources import RunResources, hold, release, resources_of
-from .revisions import PlanRevisions
+from .revisions import PlanRevisions, RevisionLost
 from .runtime import (
     launch_dbos,
     launched_on,
@@ -592,6 +592,11 @@ class _Drive:
             # resumes them
             await self._cancel_step_workflows(only_here=True)
             raise
+        except RevisionLost:
+            # a revision's write found another process holding the run (this one stalled past its
+            # lease): it stops as when its guard sees the lease taken, and the holder goes on
+            self.stop_reason = "lease lost"
+            await self._cancel_step_workflows(only_here=True)
         except _Refused as refused:
             raise refused.error from None
         except MasterplannerError as exc:
@@ -752,7 +757,7 @@ class _Drive:
         # unfinished step, not only a "running" one, may have a workflow a crash left pending:
         # starting it again under its id would wait on the dead process for ever.
         self.interrupted = {step.id for step in stored if resumed and step.id not in finished}
-        revisions = PlanRevisions(resources)
+        revisions = PlanRevisions(resources, owner=self.owner)
         try:
             async with asyncio.timeout(await self._wall_time_left(run)):
                 outcomes = await run_dag(

@@ -48,6 +48,7 @@ from .records import (
     FINISHED_RUN_STATUSES,
     Event,
     EventKind,
+    PlanChange,
     RunOptions,
     RunRecord,
     RunStatus,
@@ -469,39 +470,57 @@ class RunStore:
         """
         payload = json.dumps(data, default=str)
         values = {"cancel_requested": False, "status": status, **values}
+
+        def end(connection: Connection, now: Any) -> bool:
+            if status != "cancelled" and now.status == status:  # recorded: made again
+                return True
+            cancel = status == "cancelled"
+            if not _update_run(connection, run_id, not cancel, cancel, dict(values), owner):
+                return False
+            connection.execute(_FORGET_REQUESTS, {"run_id": run_id})
+            at = utc_now()
+            finished_at = (
+                sa.literal(at)
+                if unstarted_finished
+                else sa.case((steps_table.c.started_at.is_not(None), at), else_=None)
+            )
+            connection.execute(
+                steps_table.update()
+                .where(steps_table.c.run_id == run_id, steps_table.c.status.in_(["pending", "running"]))
+                .values(status="cancelled", finished_at=finished_at)
+            )
+            close_open_requests(connection, run_id, requests, keep_remember=keep_remember)
+            _insert_event(connection, run_id, at, event, None, payload)
+            return True
+
+        return self._as_holder(run_id, owner, "end a run", f"could not end run {run_id}", end)
+
+    def _as_holder(
+        self,
+        run_id: str,
+        owner: str | None,
+        action: str,
+        failure: str,
+        write: Callable[[Connection, Any], bool],
+    ) -> bool:
+        """`write` in one transaction, only while `owner` holds the run's lease (None: any process).
+
+        `write` gets the connection and the run's status and owner as the transaction read them,
+        and says whether it wrote (or found written). False without calling it when there is no
+        such run or `owner` does not hold it. Made again when another process took the seq of an
+        event it appends; `failure` says what could not be done when that keeps happening.
+        """
         for _ in range(20):
             with self._append_lock:
                 try:
-                    with self.begin("end a run") as connection:
+                    with self.begin(action) as connection:
                         now = connection.execute(_STATUS_AND_OWNER, {"run_id": run_id}).first()
                         if now is None or (owner is not None and now.owner != owner):
                             return False
-                        if status != "cancelled" and now.status == status:  # recorded: made again
-                            return True
-                        cancel = status == "cancelled"
-                        if not _update_run(connection, run_id, not cancel, cancel, dict(values), owner):
-                            return False
-                        connection.execute(_FORGET_REQUESTS, {"run_id": run_id})
-                        at = utc_now()
-                        finished_at = (
-                            sa.literal(at)
-                            if unstarted_finished
-                            else sa.case((steps_table.c.started_at.is_not(None), at), else_=None)
-                        )
-                        connection.execute(
-                            steps_table.update()
-                            .where(
-                                steps_table.c.run_id == run_id,
-                                steps_table.c.status.in_(["pending", "running"]),
-                            )
-                            .values(status="cancelled", finished_at=finished_at)
-                        )
-                        close_open_requests(connection, run_id, requests, keep_remember=keep_remember)
-                        _insert_event(connection, run_id, at, event, None, payload)
+                        return write(connection, now)
                 except sa.exc.IntegrityError:
                     continue  # another process took the event's seq; try again
-            return True
-        raise RunError(f"could not end run {run_id}: the event log is too contended")
+        raise RunError(f"{failure}: the event log is too contended")
 
     def decide_review(
         self,
@@ -510,6 +529,7 @@ class RunStore:
         data: dict[str, Any],
         *,
         owner: str | None,
+        edit: PlanChange | None = None,
     ) -> bool:
         """Record a plan review's decision in one transaction: its event (`data`) and the run's move.
 
@@ -520,6 +540,13 @@ class RunStore:
         ended meanwhile (a cancel recorded) is left as it is. Whether the decision was written
         (True too for an approval made again once recorded, which writes nothing more; False for
         a rejection made again, as for a cancel of a cancelled run).
+
+        An approval's `edit` (the plan, agents and options the person's answer changed) is stored
+        in the same transaction, with its `plan_edited` event (the plan's steps and the run's tool
+        policies) before `approved`. Before, it was written first, on its own, and then its event:
+        a crash or a store error between them left the edited plan with no `plan_edited` for good
+        (the answer, taken again, no longer differed from the plan, so it was no edit), and a
+        process that had lost the lease wrote its edit over the new holder's run.
 
         Before, each was two writes, the event and then the move: a store error or a crash between
         them left a run awaiting approval with its decision's event, which its resume recorded a
@@ -538,22 +565,28 @@ class RunStore:
                 error=f"rejected: {data['reason']}",
             )
         payload = json.dumps(data, default=str)
-        for _ in range(20):
-            with self._append_lock:
-                try:
-                    with self.begin("record a plan's approval") as connection:
-                        now = connection.execute(_STATUS_AND_OWNER, {"run_id": run_id}).first()
-                        if now is None or (owner is not None and now.owner != owner):
-                            return False
-                        if now.status == "running":  # recorded: made again
-                            return True
-                        if not _update_run(connection, run_id, True, True, {"status": "running"}, owner):
-                            return False
-                        _insert_event(connection, run_id, utc_now(), "approved", None, payload)
-                except sa.exc.IntegrityError:
-                    continue  # another process took the event's seq; try again
+
+        def approve(connection: Connection, now: Any) -> bool:
+            if now.status == "running":  # recorded: made again
+                return True
+            values = {"status": "running"} | ({} if edit is None else _changed_run(edit))
+            if not _update_run(connection, run_id, True, True, values, owner):
+                return False
+            at = utc_now()
+            if edit is not None:
+                options = edit.options.tool_policies if edit.options is not None else {}
+                edited = json.dumps({"steps": edit.plan.ids, "tool_policies": options})
+                _insert_event(connection, run_id, at, "plan_edited", None, edited)
+            _insert_event(connection, run_id, at, "approved", None, payload)
             return True
-        raise RunError(f"could not record the approval of run {run_id}: the event log is too contended")
+
+        return self._as_holder(
+            run_id,
+            owner,
+            "record a plan's approval",
+            f"could not record the approval of run {run_id}",
+            approve,
+        )
 
     def keep_planning(self, run_id: str, work: Mapping[str, Any], *, owner: str) -> bool:
         """Store the planning work done so far on a run that is still planning (JSON form).
@@ -976,52 +1009,46 @@ class RunStore:
                     ],
                 )
 
-    def revise_steps(
-        self, run_id: str, plan: Plan, agents: dict[str, Any], *, added: list[str], retired: dict[str, str]
-    ) -> None:
-        """Store a revised plan (a replan, a sub-plan) in one transaction.
+    def record_revision(
+        self,
+        run_id: str,
+        kind: EventKind,
+        step_id: str,
+        data: dict[str, Any],
+        *,
+        owner: str | None,
+        change: PlanChange | None = None,
+    ) -> bool:
+        """Record a step of a plan's revision (a replan, a sub-plan) in one transaction: event and change.
 
-        The plan and its agents replace the run's; the `added` steps are recorded as pending
-        after the steps there are, and each `retired` step takes its new status (`replaced`,
-        `expanded`): it stays in the record, with what it did. The messages sent to the retired
-        steps are handed on to the added ones (`messages.hand_on`).
+        The event `kind` of step `step_id` (`replan_requested`, `replanned`, `replan_failed`,
+        `step_expanded`, `expand_failed`) with `data`; with the revised plan `change`: the plan
+        and its agents replace the run's, its `added` steps are recorded pending after the steps
+        there are, each `retired` step takes its new status (it stays in the record, with what it
+        did), and the messages sent to the retired steps are handed on to the added ones
+        (`messages.hand_on`). Only while `owner` holds the run's lease: a process that lost it
+        (it stalled past it, and another took the run over) writes nothing (False).
+
+        Made again once recorded (its event of that kind, step and `data["n"]` is there: a write
+        `reconnecting` repeats after a lost acknowledgement), it writes nothing more (True).
+        Before, the revised plan and its event were two writes: a crash or a store error between
+        them left the run going on with the new steps and no `replanned` for good (nor who
+        approved it), and its next replan took the same number, so the same recorded proposal
+        and answer.
         """
-        with self.begin("revise the plan") as connection:
-            connection.execute(
-                runs_table.update()
-                .where(runs_table.c.id == run_id)
-                .values(
-                    plan=json.dumps(plan.to_json_dict()),
-                    agents=json.dumps(briefs_json(agents)),
-                    updated_at=utc_now(),
-                )
-            )
-            last = connection.scalar(
-                sa.select(sa.func.coalesce(sa.func.max(steps_table.c.position), -1)).where(
-                    steps_table.c.run_id == run_id
-                )
-            )
-            if added:
-                connection.execute(
-                    steps_table.insert(),
-                    [
-                        {
-                            "run_id": run_id,
-                            "step_id": step_id,
-                            "position": int(last or 0) + 1 + index,
-                            "status": "pending",
-                            "attempts": 0,
-                        }
-                        for index, step_id in enumerate(added)
-                    ],
-                )
-            for step_id, status in retired.items():
-                connection.execute(
-                    steps_table.update()
-                    .where(steps_table.c.run_id == run_id, steps_table.c.step_id == step_id)
-                    .values(status=status)
-                )
-            hand_on(connection, run_id, list(retired), added)
+        payload = json.dumps(data, default=str)
+
+        def revise(connection: Connection, _now: Any) -> bool:
+            if _recorded(connection, run_id, kind, step_id, data.get("n")):
+                return True
+            if change is not None:
+                _revise_steps(connection, run_id, change)
+            _insert_event(connection, run_id, utc_now(), kind, step_id, payload)
+            return True
+
+        return self._as_holder(
+            run_id, owner, "revise the plan", f"could not record the revision of run {run_id}", revise
+        )
 
     def update_step(self, run_id: str, step_id: str, **values: Any) -> None:
         """Set columns of one step."""
@@ -1340,6 +1367,64 @@ def _update_run(
         which = sa.and_(which, runs_table.c.owner == owner)
     update = runs_table.update().where(which).values(updated_at=utc_now(), **values)
     return connection.execute(update).rowcount > 0
+
+
+def _changed_run(change: PlanChange) -> dict[str, Any]:
+    """The run's columns a plan's change sets (for `_update_run`)."""
+    values: dict[str, Any] = {"plan": change.plan, "agents": dict(change.agents)}
+    if change.options is not None:
+        values["options"] = json.dumps(change.options.to_json_dict())
+    return values
+
+
+def _revise_steps(connection: Connection, run_id: str, change: PlanChange) -> None:
+    """Store a revised plan in the caller's transaction (`RunStore.record_revision`)."""
+    _update_run(connection, run_id, False, False, _changed_run(change))
+    last = connection.scalar(
+        sa.select(sa.func.coalesce(sa.func.max(steps_table.c.position), -1)).where(
+            steps_table.c.run_id == run_id
+        )
+    )
+    if change.added:
+        connection.execute(
+            steps_table.insert(),
+            [
+                {
+                    "run_id": run_id,
+                    "step_id": step_id,
+                    "position": int(last or 0) + 1 + index,
+                    "status": "pending",
+                    "attempts": 0,
+                }
+                for index, step_id in enumerate(change.added)
+            ],
+        )
+    for step_id, status in change.retired.items():
+        connection.execute(
+            steps_table.update()
+            .where(steps_table.c.run_id == run_id, steps_table.c.step_id == step_id)
+            .values(status=status)
+        )
+    hand_on(connection, run_id, list(change.retired), list(change.added))
+
+
+def _recorded(connection: Connection, run_id: str, kind: EventKind, step_id: str, number: object) -> bool:
+    """Whether the run has, since its latest retry, an event `kind` of step `step_id` whose `n` is `number`.
+
+    `number` None: any such event. A retry makes its own (a step failed again, replanned again).
+    """
+    retried = sa.select(sa.func.coalesce(sa.func.max(events_table.c.seq), 0)).where(
+        events_table.c.run_id == run_id, events_table.c.kind == "run_retried"
+    )
+    stored = connection.scalars(
+        sa.select(events_table.c.data).where(
+            events_table.c.run_id == run_id,
+            events_table.c.kind == kind,
+            events_table.c.step == step_id,
+            events_table.c.seq > retried.scalar_subquery(),
+        )
+    )
+    return any(number is None or json.loads(data).get("n") == number for data in stored)
 
 
 def _spending(connection: Connection, run_id: str, postgres: bool) -> Spending:
