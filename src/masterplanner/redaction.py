@@ -114,12 +114,22 @@ def _named(words: str) -> str:
 _NAMED = _named(f"(?P<shape_password>{_PASSWORD_WORD})|{_NOT_PASSWORD_WORD}")
 """A credential's name and the `=` or `:` after it, to its value (`_NAMED_VALUE`)."""
 
+_RECEIVERS = (
+    r"this|self|cls|options|opts|config|cfg|conf|settings|env|process\.env|os\.environ|params|props"
+    r"|args|kwargs|ctx|context|req|request|res|response|data|app|secrets|credentials|creds|auth|user"
+)
+"""Objects code reads a credential from (`options.clientSecret`): such a read is no credential."""
+
 _NAMED_VALUE = (
     # a value of 8 or more characters that holds a digit or is long, and is neither code nor a
     # placeholder: a requirement ("password: minimum 12 characters", "token: bucket"), a reference
     # (`api_key = os.environ['OPENAI_API_KEY']`, `password=${DB_PASSWORD}`) or `YOUR_API_KEY_HERE`
-    # is not a credential, and a task saying so was refused
-    r"(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?!(?-i:[A-Z_]+)(?:\s|$))\S{8,}"
+    # is not a credential, and a task saying so was refused; nor is a member of a settings-like
+    # object read in code (`this.clientSecret = options.clientSecret;`, `token =
+    # settings.token_for_tests`, `clientSecret: process.env.CLIENT_SECRET,`; a dotted passphrase,
+    # `correct.horse.battery`, stays one)
+    r"(?=\S*\d|\S{12})(?!\S*[()\[\]{}$<>%])(?!(?-i:[A-Z_]+)(?:\s|$))"
+    rf"(?!(?:{_RECEIVERS})(?:\.[A-Za-z_]\w*)+[;,]?(?:\s|$))\S{{8,}}"
 )
 
 _AUTHORIZATION_NAME = r"(?<![A-Za-z0-9_])(?i:authorization)(?:\\?[\"'])?[ \t]*[:=][ \t]*"

@@ -1032,6 +1032,13 @@ def test_plural_camel_case_passphrase_and_signed_header_credentials_go(
         "    Authorization: auth2Header,",
         # a quoted name under a token's name
         'sort_token: "created_at_desc_order"',
+        # a credential read from an object in code (camelCase names count since 3e7c384, and a
+        # task holding such code was refused)
+        "Fix auth.js so the constructor sets this.clientSecret = options.clientSecret; and add a test",
+        "In config.js read clientSecret: process.env.CLIENT_SECRET, and document it",
+        "apiKeyValue = config.apiKeyValue",
+        "authToken = response.data.authToken2",
+        "token = settings.token_for_tests",
     ],
 )
 def test_counts_names_ui_strings_and_code_stay(text: str) -> None:
