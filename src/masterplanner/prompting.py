@@ -123,15 +123,25 @@ def _writer() -> Agent[None, str]:
 
 _OPENING_TAG = re.compile(r"<prompt>", re.IGNORECASE)
 _CLOSING_TAG = re.compile(r"</prompt>", re.IGNORECASE)
-_FRAMING = re.compile(
-    r"^(?:here(?:'s|\s+is|\s+are)\b|sure\b|certainly\b|of\s+course\b|okay\b|to\s+improve\b"
-    r"|i(?:'ve|\s+have)\s+\w+|i\s+(?:made|rewrote|revised|updated|added|changed|adjusted|kept|improved|removed)\b"
-    r"|(?:the\s+|this\s+)?(?:revised|improved|updated|rewritten|new|final|current)\s+(?:version|prompt|system\s+prompt)\b"
-    r"|(?:system\s+)?prompt\s*:\s*$|(?:note|notes|changes|explanation)\s*:|```\w*\s*$|-{3,}\s*$)",
+_LEAD_IN = re.compile(
+    r"^(?:(?:sure|certainly|of\s+course|okay)[.!,]?\s*$"
+    r"|(?=.*\b(?:prompt|version|revision|rewrite|rewritten)\b).*:\s*$)",
     re.IGNORECASE,
 )
-"""A line of the writer's own at the start or end of its reply: "Here's the revised version:",
-"I made minor adjustments … for the reviewer.", a fence or a rule around the prompt."""
+"""The writer's line before the prompt: "Sure!", or a line about the prompt that ends in a colon
+("Here's the revised version:", "To improve clarity, I've rewritten the prompt. Here it is:").
+"Here is your task: write …" and "Here is the data you will receive:" are the prompt's own."""
+_SIGN_OFF = re.compile(
+    r"^(?:i(?:'ve|\s+have)?\s+(?:made|rewrote|rewritten|revised|updated|adjusted|changed|improved|kept"
+    r"|removed|added|clarified|simplified)\b|(?:this|the)\s+(?:revised|updated|improved|new)\s+"
+    r"(?:version|prompt)\b|(?:note|notes|changes)\s*:)"
+    r"(?=.*\b(?:prompt|version|revision|wording|clarity|reviewer|adjustments?)\b)",
+    re.IGNORECASE,
+)
+"""The writer's line after the prompt about what it changed ("I made minor adjustments to the
+wording for the reviewer."); "I have 3 rules: …" and "Changes: list them in CHANGES.md" are the
+prompt's own."""
+_FENCE = re.compile(r"^```\w*\s*$")
 
 
 def cleaned_prompt(text: str) -> str:
@@ -141,21 +151,27 @@ def cleaned_prompt(text: str) -> str:
     answered with the tags ("<prompt>", then "Write a haiku …"), and with words to the reviewer around
     the prompt ("To improve clarity …, I've rewritten the prompt … Here's the revised version:"
     … "I made minor adjustments … for the reviewer."), and the review showed them (and the team
-    stored them) as the agent's prompt. The text inside the tags is taken when they are there (a
-    missing closing tag: to the end), then lines of the writer's own (`_FRAMING`) are dropped from
-    its start and its end. Empty when nothing else is left.
+    stored them) as the agent's prompt. The text inside the tags is taken when the reply opens
+    them (a missing closing tag: to the end; a `</prompt>` with none opened is the prompt's own
+    words). Then one lead-in line (`_LEAD_IN`) and the sign-off lines (`_SIGN_OFF`) go, and a fence
+    around the whole prompt. Only lines that are plainly about the prompt go: a review found
+    "Here is your task: …" and "I have 3 rules: …" lost. Empty when nothing else is left.
     """
     opening = _OPENING_TAG.search(text)
     if opening is not None:
         text = text[opening.end() :]
-    closing = _CLOSING_TAG.search(text)
-    if closing is not None:
-        text = text[: closing.start()]
+        closing = _CLOSING_TAG.search(text)
+        if closing is not None:
+            text = text[: closing.start()]
     lines = text.strip().split("\n")  # not `splitlines`: a "\r" inside a line is the prompt's own
-    while lines and (not lines[0].strip() or _FRAMING.match(lines[0].strip())):
+    if lines and _LEAD_IN.match(lines[0].strip()):
         lines.pop(0)
-    while lines and (not lines[-1].strip() or _FRAMING.match(lines[-1].strip())):
+    while lines and (not lines[-1].strip() or _SIGN_OFF.match(lines[-1].strip())):
         lines.pop()
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    if len(lines) >= 2 and _FENCE.match(lines[0].strip()) and lines[-1].strip() == "```":
+        lines = lines[1:-1]
     return "\n".join(lines).strip()
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from masterplanner import ConfigError, UsageLedger, resolve_model, validate_plan
 from masterplanner.errors import ModelError
-from masterplanner.prompting import AgentPrompt, Critique, create_prompts, prompts_to_json
+from masterplanner.prompting import AgentPrompt, Critique, cleaned_prompt, create_prompts, prompts_to_json
 from masterplanner.tools import builtin_catalog
 
 CATALOG = builtin_catalog()
@@ -219,3 +219,23 @@ async def test_a_draft_of_only_the_writers_own_words_fails_as_an_empty_one(write
         ModelError, match=r"^the prompt_creator call returned no prompt, only words about one$"
     ):
         await create_prompts(one_step, CATALOG, model=resolve_model(f"scripted:{script}"), rounds=0)
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "Here is your task: write a haiku about autumn and save it to haiku.md.\nKeep it to three lines.",
+        "Here is the data you will receive: a CSV of sales.\nSummarise it.",
+        "Okay so first read input.csv.\nThen summarise.",
+        "Write the poem.\nThe final version must be saved to haiku.md.",
+        "Write the poem.\nI have to stress: do not invent facts.",
+        "Write the poem.\nI have 3 rules: be brief, be kind, be done.",
+        "Write the poem.\nChanges: list what changed in CHANGES.md",
+        "Print the total as:\n```python\nprint(total)\n```",
+        "Write code. Use </prompt> carefully.",
+    ],
+)
+def test_a_prompt_s_own_lines_are_not_taken_for_the_writer_s(prompt: str) -> None:
+    # a review found each of these cut (the task's line, a rule, a closing fence, the text after
+    # a `</prompt>` the prompt itself names) by a cleaning that took any "Here is…" or "I have…"
+    assert cleaned_prompt(prompt) == prompt
