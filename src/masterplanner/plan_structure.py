@@ -259,9 +259,13 @@ _NOT_FOLDERS = frozenset(
 )
 _THE_FILES = re.compile(
     r"\b(?:the|all(?:\s+the)?|these|those)\s+(?:(?:\d+|two|three|four|five|six|seven|eight|nine|ten)\s+)?"
-    r"files\b(?!\s+(?:in|of|from|under|inside|list|listing|names?)\b)",
+    r"files\b(?=\s*(?:[.,;:!?)]|$)|\s+(?:into|to|as|and)\b)",
     re.I,
 )
+""""the files" as what a text is about, its phrase ending there ("summarise the files into
+summary.md"): "the files are ready", "backing up the files on a laptop" and "all the files
+needed for a Django app" are about no files of the workspace (a review found such steps given
+the workspace's files, or failed when it had none)."""
 
 
 def named_folders(text: str) -> list[FolderMention]:

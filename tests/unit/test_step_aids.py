@@ -1130,6 +1130,30 @@ def test_a_step_about_the_files_of_a_folder_is_grounded_in_them(tmp_path: Path) 
     ]
 
 
+def test_a_step_that_only_mentions_files_or_a_folder_is_not_given_them(tmp_path: Path) -> None:
+    # a review found ordinary writing steps taken for summaries of the workspace's files (given
+    # its files to draft from, or failed when it had none) and an explanation of a folder failed
+    # listing a folder the workspace did not have
+    (tmp_path / "empty").mkdir()
+    workspace = Workspace(tmp_path / "empty")
+    tools = ["list_files", "read_file", "write_file"]
+    for instruction in (
+        "The files are ready; write a summary to summary.md.",
+        "Write a checklist for backing up the files on a laptop to checklist.md.",
+        "Describe all the files needed for a Django app in django.md.",
+        "Explain the purpose of the node_modules folder in node.md.",
+        "Write a short note on saving the results into out/ to note.md.",
+    ):
+        step = _step("w", instruction, tools)
+        aids = tool_aids(Plan(task=instruction, steps=[step]), step, tools, workspace)
+        assert isinstance(aids, StepAids), instruction
+        assert not isinstance(aids.grounding, FolderFiles), instruction
+        assert aids.drafted_write is not None and not aids.drafted_write.each, instruction
+        # without the tools to list and read, the text is still drafted
+        aids = tool_aids(Plan(task=instruction, steps=[step]), step, ["write_file"], workspace)
+        assert isinstance(aids, StepAids) and aids.drafted_write is not None, instruction
+
+
 async def test_a_text_from_the_files_of_a_folder_is_drafted_from_what_they_hold() -> None:
     files = {"notes/a.txt": "red leaves fall\n", "notes/b.txt": "cold rain\n"}
     prompts: list[str] = []

@@ -437,14 +437,17 @@ _SUMMING_UP = re.compile(r"^\s*(summari[sz]e|describe|outline)\b", re.IGNORECASE
 """A request about a folder's files that is a line per file (`_per_file`)."""
 
 
-def _content_folder(instruction: str, workspace: Workspace) -> FolderFiles | None:
+def _content_folder(instruction: str, workspace: Workspace, request: str) -> FolderFiles | None:
     """The folder whose files the instruction works on (`plan_structure.named_folders`), if any.
 
-    "The files in notes" counts only when the workspace has a folder notes; "./notes", "notes/"
-    and "the notes folder" count either way (listing one that is not there fails the step).
+    A folder the workspace has counts. One it does not have counts only when the words make it a
+    folder ("./notes", "notes/", "the notes folder") and the request sums its files up
+    ("summarise …", `_SUMMING_UP`): listing it then fails the step, where a summary would be
+    invented. Otherwise it is no folder to read ("Explain the purpose of the node_modules
+    folder", "save the results into out/"): before, such steps failed listing it.
     """
     for folder in named_folders(instruction):
-        if folder.certain or workspace.is_dir(folder.path):
+        if workspace.is_dir(folder.path) or (folder.certain and _SUMMING_UP.match(request)):
             return FolderFiles(folder.path)
     return None
 
@@ -525,7 +528,7 @@ def tool_aids(
     )
     folder = None
     if draft is not None and not draft.language and query is None and answered is None:
-        folder = _content_folder(_USE_NOTE.sub("", step.instruction), workspace)
+        folder = _content_folder(_USE_NOTE.sub("", step.instruction), workspace, draft.request)
         if folder is not None and folder.path == "." and draft.each:
             folder = None  # "about each file in the workspace": its listing, as before (it reads them)
         elif folder is not None and not {"list_files", "read_file"} <= set(tools):
