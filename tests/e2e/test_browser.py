@@ -548,8 +548,20 @@ def _ask_script(tmp_path: Path) -> Path:
 
 def _click_while_the_page_refreshes(page: Any, button: Any) -> None:
     """A person's click on `button` with a refresh of the body coming in between press and release."""
-    button.scroll_into_view_if_needed()
-    box = button.bounding_box()
+    from playwright.sync_api import Error as PlaywrightError
+
+    box = None
+    for _ in range(50):  # a live event may refresh the body before the press too: find it again
+        try:
+            button.scroll_into_view_if_needed(timeout=5_000)
+            box = button.bounding_box()
+        except PlaywrightError as error:  # "Element is not attached to the DOM" (seen in CI)
+            if "not attached" not in str(error):
+                raise
+        if box is not None:
+            break
+        page.wait_for_timeout(100)
+    assert box is not None, "the button stayed detached: the page kept refreshing"
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.mouse.down()
     page.evaluate(_REFRESH)
