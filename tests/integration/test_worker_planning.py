@@ -131,7 +131,7 @@ def _assert_shown_resumed(cluster: Cluster, run_id: str, took_over: str) -> None
     with serving(cluster.home / "serve.log", "--workers", env=cluster.env) as url:
         with urllib.request.urlopen(f"{url}/runs/{run_id}", timeout=30) as response:
             page = response.read().decode()
-    stages = re.findall(r"<li><time>[^<]*</time> planning_progress ([^<]*)</li>", page)
+    stages = re.findall(r"<li><time[^>]*>[^<]*</time> planning_progress ([^<]*)</li>", page)
     assert stages.count("planning the steps") == 1 and stages[-3:] == _resumed(took_over), stages
 
 
