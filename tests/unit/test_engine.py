@@ -62,10 +62,9 @@ async def test_independent_steps_overlap(engine: Engine, write_script: Callable[
     ends = [step["finished_at"] for step in report["steps"]]
     assert [step["status"] for step in report["steps"]] == ["succeeded"] * 3
     assert [step["output"] for step in report["steps"]] == ["a out", "b out", "c out"]
-    from datetime import datetime
-
-    span = (datetime.fromisoformat(max(ends)) - datetime.fromisoformat(min(starts))).total_seconds()
-    assert 1.0 <= span < 2.0  # overlapping, not one after another (3 s); timing is for bench/engine.py
+    # overlapping: each started before any ended (one after another, a step would start after one
+    # ended); not a bound on seconds, which failed under a loaded CI run; timing is bench/engine.py's
+    assert max(starts) < min(ends), (starts, ends)
     assert report["usage"]["by_purpose"]["step:a"]["calls"] == 1
 
 
