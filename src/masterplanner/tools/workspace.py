@@ -526,23 +526,22 @@ class Workspace:
 
     def is_file(self, path: str) -> bool:
         """Whether `path` is a regular file in the workspace (reached without following symlinks)."""
-        try:
-            parts = _parts(path)
-            with self._directory(parts[:-1]) as directory:
-                info = os.stat(parts[-1], dir_fd=directory, follow_symlinks=False)
-        except (ToolError, OSError, ValueError):
-            return False
-        return stat.S_ISREG(info.st_mode)
+        mode = self._mode(path)
+        return mode is not None and stat.S_ISREG(mode)
 
     def is_dir(self, path: str) -> bool:
         """Whether `path` is a folder in the workspace (reached without following symlinks)."""
+        mode = self._mode(path)
+        return mode is not None and stat.S_ISDIR(mode)
+
+    def _mode(self, path: str) -> int | None:
+        """`path`'s file mode in the workspace, not following symlinks; None when it cannot be reached."""
         try:
             parts = _parts(path)
             with self._directory(parts[:-1]) as directory:
-                info = os.stat(parts[-1], dir_fd=directory, follow_symlinks=False)
+                return os.stat(parts[-1], dir_fd=directory, follow_symlinks=False).st_mode
         except (ToolError, OSError, ValueError):
-            return False
-        return stat.S_ISDIR(info.st_mode)
+            return None
 
     def list_files(self, path: str = ".") -> FileListing:
         r"""The entries of a workspace directory, sorted by name (at most `MAX_LIST_ENTRIES`), and how many.
