@@ -195,7 +195,11 @@ async def test_a_model_retried_event_that_cannot_be_stored_leaves_the_request_tr
 
 def _served(reply: bool) -> tuple[int, Any]:
     """A local port: nobody listens there (`reply` False), or a server that reads each request
-    and closes the connection without answering (True). Returns (port, the socket to close)."""
+    and closes the connection without answering (True). Returns (port, the socket to close).
+
+    The server ends its side first and reads until the client has closed: closing with part of
+    the request still unread would send a reset instead, and the client would see "the
+    connection was reset" (it did, in a loaded CI run)."""
     import socket
     import threading
 
@@ -210,7 +214,11 @@ def _served(reply: bool) -> tuple[int, Any]:
             while True:
                 connection, _ = listening.accept()
                 with connection:
+                    connection.settimeout(10)
                     connection.recv(65536)
+                    connection.shutdown(socket.SHUT_WR)
+                    while connection.recv(65536):
+                        pass
 
     threading.Thread(target=serve, daemon=True).start()
     return port, listening
