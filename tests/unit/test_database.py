@@ -910,3 +910,96 @@ def test_a_plan_s_revision_is_written_once_and_only_by_the_lease_holder(database
         assert written()[2] == [("replanned", "a", replanned), ("replan_failed", "a2", rejected)]
     finally:
         store.close()
+
+
+def test_a_revision_is_not_written_to_a_run_that_ended(database_url: str) -> None:
+    """A replan that ends as the run is cancelled adds no steps to it (they stayed pending for good)."""
+    from masterplanner.engine.records import AgentBrief, PlanChange
+    from masterplanner.plan import Plan
+
+    store = RunStore(database_url)
+    try:
+        _held_by_another(store, "r1", "running")
+        store.init_steps("r1", ["a"])
+        store.update_step("r1", "a", status="failed")
+        assert store.end_run(
+            "r1",
+            "cancelled",
+            "run_cancelled",
+            {},
+            requests="cancelled",
+            keep_remember=False,
+            unstarted_finished=False,
+        )
+        revision = PlanChange(
+            Plan.model_validate({"task": "x", "steps": [step("a2", tools=[])]}),
+            {"a2": AgentBrief(prompt="Do a2.")},
+            added=("a2",),
+            retired={"a": "replaced"},
+        )
+        replanned = {"retired": ["a"], "steps": ["a2"], "by": "person", "n": 1}
+        assert not store.record_revision("r1", "replanned", "a", replanned, owner="second", change=revision)
+        run = store.get_run("r1")
+        assert run.plan is not None and run.plan.ids == ["a"]
+        assert [(record.id, record.status) for record in store.steps("r1")] == [("a", "failed")]
+        assert [event.kind for event in store.events("r1")] == ["run_cancelled"]
+    finally:
+        store.close()
+
+
+def test_a_lease_taken_over_during_a_revision_waits_for_it(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder's revision reads the run's row locked: a takeover waits for the revision's end.
+
+    Before, the holder read itself the owner, another process took the run over and committed,
+    and the holder's revised plan landed under the new holder's. (Postgres: SQLite writers are
+    one at a time.)
+    """
+    import threading
+
+    import sqlalchemy as sa
+
+    from masterplanner.engine import store as store_module
+
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite has one writer at a time")
+    store = RunStore(database_url)
+    other = sa.create_engine(database_url)
+    taken: list[str] = []
+    original = store_module._revise_steps
+
+    def take_over() -> None:
+        try:
+            with other.begin() as connection:
+                connection.execute(sa.text("SET LOCAL lock_timeout = '200ms'"))
+                connection.execute(sa.text("UPDATE mp_runs SET owner = 'third' WHERE id = 'r1'"))
+            taken.append("taken")
+        except sa.exc.OperationalError as exc:
+            taken.append("waited" if "lock timeout" in str(exc) else str(exc))
+
+    def revising(*args: Any) -> None:  # another process takes the run over as the revision is written
+        thread = threading.Thread(target=take_over)
+        thread.start()
+        thread.join()
+        original(*args)
+
+    try:
+        _held_by_another(store, "r1", "running")
+        store.init_steps("r1", ["a"])
+        monkeypatch.setattr(store_module, "_revise_steps", revising)
+        from masterplanner.engine.records import AgentBrief, PlanChange
+        from masterplanner.plan import Plan
+
+        revision = PlanChange(
+            Plan.model_validate({"task": "x", "steps": [step("a2", tools=[])]}),
+            {"a2": AgentBrief(prompt="Do a2.")},
+            added=("a2",),
+            retired={"a": "replaced"},
+        )
+        replanned = {"retired": ["a"], "steps": ["a2"], "by": "person", "n": 1}
+        assert store.record_revision("r1", "replanned", "a", replanned, owner="second", change=revision)
+        assert taken == ["waited"]
+    finally:
+        other.dispose()
+        store.close()

@@ -509,12 +509,19 @@ class RunStore:
         and says whether it wrote (or found written). False without calling it when there is no
         such run or `owner` does not hold it. Made again when another process took the seq of an
         event it appends; `failure` says what could not be done when that keeps happening.
+
+        The run's row is read locked (`FOR UPDATE`, Postgres): another process taking the lease
+        over waits for this transaction's end. Before, the read was a plain one: a holder that had
+        stalled past its lease read itself the owner, the other process took the run over and
+        committed, and the write landed under the new holder's. (SQLite writers are one at a time
+        and a transaction that read a row another then changed cannot write.)
         """
+        read = _STATUS_AND_OWNER.with_for_update() if owner is not None else _STATUS_AND_OWNER
         for _ in range(20):
             with self._append_lock:
                 try:
                     with self.begin(action) as connection:
-                        now = connection.execute(_STATUS_AND_OWNER, {"run_id": run_id}).first()
+                        now = connection.execute(read, {"run_id": run_id}).first()
                         if now is None or (owner is not None and now.owner != owner):
                             return False
                         return write(connection, now)
@@ -1027,7 +1034,9 @@ class RunStore:
         there are, each `retired` step takes its new status (it stays in the record, with what it
         did), and the messages sent to the retired steps are handed on to the added ones
         (`messages.hand_on`). Only while `owner` holds the run's lease: a process that lost it
-        (it stalled past it, and another took the run over) writes nothing (False).
+        (it stalled past it, and another took the run over) writes nothing (False). Nor on a run
+        that has ended (False): a replan that ended as the run was cancelled added its steps,
+        pending for good, to the cancelled run.
 
         Made again once recorded (its event of that kind, step and `data["n"]` is there: a write
         `reconnecting` repeats after a lost acknowledgement), it writes nothing more (True).
@@ -1038,9 +1047,11 @@ class RunStore:
         """
         payload = json.dumps(data, default=str)
 
-        def revise(connection: Connection, _now: Any) -> bool:
+        def revise(connection: Connection, now: Any) -> bool:
             if _recorded(connection, run_id, kind, step_id, data.get("n")):
                 return True
+            if now.status in FINISHED_RUN_STATUSES:  # ended meanwhile (a cancel): no steps after its end
+                return False
             if change is not None:
                 _revise_steps(connection, run_id, change)
             _insert_event(connection, run_id, utc_now(), kind, step_id, payload)
