@@ -1181,3 +1181,51 @@ async def test_a_stored_agents_keywords_keep_every_script_and_what_runs_write_st
     finally:
         service.close()
         registry.close()
+
+
+async def test_a_run_s_outcome_is_counted_once_when_its_end_is_told_again(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process dies after the registry counted the run's outcome, before the run recorded it.
+
+    The resume tells the registry again. Before, a run with no cohort to claim (its team waits
+    for a yes) counted its reused agents' use a second time; now once.
+    """
+    from _faults import Killed
+
+    from masterplanner.engine import workflows
+
+    script = _team_script(write_script)
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "ask")
+    engine = Engine(Settings.load())
+    try:
+        options = RunOptions(prompt_rounds=0, auto_approve=True)  # a run with --yes stores its team
+        first = engine.create_run(T1, model=f"scripted:{script}", options=options)
+        assert (await engine.execute(first.id)).status == "succeeded"
+        registry = RegistryStore(engine.settings.database_url)
+        assert registry.get_agent(f"{first.id}.load").stats.uses == 1
+
+        telling, told = workflows.remember_run, []
+
+        def tell_then_die(*args: Any, **kwargs: Any) -> bool:
+            result = telling(*args, **kwargs)
+            if not told:
+                told.append(kwargs["run_id"])
+                raise Killed
+            return result
+
+        monkeypatch.setattr(workflows, "remember_run", tell_then_die)
+        options = RunOptions(prompt_rounds=0, auto_approve=False)
+        second = engine.create_run(T2, model=f"scripted:{script}", options=options)
+        with pytest.raises(Killed):
+            await execute_answering(engine, second.id, review=_approve)
+        assert told == [second.id]
+        assert registry.get_agent(f"{first.id}.load").stats.uses == 2
+
+        final = await engine.execute(second.id)  # resumed: its end tells the registry again
+        assert final.status == "succeeded", final.error
+        stats = registry.get_agent(f"{first.id}.load").stats
+        assert (stats.uses, stats.successes) == (2, 2)
+        assert [c.id for c in registry.list_cohorts()] == [first.id]  # its team waits for a yes
+    finally:
+        engine.close()

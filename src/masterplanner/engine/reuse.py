@@ -169,6 +169,7 @@ def remember_run(
     store_new: bool = True,
     count_reused: bool = True,
     failure_counted: bool = False,
+    counting: str | None = None,
 ) -> bool:
     """After a run: count every stored agent's outcome; False when its team was stored already.
 
@@ -177,6 +178,8 @@ def remember_run(
     the outcome was counted when the run ended) the reused agents are not counted again. With
     `failure_counted` (the run was retried after an end that counted it failed) each run counts
     once: a success turns that failure into a success, another failure counts nothing.
+    `counting` names this count (the run and its retry): asked again under
+    that name, the outcome is not counted again.
 
     All of it is one transaction (`RegistryStore.record_team`): storing that fails half way
     stores nothing, so it can be made again; and a team stored already (the cohort of the run's
@@ -235,5 +238,10 @@ def remember_run(
             {"id": run_id, "task": plan.task, "plan": shape, "agents": agent_ids, "run_id": run_id}
         )
     return registry.record_team(
-        succeeded=succeeded, new_agents=new_agents, counted=counted, corrected=corrected, cohort=cohort
+        succeeded=succeeded,
+        new_agents=new_agents,
+        counted=counted,
+        corrected=corrected,
+        cohort=cohort,
+        counting=counting,
     )

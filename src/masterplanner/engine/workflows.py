@@ -314,6 +314,7 @@ def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
         succeeded=succeeded,
         store_new=store_new,
         failure_counted=failure_counted,
+        counting=f"{run.id}#{run.retries}",  # once per end: a resume that tells it again counts nothing
     )
     if secret is not None:
         store.append_event(run.id, "team_not_stored", data={"reason": secret})

@@ -213,6 +213,15 @@ def _create_run_ratings(connection: Connection) -> None:
     )
 
 
+def _create_outcomes_counted(connection: Connection) -> None:
+    """Migration `registry_0007_outcomes_counted`: which runs' outcomes were counted (`record_team`)."""
+    _sql(
+        connection,
+        "CREATE TABLE IF NOT EXISTS mp_outcomes_counted "
+        "(counting TEXT PRIMARY KEY, counted_at TEXT NOT NULL)",
+    )
+
+
 def _edited_at_review(connection: Connection, origin: Mapping[str, str]) -> bool:
     """Whether the run an agent was stored from had its step's prompt edited at review."""
     if not origin.get("run_id"):
@@ -269,6 +278,7 @@ REGISTRY_MIGRATIONS: list[Migration] = [
     ("registry_0004_run_ratings", _create_run_ratings),
     ("registry_0005_prompt_by_person", _mark_person_prompts),
     ("registry_0006_vector_versions", _version_vectors),
+    ("registry_0007_outcomes_counted", _create_outcomes_counted),
 ]
 
 VECTORS_VERSION = 1
@@ -1154,6 +1164,7 @@ class RegistryStore:
         counted: Sequence[str],
         corrected: Sequence[str],
         cohort: Cohort | None,
+        counting: str | None = None,
     ) -> bool:
         """A run's effect on the registry in one transaction (all or none); False if its team was there.
 
@@ -1167,6 +1178,11 @@ class RegistryStore:
         two at once, the second's insert waits for the first's commit and then finds it. A new
         agent the registry has already (stored with this run's team, which was removed since)
         stays as it is: no version that changes nothing, and its use is not counted again.
+
+        `counting` names this count of the run's outcome (the run and its retry): counted once
+        under that name, whatever asks again. Before, a process that died after the count and
+        before its run recorded it (`registry_told`) counted the outcome again on resume, for a
+        run with no cohort to claim (a failure, or a success whose team waits for a yes).
         """
         with self._begin("store a run's team") as connection:
             if cohort is not None:
@@ -1183,6 +1199,15 @@ class RegistryStore:
             for spec in new_agents:
                 if _sql(connection, "SELECT 1 FROM mp_agents WHERE id = ?", (spec.id,)).first() is None:
                     self.put_agent(spec, connection)
+            if counting is not None and (counted or corrected):
+                first = _sql(
+                    connection,
+                    "INSERT INTO mp_outcomes_counted (counting, counted_at) VALUES (?, ?) "
+                    "ON CONFLICT (counting) DO NOTHING",
+                    (counting, utc_now()),
+                ).rowcount
+                if first != 1:  # counted before: the run's end made again
+                    counted, corrected = (), ()
             for agent_id in counted:
                 _count_use(connection, agent_id, succeeded=succeeded)
             for agent_id in corrected:
