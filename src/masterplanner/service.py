@@ -786,21 +786,10 @@ class RunService:
         team with what looks like a secret, or has its team stored already. A `team_stored`
         event says who asked (`by`, the library's by default).
         """
-        from .engine.reuse import secret_in_team
-
         run = await self.get(run_id)
-        if run.status != "succeeded" or run.plan is None:
-            raise RunError(f"run {run.id} is {run.status}: only a run that succeeded has a team to store")
-        asking = [request for request in await self.pending(run.id) if request.kind == "remember"]
-        if asking:
-            question = asking[0].id
-            raise RunError(
-                f"run {run.id} asks whether to store its team: answer its request {question} "
-                f"(`masterplanner runs answer {question} --approve`)"
-            )
-        secret = secret_in_team(run.plan, briefs_json(run.agents))
-        if secret is not None:
-            raise RunError(f"run {run.id}: its team is not stored: {secret}")
+        refusal = await self._remember_refusal(run)
+        if refusal is not None:
+            raise RunError(refusal)
         if not await asyncio.to_thread(self._store_team, run):
             raise RunError(
                 f"run {run.id}: its team is stored already (`masterplanner cohorts show {run.id}`)"
@@ -810,6 +799,39 @@ class RunService:
             self._store.append_event, run.id, "team_stored", None, {"cohort": run.id, "by": who}
         )
         return run.id
+
+    async def remember_refusal(self, run_id: str) -> str | None:
+        """Why `remember` refuses to store the run's team now, in its words; None if it tries to.
+
+        A run that succeeded is refused until it is over (`follow`'s over: no process is still
+        ending it), as its process stores its team then, or asks whether to. A team stored
+        already is not asked here: the registry says so when `remember` stores it.
+        One definition: `remember` asks it, and the run's web page offers its "Remember this team"
+        button only when it says nothing and no `team_stored` event says the team was stored.
+        """
+        return await self._remember_refusal(await self.get(run_id))
+
+    async def _remember_refusal(self, run: RunRecord) -> str | None:
+        from .engine.reuse import secret_in_team
+
+        if run.status != "succeeded" or run.plan is None:
+            return f"run {run.id} is {run.status}: only a run that succeeded has a team to store"
+        if not await self._over(run.id):  # its process stores its team, or asks, in a moment
+            return (
+                f"run {run.id} is still ending (its team is being stored or asked about): "
+                "try again in a moment"
+            )
+        asking = [request for request in await self.pending(run.id) if request.kind == "remember"]
+        if asking:
+            question = asking[0].id
+            return (
+                f"run {run.id} asks whether to store its team: answer its request {question} "
+                f"(`masterplanner runs answer {question} --approve`)"
+            )
+        secret = secret_in_team(run.plan, briefs_json(run.agents))
+        if secret is not None:
+            return f"run {run.id}: its team is not stored: {secret}"
+        return None
 
     # ---- feedback
 
