@@ -1034,6 +1034,73 @@ async def test_a_failed_run_is_retried_through_the_api(
     assert (await client.post("/runs/nope-nope/retry")).status_code == 404
 
 
+async def test_a_team_nothing_stored_is_stored_through_the_api_once(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`POST /runs/{id}/remember` stores the team of a run that succeeded when nothing stored it
+    (here `remember_runs = never`), as `runs remember` does, and refuses as it does.
+
+    Before, only the CLI could: the API had no such route (404), so a team a server's run left
+    unstored needed a terminal on the server's machine.
+    """
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "never")
+    script = _script(write_script)
+    elsewhere = RunService(Settings.load())  # made and left: nobody executes it, it stays planning
+    try:
+        planning = await elsewhere.create("do a then b", model=f"scripted:{script}")
+    finally:
+        elsewhere.close()
+    async with web_client("/api/v1") as client:
+        options = {"prompt_rounds": 0, "auto_approve": True}
+        body = {"task": "do a then b", "model": f"scripted:{script}", "options": options}
+        run_id = (await client.post("/runs", json=body)).json()["id"]
+        await client.get(f"/runs/{run_id}/events/stream")  # ends when the run is over
+        assert (await client.get(f"/runs/{run_id}")).json()["status"] == "succeeded"
+        assert (await client.get(f"/teams/{run_id}")).status_code == 404
+
+        # a process still ending the run (holding its lease) stores its team or asks, not this
+        store = open_run_store(Settings.load())
+        try:
+            assert store.claim(run_id, "ending-it", lease_s=60)
+            ending = await client.post(f"/runs/{run_id}/remember")
+            assert (ending.status_code, ending.json()["error"]) == (
+                409,
+                f"run {run_id} is still ending (its team is being stored or asked about): "
+                "try again in a moment",
+            )
+            store.release(run_id, "ending-it")
+        finally:
+            store.close()
+        assert (await client.get(f"/teams/{run_id}")).status_code == 404
+
+        stored = await client.post(f"/runs/{run_id}/remember")
+        assert (stored.status_code, stored.json()) == (200, {"cohort": run_id})
+        team = (await client.get(f"/teams/{run_id}")).json()
+        assert (team["run_id"], team["agents"]) == (run_id, {"a": f"{run_id}.a", "b": f"{run_id}.b"})
+        events = (await client.get(f"/runs/{run_id}/events")).json()
+        (told,) = [event["data"] for event in events if event["kind"] == "team_stored"]
+        assert told["cohort"] == run_id and told["by"].startswith("web@")
+
+        for asked, status, error in [
+            (
+                run_id,
+                409,
+                f"run {run_id}: its team is stored already (`masterplanner cohorts show {run_id}`)",
+            ),
+            (
+                planning.id,
+                409,
+                f"run {planning.id} is planning: only a run that succeeded has a team to store",
+            ),
+            ("nosuchrun", 404, "no run 'nosuchrun'"),
+        ]:
+            refused = await client.post(f"/runs/{asked}/remember")
+            assert (refused.status_code, refused.json()) == (status, {"error": error}), asked
+        assert [team["id"] for team in (await client.get("/teams")).json()] == [run_id]
+        events = (await client.get(f"/runs/{run_id}/events")).json()
+        assert [event["kind"] for event in events].count("team_stored") == 1
+
+
 async def test_a_review_answered_with_the_plan_as_it_was_is_no_edit(
     client: httpx.AsyncClient, service: RunService, write_script: Callable[..., Path]
 ) -> None:

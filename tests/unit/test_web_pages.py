@@ -1006,3 +1006,93 @@ async def test_a_run_s_page_offers_a_rating_only_where_the_service_takes_one(
         f'<p class="note">This run cannot be rated: run {rejected} was cancelled before any step ran: '
         "there is nothing to rate</p>"
     ) in body
+
+
+async def test_a_succeeded_run_s_team_nothing_stored_is_remembered_from_its_page(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that succeeded whose team is not stored, and not asked about, has a "Remember this
+    team" button; pressed, the team is stored (as `runs remember` stores it) and the page says so.
+
+    Before, the page had no way: a team the person first declined to store, or one
+    `remember_runs = never` left, needed `runs remember` in a terminal.
+    """
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "ask")
+    one_step = {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}, "repeat": True}
+    script = write_script(
+        [
+            one_step,
+            {"purpose": "step:a", "output": "A done", "repeat": True},
+            DRAFTS,
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    headers = {"HX-Request": "true"}
+    async with web_client() as client:
+        # reviewed: it asks whether to store its team; its question is answered, no button besides
+        form = {"task": "do a", "model": f"scripted:{script}", "prompt_rounds": "0"}
+        run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
+        body = await _body_until(client, run_id, "Review the plan")
+        review = re.search(r'hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', body)
+        assert review is not None
+        await client.post(f"/runs/{run_id}/requests/{review[1]}", data={"choice": "approve"})
+        body = await _body_until(client, run_id, r'class="status status-succeeded"')
+        assert "Remember this team" not in body  # at any moment of its end
+        assert "event: over" in (await client.get(f"/runs/{run_id}/changes")).text  # ends when it is over
+        body = (await client.get(f"/runs/{run_id}/body")).text
+        [question] = (await client.get(f"/api/v1/requests?run_id={run_id}")).json()
+        assert question["kind"] == "remember" and f'id="request-{question["id"]}"' in body
+        assert "Remember this team" not in body and f'hx-post="/runs/{run_id}/remember"' not in body
+        # a press from a page that showed it (a second tab): the service's refusal, on the page
+        early = await client.post(f"/runs/{run_id}/remember", headers=headers)
+        assert early.status_code == 409
+        assert (
+            f'<p class="error" role="alert">run {run_id} asks whether to store its team: answer its '
+            f"request {question['id']} (`masterplanner runs answer {question['id']} --approve`)</p>"
+        ) in early.text
+
+        # declined: the team is not stored, and the page offers to store it after all
+        declined = await client.post(f"/runs/{run_id}/requests/{question['id']}", data={"choice": "deny"})
+        assert declined.status_code == 200, declined.text
+        assert f'<form hx-post="/runs/{run_id}/remember" hx-target="#run-body"' in declined.text
+        assert '<button type="submit">Remember this team</button>' in declined.text
+        assert (await client.get(f"/api/v1/teams/{run_id}")).status_code == 404
+
+        remembered = await client.post(f"/runs/{run_id}/remember", headers=headers)
+        assert remembered.status_code == 200, remembered.text
+        assert (
+            f'<p class="done" role="status">This run\'s team is stored: <a href="/teams/{run_id}">team '
+            f"{run_id}</a>; later tasks like this one can reuse it.</p>"
+        ) in html.unescape(remembered.text)
+        assert "Remember this team" not in remembered.text
+        team = (await client.get(f"/api/v1/teams/{run_id}")).json()
+        assert (team["run_id"], team["agents"]) == (run_id, {"a": f"{run_id}.a"})
+        events = (await client.get(f"/api/v1/runs/{run_id}/events")).json()
+        (told,) = [event["data"] for event in events if event["kind"] == "team_stored"]
+        assert told["by"].startswith("web@")
+        body = (await client.get(f"/runs/{run_id}/body")).text
+        assert "Remember this team" not in body
+
+        # pressed again from a page that still showed the button: refused, nothing stored twice
+        again = await client.post(f"/runs/{run_id}/remember", headers=headers)
+        assert again.status_code == 409
+        assert (
+            f'<p class="error" role="alert">run {run_id}: its team is stored already '
+            f"(`masterplanner cohorts show {run_id}`)</p>"
+        ) in again.text
+        assert "Remember this team" not in again.text
+        assert [team["id"] for team in (await client.get("/api/v1/teams")).json()] == [run_id]
+
+        # approved with --yes: its team is stored when it ends, and nothing is offered
+        form = {"task": "do a", "model": f"scripted:{script}", "yes": "on", "prompt_rounds": "0"}
+        stored_at_end = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
+        body = await _body_until(client, stored_at_end, r'class="status status-succeeded"')
+        # at any moment of its end (before, the page offered it while the team was being stored)
+        assert "Remember this team" not in body and "/remember" not in body
+        assert "event: over" in (await client.get(f"/runs/{stored_at_end}/changes")).text
+        body = (await client.get(f"/runs/{stored_at_end}/body")).text
+        assert "Remember this team" not in body and "/remember" not in body
+        events = (await client.get(f"/api/v1/runs/{stored_at_end}/events")).json()
+        assert [event["kind"] for event in events].count("team_stored") == 1
+        missing = await client.post("/runs/nosuchrun/remember", headers=headers)
+        assert (missing.status_code, missing.json()) == (404, {"error": "no run 'nosuchrun'"})

@@ -31,6 +31,7 @@ from .api_responses import (
     FeedbackOut,
     HealthOut,
     ListedRunOut,
+    RememberedOut,
     RequestOut,
     RunOut,
     RunReportOut,
@@ -377,6 +378,24 @@ async def rate_run(request: Request, run_id: str, body: FeedbackIn) -> dict[str,
         "cohort_rated": summary.cohort_rated,
         "lessons": summary.lessons,
     }
+
+
+@router.post(
+    "/runs/{run_id}/remember",
+    summary="Store the team of a run that succeeded",
+    **success(RememberedOut, "The team, stored"),
+)
+async def remember_run(request: Request, run_id: str) -> dict[str, str]:
+    """Store the run's agents and team in the registry, as a yes to its remember question does.
+
+    For a team that was not stored (`remember_runs = never`, or storing it failed). Refused (409),
+    nothing changed, when the run did not succeed, still asks whether to store its team (answer
+    that request), has a team holding what looks like a secret, or has its team stored already.
+    """
+    service = _service(request)
+    record = await _run(service, run_id)
+    with _conflict():
+        return {"cohort": await service.remember(record.id, by=answerer_name("web"))}
 
 
 @router.get("/requests", summary="Open requests", **success(list[RequestOut], "The requests"))

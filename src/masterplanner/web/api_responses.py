@@ -31,6 +31,7 @@ __all__ = [
     "MessageOut",
     "NoteOut",
     "PurposeUsageOut",
+    "RememberedOut",
     "RequestOut",
     "RunOut",
     "RunReportOut",
@@ -211,6 +212,13 @@ class FeedbackOut(_Out):
     """Whether the run's stored team was rated too."""
     lessons: dict[str, list[str]]
     """Lessons written for next time, by agent id (a rating of 2 or less)."""
+
+
+class RememberedOut(_Out):
+    """A run's team, stored."""
+
+    cohort: str
+    """The stored team's id (the run's): `GET /teams/{cohort}` shows it."""
 
 
 class AgentOut(AgentSpec):

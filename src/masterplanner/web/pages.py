@@ -22,8 +22,22 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
-from ..engine.records import BUDGET_LIMITS, FINISHED_RUN_STATUSES, WHOLE_OPTION_LIMITS, RunOptions, RunRecord
-from ..errors import MasterplannerError, PlanError, RequestClosedError, RunError, quoted_id
+from ..engine.records import (
+    BUDGET_LIMITS,
+    FINISHED_RUN_STATUSES,
+    WHOLE_OPTION_LIMITS,
+    Event,
+    RunOptions,
+    RunRecord,
+)
+from ..errors import (
+    DatabaseUnavailableError,
+    MasterplannerError,
+    PlanError,
+    RequestClosedError,
+    RunError,
+    quoted_id,
+)
 from ..estimate import estimate_run
 from ..event_text import clock, event_detail, status_word
 from ..redaction import REMOVED, redacted
@@ -396,6 +410,30 @@ async def rate(request: Request, run_id: str) -> Response:
     return templates.TemplateResponse(request, "_run_body.html", context)
 
 
+@router.post("/runs/{run_id}/remember", response_class=HTMLResponse)
+async def remember(request: Request, run_id: str) -> Response:
+    """Store the team of the run that succeeded (`RunService.remember`); the body says it, or why not.
+
+    A refusal (the run asks whether to store its team, the team is stored already: a page that
+    showed the button before) is a 409, and a failure to store it (an embedder that cannot be
+    made) a 422, each shown with the run as it is now.
+    """
+    service = _service(request)
+    record = await existing_run(request, run_id)
+    try:
+        cohort = await service.remember(record.id, by=answerer_name("web"))
+    except DatabaseUnavailableError:
+        raise
+    except MasterplannerError as error:  # refused (409), or storing it failed (an embedder not made)
+        context = await _body_context(request, await service.get(record.id), None)
+        context["remembered"] = {"error": str(error)}
+        status = 409 if isinstance(error, RunError) else 422
+        return templates.TemplateResponse(request, "_run_body.html", context, status_code=status)
+    context = await _body_context(request, await service.get(record.id), None)
+    context["remembered"] = {"cohort": cohort}
+    return templates.TemplateResponse(request, "_run_body.html", context)
+
+
 @router.post("/runs/{run_id}/cancel", response_class=HTMLResponse)
 async def cancel(request: Request, run_id: str) -> Response:
     """Cancel the run; the body shows it stopping, or as it is now when it ended meanwhile."""
@@ -606,9 +644,28 @@ async def _body_context(
             # the service's own question: the page offered a rating it then refused
             "unratable": await service.rating_refusal(record.id) if finished else None,
             "retry": None,
+            "remembered": None,
+            # the service's own question, as for the rating: a team not stored, that it stores
+            "rememberable": await _rememberable(service, record, events),
             "estimate": estimate,
             "waiting": await service.waiting(record),
             "cost": money(report["usage"]["cost_usd"], report["usage"]["unpriced_calls"]),
             "money_budget": None if (most := record.options.max_cost_usd) is None else budget_money(most),
         }
     )
+
+
+async def _rememberable(service: RunService, record: RunRecord, events: list[Event]) -> bool:
+    """Whether the page offers to store the run's team (`RunService.remember` takes it, unstored).
+
+    A run that succeeded, that `remember` takes (it is over, asks nothing, holds no secret), and
+    whose team no `team_stored` event says stored.
+
+    The events are read again after the service's answer: those the page shows were read
+    before it, and a run that ended meanwhile has its `team_stored` after them (read only once,
+    the page offered the button for a team being stored as its run ended).
+    """
+    if record.status != "succeeded" or await service.remember_refusal(record.id) is not None:
+        return False
+    later = await service.events(record.id, events[-1].seq if events else 0)
+    return not any(event.kind == "team_stored" for event in [*events, *later])
