@@ -575,10 +575,10 @@ def test_the_shipped_tools_say_which_calls_may_be_made_again_after_a_stop() -> N
 async def test_a_tool_failure_does_not_fail_the_step(
     isolated: Path, write_script: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(self: Workspace, path: str) -> str:
+    def broken(self: Workspace, path: str) -> tuple[str, int]:
         raise RuntimeError(f"cannot read {path}\nFor more information check: https://example.org/help")
 
-    monkeypatch.setattr(Workspace, "read_file", broken)
+    monkeypatch.setattr(Workspace, "read_start", broken)  # what the read_file tool reads with
     step = {
         "id": "w",
         "title": "copy the notes",

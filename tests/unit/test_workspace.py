@@ -76,6 +76,13 @@ def test_special_and_oversized_files(workspace: Workspace) -> None:
     (workspace.root / "big.txt").write_bytes(b"x" * (MAX_READ_BYTES + 1))
     with pytest.raises(ToolError, match="read_file returns at most"):
         workspace.read_file("big.txt")
+    # its start can be read (a folder's files are read so), with the file's size
+    assert workspace.read_start("big.txt") == ("x" * MAX_READ_BYTES, MAX_READ_BYTES + 1)
+    # a character the cut falls inside is left out, not replaced: it is not invalid
+    (workspace.root / "wide.txt").write_bytes(b"x" * (MAX_READ_BYTES - 1) + "é".encode())
+    assert workspace.read_start("wide.txt") == ("x" * (MAX_READ_BYTES - 1), MAX_READ_BYTES + 1)
+    workspace.write_file("fits.txt", "é")
+    assert workspace.read_start("fits.txt") == ("é", 2)
     with pytest.raises(ToolError, match="does not exist"):
         workspace.read_file("missing.txt")
 

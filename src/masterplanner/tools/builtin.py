@@ -29,6 +29,8 @@ from .code_execution import Language
 from .context import StepDeps
 from .images import ImageConfig
 from .names import BUILTIN_TOOL_NAMES
+from .results import FILE_CUT
+from .workspace import MAX_READ_BYTES
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -101,7 +103,14 @@ async def read_file(ctx: Context, path: str) -> str:
         path: the file's path relative to the workspace, e.g. data/sales.csv
     """
     workspace = ctx.deps.workspace
-    return await ctx.deps.run_tool("read_file", {"path": path}, lambda: workspace.read_file(path))
+
+    def read() -> str:  # a file over the cap: its start, said so (before, the call failed)
+        text, size = workspace.read_start(path)
+        if size <= MAX_READ_BYTES:
+            return text
+        return f"{FILE_CUT}only its first {MAX_READ_BYTES:,} of {size:,} bytes were read]\n{text}"
+
+    return await ctx.deps.run_tool("read_file", {"path": path}, read)
 
 
 async def write_file(ctx: Context, path: str, content: str) -> str:

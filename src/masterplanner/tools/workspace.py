@@ -17,6 +17,7 @@ names the path and the problem in words the agent can act on, never a bare `OSEr
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import os
@@ -400,7 +401,24 @@ class Workspace:
         return parts
 
     def read_file(self, path: str) -> str:
-        """The text of a regular file in the workspace (UTF-8; invalid bytes are replaced)."""
+        """The text of a regular file in the workspace (UTF-8; invalid bytes are replaced).
+
+        A file over `MAX_READ_BYTES` is refused (`read_start` reads its start).
+        """
+        data, _ = self._read(path, whole=True)
+        return data.decode("utf-8", errors="replace")
+
+    def read_start(self, path: str) -> tuple[str, int]:
+        """The text of a file's first `MAX_READ_BYTES` (all of a smaller one), and the file's size in bytes.
+
+        A character the cut falls inside is left out (not replaced: it is not invalid).
+        """
+        data, size = self._read(path, whole=False)
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        return decoder.decode(data, final=len(data) >= size), size
+
+    def _read(self, path: str, *, whole: bool) -> tuple[bytes, int]:
+        """A file's bytes (at most `MAX_READ_BYTES`; `whole`: a larger file is refused) and its size."""
         parts = _parts(path)
         unreadable = unreadable_component(parts)
         if unreadable is not None:
@@ -422,13 +440,13 @@ class Workspace:
                     raise ToolError(f"{_shown(path)} is not a regular file")
                 if info.st_nlink > 1 and (info.st_dev, info.st_ino) in self.settings_identities():
                     raise ToolError(unreadable_notice(parts[-1]) + " (this name is a hard link to it)")
-                if info.st_size > MAX_READ_BYTES:
+                if whole and info.st_size > MAX_READ_BYTES:
                     size = f"{info.st_size:,} bytes"
                     raise ToolError(f"{_shown(path)} is {size}; read_file returns at most {MAX_READ_BYTES:,}")
                 data = _read_at_most(fd, MAX_READ_BYTES)
             finally:
                 os.close(fd)
-        return data.decode("utf-8", errors="replace")
+        return data, info.st_size
 
     def settings_identities(self) -> frozenset[tuple[int, int]]:
         """(device, inode) of the settings files a run reads: the workspace's, the current folder's, home's.
