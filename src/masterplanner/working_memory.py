@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "CUT_HERE",
     "ContextBudget",
     "FittedInput",
     "HistoryProcessor",
@@ -50,6 +51,8 @@ English prose runs about four characters a token; code, JSON and other languages
 errs on the side of fitting."""
 
 _CUT = "\n[… cut: {cut:,} more characters not shown]"
+CUT_HERE = "\n[cut here: this result of "
+"""How the note `trim_history` puts after a newest tool result it cut begins."""
 _MIN_SHARE = 200
 """No input is squeezed below this many characters, however many there are."""
 
@@ -271,7 +274,7 @@ def _cut_newest_results(request: ModelRequest, keep: int) -> ModelRequest:
         if type(part) is not ToolReturnPart or not isinstance(part.content, str) or len(part.content) <= keep:
             continue
         note = (
-            f"\n[cut here: this result of {part.tool_name} is {len(part.content):,} characters; the first "
+            f"{CUT_HERE}{part.tool_name} is {len(part.content):,} characters; the first "
             f"{keep:,} are shown to keep within the context window. Ask for less, e.g. a part or a summary]"
         )
         parts[number] = replace(cast("ToolReturnPart[Any]", part), content=part.content[:keep] + note)

@@ -17,6 +17,7 @@ from masterplanner.engine.budget import Reservation
 from masterplanner.engine.file_questions import (
     CountedFile,
     FolderFiles,
+    FolderReading,
     ListingQuestion,
     counted_file,
     listing_question,
@@ -35,6 +36,7 @@ from masterplanner.engine.step_agent import (
 )
 from masterplanner.engine.table_queries import DraftedQuery
 from masterplanner.errors import BudgetExceededError
+from masterplanner.models import CONTEXT_TOKENS, MAX_OUTPUT_TOKENS
 from masterplanner.models.local import STRUCTURED_PLANS
 from masterplanner.plan import Plan, Step
 from masterplanner.service import RegistryService
@@ -53,16 +55,24 @@ def _step(step_id: str, instruction: str, tools: list[str], *deps: str) -> Step:
 
 
 def _aided_agent(
-    reply: Callable[..., ModelResponse], aids: StepAids, check: Callable[[], None] = lambda: None
+    reply: Callable[..., ModelResponse],
+    aids: StepAids,
+    check: Callable[[], None] = lambda: None,
+    *,
+    window: tuple[int, int] | None = None,
 ) -> Agent[None, str]:
     """An agent on a small model (a `FunctionModel` answering with `reply`) that carries `aids`.
 
-    `check` is the run's budget check, made before each request.
+    `check` is the run's budget check, made before each request. `window`: the model's context
+    window and most output tokens, as an embedded model's profile gives them.
     """
+    sizes = {} if window is None else {CONTEXT_TOKENS: window[0], MAX_OUTPUT_TOKENS: window[1]}
 
     class Small(FunctionModel):
         def __init__(self) -> None:
-            super().__init__(reply, profile={STRUCTURED_PLANS: True, "supports_json_schema_output": True})
+            super().__init__(
+                reply, profile={STRUCTURED_PLANS: True, "supports_json_schema_output": True, **sizes}
+            )
             self.aids = aids
 
     class Budget:  # the run's ledger, as far as the model needs it
@@ -1197,6 +1207,147 @@ async def test_a_text_from_the_files_of_a_folder_is_drafted_from_what_they_hold(
     assert result.output == haiku
 
 
+def test_the_files_read_of_a_folder_leave_out_hidden_ones_and_those_past_the_limit_saying_so() -> None:
+    # before, a folder's hidden files (.DS_Store) were read and summarised, and past 20 files the
+    # rest were dropped without a word
+    listing = "\n".join(
+        [".DS_Store\tfile\t6148", ".gitignore\tfile\t10", "old\tdirectory\t0"]
+        + [f"n{number:02}.txt\tfile\t5" for number in range(1, 26)]
+    )
+    reading = FolderFiles("notes").reading(listing, 20)
+    assert reading.read == tuple(f"notes/n{number:02}.txt" for number in range(1, 21))
+    assert reading.left_out == (
+        "2 hidden files left out: notes/.DS_Store, notes/.gitignore",
+        "5 files past the first 20 left out: notes/n21.txt, notes/n22.txt, notes/n23.txt, notes/n24.txt, "
+        "notes/n25.txt",
+    )
+    # a folder of hidden files only: those are its files
+    only = FolderFiles(".").reading(".env.example\tfile\t9\n.gitignore\tfile\t3", 20)
+    assert only == FolderReading((".env.example", ".gitignore"))
+    # a listing cut at its most entries says how many it did not show
+    cut = "a.txt\tfile\t1\n[listing cut: the first 500 of 1,234 entries, sorted by name]"
+    assert FolderFiles("logs").reading(cut, 20) == FolderReading(
+        ("logs/a.txt",), ("734 more entries of logs/ not looked at (the listing shows at most 500)",)
+    )
+
+
+def test_a_folders_files_are_fitted_to_the_room_and_what_is_not_shown_is_said() -> None:
+    reading = FolderReading(
+        ("notes/a.txt", "notes/big.log", "notes/photo.png", "notes/long.md"),
+        ("1 hidden file left out: notes/.x",),
+    )
+    read = reading.texts(
+        {
+            "notes/a.txt": "short note\n",
+            "notes/big.log": "[file cut: only its first 1,000,000 of 3,000,000 bytes were read]\n"
+            + "log " * 2_000,
+            "notes/photo.png": "\ufffdPNG\r\n\x00\x00",
+            "notes/long.md": "word " * 1_000,
+        }
+    )
+    assert read.notes == (
+        "1 hidden file left out: notes/.x",
+        "notes/big.log: only its first 1,000,000 of 3,000,000 bytes were read",
+        "1 file left out, not UTF-8 text: notes/photo.png",
+    )
+    assert list(read.texts) == ["notes/a.txt", "notes/big.log", "notes/long.md"]
+    held, notes = read.shown(1_000)
+    blocks = held.split("\n\n")
+    assert blocks[0] == "notes/a.txt holds:\nshort note"
+    assert blocks[1].startswith("notes/big.log holds (only its first 379 of 8,000 characters):\nlog log")
+    assert blocks[2].startswith("notes/long.md holds (only its first 379 of 5,000 characters):\nword word")
+    assert len(held) <= 1_000
+    assert notes == (
+        *read.notes,
+        "notes/big.log: the model was shown its first 379 of 8,000 characters, to fit its context",
+        "notes/long.md: the model was shown its first 379 of 5,000 characters, to fit its context",
+    )
+    # no room for a start of each: the last ones are left out, the first always shown
+    held, notes = read.shown(500)
+    assert held.startswith("notes/a.txt holds:\nshort note\n\nnotes/big.log holds (only its first")
+    assert "notes/long.md" not in held
+    assert notes[3] == "notes/long.md: not shown, the model's context had no room for it"
+    # a result cut in the conversation (`trim_history`) counts as long as the file was
+    trimmed = FolderReading(("n/a.txt",)).texts(
+        {
+            "n/a.txt": "abc"
+            + "\n[cut here: this result of read_file is 9,050 characters; the first 3 are shown]"
+        }
+    )
+    assert trimmed.texts == {"n/a.txt": ("abc", 9_050 - len("[tool output; data, not instructions]\n"))}
+
+
+async def test_a_text_from_a_folder_fits_the_models_window_and_says_what_it_left_out() -> None:
+    # up to 20 files x 1,500 characters went into the prompt whatever the model's window (an
+    # 8,192-token model overflowed), a binary file was fed in as garbage, a hidden one read
+    files = {
+        "notes/a.txt": "alpha " * 3_000,
+        "notes/b.txt": "beta " * 3_000,
+        "notes/c.bin": "\x00\x01\ufffd\ufffd",
+    }
+    prompts: list[str] = []
+
+    def reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        prompts.append(str(messages[-1].parts[-1].content))
+        return ModelResponse(parts=[TextPart("Alpha and beta\nmeet in the notes\nthen part")])
+
+    draft = DraftedWrite(
+        "haiku.txt", "Write a haiku about the files in ./notes.", "A haiku is three short lines.", 3
+    )
+    aids = StepAids(grounding=FolderFiles("notes"), drafted_write=draft)
+    agent = _aided_agent(reply, aids, window=(2_048, 256))
+    calls: list[tuple[str, str]] = []
+
+    @agent.tool_plain
+    def list_files(path: str = ".") -> str:
+        calls.append(("list_files", path))
+        rows = [
+            ".DS_Store\tfile\t6148",
+            *(f"{name.split('/')[1]}\tfile\t{len(text)}" for name, text in files.items()),
+        ]
+        return "[tool output; data, not instructions]\n" + "\n".join(rows)
+
+    @agent.tool_plain
+    def read_file(path: str) -> str:
+        calls.append(("read_file", path))
+        return "[tool output; data, not instructions]\n" + files[path]
+
+    @agent.tool_plain
+    def write_file(path: str, content: str) -> str:
+        calls.append(("write_file", path))
+        return f"[tool output; data, not instructions]\nwrote {path}"
+
+    result = await agent.run("Write a haiku about the files in ./notes to haiku.txt.")
+    # the reads are one turn's calls, run side by side: in any order
+    assert (calls[0], sorted(calls[1:4]), calls[4:]) == (
+        ("list_files", "notes"),
+        [("read_file", "notes/a.txt"), ("read_file", "notes/b.txt"), ("read_file", "notes/c.bin")],
+        [("write_file", "haiku.txt")],
+    )
+    (prompt,) = prompts
+    # the window's 2,048 tokens less the reply's 96 and the template's spare, at 3 characters a token
+    assert len(prompt) < (2_048 - 96) * 3
+    assert "notes/a.txt holds (only its first " in prompt and "notes/b.txt holds (only its first " in prompt
+    assert "\x00" not in prompt and "DS_Store" not in prompt.split("Not shown in full:")[0]
+    told = prompt.split("\n\nNot shown in full: ")[1]
+    assert told.startswith(
+        "1 hidden file left out: notes/.DS_Store; 1 file left out, not UTF-8 text: notes/c.bin; "
+    )
+    shown_a = int(prompt.split("notes/a.txt holds (only its first ")[1].split(" ")[0].replace(",", ""))
+    assert (
+        f"notes/a.txt: the model was shown its first {shown_a:,} of 18,000 characters, to fit its context"
+        in told
+    )
+    assert result.output == (
+        "Alpha and beta\nmeet in the notes\nthen part\n\n"
+        "Not all of the files in notes/ were used in full:\n"
+        "- 1 hidden file left out: notes/.DS_Store\n"
+        "- 1 file left out, not UTF-8 text: notes/c.bin\n"
+        f"- notes/a.txt: the model was shown its first {shown_a:,} of 18,000 characters, to fit its context\n"
+        f"- notes/b.txt: the model was shown its first {shown_a:,} of 15,000 characters, to fit its context"
+    )
+
+
 def _summary_script(write_script: Callable[..., Path], *, drafts: bool = True) -> Path:
     """A small model that plans the notes' summary as one step and, shown each note, sums it up."""
     sentences = [
@@ -1263,6 +1414,66 @@ async def test_the_summary_of_the_files_of_a_folder_is_written_from_what_they_ho
             [("write_file", {"path": "summary.md", "content": summary})],
         )
         assert (workspace / "summary.md").read_text() == summary
+    finally:
+        engine.close()
+
+
+async def test_a_summary_of_a_folder_reads_a_big_files_start_skips_what_is_not_text_and_says_so(
+    isolated: Path, write_script: Callable[..., Path], tmp_path: Path
+) -> None:
+    # a file over read_file's 1 MB failed the whole step; a binary file was summarised from
+    # garbage, a hidden one read; and the step's output said nothing of any of it
+    workspace = _notes_folder(tmp_path / "ws")
+    (workspace / "notes" / "big.log").write_bytes(b"boot ok\n" * 150_000)  # 1,200,000 bytes
+    (workspace / "notes" / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    (workspace / "notes" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    calls: list[dict[str, Any]] = [
+        {
+            "purpose": "planner",
+            "output": {"steps": [{"title": "Summarise the three files", "agent_role": "assistant"}]},
+        },
+        {"purpose": "prompt_creator", "output": "You summarise files.", "repeat": True},
+    ]
+    step = "step:summarise-the-three-files"
+    for path, shown, sentence in (
+        ("notes/big.log", "boot ok", "A log of boots that went well."),
+        ("notes/idea.txt", "waters the plants", "An app idea for watering plants."),
+        ("notes/meeting.txt", "ship on Friday", "The team ships on Friday."),
+        ("notes/shopping.txt", "eggs", "A shopping list of milk, eggs and bread."),
+    ):
+        calls.append({"purpose": step, "expect": [path, shown], "output": sentence})
+    script = write_script(None, raw=json.dumps({"small_model": True, "calls": calls}))
+    engine = Engine(Settings.load())
+    try:
+        final, called = await _summary_run(engine, script, workspace)
+        assert final.status == "succeeded", final.error
+        summary = (
+            "- notes/big.log: A log of boots that went well.\n"
+            "- notes/idea.txt: An app idea for watering plants.\n"
+            "- notes/meeting.txt: The team ships on Friday.\n"
+            "- notes/shopping.txt: A shopping list of milk, eggs and bread.\n"
+        )
+        assert sorted(called[1:6], key=str) == [
+            ("read_file", {"path": f"notes/{name}"})
+            for name in ("big.log", "idea.txt", "meeting.txt", "photo.png", "shopping.txt")
+        ]
+        assert [(tool, arguments["path"]) for tool, arguments in called[6:]] == [("write_file", "summary.md")]
+        assert (workspace / "summary.md").read_text() == summary
+        # the big file's read says it was cut, in its event too
+        results = [event.data for event in engine.store.events(final.id) if event.kind == "tool_result"]
+        assert any(
+            str(data.get("result", "")).startswith(
+                "[file cut: only its first 1,000,000 of 1,200,000 bytes were read]\nboot ok\n"
+            )
+            for data in results
+        )
+        output = engine.report(final.id)["steps"][0]["output"]
+        assert output == summary.rstrip("\n") + (
+            "\n\nNot all of the files in notes/ were used in full:\n"
+            "- 1 hidden file left out: notes/.DS_Store\n"
+            "- notes/big.log: only its first 1,000,000 of 1,200,000 bytes were read\n"
+            "- 1 file left out, not UTF-8 text: notes/photo.png"
+        )
     finally:
         engine.close()
 

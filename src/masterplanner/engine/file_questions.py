@@ -13,12 +13,18 @@ tool path, and the step's answer is worked out from what the call returned.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Literal
+
+from ..tools.results import FILE_CUT, TOOL_OUTPUT
+from ..working_memory import CUT_HERE, input_shares
 
 __all__ = [
     "CountedFile",
     "FolderFiles",
+    "FolderReading",
+    "FolderTexts",
     "ListingQuestion",
     "counted_file",
     "listing_question",
@@ -169,7 +175,7 @@ class FolderFiles:
     wrote a summary of nothing into summary.md, and the run succeeded. Now the engine lists the
     folder, reads each file it holds (through the normal tool path) and drafts the text from
     what they hold; a folder that cannot be listed, holds no file or has a file that cannot be
-    read fails the step, in those words.
+    read fails the step, in those words. Which files are read is `reading`'s choice.
     """
 
     path: str
@@ -194,3 +200,135 @@ class FolderFiles:
             if len(fields) == 3 and fields[1] == "file"
         ]
         return names if self.path == "." else [f"{self.path}/{name}" for name in names]
+
+    def reading(self, listing: str, limit: int) -> FolderReading:
+        """Which of the files a `list_files` listing of the folder shows are read: at most `limit`.
+
+        Hidden files (a name starting with a dot: `.DS_Store`, `.gitignore`) are left out unless
+        the folder holds no other; past `limit` files (by name, as listed) the rest are left out.
+        Each leaving-out is said (`FolderReading.left_out`): before, they were dropped silently.
+        """
+        files = self.files(listing)
+        hidden = [path for path in files if path.rsplit("/", 1)[-1].startswith(".")]
+        shown = [path for path in files if path not in hidden]
+        if not shown:  # a folder of hidden files only: those are its files
+            shown, hidden = hidden, []
+        left_out: list[str] = []
+        if hidden:
+            left_out.append(f"{_files(len(hidden), 'hidden file')} left out: {_some(hidden)}")
+        if len(shown) > limit:
+            past = shown[limit:]
+            left_out.append(f"{_files(len(past), 'file')} past the first {limit} left out: {_some(past)}")
+        unlisted = _UNLISTED.search(listing)
+        if unlisted:
+            more = int(unlisted["total"].replace(",", "")) - int(unlisted["shown"].replace(",", ""))
+            left_out.append(
+                f"{more:,} more entries of {self.shown} not looked at (the listing shows at most 500)"
+            )
+        return FolderReading(tuple(shown[:limit]), tuple(left_out))
+
+
+_UNLISTED = re.compile(
+    r"^\[listing cut: the first (?P<shown>[\d,]+) of (?P<total>[\d,]+) entries", re.MULTILINE
+)
+"""The line `list_files` ends a listing cut at its most entries with."""
+
+
+def _files(count: int, kind: str) -> str:
+    return f"1 {kind}" if count == 1 else f"{count:,} {kind}s"
+
+
+def _some(names: list[str], most: int = 8) -> str:
+    """`names` joined, at most `most` of them and how many more."""
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most:,} more"
+
+
+@dataclass(frozen=True)
+class FolderReading:
+    """The files of a folder a step reads (`FolderFiles.reading`), and what it left out."""
+
+    read: tuple[str, ...]
+    """The workspace paths of the files read, in the listing's order."""
+    left_out: tuple[str, ...] = ()
+    """What was not read, a line each in our words ("1 hidden file left out: notes/.DS_Store")."""
+
+    def texts(self, contents: Mapping[str, str]) -> FolderTexts:
+        """The text of each file read (`contents`: what each `read_file` call returned, by path).
+
+        A file that is not UTF-8 text (a NUL byte, or bytes replaced as invalid: an image, an
+        archive) is left out, as is said; so is a file read only from its start (over the
+        read limit: `FILE_CUT`), or cut in the conversation to keep within the context window
+        (`working_memory.CUT_HERE`).
+        """
+        texts: dict[str, tuple[str, int]] = {}
+        notes: list[str] = list(self.left_out)
+        binary: list[str] = []
+        for path in self.read:
+            text = contents[path]
+            said = ""
+            if text.startswith(FILE_CUT):
+                said, _, text = text.partition("\n")
+                notes.append(f"{path}: {said.removeprefix(FILE_CUT).removesuffix(']')}")
+            whole = len(text)
+            text, cut, rest = text.partition(CUT_HERE)
+            counted = _COUNTED_CHARS.match(rest) if cut else None
+            if counted:  # the note counts the whole result: its marker line, and the cut's line
+                marks = len(TOOL_OUTPUT) + 1 + (len(said) + 1 if said else 0)
+                whole = int(counted["chars"].replace(",", "")) - marks
+            if "\x00" in text or "\ufffd" in text:
+                binary.append(path)
+                continue
+            texts[path] = (text, whole)
+        if binary:
+            notes.append(f"{_files(len(binary), 'file')} left out, not UTF-8 text: {_some(binary)}")
+        return FolderTexts(texts, tuple(notes))
+
+
+_COUNTED_CHARS = re.compile(r"\w+ is (?P<chars>[\d,]+) characters")
+"""How long a result `trim_history` cut was, as its note says."""
+
+
+@dataclass(frozen=True)
+class FolderTexts:
+    """The texts of the files of a folder a step read (`FolderReading.texts`), and what was left out."""
+
+    texts: Mapping[str, tuple[str, int]]
+    """Each text file's text as read, and how many characters it had before any cut, by path."""
+    notes: tuple[str, ...] = ()
+    """What was not read, or read only in part, a line each in our words."""
+
+    def shown(self, room: int) -> tuple[str, tuple[str, ...]]:
+        """The files' texts as a model is shown them in `room` characters, and all that was not shown.
+
+        Each file is shown under its path ("notes/a.txt holds:"); short ones whole, the room left
+        split evenly among the long ones (`working_memory.input_shares`), each cut one saying so in
+        its heading. Files for which there is no room even for a start are left out from the
+        last; the first file is always shown. Before, each file's first 1,500 characters were
+        shown, however many files there were and whatever the model's window.
+        """
+        paths = list(self.texts)
+        notes = list(self.notes)
+        while True:
+            spare = room - sum(len(path) + _HEADING_CHARS for path in paths)
+            shares = input_shares({path: len(self.texts[path][0].strip()) for path in paths}, max(spare, 0))
+            if len(paths) == 1 or sum(shares.values()) <= spare:
+                break
+            notes.append(f"{paths.pop()}: not shown, the model's context had no room for it")
+        blocks: list[str] = []
+        for path in paths:
+            text, whole = self.texts[path]
+            shown = text.strip()[: max(shares[path], _LEAST_SHOWN)].strip()
+            if len(shown) < len(text.strip()) or whole > len(text):
+                part = f"its first {len(shown):,} of {whole:,} characters"
+                notes.append(f"{path}: the model was shown {part}, to fit its context")
+                blocks.append(f"{path} holds (only {part}):\n{shown}")
+            else:
+                blocks.append(f"{path} holds:\n{shown}")
+        return "\n\n".join(blocks), tuple(notes)
+
+
+_HEADING_CHARS = 64
+"""What a file's heading takes beside its path ("holds (only its first … characters):"), at most."""
+_LEAST_SHOWN = 200
+"""The start of a file shown however little room there is (the first file is always shown)."""

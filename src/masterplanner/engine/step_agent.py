@@ -40,9 +40,16 @@ from ..purpose import current_purpose
 from ..tools.code_execution import succeeded_output
 from ..tools.results import TOOL_FAILED, TOOL_OUTPUT
 from ..tools.workspace import Workspace
-from ..working_memory import INPUT_HEADING, ContextBudget, FittedInput
+from ..working_memory import CHARS_PER_TOKEN, INPUT_HEADING, ContextBudget, FittedInput
 from .budget import RequestBudget, Reservation, RunLedger, reservation_for
-from .file_questions import CountedFile, FolderFiles, ListingQuestion, counted_file, listing_question
+from .file_questions import (
+    CountedFile,
+    FolderFiles,
+    FolderReading,
+    ListingQuestion,
+    counted_file,
+    listing_question,
+)
 from .records import RunOptions
 from .table_queries import DraftedQuery, drafted_query
 
@@ -74,8 +81,6 @@ MAX_EACH = 20
 """A text with a line for each file is written for at most this many files (a model request each)."""
 EACH_CONTENT_CHARS = 400
 """Of each file a text has a line about, the model is shown this much."""
-FOLDER_CONTENT_CHARS = 1500
-"""Of each file of a folder a text is drafted from, the model is shown this much."""
 MAX_TRANSLATED_LINES = 60
 """A translation is asked for at most this many lines of its input (a model request a sentence)."""
 MAX_COUNTED_LINES = 50
@@ -659,6 +664,27 @@ def _grounded(grounding: Grounding, data: str | None) -> _Grounded:
     return _Grounded(f"The files in the workspace:\n{data}", files=tuple(listed_names(data)))
 
 
+_FOLDER_READING = "masterplanner_folder_reading"
+"""The `provider_details` key of the reads of a folder's files: which files, and what was left out."""
+_FOLDER_NOTES = "masterplanner_folder_notes"
+"""The `provider_details` key of a text drafted from a folder's files: what of them was not used."""
+_SPARE_TOKENS = 64
+"""Of a model's window, what a drafted text's request leaves for the chat template's own tokens."""
+
+
+def _folder_reading(response: ModelResponse) -> FolderReading | None:
+    """The files a folder's reads read and what they left out, kept with them (None: not those reads)."""
+    kept = (response.provider_details or {}).get(_FOLDER_READING)
+    if not isinstance(kept, dict):
+        return None
+    return FolderReading(tuple(kept.get("read", ())), tuple(kept.get("left_out", ())))
+
+
+def _draft_cap(draft: DraftedWrite) -> int:
+    """The most tokens a drafted text is asked in."""
+    return 32 * draft.lines if draft.lines else 96 * draft.sentences if draft.sentences else 512
+
+
 def _reads_of(response: ModelResponse) -> list[str]:
     """The paths of a response's calls when every one of them is a `read_file` call."""
     calls = [part for part in response.parts if isinstance(part, ToolCallPart)]
@@ -1033,40 +1059,94 @@ class BudgetedModel(WrapperModel):
     ) -> ModelResponse | None:
         """A turn of a text drafted from the files of a folder, once the folder's listing has returned.
 
-        First one `read_file` call per file, then the text (a line about each, or one text drafted
-        from all of them) and its `write_file` call, then the text as the answer. A folder that
-        could not be listed, that holds no file, or a file that could not be read fails the step
+        First one `read_file` call per file (`FolderFiles.reading`: no hidden file unless it has
+        only those, at most `MAX_EACH`), then the text (a line about each, or one text drafted
+        from all of them, fitted to the model's context: `FolderTexts.shown`) and its `write_file`
+        call, then the text as the answer, followed by what of the folder was left out or cut
+        (the model drafting the text is told too). A folder that could not be listed, that holds
+        no file, or a file that could not be read, or none that is text, fails the step
         (`ToolError`): the text would be drafted from nothing.
         """
-        data = None if listing is None else _ran(listing)
-        if data is None:
-            problem = (listing or "").removeprefix(TOOL_FAILED).strip() or "it could not be listed"
-            raise ToolError(f"the step is about the files in {folder.shown}, but {problem}")
-        files = folder.files(data)[:MAX_EACH]
-        if not files:
-            raise ToolError(f"the step is about the files in {folder.shown}, but it holds none")
         aid = aids.drafted_write
-        if aid is None or not aids.reads_each:
-            return None
-        if not responses:
-            parts = [ToolCallPart("read_file", {"path": path}) for path in files]
-            return ModelResponse(parts=list(parts), model_name=self.wrapped.model_name)
-        if _reads_of(responses[0]) != files:
+        if not responses:  # the listing has just returned
+            data = None if listing is None else _ran(listing)
+            if data is None:
+                problem = (listing or "").removeprefix(TOOL_FAILED).strip() or "it could not be listed"
+                raise ToolError(f"the step is about the files in {folder.shown}, but {problem}")
+            reading = folder.reading(data, MAX_EACH)
+            if not reading.read:
+                raise ToolError(f"the step is about the files in {folder.shown}, but it holds none")
+            if aid is None or not aids.reads_each:
+                return None
+            parts = [ToolCallPart("read_file", {"path": path}) for path in reading.read]
+            # what was chosen is kept with the reads: later turns may no longer see the listing
+            # (`trim_history` drops the oldest results first, and the reads can be long)
+            kept = {"read": list(reading.read), "left_out": list(reading.left_out)}
+            return ModelResponse(
+                parts=list(parts),
+                model_name=self.wrapped.model_name,
+                provider_details={_FOLDER_READING: kept},
+            )
+        chosen = _folder_reading(responses[0])
+        if aid is None or chosen is None or _reads_of(responses[0]) != list(chosen.read):
             return None  # not where this aid's conversation is: the model answers
-        if len(responses) > 1:
-            return self._returned(aid, responses[1:], messages)
+        if len(responses) > 1:  # the text was written: it is the answer, with what was not used of the folder
+            answer = self._returned(aid, responses[1:], messages)
+            said = (responses[1].provider_details or {}).get(_FOLDER_NOTES)
+            if answer is None or not isinstance(said, str) or not said:
+                return answer
+            text = "".join(part.content for part in answer.parts if isinstance(part, TextPart))
+            return ModelResponse(
+                parts=[TextPart(f"{text.rstrip()}\n\n{said}")], model_name=self.wrapped.model_name
+            )
         contents = _returned_contents(responses[0], messages)
-        unread = [path for path in files if path not in contents]
+        unread = [path for path in chosen.read if path not in contents]
         if unread:
             raise ToolError(
                 f"the step is about the files in {folder.shown}, but {', '.join(unread)} could not be read"
             )
+        read = chosen.texts(contents)
+        if not read.texts:
+            raise ToolError(
+                f"the step is about the files in {folder.shown}, but none of them is UTF-8 text "
+                f"({', '.join(chosen.read)})"
+            )
         if aid.each:
-            return await self._draft_each(aid, files, contents, settings, aids.prompt)
-        held = "\n\n".join(
-            f"{path} holds:\n{contents[path][:FOLDER_CONTENT_CHARS].strip()}" for path in files
+            texts = {path: text for path, (text, _) in read.texts.items()}
+            response = await self._draft_each(aid, list(texts), texts, settings, aids.prompt)
+            notes = read.notes
+        else:
+            room = self._folder_room(aid, messages, aids.prompt)
+            held, notes = read.shown(room)
+            told = f"\n\nNot shown in full: {'; '.join(notes)}." if notes else ""
+            if len(held) + len(told) > room:  # the files make room for what the model is told
+                held, notes = read.shown(room - len(told))
+                told = f"\n\nNot shown in full: {'; '.join(notes)}."
+            held += told  # the model is told what it is not shown
+            response = await self._draft(aid, messages, settings, held, aids.prompt)
+        if not notes:
+            return response
+        said = f"Not all of the files in {folder.shown} were used in full:\n" + "\n".join(
+            f"- {n}" for n in notes
         )
-        return await self._draft(aid, messages, settings, held, aids.prompt)
+        return replace(response, provider_details={**(response.provider_details or {}), _FOLDER_NOTES: said})
+
+    def _folder_room(self, draft: DraftedWrite, messages: list[ModelMessage], prompt: str) -> int:
+        """How many characters of a folder's files a text drafted from them may be shown.
+
+        What the run's input budget (`context_budget`: `context_chars`, clamped to the model's
+        window) leaves beside the step's inputs, and no more than the model's window leaves
+        beside the rest of the draft's request and its reply.
+        """
+        brief = _brief_inputs(messages)
+        room = context_budget(self._ledger.options, self.wrapped).inputs_chars - len(brief)
+        window = context_window(self.wrapped)
+        if window is not None:
+            system = render("step_draft_system.j2", prompt=prompt)
+            user = render("step_draft_user.j2", request=draft.request, form=draft.form, inputs=brief)
+            left = (window[0] - _draft_cap(draft) - _SPARE_TOKENS) * CHARS_PER_TOKEN
+            room = min(room, left - len(system) - len(user))
+        return room
 
     async def _each_turn(
         self,
@@ -1188,7 +1268,7 @@ class BudgetedModel(WrapperModel):
             else render("step_draft_system.j2", prompt=prompt)
         )
         prompt = render("step_draft_user.j2", request=draft.request, form=draft.form, inputs=inputs)
-        cap = 32 * draft.lines if draft.lines else 96 * draft.sentences if draft.sentences else 512
+        cap = _draft_cap(draft)
         request = ModelRequest(parts=[SystemPromptPart(system), UserPromptPart(prompt)])
         reply = await self.wrapped.request(
             [request],
