@@ -1194,12 +1194,12 @@ async def test_a_text_from_the_files_of_a_folder_is_drafted_from_what_they_hold(
 
     result = await agent.run("Write a haiku about the files in ./notes to haiku.txt.")
     haiku = "Red leaves fall\nin the cold rain\nautumn ends"
-    assert calls == [
+    # the two reads are one turn's calls, made side by side: in either order
+    assert (calls[0], sorted(calls[1:3], key=str), calls[3:]) == (
         ("list_files", {"path": "notes"}),
-        ("read_file", {"path": "notes/a.txt"}),
-        ("read_file", {"path": "notes/b.txt"}),
-        ("write_file", {"path": "haiku.txt", "content": haiku}),
-    ]
+        [("read_file", {"path": "notes/a.txt"}), ("read_file", {"path": "notes/b.txt"})],
+        [("write_file", {"path": "haiku.txt", "content": haiku})],
+    )
     assert prompts == [
         "Write a haiku about the files in ./notes. A haiku is three short lines.\nUse this:\n"
         "notes/a.txt holds:\nred leaves fall\n\nnotes/b.txt holds:\ncold rain"
