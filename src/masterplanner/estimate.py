@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .usage import money
+from .usage import counted, money
 
 __all__ = ["RunEstimate", "estimate_run"]
 
@@ -46,10 +46,10 @@ class RunEstimate:
         return f"{_REQUESTS}; tokens and time a request as this run's calls so far"
 
     def text(self) -> str:
-        """`about 4 model calls, 400 tokens, 5.3 s, cost $0.00`, as the reviews show it."""
-        parts = [f"about {self.model_calls} model calls"]
+        """`about 4 model calls, 400 tokens, 5.3 s, cost $0.00`, as the reviews show it (`1 model call`)."""
+        parts = [f"about {counted(self.model_calls, 'model call')}"]
         if self.tokens is not None:
-            parts += [f"{self.tokens:,} tokens", f"{self.seconds} s"]
+            parts += [counted(self.tokens, "token"), f"{self.seconds} s"]
         parts.append(f"cost {self.cost}" if self.cost else "cost not known for this model")
         return ", ".join(parts)
 

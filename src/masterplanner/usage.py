@@ -7,7 +7,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 
-__all__ = ["PurposeUsage", "UsageLedger", "budget_money", "failed_note", "money"]
+__all__ = ["PurposeUsage", "UsageLedger", "budget_money", "counted", "failed_note", "money"]
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 model call`, `2 model calls`, `1,234 tokens`: a count and its noun, plural unless it is 1."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def failed_note(failed_calls: int) -> str:

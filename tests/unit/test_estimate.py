@@ -45,3 +45,14 @@ def test_tokens_and_time_are_measured_by_the_calls_so_far() -> None:
     assert estimate_run(PLAN, usage, "local", max_parallel=1).seconds == 8.0
     two_sinks = {"task": "t", "steps": [step("a", tools=[]), step("b", tools=[])]}
     assert estimate_run(two_sinks, usage, "local").model_calls == 3  # and the answer
+
+
+def test_one_call_and_one_token_are_said_in_the_singular() -> None:
+    """A plan of one step without tools read "about 1 model calls"."""
+    one = {"task": "t", "steps": [step("a", tools=[])]}
+    assert estimate_run(one, {"llm_calls": 0}, "local").text() == "about 1 model call, cost $0.00"
+    usage = {"llm_calls": 2, "input_tokens": 1, "output_tokens": 1, "by_purpose": {"planner": {"seconds": 1}}}
+    assert estimate_run(one, usage, "local").text() == "about 1 model call, 1 token, 0.5 s, cost $0.00"
+    assert RunEstimate(1_200, 2, 3.0, None).text() == (
+        "about 1,200 model calls, 2 tokens, 3.0 s, cost not known for this model"
+    )

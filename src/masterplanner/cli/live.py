@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..event_text import Part, budget_wait, clock, event_detail, planning_stage, retry_wait, status_word
 from ..tools.workspace import walk_files
-from ..usage import failed_note, money
+from ..usage import counted, failed_note, money
 from .terminal import shown, visible
 
 if TYPE_CHECKING:
@@ -164,10 +164,6 @@ def duration(seconds: float) -> str:
         return f"{minutes}m {secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h {minutes:02d}m"
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def one_line(markup: str) -> Text:
@@ -332,7 +328,7 @@ class RunView:
         """The tree as it is now; `elapsed` is the run's time so far in this process."""
         now = time.time()
         frame = _SPINNER[int(now * 8) % len(_SPINNER)]
-        calls = _plural(self.calls, "model call") + (f" · {self.cost}" if self.cost else "")
+        calls = counted(self.calls, "model call") + (f" · {self.cost}" if self.cost else "")
         note = f" · {self.note}" if self.note else ""
         symbol, style, _ = _LOOK.get(self.phase, (frame, "yellow", ""))
         stage = f" · {shown(self.stage)}" if self.phase == "planning" and self.stage else ""
@@ -457,7 +453,7 @@ def summary_line(report: dict[str, Any], seconds: float) -> str:
     parts = [
         f"[bold {colour}]run {shown(report['run_id'])} {shown(status)}[/]",
         duration(seconds),
-        _plural(usage["llm_calls"], "model call") + failed_note(usage.get("failed_calls", 0)),
+        counted(usage["llm_calls"], "model call") + failed_note(usage.get("failed_calls", 0)),
         f"{usage['input_tokens']:,} in / {usage['output_tokens']:,} out tokens",
     ]
     price = money(usage.get("cost_usd", 0.0), usage.get("unpriced_calls", 0))
@@ -474,7 +470,7 @@ def _files_lines(report: dict[str, Any]) -> list[str]:
     where = shown(report["workspace"])
     if not count:
         return [f"no files written in {where}"]
-    lines = [f"{_plural(count, 'file')} written in {where}:"]
+    lines = [f"{counted(count, 'file')} written in {where}:"]
     lines += [f"  {shown(name)}" for name in names]
     if count > len(names):
         lines.append(f"  [dim]and {count - len(names):,} more[/]")
