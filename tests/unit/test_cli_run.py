@@ -23,7 +23,7 @@ from _plans import APPROVED_AS_SHOWN, step, to_approval
 from masterplanner import RunError, RunService, Settings
 from masterplanner.engine import Engine
 from masterplanner.engine.control import open_run_store
-from masterplanner.engine.records import RunRecord
+from masterplanner.engine.records import RunRecord, RunStatus
 from masterplanner.engine.store import RunStore
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
@@ -983,6 +983,65 @@ def test_run_ids_are_listed_whole_in_a_narrow_terminal(write_script: Callable[..
     assert (row["run_id"], row["idle"]) == (run_id, "queued")
     # the keys the README gives (the API's `GET /runs` names the id `id`): a public contract
     assert sorted(row) == ["created_at", "idle", "model", "run_id", "status", "task"]
+
+
+def _stored_runs(runs: dict[str, tuple[str, RunStatus]]) -> RunStore:
+    """Record runs (id: task and status) straight in the run store, which is returned open."""
+    from masterplanner import RunOptions
+
+    settings = Settings.load()
+    settings.ensure_home()
+    store = RunStore(settings.database_url)
+    for run_id, (task, status) in runs.items():
+        store.create_run(run_id, task, model="scripted", workspace=".", options=RunOptions())
+        if status != "planning":
+            assert store.set_status(run_id, status)
+    return store
+
+
+def test_runs_list_searches_the_task_in_any_case_and_filters_by_status() -> None:
+    """`runs list` had only --limit: finding a run by its task, as the web app's search and the
+    API's `q=` and `status=` do, meant reading the whole list."""
+    _stored_runs(
+        {
+            "r1": ("Write a poem about Ärger", "succeeded"),
+            "r2": ("Summarise the REPORT", "failed"),
+            "r3": ("write the report again", "planning"),
+        }
+    ).close()
+
+    def listed(*flags: str) -> list[str]:
+        result = mp("runs", "list", *flags, "--json")
+        assert (result.returncode, result.stderr) == (0, ""), flags
+        return sorted(row["run_id"] for row in json.loads(result.stdout))
+
+    assert listed("--search", "report") == ["r2", "r3"]
+    assert listed("--search", "ärger") == ["r1"]  # any case, beyond ASCII
+    assert listed("--status", "failed") == ["r2"]
+    assert listed("--search", "REPORT", "--status", "planning") == ["r3"]
+    assert listed("--search", "poem", "--status", "failed") == []
+    table = mp("runs", "list", "--search", "poem")
+    assert table.returncode == 0, table.stderr
+    assert [line.split("│")[1].strip() for line in table.stdout.splitlines() if line.count("│") == 5] == [
+        "r1"
+    ]
+    # nothing found says what was looked for, not that there are no runs
+    for flags, said in [
+        (("--search", "sonnet"), "no runs match the search 'sonnet'"),
+        (("--status", "cancelled"), "no runs match status cancelled"),
+        (("--search", "poem", "--status", "failed"), "no runs match status failed and the search 'poem'"),
+    ]:
+        found = mp("runs", "list", *flags)
+        assert (found.returncode, found.stdout, found.stderr) == (0, "", said + "\n"), flags
+    # a status that is not one, in our words, naming the flag; a limit out of range too
+    bad = mp("runs", "list", "--status", "done")
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert bad.stderr == (
+        "error: --status must be one of planning, awaiting_approval, running, succeeded, failed, "
+        "cancelled, got 'done'\n"
+    )
+    over = mp("runs", "list", "--limit", "0")
+    assert (over.returncode, over.stderr) == (2, "error: --limit must be from 1 to 10,000, not 0\n")
 
 
 def test_a_workspace_that_does_not_exist_is_made_and_said_or_refused(

@@ -101,9 +101,9 @@ def whole_number(low: int | None = None, high: int | None = None) -> Callable[[o
             number = int(text)
         if (low is not None and number < low) or (high is not None and number > high):
             if low is not None and high is not None:
-                bounds = f"from {low} to {high}"
+                bounds = f"from {low:,} to {high:,}"
             else:
-                bounds = f"at least {low}" if low is not None else f"at most {high}"
+                bounds = f"at least {low:,}" if low is not None else f"at most {high:,}"
             raise PydanticCustomError(
                 "bounds", "must be {bounds}, not {number}", {"bounds": bounds, "number": number}
             )

@@ -426,18 +426,42 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
 
 @runs_app.command("list", short_help="List runs, newest first.")
 def runs_list(
-    limit: Annotated[int, typer.Option("--limit", parser=whole_number(), help="How many runs to list.")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", parser=whole_number(1, 10_000), help="How many runs to list.")
+    ] = 50,
+    search: Annotated[
+        str | None, typer.Option("--search", help="Only runs whose task holds this text (in any case).")
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status",
+            help="Only runs with this status: planning, awaiting_approval, running, succeeded, failed, "
+            "cancelled.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List runs with their status (reads only; never resumes or executes anything).
+    """List runs with their status, newest first (reads only; never resumes or executes anything).
 
-    An unfinished run that no process executes says why: `(queued)` for a worker to take it, or
-    `(stopped)` when the process that executed it stopped (`runs resume RUN_ID` goes on).
+    --search and --status find runs as the web app's search does. An unfinished run that no
+    process executes says why: `(queued)` for a worker to take it, or `(stopped)` when the
+    process that executed it stopped (`runs resume RUN_ID` goes on).
     """
+    from typing import get_args
+
     from rich.table import Column, Table
 
+    from ..engine.records import RunStatus
+    from ..errors import ConfigError
+
+    statuses = get_args(RunStatus)
+    if status is not None and status not in statuses:  # the service's error would not name the flag
+        raise ConfigError(f"--status must be one of {', '.join(statuses)}, got {status!r}")
+    text = (search or "").strip() or None  # blank finds every run, as the web app's search box
+
     async def read(service: RunService) -> tuple[list[RunRecord], dict[str, str]]:
-        records = await service.list_runs(limit)
+        records = await service.list_runs(limit, status=status, text=text)
         return records, dict(await service.idle(records))
 
     records, idle = _call(_service(load_settings()), read)
@@ -450,7 +474,10 @@ def runs_list(
         typer.echo(json_text(rows))
         return
     if not records:
-        console(stderr=True).print("no runs yet", highlight=False)
+        looked_for = [f"status {status}"] if status else []
+        looked_for += [f"the search {text!r}"] if text else []
+        said = f"no runs match {' and '.join(looked_for)}" if looked_for else "no runs yet"
+        console(stderr=True).print(shown(said), highlight=False, soft_wrap=True)
         return
     # ids whole, never cut with "…": they are what `runs show` and `runs resume` take
     table = Table(Column("run", no_wrap=True, min_width=max((len(r.id) for r in records), default=3)))
