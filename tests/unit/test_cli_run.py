@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -1042,6 +1042,44 @@ def test_runs_list_searches_the_task_in_any_case_and_filters_by_status() -> None
     )
     over = mp("runs", "list", "--limit", "0")
     assert (over.returncode, over.stderr) == (2, "error: --limit must be from 1 to 10,000, not 0\n")
+
+
+@pytest.mark.parametrize(
+    ("zone", "started", "finished"),
+    [("IST-5:30", "05:20:07", "05:31:02"), ("PST+8", "15:50:07", "16:01:02")],
+)
+def test_runs_show_gives_the_steps_times_in_local_time_as_its_event_lines(
+    zone: str, started: str, finished: str
+) -> None:
+    """The steps table sliced the stored UTC times (`23:50:07.123`) while the event lines under it
+    gave this machine's local time: in any zone but UTC the two disagreed."""
+    store = _stored_runs({"r1": ("two things", "succeeded")})
+    try:
+        store.init_steps("r1", ["a", "b"])
+        store.update_step(
+            "r1",
+            "a",
+            status="succeeded",
+            attempts=1,
+            started_at="2026-03-01T23:50:07.123Z",
+            finished_at="2026-03-02T00:01:02.456Z",
+        )
+        store.append_event("r1", "step_started", "a")
+        [event] = store.events("r1")
+    finally:
+        store.close()
+    shown = mp("runs", "show", "r1", env={"TZ": zone})
+    assert shown.returncode == 0, shown.stderr
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in shown.stdout.splitlines()]
+    assert [row for row in rows if len(row) == 6 and row[0] in ("a", "b")] == [
+        ["a", "succeeded", "1", started, finished, ""],
+        ["b", "waiting", "0", "", "", ""],
+    ]
+    # the event line's clock is the same local one
+    at = datetime.fromisoformat(event.at.replace("Z", "+00:00"))
+    offset = {"IST-5:30": timedelta(hours=5, minutes=30), "PST+8": timedelta(hours=-8)}[zone]
+    local = (at + offset).strftime("%H:%M:%S")
+    assert f"{local} step_started a" in shown.stdout.splitlines()
 
 
 def test_a_workspace_that_does_not_exist_is_made_and_said_or_refused(

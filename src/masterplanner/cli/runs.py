@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from ..event_text import status_word
+from ..event_text import clock, status_word
 from ..usage import failed_note, money
 from .answering import TerminalAnswerer, how_to_answer
 from .common import app, console, load_settings, number, whole_number
@@ -554,8 +554,9 @@ def runs_show(
                 ("  " * depth + "└ " if depth else "") + shown(step["id"]),
                 shown(status_word(step["status"])),
                 shown(step["attempts"]),
-                shown((step["started_at"] or "")[11:23]),
-                shown((step["finished_at"] or "")[11:23]),
+                # local time, as the event lines below give it (it was the stored UTC, sliced)
+                shown(clock(step["started_at"] or "")),
+                shown(clock(step["finished_at"] or "")),
                 shown(step["error"] or ""),
             )
             add(step.get("sub_steps", []), depth + 1)
