@@ -859,6 +859,94 @@ def test_an_edit_at_review_is_written_with_its_approval_only_by_the_lease_holder
         store.close()
 
 
+def test_a_request_and_its_event_are_written_whole_or_not_at_all(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Requests.open(…, event=…)`: the request and the event that announces it, in one transaction.
+
+    Before, they were two writes: a process that died between them left the request with no
+    event for good, since the step made again found it under its key (not new: not announced).
+    Now nothing is written when the process dies there; made again, it writes both, once. A
+    request found open without its event (opened by that older version) gets it then; a closed
+    one is left as it is.
+    """
+    from _faults import Killed, failing_as_the_event_is_written
+
+    store = RunStore(database_url)
+    try:
+        store.create_run("r1", "x", model="scripted:x", workspace="/tmp", options=RunOptions())
+        asked: tuple[EventKind, dict[str, Any]] = ("request_opened", {"kind": "ask_user"})
+
+        def ask() -> tuple[Any, bool]:
+            return store.requests.open(
+                "r1", "ask_user", {"question": "Which?"}, key="r1:ask", step_id="a", event=asked
+            )
+
+        def said() -> list[tuple[str, str | None, dict[str, Any]]]:
+            return [(event.kind, event.step, event.data) for event in store.events("r1")]
+
+        killed = failing_as_the_event_is_written(monkeypatch, "request_opened", Killed())
+        with pytest.raises(Killed):
+            ask()
+        assert killed == ["r1"]
+        assert (store.requests.find("r1", state=None), said()) == ([], [])
+        request, new = ask()  # the step made again after the crash
+        assert new and (request.step_id, request.state) == ("a", "open")
+        assert ask() == (request, False)  # and again: found under its key, nothing more written
+        assert said() == [("request_opened", "a", {"request": request.id, "kind": "ask_user"})]
+
+        call = {"tool": "t", "arguments": {}}
+        approval: tuple[EventKind, dict[str, Any]] = ("tool_approval_requested", call)
+        # opened by a version that died before announcing them; one answered since
+        older, answered = (
+            store.requests.open("r1", "tool_approval", call, key=key, step_id="a")[0]
+            for key in ("r1:older", "r1:answered")
+        )
+        store.requests.answer(answered.id, {"approved": True}, by="cli@host:1")
+        for _ in range(2):  # found again: the open one gets its event, once; the answered one none
+            for key, request in (("r1:older", older), ("r1:answered", answered)):
+                found, new = store.requests.open(
+                    "r1", "tool_approval", call, key=key, step_id="a", event=approval
+                )
+                assert (found.id, new) == (request.id, False)
+        assert said()[1:] == [("tool_approval_requested", "a", {"request": older.id, **call})]
+    finally:
+        store.close()
+
+
+def test_a_request_opened_by_the_lease_holder_is_opened_only_while_it_holds_it(database_url: str) -> None:
+    """`Requests.open(…, owner=…)`: a plan review (a replan) opens only while its opener holds the run.
+
+    Before, a process that had stalled past its lease (another took the run over) opened a
+    second review beside the holder's. Now it is told `LeaseLost`, and nothing is written.
+    """
+    from masterplanner.engine.requests import LeaseLost
+
+    store = RunStore(database_url)
+    try:
+        _held_by_another(store, "r1", "awaiting_approval")
+        review: tuple[EventKind, dict[str, Any]] = ("approval_requested", {})
+
+        def open_review(owner: str) -> tuple[Any, bool]:
+            return store.requests.open("r1", "plan_review", {}, key="r1#review1", event=review, owner=owner)
+
+        lost = "run r1 is held by another process: its plan_review request was not opened"
+        with pytest.raises(LeaseLost, match=lost):
+            open_review("first")
+        assert (store.requests.find("r1", state=None), store.events("r1")) == ([], [])
+        request, new = open_review("second")
+        assert new and request.kind == "plan_review"
+        assert open_review("second") == (request, False)  # made again: nothing more
+        with pytest.raises(LeaseLost):
+            open_review("first")  # the holder's request is there: still not the stalled one's
+        assert store.requests.find("r1", state=None) == [request]
+        assert [(event.kind, event.step, event.data) for event in store.events("r1")] == [
+            ("approval_requested", None, {"request": request.id})
+        ]
+    finally:
+        store.close()
+
+
 def test_a_plan_s_revision_is_written_once_and_only_by_the_lease_holder(database_url: str) -> None:
     """`RunStore.record_revision`: a replan's plan, agents, steps and event, in one transaction.
 

@@ -1391,6 +1391,52 @@ async def test_an_approved_edit_is_written_whole_with_its_approval(
     assert [s.id for s in engine.store.steps(run.id)] == ["b"]
 
 
+@pytest.mark.parametrize("failure", ["killed", "full disk"])
+async def test_a_plan_review_is_opened_with_its_approval_requested_or_not_at_all(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """The process dies (or the disk fills) as the plan review's `approval_requested` is written.
+
+    Before, the review request was written first, on its own, then its event: killed there, the
+    resumed run found the request under its key (not new), so it never announced it, and the
+    run's events, its page's live view and its audit never said the plan was put to a person.
+    Now the request and its event are one transaction: nothing of either is written, and the
+    run resumed (or retried) opens the review with its event, once.
+    """
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "step:a", "output": "A"}, DRAFTS])
+    run = engine.create_run("x", model=f"scripted:{script}", options=replace(FAST, auto_approve=False))
+
+    async def review(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve"}
+
+    if failure == "killed":
+        killed = failing_as_the_event_is_written(monkeypatch, "approval_requested", Killed())
+        with pytest.raises(Killed):
+            await execute_answering(engine, run.id, review=review)
+        assert killed == [run.id]
+        assert engine.store.get_run(run.id).status == "awaiting_approval"
+    else:
+        full_disk = sa.exc.OperationalError("INSERT INTO mp_events", {}, Exception("disk I/O error"))
+        failed = failing_as_the_event_is_written(monkeypatch, "approval_requested", full_disk)
+        stopped = await execute_answering(engine, run.id, review=review)
+        assert failed == [run.id]
+        assert stopped.status == "failed"
+        assert stopped.error is not None and stopped.error.endswith("disk I/O error")
+    assert engine.store.requests.find(run.id, state=None) == []  # no review without its event
+    assert "approval_requested" not in [kind for kind, _ in _kinds(engine, run.id)]
+
+    if failure == "full disk":
+        engine.retry(run.id)  # room again: its plan, never approved, is reviewed
+    final = await execute_answering(engine, run.id, review=review)
+    assert (final.status, final.output) == ("succeeded", "A")
+    (asked,) = engine.store.requests.find(run.id, state=None)
+    assert (asked.kind, asked.state) == ("plan_review", "answered")
+    events = engine.store.events(run.id)
+    assert [event.data for event in events if event.kind == "approval_requested"] == [{"request": asked.id}]
+    kinds = [event.kind for event in events]
+    assert kinds.index("plan_ready") < kinds.index("approval_requested") < kinds.index("approved")
+
+
 async def test_two_processes_executing_one_run_at_once_run_it_once(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:

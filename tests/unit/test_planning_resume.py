@@ -302,3 +302,88 @@ async def test_a_process_that_lost_the_run_while_its_review_was_open_records_no_
     finally:
         going_on.close()
         other.close()
+
+
+async def test_a_process_that_lost_the_run_opens_no_review_after_a_refused_edit(
+    database_url: str, write_script: Callable[..., Path]
+) -> None:
+    """A process stalls past its lease while the plan review is open; another takes the run over.
+
+    The answer is an edit that cannot be applied (stored as a version that checked less stored
+    it): it is refused, and the review is asked again. Before, the stalled process opened that
+    second review (with its `approval_requested`) beside the holder's: opening a review was not
+    bound to the lease. Now it opens nothing and stops; the holder refuses the edit and asks
+    again, once.
+    """
+    from _answers import execute_answering
+
+    from masterplanner.engine.store import RunStore
+
+    script = write_script(
+        [
+            _planner(step("a", tools=[])),
+            {"purpose": "prompt_creator", "output": "Do a.", "repeat": True},
+            {"purpose": "step:a", "output": "A"},
+        ]
+    )
+    other = RunStore(database_url)
+    stalled = Engine(Settings.load(run_lease_s=1))
+    unknown = {"action": "approve", "plan": {"task": "do a", "steps": [step("a", tools=["no_such_tool"])]}}
+
+    def take_over(run_id: str) -> None:
+        """The other process takes the run once the stalled one's lease lapsed."""
+        deadline = time.monotonic() + 30
+        while not other.claim(run_id, "other", lease_s=60):
+            assert time.monotonic() < deadline, "the stalled process's lease never lapsed"
+            time.sleep(0.05)
+
+    def reviews(run_id: str) -> list[Any]:
+        return [
+            request for request in other.requests.find(run_id, state=None) if request.kind == "plan_review"
+        ]
+
+    async def stopped(execution: asyncio.Future[Any], run_id: str) -> Any:
+        while not execution.done():
+            assert len(await asyncio.to_thread(reviews, run_id)) == 1, "a second review was opened"
+            await asyncio.sleep(0.05)
+        return execution.result()
+
+    try:
+        run = stalled.create_run("do a", model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
+        with pytest.MonkeyPatch.context() as patch:
+            # stalled: its guard neither renews its lease nor sees it taken over
+            patch.setattr(stalled.store, "heartbeats", lambda owners, **_: None)
+            patch.setattr(stalled.store, "watched", lambda owners: dict.fromkeys(owners, (True, False)))
+            execution = asyncio.ensure_future(stalled.execute(run.id))
+            while not (asked := await asyncio.to_thread(reviews, run.id)):
+                assert not execution.done(), execution
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(take_over, run.id)
+            await asyncio.to_thread(other.requests.answer, asked[0].id, unknown, by="test")
+            final = await asyncio.wait_for(stopped(execution, run.id), 60)
+        assert (final.status, final.error) == ("awaiting_approval", None)
+        kinds = [event.kind for event in stalled.store.events(run.id)]
+        assert (kinds.count("approval_requested"), "approved" in kinds) == (1, False)
+        lease = other.lease(run.id)
+        assert lease is not None and lease.owner == "other"
+    finally:
+        stalled.close()
+    other.release(run.id, "other")
+    going_on = Engine(Settings.load())
+
+    async def approve(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve"}
+
+    try:
+        final = await execute_answering(going_on, run.id, review=approve)
+        assert (final.status, final.output) == ("succeeded", "A")
+        first, second = reviews(run.id)
+        assert (first.id, "refused_edit" in second.payload) == (asked[0].id, True)
+        said = [event.data for event in going_on.store.events(run.id) if event.kind == "approval_requested"]
+        assert said == [
+            {"request": first.id},
+            {"request": second.id, "refused_edit": second.payload["refused_edit"]},
+        ]
+    finally:
+        going_on.close()
+        other.close()

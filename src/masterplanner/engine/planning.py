@@ -24,7 +24,7 @@ from ..prompting import AgentPrompt, Progress, create_prompts, prompts_to_json
 from ..registry import Cohort
 from .catalogs import RunCatalog, unoffered_policy_tools
 from .records import AgentBrief, PlanChange, RunRecord, briefs, briefs_json
-from .requests import PlanDecision, Request
+from .requests import LeaseLost, PlanDecision, Request
 from .resources import RunResources
 from .reuse import REUSE_CANDIDATES, cohort_hints, reusable_agents, reusable_cohort
 
@@ -307,25 +307,31 @@ async def review_run(resources: RunResources, run: RunRecord, *, owner: str) -> 
     None when the decision's write finds that `owner` no longer holds the run's lease: this
     execution stops, with nothing recorded, and whoever holds the run applies the answer. Before,
     a process that had stalled past its lease recorded the decision under the new holder's, and,
-    approved, ran the steps itself. A run cancelled meanwhile is returned as it is: the cancel
-    stands, and the decision is not recorded.
+    approved, ran the steps itself. So when a review request is to open (the first, or the next
+    after a refused edit): it opens, with its `approval_requested`, only while `owner` holds the
+    lease (`Requests.open`). Before, the stalled process opened a second review beside the
+    holder's. A run cancelled meanwhile is returned as it is: the cancel stands, and the decision
+    is not recorded.
     """
     store = resources.store
-    while True:
-        if run.options.auto_approve:
-            decision, by = PlanDecision(action="approve"), "auto"
-        else:
-            decision, by = await _review_answer(resources, run)
-        if decision.action == "reject":
-            return await asyncio.to_thread(
-                _decided, store, run.id, "rejected", {"reason": decision.why, "by": by}, owner
-            )
-        try:
-            edit = await _edit_of(resources, run, decision)
-        except PlanError as error:
-            await _open_review(resources, run, {"refused_edit": "; ".join(error.problems)})
-            continue
-        break
+    try:
+        while True:
+            if run.options.auto_approve:
+                decision, by = PlanDecision(action="approve"), "auto"
+            else:
+                decision, by = await _review_answer(resources, run, owner)
+            if decision.action == "reject":
+                return await asyncio.to_thread(
+                    _decided, store, run.id, "rejected", {"reason": decision.why, "by": by}, owner
+                )
+            try:
+                edit = await _edit_of(resources, run, decision)
+            except PlanError as error:
+                await _open_review(resources, run, owner, {"refused_edit": "; ".join(error.problems)})
+                continue
+            break
+    except LeaseLost:  # a review request was to open, and another process holds the run: it asks
+        return None
     return await asyncio.to_thread(_decided, store, run.id, "approved", {"by": by}, owner, edit)
 
 
@@ -351,20 +357,30 @@ async def _reviews(resources: RunResources, run: RunRecord) -> list[Request]:
 
 
 async def _open_review(
-    resources: RunResources, run: RunRecord, note: dict[str, Any] | None = None
+    resources: RunResources, run: RunRecord, owner: str, note: dict[str, Any] | None = None
 ) -> Request:
-    """Open a plan-review request (after a refused edit, `note` says why)."""
+    """Open a plan-review request with its `approval_requested` event (after a refused edit, `note` says why).
+
+    One write, made only while `owner` holds the run's lease (`LeaseLost` otherwise). Before, the
+    request and its event were two: a crash or a store error between them left the review with
+    no `approval_requested` for good (found again on resume, it was not new), so the run's events,
+    its page's live view and its audit never said the plan was put to a person.
+    """
     store = resources.store
     count = len(await _reviews(resources, run))
     payload = review_payload(run, resources.catalog) | {"cautions": model_cautions(resources, run)}
     payload |= await asyncio.to_thread(_team_reuse, store, run.id)
-    request, new = await asyncio.to_thread(
-        store.requests.open, run.id, "plan_review", payload | (note or {}), key=f"{run.id}#review{count + 1}"
-    )
-    if new:
-        await asyncio.to_thread(
-            store.append_event, run.id, "approval_requested", None, {"request": request.id, **(note or {})}
+    request, _new = await asyncio.to_thread(
+        partial(
+            store.requests.open,
+            run.id,
+            "plan_review",
+            payload | (note or {}),
+            key=f"{run.id}#review{count + 1}",
+            event=("approval_requested", dict(note or {})),
+            owner=owner,
         )
+    )
     return request
 
 
@@ -383,15 +399,15 @@ def _team_reuse(store: RunStore, run_id: str) -> dict[str, str]:
     return {"not_reused": why} if isinstance(why, str) else {}
 
 
-async def _review_answer(resources: RunResources, run: RunRecord) -> tuple[PlanDecision, str]:
-    """The answer to this run's latest plan-review request, opening one when none is open.
+async def _review_answer(resources: RunResources, run: RunRecord, owner: str) -> tuple[PlanDecision, str]:
+    """The answer to this run's latest plan-review request, opening one (as `owner`) when none is open.
 
     A review answered before the process that asked died is taken as it is.
     """
     reviews = await _reviews(resources, run)
     latest = reviews[-1] if reviews and reviews[-1].state in ("open", "answered") else None
     if latest is None:
-        latest = await _open_review(resources, run)
+        latest = await _open_review(resources, run, owner)
     answered = await resources.store.requests.wait(latest.id)
     if answered.state != "answered" or answered.answer is None:
         raise RunError(f"the plan review (request {answered.id}) was {answered.state}")

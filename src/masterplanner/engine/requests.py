@@ -11,6 +11,8 @@ The waiting side polls the row, so the answer may come from any process — the 
 started the run, `masterplanner runs answer` in another shell, later a browser — also after
 the process that asked has died: a resumed step opens the same request again (its `key` is
 the step's durable position, so it finds the existing row) and takes the answer that is there.
+The row and the event that announces the pause in the run's log are one write (`Requests.open`'s
+`event`): a request is never left unannounced by a crash or a store error between the two.
 
 Answering is one conditional update (`… WHERE state = 'open'`): of two processes answering at
 once exactly one succeeds; the other is told the request's state and who answered it. An answer
@@ -27,8 +29,9 @@ import dataclasses
 import json
 import re
 import secrets
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextvars import ContextVar
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
@@ -47,7 +50,7 @@ from ..errors import (
 )
 from ..plan import Plan
 from ..redaction import REMOVED, secret_parts, secret_refusal
-from .records import AgentBrief, utc_now
+from .records import AgentBrief, EventKind, utc_now
 
 if TYPE_CHECKING:
     from .store import RunStore
@@ -55,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ANSWER_TEXT_CHARS",
     "NO_REASON",
+    "LeaseLost",
     "PlanDecision",
     "Request",
     "RequestKind",
@@ -64,6 +68,7 @@ __all__ = [
     "add_answer_call",
     "closed_text",
     "create_requests_table",
+    "request_of_row",
     "same_answerer",
     "secret_in_answer",
     "typed_secrets_removed",
@@ -81,6 +86,13 @@ refused at 4,000 characters in one form of answer and at 20,000 in another."""
 NO_REASON = "no reason given"
 """What a rejection of a plan or a replan given with no reason says (`PlanDecision.why`), from every
 front end alike: it was "rejected" from `runs answer --deny` and "rejected at review" elsewhere."""
+
+
+class LeaseLost(Exception):
+    """A request was to be opened only while its opener held the run's lease, and another process holds it.
+
+    Nothing was written; the opener stops, as when another lease-bound write finds the lease lost.
+    """
 
 
 class PlanDecision(BaseModel):
@@ -484,46 +496,38 @@ class Requests:
     def __init__(self, store: RunStore) -> None:
         self._store = store
 
+    @repeats_itself
     def open(
-        self, run_id: str, kind: RequestKind, payload: dict[str, Any], *, key: str, step_id: str | None = None
+        self,
+        run_id: str,
+        kind: RequestKind,
+        payload: dict[str, Any],
+        *,
+        key: str,
+        step_id: str | None = None,
+        event: tuple[EventKind, dict[str, Any]] | None = None,
+        owner: str | None = None,
     ) -> tuple[Request, bool]:
         """Open a request; returns it and True, or the one already opened under `key` and False.
 
         The key names the pause's durable place (a step's workflow and position in it), so a
         step that runs again after a crash finds its earlier request, in whatever state it is.
-        """
-        existing = self._by_key(key)
-        if existing is not None:
-            return existing, False
-        row = {
-            "id": secrets.token_hex(4),
-            "key": key,
-            "run_id": run_id,
-            "step_id": step_id,
-            "kind": kind,
-            "payload": json.dumps(payload, default=str),
-            "state": "open",
-            "created_at": utc_now(),
-        }
-        try:
-            with self._store.begin("open a request") as connection:
-                connection.execute(requests_table.insert().values(**row))
-        except sa.exc.IntegrityError:
-            # the same key opened by a racing replay, or (rarely) an id taken: read what is there
-            found = self._by_key(key)
-            if found is None:
-                return self.open(run_id, kind, payload, key=key, step_id=step_id)
-            return found, False
-        return _request(row | {"answer": None, "answered_by": None, "answered_at": None}), True
 
-    def _by_key(self, key: str) -> Request | None:
-        with self._store.begin("read a request") as connection:
-            row = (
-                connection.execute(sa.select(requests_table).where(requests_table.c.key == key))
-                .mappings()
-                .first()
-            )
-        return None if row is None else _request(row)
+        `event` (its kind and data) announces the request in the run's events: it is appended in
+        the same transaction, naming the request's step and, in its data, the request (`request`).
+        A request found under `key` writes nothing more (its event was written with it; one found
+        open without it, from an older version, gets it then: `RunStore.open_request`).
+
+        With `owner`, only while `owner` holds the run's lease: `LeaseLost`, and nothing written,
+        when another process holds it. (Made again while the database is unavailable by
+        `RunStore.open_request` itself, a keyed write: a try that committed is found by the next.)
+        """
+        opened = self._store.open_request(
+            run_id, kind, payload, key=key, step_id=step_id, event=event, owner=owner
+        )
+        if opened is None:
+            raise LeaseLost(f"run {run_id} is held by another process: its {kind} request was not opened")
+        return opened
 
     def get(self, request_id: str) -> Request:
         """The request with this id (a unique prefix of at least 4 characters also works)."""
@@ -548,7 +552,7 @@ class Requests:
                 row = rows[0] if len(rows) == 1 else None
         if row is None:
             raise RequestError(f"no request {quoted_id(request_id)} (see `masterplanner runs pending`)")
-        return _request(row)
+        return request_of_row(row)
 
     def find(self, run_id: str | None = None, *, state: RequestState | None = "open") -> list[Request]:
         """Requests of one run (or of all runs) in the order they were opened; only open ones by default."""
@@ -559,7 +563,7 @@ class Requests:
             query = query.where(requests_table.c.state == state)
         with self._store.begin("list requests") as connection:
             rows = connection.execute(query).mappings().all()
-        return [_request(row) for row in rows]
+        return [request_of_row(row) for row in rows]
 
     @repeats_itself
     def answer(self, request_id: str, answer: dict[str, Any], *, by: str) -> Request:
@@ -625,16 +629,16 @@ class Requests:
         *,
         key: str,
         step_id: str | None = None,
-        announce: Callable[[Request], object],
+        event: tuple[EventKind, dict[str, Any]],
+        owner: str | None = None,
     ) -> Request:
-        """Open a request (or find the one opened under `key`), then wait until it is closed.
+        """Open a request with its `event` (or find the one opened under `key`), then wait until it is closed.
 
-        `announce` is called once, when the request is new (the caller appends its event), in a
-        worker thread: it may write to the database.
+        `Requests.open` opens it (with `owner`, only while `owner` holds the run's lease, else `LeaseLost`).
         """
-        request, new = await asyncio.to_thread(self.open, run_id, kind, payload, key=key, step_id=step_id)
-        if new:
-            await asyncio.to_thread(announce, request)
+        request, _new = await asyncio.to_thread(
+            partial(self.open, run_id, kind, payload, key=key, step_id=step_id, event=event, owner=owner)
+        )
         clock = _step_clock.get()
         if clock is None:
             return await self.wait(request.id)
@@ -738,7 +742,8 @@ def closed_text(request: Request) -> str:
     return f"request {request.id} is {request.state}: its run {request.run_id} no longer waits for it"
 
 
-def _request(row: Any) -> Request:
+def request_of_row(row: Any) -> Request:
+    """The request a row of `mp_requests` holds."""
     return Request(
         id=row["id"],
         run_id=row["run_id"],

@@ -35,7 +35,7 @@ from ..prompting import create_prompts, prompts_to_json
 from .checkpoints import checkpointed_and_counted
 from .planning import kept_marks, review_payload
 from .records import AgentBrief, EventKind, PlanChange, RunRecord, briefs
-from .requests import PlanDecision
+from .requests import LeaseLost, PlanDecision
 from .resources import RunResources, resources_of
 from .runtime import launched_host, own_workflow
 from .scheduler import NOT_REPLANNED, REPLAN_REJECTED, StepOutcome
@@ -357,19 +357,18 @@ class PlanRevisions:
         number, asked = which
         retry = f"@{run.retries}" if run.retries else ""
         store = self.store
-        answered = await store.requests.pause(
-            self.run_id,
-            "replan",
-            payload,
-            key=f"{self.run_id}#replan-{number}{retry}" + (f".{asked}" if asked else ""),
-            step_id=step.id,
-            announce=lambda request: store.append_event(
+        try:
+            answered = await store.requests.pause(
                 self.run_id,
-                "request_opened",
-                step.id,
-                {"request": request.id, "kind": "replan"} | ({"refused_edit": refused} if refused else {}),
-            ),
-        )
+                "replan",
+                payload,
+                key=f"{self.run_id}#replan-{number}{retry}" + (f".{asked}" if asked else ""),
+                step_id=step.id,
+                event=("request_opened", {"kind": "replan"} | ({"refused_edit": refused} if refused else {})),
+                owner=self.owner,
+            )
+        except LeaseLost:  # another process holds the run: it asks, and applies the answer
+            raise RevisionLost from None
         if answered.state != "answered" or answered.answer is None:
             raise RunError(f"the replan of step {step.id} (request {answered.id}) was {answered.state}")
         try:

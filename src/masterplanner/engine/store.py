@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import threading
 import uuid
@@ -57,7 +58,16 @@ from .records import (
     briefs_json,
     utc_now,
 )
-from .requests import Requests, add_answer_call, close_open_requests, create_requests_table
+from .requests import (
+    Request,
+    RequestKind,
+    Requests,
+    add_answer_call,
+    close_open_requests,
+    create_requests_table,
+    request_of_row,
+    requests_table,
+)
 
 __all__ = ["MIGRATIONS", "Lease", "RunStore", "Spending", "engine_url", "held_here", "process_identity"]
 
@@ -502,13 +512,16 @@ class RunStore:
         action: str,
         failure: str,
         write: Callable[[Connection, Any], bool],
+        *,
+        no_run: bool = False,
     ) -> bool:
         """`write` in one transaction, only while `owner` holds the run's lease (None: any process).
 
         `write` gets the connection and the run's status and owner as the transaction read them,
         and says whether it wrote (or found written). False without calling it when there is no
-        such run or `owner` does not hold it. Made again when another process took the seq of an
-        event it appends; `failure` says what could not be done when that keeps happening.
+        such run (unless `no_run` and no `owner`: `write` then gets None) or `owner` does not hold
+        it. Made again when another process took the seq of an event it appends (or a key it
+        inserts); `failure` says what could not be done when that keeps happening.
 
         The run's row is read locked (`FOR UPDATE`, Postgres): another process taking the lease
         over waits for this transaction's end. Before, the read was a plain one: a holder that had
@@ -522,12 +535,87 @@ class RunStore:
                 try:
                     with self.begin(action) as connection:
                         now = connection.execute(read, {"run_id": run_id}).first()
-                        if now is None or (owner is not None and now.owner != owner):
+                        if owner is not None and (now is None or now.owner != owner):
+                            return False
+                        if now is None and not no_run:
                             return False
                         return write(connection, now)
                 except sa.exc.IntegrityError:
                     continue  # another process took the event's seq; try again
         raise RunError(f"{failure}: the event log is too contended")
+
+    def open_request(
+        self,
+        run_id: str,
+        kind: RequestKind,
+        payload: dict[str, Any],
+        *,
+        key: str,
+        step_id: str | None,
+        event: tuple[EventKind, dict[str, Any]] | None,
+        owner: str | None,
+    ) -> tuple[Request, bool] | None:
+        """Open a request and append the event that announces it, in one transaction (`Requests.open`).
+
+        The request and True, or the one opened under `key` before and False (nothing more is
+        written: a step made again after a crash, or a write `reconnecting` repeats after a lost
+        acknowledgement). `event` is the announcement's kind and data: it names the request's step,
+        and its data the request (`request`: its id). A request found open under `key` with no
+        such event (opened by a version that wrote it apart, which died before writing it) gets
+        it then; a closed one is left as it is (its answer's event says it was asked).
+
+        With `owner`, only while `owner` holds the run's lease: None, and nothing written, when it
+        does not (it stalled past it, and another process took the run over).
+
+        Before, the request and its event were two writes: a crash or a store error between them
+        left the request with no event for good (found under its key, it was not new, so it was
+        not announced): the run's events, its page's live view and its audit never said that a
+        person was asked.
+        """
+        opened: list[tuple[Request, bool]] = []
+
+        def announce(connection: Connection, request_id: str) -> None:
+            if event is not None:
+                data = json.dumps({"request": request_id} | event[1], default=str)
+                _insert_event(connection, run_id, utc_now(), event[0], step_id, data)
+
+        def open_it(connection: Connection, _now: Any) -> bool:
+            found = (
+                connection.execute(sa.select(requests_table).where(requests_table.c.key == key))
+                .mappings()
+                .first()
+            )
+            if found is not None:
+                if (
+                    event is not None
+                    and found["state"] == "open"
+                    and not _announces(connection, run_id, event[0], found["id"])
+                ):
+                    announce(connection, found["id"])
+                opened.append((request_of_row(found), False))
+                return True
+            request_id = secrets.token_hex(4)  # taken (rarely): the insert fails, and is made again
+            row = {
+                "id": request_id,
+                "key": key,
+                "run_id": run_id,
+                "step_id": step_id,
+                "kind": kind,
+                "payload": json.dumps(payload, default=str),
+                "state": "open",
+                "created_at": utc_now(),
+            }
+            connection.execute(requests_table.insert().values(**row))
+            announce(connection, request_id)
+            opened.append(
+                (request_of_row(row | {"answer": None, "answered_by": None, "answered_at": None}), True)
+            )
+            return True
+
+        written = self._as_holder(
+            run_id, owner, "open a request", f"could not open a request of run {run_id}", open_it, no_run=True
+        )
+        return opened[-1] if written else None
 
     def decide_review(
         self,
@@ -1417,6 +1505,14 @@ def _revise_steps(connection: Connection, run_id: str, change: PlanChange) -> No
             .values(status=status)
         )
     hand_on(connection, run_id, list(change.retired), list(change.added))
+
+
+def _announces(connection: Connection, run_id: str, kind: EventKind, request_id: str) -> bool:
+    """Whether the run has an event `kind` announcing the request `request_id` (its data's `request`)."""
+    stored = connection.scalars(
+        sa.select(events_table.c.data).where(events_table.c.run_id == run_id, events_table.c.kind == kind)
+    )
+    return any(json.loads(data).get("request") == request_id for data in stored)
 
 
 def _recorded(connection: Connection, run_id: str, kind: EventKind, step_id: str, number: object) -> bool:

@@ -288,13 +288,8 @@ class ToolCalls:
             {"tool": tool, "arguments": arguments},
             key=durable_key(),
             step_id=self.step_id,
-            announce=lambda request: self.store.append_event(
-                self.run_id,
-                "tool_approval_requested",
-                self.step_id,
-                # the log's copy is cut as tool_called's is; the request holds them whole
-                {"tool": tool, "arguments": _shown_in_events(arguments), "request": request.id},
-            ),
+            # the log's copy is cut as tool_called's is; the request holds them whole
+            event=("tool_approval_requested", {"tool": tool, "arguments": _shown_in_events(arguments)}),
         )
         approved = answered.state == "answered" and bool((answered.answer or {}).get("approved"))
         data = {"tool": tool, "by": answered.answered_by or answered.state, "request": answered.id}

@@ -321,11 +321,13 @@ def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
     elif succeeded and store_new:
         store.append_event(run.id, "team_stored", data={"cohort": run.id})
     elif succeeded:
-        request, new = store.requests.open(
-            run.id, "remember", {"agents": len(plan.steps), "task": run.task}, key=f"{run.id}#remember"
+        store.requests.open(
+            run.id,
+            "remember",
+            {"agents": len(plan.steps), "task": run.task},
+            key=f"{run.id}#remember",
+            event=("request_opened", {"kind": "remember"}),
         )
-        if new:
-            store.append_event(run.id, "request_opened", data={"request": request.id, "kind": "remember"})
 
 
 async def _fitted_inputs(
@@ -586,9 +588,7 @@ class _StepRun:
             {"question": question},
             key=durable_key(),
             step_id=step_id,
-            announce=lambda request: store.append_event(
-                run_id, "request_opened", step_id, {"request": request.id, "kind": "ask_user"}
-            ),
+            event=("request_opened", {"kind": "ask_user"}),
         )
         if answered.state != "answered" or answered.answer is None:
             raise ToolError(f"the question was not answered (request {answered.id} is {answered.state})")
