@@ -813,6 +813,20 @@ def test_a_database_made_before_folded_tasks_finds_its_runs_in_any_case(database
         store.close()
 
 
+def _a_replaced_by_a2() -> tuple[Any, dict[str, Any]]:
+    """A replan's revision of step `a` (failed) into `a2`, and its `replanned` event's data."""
+    from masterplanner.engine.records import AgentBrief, PlanChange
+    from masterplanner.plan import Plan
+
+    revision = PlanChange(
+        Plan.model_validate({"task": "x", "steps": [step("a2", tools=[])]}),
+        {"a2": AgentBrief(prompt="Do a2.")},
+        added=("a2",),
+        retired={"a": "replaced"},
+    )
+    return revision, {"retired": ["a"], "steps": ["a2"], "by": "person", "n": 1}
+
+
 def _held_by_another(store: RunStore, run_id: str, status: Literal["awaiting_approval", "running"]) -> None:
     """A run of one step `a` whose first holder ("first") stalled past its lease: "second" holds it."""
     from masterplanner.plan import Plan
@@ -955,21 +969,13 @@ def test_a_plan_s_revision_is_written_once_and_only_by_the_lease_holder(database
     (their insert failed) and its event is not appended twice. So for an event alone (a replan's
     rejection).
     """
-    from masterplanner.engine.records import AgentBrief, PlanChange
-    from masterplanner.plan import Plan
 
     store = RunStore(database_url)
     try:
         _held_by_another(store, "r1", "running")
         store.init_steps("r1", ["a"])
         store.update_step("r1", "a", status="failed")
-        revision = PlanChange(
-            Plan.model_validate({"task": "x", "steps": [step("a2", tools=[])]}),
-            {"a2": AgentBrief(prompt="Do a2.")},
-            added=("a2",),
-            retired={"a": "replaced"},
-        )
-        replanned = {"retired": ["a"], "steps": ["a2"], "by": "person", "n": 1}
+        revision, replanned = _a_replaced_by_a2()
 
         def written() -> tuple[
             list[str], list[tuple[str, str]], list[tuple[str, str | None, dict[str, Any]]]
@@ -1002,8 +1008,6 @@ def test_a_plan_s_revision_is_written_once_and_only_by_the_lease_holder(database
 
 def test_a_revision_is_not_written_to_a_run_that_ended(database_url: str) -> None:
     """A replan that ends as the run is cancelled adds no steps to it (they stayed pending for good)."""
-    from masterplanner.engine.records import AgentBrief, PlanChange
-    from masterplanner.plan import Plan
 
     store = RunStore(database_url)
     try:
@@ -1019,13 +1023,7 @@ def test_a_revision_is_not_written_to_a_run_that_ended(database_url: str) -> Non
             keep_remember=False,
             unstarted_finished=False,
         )
-        revision = PlanChange(
-            Plan.model_validate({"task": "x", "steps": [step("a2", tools=[])]}),
-            {"a2": AgentBrief(prompt="Do a2.")},
-            added=("a2",),
-            retired={"a": "replaced"},
-        )
-        replanned = {"retired": ["a"], "steps": ["a2"], "by": "person", "n": 1}
+        revision, replanned = _a_replaced_by_a2()
         assert not store.record_revision("r1", "replanned", "a", replanned, owner="second", change=revision)
         run = store.get_run("r1")
         assert run.plan is not None and run.plan.ids == ["a"]
@@ -1076,16 +1074,8 @@ def test_a_lease_taken_over_during_a_revision_waits_for_it(
         _held_by_another(store, "r1", "running")
         store.init_steps("r1", ["a"])
         monkeypatch.setattr(store_module, "_revise_steps", revising)
-        from masterplanner.engine.records import AgentBrief, PlanChange
-        from masterplanner.plan import Plan
 
-        revision = PlanChange(
-            Plan.model_validate({"task": "x", "steps": [step("a2", tools=[])]}),
-            {"a2": AgentBrief(prompt="Do a2.")},
-            added=("a2",),
-            retired={"a": "replaced"},
-        )
-        replanned = {"retired": ["a"], "steps": ["a2"], "by": "person", "n": 1}
+        revision, replanned = _a_replaced_by_a2()
         assert store.record_revision("r1", "replanned", "a", replanned, owner="second", change=revision)
         assert taken == ["waited"]
     finally:
