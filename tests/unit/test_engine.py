@@ -7,7 +7,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -1346,6 +1346,33 @@ async def test_a_review_s_decision_the_store_could_not_record_is_not_half_record
         assert (final.status, final.error) == ("cancelled", "rejected: no")
 
 
+async def _stopped_as_the_event_is_written(
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    run_id: str,
+    kind: str,
+    failure: str,
+    review: Callable[[Any, Any], Awaitable[dict[str, Any]]],
+) -> RunRecord:
+    """Execute the run until its `kind` event is written, where the process dies (`failure` "killed")
+    or the disk is full ("full disk"): the run as it stood then (awaiting approval, or failed)."""
+    if failure == "killed":
+        killed = failing_as_the_event_is_written(monkeypatch, kind, Killed())
+        with pytest.raises(Killed):
+            await execute_answering(engine, run_id, review=review)
+        assert killed == [run_id]
+        stopped = engine.store.get_run(run_id)
+        assert stopped.status == "awaiting_approval"
+        return stopped
+    full_disk = sa.exc.OperationalError("INSERT INTO mp_events", {}, Exception("disk I/O error"))
+    failed = failing_as_the_event_is_written(monkeypatch, kind, full_disk)
+    stopped = await execute_answering(engine, run_id, review=review)
+    assert failed == [run_id]
+    assert stopped.status == "failed"
+    assert stopped.error is not None and stopped.error.endswith("disk I/O error")
+    return stopped
+
+
 @pytest.mark.parametrize("failure", ["killed", "full disk"])
 async def test_an_approved_edit_is_written_whole_with_its_approval(
     engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, failure: str
@@ -1364,20 +1391,9 @@ async def test_an_approved_edit_is_written_whole_with_its_approval(
     async def review(_run: Any, _catalog: Any) -> dict[str, Any]:
         return {"action": "approve", "plan": edited}
 
-    if failure == "killed":
-        killed = failing_as_the_event_is_written(monkeypatch, "plan_edited", Killed())
-        with pytest.raises(Killed):
-            await execute_answering(engine, run.id, review=review)
-        assert killed == [run.id]
-        stopped = engine.store.get_run(run.id)
-        assert stopped.status == "awaiting_approval"
-    else:
-        full_disk = sa.exc.OperationalError("INSERT INTO mp_events", {}, Exception("disk I/O error"))
-        failed = failing_as_the_event_is_written(monkeypatch, "plan_edited", full_disk)
-        stopped = await execute_answering(engine, run.id, review=review)
-        assert failed == [run.id]
-        assert stopped.status == "failed"
-        assert stopped.error is not None and stopped.error.endswith("disk I/O error")
+    stopped = await _stopped_as_the_event_is_written(
+        engine, monkeypatch, run.id, "plan_edited", failure, review
+    )
     assert stopped.plan is not None and stopped.plan.ids == ["a"]  # nothing of the edit was written
     assert "plan_edited" not in [kind for kind, _ in _kinds(engine, run.id)]
 
@@ -1409,19 +1425,7 @@ async def test_a_plan_review_is_opened_with_its_approval_requested_or_not_at_all
     async def review(_run: Any, _catalog: Any) -> dict[str, Any]:
         return {"action": "approve"}
 
-    if failure == "killed":
-        killed = failing_as_the_event_is_written(monkeypatch, "approval_requested", Killed())
-        with pytest.raises(Killed):
-            await execute_answering(engine, run.id, review=review)
-        assert killed == [run.id]
-        assert engine.store.get_run(run.id).status == "awaiting_approval"
-    else:
-        full_disk = sa.exc.OperationalError("INSERT INTO mp_events", {}, Exception("disk I/O error"))
-        failed = failing_as_the_event_is_written(monkeypatch, "approval_requested", full_disk)
-        stopped = await execute_answering(engine, run.id, review=review)
-        assert failed == [run.id]
-        assert stopped.status == "failed"
-        assert stopped.error is not None and stopped.error.endswith("disk I/O error")
+    await _stopped_as_the_event_is_written(engine, monkeypatch, run.id, "approval_requested", failure, review)
     assert engine.store.requests.find(run.id, state=None) == []  # no review without its event
     assert "approval_requested" not in [kind for kind, _ in _kinds(engine, run.id)]
 
