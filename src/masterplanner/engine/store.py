@@ -523,17 +523,21 @@ class RunStore:
         it. Made again when another process took the seq of an event it appends (or a key it
         inserts); `failure` says what could not be done when that keeps happening.
 
-        The run's row is read locked (`FOR UPDATE`, Postgres): another process taking the lease
-        over waits for this transaction's end. Before, the read was a plain one: a holder that had
-        stalled past its lease read itself the owner, the other process took the run over and
-        committed, and the write landed under the new holder's. (SQLite writers are one at a time
-        and a transaction that read a row another then changed cannot write.)
+        With `owner`, the run's row is locked before it is read (Postgres: `FOR UPDATE`; SQLite: a
+        write first, which takes the database's writer lock, as SQLite sends `BEGIN` only before a
+        transaction's first write and a read before it is no part of it): another process taking
+        the lease over waits for this transaction's end. Before, the read was a plain one: a holder
+        that had stalled past its lease read itself the owner, the other process took the run over
+        and committed, and the write landed under the new holder's.
         """
+        sqlite = self.engine.dialect.name == "sqlite"
         read = _STATUS_AND_OWNER.with_for_update() if owner is not None else _STATUS_AND_OWNER
         for _ in range(20):
             with self._append_lock:
                 try:
                     with self.begin(action) as connection:
+                        if owner is not None and sqlite:
+                            connection.execute(_TAKE_WRITER_LOCK, {"run_id": run_id})
                         now = connection.execute(read, {"run_id": run_id}).first()
                         if owner is not None and (now is None or now.owner != owner):
                             return False
@@ -1412,6 +1416,8 @@ _PURGE_RESERVATIONS = {
     for postgres, now in _NOW.items()
 }
 _LOCK_RUN = sa.text("SELECT id FROM mp_runs WHERE id = :run_id FOR UPDATE")
+_TAKE_WRITER_LOCK = sa.text("UPDATE mp_runs SET owner = owner WHERE id = :run_id")
+"""A write that changes nothing: on SQLite it begins the transaction holding the writer's lock."""
 _SPENDING = {
     postgres: sa.text(
         "SELECT u.calls, u.tokens, u.cost, r.calls, r.tokens, r.cost, u.unpriced FROM "
