@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHARS_PER_TOKEN",
-    "CUT_HERE",
     "ContextBudget",
     "FittedInput",
     "HistoryProcessor",
@@ -42,6 +41,7 @@ __all__ = [
     "input_shares",
     "trim_history",
     "trimmer",
+    "untrimmed",
 ]
 
 CHARS_PER_TOKEN = 3
@@ -51,8 +51,9 @@ English prose runs about four characters a token; code, JSON and other languages
 errs on the side of fitting."""
 
 _CUT = "\n[… cut: {cut:,} more characters not shown]"
-CUT_HERE = "\n[cut here: this result of "
-"""How the note `trim_history` puts after a newest tool result it cut begins."""
+_UNTRIMMED = "masterplanner_untrimmed"
+"""The `metadata` key (kept here, never sent to a model) under which a tool result `trim_history`
+dropped or cut keeps what the call returned (`untrimmed`)."""
 _MIN_SHARE = 200
 """No input is squeezed below this many characters, however many there are."""
 
@@ -255,7 +256,7 @@ def trim_history(messages: Sequence[ModelMessage], budget_chars: int) -> list[Mo
             )
             if size <= len(note):
                 continue
-            parts[number] = replace(cast("ToolReturnPart[Any]", part), content=note)
+            parts[number] = _trimmed(cast("ToolReturnPart[Any]", part), note)
             total -= size - len(note)
             if total <= budget_chars:
                 break
@@ -274,11 +275,29 @@ def _cut_newest_results(request: ModelRequest, keep: int) -> ModelRequest:
         if type(part) is not ToolReturnPart or not isinstance(part.content, str) or len(part.content) <= keep:
             continue
         note = (
-            f"{CUT_HERE}{part.tool_name} is {len(part.content):,} characters; the first "
+            f"\n[cut here: this result of {part.tool_name} is {len(part.content):,} characters; the first "
             f"{keep:,} are shown to keep within the context window. Ask for less, e.g. a part or a summary]"
         )
-        parts[number] = replace(cast("ToolReturnPart[Any]", part), content=part.content[:keep] + note)
+        parts[number] = _trimmed(cast("ToolReturnPart[Any]", part), part.content[:keep] + note)
     return replace(request, parts=parts)
+
+
+def _trimmed(part: ToolReturnPart[Any], content: str) -> ToolReturnPart[Any]:
+    """`part` showing the model `content`, what the call returned kept with it (`untrimmed`)."""
+    kept = part.metadata if isinstance(part.metadata, dict) else {}
+    whole = kept.get(_UNTRIMMED, part.content)  # cut again on a later turn: still the call's own
+    return replace(part, content=content, metadata={**kept, _UNTRIMMED: whole})
+
+
+def untrimmed(part: ToolReturnPart[Any]) -> str:
+    """What a tool call returned, as the model was shown it before `trim_history` dropped or cut it.
+
+    An engine's step aid works out its answer from this ("Count the names in names.txt"), not
+    from the cut copy: before, it counted the lines the conversation still showed (2,180 of a
+    file of 20,000 names), and a file holding the text of the trimmer's note was taken as cut.
+    """
+    kept = part.metadata.get(_UNTRIMMED) if isinstance(part.metadata, dict) else None
+    return kept if isinstance(kept, str) else part.model_response_str()
 
 
 HistoryProcessor = Callable[[list[ModelMessage]], Awaitable[list[ModelMessage]]]

@@ -27,6 +27,7 @@ from masterplanner.working_memory import (
     fit_inputs,
     input_shares,
     trim_history,
+    untrimmed,
 )
 
 READER = Step.model_validate(step("report", "a", "b", tools=[]))
@@ -146,6 +147,13 @@ def test_the_oldest_tool_results_are_dropped_to_fit_the_conversation() -> None:
     )
     assert [part.content for part in smallest[-1].parts] == [cut]  # type: ignore[union-attr]
     assert smallest[0] is brief
+    # what each call returned is kept beside the model's copy, for the engine's own answers (a
+    # count of a file's lines counted the cut copy); cut again on a later turn, it is still kept
+    dropped, newest = smallest[2].parts[0], smallest[-1].parts[0]
+    assert isinstance(dropped, ToolReturnPart) and isinstance(newest, ToolReturnPart)
+    assert (untrimmed(dropped), untrimmed(newest)) == ("r" * 5000, "r" * 5000)
+    assert untrimmed(trim_history(smallest, 10)[-1].parts[0]) == "r" * 5000  # type: ignore[arg-type]
+    assert untrimmed(messages[-1].parts[0]) == "r" * 5000  # type: ignore[arg-type]
     # one huge result alone (a program printing 2 MB) is cut to half the budget
     huge = trim_history([brief, *_exchange(1, 2_000_000)], 48_000)
     assert len(huge[-1].parts[0].content) == 24_000 + len(  # type: ignore[union-attr]

@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from ..tools.results import FILE_CUT, TOOL_OUTPUT
-from ..working_memory import CUT_HERE, input_shares
+from ..tools.results import FILE_CUT
+from ..tools.workspace import MAX_READ_BYTES
+from ..working_memory import input_shares
 
 __all__ = [
     "CountedFile",
@@ -140,12 +141,28 @@ class CountedFile:
     path: str
     unit: str = "lines"
     """What is counted, as the instruction says it ("names"); "words" counts words."""
+    size: int = 0
+    """The file's size in bytes when the step began."""
     tool: ClassVar[str] = "read_file"
 
     @property
     def arguments(self) -> dict[str, str]:
         """The `read_file` call's arguments."""
         return {"path": self.path}
+
+    @property
+    def uncountable(self) -> str | None:
+        """Why the file cannot be counted, in our words; None when it can.
+
+        A file over `read_file`'s limit: the call returns only its start. Before, its first
+        1,000,000 bytes were counted, with the line saying so, and the number given as fact.
+        """
+        if self.size <= MAX_READ_BYTES:
+            return None
+        return (
+            f"{self.path} is {self.size:,} bytes; only its first {MAX_READ_BYTES:,} can be read, "
+            f"so its {self.unit} cannot be counted"
+        )
 
     def answer(self, text: str) -> str:
         """How many items (non-blank lines, or words) `text` holds."""
@@ -158,12 +175,17 @@ class CountedFile:
         return f"The number of {self.unit} in {self.path}"
 
 
-def counted_file(instruction: str, existing: tuple[str, ...] | list[str]) -> CountedFile | None:
-    """The count a step asks of one existing text file ("Count the names in names.txt"), else None."""
+def counted_file(
+    instruction: str, existing: tuple[str, ...] | list[str], sizes: Mapping[str, int] | None = None
+) -> CountedFile | None:
+    """The count a step asks of one existing text file ("Count the names in names.txt"), else None.
+
+    `sizes`: the existing files' sizes in bytes, by path (`CountedFile.size`).
+    """
     found = _COUNTED.match(instruction)
     if found is None or found["path"] not in existing:
         return None
-    return CountedFile(found["path"], found["unit"].lower())
+    return CountedFile(found["path"], found["unit"].lower(), (sizes or {}).get(found["path"], 0))
 
 
 @dataclass(frozen=True)
@@ -209,6 +231,7 @@ class FolderFiles:
         Each leaving-out is said (`FolderReading.left_out`): before, they were dropped silently.
         """
         files = self.files(listing)
+        sizes = self._sizes(listing)
         hidden = [path for path in files if path.rsplit("/", 1)[-1].startswith(".")]
         shown = [path for path in files if path not in hidden]
         if not shown:  # a folder of hidden files only: those are its files
@@ -225,7 +248,19 @@ class FolderFiles:
             left_out.append(
                 f"{more:,} more entries of {self.shown} not looked at (the listing shows at most 500)"
             )
-        return FolderReading(tuple(shown[:limit]), tuple(left_out))
+        read = tuple(shown[:limit])
+        over_limit = tuple(path for path in read if sizes[path] > MAX_READ_BYTES)
+        return FolderReading(read, tuple(left_out), over_limit)
+
+    def _sizes(self, listing: str) -> dict[str, int]:
+        """The sizes in bytes of the files a `list_files` listing of the folder shows, by workspace path."""
+        rows = (line.split("\t") for line in listing.splitlines())
+        sizes = {
+            fields[0]: int(fields[2]) if fields[2].isascii() and fields[2].isdigit() else 0
+            for fields in rows
+            if len(fields) == 3 and fields[1] == "file"
+        }
+        return sizes if self.path == "." else {f"{self.path}/{name}": size for name, size in sizes.items()}
 
 
 _UNLISTED = re.compile(
@@ -252,49 +287,60 @@ class FolderReading:
     """The workspace paths of the files read, in the listing's order."""
     left_out: tuple[str, ...] = ()
     """What was not read, a line each in our words ("1 hidden file left out: notes/.DS_Store")."""
+    over_limit: tuple[str, ...] = ()
+    """Those of `read` the listing shows over `read_file`'s limit: it returns only their start."""
 
     def texts(self, contents: Mapping[str, str]) -> FolderTexts:
         """The text of each file read (`contents`: what each `read_file` call returned, by path).
 
-        A file that is not UTF-8 text (a NUL byte, or bytes replaced as invalid: an image, an
-        archive) is left out, as is said; so is a file read only from its start (over the
-        read limit: `FILE_CUT`), or cut in the conversation to keep within the context window
-        (`working_memory.CUT_HERE`).
+        A binary file (`is_binary`: an image, an archive) is left out, as is said. A file the
+        listing shows over the read limit was read from its start, under the line `read_file`
+        says so in (`FILE_CUT`): that line is taken off and said. Only then: a file's own first
+        line is never taken for ours (before, a file beginning "[file cut: " had that line shown
+        to the model as our note, and said in the step's output). A text with a few bytes that
+        are not UTF-8 is read with them replaced, as is said (before, one "é" of a Latin-1 CSV
+        left the whole file out). `contents` are what the calls returned, not the conversation's
+        copy `trim_history` may have cut (`working_memory.untrimmed`).
         """
-        texts: dict[str, tuple[str, int]] = {}
+        texts: dict[str, str] = {}
         notes: list[str] = list(self.left_out)
         binary: list[str] = []
         for path in self.read:
             text = contents[path]
-            said = ""
-            if text.startswith(FILE_CUT):
+            if path in self.over_limit and text.startswith(FILE_CUT):
                 said, _, text = text.partition("\n")
                 notes.append(f"{path}: {said.removeprefix(FILE_CUT).removesuffix(']')}")
-            whole = len(text)
-            text, cut, rest = text.partition(CUT_HERE)
-            counted = _COUNTED_CHARS.match(rest) if cut else None
-            if counted:  # the note counts the whole result: its marker line, and the cut's line
-                marks = len(TOOL_OUTPUT) + 1 + (len(said) + 1 if said else 0)
-                whole = int(counted["chars"].replace(",", "")) - marks
-            if "\x00" in text or "\ufffd" in text:
+            if is_binary(text):
                 binary.append(path)
                 continue
-            texts[path] = (text, whole)
+            if replaced := text.count("\ufffd"):
+                were = "that is not UTF-8 was" if replaced == 1 else "that are not UTF-8 were"
+                notes.append(f"{path}: {_files(replaced, 'character')} {were} replaced with \ufffd")
+            texts[path] = text
         if binary:
             notes.append(f"{_files(len(binary), 'file')} left out, not UTF-8 text: {_some(binary)}")
         return FolderTexts(texts, tuple(notes))
 
 
-_COUNTED_CHARS = re.compile(r"\w+ is (?P<chars>[\d,]+) characters")
-"""How long a result `trim_history` cut was, as its note says."""
+BINARY_SHARE = 20
+"""A text is binary when more than one character in this many was not UTF-8 (replaced)."""
+
+
+def is_binary(text: str) -> bool:
+    """Whether a file's text (as `read_file` decodes it) is what a person calls binary, not text.
+
+    A NUL byte, or more than one character in `BINARY_SHARE` replaced as not UTF-8 (an image,
+    an archive). A text with a few such bytes (a Latin-1 "é") is text.
+    """
+    return "\x00" in text or text.count("\ufffd") * BINARY_SHARE > len(text)
 
 
 @dataclass(frozen=True)
 class FolderTexts:
     """The texts of the files of a folder a step read (`FolderReading.texts`), and what was left out."""
 
-    texts: Mapping[str, tuple[str, int]]
-    """Each text file's text as read, and how many characters it had before any cut, by path."""
+    texts: Mapping[str, str]
+    """Each text file's text as read, by path."""
     notes: tuple[str, ...] = ()
     """What was not read, or read only in part, a line each in our words."""
 
@@ -311,16 +357,16 @@ class FolderTexts:
         notes = list(self.notes)
         while True:
             spare = room - sum(len(path) + _HEADING_CHARS for path in paths)
-            shares = input_shares({path: len(self.texts[path][0].strip()) for path in paths}, max(spare, 0))
+            shares = input_shares({path: len(self.texts[path].strip()) for path in paths}, max(spare, 0))
             if len(paths) == 1 or sum(shares.values()) <= spare:
                 break
             notes.append(f"{paths.pop()}: not shown, the model's context had no room for it")
         blocks: list[str] = []
         for path in paths:
-            text, whole = self.texts[path]
+            text = self.texts[path]
             shown = text.strip()[: max(shares[path], _LEAST_SHOWN)].strip()
-            if len(shown) < len(text.strip()) or whole > len(text):
-                part = f"its first {len(shown):,} of {whole:,} characters"
+            if len(shown) < len(text.strip()):
+                part = f"its first {len(shown):,} of {len(text):,} characters"
                 notes.append(f"{path}: the model was shown {part}, to fit its context")
                 blocks.append(f"{path} holds (only {part}):\n{shown}")
             else:

@@ -40,7 +40,7 @@ from ..purpose import current_purpose
 from ..tools.code_execution import succeeded_output
 from ..tools.results import TOOL_FAILED, TOOL_OUTPUT
 from ..tools.workspace import Workspace
-from ..working_memory import CHARS_PER_TOKEN, INPUT_HEADING, ContextBudget, FittedInput
+from ..working_memory import CHARS_PER_TOKEN, INPUT_HEADING, ContextBudget, FittedInput, untrimmed
 from .budget import RequestBudget, Reservation, RunLedger, reservation_for
 from .file_questions import (
     CountedFile,
@@ -476,6 +476,11 @@ def grounding_call(step: Step, tools: Sequence[str]) -> DirectCall | None:
     return None
 
 
+def _sizes(workspace: Workspace, files: Sequence[str]) -> dict[str, int]:
+    """The sizes in bytes of `files` in the workspace (0: not a file now)."""
+    return {name: workspace.file_size(name) or 0 for name in files}
+
+
 def tool_aids(
     plan: Plan, step: Step, tools: list[str], workspace: Workspace, *, prompt: str = ""
 ) -> ToolAids | None:
@@ -523,7 +528,11 @@ def tool_aids(
     ]
     # a question about files is answered from the call that shows them (`file_questions`)
     question = listing_question(step.instruction) if "list_files" in tools else None
-    counted = counted_file(_USE_NOTE.sub("", step.instruction), existing) if "read_file" in tools else None
+    counted = (
+        counted_file(_USE_NOTE.sub("", step.instruction), existing, _sizes(workspace, existing))
+        if "read_file" in tools
+        else None
+    )
     answered = question or counted
     # A direct call's result is the step's output, with no model turn for a prompt to reach: a
     # prompt the person edited (it may say what to do with the file, or not to run the script) is
@@ -647,7 +656,10 @@ class _Grounded:
 
 
 def _grounded(grounding: Grounding, data: str | None) -> _Grounded:
-    """What the grounding call's output (`data`, None when it did not run) gives the aided turn."""
+    """What the grounding call's output (`data`, None when it did not run) gives the aided turn.
+
+    A count of a file it cannot count (`CountedFile.uncountable`) fails the step (`ToolError`).
+    """
     if data is None:
         return _Grounded()
     if isinstance(grounding, DraftedQuery):  # one value reads `SUM(amount) = 246.75`
@@ -656,6 +668,8 @@ def _grounded(grounding: Grounding, data: str | None) -> _Grounded:
         if value is not None:
             return _Grounded(f"{rows[0]} = {value}", value, value)
         return _Grounded("\n".join(rows), None, "\n".join(rows))
+    if isinstance(grounding, CountedFile) and grounding.uncountable:
+        raise ToolError(grounding.uncountable)  # a count of its start would be a wrong number
     if isinstance(grounding, ListingQuestion | CountedFile):
         result = grounding.answer(data)  # "4", "big.txt", or names a line
         if "\n" not in result:
@@ -677,7 +691,9 @@ def _folder_reading(response: ModelResponse) -> FolderReading | None:
     kept = (response.provider_details or {}).get(_FOLDER_READING)
     if not isinstance(kept, dict):
         return None
-    return FolderReading(tuple(kept.get("read", ())), tuple(kept.get("left_out", ())))
+    return FolderReading(
+        tuple(kept.get("read", ())), tuple(kept.get("left_out", ())), tuple(kept.get("over_limit", ()))
+    )
 
 
 def _draft_cap(draft: DraftedWrite) -> int:
@@ -704,7 +720,7 @@ def _returned_contents(response: ModelResponse, messages: Sequence[ModelMessage]
     contents: dict[str, str] = {}
     for part in getattr(after[0], "parts", []) if after else []:
         if isinstance(part, ToolReturnPart) and part.tool_call_id in paths:
-            data = _ran(part.model_response_str())
+            data = _ran(untrimmed(part))  # what the call returned, not the conversation's cut copy
             if data is not None:
                 contents[paths[part.tool_call_id]] = data
     return contents
@@ -1014,7 +1030,8 @@ class BudgetedModel(WrapperModel):
                 return self._call(DirectCall(aids.grounding.tool, aids.grounding.arguments))
             after = messages[messages.index(responses[0]) + 1 :][:1]  # the grounding call's return
             returns = [part for part in getattr(after[0], "parts", []) if isinstance(part, ToolReturnPart)]
-            returned = returns[0].model_response_str() if after and returns else None
+            # what the call returned: the conversation may show the model only its start
+            returned = untrimmed(returns[0]) if after and returns else None
             if isinstance(aids.grounding, FolderFiles):
                 rest = responses[1:]
                 return await self._folder_turn(aids.grounding, returned, aids, rest, messages, settings)
@@ -1081,7 +1098,11 @@ class BudgetedModel(WrapperModel):
             parts = [ToolCallPart("read_file", {"path": path}) for path in reading.read]
             # what was chosen is kept with the reads: later turns may no longer see the listing
             # (`trim_history` drops the oldest results first, and the reads can be long)
-            kept = {"read": list(reading.read), "left_out": list(reading.left_out)}
+            kept = {
+                "read": list(reading.read),
+                "left_out": list(reading.left_out),
+                "over_limit": list(reading.over_limit),  # whose reads begin with our line saying so
+            }
             return ModelResponse(
                 parts=list(parts),
                 model_name=self.wrapped.model_name,
@@ -1112,7 +1133,7 @@ class BudgetedModel(WrapperModel):
                 f"({', '.join(chosen.read)})"
             )
         if aid.each:
-            texts = {path: text for path, (text, _) in read.texts.items()}
+            texts = dict(read.texts)
             response = await self._draft_each(aid, list(texts), texts, settings, aids.prompt)
             notes = read.notes
         else:

@@ -552,12 +552,22 @@ class Workspace:
         mode = self._mode(path)
         return mode is not None and stat.S_ISDIR(mode)
 
+    def file_size(self, path: str) -> int | None:
+        """The size in bytes of a regular file in the workspace; None when `path` is none."""
+        info = self._stat(path)
+        return info.st_size if info is not None and stat.S_ISREG(info.st_mode) else None
+
     def _mode(self, path: str) -> int | None:
         """`path`'s file mode in the workspace, not following symlinks; None when it cannot be reached."""
+        info = self._stat(path)
+        return None if info is None else info.st_mode
+
+    def _stat(self, path: str) -> os.stat_result | None:
+        """`path`'s status in the workspace, not following symlinks; None when it cannot be reached."""
         try:
             parts = _parts(path)
             with self._directory(parts[:-1]) as directory:
-                return os.stat(parts[-1], dir_fd=directory, follow_symlinks=False).st_mode
+                return os.stat(parts[-1], dir_fd=directory, follow_symlinks=False)
         except (ToolError, OSError, ValueError):
             return None
 
