@@ -36,6 +36,7 @@ __all__ = [
     "FittedInput",
     "HistoryProcessor",
     "Summarizer",
+    "estimated_tokens",
     "fit_inputs",
     "history_processor",
     "input_shares",
@@ -49,6 +50,22 @@ CHARS_PER_TOKEN = 3
 
 English prose runs about four characters a token; code, JSON and other languages fewer. Three
 errs on the side of fitting."""
+
+
+def estimated_tokens(text: str) -> int:
+    """About the most tokens `text` takes: `CHARS_PER_TOKEN` ASCII characters a token, a byte any other.
+
+    Any other character counts a token for each of its UTF-8 bytes. Chinese and Japanese run
+    about a token a character even in a tokenizer made for them; in one made for English, more
+    (SmolLM2's: 47 tokens for 27 Japanese characters, 81 bytes), and a byte-level tokenizer
+    never makes more than a token a byte. At `CHARS_PER_TOKEN` for every character, Japanese
+    notes shown to a model with a 2,048-token window overflowed it, and llama.cpp refused the
+    request.
+    """
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    other_bytes = len(text.encode("utf-8", "surrogatepass")) - ascii_chars
+    return -(-ascii_chars // CHARS_PER_TOKEN) + other_bytes
+
 
 _CUT = "\n[… cut: {cut:,} more characters not shown]"
 _UNTRIMMED = "masterplanner_untrimmed"

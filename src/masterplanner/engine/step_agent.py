@@ -40,12 +40,13 @@ from ..purpose import current_purpose
 from ..tools.code_execution import succeeded_output
 from ..tools.results import TOOL_FAILED, TOOL_OUTPUT
 from ..tools.workspace import Workspace
-from ..working_memory import CHARS_PER_TOKEN, INPUT_HEADING, ContextBudget, FittedInput, untrimmed
+from ..working_memory import INPUT_HEADING, ContextBudget, FittedInput, estimated_tokens, untrimmed
 from .budget import RequestBudget, Reservation, RunLedger, reservation_for
 from .file_questions import (
     CountedFile,
     FolderFiles,
     FolderReading,
+    FolderTexts,
     ListingQuestion,
     counted_file,
     listing_question,
@@ -696,6 +697,35 @@ def _folder_reading(response: ModelResponse) -> FolderReading | None:
     )
 
 
+def _fitted(read: FolderTexts, chars: int, tokens: int | None) -> tuple[str, tuple[str, ...]]:
+    """A folder's files as a drafted text is shown them (`FolderTexts.shown`), and what was not shown.
+
+    The most of them that fits in `chars` characters and `tokens` tokens (`estimated_tokens`;
+    None: no limit) with the line telling the model what it is not shown; found by halving,
+    since how many tokens a text takes depends on its script. Below that, the least shown (the
+    first file's start).
+    """
+
+    def shown(room: int) -> tuple[str, tuple[str, ...]]:
+        held, notes = read.shown(room)
+        told = f"\n\nNot shown in full: {'; '.join(notes)}." if notes else ""
+        return held + told, notes  # the model is told what it is not shown
+
+    def fits(text: str) -> bool:
+        return len(text) <= chars and (tokens is None or estimated_tokens(text) <= tokens)
+
+    best = shown(0)
+    low, high = 0, max(chars, 0)
+    while low < high:  # the largest room whose text fits
+        middle = (low + high + 1) // 2
+        tried = shown(middle)
+        if fits(tried[0]):
+            best, low = tried, middle
+        else:
+            high = middle - 1
+    return best
+
+
 def _draft_cap(draft: DraftedWrite) -> int:
     """The most tokens a drafted text is asked in."""
     return 32 * draft.lines if draft.lines else 96 * draft.sentences if draft.sentences else 512
@@ -1137,13 +1167,7 @@ class BudgetedModel(WrapperModel):
             response = await self._draft_each(aid, list(texts), texts, settings, aids.prompt)
             notes = read.notes
         else:
-            room = self._folder_room(aid, messages, aids.prompt)
-            held, notes = read.shown(room)
-            told = f"\n\nNot shown in full: {'; '.join(notes)}." if notes else ""
-            if len(held) + len(told) > room:  # the files make room for what the model is told
-                held, notes = read.shown(room - len(told))
-                told = f"\n\nNot shown in full: {'; '.join(notes)}."
-            held += told  # the model is told what it is not shown
+            held, notes = _fitted(read, *self._folder_room(aid, messages, aids.prompt))
             response = await self._draft(aid, messages, settings, held, aids.prompt)
         if not notes:
             return response
@@ -1152,22 +1176,26 @@ class BudgetedModel(WrapperModel):
         )
         return replace(response, provider_details={**(response.provider_details or {}), _FOLDER_NOTES: said})
 
-    def _folder_room(self, draft: DraftedWrite, messages: list[ModelMessage], prompt: str) -> int:
-        """How many characters of a folder's files a text drafted from them may be shown.
+    def _folder_room(
+        self, draft: DraftedWrite, messages: list[ModelMessage], prompt: str
+    ) -> tuple[int, int | None]:
+        """How much of a folder's files a text drafted from them may be shown: characters, and tokens.
 
-        What the run's input budget (`context_budget`: `context_chars`, clamped to the model's
-        window) leaves beside the step's inputs, and no more than the model's window leaves
-        beside the rest of the draft's request and its reply.
+        Characters: what the run's input budget (`context_budget`: `context_chars`, clamped to
+        the model's window) leaves beside the step's inputs. Tokens (None: the model's window is
+        not known): what the window leaves beside the rest of the draft's request and its reply,
+        measured as `estimated_tokens` measures (before, at `CHARS_PER_TOKEN` whatever the
+        script: Japanese notes overflowed a 2,048-token window).
         """
         brief = _brief_inputs(messages)
-        room = context_budget(self._ledger.options, self.wrapped).inputs_chars - len(brief)
+        chars = context_budget(self._ledger.options, self.wrapped).inputs_chars - len(brief)
         window = context_window(self.wrapped)
-        if window is not None:
-            system = render("step_draft_system.j2", prompt=prompt)
-            user = render("step_draft_user.j2", request=draft.request, form=draft.form, inputs=brief)
-            left = (window[0] - _draft_cap(draft) - _SPARE_TOKENS) * CHARS_PER_TOKEN
-            room = min(room, left - len(system) - len(user))
-        return room
+        if window is None:
+            return chars, None
+        system = render("step_draft_system.j2", prompt=prompt)
+        user = render("step_draft_user.j2", request=draft.request, form=draft.form, inputs=brief)
+        used = _draft_cap(draft) + _SPARE_TOKENS + estimated_tokens(system) + estimated_tokens(user)
+        return chars, window[0] - used
 
     async def _each_turn(
         self,
