@@ -36,7 +36,7 @@ from .plan import (
 from .prompts import load_examples, render
 from .tools.catalog import Catalog
 from .tools.selection import best_tools
-from .usage import UsageLedger
+from .usage import UsageLedger, noun_for
 
 if TYPE_CHECKING:
     from pydantic_ai import Agent
@@ -511,8 +511,11 @@ async def replan(
     replaced = [failed_step_id, *dependents_of(original, failed_step_id)]
     completed = [step_id for step_id in original.ids if step_id in completed_outputs]
     if set(completed) & set(replaced):
-        clash = ", ".join(sorted(set(completed) & set(replaced)))
-        raise PlanError([f"step(s) {clash}: completed, so they cannot be replanned"])
+        clash = sorted(set(completed) & set(replaced))
+        they = "they" if len(clash) > 1 else "it"
+        raise PlanError(
+            [f"{noun_for(len(clash), 'step')} {', '.join(clash)}: completed, so {they} cannot be replanned"]
+        )
     system = _system(catalog, max_steps, None)
     prompt = render(
         "replanner.j2",

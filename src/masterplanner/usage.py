@@ -7,12 +7,20 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 
-__all__ = ["PurposeUsage", "UsageLedger", "budget_money", "counted", "failed_note", "money"]
+__all__ = ["PurposeUsage", "UsageLedger", "budget_money", "counted", "failed_note", "money", "noun_for"]
 
 
-def counted(count: int, noun: str) -> str:
-    """`1 model call`, `2 model calls`, `1,234 tokens`: a count and its noun, plural unless it is 1."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`1 model call`, `2 model calls`, `1,234 tokens`: a count and its noun, plural unless it is 1.
+
+    The plural is the noun with an `s`, or `plural` when that is wrong (`memory`, `memories`).
+    """
+    return f"{count:,} {noun_for(count, noun, plural)}"
+
+
+def noun_for(count: int, noun: str, plural: str | None = None) -> str:
+    """The noun for `count` things without the count, as `counted` says it: `step a`, `steps a, b`."""
+    return noun if count == 1 else plural or f"{noun}s"
 
 
 def failed_note(failed_calls: int) -> str:
@@ -25,7 +33,7 @@ def money(cost_usd: float, unpriced_calls: int = 0) -> str:
 
     Less than a hundredth of a cent is `under $0.0001` (it was `$0.0000`, read as free).
     """
-    unpriced = f"{unpriced_calls} call{'s' if unpriced_calls != 1 else ''} of unknown price"
+    unpriced = f"{counted(unpriced_calls, 'call')} of unknown price"
     if unpriced_calls and not cost_usd:  # was None: a summary then said nothing of cost at all
         return unpriced
     if 0 < cost_usd < 0.00005:  # what `.4f` shows as $0.0000

@@ -221,7 +221,7 @@ def test_chat_scripted_text(write_script: Callable[..., Path]) -> None:
     result = run("chat", "hi", "--model", f"scripted:{script}")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello there"
-    assert "1 call(s)" in result.stderr
+    assert "1 call ·" in result.stderr
     assert "2 out tokens" in result.stderr
 
 
@@ -276,7 +276,25 @@ def test_plan_tree_output(write_script: Callable[..., Path]) -> None:
     assert result.returncode == 0, result.stderr
     assert "load load (starts at once)" in result.stdout
     assert "left left after load" in result.stdout
-    assert "1 planner call(s)" in result.stderr
+    assert "1 planner call ·" in result.stderr
+
+
+def test_plan_counts_its_calls_in_words(write_script: Callable[..., Path]) -> None:
+    """`1 planner call(s)` before, whatever the count: now `1 planner call`, `2 planner calls`."""
+    cyclic = {"steps": [_step("a", "b"), _step("b", "a")]}
+    valid = {"steps": [_step("a"), _step("b", "a")]}
+    once = run(
+        "plan",
+        "Do a then b",
+        "--model",
+        f"scripted:{write_script([{'purpose': 'planner', 'output': valid}])}",
+    )
+    assert once.returncode == 0, once.stderr
+    assert once.stderr.startswith("1 planner call · "), once.stderr
+    script = write_script([{"purpose": "planner", "output": cyclic}, {"purpose": "planner", "output": valid}])
+    twice = run("plan", "Do a then b", "--model", f"scripted:{script}")
+    assert twice.returncode == 0, twice.stderr
+    assert twice.stderr.startswith("2 planner calls · "), twice.stderr
 
 
 def test_plan_with_prompts_json(write_script: Callable[..., Path]) -> None:

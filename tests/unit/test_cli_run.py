@@ -449,7 +449,7 @@ def test_reject_exits_1_and_read_only_commands_never_execute(write_script: Calla
     finally:
         waiting.kill()
     assert waiting.returncode == 1
-    assert f"waiting for an answer to request {review['id']}: review the plan of 1 step(s)" in err
+    assert f"waiting for an answer to request {review['id']}: review the plan of 1 step:" in err
     assert json.loads(mp("runs", "show", run_id, "--json").stdout)["status"] == "cancelled"
     assert json.loads(mp("runs", "pending", "--json").stdout) == []
     closed = mp("runs", "answer", review["id"], "--approve")
@@ -533,7 +533,7 @@ def test_with_nothing_to_read_the_review_question_is_not_printed_and_a_pipe_stil
         lines = err.splitlines()
         assert not [line for line in lines if "[a/r/e]" in line]
         at = lines.index(
-            f"waiting for an answer to request {review['id']}: review the plan of 1 step(s): "
+            f"waiting for an answer to request {review['id']}: review the plan of 1 step: "
             "approve, reject or edit"
         )
         assert lines[at + 1] == (

@@ -272,11 +272,11 @@ async def test_check_lines(workspace: Workspace) -> None:
     assert await judge(workspace, {"lines": {"path": "poem.txt", "min": 2, "max": 2}}) == (True, "")
     assert await judge(workspace, {"lines": {"path": "poem.txt", "min": 3}}) == (
         False,
-        "poem.txt has 2 non-blank line(s); wanted at least 3",
+        "poem.txt has 2 non-blank lines; wanted at least 3",
     )
     assert await judge(workspace, {"lines": {"path": "poem.txt", "min": 0, "max": 1}}) == (
         False,
-        "poem.txt has 2 non-blank line(s); wanted 0 to 1",
+        "poem.txt has 2 non-blank lines; wanted 0 to 1",
     )
 
 
@@ -405,7 +405,7 @@ def test_plan_checks_find_debris() -> None:
         "plan_roles": "step a: role 'You are a helpful assistant'; step c: role 'writer 2'",
         "plan_titles": "step c: title of 61 characters; steps a and d: the same title",
         "plan_instructions": "steps a and d share an instruction",
-        "plan_size": "4 steps for 1 action(s)",
+        "plan_size": "4 steps for 1 action",
         "plan_dependencies": "no step depends on another",
     }
 
@@ -496,7 +496,7 @@ async def test_a_copied_listing_does_not_pass_for_the_count(tmp_path: Path) -> N
     copied.write_file("count.txt", "a.txt\tfile\t6\nb.txt\tfile\t5\nc.csv\tfile\t4\nd.md\tfile\t8\n")
     results = [await check_file(check, copied) for check in task.checks]
     assert [result.detail for result in results if not result.ok] == [
-        "count.txt has 4 non-blank line(s); wanted 1 to 1"
+        "count.txt has 4 non-blank lines; wanted 1 to 1"
     ]
 
 

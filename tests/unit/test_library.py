@@ -69,7 +69,7 @@ def test_the_readme_example_runs_a_task_and_answers_its_review(
     first = asyncio.run(_only_run_of(isolated, "Write a haiku about the sea to haiku.txt"))
     assert lines == [
         f"succeeded written {isolated / 'workspaces' / first}",
-        "review the plan of 1 step(s): approve, reject or edit",
+        "review the plan of 1 step: approve, reject or edit",
         'allow write_file(path="o.txt", content="hi") (step write)?',
         "succeeded 3 model calls",
     ]

@@ -584,7 +584,7 @@ def test_feedback_says_in_a_terminal_that_it_waits_on_the_model(
     assert (waited, child.exitstatus) == (0, 0), child.before
     high = _rated_run(write_script, [summary], {"output": {"lessons": []}})
     quiet = _mp("feedback", high, "--rating", "4")  # no terminal: nothing drawn, the result alone
-    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "rated 1 agent(s) and the team\n")
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "rated 1 agent and the team\n")
 
 
 def test_feedback_reports_only_the_lessons_it_added_and_never_a_secret(

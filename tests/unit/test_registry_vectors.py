@@ -214,7 +214,7 @@ def test_registry_reembed_makes_every_vector_again_with_the_configured_embedder(
     assert done.returncode == 0, done.stderr
     summary = done.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
-        rf"re-embedded 1 agent\(s\), 3 team\(s\) and 1 memory\(ies\) with {re.escape(spec)} in [0-9.]+ s",
+        rf"re-embedded 1 agent, 3 teams and 1 memory with {re.escape(spec)} in [0-9.]+ s",
         summary,
     ), summary
     # every text once (the memory is embedded as it is written)
@@ -278,7 +278,7 @@ def test_a_servers_vectors_are_each_its_texts_listed_out_of_order_or_unnumbered(
         (  # it was told its indexes 1, 2 should have been 0 to 1: the texts sent are counted, not the vectors
             "short",
             list(TASKS.values()),
-            "the server answered 2 vector(s) for 3 text(s): each text must get one",
+            "the server answered 2 vectors for 3 texts: each text must get one",
         ),
     ],
 )

@@ -264,7 +264,7 @@ async def test_messages_to_replaced_steps_are_handed_on_to_the_steps_in_their_pl
     ]
     assert rows == [
         (1, "b", "delivered", None, None),
-        (2, "c", "closed", None, "handed on to step(s) b1, c1, which took its recipient's place"),
+        (2, "c", "closed", None, "handed on to steps b1, c1, which took its recipient's place"),
         (3, "b1", "delivered", "b", None),
         (4, "c1", "delivered", "b", None),
         (5, "b1", "delivered", "c", None),

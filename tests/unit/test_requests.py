@@ -13,13 +13,24 @@ import pytest
 from _cli import LEASE_S, answer, mp, pending, run_events, start
 from _plans import step
 
-from masterplanner import RequestError, RunOptions, Settings
+from masterplanner import Request, RequestError, RunOptions, Settings
 from masterplanner.engine import RunStore
 from masterplanner.sandbox import sandbox_problems
 
 needs_sandbox = pytest.mark.skipif(bool(sandbox_problems()), reason="the code sandbox cannot start here")
 
 CODE = {"name": "code_execution", "args": {"code": "print(6 * 7)"}}
+
+
+def _plan_review(steps: int) -> Request:
+    plan = {"steps": [{"id": f"s{number}"} for number in range(steps)]}
+    return Request("q1", "r1", None, "plan_review", {"plan": plan}, "pending", None, None, "2026-01-01", None)
+
+
+def test_a_plan_review_says_its_count_of_steps_in_words() -> None:
+    """It said `review the plan of 1 step(s)`, whatever the count."""
+    assert _plan_review(1).summary() == "review the plan of 1 step: approve, reject or edit"
+    assert _plan_review(3).summary() == "review the plan of 3 steps: approve, reject or edit"
 
 
 @pytest.fixture(autouse=True)

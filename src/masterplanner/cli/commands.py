@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ..usage import counted
 from .common import app, console, load_settings, whole_number
 from .terminal import json_text, shown, visible
 
@@ -98,7 +99,7 @@ def chat(
     typer.echo(visible(result.output, lines=True))
     usage = result.usage["by_purpose"].get("chat", {})
     console(stderr=True).print(
-        f"[dim]model {shown(result.model)} · {usage.get('calls', 0)} call(s) · "
+        f"[dim]model {shown(result.model)} · {counted(usage.get('calls', 0), 'call')} · "
         f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out tokens · "
         f"{usage.get('seconds', 0)} s[/]",
         highlight=False,
@@ -155,7 +156,7 @@ def plan(
         result = await make_plan(task, catalog, model=chosen, ledger=ledger)
         if not prompts:
             return result, {}
-        note(f"writing {len(result.steps)} agent prompts ({rounds} critique round(s) each)…")
+        note(f"writing {len(result.steps)} agent prompts ({counted(rounds, 'critique round')} each)…")
         return result, await create_prompts(result, catalog, model=chosen, ledger=ledger, rounds=rounds)
 
     if as_json:
@@ -203,7 +204,9 @@ def _planning_tools(settings: Settings, wanted: str | None) -> RunCatalog:
 
 
 def _print_usage(ledger: UsageLedger) -> None:
-    parts = [f"{usage['calls']} {purpose} call(s)" for purpose, usage in ledger.by_purpose().items()]
+    parts = [
+        counted(int(usage["calls"]), f"{purpose} call") for purpose, usage in ledger.by_purpose().items()
+    ]
     total = ledger.totals()
     console(stderr=True).print(
         f"[dim]{' · '.join(parts)} · {total.input_tokens} in / {total.output_tokens} out tokens · "

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from ..usage import counted
 from .common import app, console, load_settings, whole_number
 from .runs import RunId
 from .terminal import json_text, shown
@@ -192,7 +193,9 @@ def agents_export(
 ) -> None:
     """Write every agent to a JSON-lines file (import reads it back exactly)."""
     count = _registry(lambda service: service.export_agents(path))
-    console(stderr=True).print(f"exported {count} agent(s) to {shown(path)}", highlight=False, soft_wrap=True)
+    console(stderr=True).print(
+        f"exported {counted(count, 'agent')} to {shown(path)}", highlight=False, soft_wrap=True
+    )
 
 
 @agents_app.command("import")
@@ -297,7 +300,7 @@ def feedback(
         return
     out = console(stderr=True)
     out.print(
-        f"rated {len(result.rated_agents)} agent(s){' and the team' if result.cohort_rated else ''}",
+        f"rated {counted(len(result.rated_agents), 'agent')}{' and the team' if result.cohort_rated else ''}",
         highlight=False,
     )
     for agent_id, lessons in result.lessons.items():
@@ -411,7 +414,8 @@ def registry_reembed(as_json: JsonFlag = False) -> None:
         )
         return
     counts = (
-        f"{done.made['agent']} agent(s), {done.made['cohort']} team(s) and {done.made['memory']} memory(ies)"
+        f"{counted(done.made['agent'], 'agent')}, {counted(done.made['cohort'], 'team')} and "
+        f"{counted(done.made['memory'], 'memory', 'memories')}"
     )
     line = f"re-embedded {counts} with {done.embedder} in {seconds:g} s"
     if done.changed:

@@ -30,6 +30,7 @@ from pydantic_ai import Agent
 from ..errors import NUL_PROBLEM, ToolError, nul_replaced
 from ..models.labelled import labelled
 from ..plan import Plan
+from ..usage import counted
 from .checkpoints import CheckpointedModel
 from .messages import Message, MessageKind
 from .records import EventKind, RunOptions, StepRecord
@@ -228,9 +229,8 @@ class StepTeam:
         if not fresh:
             return "not sent: you already sent exactly this to every one of those steps"
         rows = await self._send(fresh, "broadcast", content)
-        return (
-            f"broadcast #{rows[0].id} sent to {len(rows)} step(s): {', '.join(row.recipient for row in rows)}"
-        )
+        recipients_said = ", ".join(row.recipient for row in rows)
+        return f"broadcast #{rows[0].id} sent to {counted(len(rows), 'step')}: {recipients_said}"
 
     async def ask(self, to: str, question: str) -> str:
         """`ask_agent`: a question that gets an answer, or a reason why it cannot."""

@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..database import reconnecting_methods
+from ..usage import noun_for
 from .records import utc_now
 
 if TYPE_CHECKING:
@@ -268,7 +269,8 @@ def hand_on(connection: Connection, run_id: str, retired: list[str], added: list
             .where(messages_table.c.id.in_(pending), messages_table.c.state == "pending")
             .values(
                 state="closed",
-                answer=f"handed on to step(s) {', '.join(added)}, which took its recipient's place",
+                answer=f"handed on to {noun_for(len(added), 'step')} {', '.join(added)}, "
+                "which took its recipient's place",
                 answered_by="engine",
                 answered_at=now,
             )

@@ -50,6 +50,7 @@ from ..errors import (
 )
 from ..plan import Plan
 from ..redaction import REMOVED, secret_parts, secret_refusal
+from ..usage import counted
 from .records import AgentBrief, EventKind, utc_now
 
 if TYPE_CHECKING:
@@ -273,7 +274,7 @@ class Request:
         where = f" (step {self.step_id})" if self.step_id else ""
         if self.kind == "plan_review":
             steps = len((self.payload.get("plan") or {}).get("steps", []))
-            return f"review the plan of {steps} step(s): approve, reject or edit"
+            return f"review the plan of {counted(steps, 'step')}: approve, reject or edit"
         if self.kind == "tool_approval":
             called = _call_line(str(self.payload.get("tool")), self.payload.get("arguments") or {})
             return f"allow {called}{where}?"

@@ -37,6 +37,7 @@ from ..errors import ConfigError, PlanError, SandboxError, ToolError, validation
 from ..plan import validate_plan
 from ..plan_structure import clauses
 from ..tools.workspace import Workspace
+from ..usage import counted
 
 __all__ = ["CHECK_KINDS", "Check", "CheckResult", "check_file", "parse_check", "plan_checks"]
 
@@ -156,7 +157,7 @@ def _judge(check: Check, text: str, workspace: Workspace) -> tuple[bool, str]:
         high = args["max"]
         wanted = f"{args['min']} to {high}" if high is not None else f"at least {args['min']}"
         return args["min"] <= count <= (high if high is not None else count), (
-            f"{path} has {count} non-blank line(s); wanted {wanted}"
+            f"{path} has {counted(count, 'non-blank line')}; wanted {wanted}"
         )
     if check.kind == "max_chars":
         size = len(text.strip())
@@ -248,7 +249,11 @@ def plan_checks(task: str, plan: dict[str, Any] | None, *, needs_dependency: boo
             same_instruction.append(f"steps {seen_instructions[instruction]} and {step.id}")
         seen_instructions.setdefault(instruction, step.id)
     actions = len(clauses(task))
-    size = [f"{len(steps)} steps for {actions} action(s)"] if len(steps) > actions + 1 else []
+    size = (
+        [f"{counted(len(steps), 'step')} for {counted(actions, 'action')}"]
+        if len(steps) > actions + 1
+        else []
+    )
     results = [
         _result("plan_valid", []),
         _result("plan_roles", roles),

@@ -41,7 +41,7 @@ from ..errors import ConfigError, MasterplannerError
 from ..private import private_folder
 from ..text_files import json_problem, read_text
 from ..tools.workspace import Workspace
-from ..usage import UsageLedger
+from ..usage import UsageLedger, noun_for
 from .checks import Check, CheckResult, check_file, parse_check, plan_checks
 from .results import ResultsFile, package_code_fingerprint
 
@@ -84,7 +84,7 @@ def _task(raw: object, where: str) -> EverydayTask:
         raise ConfigError(f"{where}: a task is a JSON object")
     unknown = set(raw) - {"id", "category", "task", "files", "checks", "needs_dependency"}
     if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        raise ConfigError(f"{where}: unknown {noun_for(len(unknown), 'field')} {', '.join(sorted(unknown))}")
     task_id, category, text = raw.get("id"), raw.get("category"), raw.get("task")
     if not isinstance(task_id, str) or not task_id or not set(task_id) <= _ID_CHARS:
         raise ConfigError(f"{where}: id must be lowercase letters, digits and hyphens")
@@ -122,7 +122,9 @@ def load_suite(path: Path | None = None) -> list[EverydayTask]:
     tasks = [_task(raw, f"task suite {path}: task {number}") for number, raw in enumerate(raw_tasks, 1)]
     repeated = [task_id for task_id, count in Counter(task.id for task in tasks).items() if count > 1]
     if repeated:
-        raise ConfigError(f"task suite {path}: id(s) used twice: {', '.join(repeated)}")
+        raise ConfigError(
+            f"task suite {path}: {noun_for(len(repeated), 'id')} used twice: {', '.join(repeated)}"
+        )
     return tasks
 
 

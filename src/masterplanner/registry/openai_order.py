@@ -18,6 +18,8 @@ from openai import AsyncOpenAI
 from openai.resources.embeddings import AsyncEmbeddings
 from openai.types import CreateEmbeddingResponse
 
+from ..usage import counted
+
 __all__ = ["IndexOrderedEmbeddings", "order_by_index"]
 
 
@@ -36,7 +38,7 @@ class IndexOrderedEmbeddings(AsyncEmbeddings):
         texts = 1 if isinstance(sent, str) else len(sent) if isinstance(sent, list) else None
         if texts is not None and len(response.data) != texts:
             raise ValueError(
-                f"the server answered {len(response.data)} vector(s) for {texts} text(s): "
+                f"the server answered {counted(len(response.data), 'vector')} for {counted(texts, 'text')}: "
                 "each text must get one"
             )
         if any(getattr(item, "index", None) is None for item in response.data):
