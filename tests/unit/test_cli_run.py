@@ -1044,6 +1044,17 @@ def test_runs_list_searches_the_task_in_any_case_and_filters_by_status() -> None
     assert (over.returncode, over.stderr) == (2, "error: --limit must be from 1 to 10,000, not 0\n")
 
 
+def test_runs_list_says_a_status_in_words_and_json_keeps_its_value() -> None:
+    """The table printed `awaiting_approval`, where the rest of the terminal says `awaiting approval`."""
+    _stored_runs({"r1": ("Write a poem", "awaiting_approval")}).close()
+    table = mp("runs", "list", env={"COLUMNS": "200"})
+    assert table.returncode == 0, table.stderr
+    [row] = [line.split("│")[1:3] for line in table.stdout.splitlines() if line.count("│") == 5]
+    assert [cell.strip() for cell in row] == ["r1", "awaiting approval (stopped)"]
+    [listed] = json.loads(mp("runs", "list", "--json").stdout)
+    assert listed["status"] == "awaiting_approval"
+
+
 @pytest.mark.parametrize(
     ("zone", "started", "finished"),
     [("IST-5:30", "05:20:07", "05:31:02"), ("PST+8", "15:50:07", "16:01:02")],

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from ..event_text import clock, status_word
-from ..usage import failed_note, money
+from ..usage import counted, failed_note, money
 from .answering import TerminalAnswerer, how_to_answer
 from .common import app, console, load_settings, number, whole_number
 from .live import EventLines, LiveTree, event_line, print_summary, team_lines, wants_live_view
@@ -408,7 +408,7 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
         if isinstance(result, BaseException):
             status = f"not resumed: {redacted(str(result))}"
         else:
-            status = result.status
+            status = status_word(result.status)
         terminal.out.print(f"run {shown(other)}: {shown(status)}", highlight=False, soft_wrap=True)
     if isinstance(results[0], BaseException):
         if isinstance(results[0], RunStoppedError):  # its database failed: the run waits, unfinished
@@ -487,7 +487,7 @@ def runs_list(
         task = record.task if len(record.task) <= 60 else record.task[:59] + "…"
         created = record.created_at[:19].replace("T", " ")
         # a run nobody executes says so: `queued` for a worker, or `stopped` (`runs resume` goes on)
-        status = f"{record.status} ({idle[record.id]})" if record.id in idle else record.status
+        status = status_word(record.status) + (f" ({idle[record.id]})" if record.id in idle else "")
         table.add_row(shown(record.id), shown(status), shown(created), shown(task))
     console().print(table, highlight=False)
 
@@ -516,9 +516,9 @@ def runs_show(
         return
     out = console()
     retried = report.get("retries") or 0
-    status = shown(report["status"])
+    status = shown(status_word(report["status"]))
     if retried:
-        status += f" · retried {retried} time{'s' if retried != 1 else ''}"
+        status += f" · retried {counted(retried, 'time')}"
     out.print(
         f"[bold]run {shown(report['run_id'])}[/] · {status} · {shown(report['task'])}",
         highlight=False,
@@ -739,7 +739,7 @@ def runs_resume(
         service.close()
         raise
     if not record.finished:
-        said = f"[bold]resuming run {shown(record.id)}[/] ({shown(record.status)})"
+        said = f"[bold]resuming run {shown(record.id)}[/] ({shown(status_word(record.status))})"
         console(stderr=True).print(said, highlight=False, soft_wrap=True)
         _execute(service, record.id, as_json=as_json)
 
