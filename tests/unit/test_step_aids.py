@@ -889,6 +889,18 @@ async def test_a_read_step_whose_prompt_was_edited_is_answered_by_the_model_unde
     assert outcomes[1] == (["buy milk\ncall Sam\n"], the_read)
 
 
+_COUNT_NAMES: dict[str, Any] = {
+    "id": "count",
+    "title": "Count the names",
+    "instruction": "Count the names in names.txt.",
+    "agent_role": "counter",
+    "tools": ["read_file"],
+    "depends_on": [],
+    "expected_output": "",
+}
+"""The step "Count the names in names.txt.", as a review puts it in the plan."""
+
+
 async def test_a_counting_step_whose_prompt_was_edited_answers_from_the_read_under_the_edit(
     isolated: Path, write_script: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -897,15 +909,7 @@ async def test_a_counting_step_whose_prompt_was_edited_answers_from_the_read_und
     workspace = tmp_path / "ws"
     workspace.mkdir()
     (workspace / "names.txt").write_text("Ann\nBob\nCy\n")
-    count = {
-        "id": "count",
-        "title": "Count the names",
-        "instruction": "Count the names in names.txt.",
-        "agent_role": "counter",
-        "tools": ["read_file"],
-        "depends_on": [],
-        "expected_output": "",
-    }
+    count = dict(_COUNT_NAMES)
     edited = "Count the names in names.txt and reply with the count and the names, in one sentence."
     titled = {"title": "Count the names", "agent_role": "data analyst"}
     calls = [
@@ -925,15 +929,7 @@ async def test_a_counting_step_whose_prompt_was_edited_answers_from_the_read_und
 
 async def _counted(workspace: Path, script: Path) -> tuple[str, dict[str, Any], list[str]]:
     """ "Count the names in names.txt." run on a small model: the run's status, its step, its calls."""
-    count = {
-        "id": "count",
-        "title": "Count the names",
-        "instruction": "Count the names in names.txt.",
-        "agent_role": "counter",
-        "tools": ["read_file"],
-        "depends_on": [],
-        "expected_output": "",
-    }
+    count = dict(_COUNT_NAMES)
 
     async def review(run: Any, _catalog: Any) -> dict[str, Any]:
         return {"action": "approve", "plan": run.plan.to_json_dict() | {"steps": [count]}}
