@@ -336,26 +336,26 @@ async def test_a_cancel_landing_as_the_review_is_approved_keeps_the_run_cancelle
 ) -> None:
     """The approval's move to `running` does not bring back a run a cancel recorded meanwhile.
 
-    The cancel lands within the approval's write, after it read the run awaiting approval: the
-    approval, one transaction with its event, records nothing (before, its `approved` event was
-    written first, on its own, and stayed on the cancelled run).
+    The cancel lands after the review was answered, as the approval is written: the approval,
+    one transaction with its event, records nothing (before, its `approved` event was written
+    first, on its own, and stayed on the cancelled run). A cancel within the approval's
+    transaction waits for its end (the run's row is locked before it is read:
+    `test_a_lease_taken_over_during_a_revision_waits_for_it`).
     """
-    from masterplanner.engine import store as store_module
     from masterplanner.engine.control import mark_cancelled
     from masterplanner.engine.store import RunStore
 
     run = _one_step_run(engine, write_script)
     store, canceller = engine.store, RunStore(engine.settings.database_url)
-    moving, cancelled = store_module._update_run, []
+    deciding, cancelled = store.decide_review, []
 
-    def move(connection: Any, run_id: str, *args: Any, **kwargs: Any) -> bool:
-        values = args[2] if len(args) > 2 else kwargs["values"]
-        if values.get("status") == "running" and not cancelled:  # another process's cancel
+    def decide(run_id: str, decision: Any, *args: Any, **kwargs: Any) -> bool:
+        if decision == "approved" and not cancelled:  # another process's cancel
             cancelled.append(run_id)
             mark_cancelled(canceller, run_id)
-        return moving(connection, run_id, *args, **kwargs)
+        return deciding(run_id, decision, *args, **kwargs)
 
-    monkeypatch.setattr(store_module, "_update_run", move)
+    monkeypatch.setattr(store, "decide_review", decide)
     try:
         final = await asyncio.wait_for(engine.execute(run.id), 60)
     finally:
