@@ -201,7 +201,7 @@ async def test_replan_may_not_reuse_kept_ids(write_script: WriteScript) -> None:
 
 async def test_replan_refuses_completed_steps(write_script: WriteScript) -> None:
     original = await _plan(write_script, VALID)
-    with pytest.raises(PlanError, match="completed, so they cannot be replanned"):
+    with pytest.raises(PlanError, match="step report: completed, so it cannot be replanned"):
         await replan(
             original,
             "total",
