@@ -137,6 +137,20 @@ async def test_a_resumed_planning_names_the_process_that_took_it_over(
         resuming.close()
 
 
+def _take_over(other: Any, run_id: str) -> None:
+    """The other process (`other`, its store) takes the run once the stalled one's lease lapsed."""
+    deadline = time.monotonic() + 30
+    while not other.claim(run_id, "other", lease_s=60):
+        assert time.monotonic() < deadline, "the stalled process's lease never lapsed"
+        time.sleep(0.05)
+
+
+def _stall(patch: pytest.MonkeyPatch, store: Any) -> None:
+    """The process of `store` stalls: its guard neither renews its lease nor sees it taken over."""
+    patch.setattr(store, "heartbeats", lambda owners, **_: None)
+    patch.setattr(store, "watched", lambda owners: dict.fromkeys(owners, (True, False)))
+
+
 @pytest.mark.parametrize("lost", ["while planning", "before its plan was recorded"])
 async def test_a_process_that_lost_the_run_while_planning_records_nothing_and_stops(
     database_url: str,
@@ -166,11 +180,7 @@ async def test_a_process_that_lost_the_run_while_planning_records_nothing_and_st
     taking_over: list[str] = []
 
     def take_over(run_id: str) -> None:
-        """The other process takes the run once the stalled one's lease lapsed."""
-        deadline = time.monotonic() + 30
-        while not other.claim(run_id, "other", lease_s=60):
-            assert time.monotonic() < deadline, "the stalled process's lease never lapsed"
-            time.sleep(0.05)
+        _take_over(other, run_id)
         taking_over.append(run_id)
 
     cautions = planning.model_cautions
@@ -182,9 +192,7 @@ async def test_a_process_that_lost_the_run_while_planning_records_nothing_and_st
     try:
         run = stalled.create_run("do a", model=f"scripted:{script}", options=OPTIONS)
         with pytest.MonkeyPatch.context() as patch:
-            # stalled: its guard neither renews its lease nor sees it taken over
-            patch.setattr(stalled.store, "heartbeats", lambda owners, **_: None)
-            patch.setattr(stalled.store, "watched", lambda owners: dict.fromkeys(owners, (True, False)))
+            _stall(patch, stalled.store)  # its guard neither renews its lease nor sees it taken over
             if lost == "before its plan was recorded":
                 patch.setattr(planning, "model_cautions", stalls)
             execution = asyncio.ensure_future(stalled.execute(run.id))
@@ -255,24 +263,15 @@ async def test_a_process_that_lost_the_run_while_its_review_was_open_records_no_
         "plan_edited": {"action": "approve", "plan": {"task": "do a", "steps": [step("b", tools=[])]}},
     }[decision]
 
-    def take_over(run_id: str) -> None:
-        """The other process takes the run once the stalled one's lease lapsed."""
-        deadline = time.monotonic() + 30
-        while not other.claim(run_id, "other", lease_s=60):
-            assert time.monotonic() < deadline, "the stalled process's lease never lapsed"
-            time.sleep(0.05)
-
     try:
         run = stalled.create_run("do a", model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
         with pytest.MonkeyPatch.context() as patch:
-            # stalled: its guard neither renews its lease nor sees it taken over
-            patch.setattr(stalled.store, "heartbeats", lambda owners, **_: None)
-            patch.setattr(stalled.store, "watched", lambda owners: dict.fromkeys(owners, (True, False)))
+            _stall(patch, stalled.store)  # its guard neither renews its lease nor sees it taken over
             execution = asyncio.ensure_future(stalled.execute(run.id))
             while not (pending := await service.pending(run.id)):
                 assert not execution.done(), execution
                 await asyncio.sleep(0.05)
-            await asyncio.to_thread(take_over, run.id)
+            await asyncio.to_thread(_take_over, other, run.id)
             await service.answer(pending[0].id, answer, by="test")
             final = await asyncio.wait_for(execution, 60)
         assert (final.status, final.error) == ("awaiting_approval", None)
@@ -330,13 +329,6 @@ async def test_a_process_that_lost_the_run_opens_no_review_after_a_refused_edit(
     stalled = Engine(Settings.load(run_lease_s=1))
     unknown = {"action": "approve", "plan": {"task": "do a", "steps": [step("a", tools=["no_such_tool"])]}}
 
-    def take_over(run_id: str) -> None:
-        """The other process takes the run once the stalled one's lease lapsed."""
-        deadline = time.monotonic() + 30
-        while not other.claim(run_id, "other", lease_s=60):
-            assert time.monotonic() < deadline, "the stalled process's lease never lapsed"
-            time.sleep(0.05)
-
     def reviews(run_id: str) -> list[Any]:
         return [
             request for request in other.requests.find(run_id, state=None) if request.kind == "plan_review"
@@ -351,14 +343,12 @@ async def test_a_process_that_lost_the_run_opens_no_review_after_a_refused_edit(
     try:
         run = stalled.create_run("do a", model=f"scripted:{script}", options=RunOptions(prompt_rounds=0))
         with pytest.MonkeyPatch.context() as patch:
-            # stalled: its guard neither renews its lease nor sees it taken over
-            patch.setattr(stalled.store, "heartbeats", lambda owners, **_: None)
-            patch.setattr(stalled.store, "watched", lambda owners: dict.fromkeys(owners, (True, False)))
+            _stall(patch, stalled.store)  # its guard neither renews its lease nor sees it taken over
             execution = asyncio.ensure_future(stalled.execute(run.id))
             while not (asked := await asyncio.to_thread(reviews, run.id)):
                 assert not execution.done(), execution
                 await asyncio.sleep(0.05)
-            await asyncio.to_thread(take_over, run.id)
+            await asyncio.to_thread(_take_over, other, run.id)
             await asyncio.to_thread(other.requests.answer, asked[0].id, unknown, by="test")
             final = await asyncio.wait_for(stopped(execution, run.id), 60)
         assert (final.status, final.error) == ("awaiting_approval", None)
