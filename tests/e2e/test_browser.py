@@ -634,6 +634,46 @@ def test_an_answer_the_server_never_took_is_said_and_kept_to_send_again(
     assert unsent.is_hidden()
 
 
+def test_a_refresh_back_after_a_form_replaced_the_body_keeps_what_was_typed(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """A refresh out while a form's response replaced the body came back for a body gone from the page.
+
+    HTMX took what is kept on the page (what the person types) out of it for a swap that could
+    not happen, and it was gone. Seen in CI: after an Approve, the Answer went without its text.
+    """
+    page = browser_page
+    run_id = _api_run(server, _ask_script(tmp_path), "cancelled with a refresh out", {"auto_approve": True})
+    page.goto(f"{server}/runs/{run_id}")
+    answer = page.get_by_role("textbox", name="Which colour?")
+    answer.fill("teal")  # held from now on
+    held_back: list[Any] = []
+    rendered: list[Any] = []
+
+    def first_held_back(route: Any) -> None:
+        if held_back:
+            route.continue_()
+            return
+        held_back.append(route)
+        rendered.append(route.fetch())  # the run as it is now: its request still open
+
+    page.route("**/body", first_held_back)
+    page.evaluate(_REFRESH.replace("return htmx.ajax", "htmx.ajax"))  # its response is held back
+    for _ in range(100):
+        if rendered:
+            break
+        page.wait_for_timeout(50)
+    page.get_by_role("button", name="Cancel run").click()  # its response replaces the body
+    page.locator("h1 .status-cancelled").wait_for()
+    held_back[0].fulfill(response=rendered[0])  # the run as it was, its request open
+    page.wait_for_timeout(500)  # the late refresh's response is in
+    assert page.evaluate("document.querySelectorAll('#--htmx-preserve-pantry--').length") == 0
+    assert answer.count() == 1
+    assert answer.input_value() == "teal"
+    assert page.locator("#run-changed").is_visible()  # the run moved past it: said, the answer kept
+    assert page.locator("h1 .status-cancelled").count() == 1  # the late refresh did not go back in time
+
+
 def _logged_in_on_a_run_page(page: Any, server: str, token: str, run_id: str) -> None:
     page.goto(f"{server}/runs/{run_id}")  # to the login page first, then on to the run's
     page.get_by_label("Token").fill(token)

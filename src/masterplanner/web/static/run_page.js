@@ -96,15 +96,49 @@
     missed = false; // fetched at once: the body's trigger drops a change within 400 ms of another
     htmx.ajax("GET", body.getAttribute("hx-get"), { source: body, target: body, swap: "outerHTML" });
   }
+  // Requests whose response goes into the body, by their `htmx:beforeRequest` detail (HTMX reads
+  // its `target` when the response comes). A response for a body no longer on the page did worse
+  // than nothing: HTMX takes the page's kept elements (`hx-preserve`: a held part, what the person
+  // types) out of the page to put them into the swapped body, and with no body to swap into they
+  // were gone, what the person typed with them. Seen: an Answer sent with no text, after the
+  // response to an Approve had replaced the body a refresh was out for. When the body is replaced,
+  // the requests still out for it are pointed at the new one: an answer's response is shown
+  // there; a refresh's is not (asked before the body now shown, it may show the run as it was
+  // before the answer now shown): the body is fetched again.
+  var intoBody = [];
+  var outdated = new WeakSet(); // refreshes out for a body since replaced
   document.addEventListener("htmx:beforeRequest", function (event) {
-    var request = event.detail.requestConfig;
-    if (request && request.verb === "post") sending.push(event.detail.xhr);
-  });
-  document.addEventListener("htmx:afterRequest", function (event) {
-    sending = sending.filter(function (xhr) {
-      return xhr !== event.detail.xhr;
+    var detail = event.detail;
+    var xhr = detail.xhr;
+    var post = detail.requestConfig && detail.requestConfig.verb === "post";
+    var body = detail.target && detail.target.id === "run-body";
+    if (!xhr || !(post || body)) return;
+    if (post) sending.push(xhr);
+    if (body) intoBody.push(detail);
+    // (not `htmx:afterRequest`: HTMX sends it to the element the request came from, which a swap
+    // may have taken out of the page, and from there it reaches no listener here)
+    xhr.addEventListener("loadend", function () {
+      sending = sending.filter(function (out) {
+        return out !== xhr;
+      });
+      intoBody = intoBody.filter(function (out) {
+        return out !== detail;
+      });
+      fetchMissed();
     });
-    fetchMissed();
+  });
+  document.addEventListener("htmx:afterSwap", function (event) {
+    var replaced = event.detail.target;
+    var body = document.getElementById("run-body");
+    if (!replaced || replaced.id !== "run-body" || !body || replaced === body) return;
+    intoBody.forEach(function (detail) {
+      if (detail.target !== replaced || detail === event.detail) return; // (the swap's own request)
+      detail.target = body;
+      if (detail.requestConfig.verb === "get") {
+        outdated.add(detail.xhr);
+        missed = true;
+      }
+    });
   });
   // Only what makes a click holds refreshes: the primary button (a right-click opens a menu, which
   // takes the release) or Space on a button. A press ends with its release, or with what else the
@@ -371,8 +405,10 @@
     var status = detail.xhr ? detail.xhr.status : 200;
     var refused = status === 409 || status === 422;
     var request = detail.requestConfig; // (`detail.elt` is the body swapped, not what sent the request)
-    if (request && request.verb === "get" && (sending.length || pressing)) {
-      detail.shouldSwap = false; // an answer is out (its response shows the run), or being clicked
+    if (request && request.verb === "get" && (sending.length || pressing || outdated.has(detail.xhr))) {
+      // an answer is out (its response shows the run), or being clicked, or this refresh was asked
+      // for the body before the one now shown
+      detail.shouldSwap = false;
       missed = true;
       return;
     }
