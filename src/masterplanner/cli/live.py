@@ -451,7 +451,7 @@ def summary_line(report: dict[str, Any], seconds: float) -> str:
     colour = "green" if status == "succeeded" else "red"
     usage = report["usage"]
     parts = [
-        f"[bold {colour}]run {shown(report['run_id'])} {shown(status)}[/]",
+        f"[bold {colour}]run {shown(report['run_id'])} {shown(status_word(status))}[/]",
         duration(seconds),
         counted(usage["llm_calls"], "model call") + failed_note(usage.get("failed_calls", 0)),
         f"{usage['input_tokens']:,} in / {usage['output_tokens']:,} out tokens",

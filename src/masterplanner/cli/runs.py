@@ -848,7 +848,9 @@ def runs_retry(
         _detached(service, record, as_json=as_json)
         return
     console(stderr=True).print(
-        f"[bold]retrying run {shown(record.id)}[/] ({shown(record.status)})", highlight=False, soft_wrap=True
+        f"[bold]retrying run {shown(record.id)}[/] ({shown(status_word(record.status))})",
+        highlight=False,
+        soft_wrap=True,
     )
     _execute(service, record.id, as_json=as_json)
 
