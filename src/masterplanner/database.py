@@ -18,7 +18,7 @@ from urllib.parse import unquote
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from .errors import ConfigError, DatabaseUnavailableError, RunError
+from .errors import ConfigError, DatabaseError, DatabaseUnavailableError, RunError
 from .redaction import CREDENTIAL_PARAMETER, REMOVED
 
 _P = ParamSpec("_P")
@@ -154,7 +154,7 @@ def names_nothing(text: str) -> bool:
 def transaction(
     engine: Engine, url: str, action: str, *, connecting: str | None = None
 ) -> Iterator[Connection]:
-    """One transaction; database failures become a `RunError` naming the database and the action.
+    """One transaction; database failures become a `DatabaseError` naming the database and the action.
 
     `IntegrityError` passes through: callers that race on a key handle it. A Postgres server that
     cannot be reached or dropped the connection is a `DatabaseUnavailableError`: the transaction
@@ -182,7 +182,7 @@ def transaction(
             exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError)
         ):
             raise DatabaseUnavailableError(message) from None
-        raise RunError(message) from None
+        raise DatabaseError(message) from None
 
 
 def reconnecting(method: Callable[_P, _R]) -> Callable[_P, _R]:

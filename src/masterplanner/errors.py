@@ -17,8 +17,10 @@ MasterplannerError                 anything masterplanner raises on purpose
 │   ├── BudgetExceededError        a run went over its model-call, token or wall-time budget
 │   ├── RunStoppedError            a run's execution stopped before its end could be recorded
 │   │                              (its database failed): the run is left to resume
-│   └── DatabaseUnavailableError   the Postgres server could not be reached (store calls retry
-│                                  for a while before raising it)
+│   └── DatabaseError              the database failed a call (unwritable, full, locked): the
+│       │                          API's 500, not a refusal
+│       └── DatabaseUnavailableError  the Postgres server could not be reached (store calls
+│                                  retry for a while before raising it)
 ├── RequestError                   a run's request does not exist, is closed, or the answer does
 │                                  not fit it (exit code 2; nothing changes)
 └── ModelError                     a model call failed at run time (CLI exit code 1)
@@ -44,6 +46,7 @@ __all__ = [
     "AgentEditError",
     "BudgetExceededError",
     "ConfigError",
+    "DatabaseError",
     "DatabaseUnavailableError",
     "MasterplannerError",
     "MissingCredentialError",
@@ -212,7 +215,14 @@ class RunStoppedError(RunError):
     """
 
 
-class DatabaseUnavailableError(RunError):
+class DatabaseError(RunError):
+    """The database failed a call (unwritable, full, locked, not a database): the server's failure.
+
+    Not the run's state: the API answers it 500 where it answers a refusal 409 (`web.app`).
+    """
+
+
+class DatabaseUnavailableError(DatabaseError):
     """The database server could not be reached, or dropped the connection (it restarted)."""
 
 

@@ -10,6 +10,7 @@ def test_all_is_pinned_and_importable() -> None:
         "Catalog",
         "ChatResult",
         "ConfigError",
+        "DatabaseError",
         "DatabaseUnavailableError",
         "Engine",
         "Event",

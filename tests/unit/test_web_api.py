@@ -8,6 +8,7 @@ import html
 import json
 import os
 import re
+import sqlite3
 import stat
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -17,15 +18,19 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from _api import typed, web_client
 from _cli import mp, start
 from _plans import APPROVED_AS_SHOWN, step, to_approval
 
 from masterplanner import ConfigError, Settings
+from masterplanner.database import shown_url
 from masterplanner.engine.control import open_run_store
 from masterplanner.engine.records import RunOptions
 from masterplanner.engine.store import RunStore
-from masterplanner.errors import DatabaseUnavailableError, RequestClosedError
+from masterplanner.errors import DatabaseUnavailableError, MissingCredentialError, RequestClosedError
+from masterplanner.registry import embedders
+from masterplanner.registry import store as registry_store
 from masterplanner.service import RunService
 from masterplanner.tools import BUILTIN_TOOL_NAMES
 from masterplanner.tools.team import TEAM_TOOL_NAMES
@@ -1099,6 +1104,92 @@ async def test_a_team_nothing_stored_is_stored_through_the_api_once(
         assert [team["id"] for team in (await client.get("/teams")).json()] == [run_id]
         events = (await client.get(f"/runs/{run_id}/events")).json()
         assert [event["kind"] for event in events].count("team_stored") == 1
+
+
+@contextlib.asynccontextmanager
+async def _unstored_team_server(
+    monkeypatch: pytest.MonkeyPatch, write_script: Callable[..., Path]
+) -> AsyncIterator[tuple[RunService, httpx.AsyncClient, str]]:
+    """A server (its service, a client of its API and pages) with a run that succeeded and is over,
+    its team not stored (`remember_runs = never`): the run's id third."""
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "never")
+    service = RunService(Settings.load())
+    app = create_app(service)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8765"
+        ) as client:
+            options = {"prompt_rounds": 0, "auto_approve": True}
+            body = {"task": "do a then b", "model": f"scripted:{_script(write_script)}", "options": options}
+            run_id = str((await client.post("/api/v1/runs", json=body)).json()["id"])
+            await client.get(f"/api/v1/runs/{run_id}/events/stream")  # ends when the run is over
+            assert (await client.get(f"/api/v1/runs/{run_id}")).json()["status"] == "succeeded"
+            yield service, client, run_id
+    finally:
+        await app.state.executions.stop()
+        app.state.registry.close()
+        service.close()
+
+
+async def test_a_team_whose_storing_fails_in_the_database_is_a_server_failure_not_a_refusal(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry's database failing as the team is stored (a full disk) is the API's and the
+    page's 500, in our words: nothing was refused, and the same press stores it once that is fixed.
+
+    Before, both said 409, the answer to a run not in a state that takes it.
+    """
+    sql = registry_store._sql
+
+    def full(connection: Any, statement: str, parameters: Any = ()) -> Any:
+        if statement.startswith("INSERT INTO mp_cohorts"):
+            full_disk = sqlite3.OperationalError("database or disk is full")
+            raise sa.exc.OperationalError(statement, parameters, full_disk)
+        return sql(connection, statement, parameters)
+
+    async with _unstored_team_server(monkeypatch, write_script) as (service, client, run_id):
+        url = shown_url(service.settings.database_url)
+        failed = {"error": f"database {url}: cannot store a run's team: database or disk is full"}
+        with monkeypatch.context() as broken:
+            broken.setattr(registry_store, "_sql", full)
+            api = await client.post(f"/api/v1/runs/{run_id}/remember")
+            page = await client.post(f"/runs/{run_id}/remember", headers={"HX-Request": "true"})
+        assert (api.status_code, api.json()) == (500, failed)
+        assert (page.status_code, page.json()) == (500, failed)  # the page says "not sent … send it again"
+        assert (await client.get(f"/api/v1/teams/{run_id}")).status_code == 404
+        stored = await client.post(f"/api/v1/runs/{run_id}/remember")
+        assert (stored.status_code, stored.json()) == (200, {"cohort": run_id})
+
+
+async def test_a_team_the_embedder_setting_cannot_store_is_the_same_400_from_the_api_and_the_page(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An embedder setting the registry refuses as it is opened to store the team (a provider's,
+    its key not set) is a configuration error: the API's 400, as for any other, and the page's too.
+
+    Before, the page said 422, the answer to a form filled in wrong, where the API said 400.
+    """
+    refusal = MissingCredentialError("OPENAI_API_KEY", "openai:text-embedding-3-small", what="embedder")
+    check, refused = embedders.check_embedder, []
+
+    def refusing_once(spec: str) -> None:  # the registry opened to store the team: the page reads it after
+        if not refused:
+            refused.append(spec)
+            raise refusal
+        check(spec)
+
+    misconfigured = {
+        "error": "embedder 'openai:text-embedding-3-small' needs the environment variable OPENAI_API_KEY, "
+        "which is not set"
+    }
+    async with _unstored_team_server(monkeypatch, write_script) as (_, client, run_id):
+        monkeypatch.setattr(embedders, "check_embedder", refusing_once)
+        api = await client.post(f"/api/v1/runs/{run_id}/remember")
+        refused.clear()
+        page = await client.post(f"/runs/{run_id}/remember", headers={"HX-Request": "true"})
+        assert (api.status_code, api.json()) == (400, misconfigured)
+        assert (page.status_code, page.json()) == (400, misconfigured)  # "not sent: the server refused it"
+        assert (await client.get(f"/api/v1/teams/{run_id}")).status_code == 404
 
 
 async def test_a_review_answered_with_the_plan_as_it_was_is_no_edit(

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from ..engine.catalogs import unknown_policy_tool
 from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord, RunStatus
-from ..errors import DatabaseUnavailableError, RequestError, RunError, RunNotFoundError, quoted_id
+from ..errors import DatabaseError, RequestError, RunError, RunNotFoundError, quoted_id
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 from .api_bodies import AnswerIn, FeedbackIn, RetryIn, RunIn
@@ -193,11 +193,12 @@ def event_seq(last_event_id: str | None) -> int:
 def _conflict() -> Iterator[None]:
     """A `RunError` raised inside is the API's 409: the run is not in a state that takes this.
 
-    Not when the database is away (503, `app._our_error`).
+    Not when the database failed (a `DatabaseError`: 500, or 503 when it cannot be reached;
+    `app._our_error`): nothing refused it.
     """
     try:
         yield
-    except DatabaseUnavailableError:
+    except DatabaseError:
         raise
     except RunError as error:
         raise HTTPException(409, str(error)) from None
@@ -391,6 +392,8 @@ async def remember_run(request: Request, run_id: str) -> dict[str, str]:
     For a team that was not stored (`remember_runs = never`, or storing it failed). Refused (409),
     nothing changed, when the run did not succeed, still asks whether to store its team (answer
     that request), has a team holding what looks like a secret, or has its team stored already.
+    Storing it failing is no refusal: the database's failure is a 500 (503 when it cannot be
+    reached), a setting the registry refuses (its embedder) a 400, as anywhere in the API.
     """
     service = _service(request)
     record = await _run(service, run_id)

@@ -22,6 +22,7 @@ from .._version import __version__
 from ..errors import (
     NUL_PROBLEM,
     AgentEditError,
+    DatabaseError,
     DatabaseUnavailableError,
     MasterplannerError,
     PlanError,
@@ -235,6 +236,8 @@ async def _our_error(request: Request, exc: Exception) -> Response:
         return _refused(request, 422, str(exc))
     if isinstance(exc, DatabaseUnavailableError):
         return _refused(request, 503, str(exc))
+    if isinstance(exc, DatabaseError):  # the server's failure (a full disk), said in its words
+        return _refused(request, 500, str(exc))
     return _refused(request, 400, str(exc))
 
 

@@ -31,7 +31,7 @@ from ..engine.records import (
     RunRecord,
 )
 from ..errors import (
-    DatabaseUnavailableError,
+    DatabaseError,
     MasterplannerError,
     PlanError,
     RequestClosedError,
@@ -415,20 +415,21 @@ async def remember(request: Request, run_id: str) -> Response:
     """Store the team of the run that succeeded (`RunService.remember`); the body says it, or why not.
 
     A refusal (the run asks whether to store its team, the team is stored already: a page that
-    showed the button before) is a 409, and a failure to store it (an embedder that cannot be
-    made) a 422, each shown with the run as it is now.
+    showed the button before) is a 409, shown with the run as it is now. A failure to store it is
+    answered as the API answers it (`app._our_error`): the database failing 500 (503 when it
+    cannot be reached), a setting the registry refuses (its embedder) 400; the page says it was
+    not taken, and why.
     """
     service = _service(request)
     record = await existing_run(request, run_id)
     try:
         cohort = await service.remember(record.id, by=answerer_name("web"))
-    except DatabaseUnavailableError:
+    except DatabaseError:  # the server's failure, not a refusal
         raise
-    except MasterplannerError as error:  # refused (409), or storing it failed (an embedder not made)
+    except RunError as error:  # refused
         context = await _body_context(request, await service.get(record.id), None)
         context["remembered"] = {"error": str(error)}
-        status = 409 if isinstance(error, RunError) else 422
-        return templates.TemplateResponse(request, "_run_body.html", context, status_code=status)
+        return templates.TemplateResponse(request, "_run_body.html", context, status_code=409)
     context = await _body_context(request, await service.get(record.id), None)
     context["remembered"] = {"cohort": cohort}
     return templates.TemplateResponse(request, "_run_body.html", context)
