@@ -961,6 +961,97 @@ def test_a_request_opened_by_the_lease_holder_is_opened_only_while_it_holds_it(d
         store.close()
 
 
+def test_no_request_opens_on_a_run_that_has_ended(database_url: str) -> None:
+    """`Requests.open` on a cancelled, failed or succeeded run: `RunEnded`, and nothing written.
+
+    A step that asks as a cancel ends the run (a tool approval, an agent's question) opened its
+    request after the end had closed the run's open ones: it stayed open for good on the
+    cancelled run (`runs pending`, the web's list, the API's requests). A request opened before
+    the end is found under its key as it is; the remember question is the end's own, on a
+    succeeded run, and opens.
+    """
+    from masterplanner.engine.control import mark_cancelled
+    from masterplanner.engine.requests import RunEnded
+
+    store = RunStore(database_url)
+    try:
+        for run_id in ("r1", "r2", "r3"):
+            store.create_run(run_id, "x", model="scripted:x", workspace="/tmp", options=RunOptions())
+        asked: tuple[EventKind, dict[str, Any]] = ("request_opened", {"kind": "ask_user"})
+
+        def ask(run_id: str, key: str) -> tuple[Any, bool]:
+            return store.requests.open(
+                run_id, "ask_user", {"question": "Which?"}, key=key, step_id="a", event=asked
+            )
+
+        before, _ = ask("r1", "r1:before")
+        mark_cancelled(store, "r1")
+        said = store.events("r1")
+        with pytest.raises(
+            RunEnded, match=r"^run r1 has ended \(cancelled\): its ask_user request was not opened$"
+        ):
+            ask("r1", "r1:after")
+        call = {"tool": "t", "arguments": {}}
+        with pytest.raises(RunEnded, match=r"its tool_approval request was not opened"):
+            store.requests.open(
+                "r1",
+                "tool_approval",
+                call,
+                key="r1:call",
+                step_id="a",
+                event=("tool_approval_requested", call),
+            )
+        # found under its key (the step made again after a crash): as it is, and nothing more
+        closed = store.requests.get(before.id)
+        assert closed.state == "cancelled"
+        assert ask("r1", "r1:before") == (closed, False)
+        assert store.requests.find("r1", state=None) == [closed]
+        assert store.events("r1") == said
+
+        for run_id, status in (("r2", "failed"), ("r3", "succeeded")):
+            ended = store.end_run(
+                run_id,
+                status,
+                f"run_{status}",
+                {},
+                requests="expired",
+                keep_remember=True,
+                unstarted_finished=True,
+            )
+            assert ended
+        with pytest.raises(RunEnded, match=r"^run r2 has ended \(failed\): its ask_user request"):
+            ask("r2", "r2:after")
+        with pytest.raises(RunEnded, match=r"^run r3 has ended \(succeeded\): its ask_user request"):
+            ask("r3", "r3:after")
+        assert store.requests.find("r2", state=None) == store.requests.find("r3", state=None) == []
+        remember, new = store.requests.open(
+            "r3", "remember", {"agents": 1}, key="r3#remember", event=("request_opened", {"kind": "remember"})
+        )
+        assert new and store.requests.find("r3") == [remember]
+        assert [(event.kind, event.data) for event in store.events("r3")][-1] == (
+            "request_opened",
+            {"request": remember.id, "kind": "remember"},
+        )
+    finally:
+        store.close()
+
+
+def test_a_request_s_event_of_no_known_kind_is_refused(database_url: str) -> None:
+    """`Requests.open(…, event=…)` takes the event kinds `RunStore.step_event` takes, and no other.
+
+    A misspelt kind was written as it was, an event no reader knows; now it is refused, and nothing
+    is written."""
+    store = RunStore(database_url)
+    try:
+        store.create_run("r1", "x", model="scripted:x", workspace="/tmp", options=RunOptions())
+        unknown: Any = ("request_opend", {})
+        with pytest.raises(ValueError, match=r"^unknown event kind 'request_opend'$"):
+            store.requests.open("r1", "ask_user", {"question": "Which?"}, key="r1:ask", event=unknown)
+        assert (store.requests.find("r1", state=None), store.events("r1")) == ([], [])
+    finally:
+        store.close()
+
+
 def test_a_plan_s_revision_is_written_once_and_only_by_the_lease_holder(database_url: str) -> None:
     """`RunStore.record_revision`: a replan's plan, agents, steps and event, in one transaction.
 

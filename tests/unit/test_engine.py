@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
@@ -388,6 +389,98 @@ async def test_a_cancel_landing_as_the_run_ends_keeps_it_cancelled_and_stores_no
     kinds = [kind for kind, _ in _kinds(engine, run.id)]
     assert (final.status, store.get_run(run.id).status) == ("cancelled", "cancelled")
     assert kinds[-1] == "run_cancelled" and "run_succeeded" not in kinds and "team_stored" not in kinds
+
+
+@pytest.mark.parametrize("kind", ["ask_user", "tool_approval"])
+async def test_a_step_that_asks_as_a_cancel_ends_the_run_leaves_no_request_open(
+    engine: Engine,
+    write_script: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    kind: str,
+) -> None:
+    """A cancel that ends the run as a step is about to ask leaves no request open, and no event after it.
+
+    The run's end closed its open requests, and then the step opened its own: it stayed open for
+    good on the cancelled run (`runs pending`, the web's list, the API's requests). Now the step
+    is told the run has ended (`RunEnded`), and stops recording nothing.
+    """
+    call = (
+        {"name": "ask_user", "args": {"question": "Which city?"}}
+        if kind == "ask_user"
+        else {"name": "write_file", "args": {"path": "a.txt", "content": "A"}}
+    )
+    script = write_script(
+        [
+            _planner(step("a", tools=[call["name"]])),
+            {"purpose": "step:a", "tool_calls": [call]},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    # not `auto_approve`, which takes `ask` for `auto`: the plan is approved by a person
+    options = replace(FAST, auto_approve=False, tool_policies={"write_file": "ask"})
+    run = engine.create_run("asks", model=f"scripted:{script}", options=options, workspace=tmp_path / "ws")
+    store = engine.store
+    opening, ending = store.open_request, store.end_run
+    ended, asked = threading.Event(), threading.Event()
+
+    def end_run(run_id: str, status: Any, *args: Any, **values: Any) -> bool:
+        try:
+            return ending(run_id, status, *args, **values)
+        finally:
+            if status == "cancelled":
+                ended.set()
+
+    def open_request(run_id: str, opened: str, *args: Any, **values: Any) -> Any:
+        if opened != kind:
+            return opening(run_id, opened, *args, **values)
+        try:  # another process's cancel, which this process's guard carries out before the step asks
+            assert store.ask_cancel(run_id, by="cli@elsewhere:1")
+            assert ended.wait(30), "the cancel did not end the run"
+            return opening(run_id, opened, *args, **values)
+        finally:
+            asked.set()
+
+    monkeypatch.setattr(store, "end_run", end_run)
+    monkeypatch.setattr(store, "open_request", open_request)
+
+    async def approve(_run: Any, _catalog: Any) -> dict[str, Any]:
+        return {"action": "approve"}
+
+    final = await asyncio.wait_for(execute_answering(engine, run.id, review=approve), 60)
+    assert await asyncio.to_thread(asked.wait, 30)  # the step's thread (stopped or not with its task) asked
+    assert (final.status, store.get_run(run.id).status) == ("cancelled", "cancelled")
+    assert store.requests.find(run.id) == []
+    assert [request.kind for request in store.requests.find(run.id, state=None)] == ["plan_review"]
+    said = [said_kind for said_kind, _ in _kinds(engine, run.id)]
+    assert said[-1] == "run_cancelled" and "step_failed" not in said
+    assert not (tmp_path / "ws" / "a.txt").exists()
+
+
+async def test_a_step_s_pause_on_an_ended_run_stops_the_step_as_its_cancel_does(
+    engine: Engine, write_script: Callable[..., Path]
+) -> None:
+    """A step not stopped with its run's execution (on a worker) that asks after the run ended stops.
+
+    It is told so with DBOS's own cancellation (a `BaseException`: no tool call, step attempt or
+    DBOS step records it), naming why; before, it opened its request on the ended run and waited
+    for it for ever.
+    """
+    from dbos._error import DBOSWorkflowCancelledError
+
+    from masterplanner.engine.control import mark_cancelled
+    from masterplanner.engine.tool_calls import step_pause
+
+    run = _one_step_run(engine, write_script)
+    mark_cancelled(engine.store, run.id)
+    said = engine.store.events(run.id)
+    ended = rf"^DBOS Error 10: run {run.id} has ended \(cancelled\): its ask_user request was not opened$"
+    with pytest.raises(DBOSWorkflowCancelledError, match=ended):
+        asked = ("request_opened", {"kind": "ask_user"})
+        await asyncio.wait_for(
+            step_pause(engine.store, run.id, "a", "ask_user", {"question": "q"}, asked), 10
+        )
+    assert (engine.store.requests.find(run.id, state=None), engine.store.events(run.id)) == ([], said)
 
 
 async def test_review_decisions(engine: Engine, write_script: Callable[..., Path]) -> None:

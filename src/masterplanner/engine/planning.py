@@ -24,7 +24,7 @@ from ..prompting import AgentPrompt, Progress, create_prompts, prompts_to_json
 from ..registry import Cohort
 from .catalogs import RunCatalog, unoffered_policy_tools
 from .records import AgentBrief, PlanChange, RunRecord, briefs, briefs_json
-from .requests import LeaseLost, PlanDecision, Request
+from .requests import LeaseLost, PlanDecision, Request, RunEnded
 from .resources import RunResources
 from .reuse import REUSE_CANDIDATES, cohort_hints, reusable_agents, reusable_cohort
 
@@ -331,6 +331,8 @@ async def review_run(resources: RunResources, run: RunRecord, *, owner: str) -> 
                 continue
             break
     except LeaseLost:  # a review request was to open, and another process holds the run: it asks
+        return None
+    except RunEnded:  # a review request was to open, and the run has ended (a cancel): nothing to ask
         return None
     return await asyncio.to_thread(_decided, store, run.id, "approved", {"by": by}, owner, edit)
 

@@ -65,6 +65,7 @@ __all__ = [
     "RequestKind",
     "RequestState",
     "Requests",
+    "RunEnded",
     "StepClock",
     "add_answer_call",
     "closed_text",
@@ -94,6 +95,22 @@ class LeaseLost(Exception):
 
     Nothing was written; the opener stops, as when another lease-bound write finds the lease lost.
     """
+
+
+class RunEnded(Exception):
+    """A request was to be opened for a run that has ended (cancelled, failed or succeeded).
+
+    Nothing was written: no request stays open on an ended run, whose end closed the open ones
+    (`close_open_requests`). A step that asks as a cancel ends the run (a tool approval, an
+    agent's question, on a worker too) stops instead, recording nothing. The `remember` question
+    is the exception: the end of a succeeded run opens it.
+    """
+
+    def __init__(self, run_id: str, status: str, kind: RequestKind) -> None:
+        super().__init__(f"run {run_id} has ended ({status}): its {kind} request was not opened")
+        self.run_id = run_id
+        self.status = status
+        self.kind = kind
 
 
 class PlanDecision(BaseModel):
@@ -520,8 +537,11 @@ class Requests:
         open without it, from an older version, gets it then: `RunStore.open_request`).
 
         With `owner`, only while `owner` holds the run's lease: `LeaseLost`, and nothing written,
-        when another process holds it. (Made again while the database is unavailable by
-        `RunStore.open_request` itself, a keyed write: a try that committed is found by the next.)
+        when another process holds it. On a run that has ended, only a `remember` request opens:
+        `RunEnded` otherwise, and nothing written (one found under `key` is returned as it is).
+        An `event` of a kind that is not an `EventKind` is refused (`ValueError`). (Made again
+        while the database is unavailable by `RunStore.open_request` itself, a keyed write: a try
+        that committed is found by the next.)
         """
         opened = self._store.open_request(
             run_id, kind, payload, key=key, step_id=step_id, event=event, owner=owner

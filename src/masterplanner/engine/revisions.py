@@ -35,7 +35,7 @@ from ..prompting import create_prompts, prompts_to_json
 from .checkpoints import checkpointed_and_counted
 from .planning import kept_marks, review_payload
 from .records import AgentBrief, EventKind, PlanChange, RunRecord, briefs
-from .requests import LeaseLost, PlanDecision
+from .requests import LeaseLost, PlanDecision, RunEnded
 from .resources import RunResources, resources_of
 from .runtime import launched_host, own_workflow
 from .scheduler import NOT_REPLANNED, REPLAN_REJECTED, StepOutcome
@@ -47,6 +47,7 @@ class RevisionLost(Exception):
     """A revision's write found the run no longer this execution's: another process took it over.
 
     Nothing of the revision was recorded; the execution stops, and the holder makes the revision.
+    So when the run has ended meanwhile (a cancel): its end stands, and nobody makes the revision.
     """
 
 
@@ -367,7 +368,7 @@ class PlanRevisions:
                 event=("request_opened", {"kind": "replan"} | ({"refused_edit": refused} if refused else {})),
                 owner=self.owner,
             )
-        except LeaseLost:  # another process holds the run: it asks, and applies the answer
+        except (LeaseLost, RunEnded):  # another process holds the run (it asks), or the run has ended
             raise RevisionLost from None
         if answered.state != "answered" or answered.answer is None:
             raise RunError(f"the replan of step {step.id} (request {answered.id}) was {answered.state}")

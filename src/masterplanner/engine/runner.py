@@ -594,7 +594,8 @@ class _Drive:
             raise
         except RevisionLost:
             # a revision's write found another process holding the run (this one stalled past its
-            # lease): it stops as when its guard sees the lease taken, and the holder goes on
+            # lease), or the run ended: it stops as when its guard sees the lease taken, and the
+            # holder goes on (the reason only stops the guard and `_goes_on`; nothing shows it)
             self.stop_reason = "lease lost"
             await self._cancel_step_workflows(only_here=True)
         except _Refused as refused:

@@ -62,6 +62,7 @@ from .requests import (
     Request,
     RequestKind,
     Requests,
+    RunEnded,
     add_answer_call,
     close_open_requests,
     create_requests_table,
@@ -569,21 +570,30 @@ class RunStore:
         it then; a closed one is left as it is (its answer's event says it was asked).
 
         With `owner`, only while `owner` holds the run's lease: None, and nothing written, when it
-        does not (it stalled past it, and another process took the run over).
+        does not (it stalled past it, and another process took the run over). On a run that has
+        ended (cancelled, failed or succeeded), `RunEnded` and nothing written, unless `kind` is
+        `remember` (the end of a succeeded run opens it): a step that asked as a cancel ended the
+        run opened its request after the end had closed the open ones, and it stayed open for good.
+        A request found under `key` is returned as it is (no event is added on an ended run).
+        An `event` of no known kind is refused as `step_event` refuses one (`ValueError`).
 
         Before, the request and its event were two writes: a crash or a store error between them
         left the request with no event for good (found under its key, it was not new, so it was
         not announced): the run's events, its page's live view and its audit never said that a
         person was asked.
         """
+        if event is not None and event[0] not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {event[0]!r}")
         opened: list[tuple[Request, bool]] = []
+        ended: list[str] = []
 
         def announce(connection: Connection, request_id: str) -> None:
             if event is not None:
                 data = json.dumps({"request": request_id} | event[1], default=str)
                 _insert_event(connection, run_id, utc_now(), event[0], step_id, data)
 
-        def open_it(connection: Connection, _now: Any) -> bool:
+        def open_it(connection: Connection, now: Any) -> bool:
+            over = now is not None and now.status in FINISHED_RUN_STATUSES and kind != "remember"
             found = (
                 connection.execute(sa.select(requests_table).where(requests_table.c.key == key))
                 .mappings()
@@ -592,12 +602,16 @@ class RunStore:
             if found is not None:
                 if (
                     event is not None
+                    and not over
                     and found["state"] == "open"
                     and not _announces(connection, run_id, event[0], found["id"])
                 ):
                     announce(connection, found["id"])
                 opened.append((request_of_row(found), False))
                 return True
+            if over:  # ended meanwhile (a cancel): its end closed the open requests, none opens after it
+                ended.append(now.status)
+                return False
             request_id = secrets.token_hex(4)  # taken (rarely): the insert fails, and is made again
             row = {
                 "id": request_id,
@@ -619,6 +633,8 @@ class RunStore:
         written = self._as_holder(
             run_id, owner, "open a request", f"could not open a request of run {run_id}", open_it, no_run=True
         )
+        if ended:
+            raise RunEnded(run_id, ended[-1], kind)
         return opened[-1] if written else None
 
     def decide_review(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from dbos import DBOS
+from dbos._error import DBOSWorkflowCancelledError
 from opentelemetry.trace import Status, StatusCode
 
 from .. import telemetry
@@ -18,9 +19,10 @@ from ..errors import MasterplannerError, ToolError
 from ..redaction import REMOVED, redacted, redacted_content, shortened
 from ..tools.results import TOOL_FAILED, TOOL_OUTPUT
 from .records import EventKind
+from .requests import Request, RequestKind, RunEnded
 from .store import RunStore
 
-__all__ = ["ToolCalls", "durable_key"]
+__all__ = ["ToolCalls", "durable_key", "step_pause"]
 
 _FAILURE_CHARS = 500
 """Longest description of a tool's unexpected failure that the agent sees."""
@@ -48,6 +50,31 @@ def durable_key() -> str:
     Outside a DBOS step (a tool called directly) each pause gets a key of its own.
     """
     return _step_place() or f"direct#{uuid.uuid4().hex}"
+
+
+async def step_pause(
+    store: RunStore,
+    run_id: str,
+    step_id: str,
+    kind: RequestKind,
+    payload: dict[str, Any],
+    event: tuple[EventKind, dict[str, Any]],
+) -> Request:
+    """A step's pause for a person (a tool approval, an agent's question): `Requests.pause` at `durable_key`.
+
+    A run that has ended (a cancel that landed as the step was about to ask; the step may run
+    on a worker) gets no request (`RunEnded`): the step stops as a workflow that sees its own
+    cancellation stops, with DBOS's `DBOSWorkflowCancelledError` (a `BaseException`: no tool
+    call, step attempt or DBOS step records it), so no failure and no event is written on the
+    ended run. The run's end cancelled the step's workflow before it ended the run
+    (`_Drive._cancel_step_workflows`), and DBOS keeps that outcome.
+    """
+    try:
+        return await store.requests.pause(
+            run_id, kind, payload, key=durable_key(), step_id=step_id, event=event
+        )
+    except RunEnded as ended:
+        raise DBOSWorkflowCancelledError(str(ended)) from None
 
 
 def _printable(text: str) -> str:
@@ -282,14 +309,14 @@ class ToolCalls:
         if policy == "deny":
             await self._event("tool_denied", {"tool": tool, "by": "policy"})
             return False
-        answered = await self.store.requests.pause(
+        answered = await step_pause(
+            self.store,
             self.run_id,
+            self.step_id,
             "tool_approval",
             {"tool": tool, "arguments": arguments},
-            key=durable_key(),
-            step_id=self.step_id,
             # the log's copy is cut as tool_called's is; the request holds them whole
-            event=("tool_approval_requested", {"tool": tool, "arguments": _shown_in_events(arguments)}),
+            ("tool_approval_requested", {"tool": tool, "arguments": _shown_in_events(arguments)}),
         )
         approved = answered.state == "answered" and bool((answered.answer or {}).get("approved"))
         data = {"tool": tool, "by": answered.answered_by or answered.state, "request": answered.id}

@@ -73,7 +73,7 @@ from .step_agent import (
     written_tool_call,
 )
 from .step_tools import runnable_tools, step_tools, team_tools
-from .tool_calls import ToolCalls, durable_key
+from .tool_calls import ToolCalls, step_pause
 
 __all__ = [
     "AGENT_REQUEST_LIMIT",
@@ -582,14 +582,9 @@ class _StepRun:
     async def _ask_person(self, question: str) -> str:
         """An agent's `ask_user` question as a stored request; waits until any process answers it."""
         run_id, step_id, store = self.record.id, self.step.id, self.store
-        answered = await store.requests.pause(
-            run_id,
-            "ask_user",
-            {"question": question},
-            key=durable_key(),
-            step_id=step_id,
-            event=("request_opened", {"kind": "ask_user"}),
-        )
+        asked: tuple[EventKind, dict[str, Any]] = ("request_opened", {"kind": "ask_user"})
+        # a run that ended meanwhile gets no question: the step stops, recording nothing
+        answered = await step_pause(store, run_id, step_id, "ask_user", {"question": question}, asked)
         if answered.state != "answered" or answered.answer is None:
             raise ToolError(f"the question was not answered (request {answered.id} is {answered.state})")
         return str(answered.answer["text"])
