@@ -27,7 +27,14 @@ if TYPE_CHECKING:  # a rating above LOW_RATING calls no model: pydantic-ai is im
 
     from .registry import RegistryStore
 
-__all__ = ["LOW_RATING", "FeedbackResult", "check_rating", "give_feedback", "registry_refusal"]
+__all__ = [
+    "LOW_RATING",
+    "FeedbackResult",
+    "check_rating",
+    "comment_problem",
+    "give_feedback",
+    "registry_refusal",
+]
 
 LOW_RATING = 2
 """At or below this rating the agents involved are taught lessons."""
@@ -96,6 +103,25 @@ def check_rating(rating: object) -> None:
         raise ConfigError(f"the rating must be a whole number from 1 to 5, got {rating!r}")
 
 
+def comment_problem(comment: str) -> str | None:
+    """Why a rating's `comment` is refused, in the words `give_feedback` refuses it with; None if taken.
+
+    One definition: `give_feedback` raises it (a `ConfigError`), and the run page checks the
+    comment typed with it first, as it checks the rating, so what it says of a setting or the
+    database (the server's answer) is never taken for what the person typed.
+    """
+    if not comment.isascii():
+        try:
+            comment.encode("utf-8")
+        except UnicodeEncodeError:
+            return "the comment is not valid UTF-8 text"
+    if "\x00" in comment:  # a lesson's text: Postgres refuses it
+        return f"the comment {NUL_PROBLEM}; the run is not rated"
+    if secret_parts(comment):  # it would reach the analysis's prompt and, as a lesson, the registry
+        return secret_refusal("the comment", not_in="a rating's comment") + "; the run is not rated"
+    return None
+
+
 async def give_feedback(
     registry: RegistryStore,
     *,
@@ -121,18 +147,11 @@ async def give_feedback(
     for what, value in (("the comment", comment), ("who rates", by)):
         if not isinstance(value, str):  # a program's argument
             raise ConfigError(f"{what} should be text, got {json_kind(value)}; the run is not rated")
-    if not comment.isascii():
-        try:
-            comment.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ConfigError("the comment is not valid UTF-8 text") from None
-    for what, text in (("the comment", comment), (f"who rates ({by!r})", by)):
-        if "\x00" in text:  # a lesson's text, and the rating's record: Postgres refuses it
-            raise ConfigError(f"{what} {NUL_PROBLEM}; the run is not rated")
-    if secret_parts(comment):  # it would reach the analysis's prompt and, as a lesson, the registry
-        raise ConfigError(
-            secret_refusal("the comment", not_in="a rating's comment") + "; the run is not rated"
-        )
+    problem = comment_problem(comment)
+    if problem is not None:
+        raise ConfigError(problem)
+    if "\x00" in by:  # the rating's record: Postgres refuses it
+        raise ConfigError(f"who rates ({by!r}) {NUL_PROBLEM}; the run is not rated")
     # the registry's calls are database work (and may embed): off the event loop; a refusal is
     # said before the analysis's model call, and `apply_rating` decides
     refusal = await asyncio.to_thread(registry_refusal, registry, run_id, plan, agents)

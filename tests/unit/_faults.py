@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 
 class Killed(BaseException):
@@ -30,3 +35,29 @@ def failing_as_the_event_is_written(
 
     monkeypatch.setattr(store_module, "_insert_event", insert)
     return failed
+
+
+@contextlib.contextmanager
+def sqlite_failing(
+    statement: str, words: str = "database or disk is full", *, times: int | None = None
+) -> Iterator[list[str]]:
+    """SQLite fails the statements holding `statement` with its error in `words`, meanwhile.
+
+    Raised as its driver raises it (a full disk by default; "database is locked" for another
+    process's write lock held past the wait), in the cursor's call of any store (the runs', the
+    registry's), so the store's transaction says it as it says a real one (`database.transaction`).
+    `times`: only the first so many of them fail (all by default). Yields the statements it failed,
+    so a test can check one was.
+    """
+    failed: list[str] = []
+
+    def fail(_connection: Any, _cursor: Any, sent: str, *_: Any) -> None:
+        if statement in sent and (times is None or len(failed) < times):
+            failed.append(sent)
+            raise sqlite3.OperationalError(words)
+
+    sa.event.listen(Engine, "before_cursor_execute", fail)
+    try:
+        yield failed
+    finally:
+        sa.event.remove(Engine, "before_cursor_execute", fail)

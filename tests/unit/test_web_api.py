@@ -8,7 +8,6 @@ import html
 import json
 import os
 import re
-import sqlite3
 import stat
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -18,9 +17,9 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
-import sqlalchemy as sa
 from _api import typed, web_client
 from _cli import mp, start
+from _faults import sqlite_failing
 from _plans import APPROVED_AS_SHOWN, step, to_approval
 
 from masterplanner import ConfigError, Settings
@@ -30,7 +29,6 @@ from masterplanner.engine.records import RunOptions
 from masterplanner.engine.store import RunStore
 from masterplanner.errors import DatabaseUnavailableError, MissingCredentialError, RequestClosedError
 from masterplanner.registry import embedders
-from masterplanner.registry import store as registry_store
 from masterplanner.service import RunService
 from masterplanner.tools import BUILTIN_TOOL_NAMES
 from masterplanner.tools.team import TEAM_TOOL_NAMES
@@ -724,6 +722,20 @@ async def test_answers_that_do_not_fit_the_request_are_refused(
     assert final["error"]
 
 
+async def test_the_run_actions_document_the_database_s_failures(service: RunService) -> None:
+    """Each run action and an answer document the 500 of a database failing a call and the 503 of
+    one not reached, with the error body, as they do their refusals: before, only the refusals."""
+    paths = create_app(service).openapi()["paths"]
+    actions = [f"/api/v1/runs/{{run_id}}/{action}" for action in ("cancel", "resume", "retry", "feedback")]
+    for path in [*actions, "/api/v1/runs/{run_id}/remember", "/api/v1/requests/{request_id}/answer"]:
+        responses = paths[path]["post"]["responses"]
+        failures = [("500", "the database failed the call (a full disk)"), ("503", "cannot be reached")]
+        for code, said in failures:
+            assert said in responses[code]["description"], (path, code)
+            schema = responses[code]["content"]["application/json"]["schema"]
+            assert schema == {"$ref": "#/components/schemas/ErrorOut"}, (path, code)
+
+
 async def test_a_token_is_required_when_set(service: RunService) -> None:
     app = create_app(service, token="t" * 43)
     async with httpx.AsyncClient(
@@ -1139,19 +1151,10 @@ async def test_a_team_whose_storing_fails_in_the_database_is_a_server_failure_no
 
     Before, both said 409, the answer to a run not in a state that takes it.
     """
-    sql = registry_store._sql
-
-    def full(connection: Any, statement: str, parameters: Any = ()) -> Any:
-        if statement.startswith("INSERT INTO mp_cohorts"):
-            full_disk = sqlite3.OperationalError("database or disk is full")
-            raise sa.exc.OperationalError(statement, parameters, full_disk)
-        return sql(connection, statement, parameters)
-
     async with _unstored_team_server(monkeypatch, write_script) as (service, client, run_id):
         url = shown_url(service.settings.database_url)
         failed = {"error": f"database {url}: cannot store a run's team: database or disk is full"}
-        with monkeypatch.context() as broken:
-            broken.setattr(registry_store, "_sql", full)
+        with sqlite_failing("INSERT INTO mp_cohorts"):
             api = await client.post(f"/api/v1/runs/{run_id}/remember")
             page = await client.post(f"/runs/{run_id}/remember", headers={"HX-Request": "true"})
         assert (api.status_code, api.json()) == (500, failed)

@@ -17,9 +17,11 @@ import httpx
 import pytest
 from _api import web_client
 from _cli import start
+from _faults import sqlite_failing
 from _plans import APPROVED_AS_SHOWN, step, to_approval
 
 from masterplanner import RunOptions, Settings
+from masterplanner.database import shown_url
 from masterplanner.engine.store import RunStore
 from masterplanner.errors import DatabaseUnavailableError
 from masterplanner.service import RunService
@@ -1096,3 +1098,152 @@ async def test_a_succeeded_run_s_team_nothing_stored_is_remembered_from_its_page
         assert [event["kind"] for event in events].count("team_stored") == 1
         missing = await client.post("/runs/nosuchrun/remember", headers=headers)
         assert (missing.status_code, missing.json()) == (404, {"error": "no run 'nosuchrun'"})
+
+
+# The run page's forms answer the database's failure as the API answers it (`app._our_error`: 500 in
+# its words, 503 when it cannot be reached), and the page says "not sent … send it again"; before,
+# each showed it in the run's body as a refusal (409 or 422), as if the run or what was typed were
+# wrong, and sending it again were no use.
+
+HX = {"HX-Request": "true"}
+
+
+def _failed(words: str) -> dict[str, str]:
+    """The JSON error of a database failing a call (SQLite's `words`), as `database.transaction` says it."""
+    url = shown_url(Settings.load().database_url)
+    return {"error": f"database {url}: {words}"}
+
+
+def _said(response: httpx.Response) -> tuple[int, Any]:
+    """The status and what was said: the JSON of an error, else the page's text (a run's body)."""
+    json_sent = response.headers.get("content-type", "").startswith("application/json")
+    return response.status_code, response.json() if json_sent else response.text
+
+
+async def _over(client: httpx.AsyncClient, run_id: str, status: str) -> None:
+    """Wait for the run to be over (its process let go of it) with `status`."""
+    assert "event: over" in (await client.get(f"/runs/{run_id}/changes")).text
+    assert (await client.get(f"/api/v1/runs/{run_id}")).json()["status"] == status
+
+
+async def test_an_answer_the_database_fails_to_store_is_the_server_s_failure_as_from_the_api(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """A full disk as the answer to a request is stored is the page's 500, as the API's: the answer
+    was not taken, and the same answer sent once that is fixed is. Before, the page said 422 (an
+    answer that does not fit) inside the run's body."""
+    one_step = {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}}
+    script = write_script([one_step, DRAFTS, {"purpose": "*", "repeat": True}])
+    form = {"task": "do a", "model": f"scripted:{script}", "prompt_rounds": "0"}
+    run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
+    body = await _body_until(client, run_id, "Review the plan")
+    review = re.search(r'hx-post="/runs/[^/]+/requests/([0-9a-f]+)"', body)
+    assert review is not None
+    rejected = {"choice": "reject", "reason": "not this"}
+    with sqlite_failing("UPDATE mp_requests") as failed:
+        page = await client.post(f"/runs/{run_id}/requests/{review[1]}", data=rejected, headers=HX)
+        api = await client.post(
+            f"/api/v1/requests/{review[1]}/answer", json={"approve": False, "reason": "not this"}
+        )
+    full = _failed("cannot answer a request: database or disk is full")
+    assert len(failed) == 2
+    assert _said(page) == (500, full)
+    assert _said(api) == (500, full)
+    assert (await client.get(f"/api/v1/requests/{review[1]}")).json()["state"] == "open"
+    taken = await client.post(f"/runs/{run_id}/requests/{review[1]}", data=rejected, headers=HX)
+    assert taken.status_code == 200, taken.text
+    await _over(client, run_id, "cancelled")
+
+
+async def test_a_rating_the_database_or_a_setting_fails_is_the_server_s_answer_as_from_the_api(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """A full disk as the rating is stored is the page's 500, and the run's model that cannot be
+    made for a low rating's analysis (its script gone) its 400, as the API's; a comment the
+    rating cannot take is still the page's 422, shown with the form. Before, all were 422."""
+    one_step = {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}}
+    script = write_script(
+        [one_step, {"purpose": "step:a", "output": "A done"}, DRAFTS, {"purpose": "*", "repeat": True}]
+    )
+    created = await client.post("/new", data={"task": "do a", "model": f"scripted:{script}", "yes": "on"})
+    run_id = created.headers["location"].removeprefix("/runs/")
+    await _over(client, run_id, "succeeded")
+    with sqlite_failing("INSERT INTO mp_run_ratings") as failed:
+        page = await client.post(f"/runs/{run_id}/feedback", data={"rating": "4"}, headers=HX)
+        api = await client.post(f"/api/v1/runs/{run_id}/feedback", json={"rating": 4})
+    full = _failed("cannot rate a run: database or disk is full")
+    assert len(failed) == 2
+    assert _said(page) == (500, full)
+    assert _said(api) == (500, full)
+
+    script.unlink()  # a low rating's analysis needs the run's model
+    page = await client.post(f"/runs/{run_id}/feedback", data={"rating": "1"}, headers=HX)
+    api = await client.post(f"/api/v1/runs/{run_id}/feedback", json={"rating": 1})
+    gone = {"error": f"scripted model file {script} does not exist"}
+    assert _said(page) == (400, gone)
+    assert _said(api) == (400, gone)
+
+    nul = await client.post(f"/runs/{run_id}/feedback", data={"rating": "4", "comment": "a\x00b"}, headers=HX)
+    assert nul.status_code == 422
+    assert (
+        '<p class="error" role="alert">the comment must not hold a NUL character; the run is not rated</p>'
+    ) in nul.text
+    assert 'name="rating"' in nul.text  # the form again, its comment kept (`hx-preserve`)
+    rated = await client.post(f"/runs/{run_id}/feedback", data={"rating": "4"}, headers=HX)
+    assert rated.status_code == 200 and "Rated 4/5: 1 agents and the team" in rated.text
+
+
+async def test_a_resume_the_database_fails_to_read_is_the_server_s_failure_as_from_the_api(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """SQLite locked by another process past the wait as the run's hold is read is the page's 500,
+    as the API's: resumed once the lock is gone. Before, the page said 409 (nothing to resume)."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
+            {"purpose": "step:a", "output": "A done"},
+            DRAFTS,
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    elsewhere = RunService(Settings.load())  # made by a process that stopped before executing it
+    try:
+        options = RunOptions(auto_approve=True)
+        made = await elsewhere.create("do a", model=f"scripted:{script}", options=options)
+    finally:
+        elsewhere.close()
+    locked = _failed("cannot read leases: database is locked")
+    for path in (f"/runs/{made.id}/resume", f"/api/v1/runs/{made.id}/resume"):
+        with sqlite_failing("mp_runs.id IN (", "database is locked", times=1) as failed:
+            answered = await client.post(path, headers=HX)
+        assert len(failed) == 1
+        assert _said(answered) == (500, locked)
+    resumed = await client.post(f"/runs/{made.id}/resume", headers=HX)
+    assert (resumed.status_code, resumed.headers["HX-Redirect"]) == (204, f"/runs/{made.id}")
+    await _over(client, made.id, "succeeded")
+
+
+async def test_a_retry_the_database_fails_to_store_is_the_server_s_failure_as_from_the_api(
+    client: httpx.AsyncClient, write_script: Callable[..., Path]
+) -> None:
+    """A full disk as a failed run is put back to go on is the page's 500, as the API's: the run is
+    still failed, nothing changed. Before, the page said 409, as for a run used up its budget."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("z", tools=[])]}},
+            DRAFTS,
+            {"purpose": "step:z", "tool_calls": [{"name": "no_such_tool", "args": {}}], "repeat": True},
+        ]
+    )
+    form = {"task": "z", "model": f"scripted:{script}", "yes": "on", "max_replans": "0", "prompt_rounds": "0"}
+    run_id = (await client.post("/new", data=form)).headers["location"].removeprefix("/runs/")
+    await _over(client, run_id, "failed")
+    with sqlite_failing("UPDATE mp_runs") as failed:
+        page = await client.post(f"/runs/{run_id}/retry", data={}, headers=HX)
+        api = await client.post(f"/api/v1/runs/{run_id}/retry")
+    full = _failed("cannot retry a run: database or disk is full")
+    assert len(failed) == 2
+    assert _said(page) == (500, full)
+    assert _said(api) == (500, full)
+    run = (await client.get(f"/api/v1/runs/{run_id}")).json()
+    assert (run["status"], run["retries"]) == ("failed", 0)

@@ -63,12 +63,18 @@ _REFUSALS = (
     (409, "The request or run is not in a state that takes this"),
     (413, "The body is over 4 MiB"),
     (422, "The body or a parameter is invalid; each problem names its field"),
+    (
+        500,
+        "The server failed on it: the database failed the call (a full disk), said in its words, "
+        "or another fault, which its log details",
+    ),
+    (503, "The database cannot be reached (a Postgres server down or restarting)"),
 )
 
 REFUSALS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut, "description": words} for code, words in _REFUSALS
 }
-"""The refusals every JSON route documents."""
+"""The refusals (and the server's failures) every JSON route documents."""
 
 router = APIRouter(prefix="/api/v1", responses=REFUSALS)
 

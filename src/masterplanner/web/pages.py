@@ -40,6 +40,7 @@ from ..errors import (
 )
 from ..estimate import estimate_run
 from ..event_text import clock, event_detail, status_word
+from ..feedback import comment_problem
 from ..redaction import REMOVED, redacted
 from ..review import critique_note
 from ..service import Request as StoredRequest
@@ -288,7 +289,12 @@ async def run_changes(
 
 @router.post("/runs/{run_id}/requests/{request_id}", response_class=HTMLResponse)
 async def answer(request: Request, run_id: str, request_id: str) -> Response:
-    """Answer a request from its inline form: yes, no (with a reason), or a text."""
+    """Answer a request from its inline form: yes, no (with a reason), or a text.
+
+    An answer that does not fit is 422 and one to a request no longer open 409, shown with the
+    run; the database failing to store it is answered as the API answers it (`app._our_error`:
+    500, 503 when it cannot be reached), and the page says it was not taken, to send again.
+    """
     service = _service(request)
     record = await existing_run(request, run_id)
     form = await request.form()
@@ -322,7 +328,9 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
     except RequestClosedError as error:  # answered elsewhere meanwhile, or its run cancelled
         message = f"{error}; yours was not taken"
         problem, status = {"request": request_id, "message": message, "problems": []}, 409
-    except MasterplannerError as error:
+    except DatabaseError:  # the server's failure (500, 503 when unreachable), not the answer's
+        raise
+    except MasterplannerError as error:  # the answer does not fit the request
         problem, status = {"request": request_id, "message": str(error), "problems": []}, 422
     if problem is not None and status == 422 and edited != decision:  # the form is shown again
         problem["message"] += f"; the form shows your edit with the secret taken out (marked {REMOVED})"
@@ -382,20 +390,32 @@ async def _body_once_done(request: Request, run_id: str, done: str, *, note: str
 
 @router.post("/runs/{run_id}/feedback", response_class=HTMLResponse)
 async def rate(request: Request, run_id: str) -> Response:
-    """Rate the finished run from its page; the body says what the rating changed."""
+    """Rate the finished run from its page; the body says what the rating changed.
+
+    A rating or comment it cannot take is 422, and so is a refusal (a run rated meanwhile from
+    another page), shown with the run. A failure to store it is answered as the API answers it
+    (`app._our_error`): the database failing 500 (503 when it cannot be reached), a setting (the
+    run's model a low rating's analysis needs, the registry's embedder) 400.
+    """
     service = _service(request)
     record = await existing_run(request, run_id)
     form = await request.form()
-    rating, comment = str(form.get("rating", "")), str(form.get("comment", "")).strip()
+    rating, comment = str(form.get("rating", "")), str(form.get("comment", "")).strip()[:4000]
     context = await _body_context(request, record, None)
     if not (rating.isascii() and rating.isdigit()) or not 1 <= int(rating) <= 5:
         context["rated"] = {"error": "choose a rating from 1 to 5"}
         return templates.TemplateResponse(request, "_run_body.html", context, status_code=422)
+    problem = comment_problem(comment)  # what was typed, told apart from a setting's error
+    if problem is not None:
+        context["rated"] = {"error": problem}
+        return templates.TemplateResponse(request, "_run_body.html", context, status_code=422)
     try:
         summary = await service.feedback(
-            record.id, rating=int(rating), comment=comment[:4000], by=answerer_name("web")
+            record.id, rating=int(rating), comment=comment, by=answerer_name("web")
         )
-    except MasterplannerError as error:
+    except DatabaseError:  # the server's failure, not a refusal
+        raise
+    except RunError as error:  # refused
         # as it is now: rated meanwhile from another page, say
         context = await _body_context(request, await service.get(record.id), None)
         context["rated"] = {"error": str(error)}
@@ -454,12 +474,18 @@ async def cancel(request: Request, run_id: str) -> Response:
 
 @router.post("/runs/{run_id}/resume", response_class=HTMLResponse)
 async def resume(request: Request, run_id: str) -> Response:
-    """Go on with a stopped run in this server; the page loads again, following it live."""
+    """Go on with a stopped run in this server; the page loads again, following it live.
+
+    Refused (409, shown with the run) as the API refuses it; the database failing is answered as
+    the API answers it (`app._our_error`: 500, 503 when it cannot be reached).
+    """
     record = await existing_run(request, run_id)
     executions: Executions = request.app.state.executions
     try:
         await executions.resume(record.id)
-    except RunError as error:
+    except DatabaseError:  # the server's failure (500, 503 when unreachable), not a refusal
+        raise
+    except RunError as error:  # refused: ended, executed, queued for the workers
         context = await _body_context(request, await _service(request).get(record.id), None)
         context["resume_error"] = str(error)
         return templates.TemplateResponse(request, "_run_body.html", context, status_code=409)
@@ -473,7 +499,8 @@ async def retry(request: Request, run_id: str) -> Response:
 
     A field that is not a number it takes is 422, a budget the run has used up 409, shown under
     the form with what was typed kept. A run that is no longer failed (retried from another page) loads
-    again as it is now.
+    again as it is now. The database failing is answered as the API answers it (`app._our_error`:
+    500, 503 when it cannot be reached), and the page says the retry was not sent, the form kept.
     """
     service = _service(request)
     record = await existing_run(request, run_id)
@@ -501,6 +528,8 @@ async def retry(request: Request, run_id: str) -> Response:
         record = await service.retry(
             record.id, by=answerer_name("web"), for_workers=executions.for_workers, **given
         )
+    except DatabaseError:  # the server's failure (500, 503 when unreachable), not a refusal
+        raise
     except MasterplannerError as error:
         now = await service.get(record.id)
         if now.status != "failed":  # retried meanwhile from another page, say: show it as it is
