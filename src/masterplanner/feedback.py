@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .agents import run_agent
-from .errors import NUL_PROBLEM, ConfigError, ModelError, RunError, json_kind, nul_replaced
+from .errors import NUL_PROBLEM, ConfigError, DatabaseError, ModelError, RunError, json_kind, nul_replaced
 from .plan import Plan, Step
 from .prompts import render
 from .redaction import secret_parts, secret_refusal
@@ -82,7 +82,9 @@ def involved_agents(
 def registry_refusal(registry: RegistryStore, run_id: str, plan: Plan, agents: dict[str, Any]) -> str | None:
     """Why the registry cannot rate the run (none of its agents is stored, or it was rated); None if it can.
 
-    Blocking (database work): call it off the event loop.
+    Blocking (database work): call it off the event loop. The database failing to say is no
+    reason: its `DatabaseError` is raised (the API's 500), where it was said as one (a 409, and
+    the run page said the run could not be rated).
     """
     if not involved_agents(registry, run_id, plan, agents):
         return (
@@ -92,6 +94,8 @@ def registry_refusal(registry: RegistryStore, run_id: str, plan: Plan, agents: d
         )
     try:
         registry.check_unrated(run_id)
+    except DatabaseError:  # the database failing to say: the server's failure, not a refusal
+        raise
     except RunError as rated:
         return str(rated)
     return None

@@ -1160,7 +1160,8 @@ async def test_a_rating_the_database_or_a_setting_fails_is_the_server_s_answer_a
 ) -> None:
     """A full disk as the rating is stored is the page's 500, and the run's model that cannot be
     made for a low rating's analysis (its script gone) its 400, as the API's; a comment the
-    rating cannot take is still the page's 422, shown with the form. Before, all were 422."""
+    rating cannot take is still the page's 422, shown with the form. Before, all were 422. So is
+    SQLite locked as whether the run was rated is read (it was said as a refusal: 409, 422)."""
     one_step = {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}}
     script = write_script(
         [one_step, {"purpose": "step:a", "output": "A done"}, DRAFTS, {"purpose": "*", "repeat": True}]
@@ -1175,6 +1176,15 @@ async def test_a_rating_the_database_or_a_setting_fails_is_the_server_s_answer_a
     assert len(failed) == 2
     assert _said(page) == (500, full)
     assert _said(api) == (500, full)
+    # failing as whether the run was rated is read: not a refusal (nor "it cannot be rated")
+    with sqlite_failing("FROM mp_run_ratings WHERE run_id", "database is locked") as failed:
+        page = await client.post(f"/runs/{run_id}/feedback", data={"rating": "4"}, headers=HX)
+        api = await client.post(f"/api/v1/runs/{run_id}/feedback", json={"rating": 4})
+        body = await client.get(f"/runs/{run_id}/body")
+    locked = _failed("cannot read a run's rating: database is locked")
+    assert failed and _said(page) == (500, locked)
+    assert _said(api) == (500, locked)
+    assert body.status_code == 500
 
     script.unlink()  # a low rating's analysis needs the run's model
     page = await client.post(f"/runs/{run_id}/feedback", data={"rating": "1"}, headers=HX)
