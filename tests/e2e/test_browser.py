@@ -674,6 +674,34 @@ def test_a_refresh_back_after_a_form_replaced_the_body_keeps_what_was_typed(
     assert page.locator("h1 .status-cancelled").count() == 1  # the late refresh did not go back in time
 
 
+def test_an_answer_the_server_failed_on_after_its_form_left_the_page_is_said_not_sent(
+    server: str, browser_page: Any, tmp_path: Path
+) -> None:
+    """HTMX says a refusal to the form that was sent: one another response's swap took away heard nothing.
+
+    An Approve out as a Cancel's response replaced the body came back 500, and the page said
+    nothing: the approval looked sent.
+    """
+    page = browser_page
+    run_id = _api_run(server, _ask_script(tmp_path), "approved, then cancelled", {"auto_approve": False})
+    held_back: list[Any] = []
+    page.route("**/requests/*", lambda route: held_back.append(route))
+    page.goto(f"{server}/runs/{run_id}")
+    page.locator("#review-form").get_by_role("button", name="Approve").click()
+    for _ in range(100):
+        if held_back:
+            break
+        page.wait_for_timeout(50)
+    page.get_by_role("button", name="Cancel run").click()  # its response replaces the body
+    page.locator("h1 .status-cancelled").wait_for()
+    assert page.locator("#review-form").count() == 0
+    failure = json.dumps({"error": "database sqlite:///x: cannot answer a request: database or disk is full"})
+    held_back[0].fulfill(status=500, content_type="application/json", body=failure)
+    unsent = page.get_by_role("alert").filter(has_text="Not sent: the server failed on it (HTTP 500: ")
+    unsent.wait_for()
+    assert "database or disk is full" in unsent.inner_text()
+
+
 def _logged_in_on_a_run_page(page: Any, server: str, token: str, run_id: str) -> None:
     page.goto(f"{server}/runs/{run_id}")  # to the login page first, then on to the run's
     page.get_by_label("Token").fill(token)

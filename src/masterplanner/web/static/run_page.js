@@ -117,7 +117,12 @@
     if (body) intoBody.push(detail);
     // (not `htmx:afterRequest`: HTMX sends it to the element the request came from, which a swap
     // may have taken out of the page, and from there it reaches no listener here)
+    var failed = false; // the server was not reached
+    xhr.addEventListener("error", function () {
+      failed = true;
+    });
     xhr.addEventListener("loadend", function () {
+      if (post && !document.contains(detail.elt)) unheard(detail, failed);
       sending = sending.filter(function (out) {
         return out !== xhr;
       });
@@ -127,6 +132,26 @@
       fetchMissed();
     });
   });
+  // HTMX says how an answer went when it was not swapped in (not taken: `htmx:responseError`,
+  // `htmx:sendError`, a 401; taken with no body to show: a 204's `HX-Trigger`) to the form that
+  // sent it. When another response's swap took that form out of the page meanwhile (a form not
+  // held: an Approve, a rating with no comment), that reached no listener and went unsaid: an
+  // answer the server failed on looked sent. Said here, from the request's end, instead.
+  function unheard(detail, failed) {
+    var status = detail.xhr.status;
+    if (failed) unsent(detail, UNREACHED);
+    else if (status >= 400 && status !== 409 && status !== 422) notTaken(detail);
+    else if (status === 204) {
+      var trigger = detail.xhr.getResponseHeader("HX-Trigger");
+      var said = null;
+      try {
+        said = trigger ? JSON.parse(trigger)[TAKEN] : null;
+      } catch (error) {
+        said = null; // not ours
+      }
+      if (typeof said === "string") taken(detail.elt, said);
+    }
+  }
   document.addEventListener("htmx:afterSwap", function (event) {
     var replaced = event.detail.target;
     var body = document.getElementById("run-body");
@@ -204,8 +229,8 @@
   // works again (out of reach, a 5xx); not when it refused it as from another site (403: the page
   // is to be loaded again from the server's address) or no longer has what it answers (404). (Before,
   // each said "send it again", into the same refusal.)
-  function unsent(event, text) {
-    var request = event.detail.requestConfig;
+  function unsent(detail, text) {
+    var request = detail.requestConfig;
     var note = document.getElementById("run-unsent");
     if (!request || request.verb !== "post" || !note) return;
     var part = partOf(request.elt);
@@ -225,45 +250,53 @@
     }
   }
   var KEPT = "What you typed and chose is still below";
+  var UNREACHED = "Not sent: the server could not be reached. " + KEPT + ": send it again.";
   document.addEventListener("htmx:sendError", function (event) {
-    unsent(event, "Not sent: the server could not be reached. " + KEPT + ": send it again.");
+    unsent(event.detail, UNREACHED);
   });
-  document.addEventListener("htmx:responseError", function (event) {
-    var status = event.detail.xhr.status;
-    var said = serverWords(event.detail.xhr);
+  function notTaken(detail) {
+    var status = detail.xhr.status;
+    var said = serverWords(detail.xhr);
     var why = "HTTP " + status + (said ? ": " + said : "");
-    if (status === 401) loginEnded(event);
+    if (status === 401) loginEnded(detail);
     else if (status === 403)
       unsent(
-        event,
+        detail,
         "Not sent: the server refused it (" + why + "): sending it again from this page cannot help. " +
           "Load the page again from the server's own address. " + KEPT + ", to copy."
       );
     else if (status === 404)
       unsent(
-        event,
+        detail,
         "Not sent: what it answers is no longer on the server (" + why + "): sending it again cannot " +
           "help. Load the page again to see the run as the server has it. " + KEPT + ", to copy."
       );
     else if (status >= 500)
-      unsent(event, "Not sent: the server failed on it (" + why + "). " + KEPT + ": send it again.");
-    else unsent(event, "Not sent: the server refused it (" + why + "). " + KEPT + ".");
+      unsent(detail, "Not sent: the server failed on it (" + why + "). " + KEPT + ": send it again.");
+    else unsent(detail, "Not sent: the server refused it (" + why + "). " + KEPT + ".");
+  }
+  document.addEventListener("htmx:responseError", function (event) {
+    notTaken(event.detail);
   });
   // Taken, but the server could not read the run after it (`pages.TAKEN_EVENT`): said, the body
   // left as it is and fetched again once the answer's request is done. Also sent after the body's
   // swap with a note on how an answer was taken: one sent again that was taken the first time
   // (this page lost the reply), or one whose follow-up failed.
-  document.addEventListener("runActionTaken", function (event) {
+  function taken(source, text) {
     var note = document.getElementById("run-taken");
-    var part = partOf(event.target);
+    var part = partOf(source);
     if (part) delete held[part.id];
     var unsentNote = document.getElementById("run-unsent");
     if (unsentNote) unsentNote.hidden = true;
     if (note) {
-      note.textContent = event.detail.value;
+      note.textContent = text;
       note.hidden = false;
     }
     missed = true;
+  }
+  var TAKEN = "runActionTaken";
+  document.addEventListener(TAKEN, function (event) {
+    taken(event.target, event.detail.value);
   });
 
   // The login ended: the server answers the page's requests with a 401 (a refresh is not shown, a
@@ -271,8 +304,8 @@
   // inside the run's body, what was typed gone; an answer sent was "not sent: the server answered
   // with an error (HTTP 401)", to be sent again into the same refusal.
   var refused = null; // the form refused for want of a login, and the button it was sent with
-  function loginEnded(event) {
-    var request = event.detail.requestConfig;
+  function loginEnded(detail) {
+    var request = detail.requestConfig;
     var note = document.getElementById("run-login");
     if (!note) return;
     var form = request && request.verb === "post" && request.elt.closest ? request.elt.closest("form") : null;
