@@ -483,6 +483,57 @@ async def test_a_step_s_pause_on_an_ended_run_stops_the_step_as_its_cancel_does(
     assert (engine.store.requests.find(run.id, state=None), engine.store.events(run.id)) == ([], said)
 
 
+async def test_a_step_that_asks_on_a_run_ended_without_cancelling_it_records_its_workflow_cancelled(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose run ended without its workflow being cancelled first stops for good when it asks.
+
+    A cancel of a run whose holder's lease lapsed (`request_cancel`) ends it directly, cancelling
+    no step workflow. The step's pause on the ended run raised DBOS's `DBOSWorkflowCancelledError`
+    with its workflow still PENDING: DBOS then waited for an outcome nobody recorded, and recovery
+    ran the step again. Now the pause records the step's workflow CANCELLED first.
+    """
+    from dbos import DBOS
+
+    from masterplanner.engine import workflows
+    from masterplanner.engine.control import mark_cancelled
+
+    script = write_script(
+        [
+            _planner(step("a", tools=["ask_user"])),
+            {"purpose": "step:a", "tool_calls": [{"name": "ask_user", "args": {"question": "Which city?"}}]},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    run = engine.create_run("asks", model=f"scripted:{script}", options=FAST)
+    store, opening, pausing = engine.store, engine.store.open_request, workflows.step_pause
+    paused, stepped = asyncio.Event(), []
+
+    def open_request(run_id: str, opened: str, *args: Any, **values: Any) -> Any:
+        if opened == "ask_user":  # the lapsed-lease cancel: the run ends, its step workflows not cancelled
+            mark_cancelled(store, run_id)
+        return opening(run_id, opened, *args, **values)
+
+    async def step_pause(*args: Any, **values: Any) -> Any:
+        stepped.append(DBOS.workflow_id)
+        try:
+            return await pausing(*args, **values)
+        finally:
+            paused.set()
+
+    monkeypatch.setattr(store, "open_request", open_request)
+    monkeypatch.setattr(workflows, "step_pause", step_pause)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    await asyncio.wait_for(paused.wait(), 60)
+    status = await DBOS.get_workflow_status_async(stepped[0])
+    assert status is not None and status.status == "CANCELLED"
+    assert store.requests.find(run.id) == []
+    final = await asyncio.wait_for(execution, 60)
+    assert (final.status, store.get_run(run.id).status) == ("cancelled", "cancelled")
+    said = [kind for kind, _ in _kinds(engine, run.id)]
+    assert said[-1] == "run_cancelled" and "step_failed" not in said
+
+
 async def test_review_decisions(engine: Engine, write_script: Callable[..., Path]) -> None:
     script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
     options = RunOptions(prompt_rounds=0)

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync, WorkflowStatus
+from dbos._error import DBOSAwaitedWorkflowCancelledError
 from opentelemetry import context as otel_context
 
 from .. import telemetry
@@ -857,8 +858,12 @@ class _Drive:
             result = await self._follow(step_workflow_id, step.id)
         else:
             # A new step runs here; a finished one returns its recorded outcome without running.
-            with SetWorkflowID(step_workflow_id):
-                result = await step_workflow(self.run_id, step.id)
+            try:
+                with SetWorkflowID(step_workflow_id):
+                    result = await step_workflow(self.run_id, step.id)
+            except DBOSAwaitedWorkflowCancelledError:
+                # the step cancelled its own workflow: it asked on a run that had ended (`step_pause`)
+                result = await self._follow(step_workflow_id, step.id)
         return StepOutcome(result["status"], result.get("output"), result.get("error"))
 
     async def _follow(self, workflow_id: str, step_id: str | None) -> Any:

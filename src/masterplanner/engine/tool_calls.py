@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from dbos import DBOS
-from dbos._error import DBOSWorkflowCancelledError
+from dbos._error import DBOSWorkflowCancelledError, DBOSWorkflowConflictIDError
 from opentelemetry.trace import Status, StatusCode
 
 from .. import telemetry
@@ -66,15 +66,34 @@ async def step_pause(
     on a worker) gets no request (`RunEnded`): the step stops as a workflow that sees its own
     cancellation stops, with DBOS's `DBOSWorkflowCancelledError` (a `BaseException`: no tool
     call, step attempt or DBOS step records it), so no failure and no event is written on the
-    ended run. The run's end cancelled the step's workflow before it ended the run
-    (`_Drive._cancel_step_workflows`), and DBOS keeps that outcome.
+    ended run. Not every end cancels the step's workflow first (`request_cancel` on a run whose
+    holder's lease lapsed ends it directly; so does a run that fails with `cancel_steps=False`),
+    and DBOS takes that exception from a workflow still PENDING as lost ownership: it waits for
+    an outcome nobody records, and recovery runs the step again. So the step records its own
+    workflow CANCELLED first (a no-op on one already ended), and DBOS keeps that outcome.
     """
     try:
         return await store.requests.pause(
             run_id, kind, payload, key=durable_key(), step_id=step_id, event=event
         )
     except RunEnded as ended:
+        await _cancel_own_workflow()
         raise DBOSWorkflowCancelledError(str(ended)) from None
+
+
+async def _cancel_own_workflow() -> None:
+    """Record the current DBOS workflow CANCELLED, if there is one (a tool called directly has none).
+
+    DBOS cancels it, then fails to checkpoint the cancel as a step of the workflow: the cancel
+    took the workflow from this execution (`DBOSWorkflowConflictIDError`), which stops at once.
+    """
+    own = DBOS.workflow_id
+    if own is None:
+        return
+    try:
+        await DBOS.cancel_workflow_async(own)
+    except DBOSWorkflowConflictIDError:
+        pass  # cancelled: the workflow is no longer this execution's to checkpoint
 
 
 def _printable(text: str) -> str:
