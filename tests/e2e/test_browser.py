@@ -634,6 +634,20 @@ def test_an_answer_the_server_never_took_is_said_and_kept_to_send_again(
     assert unsent.is_hidden()
 
 
+def _cancelled_once_out(page: Any, out: list[Any]) -> None:
+    """Once a request of the page is out and held back (in `out`), the run is cancelled from the page.
+
+    The Cancel's response replaces the body while that request is out.
+    """
+    for _ in range(100):
+        if out:
+            break
+        page.wait_for_timeout(50)
+    assert out, "the request to hold back was not sent"
+    page.get_by_role("button", name="Cancel run").click()
+    page.locator("h1 .status-cancelled").wait_for()
+
+
 def test_a_refresh_back_after_a_form_replaced_the_body_keeps_what_was_typed(
     server: str, browser_page: Any, tmp_path: Path
 ) -> None:
@@ -659,12 +673,7 @@ def test_a_refresh_back_after_a_form_replaced_the_body_keeps_what_was_typed(
 
     page.route("**/body", first_held_back)
     page.evaluate(_REFRESH.replace("return htmx.ajax", "htmx.ajax"))  # its response is held back
-    for _ in range(100):
-        if rendered:
-            break
-        page.wait_for_timeout(50)
-    page.get_by_role("button", name="Cancel run").click()  # its response replaces the body
-    page.locator("h1 .status-cancelled").wait_for()
+    _cancelled_once_out(page, rendered)
     held_back[0].fulfill(response=rendered[0])  # the run as it was, its request open
     page.wait_for_timeout(500)  # the late refresh's response is in
     assert page.evaluate("document.querySelectorAll('#--htmx-preserve-pantry--').length") == 0
@@ -688,12 +697,7 @@ def test_an_answer_the_server_failed_on_after_its_form_left_the_page_is_said_not
     page.route("**/requests/*", lambda route: held_back.append(route))
     page.goto(f"{server}/runs/{run_id}")
     page.locator("#review-form").get_by_role("button", name="Approve").click()
-    for _ in range(100):
-        if held_back:
-            break
-        page.wait_for_timeout(50)
-    page.get_by_role("button", name="Cancel run").click()  # its response replaces the body
-    page.locator("h1 .status-cancelled").wait_for()
+    _cancelled_once_out(page, held_back)
     assert page.locator("#review-form").count() == 0
     failure = json.dumps({"error": "database sqlite:///x: cannot answer a request: database or disk is full"})
     held_back[0].fulfill(status=500, content_type="application/json", body=failure)

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
-from _api import typed, web_client
+from _api import stopped_run, typed, web_client
 from _cli import mp, start
 from _faults import sqlite_failing
 from _plans import APPROVED_AS_SHOWN, step, to_approval
@@ -1396,21 +1396,7 @@ async def test_of_simultaneous_resumes_of_a_stopped_run_one_starts_it_and_the_ot
 ) -> None:
     """All four were 200 (one execution started), where README promises a 409 for a run being
     executed (found by a fuzz review, 2026-11-28)."""
-    script = write_script(
-        [
-            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
-            {"purpose": "step:a", "output": "A done"},
-            DRAFTS,
-            {"purpose": "*", "repeat": True},
-        ]
-    )
-    elsewhere = RunService(Settings.load())  # made by a process that stopped before executing it
-    try:
-        made = await elsewhere.create(
-            "do a", model=f"scripted:{script}", options=RunOptions(auto_approve=True)
-        )
-    finally:
-        elsewhere.close()
+    made = await stopped_run(write_script)
     async with web_client("/api/v1") as client:
         answers = await asyncio.gather(*(client.post(f"/runs/{made.id}/resume") for _ in range(4)))
         statuses = sorted(answer.status_code for answer in answers)

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _api import web_client
+from _api import stopped_run, web_client
 from _cli import start
 from _faults import sqlite_failing
 from _plans import APPROVED_AS_SHOWN, step, to_approval
@@ -1208,20 +1208,7 @@ async def test_a_resume_the_database_fails_to_read_is_the_server_s_failure_as_fr
 ) -> None:
     """SQLite locked by another process past the wait as the run's hold is read is the page's 500,
     as the API's: resumed once the lock is gone. Before, the page said 409 (nothing to resume)."""
-    script = write_script(
-        [
-            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
-            {"purpose": "step:a", "output": "A done"},
-            DRAFTS,
-            {"purpose": "*", "repeat": True},
-        ]
-    )
-    elsewhere = RunService(Settings.load())  # made by a process that stopped before executing it
-    try:
-        options = RunOptions(auto_approve=True)
-        made = await elsewhere.create("do a", model=f"scripted:{script}", options=options)
-    finally:
-        elsewhere.close()
+    made = await stopped_run(write_script)
     locked = _failed("cannot read leases: database is locked")
     for path in (f"/runs/{made.id}/resume", f"/api/v1/runs/{made.id}/resume"):
         with sqlite_failing("mp_runs.id IN (", "database is locked", times=1) as failed:
