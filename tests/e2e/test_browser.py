@@ -703,7 +703,11 @@ def test_an_answer_the_server_failed_on_after_its_form_left_the_page_is_said_not
     held_back[0].fulfill(status=500, content_type="application/json", body=failure)
     unsent = page.get_by_role("alert").filter(has_text="Not sent: the server failed on it (HTTP 500: ")
     unsent.wait_for()
-    assert "database or disk is full" in unsent.inner_text()
+    assert unsent.inner_text() == (
+        "Not sent: the server failed on it (HTTP 500: database sqlite:///x: cannot answer a request: "
+        "database or disk is full). Its form is no longer on the page (the run has moved on): answer "
+        "again from the run as it is now."
+    )
 
 
 def _logged_in_on_a_run_page(page: Any, server: str, token: str, run_id: str) -> None:

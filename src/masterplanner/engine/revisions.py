@@ -48,6 +48,8 @@ class RevisionLost(Exception):
 
     Nothing of the revision was recorded; the execution stops, and the holder makes the revision.
     So when the run has ended meanwhile (a cancel): its end stands, and nobody makes the revision.
+    Also raised by the execution when one of its steps asked on a run that had ended (`step_pause`):
+    it stops, and starts no other step on the ended run.
     """
 
 

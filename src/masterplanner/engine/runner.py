@@ -595,8 +595,9 @@ class _Drive:
             raise
         except RevisionLost:
             # a revision's write found another process holding the run (this one stalled past its
-            # lease), or the run ended: it stops as when its guard sees the lease taken, and the
-            # holder goes on (the reason only stops the guard and `_goes_on`; nothing shows it)
+            # lease), or the run ended (a revision's write, or a step that asked: `_run_step`): it
+            # stops as when its guard sees the lease taken, and the holder goes on (the reason only
+            # stops the guard and `_goes_on`; nothing shows it)
             self.stop_reason = "lease lost"
             await self._cancel_step_workflows(only_here=True)
         except _Refused as refused:
@@ -863,6 +864,10 @@ class _Drive:
                     result = await step_workflow(self.run_id, step.id)
             except DBOSAwaitedWorkflowCancelledError:
                 # the step cancelled its own workflow: it asked on a run that had ended (`step_pause`)
+                if not await self._goes_on():
+                    # ended by another process (a cancel once this one's hold lapsed): this
+                    # execution stops as on a lost lease, and starts no other step on the ended run
+                    raise RevisionLost from None
                 result = await self._follow(step_workflow_id, step.id)
         return StepOutcome(result["status"], result.get("output"), result.get("error"))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,8 @@ from .requests import Request, RequestKind, RunEnded
 from .store import RunStore
 
 __all__ = ["ToolCalls", "durable_key", "step_pause"]
+
+_log = logging.getLogger("masterplanner.tool_calls")
 
 _FAILURE_CHARS = 500
 """Longest description of a tool's unexpected failure that the agent sees."""
@@ -70,7 +73,8 @@ async def step_pause(
     holder's lease lapsed ends it directly; so does a run that fails with `cancel_steps=False`),
     and DBOS takes that exception from a workflow still PENDING as lost ownership: it waits for
     an outcome nobody records, and recovery runs the step again. So the step records its own
-    workflow CANCELLED first (a no-op on one already ended), and DBOS keeps that outcome.
+    workflow CANCELLED first (on one cancelled already, DBOS stops it with the same exception
+    itself), and DBOS keeps that outcome. The step stops even when that record fails (logged).
     """
     try:
         return await store.requests.pause(
@@ -94,6 +98,8 @@ async def _cancel_own_workflow() -> None:
         await DBOS.cancel_workflow_async(own)
     except DBOSWorkflowConflictIDError:
         pass  # cancelled: the workflow is no longer this execution's to checkpoint
+    except Exception as error:  # the step stops all the same: a failure here is no tool's result
+        _log.warning("the workflow %s of a step on an ended run was not recorded cancelled: %s", own, error)
 
 
 def _printable(text: str) -> str:

@@ -122,7 +122,7 @@
       failed = true;
     });
     xhr.addEventListener("loadend", function () {
-      if (post && !document.contains(detail.elt)) unheard(detail, failed);
+      if (post && !document.contains(detail.requestConfig.elt)) unheard(detail, failed);
       sending = sending.filter(function (out) {
         return out !== xhr;
       });
@@ -149,7 +149,7 @@
       } catch (error) {
         said = null; // not ours
       }
-      if (typeof said === "string") taken(detail.elt, said);
+      if (typeof said === "string") taken(detail.requestConfig.elt, said);
     }
   }
   document.addEventListener("htmx:afterSwap", function (event) {
@@ -234,7 +234,8 @@
     var note = document.getElementById("run-unsent");
     if (!request || request.verb !== "post" || !note) return;
     var part = partOf(request.elt);
-    if (part) held[part.id] = true;
+    if (!document.contains(request.elt)) text = text.split(KEPT)[0] + GONE; // nothing below to keep
+    else if (part) held[part.id] = true;
     note.textContent = text;
     note.hidden = false;
     var taken = document.getElementById("run-taken");
@@ -250,6 +251,7 @@
     }
   }
   var KEPT = "What you typed and chose is still below";
+  var GONE = "Its form is no longer on the page (the run has moved on): answer again from the run as it is now.";
   var UNREACHED = "Not sent: the server could not be reached. " + KEPT + ": send it again.";
   document.addEventListener("htmx:sendError", function (event) {
     unsent(event.detail, UNREACHED);
@@ -309,6 +311,7 @@
     var note = document.getElementById("run-login");
     if (!note) return;
     var form = request && request.verb === "post" && request.elt.closest ? request.elt.closest("form") : null;
+    if (form && !document.contains(form)) form = null; // gone from the page: nothing to send again
     if (form) {
       var part = partOf(form);
       if (part) held[part.id] = true;
