@@ -108,9 +108,6 @@ class RunEnded(Exception):
 
     def __init__(self, run_id: str, status: str, kind: RequestKind) -> None:
         super().__init__(f"run {run_id} has ended ({status}): its {kind} request was not opened")
-        self.run_id = run_id
-        self.status = status
-        self.kind = kind
 
 
 class PlanDecision(BaseModel):

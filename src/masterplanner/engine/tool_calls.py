@@ -97,7 +97,7 @@ async def _cancel_own_workflow() -> None:
     try:
         await DBOS.cancel_workflow_async(own)
     except DBOSWorkflowConflictIDError:
-        pass  # cancelled: the workflow is no longer this execution's to checkpoint
+        return  # cancelled: the workflow is no longer this execution's to checkpoint
     except Exception as error:  # the step stops all the same: a failure here is no tool's result
         _log.warning("the workflow %s of a step on an ended run was not recorded cancelled: %s", own, error)
 

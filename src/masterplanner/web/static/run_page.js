@@ -103,8 +103,9 @@
   // were gone, what the person typed with them. Seen: an Answer sent with no text, after the
   // response to an Approve had replaced the body a refresh was out for. When the body is replaced,
   // the requests still out for it are pointed at the new one: an answer's response is shown
-  // there; a refresh's is not (asked before the body now shown, it may show the run as it was
-  // before the answer now shown): the body is fetched again.
+  // there; a refresh's only when it was asked knowing of more changes than the body now shown
+  // (else it may show the run as it was before the answer now shown; a change after is fetched
+  // when the new body is set up, `htmx:load` below).
   var intoBody = [];
   var outdated = new WeakSet(); // refreshes out for a body since replaced
   document.addEventListener("htmx:beforeRequest", function (event) {
@@ -147,7 +148,7 @@
       try {
         said = trigger ? JSON.parse(trigger)[TAKEN] : null;
       } catch (error) {
-        said = null; // not ours
+        // not JSON: not ours
       }
       if (typeof said === "string") taken(detail.requestConfig.elt, said);
     }
@@ -159,10 +160,7 @@
     intoBody.forEach(function (detail) {
       if (detail.target !== replaced || detail === event.detail) return; // (the swap's own request)
       detail.target = body;
-      if (detail.requestConfig.verb === "get") {
-        outdated.add(detail.xhr);
-        missed = true;
-      }
+      if (detail.requestConfig.verb === "get") outdated.add(detail.xhr);
     });
   });
   // Only what makes a click holds refreshes: the primary button (a right-click opens a menu, which
@@ -441,10 +439,12 @@
     var status = detail.xhr ? detail.xhr.status : 200;
     var refused = status === 409 || status === 422;
     var request = detail.requestConfig; // (`detail.elt` is the body swapped, not what sent the request)
-    if (request && request.verb === "get" && (sending.length || pressing || outdated.has(detail.xhr))) {
-      // an answer is out (its response shows the run), or being clicked, or this refresh was asked
-      // for the body before the one now shown
-      detail.shouldSwap = false;
+    if (request && request.verb === "get" && outdated.has(detail.xhr) && asked.get(detail.xhr) <= shown) {
+      detail.shouldSwap = false; // asked for a body since replaced by one that knew as much
+      return;
+    }
+    if (request && request.verb === "get" && (sending.length || pressing)) {
+      detail.shouldSwap = false; // an answer is out (its response shows the run), or being clicked
       missed = true;
       return;
     }
