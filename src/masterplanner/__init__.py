@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .plan import Plan, Step, validate_plan
     from .planner import PlanExample
     from .purpose import FIXED_PURPOSES, current_purpose, step_purpose, using_purpose, validate_purpose
+    from .remedies import Remedy, Said
     from .service import RegistryService, RunService
     from .settings import Settings
     from .tools import Catalog, ToolSpec, builtin_catalog
@@ -78,6 +79,7 @@ _HOMES = {
     ".planner": ("PlanExample",),
     ".tools": ("Catalog", "ToolSpec", "builtin_catalog"),
     ".purpose": ("FIXED_PURPOSES", "current_purpose", "step_purpose", "using_purpose", "validate_purpose"),
+    ".remedies": ("Remedy", "Said"),
     ".service": ("RegistryService", "RunService"),
     ".settings": ("Settings",),
     ".usage": ("PurposeUsage", "UsageLedger"),
@@ -108,6 +110,7 @@ __all__ = [
     "PlanExample",
     "PurposeUsage",
     "RegistryService",
+    "Remedy",
     "Request",
     "RequestClosedError",
     "RequestError",
@@ -116,6 +119,7 @@ __all__ = [
     "RunOptions",
     "RunRecord",
     "RunService",
+    "Said",
     "ScriptError",
     "ScriptExhaustedError",
     "Settings",

@@ -39,7 +39,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from .remedies import FrontEnd, Remedy
 
 __all__ = [
     "NUL_PROBLEM",
@@ -84,6 +87,23 @@ class MasterplannerError(Exception):
 
     exit_code: ClassVar[int] = 1
     """The CLI's exit code for this error: 2 for usage and configuration, 1 for failures."""
+
+    remedy: Remedy | None = None
+    """What to do about it, if the error names it, as data: each front end says it in its own
+    terms (`said`). `str()` says it as the CLI does."""
+
+    def __init__(self, *args: object, remedy: Remedy | None = None) -> None:
+        super().__init__(*args)
+        if remedy is not None:
+            self.remedy = remedy
+
+    def said(self, front_end: FrontEnd = "cli") -> str:
+        """The message, and the remedy if any in `front_end`'s terms (the web page's, the API's)."""
+        message = super().__str__()
+        return message + (self.remedy.said(front_end) if self.remedy is not None else "")
+
+    def __str__(self) -> str:
+        return self.said()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickle (DBOS stores a workflow's or step's exception so) rebuilds an exception by
@@ -190,8 +210,8 @@ class RunNotFoundError(RunError, NotFoundError):
 
     exit_code = 2
 
-    def __init__(self, message: str, *, ambiguous: bool = False) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, ambiguous: bool = False, remedy: Remedy | None = None) -> None:
+        super().__init__(message, remedy=remedy)
         self.ambiguous = ambiguous
         """Whether several runs' ids start so (give more of the id)."""
 

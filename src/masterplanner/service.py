@@ -57,6 +57,7 @@ from .errors import (
 )
 from .plan import validate_plan
 from .redaction import secret_parts, secret_refusal
+from .remedies import Remedy, Said
 from .settings import Settings, needed_credential_text, provider_of
 from .tools import ToolSpec
 from .tools.catalog import Catalog
@@ -520,7 +521,7 @@ class RunService:
         """The processes executing workflows on this database (workers first); the dead ones too if asked."""
         return await asyncio.to_thread(self._store.processes.listed, include_dead=include_dead)
 
-    async def waiting(self, record: RunRecord) -> str | None:
+    async def waiting(self, record: RunRecord) -> Said | None:
         """Why a run queued for workers is not being executed, when no running worker can take it.
 
         None when the run is over, is held by a process, or is queued for workers and a live
@@ -528,7 +529,8 @@ class RunService:
         moments). A run not queued for workers that no process holds was stopped (Ctrl-C, a
         crash): it says how to resume it. A run whose cancel was asked and is not over yet says
         who asked and what it waits for (before, `runs show` said nothing of a cancel asked
-        while the run's worker was dead).
+        while the run's worker was dead). What to do is a `Remedy` where a front end offers it
+        (resume, cancel); starting a worker is said as the command, which only a terminal runs.
         """
         if record.finished:
             return None
@@ -542,28 +544,25 @@ class RunService:
         if asked:
             who = f"{asked[-1].data.get('by', 'someone')} at {asked[-1].at}"
             if lease is not None and lease.left_s > 0:
-                return (
+                return Said(
                     f"a cancel was asked ({who}): {lease.owner}, which executes the run (last heard "
                     f"from {lease.age_s:.0f} s ago), stops it within moments; if that process died, "
                     f"the run is cancelled when the next process takes it, once its hold lapses "
                     f"(in {lease.left_s:.0f} s)"
                 )
-            return (
-                f"a cancel was asked ({who}): the run is cancelled when the next process takes it "
-                "(a worker, `masterplanner runs resume`, or `masterplanner runs cancel` again)"
+            return Said(
+                f"a cancel was asked ({who}): the run is cancelled when the next process takes it",
+                Remedy("resume_or_cancel", record.id),
             )
         if lease is not None and lease.left_s > 0:
             return None
         if not record.for_workers:
             # the process that executed it stopped (Ctrl-C, a crash) and nothing else will take it
-            return (
-                f"no process is executing it (the one that did stopped): continue it with "
-                f"`masterplanner runs resume {record.id}`"
-            )
+            return Said("no process is executing it (the one that did stopped)", Remedy("resume", record.id))
         workers = [process for process in await self.processes() if process.kind == "worker"]
         provider = provider_of(record.model)
         if not workers:
-            return (
+            return Said(
                 "no worker is running on this database: "
                 "the run waits until one starts (`masterplanner worker`)"
             )
@@ -571,7 +570,7 @@ class RunService:
         if not serving:
             needed = needed_credential_text(provider)
             where = f", where {needed} is set" if needed else ""
-            return (
+            return Said(
                 f"no worker running on this database takes {provider} runs: the run waits until one does "
                 f"(`masterplanner worker --queues {provider}`{where})"
             )
@@ -582,7 +581,7 @@ class RunService:
         }
         if serving <= set(refusals):
             reasons = sorted({refusals[worker] for worker in serving})
-            return (
+            return Said(
                 f"every running worker that takes {provider} runs refused it ({'; '.join(reasons)}): "
                 "the run waits for a worker that can take it"
             )
@@ -789,18 +788,16 @@ class RunService:
         run = await self.get(run_id)
         refusal = await self._remember_refusal(run)
         if refusal is not None:
-            raise RunError(refusal)
+            raise RunError(refusal.reason, remedy=refusal.remedy)
         if not await asyncio.to_thread(self._store_team, run):
-            raise RunError(
-                f"run {run.id}: its team is stored already (`masterplanner cohorts show {run.id}`)"
-            )
+            raise RunError(f"run {run.id}: its team is stored already", remedy=Remedy("show_team", run.id))
         who = by or answerer_name("library")
         await asyncio.to_thread(
             self._store.append_event, run.id, "team_stored", None, {"cohort": run.id, "by": who}
         )
         return run.id
 
-    async def remember_refusal(self, run_id: str) -> str | None:
+    async def remember_refusal(self, run_id: str) -> Said | None:
         """Why `remember` refuses to store the run's team now, in its words; None if it tries to.
 
         A run that succeeded is refused until it is over (`follow`'s over: no process is still
@@ -811,26 +808,26 @@ class RunService:
         """
         return await self._remember_refusal(await self.get(run_id))
 
-    async def _remember_refusal(self, run: RunRecord) -> str | None:
+    async def _remember_refusal(self, run: RunRecord) -> Said | None:
         from .engine.reuse import secret_in_team
 
         if run.status != "succeeded" or run.plan is None:
-            return f"run {run.id} is {run.status}: only a run that succeeded has a team to store"
+            return Said(f"run {run.id} is {run.status}: only a run that succeeded has a team to store")
         if not await self._over(run.id):  # its process stores its team, or asks, in a moment
-            return (
+            return Said(
                 f"run {run.id} is still ending (its team is being stored or asked about): "
                 "try again in a moment"
             )
         asking = [request for request in await self.pending(run.id) if request.kind == "remember"]
         if asking:
             question = asking[0].id
-            return (
-                f"run {run.id} asks whether to store its team: answer its request {question} "
-                f"(`masterplanner runs answer {question} --approve`)"
+            return Said(
+                f"run {run.id} asks whether to store its team: answer its request {question}",
+                Remedy("answer_remember", run.id, question),
             )
         secret = secret_in_team(run.plan, briefs_json(run.agents))
         if secret is not None:
-            return f"run {run.id}: its team is not stored: {secret}"
+            return Said(f"run {run.id}: its team is not stored: {secret}")
         return None
 
     # ---- feedback

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _cluster import plan_step as step
 
-from masterplanner import RunService, Settings
+from masterplanner import RunService, Said, Settings
 from masterplanner.engine import Engine, RunOptions
 
 pytestmark = pytest.mark.postgres
@@ -207,7 +207,7 @@ async def test_a_run_a_worker_cannot_coordinate_with_its_settings_is_refused_onc
             waits = await service.waiting(await service.get(run.id))
         finally:
             service.close()
-        assert waits == (
+        assert waits == Said(
             f"every running worker that takes local runs refused it ({reason}): "
             "the run waits for a worker that can take it"
         )

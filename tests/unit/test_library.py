@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from masterplanner import RunError, RunOptions, RunService, Settings
+from masterplanner import Remedy, RunError, RunOptions, RunService, Said, Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -244,8 +244,15 @@ def test_a_run_s_steps_events_and_usage_take_the_start_of_its_id_and_refuse_an_u
                 with pytest.raises(RunNotFoundError) as unknown:
                     await read("nope-nope")
                 refused.append(str(unknown.value).split(" in ")[0])
-            resume = f"continue it with `masterplanner runs resume {run.id}`"
-            told = stopped == f"no process is executing it (the one that did stopped): {resume}"
+            # what to do is data: each front end says it in its terms
+            reason = "no process is executing it (the one that did stopped)"
+            told = stopped == Said(reason, Remedy("resume", run.id)) and [
+                stopped.said(front_end) for front_end in ("cli", "web", "api")
+            ] == [
+                f"{reason}: continue it with `masterplanner runs resume {run.id}`",
+                f"{reason}: continue it with its Resume run button",
+                f"{reason}: continue it with POST /api/v1/runs/{run.id}/resume",
+            ]
             return [whole == by_start, len(whole[1]) > 3, followed == whole[1], refused, told]
         finally:
             service.close()
@@ -269,7 +276,7 @@ def test_a_run_no_running_worker_takes_names_the_credentials_only_of_a_provider_
             models = (_script(write_script), "local", "openai:gpt-4o-mini", "anthropic:claude-sonnet-4-0")
             for model in models:
                 run = await service.create("x", model=model, for_workers=True)
-                said.append(await service.waiting(run))
+                said.append(str(await service.waiting(run)))
             return said
         finally:
             service.close()

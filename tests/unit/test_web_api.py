@@ -1102,7 +1102,7 @@ async def test_a_team_nothing_stored_is_stored_through_the_api_once(
             (
                 run_id,
                 409,
-                f"run {run_id}: its team is stored already (`masterplanner cohorts show {run_id}`)",
+                f"run {run_id}: its team is stored already (GET /api/v1/teams/{run_id})",
             ),
             (
                 planning.id,
@@ -1389,6 +1389,22 @@ def _removed_if_made(*folders: Path) -> list[Path]:
     for folder in made:
         folder.rmdir()
     return made
+
+
+async def test_a_retry_of_a_stopped_run_says_to_resume_it_with_the_api_s_endpoint(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    """It named the terminal's command (`masterplanner runs resume RUN`) to a program."""
+    made = await stopped_run(write_script)
+    async with web_client("/api/v1") as client:
+        retried = await client.post(f"/runs/{made.id}/retry")
+    assert (retried.status_code, retried.json()) == (
+        409,
+        {
+            "error": f"run {made.id} is planning but no process is executing it (the one that was "
+            f"stopped): continue it with POST /api/v1/runs/{made.id}/resume"
+        },
+    )
 
 
 async def test_of_simultaneous_resumes_of_a_stopped_run_one_starts_it_and_the_others_are_409(

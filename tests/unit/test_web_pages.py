@@ -25,6 +25,7 @@ from masterplanner.database import shown_url
 from masterplanner.engine.store import RunStore
 from masterplanner.errors import DatabaseUnavailableError
 from masterplanner.service import RunService
+from masterplanner.web import create_app
 
 DRAFTS = {"purpose": "prompt_creator", "output": "You are a worker. Do the step.", "repeat": True}
 CRITIC = {
@@ -552,6 +553,11 @@ async def test_a_stopped_run_is_resumed_from_its_page_or_the_api(
     assert sorted(listed[0]) == sorted(keys.split())
     body = (await client.get(f"/runs/{made.id}/body")).text
     assert f'hx-post="/runs/{made.id}/resume"' in body and "Resume run" in body
+    # what to do, said with the page's own button (it named the terminal's command); the API's endpoint
+    stopped = "no process is executing it (the one that did stopped): continue it with"
+    assert f'<p class="waiting" role="status">{stopped} its Resume run button</p>' in body
+    waiting = (await client.get(f"/api/v1/runs/{made.id}")).json()["waiting"]
+    assert waiting == f"{stopped} POST /api/v1/runs/{made.id}/resume"
     # a rating sent from a page that was stale: refused, and the page says why
     early = await client.post(
         f"/runs/{made.id}/feedback", data={"rating": "3"}, headers={"HX-Request": "true"}
@@ -1050,8 +1056,8 @@ async def test_a_succeeded_run_s_team_nothing_stored_is_remembered_from_its_page
         assert early.status_code == 409
         assert (
             f'<p class="error" role="alert">run {run_id} asks whether to store its team: answer its '
-            f"request {question['id']} (`masterplanner runs answer {question['id']} --approve`)</p>"
-        ) in early.text
+            f"request {question['id']} (on the run's page)</p>"
+        ) in html.unescape(early.text)
 
         # declined: the team is not stored, and the page offers to store it after all
         declined = await client.post(f"/runs/{run_id}/requests/{question['id']}", data={"choice": "deny"})
@@ -1079,8 +1085,7 @@ async def test_a_succeeded_run_s_team_nothing_stored_is_remembered_from_its_page
         again = await client.post(f"/runs/{run_id}/remember", headers=headers)
         assert again.status_code == 409
         assert (
-            f'<p class="error" role="alert">run {run_id}: its team is stored already '
-            f"(`masterplanner cohorts show {run_id}`)</p>"
+            f'<p class="error" role="alert">run {run_id}: its team is stored already (see it under Teams)</p>'
         ) in again.text
         assert "Remember this team" not in again.text
         assert [team["id"] for team in (await client.get("/api/v1/teams")).json()] == [run_id]
@@ -1201,6 +1206,34 @@ async def test_a_rating_the_database_or_a_setting_fails_is_the_server_s_answer_a
     assert 'name="rating"' in nul.text  # the form again, its comment kept (`hx-preserve`)
     rated = await client.post(f"/runs/{run_id}/feedback", data={"rating": "4"}, headers=HX)
     assert rated.status_code == 200 and "Rated 4/5: 1 agents and the team" in rated.text
+
+
+async def test_a_server_that_executes_no_runs_says_a_stopped_run_is_resumed_from_a_terminal(
+    isolated: Path, write_script: Callable[..., Path]
+) -> None:
+    """`serve --workers` resumes nothing: its page names the command, not its Resume button."""
+    made = await stopped_run(write_script)
+    service = RunService(Settings.load())
+    app = create_app(service, for_workers=True)
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8765") as client:
+            body = (await client.get(f"/runs/{made.id}/body")).text
+            refused = await client.post(f"/runs/{made.id}/resume", headers=HX)
+    finally:
+        await app.state.executions.stop()
+        app.state.registry.close()
+        service.close()
+    command = f"`masterplanner runs resume {made.id}`"
+    assert (
+        f'<p class="waiting" role="status">no process is executing it (the one that did stopped): '
+        f"continue it with {command}</p>"
+    ) in body
+    assert refused.status_code == 409
+    assert (
+        f'<p class="error" role="alert">this server executes no runs (it was started with --workers): '
+        f"resume run {made.id} with {command}</p>"
+    ) in html.unescape(refused.text)
 
 
 async def test_a_resume_the_database_fails_to_read_is_the_server_s_failure_as_from_the_api(

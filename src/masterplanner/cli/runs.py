@@ -250,10 +250,16 @@ def _check_budgets(calls: int | None, tokens: int | None, seconds: float | None,
             )
 
 
+async def _waiting(service: RunService, record: RunRecord) -> str | None:
+    """Why the run waits (`RunService.waiting`), in the terminal's words: what to type."""
+    said = await service.waiting(record)
+    return None if said is None else said.said("cli")
+
+
 def _detached(service: RunService, record: RunRecord, *, as_json: bool) -> None:
     """Say where a run queued for workers is, and whether any worker is there to take it."""
     try:
-        waiting = asyncio.run(service.waiting(record))
+        waiting = asyncio.run(_waiting(service, record))
     finally:
         service.close()
     if as_json:
@@ -505,7 +511,7 @@ def runs_show(
 
     async def read(service: RunService) -> tuple[dict[str, Any], list[Any], str | None]:
         report = await service.report(run_id)
-        waiting = await service.waiting(await service.get(report["run_id"]))
+        waiting = await _waiting(service, await service.get(report["run_id"]))
         return report, await service.events(report["run_id"]), waiting
 
     report, events, waiting = _call(_service(load_settings()), read)
@@ -902,7 +908,7 @@ def runs_cancel(
     async def cancel(service: RunService) -> tuple[RunRecord, str | None]:
         with err.status(f"asking run {shown(run_id)} to stop; waiting up to {wait:g} s for it to stop"):
             record = await service.cancel(run_id, wait_s=wait, by=by)
-        return record, None if record.finished else await service.waiting(record)
+        return record, None if record.finished else await _waiting(service, record)
 
     record, why = _call(_service(load_settings()), cancel)
     err.print(f"run {shown(record.id)} {shown(record.status)}", highlight=False)

@@ -50,6 +50,7 @@ from ..errors import (
 )
 from ..plan import Plan
 from ..redaction import REMOVED, secret_parts, secret_refusal
+from ..remedies import Remedy
 from ..usage import counted
 from .records import AgentBrief, EventKind, utc_now
 
@@ -550,7 +551,7 @@ class Requests:
     def get(self, request_id: str) -> Request:
         """The request with this id (a unique prefix of at least 4 characters also works)."""
         if names_nothing(request_id):
-            raise RequestError(f"no request {quoted_id(request_id)} (see `masterplanner runs pending`)")
+            raise RequestError(f"no request {quoted_id(request_id)}", remedy=Remedy("open_requests"))
         with self._store.begin("read a request") as connection:
             row = (
                 connection.execute(sa.select(requests_table).where(requests_table.c.id == request_id))
@@ -569,7 +570,7 @@ class Requests:
                 )
                 row = rows[0] if len(rows) == 1 else None
         if row is None:
-            raise RequestError(f"no request {quoted_id(request_id)} (see `masterplanner runs pending`)")
+            raise RequestError(f"no request {quoted_id(request_id)}", remedy=Remedy("open_requests"))
         return request_of_row(row)
 
     def find(self, run_id: str | None = None, *, state: RequestState | None = "open") -> list[Request]:

@@ -42,6 +42,7 @@ from ..database import (
 )
 from ..errors import RunError, RunNotFoundError, quoted_id
 from ..plan import Plan
+from ..remedies import Remedy
 from .messages import Messages, add_message_hand_on, create_message_tables, hand_on
 from .processes import Processes, add_process_pid_namespace, create_process_table
 from .records import (
@@ -769,7 +770,7 @@ class RunStore:
         """The stored run; `RunError` if there is none with this id (a unique prefix also works)."""
         if names_nothing(run_id):
             raise RunNotFoundError(
-                f"no run {quoted_id(run_id)} in {shown_url(self.url)} (see `masterplanner runs list`)"
+                f"no run {quoted_id(run_id)} in {shown_url(self.url)}", remedy=Remedy("list_runs")
             )
         with self.begin("read a run") as connection:
             row = (
@@ -787,14 +788,14 @@ class RunStore:
                 )
                 if len(rows) > 1:
                     raise RunNotFoundError(
-                        f"{quoted_id(run_id)} is the start of more than one run's id: give more of it "
-                        "(see `masterplanner runs list`)",
+                        f"{quoted_id(run_id)} is the start of more than one run's id: give more of it",
                         ambiguous=True,
+                        remedy=Remedy("list_runs"),
                     )
                 row = rows[0] if rows else None
         if row is None:
             raise RunNotFoundError(
-                f"no run {quoted_id(run_id)} in {shown_url(self.url)} (see `masterplanner runs list`)"
+                f"no run {quoted_id(run_id)} in {shown_url(self.url)}", remedy=Remedy("list_runs")
             )
         return _run_record(row)
 
@@ -901,8 +902,8 @@ class RunStore:
                 raise RunError(f"run {run_id} is being retried already: it goes on from where it failed")
             if row["status"] not in FINISHED_RUN_STATUSES and row["executor"] != "workers" and not held:
                 raise RunError(
-                    f"run {run_id} {state} but no process is executing it (the one that was stopped): "
-                    f"continue it with `masterplanner runs resume {run_id}`"
+                    f"run {run_id} {state} but no process is executing it (the one that was stopped)",
+                    remedy=Remedy("resume", run_id),
                 )
             raise RunError(f"run {run_id} {state}: only a failed run can be retried")
         if row["owner"] is not None and row["lease_until"] is not None and row["lease_until"] >= now:

@@ -207,7 +207,7 @@ def _conflict() -> Iterator[None]:
     except DatabaseError:
         raise
     except RunError as error:
-        raise HTTPException(409, str(error)) from None
+        raise HTTPException(409, error.said("api")) from None
 
 
 async def _run(service: RunService, run_id: str) -> RunRecord:
@@ -288,7 +288,7 @@ async def get_run(request: Request, run_id: str) -> dict[str, Any]:
         | report
         | {
             "agents": {k: v.to_json_dict() for k, v in record.agents.items()},
-            "waiting": await service.waiting(record),
+            "waiting": None if (said := await service.waiting(record)) is None else said.said("api"),
         }
     )
 

@@ -228,17 +228,19 @@ def _methods(request: Request) -> set[str]:
 
 async def _our_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, MasterplannerError)
+    # what to do said as the asker does it: the API's endpoint, else the page's button
+    said = exc.said("api" if request.url.path.startswith("/api/") else "web")
     if isinstance(exc, PlanError | AgentEditError):
-        return _refused(request, 422, str(exc), problems=exc.problems)
+        return _refused(request, 422, said, problems=exc.problems)
     if isinstance(exc, RequestClosedError):  # the losing answer of two given at once
-        return _refused(request, 409, str(exc))
+        return _refused(request, 409, said)
     if isinstance(exc, RequestError):
-        return _refused(request, 422, str(exc))
+        return _refused(request, 422, said)
     if isinstance(exc, DatabaseUnavailableError):
-        return _refused(request, 503, str(exc))
+        return _refused(request, 503, said)
     if isinstance(exc, DatabaseError):  # the server's failure (a full disk), said in its words
-        return _refused(request, 500, str(exc))
-    return _refused(request, 400, str(exc))
+        return _refused(request, 500, said)
+    return _refused(request, 400, said)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -341,7 +341,7 @@ async def agent_edit(request: Request, agent_id: str) -> Response:
     try:
         saved = await registry.edit_agent(spec.id, edited)
     except MasterplannerError as error:
-        return refused(str(error), 422)
+        return refused(error.said("web"), 422)
     context = {"agent": saved, "versions": await registry.versions(saved.id), "error": None, "saved": True}
     return templates.TemplateResponse(request, "agent.html", context | {"form": _form_of(saved)})
 
