@@ -222,3 +222,37 @@ async def test_a_run_a_worker_cannot_coordinate_with_its_settings_is_refused_onc
         assert worker.engine.store.get_run(run.id).status == "planning"  # left for a worker that has the file
     finally:
         worker.close()
+
+
+async def test_a_worker_stopped_with_half_a_second_of_grace_lets_its_running_step_finish(
+    database: str, write_script: Callable[..., Path]
+) -> None:
+    """Before, the grace was truncated to whole seconds (`int`): `--grace 0.5` gave none."""
+    from masterplanner.engine.worker import Worker
+
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
+            {"purpose": "step:a", "output": "A", "delay_s": 0.5},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    settings = Settings.load(database_url=database, remember_runs="never", embedder="none")
+    worker = Worker(settings, providers=["scripted"], grace_s=0.5)
+    try:
+        run = worker.engine.create_run(
+            "one step", model=f"scripted:{script}", options=RunOptions(auto_approve=True), for_workers=True
+        )
+        stop = asyncio.Event()
+        working = asyncio.ensure_future(worker.run(stop))
+        deadline = time.monotonic() + 60
+        while not [event for event in worker.engine.store.events(run.id) if event.kind == "step_started"]:
+            assert time.monotonic() < deadline, "the step did not start"
+            await asyncio.sleep(0.02)
+        stop.set()  # its model request takes 0.5 s
+        summary = await asyncio.wait_for(working, 60)
+        assert summary.handed_over == [run.id]
+        finished = [event.kind for event in worker.engine.store.events(run.id) if event.step == "a"]
+        assert finished[-1] == "step_succeeded", finished
+    finally:
+        worker.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sqlite3
 import threading
 import weakref
@@ -488,14 +489,16 @@ def dbos_launched() -> bool:
 def shutdown_dbos(*, grace_s: float = 0) -> None:
     """Stop DBOS in this process; workflows not finished stay pending in the database.
 
-    With `grace_s`, steps already running get that long to finish (no new ones are taken).
+    With `grace_s`, steps already running get that long to finish (no new ones are taken),
+    rounded up to whole seconds: DBOS takes whole seconds, and looks whether any is still
+    running once a second (`int` made a `--grace 0.5` no grace at all).
     The process's lease is given up, so others may take what it left at once.
     """
     global _launched_url, _host, _heartbeat, _executor, _worker
     with _lock:
         if _launched_url is None:
             return
-        DBOS.destroy(workflow_completion_timeout_sec=int(grace_s))
+        DBOS.destroy(workflow_completion_timeout_sec=math.ceil(grace_s))
         _renew_default_executors()
         if _heartbeat is not None:
             _heartbeat.stop()
