@@ -177,6 +177,40 @@ def test_sigterm_hands_runs_over_and_lets_the_running_step_finish(
     assert (record.alive, record.stopped) == (False, True)
 
 
+def test_a_worker_that_finds_its_own_lease_lapsed_stops_at_once_and_its_step_runs_elsewhere(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    """Others may be replaying its steps (within a second): before, it still gave them `--grace`
+    seconds, and a step that finished here meanwhile wrote its model requests' work and outcome a
+    second time beside its replay."""
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [plan_step("a")]}, "repeat": True},
+            {"purpose": "step:a", "output": "A", "delay_s": 12, "repeat": True},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    suspended = cluster.worker("--grace", "60")
+    (suspended_id,) = cluster.worker_ids(1)
+    (run_id,) = cluster.enqueue(script, ["one slow step"])
+    deadline = time.monotonic() + 60
+    while not cluster.events(run_id, "step_started"):
+        assert time.monotonic() < deadline, cluster.log(0)
+        time.sleep(0.1)
+    with cluster.store.begin("let the worker's lease lapse, as if it was suspended past it") as connection:
+        connection.execute(
+            sa.text("UPDATE mp_processes SET lease_until = 0 WHERE id = :id"), {"id": suspended_id}
+        )
+    lapsed = time.monotonic()
+    assert suspended.wait(timeout=60) == 1
+    assert time.monotonic() - lapsed < 6, cluster.log(0)  # the step's model request takes 12 s
+    assert "was not heard from for longer than its lease" in cluster.log(0)
+    cluster.worker()
+    assert cluster.wait_finished([run_id]) == {run_id: "succeeded"}
+    assert [data["from"] for _kind, _step, data in cluster.events(run_id, "step_recovered")] == [suspended_id]
+    assert [step for _kind, step, _data in cluster.events(run_id, "step_succeeded")] == ["a"]
+
+
 def _one_step(write_script: Callable[..., Path], output: str = "A") -> Path:
     """A script whose plan is one step, a, which answers `output`."""
     return write_script(

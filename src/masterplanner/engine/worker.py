@@ -13,6 +13,9 @@ up at once (another worker takes them over, attaching to their queued and runnin
 steps running here get `grace_s` to finish — every model request and tool call inside them is
 already checkpointed — and what has not finished by then is left pending, recorded as this
 worker's, and taken over by the others as soon as the worker records its stop.
+
+A worker that finds its own lease lapsed (it was suspended or starved past `run_lease_s`) stops
+at once, with no grace: others may already be replaying its steps.
 """
 
 from __future__ import annotations
@@ -163,7 +166,14 @@ class Worker:
                 except TimeoutError:
                     pass
         finally:
-            await self._let_finished_runs_end(runs)
+            # A worker whose own lease lapsed may already have had its steps handed to others
+            # (within a second): nothing more runs here, so it neither waits for its finished
+            # runs nor gives its steps any grace; what they did is checkpointed, and they replay
+            # elsewhere. A step let run on would make its model requests and write its outcome
+            # a second time (only tool calls are fenced, `runtime.keep_lease`).
+            lost = process_lost()
+            if not lost:
+                await self._let_finished_runs_end(runs)
             await self._reap_and_record(runs, summary)
             for run_id, task in runs.items():
                 task.cancel()
@@ -176,7 +186,8 @@ class Worker:
                     worker=self.id,
                     runs=summary.handed_over,
                 )
-            await asyncio.to_thread(partial(engine.stop, grace_s=self.grace_s))
+            grace_s = 0.0 if lost or process_lost() else self.grace_s
+            await asyncio.to_thread(partial(engine.stop, grace_s=grace_s))
         return summary
 
     async def _let_finished_runs_end(self, runs: dict[str, asyncio.Task[RunRecord | None]]) -> None:
