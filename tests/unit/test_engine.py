@@ -1754,6 +1754,26 @@ def test_a_tool_call_in_a_process_running_steps_inline_needs_the_run_still_held_
         keep_lease(run.id)
 
 
+def test_a_process_that_is_not_a_worker_renews_its_lease_after_it_lapsed(isolated: Path) -> None:
+    """A database away for longer than `run_lease_s` let the lease of a `run` or `serve` lapse:
+    its heartbeat stopped at the first failed renewal, and the process, still executing runs,
+    was listed dead for the rest of its life (a step it ran was handed to others as a dead one's)."""
+    from masterplanner.engine.processes import processes_table
+
+    engine = Engine(Settings.load(run_lease_s=1))
+    try:
+        engine.launch()
+        with engine.store.begin("let the lease lapse, as in a database outage") as connection:
+            connection.execute(
+                sa.update(processes_table).where(processes_table.c.id == engine.owner).values(lease_until=0.0)
+            )
+        assert not engine.store.processes.alive(engine.owner)
+        time.sleep(0.7)  # renewed every fifth of its lease (0.2 s)
+        assert engine.store.processes.alive(engine.owner)
+    finally:
+        engine.close()
+
+
 def test_a_policy_for_a_tool_that_does_not_exist_is_refused_before_the_run_is_made(
     engine: Engine, write_script: Callable[..., Path]
 ) -> None:

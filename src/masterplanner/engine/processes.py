@@ -181,18 +181,18 @@ class Processes:
             if updated.rowcount == 0:
                 connection.execute(processes_table.insert().values(id=process_id, started_at=now, **values))
 
-    def renew(self, process_id: str, *, lease_s: float) -> bool:
-        """Renew the lease for another `lease_s`; False once it lapsed (others may be taking its work)."""
+    def renew(self, process_id: str, *, lease_s: float, lapsed_too: bool = False) -> bool:
+        """Renew the lease for another `lease_s`; False once it lapsed (others may be taking its work).
+
+        `lapsed_too`: a lapsed one is renewed as well (not a stopped one).
+        """
         with self._store.begin("renew a process's lease") as connection:
             now = database_now(connection)
+            held = [processes_table.c.id == process_id, processes_table.c.stopped.is_(False)]
+            if not lapsed_too:
+                held.append(processes_table.c.lease_until >= now)
             updated = connection.execute(
-                processes_table.update()
-                .where(
-                    processes_table.c.id == process_id,
-                    processes_table.c.lease_until >= now,
-                    processes_table.c.stopped.is_(False),
-                )
-                .values(heartbeat_at=now, lease_until=now + lease_s)
+                processes_table.update().where(*held).values(heartbeat_at=now, lease_until=now + lease_s)
             )
             return updated.rowcount == 1
 
@@ -312,14 +312,24 @@ def _another_live_process(pid: int) -> bool:
 class Heartbeat:
     """Renews this process's lease from a thread of its own, whatever its event loops are doing.
 
-    A renewal that finds the lease lapsed means others may already be taking this process's
-    work: `on_lost` is told once (a worker stops; a run's own lease guard stops the run).
+    In a worker, a renewal that finds the lease lapsed means others may already be taking its
+    steps: `lost` is set, for good, and the heartbeat stops renewing (the worker stops at once,
+    `worker.py`; a tool call finding it lapsed is not made, `runtime.keep_lease`).
+
+    Any other process (`run`, `serve`, `runs resume`) renews a lapsed lease too (a database away
+    for longer than it), and goes on: it executes only runs whose own leases it holds, and a run
+    another process took over meanwhile is stopped here by that run's guard and fence, not by
+    this lease. Before, its heartbeat stopped at the first lapse and nothing else looked: the
+    process was listed dead while it went on executing runs, and a step it took from DBOS's
+    internal queue (which every process dequeues) was handed to another process again every
+    second while it still ran here.
     """
 
-    def __init__(self, processes: Processes, process_id: str, *, lease_s: float) -> None:
+    def __init__(self, processes: Processes, process_id: str, *, lease_s: float, worker: bool = True) -> None:
         self._processes = processes
         self._id = process_id
         self._lease_s = lease_s
+        self._worker = worker
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="masterplanner-heartbeat", daemon=True)
         self.lost = threading.Event()
@@ -338,10 +348,13 @@ class Heartbeat:
                 continue
 
     def renew(self) -> bool:
-        """Renew the lease now (also from outside the thread); False, and `lost` set, once it lapsed."""
+        """Renew the lease now (also from outside the thread); False, and `lost` set, once it lapsed.
+
+        In a worker; any other process's lease is renewed even when it lapsed.
+        """
         if self.lost.is_set():
             return False
-        renewed = self._processes.renew(self._id, lease_s=self._lease_s)
+        renewed = self._processes.renew(self._id, lease_s=self._lease_s, lapsed_too=not self._worker)
         if not renewed:
             self.lost.set()
         return renewed

@@ -163,7 +163,9 @@ def _launch(
         queues=queues,
         concurrency=settings.worker_concurrency if kind == "worker" else None,
     )
-    _heartbeat = Heartbeat(store.processes, executor_id, lease_s=settings.run_lease_s)
+    _heartbeat = Heartbeat(
+        store.processes, executor_id, lease_s=settings.run_lease_s, worker=kind == "worker"
+    )
     _heartbeat.start()
     return changes
 
