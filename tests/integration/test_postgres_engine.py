@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _cluster import plan_step as step
@@ -167,6 +169,74 @@ async def test_a_worker_stopped_as_its_run_ends_reports_the_run_ended_not_handed
         assert worker.engine.store.lease(run.id) is None  # given up, not left to lapse
     finally:
         worker.close()
+
+
+async def test_a_run_whose_end_outlasts_a_stopping_worker_is_ended_by_the_next_worker(
+    database: str, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that succeeded but whose end (telling the registry) outlasts the stop is handed over.
+
+    Before, the stopping worker gave its lease up: a finished run held by nobody is neither
+    queued nor abandoned, so no worker finished its end (the registry was never told), while
+    the worker said it handed the run over.
+    """
+    from masterplanner.engine import workflows
+    from masterplanner.engine.worker import Worker
+
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    settings = Settings.load(database_url=database, remember_runs="never", embedder="none")
+    built = workflows.resources_of
+    ends: list[str] = []
+
+    async def slow_end(run_id: str, settings: Settings, store: Any, **kwargs: Any) -> Any:
+        if store.get_run(run_id).finished:  # the end workflow, about to tell the registry
+            ends.append(run_id)
+            if len(ends) == 1:
+                await asyncio.sleep(600)  # the first worker's end never gets further
+        return await built(run_id, settings, store, **kwargs)
+
+    monkeypatch.setattr(workflows, "resources_of", slow_end)
+    first = Worker(settings, providers=["scripted"], grace_s=0.5)
+    try:
+        run = first.engine.create_run(
+            "one step", model=f"scripted:{script}", options=RunOptions(auto_approve=True), for_workers=True
+        )
+        stop = asyncio.Event()
+        working = asyncio.ensure_future(first.run(stop))
+        deadline = time.monotonic() + 60
+        while not ends:
+            assert time.monotonic() < deadline, "the run did not reach its end"
+            await asyncio.sleep(0.05)
+        assert first.engine.store.get_run(run.id).status == "succeeded"
+        stop.set()
+        summary = await asyncio.wait_for(working, 60)
+        assert (summary.runs, summary.handed_over) == ({}, [run.id])
+    finally:
+        first.close()
+    ended = asyncio.Event()
+    second = Worker(
+        settings,
+        providers=["scripted"],
+        note=lambda message, **fields: ended.set() if fields.get("event") == "run_ended" else None,
+    )
+    try:
+        stop = asyncio.Event()
+        working = asyncio.ensure_future(second.run(stop))
+        with contextlib.suppress(TimeoutError):  # before, it never took the run
+            await asyncio.wait_for(ended.wait(), 30)
+        stop.set()
+        summary = await asyncio.wait_for(working, 60)
+        assert (summary.runs, summary.handed_over) == ({run.id: "succeeded"}, [])
+        assert ends == [run.id, run.id]  # the end went on, and told the registry
+        assert second.engine.store.lease(run.id) is None
+    finally:
+        second.close()
 
 
 @pytest.mark.parametrize(

@@ -211,6 +211,65 @@ def test_a_worker_that_finds_its_own_lease_lapsed_stops_at_once_and_its_step_run
     assert [step for _kind, step, _data in cluster.events(run_id, "step_succeeded")] == ["a"]
 
 
+def test_a_run_whose_own_process_died_is_finished_by_another_worker_when_the_one_that_took_it_stops(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    """A worker that took over a run from its dead `run` process hands it over on SIGTERM.
+
+    Before, the stopping worker gave the run's lease up (owner none): a run not queued for
+    workers and held by nobody is neither queued nor abandoned, so no worker took it, and it
+    stayed `running` for good while the worker's log said it was handed over.
+    """
+    ids = ["a", "b", "c"]
+    script = _file_writing_chain(write_script, ids)
+    workers = cluster.start_workers(2, "--concurrency", "1")
+    command = ["run", "write three files", "--yes", "-m", f"scripted:{script}"]
+    with (cluster.home / "run.log").open("w") as log:
+        running = subprocess.Popen(
+            [sys.executable, "-m", "masterplanner", *command],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=cluster.env,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not (listed := cluster.store.list_runs(5)):
+            assert time.monotonic() < deadline, "the run was not created"
+            time.sleep(0.05)
+        (run,) = listed
+        assert not run.for_workers
+        # killed in step a, after its tool call: the step is left pending under the dead process
+        dead = _wait_for_a_step_past_its_tool_call(cluster, [run.id])
+        assert dead not in workers
+    finally:
+        running.send_signal(signal.SIGKILL)
+        running.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while (lease := cluster.store.lease(run.id)) is None or lease.owner.split("/")[0] not in workers:
+        assert time.monotonic() < deadline, f"no worker took the run over: {lease}"
+        time.sleep(0.05)
+    taker = lease.owner.split("/")[0]
+    (other,) = set(workers) - {taker}
+    pid = {record.id: record.pid for record in cluster.store.processes.listed()}[taker]
+    (stopping,) = [process for process in cluster.workers if process.pid == pid]
+    stopping.send_signal(signal.SIGTERM)
+    assert stopping.wait(timeout=60) == 0
+    assert f"handed over: {run.id}" in cluster.log(cluster.workers.index(stopping))
+    assert cluster.wait_finished([run.id], timeout=60) == {run.id: "succeeded"}
+    started = {step: data["process"] for _kind, step, data in cluster.events(run.id, "step_started")}
+    # each step started once: a by the dead process (a worker resumed it), c by the worker left
+    assert set(started) == set(ids) and (started["a"], started["c"]) == (dead, other)
+    for kind in ("step_started", "tool_called"):
+        assert Counter(step for _k, step, _d in cluster.events(run.id, kind)) == dict.fromkeys(ids, 1), kind
+    assert [step for _kind, step, _data in cluster.events(run.id, "step_resumed")] == ["a"]
+    deadline = time.monotonic() + 30  # the status is written first, then the end tells the registry
+    while (lease := cluster.store.lease(run.id)) is not None:
+        assert time.monotonic() < deadline, f"the worker that ended the run did not give it up: {lease}"
+        time.sleep(0.05)
+
+
 def _one_step(write_script: Callable[..., Path], output: str = "A") -> Path:
     """A script whose plan is one step, a, which answers `output`."""
     return write_script(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -535,6 +536,67 @@ def test_a_worker_is_offered_only_the_queued_runs_of_its_providers(tmp_path: Pat
         assert store.claim("r2", "w1:1:x", lease_s=30)
         assert store.claimable_runs(10, providers=["local"]) == ["r4"]  # r2 is held
     finally:
+        store.close()
+
+
+async def test_a_stopping_worker_hands_each_run_over_to_the_next_worker(
+    database_url: str, tmp_path: Path
+) -> None:
+    """`hand_over`: a run queued for workers is queued again; one taken over from a dead `run`
+    process, or ending, is abandoned at once. Before, a worker that stopped gave every lease up,
+    and the last two were claimed by no worker (neither queued nor abandoned)."""
+    from masterplanner import RunService
+
+    store = RunStore(database_url)
+    service = RunService(Settings.load())
+    try:
+        for run_id, for_workers, status in [
+            ("queued-planning", True, "planning"),
+            ("queued-running", True, "running"),
+            ("left-by-its-run", False, "running"),  # its `run` process died; a worker took it over
+            ("ending", True, "succeeded"),  # its end (telling the registry) outlasted the stop
+            ("cancelled", False, "cancelled"),
+        ]:
+            store.create_run(
+                run_id,
+                "a task",
+                model="local",
+                workspace=str(tmp_path),
+                options=RunOptions(),
+                for_workers=for_workers,
+            )
+            assert store.claim(run_id, f"worker:1:x/{run_id}", lease_s=60)
+            assert store.update_run(run_id, status=status)
+            await asyncio.sleep(0.002)  # oldest first, by the millisecond
+        store.hand_over("ending", "another:2:y/ending")  # not its lease: left as it is
+        assert store.lease("ending").owner == "worker:1:x/ending"  # type: ignore[union-attr]
+        assert store.claimable_runs(10, providers=["local"]) == []
+        for run_id in ("queued-planning", "queued-running", "left-by-its-run", "ending", "cancelled"):
+            store.hand_over(run_id, f"worker:1:x/{run_id}")
+        assert store.claimable_runs(10, providers=["local"]) == [
+            "queued-planning",
+            "queued-running",
+            "left-by-its-run",
+            "ending",
+        ]
+        assert store.abandoned_runs() == ["left-by-its-run", "ending"]
+        assert [store.lease(run_id) for run_id in ("queued-planning", "queued-running", "cancelled")] == [
+            None
+        ] * 3
+        left = store.lease("left-by-its-run")
+        assert left is not None and (left.owner, left.left_s) == ("worker:1:x/left-by-its-run", 0.0)
+        # while no worker runs: as a run whose process died (`runs resume`, or the next worker)
+        records = [await service.get(run_id) for run_id in ("queued-running", "left-by-its-run", "ending")]
+        assert await service.idle(records) == {"queued-running": "queued", "left-by-its-run": "stopped"}
+        assert [await service.waiting(record) for record in records] == [
+            "no worker is running on this database: the run waits until one starts (`masterplanner worker`)",
+            "no process is executing it (the one that did stopped): "
+            "continue it with `masterplanner runs resume left-by-its-run`",
+            None,
+        ]
+        assert store.claim("left-by-its-run", "worker:2:z/next", lease_s=60)  # the next worker takes it
+    finally:
+        service.close()
         store.close()
 
 

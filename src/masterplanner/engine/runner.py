@@ -269,7 +269,8 @@ class Engine:
         """Drive a run to its end if its lease is free or lapsed now; None if another process holds it.
 
         How a worker takes a run: of two workers claiming the same run, one gets it and the other
-        moves on at once.
+        moves on at once. Cancelled (the worker stops), it hands the run over to the next worker
+        (`RunStore.hand_over`) rather than give it up as `execute` does.
         """
         owner = f"{self.owner}/{secrets.token_hex(3)}"
         if not await asyncio.to_thread(self.store.claim, run_id, owner, lease_s=self.settings.run_lease_s):
@@ -278,10 +279,15 @@ class Engine:
         if run.status == "cancelled":
             await asyncio.to_thread(self.store.release, run.id, owner)
             return run
-        return await self._drive(run, owner)
+        return await self._drive(run, owner, hand_over=True)
 
-    async def _drive(self, run: RunRecord, owner: str) -> RunRecord:
-        """Advance a run whose lease `owner` holds; the lease is given up at the end."""
+    async def _drive(self, run: RunRecord, owner: str, *, hand_over: bool = False) -> RunRecord:
+        """Advance a run whose lease `owner` holds; the lease is given up at the end.
+
+        `hand_over`: if this task is cancelled, the run goes to the next worker instead: given up,
+        one no worker would claim then (taken over from a dead `run` process, or ending) was left
+        with nobody for good, though the stopping worker said it handed it over.
+        """
         try:
             # held before the launch: another engine of this process may not switch DBOS to
             # another database under this run (`runtime._refuse_switch_while_busy`)
@@ -299,18 +305,21 @@ class Engine:
             finally:
                 release(run.id)
         finally:
-            await self._give_up(run.id, owner)
+            task = asyncio.current_task()
+            handing_over = hand_over and task is not None and task.cancelling() > 0
+            await self._give_up(run.id, owner, hand_over=handing_over)
         return await asyncio.to_thread(self.store.get_run, run.id)
 
-    async def _give_up(self, run_id: str, owner: str) -> None:
+    async def _give_up(self, run_id: str, owner: str, *, hand_over: bool = False) -> None:
         """Give the run's lease up; when the database cannot write that (a full disk), let it lapse.
 
-        Raised, the database's failure here replaced the run's own outcome or the failure that
-        stopped it (said as "cannot release a lease"); a lease not given up lapses after
-        `run_lease_s`, and the run is then any process's to go on with.
+        `hand_over`: for the next worker to take (`RunStore.hand_over`). Raised, the database's
+        failure here replaced the run's own outcome or the failure that stopped it (said as
+        "cannot release a lease"); a lease not given up lapses after `run_lease_s`, and the run
+        is then any process's to go on with.
         """
         with contextlib.suppress(MasterplannerError):
-            await asyncio.to_thread(self.store.release, run_id, owner)
+            await asyncio.to_thread(self.store.hand_over if hand_over else self.store.release, run_id, owner)
 
     async def _take_lease(self, run_id: str, owner: str, on_wait: Callable[[Lease], None] | None) -> None:
         """Take the run's lease, waiting for a holder that stopped renewing it to lapse."""

@@ -331,10 +331,14 @@ def _lapsed(now: float) -> sa.ColumnElement[bool]:
     return sa.or_(runs_table.c.lease_until < now, runs_table.c.lease_until.is_(None))
 
 
+_LEFT_STATUSES = ("running", "succeeded", "failed")
+"""The statuses of a run its holder may leave to another process (`_abandoned`): running, or ending."""
+
+
 def _abandoned(now: float) -> sa.ColumnElement[bool]:
     """Runs whose holder stopped renewing the lease without giving it up: running, or ending."""
     return sa.and_(
-        runs_table.c.status.in_(("running", "succeeded", "failed")),
+        runs_table.c.status.in_(_LEFT_STATUSES),
         runs_table.c.owner.is_not(None),
         _lapsed(now),
     )
@@ -1029,6 +1033,31 @@ class RunStore:
             connection.execute(
                 runs_table.update()
                 .where(runs_table.c.id == run_id, runs_table.c.owner == owner)
+                .values(owner=None, heartbeat_at=None, lease_until=None)
+            )
+
+    def hand_over(self, run_id: str, owner: str) -> None:
+        """Give the lease up for another worker to take the run at once (a worker that stops).
+
+        A run queued for workers that has not ended is released, as `release` does: a worker
+        claims it as queued. Any other run `owner` holds would then be claimed by nobody (one
+        whose `run` process died, which a worker took over; one ended whose end, telling the
+        registry, is not done): its lease lapses now instead, its owner kept, so it counts as
+        abandoned (`abandoned_runs`) and the next worker's claim round takes it over, as when
+        its holder dies.
+        """
+        queued = sa.and_(  # no NULL in it: `left` and its negation must each be true or false
+            sa.func.coalesce(runs_table.c.executor, "") == "workers",
+            runs_table.c.status.not_in(tuple(FINISHED_RUN_STATUSES)),
+        )
+        with self.begin("hand a run over") as connection:
+            now = database_now(connection)
+            held = sa.and_(runs_table.c.id == run_id, runs_table.c.owner == owner)
+            left = sa.and_(runs_table.c.status.in_(_LEFT_STATUSES), sa.not_(queued))
+            connection.execute(runs_table.update().where(held, left).values(lease_until=now))
+            connection.execute(
+                runs_table.update()
+                .where(held, sa.not_(left))
                 .values(owner=None, heartbeat_at=None, lease_until=None)
             )
 

@@ -8,11 +8,13 @@ so the steps of one run may execute on several workers, and a step left by a dea
 handed back to its queue by the run's coordinator (`Engine`, `processes.py`).
 
 Stopping (SIGTERM, Ctrl-C): no new runs are claimed; a run that has already ended is let finish
-its bookkeeping (reported as ended, not handed over); the runs it coordinates give their leases
-up at once (another worker takes them over, attaching to their queued and running steps); the
-steps running here get `grace_s` to finish — every model request and tool call inside them is
-already checkpointed — and what has not finished by then is left pending, recorded as this
-worker's, and taken over by the others as soon as the worker records its stop.
+its bookkeeping (reported as ended, not handed over); the runs it coordinates are handed over at
+once (`RunStore.hand_over`: another worker takes each at its next claim round, attaching to its
+queued and running steps — a run queued for workers as queued, one taken over from a dead
+process or still ending as abandoned); the steps running here get `grace_s` to finish — every
+model request and tool call inside them is already checkpointed — and what has not finished by
+then is left pending, recorded as this worker's, and taken over by the others as soon as the
+worker records its stop.
 
 A worker that finds its own lease lapsed (it was suspended or starved past `run_lease_s`) stops
 at once, with no grace: others may already be replaying its steps.
@@ -58,7 +60,7 @@ class WorkerSummary:
     runs: dict[str, str] = field(default_factory=dict)
     """Each run it coordinated to an end, with the status it ended in."""
     handed_over: list[str] = field(default_factory=list)
-    """Runs it was coordinating when it stopped (their leases given up for another worker)."""
+    """Runs it was coordinating when it stopped (handed over for another worker to take)."""
 
 
 class Worker:
