@@ -748,22 +748,32 @@ class RunService:
             )
             return
         # stored before (this answer sent again after its event was lost): said now, not stored again
-        if self._store_team(run) or not self._team_told(request):
-            self._store.append_event(run.id, "team_stored", data={"cohort": run.id, "request": request.id})
+        self._store_team(run, {"cohort": run.id, "request": request.id})
 
-    def _store_team(self, run: RunRecord) -> bool:
-        """Store the run's team (its new agents and its cohort) once; False if it was stored already.
+    def _store_team(self, run: RunRecord, told: dict[str, Any]) -> bool:
+        """Store the run's team (its new agents and its cohort) once, and say so once.
 
         All or nothing, and once (`remember_run`); reused agents' outcomes, counted when the
-        run ended, are not counted again.
+        run ended, are not counted again. Then a `team_stored` event (`told` its data) says it,
+        unless one says it already (`RunStore.append_event_once`): the storing's own, or that of
+        a call at once that found the team stored by this one. A team the registry holds with no
+        such event (stored, and the run's database failed before its event was written) is said
+        stored now. False when nothing was done: the team stored, and said stored, already.
+
+        Before, a team stored whose event was lost stayed so: `remember` was refused (stored
+        already) while the run's page offered its button for good; and two at once could each
+        write a `team_stored` (one stored the team, the other found it stored with no event yet).
         """
         from .engine.reuse import remember_run
         from .registry import open_registry
 
         assert run.plan is not None
+        # an event past this one is of this storing (the cohort is claimed after it): an older
+        # one says a storing of a team removed since
+        before = self._store.last_seq(run.id)
         registry = open_registry(self.settings)
         try:
-            return remember_run(
+            stored = remember_run(
                 registry,
                 run_id=run.id,
                 model=run.model,
@@ -775,6 +785,8 @@ class RunService:
             )
         finally:  # its connections (a server answers many requests)
             registry.close()
+        said = self._store.append_event_once(run.id, "team_stored", told, after=before if stored else 0)
+        return stored or said is not None
 
     async def remember(self, run_id: str, *, by: str | None = None) -> str:
         """Store the team of a run that succeeded, as a `remember` answer's yes does; the cohort's id.
@@ -782,19 +794,18 @@ class RunService:
         For a team not stored when the run ended (`remember_runs = never`, or storing it failed
         then) or when a yes was given (storing it failed). Refused (`RunError`), nothing changed,
         when the run did not succeed, still asks whether to store its team (answer that), has a
-        team with what looks like a secret, or has its team stored already. A `team_stored`
-        event says who asked (`by`, the library's by default).
+        team with what looks like a secret, or has its team stored already and said so. A
+        `team_stored` event says who asked (`by`, the library's by default); a team stored whose
+        event was lost (the run's database failed just after the registry stored it) is not
+        stored again but said stored now, with `by`, and taken (`_store_team`).
         """
         run = await self.get(run_id)
         refusal = await self._remember_refusal(run)
         if refusal is not None:
             raise RunError(refusal.reason, remedy=refusal.remedy)
-        if not await asyncio.to_thread(self._store_team, run):
-            raise RunError(f"run {run.id}: its team is stored already", remedy=Remedy("show_team", run.id))
         who = by or answerer_name("library")
-        await asyncio.to_thread(
-            self._store.append_event, run.id, "team_stored", None, {"cohort": run.id, "by": who}
-        )
+        if not await asyncio.to_thread(self._store_team, run, {"cohort": run.id, "by": who}):
+            raise RunError(f"run {run.id}: its team is stored already", remedy=Remedy("show_team", run.id))
         return run.id
 
     async def remember_refusal(self, run_id: str) -> Said | None:
@@ -802,9 +813,11 @@ class RunService:
 
         A run that succeeded is refused until it is over (`follow`'s over: no process is still
         ending it), as its process stores its team then, or asks whether to. A team stored
-        already is not asked here: the registry says so when `remember` stores it.
+        already is not asked here: the registry says so when `remember` stores it, and `remember`
+        refuses it only when a `team_stored` event says so too (one lost is written then).
         One definition: `remember` asks it, and the run's web page offers its "Remember this team"
-        button only when it says nothing and no `team_stored` event says the team was stored.
+        button only when it says nothing and no `team_stored` event says the team was stored, so
+        a press on it is taken.
         """
         return await self._remember_refusal(await self.get(run_id))
 

@@ -1146,6 +1146,110 @@ async def test_runs_remember_stores_the_team_of_a_run_that_succeeded_once(
     assert told[0]["by"].startswith("cli@")
 
 
+@pytest.mark.parametrize("meanwhile", ["the same yes sent again", "another remember"])
+async def test_a_team_stored_by_two_calls_at_once_is_said_stored_once(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, meanwhile: str
+) -> None:
+    """A yes whose team could not be stored (the disk full); then `runs remember` stores it and,
+    before it writes its `team_stored` event, another call made at once (the same yes sent again,
+    or another `runs remember`) finds the team stored and no event saying so. Both are taken,
+    the team is stored once, and the run has one `team_stored` event: the other's.
+
+    Before, the yes sent again wrote one (no event named its request) and `runs remember` another;
+    a second `runs remember` was refused as "stored already" while no event said so yet.
+    """
+    from _faults import sqlite_failing
+
+    from masterplanner.engine import reuse
+
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "ask")
+    settings = Settings.load()
+    engine = Engine(settings)
+    try:
+        run_id, question = await _asked_to_remember(engine, _team_script(write_script))
+    finally:
+        engine.close()
+    service = RunService(settings)
+    try:
+        with sqlite_failing("INSERT INTO mp_cohorts", times=1):
+            taken = await service.answer_plainly(question, approve=True, by="cli@laptop:101")
+        assert (taken.follow_up_failed or "").startswith("storing the run's team failed")
+        assert _stored_team(settings, run_id) == ([], {})
+
+        async def other() -> object:
+            if meanwhile == "the same yes sent again":
+                again = await service.answer_plainly(question, approve=True, by="cli@laptop:101")
+                return (again.taken_before, again.follow_up_failed)
+            try:
+                return await service.remember(run_id, by="cli@laptop:102")
+            except RunError as error:
+                return str(error)
+
+        loop, storing, others = asyncio.get_running_loop(), reuse.remember_run, []
+
+        def then_the_other(*args: Any, **kwargs: Any) -> bool:
+            stored = storing(*args, **kwargs)
+            if not others:  # the first storing: the other call runs whole before its event is written
+                others.append(None)
+                others[0] = asyncio.run_coroutine_threadsafe(other(), loop).result(timeout=60)
+            return stored
+
+        monkeypatch.setattr(reuse, "remember_run", then_the_other)
+        assert await service.remember(run_id, by="cli@laptop:103") == run_id
+        told = [(e.kind, e.data) for e in await service.events(run_id) if e.kind.startswith("team_")]
+    finally:
+        service.close()
+    if meanwhile == "the same yes sent again":
+        assert others == [(True, None)]
+        assert told == [("team_stored", {"cohort": run_id, "request": question})]
+    else:
+        assert others == [run_id]
+        assert told == [("team_stored", {"cohort": run_id, "by": "cli@laptop:102"})]
+    once = {"uses": 1, "successes": 1, "failures": 0, "ratings": 0, "rating_sum": 0.0}
+    assert _stored_team(settings, run_id) == (
+        [run_id],
+        {f"{run_id}.load": ([1], once), f"{run_id}.report": ([1], once)},
+    )
+
+
+async def test_a_team_stored_as_its_run_ended_is_said_stored_once_when_its_end_is_told_again(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process dies after the run's end stored its team and wrote `team_stored`, before the run
+    recorded that the registry was told. The resume tells it again: one `team_stored`, one cohort.
+
+    Before, the resume found the team stored and wrote a second `team_stored`.
+    """
+    from _faults import Killed
+
+    from masterplanner.engine import workflows
+
+    telling, told = workflows._tell_registry, []
+
+    def tell_then_die(*args: Any, **kwargs: Any) -> None:
+        telling(*args, **kwargs)
+        if not told:
+            told.append(True)
+            raise Killed
+
+    monkeypatch.setattr(workflows, "_tell_registry", tell_then_die)
+    monkeypatch.setenv("MASTERPLANNER_REMEMBER_RUNS", "ask")
+    engine = Engine(Settings.load())
+    try:
+        options = RunOptions(prompt_rounds=0, auto_approve=True)  # a run with --yes stores its team
+        run = engine.create_run(T1, model=f"scripted:{_team_script(write_script)}", options=options)
+        with pytest.raises(Killed):
+            await engine.execute(run.id)
+        assert told == [True]
+        final = await engine.execute(run.id)  # resumed: its end tells the registry again
+        assert final.status == "succeeded", final.error
+        kinds = [event.kind for event in engine.store.events(run.id)]
+        assert (kinds.count("team_stored"), kinds.count("team_not_stored")) == (1, 0)
+        assert _stored_team(engine.settings, run.id)[0] == [run.id]
+    finally:
+        engine.close()
+
+
 async def test_a_stored_agents_keywords_keep_every_script_and_what_runs_write_stays_editable(
     isolated: Path, write_script: Callable[..., Path]
 ) -> None:

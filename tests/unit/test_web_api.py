@@ -1164,6 +1164,55 @@ async def test_a_team_whose_storing_fails_in_the_database_is_a_server_failure_no
         assert (stored.status_code, stored.json()) == (200, {"cohort": run_id})
 
 
+async def test_a_team_stored_whose_event_was_lost_is_said_stored_by_the_next_press(
+    isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry stores the team, then the run's database fails as its `team_stored` event is
+    written (a full disk): the press is a 500. The page still offers the button (no event says the
+    team is stored), and the next press is taken: the event is written then, with who pressed,
+    the team is not stored again, and the button is gone. A press after that is refused.
+
+    Before, every later press was refused as "stored already" while the page offered the button
+    for good.
+    """
+    button = '<button type="submit">Remember this team</button>'
+    async with _unstored_team_server(monkeypatch, write_script) as (service, client, run_id):
+        url = shown_url(service.settings.database_url)
+        with sqlite_failing("INSERT INTO mp_events", times=1) as failed:
+            lost = await client.post(f"/api/v1/runs/{run_id}/remember")
+        assert (len(failed), lost.status_code, lost.json()) == (
+            1,
+            500,
+            {"error": f"database {url}: cannot append an event: database or disk is full"},
+        )
+        assert (await client.get(f"/api/v1/teams/{run_id}")).status_code == 200  # the registry has it
+        events = (await client.get(f"/api/v1/runs/{run_id}/events")).json()
+        assert "team_stored" not in [event["kind"] for event in events]
+        assert button in (await client.get(f"/runs/{run_id}/body")).text
+
+        taken = await client.post(f"/runs/{run_id}/remember", headers={"HX-Request": "true"})
+        assert taken.status_code == 200, taken.text
+        assert f'This run\'s team is stored: <a href="/teams/{run_id}">' in html.unescape(taken.text)
+        assert button not in taken.text
+        assert button not in (await client.get(f"/runs/{run_id}/body")).text
+        events = (await client.get(f"/api/v1/runs/{run_id}/events")).json()
+        [told] = [event["data"] for event in events if event["kind"] == "team_stored"]
+        assert (sorted(told), told["cohort"]) == (["by", "cohort"], run_id)
+        assert told["by"].startswith("web@")
+        assert [team["id"] for team in (await client.get("/api/v1/teams")).json()] == [run_id]
+        stored = (await client.get("/api/v1/agents")).json()
+        agents = {agent["id"]: agent["stats"]["uses"] for agent in stored}
+        assert agents == {f"{run_id}.a": 1, f"{run_id}.b": 1}  # stored once, counted once
+
+        again = await client.post(f"/api/v1/runs/{run_id}/remember")
+        assert (again.status_code, again.json()) == (
+            409,
+            {"error": f"run {run_id}: its team is stored already (GET /api/v1/teams/{run_id})"},
+        )
+        events = (await client.get(f"/api/v1/runs/{run_id}/events")).json()
+        assert [event["kind"] for event in events].count("team_stored") == 1
+
+
 async def test_a_team_the_embedder_setting_cannot_store_is_the_same_400_from_the_api_and_the_page(
     isolated: Path, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1270,6 +1270,62 @@ class RunStore:
             return Event(seq, at, kind, step, json.loads(payload))
         raise RunError(f"could not append an event to run {run_id}: the event log is too contended")
 
+    def append_event_once(
+        self, run_id: str, kind: EventKind, data: dict[str, Any] | None = None, *, after: int = 0
+    ) -> Event | None:
+        """Append an event unless the run has one of `kind` past `after` (a seq); None when it has.
+
+        One transaction that locks the run's row before it reads (Postgres: `FOR UPDATE`;
+        SQLite: a write first, which takes the database's writer lock, as in `_as_holder`), so of
+        two such calls at once, from any processes, the second sees the first's event and appends
+        none: what one thing that happened says once (a team stored: `team_stored`) is said once,
+        whoever says it. Without the lock the read came before the other's commit (SQLite reads
+        outside the transaction until its first write; Postgres's statements each see what was
+        committed when they began), and both appended. Made again when another process took the
+        event's seq, as `step_event` is.
+        """
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {kind!r}")
+        payload = json.dumps(data or {}, default=str)
+        sqlite = self.engine.dialect.name == "sqlite"
+        for _ in range(20):
+            at = utc_now()
+            with self._append_lock:
+                try:
+                    with self.begin("append an event") as connection:
+                        if sqlite:
+                            connection.execute(_TAKE_WRITER_LOCK, {"run_id": run_id})
+                        else:
+                            connection.execute(_STATUS_AND_OWNER.with_for_update(), {"run_id": run_id})
+                        found = connection.scalar(
+                            sa.select(events_table.c.seq)
+                            .where(
+                                events_table.c.run_id == run_id,
+                                events_table.c.kind == kind,
+                                events_table.c.seq > after,
+                            )
+                            .limit(1)
+                        )
+                        if found is not None:
+                            return None
+                        seq = _insert_event(connection, run_id, at, kind, None, payload)
+                except sa.exc.IntegrityError:
+                    continue  # another process took this seq; take the next one
+            return Event(seq, at, kind, None, json.loads(payload))
+        raise RunError(f"could not append an event to run {run_id}: the event log is too contended")
+
+    def last_seq(self, run_id: str) -> int:
+        """The seq of the run's latest event (0 when it has none)."""
+        with self.begin("read events") as connection:
+            return int(
+                connection.scalar(
+                    sa.select(sa.func.coalesce(sa.func.max(events_table.c.seq), 0)).where(
+                        events_table.c.run_id == run_id
+                    )
+                )
+                or 0
+            )
+
     def events(self, run_id: str, after: int = 0) -> list[Event]:
         """The run's events with `seq > after`, in order."""
         with self.begin("read events") as connection:

@@ -305,7 +305,7 @@ def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
         event.kind == "run_failed" and event.data.get("outcome_counted") and event.seq < retried
         for event in events
     )
-    remember_run(
+    stored = remember_run(
         registry,
         run_id=run.id,
         model=run.model,
@@ -319,7 +319,10 @@ def _tell_registry(resources: RunResources, *, succeeded: bool) -> None:
     if secret is not None:
         store.append_event(run.id, "team_not_stored", data={"reason": secret})
     elif succeeded and store_new:
-        store.append_event(run.id, "team_stored", data={"cohort": run.id})
+        # once: an end told again (a resume) or a `remember` at once finds the team stored, and
+        # writes the event only when none says so (one past what was read before, when stored now)
+        latest = events[-1].seq if stored and events else 0
+        store.append_event_once(run.id, "team_stored", {"cohort": run.id}, after=latest)
     elif succeeded:
         store.requests.open(
             run.id,

@@ -698,10 +698,11 @@ async def _waiting(request: Request, service: RunService, record: RunRecord) -> 
 
 
 async def _rememberable(service: RunService, record: RunRecord, events: list[Event]) -> bool:
-    """Whether the page offers to store the run's team (`RunService.remember` takes it, unstored).
+    """Whether the page offers to store the run's team (`RunService.remember` takes it).
 
     A run that succeeded, that `remember` takes (it is over, asks nothing, holds no secret), and
-    whose team no `team_stored` event says stored.
+    whose team no `team_stored` event says stored. A team the registry holds with no such event
+    (it was lost) is offered too, and the press is taken: `remember` writes the event then.
 
     The events are read again after the service's answer: those the page shows were read
     before it, and a run that ended meanwhile has its `team_stored` after them (read only once,
