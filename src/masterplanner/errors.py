@@ -97,10 +97,10 @@ class MasterplannerError(Exception):
         if remedy is not None:
             self.remedy = remedy
 
-    def said(self, front_end: FrontEnd = "cli") -> str:
-        """The message, and the remedy if any in `front_end`'s terms (the web page's, the API's)."""
+    def said(self, front_end: FrontEnd = "cli", *, resumes: bool = True) -> str:
+        """The message, and the remedy if any in `front_end`'s terms (`Remedy.said`)."""
         message = super().__str__()
-        return message + (self.remedy.said(front_end) if self.remedy is not None else "")
+        return message + (self.remedy.said(front_end, resumes=resumes) if self.remedy is not None else "")
 
     def __str__(self) -> str:
         return self.said()

@@ -21,13 +21,14 @@ FrontEnd = Literal["cli", "web", "api"]
 """Who says it: the terminal, a run's web page (and its own requests), a program over the API."""
 
 RemedyAction = Literal[
-    "list_runs", "open_requests", "resume", "resume_or_cancel", "answer_remember", "show_team"
+    "list_runs", "open_requests", "resume", "resume_or_cancel", "cancel_again", "answer_remember", "show_team"
 ]
 """`list_runs`: see the runs (an id named none); `open_requests`: see the requests open (an id
 named none); `resume`: resume the run (no process executes it); `resume_or_cancel`: a process
-taking the run (a worker, a resume, a cancel asked again) ends it as cancelled;
-`answer_remember`: answer the run's question whether to store its team; `show_team`: see the
-team stored from the run (its id is the run's)."""
+taking the run (a worker, a resume, a cancel asked again) ends it as cancelled; `cancel_again`:
+the same for a run queued for workers, which a server does not resume (only a worker or a
+terminal's `runs resume` takes it); `answer_remember`: answer the run's question whether to
+store its team; `show_team`: see the team stored from the run (its id is the run's)."""
 
 _API = "/api/v1"
 
@@ -40,12 +41,24 @@ class Remedy:
     run_id: str = ""
     request_id: str = ""
 
-    def said(self, front_end: FrontEnd = "cli") -> str:
+    def said(self, front_end: FrontEnd = "cli", *, resumes: bool = True) -> str:
         """The remedy in `front_end`'s terms, as the words that follow a reason.
 
-        Its leading punctuation included: `: continue it with …`, ` (see …)`.
+        Its leading punctuation included: `: continue it with …`, ` (see …)`. `resumes`: whether
+        the front end resumes runs; a server that executes none (`serve --workers`) names the
+        terminal's command for a resume, where its own button or endpoint would be refused.
         """
         run, request = self.run_id, self.request_id
+        resume = {
+            "cli": f"`masterplanner runs resume {run}`",
+            "web": "its Resume run button" if resumes else f"`masterplanner runs resume {run}`",
+            "api": f"POST {_API}/runs/{run}/resume" if resumes else f"`masterplanner runs resume {run}`",
+        }[front_end]
+        cancel = {
+            "cli": f"`masterplanner runs cancel {run}`",
+            "web": "its Cancel run button",
+            "api": f"POST {_API}/runs/{run}/cancel",
+        }[front_end]
         if self.action == "list_runs":
             return {
                 "cli": " (see `masterplanner runs list`)",
@@ -59,25 +72,20 @@ class Remedy:
                 "api": f" (see GET {_API}/requests)",
             }[front_end]
         if self.action == "resume":
-            return {
-                "cli": f": continue it with `masterplanner runs resume {run}`",
-                "web": ": continue it with its Resume run button",
-                "api": f": continue it with POST {_API}/runs/{run}/resume",
-            }[front_end]
+            return f": continue it with {resume}"
         if self.action == "resume_or_cancel":
-            return {
-                "cli": (
-                    f" (a worker, `masterplanner runs resume {run}`, "
-                    f"or `masterplanner runs cancel {run}` again)"
-                ),
-                "web": " (a worker, its Resume run button, or its Cancel run button again)",
-                "api": f" (a worker, POST {_API}/runs/{run}/resume, or POST {_API}/runs/{run}/cancel again)",
-            }[front_end]
+            return f" (a worker, {resume}, or {cancel} again)"
+        if self.action == "cancel_again":
+            return (
+                f" (a worker, or {cancel} again)"
+                if front_end != "cli"
+                else f" (a worker, {resume}, or {cancel} again)"
+            )
         if self.action == "answer_remember":
             return {
                 "cli": f" (`masterplanner runs answer {request} --approve`)",
                 "web": " (on the run's page)",
-                "api": f" (POST {_API}/requests/{request})",
+                "api": f' (POST {_API}/requests/{request}/answer with {{"approve": true}})',
             }[front_end]
         return {  # show_team
             "cli": f" (`masterplanner cohorts show {run}`)",
@@ -93,9 +101,9 @@ class Said:
     reason: str
     remedy: Remedy | None = None
 
-    def said(self, front_end: FrontEnd = "cli") -> str:
-        """The reason, then the remedy in `front_end`'s terms."""
-        return self.reason + (self.remedy.said(front_end) if self.remedy is not None else "")
+    def said(self, front_end: FrontEnd = "cli", *, resumes: bool = True) -> str:
+        """The reason, then the remedy in `front_end`'s terms (`Remedy.said`)."""
+        return self.reason + (self.remedy.said(front_end, resumes=resumes) if self.remedy is not None else "")
 
     def __str__(self) -> str:
         return self.said()

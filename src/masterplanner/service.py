@@ -552,7 +552,7 @@ class RunService:
                 )
             return Said(
                 f"a cancel was asked ({who}): the run is cancelled when the next process takes it",
-                Remedy("resume_or_cancel", record.id),
+                Remedy("cancel_again" if record.for_workers else "resume_or_cancel", record.id),
             )
         if lease is not None and lease.left_s > 0:
             return None

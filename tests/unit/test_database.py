@@ -21,7 +21,7 @@ import pytest
 from _cli import mp
 from _plans import step
 
-from masterplanner import ConfigError, DatabaseUnavailableError, RunError, RunOptions, Settings
+from masterplanner import ConfigError, DatabaseUnavailableError, Remedy, RunError, RunOptions, Said, Settings
 from masterplanner.database import reconnecting, shown_url
 from masterplanner.engine import Engine
 from masterplanner.engine.records import EventKind
@@ -573,6 +573,8 @@ async def test_a_stopping_worker_hands_each_run_over_to_the_next_worker(
         assert store.claimable_runs(10, providers=["local"]) == []
         for run_id in ("queued-planning", "queued-running", "left-by-its-run", "ending", "cancelled"):
             store.hand_over(run_id, f"worker:1:x/{run_id}")
+        # the stopping worker's guard renewing its leases as it hands them over: nothing renewed
+        store.heartbeats({"left-by-its-run": "worker:1:x/left-by-its-run"}, lease_s=60)
         assert store.claimable_runs(10, providers=["local"]) == [
             "queued-planning",
             "queued-running",
@@ -584,14 +586,21 @@ async def test_a_stopping_worker_hands_each_run_over_to_the_next_worker(
             None
         ] * 3
         left = store.lease("left-by-its-run")
-        assert left is not None and (left.owner, left.left_s) == ("worker:1:x/left-by-its-run", 0.0)
+        assert left is not None and (left.owner, left.left_s) == (
+            "worker:1:x/left-by-its-run#handed-over",
+            0.0,
+        )
         # while no worker runs: as a run whose process died (`runs resume`, or the next worker)
         records = [await service.get(run_id) for run_id in ("queued-running", "left-by-its-run", "ending")]
         assert await service.idle(records) == {"queued-running": "queued", "left-by-its-run": "stopped"}
         assert [await service.waiting(record) for record in records] == [
-            "no worker is running on this database: the run waits until one starts (`masterplanner worker`)",
-            "no process is executing it (the one that did stopped): "
-            "continue it with `masterplanner runs resume left-by-its-run`",
+            Said(
+                "no worker is running on this database: "
+                "the run waits until one starts (`masterplanner worker`)"
+            ),
+            Said(
+                "no process is executing it (the one that did stopped)", Remedy("resume", "left-by-its-run")
+            ),
             None,
         ]
         assert store.claim("left-by-its-run", "worker:2:z/next", lease_s=60)  # the next worker takes it

@@ -1220,6 +1220,7 @@ async def test_a_server_that_executes_no_runs_says_a_stopped_run_is_resumed_from
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8765") as client:
             body = (await client.get(f"/runs/{made.id}/body")).text
             refused = await client.post(f"/runs/{made.id}/resume", headers=HX)
+            waiting = (await client.get(f"/api/v1/runs/{made.id}")).json()["waiting"]
     finally:
         await app.state.executions.stop()
         app.state.registry.close()
@@ -1229,6 +1230,8 @@ async def test_a_server_that_executes_no_runs_says_a_stopped_run_is_resumed_from
         f'<p class="waiting" role="status">no process is executing it (the one that did stopped): '
         f"continue it with {command}</p>"
     ) in body
+    assert "Resume run" not in body  # it would be refused; a page shown before it was: refused
+    assert waiting == f"no process is executing it (the one that did stopped): continue it with {command}"
     assert refused.status_code == 409
     assert (
         f'<p class="error" role="alert">this server executes no runs (it was started with --workers): '

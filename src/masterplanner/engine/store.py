@@ -335,6 +335,10 @@ _LEFT_STATUSES = ("running", "succeeded", "failed")
 """The statuses of a run its holder may leave to another process (`_abandoned`): running, or ending."""
 
 
+HANDED_OVER = "#handed-over"
+"""Added to the owner of a run a stopping worker handed over (`RunStore.hand_over`)."""
+
+
 def _abandoned(now: float) -> sa.ColumnElement[bool]:
     """Runs whose holder stopped renewing the lease without giving it up: running, or ending."""
     return sa.and_(
@@ -1042,9 +1046,12 @@ class RunStore:
         A run queued for workers that has not ended is released, as `release` does: a worker
         claims it as queued. Any other run `owner` holds would then be claimed by nobody (one
         whose `run` process died, which a worker took over; one ended whose end, telling the
-        registry, is not done): its lease lapses now instead, its owner kept, so it counts as
+        registry, is not done): its lease lapses now instead, an owner kept, so it counts as
         abandoned (`abandoned_runs`) and the next worker's claim round takes it over, as when
-        its holder dies.
+        its holder dies. The owner kept is `owner` marked handed over (`HANDED_OVER`): a renewal
+        of the stopping worker's guard already under way matches `owner` only, so it cannot
+        renew the lapsed lease for another `run_lease_s`. It lapses a second before the
+        database's time: "now" held it until the clock moved on (a millisecond on SQLite).
         """
         queued = sa.and_(  # no NULL in it: `left` and its negation must each be true or false
             sa.func.coalesce(runs_table.c.executor, "") == "workers",
@@ -1054,7 +1061,9 @@ class RunStore:
             now = database_now(connection)
             held = sa.and_(runs_table.c.id == run_id, runs_table.c.owner == owner)
             left = sa.and_(runs_table.c.status.in_(_LEFT_STATUSES), sa.not_(queued))
-            connection.execute(runs_table.update().where(held, left).values(lease_until=now))
+            connection.execute(
+                runs_table.update().where(held, left).values(owner=owner + HANDED_OVER, lease_until=now - 1)
+            )
             connection.execute(
                 runs_table.update()
                 .where(held, sa.not_(left))

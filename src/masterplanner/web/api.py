@@ -21,7 +21,8 @@ from pydantic import BaseModel
 
 from ..engine.catalogs import unknown_policy_tool
 from ..engine.records import FINISHED_RUN_STATUSES, RunOptions, RunRecord, RunStatus
-from ..errors import DatabaseError, RequestError, RunError, RunNotFoundError, quoted_id
+from ..errors import DatabaseError, MasterplannerError, RequestError, RunError, RunNotFoundError, quoted_id
+from ..remedies import FrontEnd, Said
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name
 from .api_bodies import AnswerIn, FeedbackIn, RetryIn, RunIn
@@ -195,8 +196,20 @@ def event_seq(last_event_id: str | None) -> int:
     return min(int(last_event_id[:20]), MAX_SEQ)
 
 
+def said_here(request: Request, what: MasterplannerError | Said) -> str:
+    """`what` said as its asker reads it, what to do included (`remedies`).
+
+    A program's request (a path under `/api/`) is told the API's endpoint, a page's the page's
+    button; a server that executes no runs (`--workers`) names the terminal's command for a
+    resume, which it would refuse.
+    """
+    executions: Executions = request.app.state.executions
+    front_end: FrontEnd = "api" if request.url.path.startswith("/api/") else "web"
+    return what.said(front_end, resumes=not executions.for_workers)
+
+
 @contextlib.contextmanager
-def _conflict() -> Iterator[None]:
+def _conflict(request: Request) -> Iterator[None]:
     """A `RunError` raised inside is the API's 409: the run is not in a state that takes this.
 
     Not when the database failed (a `DatabaseError`: 500, or 503 when it cannot be reached;
@@ -207,7 +220,7 @@ def _conflict() -> Iterator[None]:
     except DatabaseError:
         raise
     except RunError as error:
-        raise HTTPException(409, error.said("api")) from None
+        raise HTTPException(409, said_here(request, error)) from None
 
 
 async def _run(service: RunService, run_id: str) -> RunRecord:
@@ -288,7 +301,7 @@ async def get_run(request: Request, run_id: str) -> dict[str, Any]:
         | report
         | {
             "agents": {k: v.to_json_dict() for k, v in record.agents.items()},
-            "waiting": None if (said := await service.waiting(record)) is None else said.said("api"),
+            "waiting": None if (said := await service.waiting(record)) is None else said_here(request, said),
         }
     )
 
@@ -329,7 +342,7 @@ async def cancel_run(request: Request, run_id: str) -> dict[str, Any]:
     """Ask the run to stop; its running steps stop within moments, wherever they run."""
     service = _service(request)
     record = await _run(service, run_id)
-    with _conflict():  # a run that has ended
+    with _conflict(request):  # a run that has ended
         return _summary(await service.cancel(record.id, wait_s=2.0, by=answerer_name("web")))
 
 
@@ -342,7 +355,7 @@ async def resume_run(request: Request, run_id: str) -> dict[str, Any]:
     """
     record = await _run(_service(request), run_id)
     executions: Executions = request.app.state.executions
-    with _conflict():
+    with _conflict(request):
         return _summary(await executions.resume(record.id))
 
 
@@ -361,7 +374,7 @@ async def retry_run(request: Request, run_id: str, body: RetryIn | None = None) 
     record = await _run(service, run_id)
     executions: Executions = request.app.state.executions
     budgets = (body or RetryIn()).model_dump()
-    with _conflict():
+    with _conflict(request):
         retried = await service.retry(
             record.id, by=answerer_name("web"), for_workers=executions.for_workers, **budgets
         )
@@ -376,7 +389,7 @@ async def rate_run(request: Request, run_id: str, body: FeedbackIn) -> dict[str,
     record = await _run(service, run_id)
     if record.status not in FINISHED_RUN_STATUSES:
         raise HTTPException(409, f"run {record.id} is {record.status}: rate it when it has finished")
-    with _conflict():  # a run with no plan or no agents to rate
+    with _conflict(request):  # a run with no plan or no agents to rate
         summary = await service.feedback(
             record.id, rating=body.rating, comment=body.comment, by=answerer_name("web")
         )
@@ -403,7 +416,7 @@ async def remember_run(request: Request, run_id: str) -> dict[str, str]:
     """
     service = _service(request)
     record = await _run(service, run_id)
-    with _conflict():
+    with _conflict(request):
         return {"cohort": await service.remember(record.id, by=answerer_name("web"))}
 
 

@@ -35,7 +35,7 @@ from ..errors import (
 from ..service import RegistryService, RunService
 from . import files, login, pages
 from . import registry as registry_routes
-from .api import Executions, router, streams
+from .api import Executions, router, said_here, streams
 from .auth import COOKIE, is_loopback, same_token, token_matches
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
@@ -228,8 +228,7 @@ def _methods(request: Request) -> set[str]:
 
 async def _our_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, MasterplannerError)
-    # what to do said as the asker does it: the API's endpoint, else the page's button
-    said = exc.said("api" if request.url.path.startswith("/api/") else "web")
+    said = said_here(request, exc)  # what to do, as the asker does it
     if isinstance(exc, PlanError | AgentEditError):
         return _refused(request, 422, said, problems=exc.problems)
     if isinstance(exc, RequestClosedError):  # the losing answer of two given at once

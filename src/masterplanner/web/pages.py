@@ -46,7 +46,7 @@ from ..review import critique_note
 from ..service import Request as StoredRequest
 from ..service import RunService, answerer_name, typed_secrets_removed
 from ..usage import budget_money, money
-from .api import Executions, event_seq, existing_run
+from .api import Executions, event_seq, existing_run, said_here
 from .api_bodies import workspace_path
 from .files import workspace_files
 from .graph import plan_svg
@@ -207,7 +207,7 @@ async def create_run(request: Request) -> Response:
             by=answerer_name("web"),
         )
     except MasterplannerError as error:
-        return refused(error.said("web"))
+        return refused(said_here(request, error))
     request.app.state.executions.start(record.id)
     return RedirectResponse(f"/runs/{record.id}", status_code=303)
 
@@ -324,15 +324,15 @@ async def answer(request: Request, run_id: str, request_id: str) -> Response:
                 found.id, by=answerer_name("web"), approve=approve, reason=None if approve else reason
             )
     except PlanError as error:
-        problem = {"request": request_id, "message": error.said("web"), "problems": error.problems}
+        problem = {"request": request_id, "message": said_here(request, error), "problems": error.problems}
         status = 422
     except RequestClosedError as error:  # answered elsewhere meanwhile, or its run cancelled
-        message = f"{error.said('web')}; yours was not taken"
+        message = f"{said_here(request, error)}; yours was not taken"
         problem, status = {"request": request_id, "message": message, "problems": []}, 409
     except DatabaseError:  # the server's failure (500, 503 when unreachable), not the answer's
         raise
     except MasterplannerError as error:  # the answer does not fit the request
-        problem, status = {"request": request_id, "message": error.said("web"), "problems": []}, 422
+        problem, status = {"request": request_id, "message": said_here(request, error), "problems": []}, 422
     if problem is not None and status == 422 and edited != decision:  # the form is shown again
         problem["message"] += f"; the form shows your edit with the secret taken out (marked {REMOVED})"
     if answered is not None:
@@ -375,7 +375,7 @@ async def _body_once_done(request: Request, run_id: str, done: str, *, note: str
         return templates.TemplateResponse(request, "_run_body.html", context, headers=headers)
     except Exception as error:
         if isinstance(error, MasterplannerError):
-            why = error.said("web")
+            why = said_here(request, error)
         else:
             _log.exception(
                 "run %s: the body could not be shown after %s", run_id, done.lower(), exc_info=error
@@ -419,7 +419,7 @@ async def rate(request: Request, run_id: str) -> Response:
     except RunError as error:  # refused
         # as it is now: rated meanwhile from another page, say
         context = await _body_context(request, await service.get(record.id), None)
-        context["rated"] = {"error": error.said("web")}
+        context["rated"] = {"error": said_here(request, error)}
         return templates.TemplateResponse(request, "_run_body.html", context, status_code=422)
     context = await _body_context(request, await service.get(record.id), None)
     lessons = sum(len(items) for items in summary.lessons.values())
@@ -449,7 +449,7 @@ async def remember(request: Request, run_id: str) -> Response:
         raise
     except RunError as error:  # refused
         context = await _body_context(request, await service.get(record.id), None)
-        context["remembered"] = {"error": error.said("web")}
+        context["remembered"] = {"error": said_here(request, error)}
         return templates.TemplateResponse(request, "_run_body.html", context, status_code=409)
     context = await _body_context(request, await service.get(record.id), None)
     context["remembered"] = {"cohort": cohort}
@@ -488,7 +488,7 @@ async def resume(request: Request, run_id: str) -> Response:
         raise
     except RunError as error:  # refused: ended, executed, queued for the workers
         context = await _body_context(request, await _service(request).get(record.id), None)
-        context["resume_error"] = error.said("web")
+        context["resume_error"] = said_here(request, error)
         return templates.TemplateResponse(request, "_run_body.html", context, status_code=409)
     # the whole page again: its live event stream may have closed
     return Response(status_code=204, headers={"HX-Redirect": f"/runs/{record.id}"})
@@ -536,7 +536,7 @@ async def retry(request: Request, run_id: str) -> Response:
         if now.status != "failed":  # retried meanwhile from another page, say: show it as it is
             return Response(status_code=204, headers={"HX-Redirect": f"/runs/{record.id}"})
         context = await _body_context(request, now, None)
-        context["retry"] = {"typed": typed, "error": error.said("web")}
+        context["retry"] = {"typed": typed, "error": said_here(request, error)}
         return templates.TemplateResponse(request, "_run_body.html", context, status_code=409)
     executions.start(record.id, again=True)
     # the whole page again: its live event stream closed when the run ended
@@ -667,6 +667,8 @@ async def _body_context(
             "events": events[-200:],
             "last_seq": events[-1].seq if events else 0,
             "idle": (await service.idle([record])).get(record.id),
+            # a server that executes no runs (`--workers`) resumes none: no button it would refuse
+            "resumes": not request.app.state.executions.for_workers,
             "resume_error": None,
             "files": await asyncio.to_thread(workspace_files, record.workspace),
             "problem": problem,
@@ -692,9 +694,7 @@ async def _waiting(request: Request, service: RunService, record: RunRecord) -> 
     A server that executes no runs (`--workers`) cannot resume one: what to do is the terminal's.
     """
     said = await service.waiting(record)
-    if said is None:
-        return None
-    return said.said("cli" if request.app.state.executions.for_workers else "web")
+    return None if said is None else said_here(request, said)
 
 
 async def _rememberable(service: RunService, record: RunRecord, events: list[Event]) -> bool:

@@ -17,7 +17,7 @@ from ..errors import MasterplannerError, NotFoundError, quoted_id
 from ..redaction import REMOVED, redacted
 from ..registry import AgentSpec, Cohort
 from ..service import RegistryService
-from .api import REFUSALS, ErrorOut
+from .api import REFUSALS, ErrorOut, said_here
 from .api_responses import AgentOut, ListedAgentOut, MemoryOut, StoredAgentOut, success
 from .graph import plan_svg
 from .pages import form_text, templates
@@ -341,7 +341,7 @@ async def agent_edit(request: Request, agent_id: str) -> Response:
     try:
         saved = await registry.edit_agent(spec.id, edited)
     except MasterplannerError as error:
-        return refused(error.said("web"), 422)
+        return refused(said_here(request, error), 422)
     context = {"agent": saved, "versions": await registry.versions(saved.id), "error": None, "saved": True}
     return templates.TemplateResponse(request, "agent.html", context | {"form": _form_of(saved)})
 
