@@ -112,6 +112,12 @@ def _file_writing_chain(write_script: Callable[..., Path], ids: list[str]) -> Pa
     """A chain of steps, each writing `<id>.txt` ("from <id>") first, then answering slowly."""
     steps = [plan_step(ids[0], tools=["write_file"])]
     steps += [plan_step(step_id, before, tools=["write_file"]) for before, step_id in pairwise(ids)]
+    return _file_writing_steps(write_script, steps)
+
+
+def _file_writing_steps(write_script: Callable[..., Path], steps: list[dict[str, Any]]) -> Path:
+    """The plan `steps`, each writing `<id>.txt` ("from <id>") first, then answering slowly."""
+    ids = [step["id"] for step in steps]
     calls: list[dict[str, Any]] = [{"purpose": "planner", "output": {"steps": steps}, "repeat": True}]
     for step_id in ids:
         write = {"name": "write_file", "args": {"path": f"{step_id}.txt", "content": f"from {step_id}"}}
@@ -766,6 +772,109 @@ def test_runs_resume_finishes_a_run_whose_only_worker_died_mid_step_without_any_
     assert {path.name: path.read_text() for path in workspace.iterdir()} == {
         f"{step_id}.txt": f"from {step_id}" for step_id in ids
     }
+
+
+def test_runs_resume_takes_the_step_its_dead_worker_left_queued_when_no_worker_serves_its_queue(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    """A step still queued on its provider's queue, which no live worker serves, is taken by `runs resume`.
+
+    One worker at `--concurrency 1` runs one of two independent steps while the other waits on
+    `steps-scripted`. Killed, it leaves one step PENDING under its id and one ENQUEUED on a queue
+    only workers dequeue: `runs resume` took the first over and waited for ever on the second.
+    """
+    steps = [
+        plan_step("a", tools=["write_file"]),
+        plan_step("b", tools=["write_file"]),
+        plan_step("c", "a", "b", tools=["write_file"]),
+    ]
+    script = _file_writing_steps(write_script, steps)
+    worker = cluster.worker("--concurrency", "1")
+    (worker_id,) = cluster.worker_ids(1)
+    (run_id,) = cluster.enqueue(script, ["write three files"])
+    assert _wait_for_a_step_past_its_tool_call(cluster, [run_id]) == worker_id
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=30)
+    started = [step for _kind, step, _data in cluster.events(run_id, "step_started")]
+    assert len(started) == 1 and started[0] in ("a", "b")  # the other one waits on the queue
+    resumed = cluster.mp("runs", "resume", run_id, "--json", timeout=90)
+    assert resumed.returncode == 0, resumed.stderr
+    report = json.loads(resumed.stdout)
+    assert (report["status"], report["output"]) == ("succeeded", "ok")
+    recovered = [step for _kind, step, _data in cluster.events(run_id, "step_recovered")]
+    assert recovered == started  # the running one was recovered; the queued one had not started
+    for kind in ("step_started", "tool_called"):
+        counted = Counter(step for _k, step, _d in cluster.events(run_id, kind))
+        assert counted == dict.fromkeys(["a", "b", "c"], 1), kind
+    workspace = Path(cluster.store.get_run(run_id).workspace)
+    assert {path.name: path.read_text() for path in workspace.iterdir()} == {
+        f"{step_id}.txt": f"from {step_id}" for step_id in ("a", "b", "c")
+    }
+
+
+def test_runs_resume_takes_its_dead_workers_step_itself_beside_other_processes_on_the_database(
+    cluster: Cluster, write_script: Callable[..., Path]
+) -> None:
+    """The step `runs resume` takes over goes to a queue only the resuming process dequeues.
+
+    It went to DBOS's internal queue, which every process launched on the database dequeues
+    (another terminal's `run`, a `serve`): one of those took it as often as the resume did,
+    stopped it at its tool call as not holding the run (`keep_lease`), and left it pending under
+    a live process, which the resume then waited on for ever. Three such processes stand by here
+    (before, three resumes in four waited), and the worker dies before the step's tool call.
+    """
+    ids = ["a", "b"]
+    steps = [plan_step("a", tools=["write_file"]), plan_step("b", "a", tools=["write_file"])]
+    calls: list[dict[str, Any]] = [{"purpose": "planner", "output": {"steps": steps}, "repeat": True}]
+    for step_id in ids:
+        write = {"name": "write_file", "args": {"path": f"{step_id}.txt", "content": f"from {step_id}"}}
+        # the first request is slow: the worker is killed before the step's tool call
+        calls.append(
+            {"purpose": f"step:{step_id}", "turn": 1, "tool_calls": [write], "delay_s": 2, "repeat": True}
+        )
+        calls.append({"purpose": f"step:{step_id}", "turn": 2, "output": "ok", "repeat": True})
+    calls.append({"purpose": "*", "repeat": True})
+    script = write_script(calls)
+    worker = cluster.worker("--concurrency", "1")
+    (worker_id,) = cluster.worker_ids(1)
+    idle_code = (
+        "import time\n"
+        "from masterplanner.engine import Engine\n"
+        "from masterplanner.settings import Settings\n"
+        "Engine(Settings.load()).launch()\n"
+        "print('launched', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    idle = [
+        subprocess.Popen(
+            [sys.executable, "-c", idle_code], stdout=subprocess.PIPE, text=True, env=cluster.env
+        )
+        for _ in range(3)
+    ]
+    try:
+        for process in idle:
+            assert process.stdout is not None and process.stdout.readline().strip() == "launched"
+        idle_ids = {record.id for record in cluster.store.processes.listed() if record.kind == "process"}
+        assert len(idle_ids) == 3
+        (run_id,) = cluster.enqueue(script, ["write two files"])
+        deadline = time.monotonic() + 60
+        while not cluster.events(run_id, "step_started") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # in its first model request
+        assert cluster.events(run_id, "tool_called") == []
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+        resumed = cluster.mp("runs", "resume", run_id, "--json", timeout=90)
+    finally:
+        for process in idle:
+            process.kill()
+            process.wait(timeout=30)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["status"] == "succeeded"
+    taken_by = [data["process"] for _kind, _step, data in cluster.events(run_id, "step_resumed")]
+    assert len(taken_by) == 1 and taken_by[0] not in {*idle_ids, worker_id}
+    for kind in ("step_started", "tool_called"):
+        assert Counter(step for _k, step, _d in cluster.events(run_id, kind)) == dict.fromkeys(ids, 1), kind
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")

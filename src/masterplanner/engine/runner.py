@@ -73,10 +73,14 @@ from .runtime import (
     launched_on,
     next_status,
     note_loop,
+    own_queue,
+    own_queue_name,
     own_workflow,
     recover_workflow,
     shutdown_dbos,
     step_queue,
+    take_queued_workflow,
+    unserved_queue,
 )
 from .scheduler import StepOutcome, run_dag
 from .store import Lease, RunStore, process_identity
@@ -96,6 +100,7 @@ _LIVENESS_INTERVAL_S = 1.0
 """How often a coordinator asks whether the process running a workflow it follows is alive (one
 answer per process and interval serves every workflow of that process followed here)."""
 _liveness: dict[str, tuple[float, bool]] = {}
+_unserved_queues: dict[str, tuple[float, bool]] = {}
 _ENDED = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
 
@@ -487,6 +492,21 @@ class _Guards:
                 work.cancel()
 
 
+async def _unserved(store: RunStore, queue_name: str) -> bool:
+    """Whether no live process will dequeue that queue (`unserved_queue`), asked at most once a while.
+
+    At most once per `_LIVENESS_INTERVAL_S`: one answer per queue and interval serves every
+    workflow followed here.
+    """
+    now = time.monotonic()
+    seen = _unserved_queues.get(queue_name)
+    if seen is not None and now - seen[0] < _LIVENESS_INTERVAL_S:
+        return seen[1]
+    unserved = await asyncio.to_thread(unserved_queue, queue_name, store)
+    _unserved_queues[queue_name] = (now, unserved)
+    return unserved
+
+
 async def _alive(processes: Processes, executor: str) -> bool:
     """Whether the process `executor` is alive, asked at most once per `_LIVENESS_INTERVAL_S`."""
     now = time.monotonic()
@@ -739,7 +759,10 @@ class _Drive:
         `only_here`: those this process executes, when this execution, which ran them inline,
         stops but the run goes on. Left pending, such a workflow was waited for for ever: its
         executor, this process, is alive. Cancelled, it is resumed by the next execution (`_follow`).
-        A worker's steps run on its queue, not in the execution: they go on, and finish.
+        So are those queued on this process's own queue (steps it took over, `own_queue`): taken
+        from there once the run's lease is gone, their first tool call would stop them pending
+        here (`keep_lease`). A worker's steps run on its queue, not in the execution: they go on,
+        and finish.
         """
         if only_here and self.engine.queued_steps:
             return
@@ -748,7 +771,10 @@ class _Drive:
             status = await DBOS.get_workflow_status_async(step_workflow_id)
             if step.status not in ("running", "pending") or status is None or status.status in _ENDED:
                 continue
-            if not only_here or (status.status == "PENDING" and status.executor_id == self.engine.owner):
+            here = (status.status == "PENDING" and status.executor_id == self.engine.owner) or (
+                status.status == "ENQUEUED" and status.queue_name == own_queue_name()
+            )
+            if not only_here or here:
                 await DBOS.cancel_workflow_async(step_workflow_id)
 
     async def _run_steps(self, run: RunRecord, resources: RunResources) -> None:
@@ -897,8 +923,7 @@ class _Drive:
             if status is None:
                 raise RunError(f"workflow {workflow_id} is not recorded")
             if status.status == "CANCELLED" and step_id is not None and await self._goes_on():
-                queue = step_queue(self.model).name if self.engine.queued_steps else None
-                await DBOS.resume_workflow_async(workflow_id, queue_name=queue)
+                await DBOS.resume_workflow_async(workflow_id, queue_name=await self._taking_queue())
                 status = await DBOS.get_workflow_status_async(workflow_id)
                 continue
             if status.status in _ENDED:
@@ -912,14 +937,36 @@ class _Drive:
             if status.status == "PENDING" and executor and time.monotonic() - checked >= _LIVENESS_INTERVAL_S:
                 checked = time.monotonic()
                 if executor != self.engine.owner and not await _alive(processes, executor):
-                    here = not self.engine.queued_steps  # not a worker: this process takes it
-                    recovered = await asyncio.to_thread(recover_workflow, workflow_id, executor, here=here)
+                    # not a worker: this process takes it, on a queue only it dequeues
+                    here = None if self.engine.queued_steps else await asyncio.to_thread(own_queue)
+                    recovered = await asyncio.to_thread(
+                        recover_workflow, workflow_id, executor, to_queue=here
+                    )
                     if recovered and step_id is not None:
                         data = {"from": executor}
                         await asyncio.to_thread(
                             self.store.append_event, self.run_id, "step_recovered", step_id, data
                         )
+            queue_name = status.queue_name
+            if (
+                status.status == "ENQUEUED"
+                and queue_name
+                and time.monotonic() - checked >= _LIVENESS_INTERVAL_S
+            ):
+                checked = time.monotonic()
+                if await _unserved(self.store, queue_name):
+                    # left queued where no live process will take it (a worker that died, with
+                    # none left serving its provider): taken where this process dequeues it
+                    await asyncio.to_thread(
+                        take_queued_workflow, workflow_id, queue_name, await self._taking_queue()
+                    )
             status = await next_status(workflow_id)  # one read for every workflow followed here
+
+    async def _taking_queue(self) -> str:
+        """The queue a step taken over goes to: the run's provider's in a worker, else this process's own."""
+        if self.engine.queued_steps:
+            return step_queue(self.model).name
+        return await asyncio.to_thread(own_queue)
 
 
 def _recorded_end(run_id: str, end: WorkflowStatus) -> tuple[Literal["succeeded", "failed"], str, bool]:

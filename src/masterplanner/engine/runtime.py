@@ -12,9 +12,12 @@ that launched DBOS in this process (`launched_host`).
 Steps shared between workers go through DBOS queues, one per provider (`steps-openai`,
 `steps-local`, …), so a provider's limits (`provider_limits`: steps at once and per minute)
 hold across every worker. Only workers dequeue them: every other process launches listening to
-none (DBOS's own internal queue, which recovery uses, is listened to by all). Each process that
+none (DBOS's own internal queue is listened to by all). Each process that
 launches DBOS renews a lease of its own (`processes.py`), so the coordinator of a run can tell a
 step held by a dead process from one held by a live one, and hand the first back to its queue.
+A coordinator that is not a worker takes such steps itself, through a queue of its own that no
+other process dequeues (`own_queue`), as it does a step left queued where no live process will
+take it (`unserved_queue`, `take_queued_workflow`).
 """
 
 from __future__ import annotations
@@ -52,12 +55,16 @@ __all__ = [
     "launched_on",
     "next_status",
     "note_loop",
+    "own_queue",
+    "own_queue_name",
     "own_workflow",
     "process_lost",
     "recover_workflow",
     "shutdown_dbos",
     "step_queue",
     "step_queue_name",
+    "take_queued_workflow",
+    "unserved_queue",
 ]
 
 _launched_url: str | None = None
@@ -324,7 +331,87 @@ def step_queue(model: str) -> Queue:
         return queue
 
 
-def recover_workflow(workflow_id: str, executor_id: str, *, here: bool = False) -> bool:
+_OWN_QUEUE_PREFIX = "process-"
+"""The queue of the process `process-<executor id>` (`own_queue`)."""
+
+
+def own_queue() -> str:
+    """The name of this process's own queue, which only this process dequeues (made on first use).
+
+    A coordinator that is not a worker takes a step over (one a dead process left, or one left
+    queued where no live process will take it) by moving it here. DBOS's internal queue, which
+    it used before, is dequeued by every process launched on the database (a `serve`, another
+    terminal's `run`): one that took the step found the run's lease not held there at its first
+    tool call (`keep_lease`), and left the step pending under a live process that never finished
+    it. DBOS keeps such a queue in this process's memory only (no row in the database, as its
+    own internal queues), and its queue thread starts dequeuing it within a second. Pinned by the
+    `dbos` version range in pyproject.toml.
+    """
+    from dbos._dbos import _get_dbos_instance
+
+    settings, _store = launched_host()
+    name = own_queue_name()
+    registry = _get_dbos_instance()._registry
+    with _lock:
+        registry._register_internal_queue(name, polling_interval_sec=settings.queue_poll_s)
+    return name
+
+
+def own_queue_name() -> str:
+    """The name of this process's own queue (`own_queue`), whether made yet or not."""
+    return f"{_OWN_QUEUE_PREFIX}{_executor}"
+
+
+def unserved_queue(queue_name: str | None, store: RunStore) -> bool:
+    """Whether a workflow ENQUEUED on that queue waits where no live process will take it.
+
+    A provider's step queue is served while a running worker lists it
+    (`Processes.running_workers`); a process's own queue while that process is alive. This
+    process's own queues, DBOS's internal queue (every process dequeues it), no queue and any
+    other are served: what is waited for there is never taken over.
+    """
+    if queue_name is None or queue_name in _listened():
+        return False
+    if queue_name.startswith(_OWN_QUEUE_PREFIX):
+        return not store.processes.alive(queue_name.removeprefix(_OWN_QUEUE_PREFIX))
+    if queue_name.startswith("steps-"):
+        return not any(queue_name in worker.queues for worker in store.processes.running_workers())
+    return False
+
+
+def _listened() -> set[str]:
+    """The queues this process dequeues, besides DBOS's internal one."""
+    from dbos._utils import INTERNAL_QUEUE_NAME
+
+    own = {own_queue_name(), INTERNAL_QUEUE_NAME}
+    return own | set(_own_limits) if _worker else own
+
+
+def take_queued_workflow(workflow_id: str, from_queue: str, to_queue: str) -> bool:
+    """Move a workflow still ENQUEUED on `from_queue` to `to_queue`; whether it was moved.
+
+    Conditional on the row still being ENQUEUED on `from_queue`: a process dequeuing it at the
+    same moment marks it PENDING first (and this moves nothing), or finds it gone from its queue,
+    so the workflow is started exactly once either way.
+    """
+    from dbos._dbos import _get_dbos_instance
+
+    sys_db = _get_dbos_instance()._sys_db
+    table = sys_db.tables.workflow_status
+    with sys_db.engine.begin() as connection:
+        moved = connection.execute(
+            sa.update(table)
+            .where(
+                table.c.workflow_uuid == workflow_id,
+                table.c.status == "ENQUEUED",
+                table.c.queue_name == from_queue,
+            )
+            .values(updated_at=sys_db._now_ms_sql(), queue_name=to_queue)
+        )
+    return bool(moved.rowcount)
+
+
+def recover_workflow(workflow_id: str, executor_id: str, *, to_queue: str | None = None) -> bool:
     """Hand a workflow left PENDING by a dead process back to its queue; whether it was.
 
     DBOS's recovery re-enqueue (its queue kept, the internal one if it had none), conditional on
@@ -332,17 +419,17 @@ def recover_workflow(workflow_id: str, executor_id: str, *, here: bool = False) 
     and replays it from its last checkpoint, and a second call for the same dead process does
     nothing. DBOS exposes this only for a whole executor at launch, so this uses its system
     database's call for one workflow (pinned by the `dbos` version range in pyproject.toml).
-    `here`: to DBOS's internal queue, whatever the workflow's own was (its same update, made here).
+    `to_queue`: to that queue, whatever the workflow's own was (its same update, made here).
     """
     from dbos._dbos import _get_dbos_instance
     from dbos._utils import INTERNAL_QUEUE_NAME
 
     dbos = _get_dbos_instance()
-    if not here:
+    if to_queue is None:
         return bool(dbos._sys_db.reenqueue_for_recovery(workflow_id, [executor_id], INTERNAL_QUEUE_NAME))
-    # the same update, to the internal queue every process dequeues: a process that is not a
-    # worker (`runs resume`) takes the step itself, instead of leaving it on a provider's queue
-    # that no live process may serve (resume waited for ever for a worker)
+    # the same update, to the given queue: a process that is not a worker (`runs resume`) takes
+    # the step itself (`own_queue`), instead of leaving it on a provider's queue that no live
+    # process may serve (resume waited for ever for a worker)
     sys_db = dbos._sys_db
     table = sys_db.tables.workflow_status
     with sys_db.engine.begin() as connection:
@@ -358,7 +445,7 @@ def recover_workflow(workflow_id: str, executor_id: str, *, here: bool = False) 
                 owner_xid=None,
                 started_at_epoch_ms=None,
                 updated_at=sys_db._now_ms_sql(),
-                queue_name=INTERNAL_QUEUE_NAME,
+                queue_name=to_queue,
             )
         )
     return bool(moved.rowcount)
