@@ -394,19 +394,27 @@ def take_queued_workflow(workflow_id: str, from_queue: str, to_queue: str) -> bo
     same moment marks it PENDING first (and this moves nothing), or finds it gone from its queue,
     so the workflow is started exactly once either way.
     """
+    return _update_workflow(
+        workflow_id, {"status": "ENQUEUED", "queue_name": from_queue}, queue_name=to_queue
+    )
+
+
+def _update_workflow(workflow_id: str, found: dict[str, str], **values: Any) -> bool:
+    """Update DBOS's row of the workflow if its columns still hold `found`; whether it was.
+
+    One conditional statement of DBOS's system database (pinned by the `dbos` version range in
+    pyproject.toml), its `updated_at` set as DBOS sets it.
+    """
     from dbos._dbos import _get_dbos_instance
 
     sys_db = _get_dbos_instance()._sys_db
     table = sys_db.tables.workflow_status
+    held = [table.c[column] == value for column, value in found.items()]
     with sys_db.engine.begin() as connection:
         moved = connection.execute(
             sa.update(table)
-            .where(
-                table.c.workflow_uuid == workflow_id,
-                table.c.status == "ENQUEUED",
-                table.c.queue_name == from_queue,
-            )
-            .values(updated_at=sys_db._now_ms_sql(), queue_name=to_queue)
+            .where(table.c.workflow_uuid == workflow_id, *held)
+            .values(updated_at=sys_db._now_ms_sql(), **values)
         )
     return bool(moved.rowcount)
 
@@ -430,25 +438,14 @@ def recover_workflow(workflow_id: str, executor_id: str, *, to_queue: str | None
     # the same update, to the given queue: a process that is not a worker (`runs resume`) takes
     # the step itself (`own_queue`), instead of leaving it on a provider's queue that no live
     # process may serve (resume waited for ever for a worker)
-    sys_db = dbos._sys_db
-    table = sys_db.tables.workflow_status
-    with sys_db.engine.begin() as connection:
-        moved = connection.execute(
-            sa.update(table)
-            .where(
-                table.c.workflow_uuid == workflow_id,
-                table.c.status == "PENDING",
-                table.c.executor_id == executor_id,
-            )
-            .values(
-                status="ENQUEUED",
-                owner_xid=None,
-                started_at_epoch_ms=None,
-                updated_at=sys_db._now_ms_sql(),
-                queue_name=to_queue,
-            )
-        )
-    return bool(moved.rowcount)
+    return _update_workflow(
+        workflow_id,
+        {"status": "PENDING", "executor_id": executor_id},
+        status="ENQUEUED",
+        owner_xid=None,
+        started_at_epoch_ms=None,
+        queue_name=to_queue,
+    )
 
 
 STATUS_POLL_S = 0.1
