@@ -326,3 +326,124 @@ async def test_a_worker_stopped_with_half_a_second_of_grace_lets_its_running_ste
         assert finished[-1] == "step_succeeded", finished
     finally:
         worker.close()
+
+
+class _EndingWorker:
+    """A worker whose first run has ended but whose end (telling the registry) never gets further.
+
+    Stopping, the worker lets that run's end go on for the whole grace (`_let_finished_runs_end`).
+    """
+
+    def __init__(
+        self, database: str, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from masterplanner.engine import workflows
+        from masterplanner.engine.worker import Worker
+
+        self.write_script = write_script
+        self.ends: list[str] = []
+        built = workflows.resources_of
+
+        async def endless_end(run_id: str, settings: Settings, store: Any, **kwargs: Any) -> Any:
+            if store.get_run(run_id).finished:  # the end workflow, about to tell the registry
+                self.ends.append(run_id)
+                await asyncio.sleep(600)
+            return await built(run_id, settings, store, **kwargs)
+
+        monkeypatch.setattr(workflows, "resources_of", endless_end)
+        settings = Settings.load(
+            database_url=database, remember_runs="never", embedder="none", worker_concurrency=1
+        )
+        self.grace_s = 5.0
+        self.worker = Worker(settings, providers=["scripted"], grace_s=self.grace_s)
+        self.stop = asyncio.Event()
+
+    def create(self, task: str, steps: list[dict[str, Any]], delay_s: float) -> str:
+        script = self.write_script(
+            [
+                {"purpose": "planner", "output": {"steps": steps}},
+                *[
+                    {"purpose": f"step:{each['id']}", "output": each["id"], "delay_s": delay_s}
+                    for each in steps
+                ],
+                {"purpose": "*", "repeat": True},
+            ]
+        )
+        run = self.worker.engine.create_run(
+            task, model=f"scripted:{script}", options=RunOptions(auto_approve=True), for_workers=True
+        )
+        return run.id
+
+    async def start_with_an_ended_run(self) -> tuple[str, asyncio.Future[Any]]:
+        """The worker working, once its first run has ended and is stuck in its end; that run's id."""
+        ended = self.create("one step", [step("a", tools=[])], 0)
+        working = asyncio.ensure_future(self.worker.run(self.stop))
+        deadline = time.monotonic() + 60
+        while not self.ends:
+            assert time.monotonic() < deadline, "the run did not reach its end"
+            await asyncio.sleep(0.05)
+        assert self.worker.engine.store.get_run(ended).status == "succeeded"
+        return ended, working
+
+    async def started(self, run_id: str, count: int) -> list[str]:
+        """The steps of the run started, once at least `count` of them have."""
+        deadline = time.monotonic() + 60
+        while True:
+            found = [
+                str(event.step)
+                for event in self.worker.engine.store.events(run_id)
+                if event.kind == "step_started"
+            ]
+            if len(found) >= count:
+                return found
+            assert time.monotonic() < deadline, f"{count} steps of {run_id} did not start"
+            await asyncio.sleep(0.02)
+
+
+async def test_a_stopping_worker_takes_no_new_step_from_its_queues_while_its_ended_runs_finish(
+    database: str, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the stop, the worker takes no more steps from the shared queues, at once.
+
+    Before, its queues were dequeued until DBOS stopped, after the wait for its ended runs: a step
+    started then was cut short by the shutdown and left to another worker to replay (its model
+    requests made twice).
+    """
+    ending = _EndingWorker(database, write_script, monkeypatch)
+    try:
+        ended, working = await ending.start_with_an_ended_run()
+        # six steps side by side, one at a time here (`worker_concurrency`), 2 s each
+        queued = ending.create("six steps", [step(f"b{n}", tools=[]) for n in range(6)], 2.0)
+        before = await ending.started(queued, 1)  # the one running: the next starts in 2 s at the soonest
+        ending.stop.set()
+        summary = await asyncio.wait_for(working, 60)
+        assert sorted(summary.handed_over) == sorted([ended, queued])
+        assert await ending.started(queued, 1) == before  # no step started after the stop
+        step_events = [event.kind for event in ending.worker.engine.store.events(queued) if event.step]
+        assert step_events == ["step_started", "step_succeeded"]  # the running one had its grace
+    finally:
+        ending.worker.close()
+
+
+async def test_a_stopping_worker_gives_its_ended_runs_and_its_running_steps_one_grace_together(
+    database: str, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grace is one deadline from the stop: what the ended runs' ends take, the steps do not get.
+
+    Before, the ended runs' ends got the whole grace, then the running steps the whole grace again:
+    a worker told to stop took twice its grace (a pod killed before it recorded its stop).
+    """
+    ending = _EndingWorker(database, write_script, monkeypatch)
+    try:
+        ended, working = await ending.start_with_an_ended_run()
+        long = ending.create("one long step", [step("b", tools=[])], 600)
+        await ending.started(long, 1)
+        stop = time.monotonic()
+        ending.stop.set()
+        summary = await asyncio.wait_for(working, 60)
+        took = time.monotonic() - stop
+        # the end waited for takes the whole grace; twice the grace it took before
+        assert ending.grace_s <= took < 1.6 * ending.grace_s
+        assert sorted(summary.handed_over) == sorted([ended, long])
+    finally:
+        ending.worker.close()

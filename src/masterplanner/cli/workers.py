@@ -39,7 +39,10 @@ def worker(
     grace: Annotated[
         float,
         typer.Option(
-            "--grace", parser=number, help="Seconds running steps get to finish when it is stopped."
+            "--grace",
+            parser=number,
+            help="Seconds its ended runs' bookkeeping and running steps get, together, to finish "
+            "when it is stopped.",
         ),
     ] = 30.0,
 ) -> None:
@@ -51,8 +54,8 @@ def worker(
     providers it can call: by default each whose API key is set in its environment. A worker that
     dies is noticed by its lease lapsing (run_lease_s); the runs it coordinated are taken over and
     the steps it was running are handed to the others, which replay them from their last
-    checkpoint. On SIGTERM it claims nothing new, hands its runs over, and gives running steps
-    --grace seconds to finish.
+    checkpoint. On SIGTERM it takes no new run or step, hands its runs over, and lets running
+    steps finish within --grace seconds of the signal.
     """
     from ..errors import ConfigError
     from ..service import RunService

@@ -63,6 +63,7 @@ __all__ = [
     "shutdown_dbos",
     "step_queue",
     "step_queue_name",
+    "stop_taking_steps",
     "take_queued_workflow",
     "unserved_queue",
 ]
@@ -153,9 +154,11 @@ def _launch(
         logging.getLogger("dbos").addFilter(WORKFLOW_OUTCOMES)
     providers = list(PROVIDERS) if listen is None else listen
     queues = [step_queue_name(provider) for provider in providers] if kind == "worker" else []
-    _own_limits.clear()
-    if kind == "worker":
-        _own_limits.update({step_queue_name(each): _own_limit(settings, each) for each in providers})
+    with _limits_lock:
+        _own_limits.clear()
+        _read_queues.clear()
+        if kind == "worker":
+            _own_limits.update({step_queue_name(each): _own_limit(settings, each) for each in providers})
     DBOS(config=config)
     DBOS.listen_queues(queues)
     DBOS.launch()
@@ -231,6 +234,9 @@ def _own_limit(settings: Settings, provider: str) -> tuple[int, float]:
 
 _own_limits: dict[str, tuple[int, float]] = {}
 """A worker's own limits per step queue (`_own_limit`), applied to every read of the queue's row."""
+_read_queues: weakref.WeakSet[Queue] = weakref.WeakSet()
+"""The queues read with this worker's own limits and still held (by DBOS's dequeuing threads)."""
+_limits_lock = threading.Lock()
 
 
 def _queue_with_own_limits(*args: Any, **kwargs: Any) -> Queue:
@@ -245,10 +251,30 @@ def _queue_with_own_limits(*args: Any, **kwargs: Any) -> Queue:
     `dbos` version range in pyproject.toml; `test_each_worker_keeps_its_own_concurrency` proves it.
     """
     queue: Queue = _read_queue_row(*args, **kwargs)
-    own = _own_limits.get(queue.name)
-    if own is not None:
-        queue._worker_concurrency, queue._polling_interval_sec = own
+    with _limits_lock:
+        own = _own_limits.get(queue.name)
+        if own is not None:
+            queue._worker_concurrency, queue._polling_interval_sec = own
+            _read_queues.add(queue)
     return queue
+
+
+def stop_taking_steps() -> None:
+    """A worker that stops takes no more steps from its step queues, at once; those running go on.
+
+    Its own concurrency on each becomes 0, which DBOS's dequeuing takes as no room: on the
+    queues read from now on, and on those its dequeuing threads read before (they check it
+    again before each claim, which is one transaction). Before, they went on dequeuing until
+    DBOS stopped, after the worker's wait for its ended runs: a step started meanwhile was cut
+    short by the shutdown and replayed elsewhere, its model requests made twice. DBOS's internal
+    queue and this process's own one are dequeued until DBOS stops (a run's end resumed here is
+    taken from DBOS's). Pinned by the `dbos` version range in pyproject.toml.
+    """
+    with _limits_lock:
+        for name, (_at_once, polling_s) in _own_limits.items():
+            _own_limits[name] = (0, polling_s)
+        for queue in list(_read_queues):
+            queue._worker_concurrency = 0
 
 
 _read_queue_row = dbos_system_database.queue_from_db_row
@@ -594,4 +620,6 @@ def shutdown_dbos(*, grace_s: float = 0) -> None:
         _executor = None
         _worker = False
         _queues.clear()
-        _own_limits.clear()
+        with _limits_lock:
+            _own_limits.clear()
+            _read_queues.clear()

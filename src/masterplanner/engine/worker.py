@@ -7,14 +7,18 @@ being given up). It coordinates each claimed run with an engine whose steps go t
 so the steps of one run may execute on several workers, and a step left by a dead worker is
 handed back to its queue by the run's coordinator (`Engine`, `processes.py`).
 
-Stopping (SIGTERM, Ctrl-C): no new runs are claimed; a run that has already ended is let finish
-its bookkeeping (reported as ended, not handed over); the runs it coordinates are handed over at
-once (`RunStore.hand_over`: another worker takes each at its next claim round, attaching to its
-queued and running steps — a run queued for workers as queued, one taken over from a dead
-process or still ending as abandoned); the steps running here get `grace_s` to finish — every
-model request and tool call inside them is already checkpointed — and what has not finished by
-then is left pending, recorded as this worker's, and taken over by the others as soon as the
-worker records its stop.
+Stopping (SIGTERM, Ctrl-C): no new runs are claimed, and no new steps are taken from the step
+queues, at once (`runtime.stop_taking_steps`: the queued ones wait for the other workers); a run
+that has already ended is let finish its bookkeeping (reported as ended, not handed over); the
+runs it coordinates are handed over (`RunStore.hand_over`: another worker takes each at its next
+claim round, attaching to its queued and running steps — a run queued for workers as queued, one
+taken over from a dead process or still ending as abandoned); the steps running here get what
+is left of the grace to finish — every model request and tool call inside them is already
+checkpointed — and what has not finished by then is left pending, recorded as this worker's, and
+taken over by the others as soon as the worker records its stop. The grace, `grace_s`, is one
+deadline from the stop for all of it: the ended runs' bookkeeping and the running steps together
+(the steps' share rounded up to whole seconds, as DBOS takes it), so a worker given as long to
+stop as its grace and a little more (Kubernetes's terminationGracePeriodSeconds) records its stop.
 
 A worker that finds its own lease lapsed (it was suspended or starved past `run_lease_s`) stops
 at once, with no grace: others may already be replaying its steps.
@@ -23,6 +27,7 @@ at once, with no grace: others may already be replaying its steps.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -34,7 +39,7 @@ from ..settings import PROVIDERS, Settings, lacking_credential_text
 from .catalogs import settings_policy_problem
 from .records import RunRecord
 from .runner import Engine
-from .runtime import process_lost, step_queue_name
+from .runtime import process_lost, step_queue_name, stop_taking_steps
 
 __all__ = ["Note", "Worker", "WorkerSummary"]
 
@@ -168,6 +173,12 @@ class Worker:
                 except TimeoutError:
                     pass
         finally:
+            # One deadline for the whole stop: what the ended runs' ends take, the running steps
+            # do not get. Before, each had the whole grace, one after the other: a worker took up
+            # to twice its grace to stop, past what its operator allowed (Kubernetes's
+            # terminationGracePeriodSeconds), and was killed before it recorded its stop.
+            deadline = time.monotonic() + self.grace_s
+            stop_taking_steps()
             # A worker whose own lease lapsed may already have had its steps handed to others
             # (within a second): nothing more runs here, so it neither waits for its finished
             # runs nor gives its steps any grace; what they did is checkpointed, and they replay
@@ -175,7 +186,7 @@ class Worker:
             # a second time (only tool calls are fenced, `runtime.keep_lease`).
             lost = process_lost()
             if not lost:
-                await self._let_finished_runs_end(runs)
+                await self._let_finished_runs_end(runs, deadline - time.monotonic())
             await self._reap_and_record(runs, summary)
             for run_id, task in runs.items():
                 task.cancel()
@@ -188,12 +199,14 @@ class Worker:
                     worker=self.id,
                     runs=summary.handed_over,
                 )
-            grace_s = 0.0 if lost or process_lost() else self.grace_s
+            grace_s = 0.0 if lost or process_lost() else max(0.0, deadline - time.monotonic())
             await asyncio.to_thread(partial(engine.stop, grace_s=grace_s))
         return summary
 
-    async def _let_finished_runs_end(self, runs: dict[str, asyncio.Task[RunRecord | None]]) -> None:
-        """Wait (up to `grace_s`) for the coordination of runs that already ended in the store.
+    async def _let_finished_runs_end(
+        self, runs: dict[str, asyncio.Task[RunRecord | None]], timeout_s: float
+    ) -> None:
+        """Wait (up to `timeout_s`) for the coordination of runs that already ended in the store.
 
         A run's status is written before its coordinator gives its lease up; a stop that comes
         between the two would otherwise cancel a finished run and report it as handed over.
@@ -204,8 +217,8 @@ class Worker:
         store = self.engine.store
         records = await asyncio.gather(*(asyncio.to_thread(store.get_run, run_id) for run_id in pending))
         ending = [pending[record.id] for record in records if record.finished]
-        if ending:
-            await asyncio.wait(ending, timeout=self.grace_s)
+        if ending and timeout_s > 0:
+            await asyncio.wait(ending, timeout=timeout_s)
 
     async def _reap_and_record(
         self, runs: dict[str, asyncio.Task[RunRecord | None]], summary: WorkerSummary
