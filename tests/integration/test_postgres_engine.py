@@ -442,8 +442,9 @@ async def test_a_stopping_worker_gives_its_ended_runs_and_its_running_steps_one_
         ending.stop.set()
         summary = await asyncio.wait_for(working, 60)
         took = time.monotonic() - stop
-        # the end waited for takes the whole grace; twice the grace it took before
-        assert ending.grace_s <= took < 1.6 * ending.grace_s
+        # the end waited for takes the whole grace; at least twice the grace it took before (the
+        # bound leaves room for DBOS's whole-second rounding and its threads' teardown on a slow machine)
+        assert ending.grace_s <= took < 1.8 * ending.grace_s
         assert sorted(summary.handed_over) == sorted([ended, long])
     finally:
         ending.worker.close()
