@@ -1223,6 +1223,62 @@ async def test_steps_named_aggregate_and_end_are_the_steps_alone(
     assert (again.status, again.output) == ("succeeded", "both")
 
 
+async def test_an_end_still_running_where_the_lease_lapsed_is_followed_not_run_again(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's lease lapsed (handed over) while its end, telling the registry, still runs.
+
+    The execution that takes the run over waits for that end to finish. Before, it resumed the
+    end at once, without asking whether its executor was alive: the end ran a second time beside
+    the first, and the registry was told twice.
+    """
+    from masterplanner.engine import runner, workflows
+
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
+    run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
+    tell = workflows._tell_registry
+    calls: list[str] = []
+    blocked, go_on = threading.Event(), threading.Event()
+
+    def slow(resources: Any, **kwargs: Any) -> None:  # the first end is slow to tell the registry
+        calls.append(resources.run_id)
+        blocked.set()
+        go_on.wait(30)
+        tell(resources, **kwargs)
+
+    followed = asyncio.Event()
+    next_status = runner.next_status
+
+    async def watched(workflow_id: str) -> Any:  # the second execution waits for the end
+        if workflow_id.endswith("._end"):
+            followed.set()
+        return await next_status(workflow_id)
+
+    monkeypatch.setattr(workflows, "_tell_registry", slow)
+    monkeypatch.setattr(runner, "next_status", watched)
+    first = asyncio.ensure_future(engine.execute(run.id))
+    while not blocked.is_set():  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    assert engine.store.get_run(run.id).status == "succeeded"  # the outcome is recorded
+    held = engine.store.lease(run.id)
+    assert held is not None
+    engine.store.hand_over(run.id, held.owner)  # its lease lapses; the end still runs
+
+    second = asyncio.ensure_future(engine.execute(run.id))
+    deadline = time.monotonic() + 30
+    while not followed.is_set() and len(calls) < 2:  # before, the end started again at once
+        assert time.monotonic() < deadline, "the second execution neither followed nor resumed the end"
+        await asyncio.sleep(0.02)
+    go_on.set()
+    final = await asyncio.wait_for(second, 60)
+    await asyncio.gather(first, return_exceptions=True)
+    assert final.status == "succeeded"
+    assert calls == [run.id]  # told once, by the end that was running
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert (kinds.count("run_succeeded"), kinds.count("team_stored")) == (1, 1)
+    assert kinds[-2:] == ["run_succeeded", "team_stored"]
+
+
 async def test_an_end_an_earlier_version_recorded_under_the_old_id_is_finished(
     engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -69,6 +69,8 @@ from .registries import release_registry
 from .resources import RunResources, hold, release, resources_of
 from .revisions import PlanRevisions, RevisionLost
 from .runtime import (
+    executing_here,
+    executor_id,
     launch_dbos,
     launched_on,
     next_status,
@@ -101,6 +103,8 @@ _LIVENESS_INTERVAL_S = 1.0
 answer per process and interval serves every workflow of that process followed here)."""
 _liveness: dict[str, tuple[float, bool]] = {}
 _unserved_queues: dict[str, tuple[float, bool]] = {}
+_ends_here: set[str] = set()
+"""The end workflows this process's executions are running inline now (`_Drive._end`)."""
 _ENDED = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
 
@@ -483,10 +487,13 @@ class _Guards:
                 _owner, work, drive = runs[run_id]
                 if work.done() or drive.stop_reason is not None or (held and not cancel):
                     continue  # stopped once: a second cancel would cut its clean-up short
-                if held and drive.ending:
+                if drive.ending:
                     # a cancel asked as the run ends comes too late: its end records how it ended
                     # (a cancel recorded before stands, `end_workflow`) and then tells the
-                    # registry; cut there, the end was left unfinished with nobody to finish it
+                    # registry; cut there, the end was left unfinished with nobody to finish it.
+                    # A lease lost meanwhile (this process stalled past it) does not cut it either:
+                    # whoever took the run over follows the end this live process still runs
+                    # (`_follow_end`), and an end cut here would wait for this process to stop
                     continue
                 drive.stop_reason = "cancelled" if cancel else "lease lost"
                 work.cancel()
@@ -705,11 +712,37 @@ class _Drive:
             raise RunStoppedError(text) from None
 
     async def _finish_end(self) -> None:
-        """Finish the end of a run that a crash cut short (its outcome recorded, the registry not told)."""
+        """Finish the end of a run that a crash cut short (its outcome recorded, the registry not told).
+
+        Or wait for it: the end may still run where it began (its process alive, the run's lease
+        lapsed: a holder that stalled past it, a worker that stopped and handed the run over),
+        or wait on a queue (`_follow_end`).
+        """
         _attempt, end_id, status = await self._latest_end()
-        if status is not None and status.status == "PENDING":
+        if status is not None and status.status in ("PENDING", "ENQUEUED"):
+            await self._follow_end(end_id, status)
+
+    async def _follow_end(self, end_id: str, status: WorkflowStatus) -> None:
+        """Wait for the run's end workflow that an earlier execution started, resumed if nobody runs it.
+
+        Followed (`_follow`): it is recovered only once its executor's process lease lapsed.
+        Before, an end whose run was finished was resumed at once: where its process was alive
+        and still running it, the end ran twice at once (the registry told twice). One that this
+        process's executions left (an execution stopped as it ended, its task cancelled) has
+        nobody to run it while this process lives: it is resumed here, as before.
+        """
+        here = executor_id()
+        if (
+            status.status == "PENDING"
+            and here is not None
+            and status.executor_id == here
+            and end_id not in _ends_here
+            and not executing_here(end_id)
+        ):
             handle = await DBOS.resume_workflow_async(end_id)
             await handle.get_result()
+            return
+        await self._follow(end_id, None)
 
     async def _latest_end(self) -> tuple[int, str, WorkflowStatus | None]:
         """The run's latest end workflow: which attempt, its id and its status (None: none started).
@@ -738,13 +771,17 @@ class _Drive:
         self.ending = True
         attempt, end_id, earlier = await self._latest_end()
         if earlier is not None and earlier.status in ("PENDING", "ENQUEUED"):
-            await self._follow(end_id, None)  # a crash cut it short before it recorded the outcome
+            await self._follow_end(end_id, earlier)  # cut short before it recorded the outcome
             return
         if earlier is not None:
             status, text, tell_registry = _recorded_end(self.run_id, earlier)
             end_id = own_workflow_id(self.run_id, f"end-{attempt + 1}", self.retries)
-        with SetWorkflowID(end_id):
-            await end_workflow(self.run_id, status, text, tell_registry)
+        _ends_here.add(end_id)
+        try:
+            with SetWorkflowID(end_id):
+                await end_workflow(self.run_id, status, text, tell_registry)
+        finally:
+            _ends_here.discard(end_id)
 
     async def _goes_on(self) -> bool:
         """Whether the run goes on: this execution is not stopping, no cancel was asked, it has not ended."""

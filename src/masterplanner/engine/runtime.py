@@ -549,6 +549,17 @@ def executor_id() -> str | None:
     return _executor
 
 
+def executing_here(workflow_id: str) -> bool:
+    """Whether DBOS executes that workflow in this process now (one it dequeued here).
+
+    A workflow called inline (an execution's end) is not among them: `runner` keeps those.
+    DBOS's own count of what it runs here (pinned by the `dbos` version range in pyproject.toml).
+    """
+    from dbos._dbos import _get_dbos_instance
+
+    return workflow_id in _get_dbos_instance()._active_workflows_set.activeList()
+
+
 def keep_lease(run_id: str) -> None:
     """Before a tool call's side effect: make sure no other process may be making this step's calls.
 
