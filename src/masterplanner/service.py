@@ -512,8 +512,15 @@ class RunService:
         return audit_entries(requests, events)
 
     async def abandoned_runs(self) -> list[str]:
-        """Runs whose executing process died (its lease lapsed): `execute` takes them over."""
+        """Runs whose executing process died (its lease lapsed): `execute` takes them over.
+
+        And those a stopping worker handed over (`lease(run_id).handed_over_by` names it).
+        """
         return await asyncio.to_thread(self._store.abandoned_runs)
+
+    async def lease(self, run_id: str) -> Lease | None:
+        """The run's lease: which process holds it (or held it, lapsed), or None when nobody does."""
+        return await asyncio.to_thread(self._store.lease, run_id)
 
     # ---- workers
 

@@ -21,7 +21,7 @@ from _cli import LEASE_S, mp, run_events
 from _plans import APPROVED_AS_SHOWN, step, to_approval
 
 from masterplanner import RunError, RunService, Settings
-from masterplanner.engine import Engine
+from masterplanner.engine import Engine, RunOptions
 from masterplanner.engine.control import open_run_store
 from masterplanner.engine.records import RunRecord, RunStatus
 from masterplanner.engine.store import RunStore
@@ -209,6 +209,33 @@ def test_the_next_run_resumes_a_crashed_run(write_script: Callable[..., Path]) -
     assert f"resuming run {crashed}, interrupted by a crash" in result.stderr
     assert f"run {crashed}: succeeded" in result.stderr
     _assert_resumed_without_repeats(crashed)
+
+
+def test_the_next_run_says_which_worker_left_the_run_it_resumes_when_it_stopped(
+    write_script: Callable[..., Path],
+) -> None:
+    """A run a stopping worker handed over was not interrupted by a crash: the line says who left it.
+
+    Before, every run taken over beside the new one was said "interrupted by a crash".
+    """
+    script = write_script([_planner(step("x", tools=[])), {"purpose": "*", "repeat": True}])
+    worker = "worker-host:4242:0a1b2c3d"
+    engine = Engine(Settings.load())
+    try:
+        left = engine.create_run("left", model=f"scripted:{script}", options=RunOptions(auto_approve=True))
+        assert asyncio.run(engine.execute(left.id)).status == "succeeded"
+        # a worker held it (its end, say, telling the registry) and handed it over as it stopped
+        assert engine.store.claim(left.id, f"{worker}/e5f6a7", lease_s=30)
+        engine.store.hand_over(left.id, f"{worker}/e5f6a7")
+        assert engine.store.abandoned_runs() == [left.id]
+    finally:
+        engine.close()
+    result = mp("run", "something else", "--model", f"scripted:{script}", "--yes", "--json")
+    assert result.returncode == 0, result.stderr
+    line = f"resuming run {left.id}, left by worker {worker} when it stopped, beside this one\n"
+    assert line in result.stderr
+    assert "interrupted by a crash" not in result.stderr
+    assert f"run {left.id}: succeeded" in result.stderr
 
 
 def test_a_step_killed_before_its_first_event_is_resumed_not_waited_on(

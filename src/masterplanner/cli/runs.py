@@ -358,7 +358,7 @@ class _Terminal:
 
 
 async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunRecord, bool, dict[str, Any]]:
-    """Execute the run in this terminal; also resume, beside it, runs left behind by a crash.
+    """Execute the run in this terminal; also resume, beside it, runs left by a crash or a stopping worker.
 
     Returns the run's final record, whether it was shown as a live tree, and its report.
     """
@@ -369,9 +369,12 @@ async def _execute_with_progress(service: RunService, run_id: str) -> tuple[RunR
     answerer = asyncio.ensure_future(terminal.answerer.watch())
     crashed = [other for other in await service.abandoned_runs() if other != run_id]
     for other in crashed:
-        terminal.out.print(
-            f"resuming run {shown(other)}, interrupted by a crash, beside this one", highlight=False
+        lease = await service.lease(other)
+        worker = None if lease is None else lease.handed_over_by
+        why = (
+            "interrupted by a crash" if worker is None else f"left by worker {shown(worker)} when it stopped"
         )
+        terminal.out.print(f"resuming run {shown(other)}, {why}, beside this one", highlight=False)
 
     def waiting(lease: Lease) -> None:
         terminal.out.print(

@@ -325,6 +325,16 @@ class Lease:
     left_s: float
     """Seconds until the lease runs out (0 when it has: the run may be taken over)."""
 
+    @property
+    def handed_over_by(self) -> str | None:
+        """The worker (its process id) that handed the run over as it stopped (`RunStore.hand_over`).
+
+        None for a lease no stopping worker handed over (its holder died, or holds it).
+        """
+        if not self.owner.endswith(HANDED_OVER):
+            return None
+        return self.owner.removesuffix(HANDED_OVER).split("/", 1)[0]
+
 
 def _lapsed(now: float) -> sa.ColumnElement[bool]:
     """Runs whose lease ran out (or that a version before `lease_until` held)."""
