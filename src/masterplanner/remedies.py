@@ -21,14 +21,24 @@ FrontEnd = Literal["cli", "web", "api"]
 """Who says it: the terminal, a run's web page (and its own requests), a program over the API."""
 
 RemedyAction = Literal[
-    "list_runs", "open_requests", "resume", "resume_or_cancel", "cancel_again", "answer_remember", "show_team"
+    "list_runs",
+    "open_requests",
+    "resume",
+    "resume_or_cancel",
+    "cancel_again",
+    "answer_remember",
+    "show_team",
+    "retry_later",
+    "retry_again",
 ]
 """`list_runs`: see the runs (an id named none); `open_requests`: see the requests open (an id
 named none); `resume`: resume the run (no process executes it); `resume_or_cancel`: a process
 taking the run (a worker, a resume, a cancel asked again) ends it as cancelled; `cancel_again`:
 the same for a run queued for workers, which a server does not resume (only a worker or a
 terminal's `runs resume` takes it); `answer_remember`: answer the run's question whether to
-store its team; `show_team`: see the team stored from the run (its id is the run's)."""
+store its team; `show_team`: see the team stored from the run (its id is the run's);
+`retry_later`: retry the failed run once the live process ending it lets go; `retry_again`:
+retry the failed run again, which finishes first the end its stopped process left undone."""
 
 _API = "/api/v1"
 
@@ -81,6 +91,15 @@ class Remedy:
                 if front_end != "cli"
                 else f" (a worker, {resume}, or {cancel} again)"
             )
+        if self.action in ("retry_later", "retry_again"):
+            retry = {
+                "cli": f"`masterplanner runs retry {run}`",
+                "web": "its Retry from where it failed button",
+                "api": f"POST {_API}/runs/{run}/retry",
+            }[front_end]
+            if self.action == "retry_later":
+                return f": retry it once that process lets go, with {retry}"
+            return f": retry it again with {retry}, which finishes that end first"
         if self.action == "answer_remember":
             return {
                 "cli": f" (`masterplanner runs answer {request} --approve`)",

@@ -488,21 +488,44 @@ class RunService:
         rounds are written again). A run that did not
         fail is refused (`RunError`). `for_workers`: queue it for the workers, or (False) execute
         it in the caller; None keeps it as it was. `by` is who asked, for the audit log.
+
+        A process still ending the run (telling the registry how it went) is waited for, up to
+        `run_lease_s`; one that holds it on is a `RunError` naming it (retry once it lets go). One
+        that died ending it left its end undone: that end is finished here first (as `execute`
+        finishes it), then the run is retried, so that nothing it was to store is lost. Never
+        is the run reset while another process executes it.
         """
         engine = await self._engine()
-        return await asyncio.to_thread(
-            partial(
-                engine.retry,
-                run_id,
-                by=by or answerer_name("library"),
-                for_workers=for_workers,
-                max_model_calls=max_model_calls,
-                max_tokens=max_tokens,
-                max_wall_s=max_wall_s,
-                max_cost_usd=max_cost_usd,
-                prompt_rounds=prompt_rounds,
-            )
+        retry = partial(
+            engine.retry,
+            run_id,
+            by=by or answerer_name("library"),
+            for_workers=for_workers,
+            max_model_calls=max_model_calls,
+            max_tokens=max_tokens,
+            max_wall_s=max_wall_s,
+            max_cost_usd=max_cost_usd,
+            prompt_rounds=prompt_rounds,
         )
+        try:
+            return await asyncio.to_thread(retry)
+        except RunError:
+            if not await self._end_cut_short(run_id):
+                raise
+        # its end, left undone: finished here (the registry told), unless another process took
+        # it over meanwhile (the retry then waits for that process, or names it)
+        await engine.finish_end(run_id)
+        return await asyncio.to_thread(retry)
+
+    async def _end_cut_short(self, run_id: str) -> bool:
+        """Whether the run failed and the process that held it stopped before its end was done.
+
+        Its lease lapsed without being given up (`RunStore.abandoned_runs`): nobody ends it but a
+        process that takes it over.
+        """
+        run = await self.get(run_id)
+        lease = await asyncio.to_thread(self._store.lease, run.id)
+        return run.status == "failed" and lease is not None and lease.left_s <= 0
 
     async def audit(self, run_id: str) -> list[AuditEntry]:
         """Who approved, edited, answered or cancelled what in the run, when, from which front end."""

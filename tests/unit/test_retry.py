@@ -6,7 +6,9 @@ that ran again would find no entry of its own left and fail, so a success proves
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -451,3 +453,176 @@ async def test_a_retry_that_changes_the_rounds_writes_again_the_prompts_kept_und
     assert retry_event.data["prompt_rounds"] == 1
     said = "its planning goes on from what it had made; critique rounds per prompt set to 1"
     assert f"retried the run after it failed ({said})" in mp("runs", "audit", run.id).stdout
+
+
+ELSEWHERE = "run@elsewhere:4242:0badc0de/abc123"
+"""The lease owner of another process sharing the database (a `runs resume`, a worker)."""
+
+
+async def _failed_by_service(service: RunService, script: Path) -> str:
+    """A run of a, b (fails) and c, failed through the service; its end done and its lease given up."""
+    plan = _planner(step("a", tools=["write_file"]), step("b", tools=[]), step("c", "a", "b", tools=[]))
+    _rewrite(script, [plan, *WRITES_A, BROKEN, DRAFTS])
+    created = await service.create("a and b, then c", model=f"scripted:{script}", options=FAST)
+    assert (await service.execute(created.id)).status == "failed"
+    return created.id
+
+
+async def test_a_retry_and_a_claim_at_once_never_wipe_the_claimer_s_lease(
+    isolated: Path, tmp_path: Path
+) -> None:
+    """Another process claims the failed run between the retry's read of it and its reset.
+
+    Before, the retry read the run unheld, the other process (a `runs resume` taking the run
+    to finish its end) claimed it, and the retry's reset wiped that live lease: the run was
+    reset while another process executed it. Now the retry locks the run's row first: the
+    claim waits for it, and takes the run as retried, its lease kept.
+    """
+    import threading
+
+    import sqlalchemy as sa
+
+    from masterplanner.engine.store import RunStore
+
+    service = RunService(Settings.load())
+    other = RunStore(Settings.load().database_url)
+    claimed: list[bool] = []
+    claiming: list[threading.Thread] = []
+
+    def claim() -> None:
+        claimed.append(other.claim(run_id, ELSEWHERE, lease_s=60.0))
+
+    def before_reset(
+        _connection: Any, _cursor: Any, statement: str, *_args: Any, **_kwargs: Any
+    ) -> None:  # the other process claims the run just as the retry resets it
+        if statement.startswith("UPDATE mp_runs SET status=") and not claiming:
+            claiming.append(threading.Thread(target=claim))
+            claiming[0].start()
+            claiming[0].join(timeout=2.0)  # done at once, unless the retry's lock holds it back
+
+    try:
+        run_id = await _failed_by_service(service, tmp_path / "script.json")
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", before_reset)
+        try:
+            retried = await service.retry(run_id, by="cli@test:1")
+        finally:
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", before_reset)
+        claiming[0].join(timeout=30.0)
+        lease = other.lease(run_id)
+        events = [event.kind for event in other.events(run_id)]
+    finally:
+        other.close()
+        service.close()
+    assert (retried.status, retried.retries) == ("running", 1)
+    assert claimed == [True]
+    assert lease is not None and lease.owner == ELSEWHERE  # the claimer holds the retried run
+    assert events.count("run_retried") == 1
+
+
+async def test_a_retry_of_a_run_a_live_process_holds_is_refused_naming_it(
+    isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process holding the failed run (ending it) is named, with what to do; nothing changes."""
+    import httpx
+
+    from masterplanner.engine.store import RunStore
+    from masterplanner.web import create_app
+
+    monkeypatch.setenv("MASTERPLANNER_RUN_LEASE_S", "1")  # the retry waits a lease and a second for it
+    service = RunService(Settings.load())
+    other = RunStore(Settings.load().database_url)
+    try:
+        run_id = await _failed_by_service(service, tmp_path / "script.json")
+        assert other.claim(run_id, ELSEWHERE, lease_s=120.0)
+        with pytest.raises(RunError) as refused:
+            await service.retry(run_id, by="cli@test:1")
+        app = create_app(service)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8765/api/v1") as client:
+            answered = await client.post(f"/runs/{run_id}/retry", json={})
+        await app.state.executions.stop()
+        app.state.registry.close()
+        run, lease = other.get_run(run_id), other.lease(run_id)
+    finally:
+        other.close()
+        service.close()
+    held = (  # the seconds since it was last heard from (each retry waited up to 2 s for it)
+        re.escape(f"run {run_id} is held by another process, {ELSEWHERE} (last heard from ")
+        + r"\d+"
+        + re.escape(
+            " s ago), which is still ending it (telling the registry how it went): "
+            "retry it once that process lets go, with "
+        )
+    )
+    assert re.fullmatch(held + re.escape(f"`masterplanner runs retry {run_id}`"), str(refused.value))
+    assert answered.status_code == 409
+    assert re.fullmatch(held + re.escape(f"POST /api/v1/runs/{run_id}/retry"), answered.json()["error"])
+    assert (run.status, run.retries) == ("failed", 0)
+    assert lease is not None and lease.owner == ELSEWHERE
+
+
+async def test_a_retry_of_a_run_whose_process_died_ending_it_finishes_that_end_first(
+    isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry is told the failure once, by the retry, before the run is reset.
+
+    Before, the retry took the run its dead process held (the lease lapsed) and reset it: the
+    end that process left undone (telling the registry how the run went) was lost for good.
+    """
+    import threading
+
+    import sqlalchemy as sa
+
+    from masterplanner.engine import workflows
+    from masterplanner.engine.store import runs_table
+
+    service = RunService(Settings.load())
+    real = workflows._tell_registry
+    blocked, go_on = threading.Event(), threading.Event()
+    told: list[bool] = []
+
+    def stuck(*_args: Any, **_kwargs: Any) -> None:  # the process stops while telling the registry
+        blocked.set()
+        go_on.wait(10)
+
+    def telling(resources: Any, *, succeeded: bool) -> None:
+        told.append(succeeded)
+        real(resources, succeeded=succeeded)
+
+    try:
+        script = tmp_path / "script.json"
+        plan = _planner(step("a", tools=["write_file"]), step("b", tools=[]), step("c", "a", "b", tools=[]))
+        _rewrite(script, [plan, *WRITES_A, BROKEN, DRAFTS])
+        created = await service.create("a and b, then c", model=f"scripted:{script}", options=FAST)
+        run_id = created.id
+        with monkeypatch.context() as patched:
+            patched.setattr(workflows, "_tell_registry", stuck)
+            execution = asyncio.ensure_future(service.execute(run_id))
+            while not blocked.is_set():  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+            execution.cancel()
+            await asyncio.gather(execution, return_exceptions=True)
+            go_on.set()
+        assert (await service.get(run_id)).status == "failed"  # the outcome is recorded
+        # it died there rather than stopped: its lease is left, lapsed
+        store = service._store
+        with store.begin("test") as connection:
+            connection.execute(
+                sa.update(runs_table)
+                .where(runs_table.c.id == run_id)
+                .values(owner=ELSEWHERE, heartbeat_at=0.0, lease_until=0.0)
+            )
+        monkeypatch.setattr(workflows, "_tell_registry", telling)
+        _rewrite(script, [{"purpose": "step:b", "output": "b ok"}, {"purpose": "step:c", "output": "c ok"}])
+        retried = await service.retry(run_id, by="cli@test:1")
+        kinds = [event.kind for event in await service.events(run_id)]
+        lease = store.lease(run_id)
+        final = await service.execute(run_id)
+    finally:
+        service.close()
+    assert told[0] is False  # the failure's end, finished before the reset
+    assert (retried.status, retried.retries, lease) == ("running", 1, None)
+    assert kinds.count("run_failed") == kinds.count("run_retried") == 1
+    assert kinds.index("run_failed") < kinds.index("run_retried")
+    assert (final.status, final.output) == ("succeeded", "c ok")
+    assert told == [False, True]

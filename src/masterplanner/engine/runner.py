@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -278,17 +279,37 @@ class Engine:
         """Drive a run to its end if its lease is free or lapsed now; None if another process holds it.
 
         How a worker takes a run: of two workers claiming the same run, one gets it and the other
-        moves on at once. Cancelled (the worker stops), it hands the run over to the next worker
+        moves on at once. Only while the run is still a worker's to take (queued for workers, or
+        abandoned: `RunStore.claim`): one retried meanwhile to run in the terminal that retried it
+        is left to that terminal. Cancelled (the worker stops), it hands the run over to the next worker
         (`RunStore.hand_over`) rather than give it up as `execute` does.
         """
         owner = f"{self.owner}/{secrets.token_hex(3)}"
-        if not await asyncio.to_thread(self.store.claim, run_id, owner, lease_s=self.settings.run_lease_s):
+        claim = partial(self.store.claim, run_id, owner, lease_s=self.settings.run_lease_s, claimable=True)
+        if not await asyncio.to_thread(claim):  # held, or no longer a worker's (retried meanwhile)
             return None
         run = await asyncio.to_thread(self.store.get_run, run_id)
         if run.status == "cancelled":
             await asyncio.to_thread(self.store.release, run.id, owner)
             return run
         return await self._drive(run, owner, hand_over=True)
+
+    async def finish_end(self, run_id: str) -> bool:
+        """Finish here the end of a finished run that its process left undone (it died ending it).
+
+        Its end (telling the registry how the run went) is finished as `execute` finishes it, or
+        found done. False, with nothing done, when another process holds the run or the run is
+        not finished (retried meanwhile): what was not finished is not driven here.
+        """
+        owner = f"{self.owner}/{secrets.token_hex(3)}"
+        if not await asyncio.to_thread(self.store.claim, run_id, owner, lease_s=self.settings.run_lease_s):
+            return False
+        run = await asyncio.to_thread(self.store.get_run, run_id)
+        if not run.finished:
+            await self._give_up(run.id, owner)
+            return False
+        await self._drive(run, owner)  # held, it stays finished: no retry resets it meanwhile
+        return True
 
     async def _drive(self, run: RunRecord, owner: str, *, hand_over: bool = False) -> RunRecord:
         """Advance a run whose lease `owner` holds; the lease is given up at the end.
@@ -375,7 +396,9 @@ class Engine:
         approved is reviewed (or planned) again. A budget given here replaces the run's (the
         run's model calls, tokens and money count from its start, its seconds from the retry);
         one the run has already used up is refused before anything changes. A process still
-        ending the run is waited for (at most `run_lease_s`). `prompt_rounds` replaces the run's
+        ending the run is waited for (at most `run_lease_s`); a `RunError` names one that holds
+        it on, and one that died ending it (its end, undone, is finished first: `finish_end`,
+        which `RunService.retry` does). `prompt_rounds` replaces the run's
         critique rounds per prompt: prompts it kept from planning under other rounds are written
         again. `for_workers`: queue it for workers, or (False) execute it in this process; None
         keeps it as it was. `by`: who asks (`front end@host:pid`), for the audit log.

@@ -349,6 +349,37 @@ HANDED_OVER = "#handed-over"
 """Added to the owner of a run a stopping worker handed over (`RunStore.hand_over`)."""
 
 
+def _queued() -> sa.ColumnElement[bool]:
+    """Runs queued for workers that have not ended (held by a worker or not)."""
+    return sa.and_(
+        runs_table.c.executor == "workers", runs_table.c.status.not_in(tuple(FINISHED_RUN_STATUSES))
+    )
+
+
+def _held_for_retry(
+    run_id: str, owner: str, renewed_at: float | None, lease_until: float | None, now: float
+) -> RunError:
+    """Why a failed run another process holds, or held until it stopped, cannot be retried now.
+
+    A live holder is ending it (telling the registry how it went), or took it over to finish
+    that end: the retry waits for it to let go. One whose lease lapsed stopped with the end cut
+    short: the end is finished first (by a process that takes the run over, `runs resume`), or
+    it would be lost, the run reset under it.
+    """
+    if lease_until is not None and lease_until >= now:
+        heard = max(0.0, now - float(renewed_at or now))
+        return RunError(
+            f"run {run_id} is held by another process, {owner} (last heard from {heard:.0f} s ago), "
+            "which is still ending it (telling the registry how it went)",
+            remedy=Remedy("retry_later", run_id),
+        )
+    return RunError(
+        f"run {run_id} failed, but {owner.removesuffix(HANDED_OVER)}, which was ending it, stopped "
+        "before its end was done (telling the registry how it went)",
+        remedy=Remedy("retry_again", run_id),
+    )
+
+
 def _abandoned(now: float) -> sa.ColumnElement[bool]:
     """Runs whose holder stopped renewing the lease without giving it up: running, or ending."""
     return sa.and_(
@@ -866,13 +897,24 @@ class RunStore:
         planning; its error goes, `retries` counts one more, `options` replace its options and
         `for_workers` says who executes it now. A `run_retried` event records who asked and the
         `budgets` they changed (and the `prompt_rounds` they set, if they did). Refused
-        (`RunError`) unless the run failed and no process holds it.
+        (`RunError`) unless the run failed and no process holds it: neither a live one (still
+        ending it, or taking it over to finish its end) nor one that stopped holding it, its
+        end cut short (its execution resumed finishes that end first, `runs resume`).
+
+        The run's row is locked before it is read (Postgres: `FOR UPDATE`; SQLite: a write first,
+        which takes the database's writer lock, as SQLite sends `BEGIN` only before a
+        transaction's first write), and the reset is one update on the state read: of a retry
+        and a claim of the run at once, one waits for the other and exactly one wins. Before, the
+        read was a plain one: a process claimed the run after it and the retry wiped its lease,
+        the run reset under an execution of it.
         """
         retried: list[str] = []
         for _ in range(20):
             with self._append_lock:
                 try:
                     with self.begin("retry a run") as connection:
+                        if self.engine.dialect.name == "sqlite":
+                            connection.execute(_TAKE_WRITER_LOCK, {"run_id": run_id})
                         retried = self._retry(
                             connection, run_id, options, for_workers, by, budgets, prompt_rounds
                         )
@@ -902,7 +944,10 @@ class RunStore:
         budgets: Mapping[str, Any] | None,
         prompt_rounds: int | None,
     ) -> list[str]:
-        row = connection.execute(sa.select(runs_table).where(runs_table.c.id == run_id)).mappings().first()
+        read = sa.select(runs_table).where(runs_table.c.id == run_id)
+        if self.engine.dialect.name != "sqlite":
+            read = read.with_for_update()
+        row = connection.execute(read).mappings().first()
         if row is None:
             raise RunNotFoundError(f"no run {quoted_id(run_id)}")
         now = database_now(connection)
@@ -924,10 +969,8 @@ class RunStore:
                     remedy=Remedy("resume", run_id),
                 )
             raise RunError(f"run {run_id} {state}: only a failed run can be retried")
-        if row["owner"] is not None and row["lease_until"] is not None and row["lease_until"] >= now:
-            raise RunError(
-                f"run {run_id} is still being ended by {row['owner']}: retry it once that process lets go"
-            )
+        if row["owner"] is not None:
+            raise _held_for_retry(run_id, row["owner"], row["heartbeat_at"], row["lease_until"], now)
         approved = connection.scalar(
             sa.select(sa.func.count())
             .select_from(events_table)
@@ -941,6 +984,7 @@ class RunStore:
                 runs_table.c.id == run_id,
                 runs_table.c.status == "failed",
                 runs_table.c.retries == retries - 1,
+                runs_table.c.owner.is_(None),  # nobody took it since it was read
             )
             .values(
                 status=status,
@@ -979,19 +1023,21 @@ class RunStore:
         _insert_event(connection, run_id, utc_now(), "run_retried", None, json.dumps(data))
         return steps
 
-    def claim(self, run_id: str, owner: str, *, lease_s: float) -> bool:
+    def claim(self, run_id: str, owner: str, *, lease_s: float, claimable: bool = False) -> bool:
         """Take the run's lease for `owner` for `lease_s`: if free, already `owner`'s, or run out.
 
         One conditional update, so of two processes claiming at once exactly one gets it.
+        `claimable`: only while the run is one a worker may take (`claimable_runs`): queued for
+        workers, or abandoned. A worker claims what it listed a moment before: a run retried
+        meanwhile for the terminal that retried it (its lease given up) is no longer its to take.
         """
         with self.begin("claim a run") as connection:
             now = database_now(connection)
+            free = sa.or_(runs_table.c.owner.is_(None), runs_table.c.owner == owner, _lapsed(now))
+            taken = sa.and_(free, sa.or_(_queued(), _abandoned(now))) if claimable else free
             updated = connection.execute(
                 runs_table.update()
-                .where(
-                    runs_table.c.id == run_id,
-                    sa.or_(runs_table.c.owner.is_(None), runs_table.c.owner == owner, _lapsed(now)),
-                )
+                .where(runs_table.c.id == run_id, taken)
                 .values(owner=owner, heartbeat_at=now, lease_until=now + lease_s)
             )
             if updated.rowcount == 1:
@@ -1129,11 +1175,7 @@ class RunStore:
         with self.begin("list runs") as connection:
             now = database_now(connection)
             free = sa.or_(runs_table.c.owner.is_(None), runs_table.c.lease_until < now)
-            queued = sa.and_(
-                runs_table.c.executor == "workers",
-                runs_table.c.status.not_in(tuple(FINISHED_RUN_STATUSES)),
-                free,
-            )
+            queued = sa.and_(_queued(), free)
             query = sa.select(runs_table.c.id).where(sa.or_(queued, _abandoned(now)), served)
             if excluding:
                 query = query.where(runs_table.c.id.not_in(list(excluding)))

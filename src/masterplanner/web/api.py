@@ -368,7 +368,8 @@ async def retry_run(request: Request, run_id: str, body: RetryIn | None = None) 
     """Run a failed run again: its succeeded steps are kept, the others run afresh.
 
     Executed by this server, or queued for the workers (`serve --workers`). Refused (409) when
-    the run did not fail, or when it has used up a budget the body does not raise.
+    the run did not fail, when it has used up a budget the body does not raise, or when another
+    live process holds it (still ending it: named, retry once it lets go).
     """
     service = _service(request)
     record = await _run(service, run_id)
