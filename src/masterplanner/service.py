@@ -524,7 +524,7 @@ class RunService:
         process that takes it over.
         """
         run = await self.get(run_id)
-        lease = await asyncio.to_thread(self._store.lease, run.id)
+        lease = await self.lease(run.id)
         return run.status == "failed" and lease is not None and lease.left_s <= 0
 
     async def audit(self, run_id: str) -> list[AuditEntry]:
