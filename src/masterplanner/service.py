@@ -510,22 +510,23 @@ class RunService:
         try:
             return await asyncio.to_thread(retry)
         except RunError:
-            if not await self._end_cut_short(run_id):
+            cut_short = await self._end_cut_short(run_id)
+            if cut_short is None:
                 raise
         # its end, left undone: finished here (the registry told), unless another process took
         # it over meanwhile (the retry then waits for that process, or names it)
-        await engine.finish_end(run_id)
+        await engine.finish_end(cut_short)
         return await asyncio.to_thread(retry)
 
-    async def _end_cut_short(self, run_id: str) -> bool:
-        """Whether the run failed and the process that held it stopped before its end was done.
+    async def _end_cut_short(self, run_id: str) -> str | None:
+        """The run's full id if it failed and the process that held it stopped before its end was done.
 
         Its lease lapsed without being given up (`RunStore.abandoned_runs`): nobody ends it but a
-        process that takes it over.
+        process that takes it over. None otherwise.
         """
         run = await self.get(run_id)
         lease = await self.lease(run.id)
-        return run.status == "failed" and lease is not None and lease.left_s <= 0
+        return run.id if run.status == "failed" and lease is not None and lease.left_s <= 0 else None
 
     async def audit(self, run_id: str) -> list[AuditEntry]:
         """Who approved, edited, answered or cancelled what in the run, when, from which front end."""

@@ -79,6 +79,7 @@ from .runtime import (
     own_queue,
     own_queue_name,
     own_workflow,
+    process_lost,
     recover_workflow,
     shutdown_dbos,
     step_queue,
@@ -302,6 +303,7 @@ class Engine:
         not finished (retried meanwhile): what was not finished is not driven here.
         """
         owner = f"{self.owner}/{secrets.token_hex(3)}"
+        run_id = (await asyncio.to_thread(self.store.get_run, run_id)).id  # a prefix, the run's id
         if not await asyncio.to_thread(self.store.claim, run_id, owner, lease_s=self.settings.run_lease_s):
             return False
         run = await asyncio.to_thread(self.store.get_run, run_id)
@@ -510,13 +512,15 @@ class _Guards:
                 _owner, work, drive = runs[run_id]
                 if work.done() or drive.stop_reason is not None or (held and not cancel):
                     continue  # stopped once: a second cancel would cut its clean-up short
-                if drive.ending:
+                if drive.ending and not process_lost():
                     # a cancel asked as the run ends comes too late: its end records how it ended
                     # (a cancel recorded before stands, `end_workflow`) and then tells the
                     # registry; cut there, the end was left unfinished with nobody to finish it.
                     # A lease lost meanwhile (this process stalled past it) does not cut it either:
                     # whoever took the run over follows the end this live process still runs
-                    # (`_follow_end`), and an end cut here would wait for this process to stop
+                    # (`_follow_end`), and an end cut here would wait for this process to stop.
+                    # Not in a worker that found its own lease lapsed: others may be running
+                    # that end already (they recover a dead executor's), and it stops at once
                     continue
                 drive.stop_reason = "cancelled" if cancel else "lease lost"
                 work.cancel()
