@@ -1160,27 +1160,20 @@ async def test_a_cancel_asked_just_before_the_run_ends_does_not_cut_its_end_shor
 async def test_an_end_cut_short_is_finished_by_the_next_execution(
     engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import threading
-
+    """The process dies as its run's end tells the registry; the next execution finishes that end."""
     from masterplanner.engine import workflows
 
     script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
     run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
     told = workflows._tell_registry
-    blocked, go_on = threading.Event(), threading.Event()
 
-    def stuck(*args: Any, **kwargs: Any) -> None:  # the process stops while telling the registry
-        blocked.set()
-        go_on.wait(10)
+    def dying(*args: Any, **kwargs: Any) -> None:  # the process dies while telling the registry
+        raise Killed
 
-    monkeypatch.setattr(workflows, "_tell_registry", stuck)
-    execution = asyncio.ensure_future(engine.execute(run.id))
-    while not blocked.is_set():  # noqa: ASYNC110
-        await asyncio.sleep(0.02)
+    monkeypatch.setattr(workflows, "_tell_registry", dying)
+    with pytest.raises(Killed):
+        await engine.execute(run.id)
     assert engine.store.get_run(run.id).status == "succeeded"  # the outcome is recorded
-    execution.cancel()
-    await asyncio.gather(execution, return_exceptions=True)
-    go_on.set()
     assert "team_stored" not in [kind for kind, _ in _kinds(engine, run.id)]
 
     monkeypatch.setattr(workflows, "_tell_registry", told)
@@ -1192,6 +1185,71 @@ async def test_an_end_cut_short_is_finished_by_the_next_execution(
     again = await engine.execute(run.id)  # nothing is left to do: nothing happens twice
     assert again.status == "succeeded"
     assert [kind for kind, _ in _kinds(engine, run.id)] == kinds
+
+
+async def test_an_end_whose_execution_was_given_up_is_finished_in_the_process_that_goes_on(
+    engine: Engine, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library caller cancels `execute` as the run's end tells the registry, and carries on.
+
+    The end is handed back to DBOS's queue once that registry call returns, and finished from its
+    last checkpoint with nobody executing the run again; the registry is never told by two calls
+    at once. Before, the end stayed pending under this live process, which renews its lease: it
+    was finished only if this process executed the run again, and another process resuming the
+    run (`runs resume`, a worker, a retry) followed it for ever.
+    """
+    from dbos import DBOS
+
+    from masterplanner.engine import workflows
+
+    script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
+    run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
+    tell = workflows._tell_registry
+    calls: list[str] = []
+    at_once: list[int] = []  # how many calls ran as each began
+    running, counting = [0], threading.Lock()
+    blocked, go_on = threading.Event(), threading.Event()
+
+    def slow(resources: Any, **kwargs: Any) -> None:  # the first call outlasts its execution
+        with counting:
+            calls.append(resources.run_id)
+            running[0] += 1
+            at_once.append(running[0])
+        try:
+            if len(calls) == 1:
+                blocked.set()
+                go_on.wait(30)
+            tell(resources, **kwargs)
+        finally:
+            with counting:
+                running[0] -= 1
+
+    monkeypatch.setattr(workflows, "_tell_registry", slow)
+    execution = asyncio.ensure_future(engine.execute(run.id))
+    await asyncio.to_thread(blocked.wait, 60)
+    assert engine.store.get_run(run.id).status == "succeeded"  # the outcome is recorded
+    execution.cancel()  # the caller gives up; this process goes on
+    await asyncio.gather(execution, return_exceptions=True)
+    assert engine.store.lease(run.id) is None
+    go_on.set()  # the cancelled call returns; nobody executes the run again here
+
+    async def finished() -> str:
+        while True:
+            status = await DBOS.get_workflow_status_async(f"{run.id}._end")
+            if status is not None and status.status not in ("PENDING", "ENQUEUED"):
+                return status.status
+            await asyncio.sleep(0.05)
+
+    assert await asyncio.wait_for(finished(), 30) == "SUCCESS"  # before, pending for ever
+    assert calls == [run.id, run.id]  # the end's replay tells the registry again (it dedupes)
+    assert at_once == [1, 1]  # one after the other, never two calls at once
+    kinds = [kind for kind, _ in _kinds(engine, run.id)]
+    assert (kinds.count("run_succeeded"), kinds.count("team_stored")) == (1, 1)
+    assert kinds[-2:] == ["run_succeeded", "team_stored"]
+    again = await asyncio.wait_for(engine.execute(run.id), 30)  # nothing is left to do
+    assert again.status == "succeeded"
+    assert [kind for kind, _ in _kinds(engine, run.id)] == kinds
+    assert calls == [run.id, run.id]
 
 
 async def test_steps_named_aggregate_and_end_are_the_steps_alone(
@@ -1287,27 +1345,19 @@ async def test_an_end_an_earlier_version_recorded_under_the_old_id_is_finished(
     The run's own workflows were `<run>.<name>` (now `<run>._<name>`): the end of a run started by
     an earlier version is looked up under the id it has, not left for ever unfinished.
     """
-    import threading
-
     from masterplanner.engine import records, runtime, workflows
 
     script = write_script([_planner(step("a", tools=[])), {"purpose": "*", "repeat": True}])
     run = engine.create_run("x", model=f"scripted:{script}", options=FAST)
-    blocked, go_on = threading.Event(), threading.Event()
 
-    def stuck(*args: Any, **kwargs: Any) -> None:  # the earlier version stops while telling the registry
-        blocked.set()
-        go_on.wait(10)
+    def dying(*args: Any, **kwargs: Any) -> None:  # the earlier version dies while telling the registry
+        raise Killed
 
     with monkeypatch.context() as patched:  # undone here (not the fixtures' patches too)
         patched.setattr(runtime, "own_workflow_id", records.workflow_id)  # the earlier version's ids
-        patched.setattr(workflows, "_tell_registry", stuck)
-        execution = asyncio.ensure_future(engine.execute(run.id))
-        while not blocked.is_set():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
-        execution.cancel()
-        await asyncio.gather(execution, return_exceptions=True)
-        go_on.set()
+        patched.setattr(workflows, "_tell_registry", dying)
+        with pytest.raises(Killed):
+            await engine.execute(run.id)
         old = await asyncio.to_thread(engine.store.get_run, run.id)
         assert old.status == "succeeded"
 

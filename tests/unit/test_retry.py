@@ -6,7 +6,6 @@ that ran again would find no entry of its own left and fail, so a success proves
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -571,21 +570,18 @@ async def test_a_retry_of_a_run_whose_process_died_ending_it_finishes_that_end_f
     Before, the retry took the run its dead process held (the lease lapsed) and reset it: the
     end that process left undone (telling the registry how the run went) was lost for good.
     """
-    import threading
-
     import sqlalchemy as sa
+    from _faults import Killed
 
     from masterplanner.engine import workflows
     from masterplanner.engine.store import runs_table
 
     service = RunService(Settings.load())
     real = workflows._tell_registry
-    blocked, go_on = threading.Event(), threading.Event()
     told: list[bool] = []
 
-    def stuck(*_args: Any, **_kwargs: Any) -> None:  # the process stops while telling the registry
-        blocked.set()
-        go_on.wait(10)
+    def dying(*_args: Any, **_kwargs: Any) -> None:  # the process dies while telling the registry
+        raise Killed
 
     def telling(resources: Any, *, succeeded: bool) -> None:
         told.append(succeeded)
@@ -598,13 +594,9 @@ async def test_a_retry_of_a_run_whose_process_died_ending_it_finishes_that_end_f
         created = await service.create("a and b, then c", model=f"scripted:{script}", options=FAST)
         run_id = created.id
         with monkeypatch.context() as patched:
-            patched.setattr(workflows, "_tell_registry", stuck)
-            execution = asyncio.ensure_future(service.execute(run_id))
-            while not blocked.is_set():  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
-            execution.cancel()
-            await asyncio.gather(execution, return_exceptions=True)
-            go_on.set()
+            patched.setattr(workflows, "_tell_registry", dying)
+            with pytest.raises(Killed):
+                await service.execute(run_id)
         assert (await service.get(run_id)).status == "failed"  # the outcome is recorded
         # it died there rather than stopped: its lease is left, lapsed
         store = service._store

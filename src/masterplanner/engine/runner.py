@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -91,6 +92,7 @@ from .store import Lease, RunStore, process_identity
 from .workflows import (
     AGGREGATE_WORKFLOW,
     END_WORKFLOW,
+    after_step_threads,
     aggregate_workflow,
     end_workflow,
     plain_answer,
@@ -107,6 +109,9 @@ _liveness: dict[str, tuple[float, bool]] = {}
 _unserved_queues: dict[str, tuple[float, bool]] = {}
 _ends_here: set[str] = set()
 """The end workflows this process's executions are running inline now (`_Drive._end`)."""
+_handing_back: set[str] = set()
+"""The end workflows this process is handing back to DBOS's queue (`_hand_back`), not yet handed."""
+_HAND_BACK_RETRY_S = 1.0
 _ENDED = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
 
@@ -754,9 +759,11 @@ class _Drive:
 
         Followed (`_follow`): it is recovered only once its executor's process lease lapsed.
         Before, an end whose run was finished was resumed at once: where its process was alive
-        and still running it, the end ran twice at once (the registry told twice). One that this
-        process's executions left (an execution stopped as it ended, its task cancelled) has
-        nobody to run it while this process lives: it is resumed here, as before.
+        and still running it, the end ran twice at once (the registry told twice). An execution
+        here that stops as it ends hands its end back to DBOS's queue (`_hand_back`), and one
+        being handed back is followed; one this process's executions left without handing it
+        back (a `BaseException` raised inside it) has nobody to run it while this process lives:
+        it is resumed here, as before.
         """
         here = executor_id()
         if (
@@ -764,6 +771,7 @@ class _Drive:
             and here is not None
             and status.executor_id == here
             and end_id not in _ends_here
+            and end_id not in _handing_back
             and not executing_here(end_id)
         ):
             handle = await DBOS.resume_workflow_async(end_id)
@@ -807,6 +815,14 @@ class _Drive:
         try:
             with SetWorkflowID(end_id):
                 await end_workflow(self.run_id, status, text, tell_registry)
+        except (Exception, asyncio.CancelledError):
+            # stopped unfinished in a process that goes on (its caller gave up, its write failed
+            # and DBOS could not record that): handed back, or nobody here would finish it while
+            # this process lives, and another process resuming the run would follow it for ever.
+            # Not on a `BaseException` such as a `KeyboardInterrupt` raised inside it: the process
+            # is going, and once its lease lapses whoever resumes the run recovers the end.
+            await _hand_back(end_id)
+            raise
         finally:
             _ends_here.discard(end_id)
 
@@ -1031,6 +1047,62 @@ class _Drive:
         if self.engine.queued_steps:
             return step_queue(self.model).name
         return await asyncio.to_thread(own_queue)
+
+
+async def _hand_back(end_id: str) -> None:
+    """Hand an end workflow that stopped unfinished here back to DBOS's queue, for a live process.
+
+    Every process with DBOS launched dequeues DBOS's internal queue: one of them (this one,
+    often) takes the end exactly once and finishes it from its last checkpoint, and a process
+    following it (`_follow_end`) sees it queued, not pending under a live process that will never
+    go on with it. Conditional on the end still being PENDING under this process's executor id
+    (`recover_workflow`): one that ended, or that DBOS runs here, is left alone. Shielded from a
+    second cancellation. When the thread of its step (telling the registry) still runs, it is
+    handed back once that thread returns: replayed meanwhile, the registry was told by two calls
+    at once. One the database refuses now (it is away) is tried again every
+    `_HAND_BACK_RETRY_S` while DBOS runs here under this executor id; until it is handed back,
+    no execution here resumes it (`_follow_end`).
+    """
+    here = executor_id()
+    if here is None or executing_here(end_id):
+        return
+    _handing_back.add(end_id)
+
+    def in_background() -> None:
+        threading.Thread(
+            target=_give_back,
+            args=(end_id, here),
+            kwargs={"again": True},
+            name=f"hand back {end_id}",
+            daemon=True,
+        ).start()
+
+    if not after_step_threads(end_id, in_background):
+        return
+    handing = asyncio.ensure_future(asyncio.to_thread(_give_back, end_id, here, again=False))
+
+    def refused(done: asyncio.Future[bool]) -> None:
+        if done.cancelled() or done.exception() is not None or not done.result():
+            in_background()  # the database refused it now: tried again until it takes it
+
+    handing.add_done_callback(refused)
+    await asyncio.shield(handing)  # cancelled again, this task stops waiting; the hand-back goes on
+
+
+def _give_back(end_id: str, here: str, *, again: bool) -> bool:
+    """`_hand_back`'s write; whether it was made, or had nothing left to do. `again`: until it is."""
+    while True:
+        try:
+            # once DBOS stopped here, the process's stop is recorded: others recover the end
+            if executor_id() == here and not executing_here(end_id):
+                recover_workflow(end_id, here)
+        except Exception:  # the database is away
+            if not again:
+                return False
+            time.sleep(_HAND_BACK_RETRY_S)
+            continue
+        _handing_back.discard(end_id)
+        return True
 
 
 def _recorded_end(run_id: str, end: WorkflowStatus) -> tuple[Literal["succeeded", "failed"], str, bool]:

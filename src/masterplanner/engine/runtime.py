@@ -267,8 +267,9 @@ def stop_taking_steps() -> None:
     again before each claim, which is one transaction). Before, they went on dequeuing until
     DBOS stopped, after the worker's wait for its ended runs: a step started meanwhile was cut
     short by the shutdown and replayed elsewhere, its model requests made twice. DBOS's internal
-    queue and this process's own one are dequeued until DBOS stops (a run's end resumed here is
-    taken from DBOS's). Pinned by the `dbos` version range in pyproject.toml.
+    queue and this process's own one are dequeued until DBOS stops (a run's end resumed here, or
+    handed back as its coordination is cancelled, is taken from DBOS's). Pinned by the `dbos`
+    version range in pyproject.toml.
     """
     with _limits_lock:
         for name, (_at_once, polling_s) in _own_limits.items():

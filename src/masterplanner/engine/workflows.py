@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from functools import partial
@@ -79,6 +80,7 @@ __all__ = [
     "AGENT_REQUEST_LIMIT",
     "AGGREGATE_WORKFLOW",
     "END_WORKFLOW",
+    "after_step_threads",
     "aggregate_workflow",
     "end_workflow",
     "plain_answer",
@@ -120,11 +122,77 @@ async def _db(action: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 async def _recorded(action: Callable[[], Any], name: str) -> Any:
     """A store write as a DBOS step, so a replayed workflow does not write it twice."""
+    workflow = DBOS.workflow_id
 
     async def write() -> Any:
-        return await asyncio.to_thread(action)
+        return await _step_thread(workflow, action)
 
     return await DBOS.run_step_async({"name": name}, write)
+
+
+_threads_lock = threading.Lock()
+_step_threads: dict[str, int] = {}
+"""How many threads of each workflow's steps (`_recorded`) run now, by workflow id."""
+_after_threads: dict[str, list[Callable[[], None]]] = {}
+
+
+async def _step_thread(workflow: str | None, action: Callable[[], Any]) -> Any:
+    """`action` on a thread, counted as the workflow's while it runs (`after_step_threads`).
+
+    A workflow cancelled while its step's thread runs leaves that thread running: the step's
+    call (telling the registry) goes on after the workflow's task stopped.
+    """
+    if workflow is None:
+        return await asyncio.to_thread(action)
+    with _threads_lock:
+        _step_threads[workflow] = _step_threads.get(workflow, 0) + 1
+    started, dropped = threading.Event(), threading.Event()
+
+    def run() -> Any:
+        with _threads_lock:
+            if dropped.is_set():
+                return None  # cancelled before it began: it never runs
+            started.set()
+        try:
+            return action()
+        finally:
+            _thread_returned(workflow)
+
+    try:
+        return await asyncio.to_thread(run)
+    except BaseException:  # cancelled, or never given a thread (its pool shut down)
+        with _threads_lock:
+            never = not started.is_set()
+            if never:
+                dropped.set()  # and if a thread takes it now, it does nothing
+        if never:
+            _thread_returned(workflow)
+        raise
+
+
+def _thread_returned(workflow: str) -> None:
+    with _threads_lock:
+        left = _step_threads[workflow] - 1
+        if left:
+            _step_threads[workflow] = left
+            return
+        del _step_threads[workflow]
+        then = _after_threads.pop(workflow, [])
+    for each in then:
+        each()
+
+
+def after_step_threads(workflow: str, then: Callable[[], None]) -> bool:
+    """Whether no thread of the workflow's steps runs in this process now.
+
+    If one does (its task was cancelled, the thread goes on), False, and `then` is called, on
+    that thread, once the last of them returns.
+    """
+    with _threads_lock:
+        if workflow not in _step_threads:
+            return True
+        _after_threads.setdefault(workflow, []).append(then)
+        return False
 
 
 async def _run_and_steps(resources: RunResources, run_id: str) -> tuple[RunRecord, list[StepRecord]]:
