@@ -448,3 +448,51 @@ async def test_a_stopping_worker_gives_its_ended_runs_and_its_running_steps_one_
         assert sorted(summary.handed_over) == sorted([ended, long])
     finally:
         ending.worker.close()
+
+
+async def test_a_run_a_worker_is_still_claiming_is_not_taken_up_again_by_its_next_claim_round(
+    database: str, write_script: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim slower than the claim rounds (a loaded machine) leaves one coordination per run.
+
+    Before, a round that listed the run again before the first claim was made started a second
+    coordination of it and forgot the first: that one was neither handed over nor cancelled when
+    the worker stopped, and ran on after DBOS stopped.
+    """
+    from masterplanner.engine.store import RunStore
+    from masterplanner.engine.worker import Worker
+
+    script = write_script(
+        [
+            {"purpose": "planner", "output": {"steps": [step("a", tools=[])]}},
+            {"purpose": "step:a", "output": "A"},
+            {"purpose": "*", "repeat": True},
+        ]
+    )
+    settings = Settings.load(database_url=database, remember_runs="never", embedder="none")
+    claims: list[str] = []
+    claim = RunStore.claim
+
+    def slow_claim(store: RunStore, run_id: str, owner: str, **kwargs: Any) -> bool:
+        claims.append(run_id)
+        time.sleep(1.0)  # four claim rounds go by meanwhile
+        return claim(store, run_id, owner, **kwargs)
+
+    monkeypatch.setattr(RunStore, "claim", slow_claim)
+    worker = Worker(settings, providers=["scripted"], grace_s=10)
+    try:
+        run = worker.engine.create_run(
+            "one step", model=f"scripted:{script}", options=RunOptions(auto_approve=True), for_workers=True
+        )
+        stop = asyncio.Event()
+        working = asyncio.ensure_future(worker.run(stop))
+        deadline = time.monotonic() + 60
+        while worker.engine.store.get_run(run.id).status != "succeeded":
+            assert time.monotonic() < deadline, "the run did not succeed"
+            await asyncio.sleep(0.05)
+        stop.set()
+        summary = await asyncio.wait_for(working, 60)
+    finally:
+        worker.close()
+    assert claims == [run.id]
+    assert summary.runs == {run.id: "succeeded"}

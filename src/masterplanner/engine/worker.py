@@ -157,13 +157,16 @@ class Worker:
                     )
                 await self._reap_and_record(runs, summary)
                 room = self.max_runs - len(runs)
-                if room > 0:  # the runs it holds are not claimable: their leases are live
+                if room > 0:
+                    # not those it coordinates: a run whose claim is not made yet (a slow
+                    # database) was listed again, and a second coordination replaced the first,
+                    # which was then neither handed over nor cancelled when the worker stopped
                     claimable = await asyncio.to_thread(
                         partial(
                             engine.store.claimable_runs,
                             room,
                             providers=self.providers,
-                            excluding=tuple(self._refused),
+                            excluding=(*self._refused, *runs),
                         )
                     )
                     for run_id in claimable:
