@@ -59,16 +59,8 @@ class Remedy:
         terminal's command for a resume, where its own button or endpoint would be refused.
         """
         run, request = self.run_id, self.request_id
-        resume = {
-            "cli": f"`masterplanner runs resume {run}`",
-            "web": "its Resume run button" if resumes else f"`masterplanner runs resume {run}`",
-            "api": f"POST {_API}/runs/{run}/resume" if resumes else f"`masterplanner runs resume {run}`",
-        }[front_end]
-        cancel = {
-            "cli": f"`masterplanner runs cancel {run}`",
-            "web": "its Cancel run button",
-            "api": f"POST {_API}/runs/{run}/cancel",
-        }[front_end]
+        resume = _run_action(front_end if resumes else "cli", run, "resume", "Resume run")
+        cancel = _run_action(front_end, run, "cancel", "Cancel run")
         if self.action == "list_runs":
             return {
                 "cli": " (see `masterplanner runs list`)",
@@ -92,11 +84,7 @@ class Remedy:
                 else f" (a worker, {resume}, or {cancel} again)"
             )
         if self.action in ("retry_later", "retry_again"):
-            retry = {
-                "cli": f"`masterplanner runs retry {run}`",
-                "web": "its Retry from where it failed button",
-                "api": f"POST {_API}/runs/{run}/retry",
-            }[front_end]
+            retry = _run_action(front_end, run, "retry", "Retry from where it failed")
             if self.action == "retry_later":
                 return f": retry it once that process lets go, with {retry}"
             return f": retry it again with {retry}, which finishes that end first"
@@ -126,3 +114,12 @@ class Said:
 
     def __str__(self) -> str:
         return self.said()
+
+
+def _run_action(front_end: FrontEnd, run: str, verb: str, button: str) -> str:
+    """How `front_end` does `verb` to the run: the CLI's command, the page's button, the API's endpoint."""
+    return {
+        "cli": f"`masterplanner runs {verb} {run}`",
+        "web": f"its {button} button",
+        "api": f"POST {_API}/runs/{run}/{verb}",
+    }[front_end]

@@ -245,11 +245,7 @@ async def test_the_audit_log_names_who_retried_and_what(isolated: Path, tmp_path
     service = RunService(Settings.load())
     try:
         script = tmp_path / "script.json"
-        plan = _planner(step("a", tools=["write_file"]), step("b", tools=[]), step("c", "a", "b", tools=[]))
-        _rewrite(script, [plan, *WRITES_A, BROKEN, DRAFTS])
-        created = await service.create("a and b, then c", model=f"scripted:{script}", options=FAST)
-        run_id = created.id
-        assert (await service.execute(run_id)).status == "failed"
+        run_id = await _failed_by_service(service, script)
         _rewrite(script, [{"purpose": "step:b", "output": "b ok"}, {"purpose": "step:c", "output": "c ok"}])
         retried = await service.retry(run_id, by="web@host:7", max_wall_s=900.0)
         assert retried.options.max_wall_s == 900.0
@@ -458,13 +454,19 @@ ELSEWHERE = "run@elsewhere:4242:0badc0de/abc123"
 """The lease owner of another process sharing the database (a `runs resume`, a worker)."""
 
 
-async def _failed_by_service(service: RunService, script: Path) -> str:
-    """A run of a, b (fails) and c, failed through the service; its end done and its lease given up."""
+async def _created_by_service(service: RunService, script: Path) -> str:
+    """A run of a, b (fails) and c, created through the service; its id."""
     plan = _planner(step("a", tools=["write_file"]), step("b", tools=[]), step("c", "a", "b", tools=[]))
     _rewrite(script, [plan, *WRITES_A, BROKEN, DRAFTS])
     created = await service.create("a and b, then c", model=f"scripted:{script}", options=FAST)
-    assert (await service.execute(created.id)).status == "failed"
     return created.id
+
+
+async def _failed_by_service(service: RunService, script: Path) -> str:
+    """A run of a, b (fails) and c, failed through the service; its end done and its lease given up."""
+    run_id = await _created_by_service(service, script)
+    assert (await service.execute(run_id)).status == "failed"
+    return run_id
 
 
 async def test_a_retry_and_a_claim_at_once_never_wipe_the_claimer_s_lease(
@@ -589,10 +591,7 @@ async def test_a_retry_of_a_run_whose_process_died_ending_it_finishes_that_end_f
 
     try:
         script = tmp_path / "script.json"
-        plan = _planner(step("a", tools=["write_file"]), step("b", tools=[]), step("c", "a", "b", tools=[]))
-        _rewrite(script, [plan, *WRITES_A, BROKEN, DRAFTS])
-        created = await service.create("a and b, then c", model=f"scripted:{script}", options=FAST)
-        run_id = created.id
+        run_id = await _created_by_service(service, script)
         with monkeypatch.context() as patched:
             patched.setattr(workflows, "_tell_registry", dying)
             with pytest.raises(Killed):
